@@ -1,0 +1,1 @@
+"""eval: placeholder package (see the issues that build it)."""

@@ -1,0 +1,1 @@
+"""infer: placeholder package (see the issues that build it)."""

@@ -1,0 +1,1 @@
+"""kernels: placeholder package (see the issues that build it)."""

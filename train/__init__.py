@@ -1,0 +1,1 @@
+"""Training pipelines for sliding-window draft models (``python -m train``)."""

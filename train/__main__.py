@@ -1,0 +1,29 @@
+"""Hydra entry point: ``python -m train experiment=dflash_swa_tiny [key=value ...]``.
+
+The composed config is checked against ``train.config.TrainConfig`` before anything runs; the
+work itself is ``train.trainer.train(cfg)``, which tests call directly.
+"""
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from train import config as _schema  # noqa: F401  (registers train_schema in the ConfigStore)
+from train.trainer import train
+
+log = logging.getLogger("train")
+
+
+@hydra.main(version_base="1.3", config_path="pkg://configs", config_name="train")
+def main(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except ValueError as e:  # bad user input: one line naming what is wrong, non-zero exit
+        log.error("%s", e)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

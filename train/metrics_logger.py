@@ -1,0 +1,39 @@
+"""Metrics sink: the log file always, Weights & Biases when ``logger.wandb`` is on."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLogger:
+    """Writes ``metrics.jsonl`` in the run folder and mirrors every record to W&B if enabled."""
+
+    def __init__(self, logger_cfg: Any, run_config: dict[str, Any], output_dir: Path):
+        self.path = output_dir / "metrics.jsonl"
+        self.run = None
+        if logger_cfg.wandb and logger_cfg.mode != "disabled":
+            import wandb
+
+            self.run = wandb.init(
+                project=logger_cfg.project, name=logger_cfg.name, mode=logger_cfg.mode,
+                config=run_config, dir=str(output_dir),
+            )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.run is not None:
+            self.run.log(metrics, step=step)
+
+    def summary(self, metrics: dict[str, Any]) -> None:
+        if self.run is not None:
+            self.run.summary.update(metrics)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
