@@ -97,15 +97,15 @@ def tokenize_conversations(
         chunk = conversations[b : b + batch_size]
         for conversation, tok in zip(chunk, renderer.tokenize_batch([c.messages for c in chunk], [c.id for c in chunk])):
             ids, mask = tok.input_ids, tok.loss_mask
-            if len(ids) > max_length:
-                if overflow == "drop":
-                    stats.dropped_too_long += 1
-                    continue
-                ids, mask = ids[:max_length], mask[:max_length]
-                stats.truncated += 1
-            if not any(mask):
+            too_long = len(ids) > max_length
+            if too_long and overflow == "drop":
+                stats.dropped_too_long += 1
+                continue
+            ids, mask = ids[:max_length], mask[:max_length]
+            if not any(mask):  # also when truncation cut every assistant token
                 stats.dropped_no_assistant_token += 1
                 continue
+            stats.truncated += too_long
             rows.append({"id": conversation.id, "input_ids": ids, "loss_mask": mask})
             stats.kept += 1
             stats.tokens += len(ids)

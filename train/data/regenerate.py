@@ -103,8 +103,11 @@ def regenerate_conversations(
     bar.close()
     result = []
     for c, conversation in enumerate(conversations):
-        ms = messages[c] if cut_at[c] is None else messages[c][: cut_at[c]]
-        if any(m["role"] == "assistant" for m in ms):
+        ms = messages[c]
+        if cut_at[c] is not None:  # keep up to the last regenerated reply
+            last_reply = max((i for i in assistant_turns[c] if i < cut_at[c]), default=-1)
+            ms = ms[: last_reply + 1]
+        if ms:
             result.append(Conversation(id=conversation.id, messages=ms))
     return result, stats
 

