@@ -59,6 +59,10 @@ class DrafterConfig:
     sliding_window: Optional[int] = None
     block_size: int = 16  # DFlash
     mask_token_id: Optional[int] = None  # DFlash; null = the target tokenizer's first free special token
+    # DFlash: sliding layers causal inside the block (published checkpoints, vLLM); false = bidirectional.
+    sliding_block_causal: bool = True
+    num_anchors: int = 512  # DFlash: blocks per training sequence (capped by what it holds)
+    loss_gamma: Optional[float] = None  # DFlash slot-weight decay exp(-(k-1)/gamma); null = paper's (7 for B=16)
     draft_vocab_size: int = 32000  # EAGLE-3
     ttt_length: int = 7  # EAGLE-3 training-time-test steps
 
@@ -88,6 +92,12 @@ class DrafterConfig:
             raise ValueError(f"drafter.target_layer_ids={self.target_layer_ids} has repeats")
         if self.block_size < 2:
             raise ValueError(f"drafter.block_size={self.block_size}; expected >= 2")
+        if self.num_anchors < 1:
+            raise ValueError(f"drafter.num_anchors={self.num_anchors}; expected >= 1")
+        if self.loss_gamma is not None and self.loss_gamma <= 0:
+            raise ValueError(f"drafter.loss_gamma={self.loss_gamma}; expected > 0 or null")
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"drafter.mask_token_id={self.mask_token_id}; expected a token id >= 0 or null")
         if self.ttt_length < 1:
             raise ValueError(f"drafter.ttt_length={self.ttt_length}; expected >= 1")
 
@@ -149,31 +159,61 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 1000
-    batch_size: int = 1
+    max_steps: Optional[int] = 1000  # optimizer steps; null = num_epochs over the data
+    num_epochs: Optional[float] = None  # when set, max_steps = epochs x steps per epoch (capped by max_steps if both)
+    batch_size: int = 1  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04  # linear warmup over this fraction of the steps, then cosine to min_lr_ratio * lr
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
     device: str = "auto"  # auto = cuda when available, else cpu
+    precision: str = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU; or bf16 / fp32
+    attention_backend: str = "auto"  # auto = flex on GPU, sdpa (dense mask) on CPU
     seed: int = 0
     num_workers: int = 0
     log_every: int = 10
+    eval_every: int = 200  # 0 = only at the end
+    eval_batches: Optional[int] = None  # cap on held-out batches per eval; null = all
+    checkpoint_every: int = 500  # 0 = only at the end
+    keep_checkpoints: int = 2
+    resume: str = "auto"  # auto = newest checkpoint in output_dir if any; never; or a checkpoint folder
+    interrupt_after: Optional[int] = None  # stop after this step as a preemption would (tests resume)
+    time_limit_minutes: Optional[float] = None  # checkpoint and stop once this much wall time has passed (job limits)
+    export: bool = True  # write output_dir/export at the end
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_steps < 1:
+        if self.max_steps is None and self.num_epochs is None:
+            raise ValueError("trainer.max_steps and trainer.num_epochs are both null; set one")
+        if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"trainer.max_steps={self.max_steps}; expected >= 1")
-        if self.batch_size < 1:
-            raise ValueError(f"trainer.batch_size={self.batch_size}; expected >= 1")
+        if self.num_epochs is not None and self.num_epochs <= 0:
+            raise ValueError(f"trainer.num_epochs={self.num_epochs}; expected > 0")
+        for name in ("batch_size", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name}={getattr(self, name)}; expected >= 1")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"trainer.warmup_ratio={self.warmup_ratio}; expected in [0, 1)")
+        if self.lr <= 0:
+            raise ValueError(f"trainer.lr={self.lr}; expected > 0")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"trainer.precision={self.precision!r}; expected auto, bf16 or fp32")
+        if self.attention_backend not in ("auto", "sdpa", "flex"):
+            raise ValueError(f"trainer.attention_backend={self.attention_backend!r}; expected auto, sdpa or flex")
 
 
 @dataclass
 class LoggerConfig:
     wandb: bool = False
     project: str = "swa-drafters"
-    mode: str = "offline"  # online | offline | disabled
+    mode: str = "auto"  # auto = online with a W&B API key, else offline (sync later); online | offline | disabled
     name: Optional[str] = None
 
     def __post_init__(self) -> None:
-        if self.mode not in ("online", "offline", "disabled"):
-            raise ValueError(f"logger.mode={self.mode!r}; expected online, offline or disabled")
+        if self.mode not in ("auto", "online", "offline", "disabled"):
+            raise ValueError(f"logger.mode={self.mode!r}; expected auto, online, offline or disabled")
 
 
 @dataclass

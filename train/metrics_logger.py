@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+def has_wandb_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
 class MetricsLogger:
@@ -19,10 +27,13 @@ class MetricsLogger:
         if logger_cfg.wandb and logger_cfg.mode != "disabled":
             import wandb
 
+            mode = logger_cfg.mode
+            if mode == "auto":
+                mode = "online" if has_wandb_key() else "offline"
             self.run = wandb.init(
-                project=logger_cfg.project, name=logger_cfg.name, mode=logger_cfg.mode,
-                config=run_config, dir=str(output_dir),
+                project=logger_cfg.project, name=logger_cfg.name, mode=mode, config=run_config, dir=str(output_dir),
             )
+            log.info("W&B %s run in %s", mode, self.run.dir)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         with self.path.open("a") as f:

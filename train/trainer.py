@@ -1,35 +1,45 @@
-"""``train(cfg) -> metrics``: the training pipeline as one plain function.
+"""``train(cfg) -> metrics``: DFlash drafter training as one plain loop, readable top to bottom.
 
-Today it prepares the data and streams target features through the loop a drafter trains in
-(the DFlash and EAGLE-3 drafters plug into ``train_step``); read it top to bottom:
+    train()                    config check -> target -> data -> drafter -> resume -> loop -> export
+      train_step()             one optimizer step over grad_accum micro-batches
+        forward_backward()     target features -> blocks -> drafter -> decayed CE -> backward
+      evaluate()               held-out per-slot accuracy and simulated acceptance length
 
-    train()            config check -> target -> data -> loop -> run record
-      train_step()     one batch: target features (+ drafter step)
+The loss is normalised by the number of labelled slots in the whole optimizer step (all
+micro-batches), so accumulation does not change the objective. Anchors are drawn from a generator
+seeded by (seed, step) and the data order from (seed, epoch): a resumed run repeats an
+uninterrupted one exactly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
+import shutil
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
 
+from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import prepare_data
 from .data.dataset import collate_padded
+from .dflash_objective import BlockStats, block_loss, build_blocks, default_gamma, layer_masks, sample_anchors
+from .models.dflash import DFlashDraftModel, make_dflash_config
 from .target import TargetModel, default_layer_ids
 from .tiny_target import resolve_target_path
 
 log = logging.getLogger(__name__)
 
+
+# ----------------------------------------------------------------------------- set-up helpers
 
 def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
     """Composed Hydra config -> validated ``TrainConfig`` (runs every ``__post_init__`` check)."""
@@ -56,6 +66,24 @@ def target_layer_ids(cfg: TrainConfig, target: TargetModel) -> list[int]:
     return ids
 
 
+def resolve_mask_token_id(configured: int | None, target: TargetModel) -> int:
+    """The DFlash mask token: the configured id, else an embedding row no text ever produces."""
+    vocab = target.vocab_size
+    if configured is not None:
+        if not 0 <= configured < vocab:
+            raise ValueError(f"drafter.mask_token_id={configured} is outside the target's vocabulary (0..{vocab - 1})")
+        return configured
+    tokenizer = target.tokenizer
+    if vocab > len(tokenizer):
+        return len(tokenizer)  # first embedding row with no token (z-lab's choice: 151669 for Qwen3)
+    used = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    template = tokenizer.chat_template or ""
+    for token_id, token in sorted(tokenizer.added_tokens_decoder.items()):
+        if token.special and token_id not in used and token.content not in template:
+            return token_id
+    raise ValueError("drafter.mask_token_id is null and the target has no unused special token; set drafter.mask_token_id")
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
@@ -63,80 +91,273 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def batches_forever(loader: DataLoader) -> Iterator[dict[str, torch.Tensor]]:
-    epoch = 0
-    while True:
-        if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
+def warmup_cosine(warmup_steps: int, max_steps: int, min_ratio: float):
+    def factor(step: int) -> float:  # step counts optimizer steps already taken
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
 
 
-def train_step(batch: dict[str, torch.Tensor], target: TargetModel, layer_ids: list[int], device: torch.device) -> dict[str, float]:
-    """One step on one batch: capture the target features a drafter reads."""
-    input_ids = batch["input_ids"].to(device, non_blocking=True)  # [B, T]
-    attention_mask = batch["attention_mask"].to(device, non_blocking=True)  # [B, T]
-    feats = target.capture(input_ids, layer_ids, attention_mask=attention_mask).features  # [B, T, k*H]
-    assert feats.shape[:2] == input_ids.shape
-    return {"tokens": float(attention_mask.sum()), "loss_tokens": float(batch["loss_mask"].sum())}
+class EpochBatches:
+    """Shuffled batches of indices; the order depends only on (seed, epoch): resumable by position."""
 
+    def __init__(self, num_rows: int, batch_size: int, seed: int):
+        self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
+        self.epoch, self.index = 0, 0
+        self.batches_per_epoch = max(1, num_rows // batch_size)
+
+    def next(self) -> list[int]:
+        if self.index >= self.batches_per_epoch:
+            self.epoch, self.index = self.epoch + 1, 0
+        order = torch.randperm(self.num_rows, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch))
+        start = self.index * self.batch_size
+        self.index += 1
+        return order[start : start + self.batch_size].tolist()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.index = state["epoch"], state["index"]
+
+
+def build_drafter(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], mask_token_id: int) -> DFlashDraftModel:
+    d = cfg.drafter
+    config = make_dflash_config(
+        target.config, num_hidden_layers=d.num_hidden_layers, block_size=d.block_size, mask_token_id=mask_token_id,
+        target_layer_ids=layer_ids, layer_types=d.resolved_layer_types(), sliding_window=d.sliding_window,
+        sliding_block_causal=d.sliding_block_causal,
+    )
+    torch.manual_seed(cfg.trainer.seed)
+    return DFlashDraftModel(config)
+
+
+def export_drafter(drafter: DFlashDraftModel, out: Path) -> Path:
+    """HF-style folder (config.json + model.safetensors), written to a temp name and renamed."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        drafter.save_pretrained(tmp, safe_serialization=True)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# ----------------------------------------------------------------------------- the step
+
+class Step:
+    """What every step needs, fixed at start-up."""
+
+    def __init__(self, cfg: TrainConfig, target: TargetModel, drafter: DFlashDraftModel, layer_ids: list[int], device: torch.device):
+        self.cfg, self.target, self.drafter, self.layer_ids, self.device = cfg, target, drafter, layer_ids, device
+        self.block_size = cfg.drafter.block_size
+        self.gamma = cfg.drafter.loss_gamma or default_gamma(self.block_size)
+        backend = cfg.trainer.attention_backend
+        self.backend = ("flex" if device.type == "cuda" else "sdpa") if backend == "auto" else backend
+        precision = cfg.trainer.precision
+        self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+        # Compiled flex attention wants one shape: pad every batch to max_length and num_anchors.
+        self.static_shapes = self.backend == "flex"
+        self.pad_to = cfg.data.max_length if self.static_shapes else None
+
+    def collate(self, rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+        return collate_padded(rows, pad_id, self.pad_to)
+
+    def autocast(self):
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def blocks_for(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
+        anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.static_shapes)
+        blocks = build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id)
+        return blocks
+
+    def forward(self, batch: dict[str, torch.Tensor], blocks) -> BlockStats:
+        """Target features -> drafter -> stats (loss_sum is differentiable)."""
+        input_ids = batch["input_ids"].to(self.device)  # [Bsz, T]
+        attention_mask = batch["attention_mask"].to(self.device)  # [Bsz, T]
+        features = self.target.capture(input_ids, self.layer_ids, attention_mask=attention_mask).features  # [Bsz, T, k*H]
+        blocks = type(blocks)(*(t.to(self.device) for t in vars(blocks).values()))
+        d = self.cfg.drafter
+        masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal, self.backend)
+        with self.autocast():
+            block_embeds = self.target.embed_tokens(blocks.block_ids).to(features.dtype)  # [Bsz, Q, H]
+            hidden = self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
+            logits = self.target.lm_head(hidden)  # [Bsz, Q, V]
+        return block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
+
+
+def train_step(step_ctx: Step, micro_batches: list[dict[str, torch.Tensor]], step: int, optimizer, scheduler) -> tuple[BlockStats, float]:
+    """One optimizer step; returns the summed stats and the pre-clip gradient norm."""
+    generator = torch.Generator().manual_seed(step_ctx.cfg.trainer.seed * 1_000_003 + step)
+    blocks = [step_ctx.blocks_for(b, generator) for b in micro_batches]
+    num_labels = max(1, int(sum((b.labels != -100).sum() for b in blocks)))  # global count for the step
+    total = None
+    for batch, block in zip(micro_batches, blocks):
+        stats = step_ctx.forward(batch, block)
+        (stats.loss_sum / num_labels).backward()
+        stats = BlockStats(*(t.detach() for t in vars(stats).values()))
+        total = stats if total is None else total + stats
+    clip = step_ctx.cfg.trainer.grad_clip
+    grad_norm = torch.nn.utils.clip_grad_norm_(step_ctx.drafter.parameters(), clip if clip > 0 else float("inf"))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total, float(grad_norm)
+
+
+@torch.no_grad()
+def evaluate(step_ctx: Step, eval_ds, pad_id: int, max_batches: int | None) -> dict[str, float]:
+    step_ctx.drafter.eval()
+    generator = torch.Generator().manual_seed(step_ctx.cfg.trainer.seed + 7)  # same anchors at every eval
+    total = None
+    bs = step_ctx.cfg.trainer.batch_size
+    for i, start in enumerate(range(0, len(eval_ds), bs)):
+        if max_batches is not None and i >= max_batches:
+            break
+        batch = step_ctx.collate([eval_ds[j] for j in range(start, min(start + bs, len(eval_ds)))], pad_id)
+        stats = step_ctx.forward(batch, step_ctx.blocks_for(batch, generator))
+        total = stats if total is None else total + stats
+    step_ctx.drafter.train()
+    return total.summary("eval") if total is not None else {}
+
+
+# ----------------------------------------------------------------------------- the loop
 
 def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
-    """Run the pipeline described by ``cfg``; returns the final metrics (also in ``run.json``)."""
+    """Train the drafter described by ``cfg``; returns the final metrics (also in ``run.json``)."""
     cfg = to_train_config(cfg)
-    device = pick_device(cfg.trainer.device)
-    torch.manual_seed(cfg.trainer.seed)
+    tc = cfg.trainer
+    device = pick_device(tc.device)
+    torch.manual_seed(tc.seed)
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
 
+    # Target, layer ids, mask token: every check before any data work.
     target_path = resolve_target_path(cfg.target.path)
     target = TargetModel.from_pretrained(target_path, device, cfg.target.dtype, cfg.target.attn_implementation)
     layer_ids = target_layer_ids(cfg, target)
-    log.info("target %s: %d layers, hidden %d; drafter reads layers %s", cfg.target.path, target.num_layers, target.hidden_size, layer_ids)
+    mask_token_id = resolve_mask_token_id(cfg.drafter.mask_token_id, target)
+    log.info("target %s: %d layers, hidden %d; drafter reads layers %s; mask token %d",
+             cfg.target.path, target.num_layers, target.hidden_size, layer_ids, mask_token_id)
 
-    train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=cfg.trainer.seed, progress=cfg.trainer.progress)
+    train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress)
+    train_ds = train_ds.with_format(None)
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
-    loader = DataLoader(
-        train_ds.with_format(None), batch_size=cfg.trainer.batch_size, shuffle=True, num_workers=cfg.trainer.num_workers,
-        collate_fn=partial(collate_padded, pad_token_id=pad_id), generator=torch.Generator().manual_seed(cfg.trainer.seed),
-    )
+    batches = EpochBatches(len(train_ds), tc.batch_size, tc.seed)
+    steps_per_epoch = math.ceil(batches.batches_per_epoch / tc.grad_accum)
+    max_steps = tc.max_steps
+    if tc.num_epochs is not None:
+        by_epochs = max(1, math.ceil(tc.num_epochs * steps_per_epoch))
+        max_steps = by_epochs if max_steps is None else min(max_steps, by_epochs)
+
+    drafter = build_drafter(cfg, target, layer_ids, mask_token_id).to(device).train()
+    num_params = sum(p.numel() for p in drafter.parameters())
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(int(tc.warmup_ratio * max_steps), max_steps, tc.min_lr_ratio))
+    step_ctx = Step(cfg, target, drafter, layer_ids, device)
+    train_state = {"step": 0, "tokens": 0, "seconds": 0.0}
+
+    resume_from = None
+    if tc.resume == "auto":
+        found = ckpt.list_checkpoints(output_dir)
+        resume_from = found[-1] if found else None
+    elif tc.resume != "never":
+        resume_from = Path(tc.resume)
+    if resume_from is not None:
+        state = ckpt.load_checkpoint(resume_from)
+        drafter.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["lr_scheduler"])
+        batches.load_state_dict(state["dataloader"])
+        train_state = state["train_state"]
+        ckpt.set_rng_state(state["rng"])
+        log.info("resumed from %s at step %d", resume_from, train_state["step"])
+
+    def save(step: int) -> None:
+        ckpt.save_checkpoint(output_dir, step, {
+            "model": drafter.state_dict(), "optimizer": optimizer.state_dict(), "lr_scheduler": scheduler.state_dict(),
+            "dataloader": batches.state_dict(), "train_state": dict(train_state), "rng": ckpt.rng_state(),
+        }, keep=tc.keep_checkpoints)
 
     from tqdm.auto import tqdm
 
     from .metrics_logger import MetricsLogger
 
     run_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-    logger = MetricsLogger(cfg.logger, run_config, output_dir)
-    totals = {"tokens": 0.0, "loss_tokens": 0.0}
-    batches = batches_forever(loader)
-    start = time.perf_counter()
-    bar = tqdm(range(1, cfg.trainer.max_steps + 1), desc="train", unit="step", disable=not cfg.trainer.progress)
-    for step in bar:
-        stats = train_step(next(batches), target, layer_ids, device)
-        for k in totals:
-            totals[k] += stats[k]
-        elapsed = time.perf_counter() - start
-        bar.set_postfix(tok_s=f"{totals['tokens'] / elapsed:.0f}")
-        if step % cfg.trainer.log_every == 0 or step == cfg.trainer.max_steps:
-            logger.log({"train/tokens_per_s": totals["tokens"] / elapsed, "train/tokens": totals["tokens"]}, step)
+    logger = MetricsLogger(cfg.logger, {**run_config, "drafter_params": num_params, "target_layer_ids": layer_ids}, output_dir)
+    log.info("drafter: %.2fM parameters, %d steps (%d per epoch), attention %s, %s",
+             num_params / 1e6, max_steps, steps_per_epoch, step_ctx.backend, "bf16 autocast" if step_ctx.bf16 else "fp32")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
 
-    elapsed = time.perf_counter() - start
-    metrics = {
-        "steps": cfg.trainer.max_steps,
-        "tokens": int(totals["tokens"]),
-        "loss_tokens": int(totals["loss_tokens"]),
-        "tokens_per_s": totals["tokens"] / elapsed,
-        "seconds": elapsed,
-    }
-    logger.summary(metrics)
+    run_start = time.perf_counter()
+    history: list[dict[str, Any]] = []
+    eval_metrics: dict[str, float] = {}
+    bar = tqdm(total=max_steps, initial=train_state["step"], desc="train", unit="step", disable=not tc.progress)
+    window_stats, window_tokens, window_start = None, 0, time.perf_counter()
+    interrupted = False
+    for step in range(train_state["step"] + 1, max_steps + 1):
+        micro = [step_ctx.collate([train_ds[i] for i in batches.next()], pad_id) for _ in range(tc.grad_accum)]
+        stats, grad_norm = train_step(step_ctx, micro, step, optimizer, scheduler)
+        tokens = int(sum(b["attention_mask"].sum() for b in micro))
+        train_state["step"], train_state["tokens"] = step, train_state["tokens"] + tokens
+        window_stats = stats if window_stats is None else window_stats + stats
+        window_tokens += tokens
+        bar.update(1)
+        if step % tc.log_every == 0 or step == max_steps:
+            elapsed = time.perf_counter() - window_start
+            metrics = window_stats.summary("train")
+            metrics.update({"train/lr": scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
+                            "train/tokens_per_s": window_tokens / elapsed, "train/tokens": train_state["tokens"],
+                            "train/epoch": step / steps_per_epoch})
+            if device.type == "cuda":
+                metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            logger.log(metrics, step)
+            history.append({"step": step, **metrics})
+            bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", acc=f"{metrics['train/acc']:.3f}", tok_s=f"{metrics['train/tokens_per_s']:.0f}")
+            train_state["seconds"] += elapsed
+            window_stats, window_tokens, window_start = None, 0, time.perf_counter()
+        if eval_ds is not None and ((tc.eval_every and step % tc.eval_every == 0) or step == max_steps):
+            eval_metrics = evaluate(step_ctx, eval_ds, pad_id, tc.eval_batches)
+            logger.log(eval_metrics, step)
+            history.append({"step": step, **eval_metrics})
+            log.info("step %d: eval loss %.4f, sim_tau %.3f, block_tau %.3f", step, eval_metrics["eval/loss"], eval_metrics["eval/sim_tau"], eval_metrics["eval/block_tau"])
+        if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == max_steps:
+            save(step)
+        out_of_time = tc.time_limit_minutes is not None and time.perf_counter() - run_start > 60 * tc.time_limit_minutes
+        if step < max_steps and (out_of_time or (tc.interrupt_after is not None and step >= tc.interrupt_after)):
+            save(step)
+            interrupted = True
+            log.warning("stopping after step %d (trainer.%s); resume with the same command", step, "time_limit_minutes" if out_of_time else "interrupt_after")
+            break
+    bar.close()
+
+    final = {**(history[-1] if history else {}), **eval_metrics}
+    final.update({"steps": train_state["step"], "max_steps": max_steps, "tokens": train_state["tokens"],
+                  "drafter_params": num_params, "interrupted": interrupted})
+    if device.type == "cuda":
+        final["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    export_path = None
+    if tc.export and not interrupted:
+        export_path = export_drafter(drafter, output_dir / "export")
+        log.info("exported drafter to %s", export_path)
+    logger.summary({k: v for k, v in final.items() if isinstance(v, (int, float))})
     logger.finish()
-    record = {
+    write_json_atomic(output_dir / "run.json", {
         "target": {"path": cfg.target.path, "resolved_path": target_path, "num_layers": target.num_layers, "hidden_size": target.hidden_size},
         "target_layer_ids": layer_ids,
+        "mask_token_id": mask_token_id,
+        "export": str(export_path) if export_path else None,
         "data": data_summary,
-        "metrics": metrics,
+        "metrics": final,
+        "history": history,
         "config": run_config,
-    }
-    write_json_atomic(output_dir / "run.json", record)
-    log.info("done: %s -> %s", metrics, output_dir / "run.json")
-    return metrics
+    })
+    return final

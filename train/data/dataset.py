@@ -211,13 +211,16 @@ def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None
     return parts["train"], parts["test"]
 
 
-def collate_padded(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a list of rows to the longest one.
+def collate_padded(rows: list[dict[str, Any]], pad_token_id: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-pad a list of rows to the longest one (or to ``pad_to``: static shapes for compiled kernels).
 
     Returns ``input_ids [B, T]`` (long), ``loss_mask [B, T]`` (bool) and
     ``attention_mask [B, T]`` (long, 1 on real tokens).
     """
     length = max(len(r["input_ids"]) for r in rows)
+    if pad_to is not None:
+        assert length <= pad_to, (length, pad_to)
+        length = pad_to
     input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
     loss_mask = torch.zeros((len(rows), length), dtype=torch.bool)
     attention_mask = torch.zeros((len(rows), length), dtype=torch.long)

@@ -1,0 +1,110 @@
+"""DFlash training masks against a dense reference built element by element from the definition.
+
+Reference rule (positions, not indices): query = block n, slot k at position p = a_n + k.
+  context key j: visible iff j < a_n, j is a real token, and (full layer or j >= p - W + 1);
+  block key (m, l) at position a_m + l: visible iff m == n and
+      full layer: always;  sliding: (l <= k or non-causal) and a_m + l >= p - W + 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from train.masks import LayerMaskSpec, dense_mask, dflash_visible, flex_block_mask
+
+
+def reference_mask(anchors: list[int], valid: list[bool], block_size: int, spec: LayerMaskSpec) -> torch.Tensor:
+    ctx_len = len(valid)
+    q_len = len(anchors) * block_size
+    mask = torch.zeros(q_len, ctx_len + q_len, dtype=torch.bool)
+    for n, a_n in enumerate(anchors):
+        for k in range(block_size):
+            p = a_n + k
+            q = n * block_size + k
+            lowest = -10**9 if spec.window is None else p - spec.window + 1
+            for j in range(ctx_len):
+                mask[q, j] = j < a_n and valid[j] and j >= lowest
+            for m, a_m in enumerate(anchors):
+                for l in range(block_size):
+                    key_pos = a_m + l
+                    ok = m == n and key_pos >= lowest
+                    if spec.block_causal:
+                        ok = ok and l <= k
+                    mask[q, ctx_len + m * block_size + l] = ok
+    return mask
+
+
+SPECS = {
+    "full": LayerMaskSpec(window=None, block_causal=False),
+    "sliding_causal_w5": LayerMaskSpec(window=5, block_causal=True),
+    "sliding_noncausal_w5": LayerMaskSpec(window=5, block_causal=False),
+    "sliding_w1": LayerMaskSpec(window=1, block_causal=True),
+    "sliding_w_ge_len": LayerMaskSpec(window=64, block_causal=True),
+    "sliding_w3_lt_block": LayerMaskSpec(window=3, block_causal=False),
+}
+
+
+@pytest.mark.parametrize("spec_name", list(SPECS))
+@pytest.mark.parametrize("block_size", [4, 7])
+def test_dense_mask_matches_reference(spec_name: str, block_size: int) -> None:
+    spec = SPECS[spec_name]
+    # Two sequences: several anchors (one near the start, adjacent ones), right padding in the second.
+    anchors = torch.tensor([[1, 5, 6, 17], [3, 9, 0, 0]])
+    valid_len = [23, 14]
+    ctx_valid = torch.arange(23)[None, :] < torch.tensor(valid_len)[:, None]
+    got = dense_mask(anchors, ctx_valid, block_size, spec)
+    assert got.shape == (2, 1, 4 * block_size, 23 + 4 * block_size)
+    for b in range(2):
+        ref = reference_mask(anchors[b].tolist(), ctx_valid[b].tolist(), block_size, spec)
+        assert torch.equal(got[b, 0], ref), (spec_name, b)
+    # No empty rows: every query sees at least itself.
+    assert got.any(-1).all()
+
+
+def test_window_ge_length_equals_full_causal() -> None:
+    anchors = torch.tensor([[2, 8, 11]])
+    ctx_valid = torch.ones(1, 16, dtype=torch.bool)
+    wide = dense_mask(anchors, ctx_valid, 4, LayerMaskSpec(window=10_000, block_causal=True))
+    causal_no_window = dense_mask(anchors, ctx_valid, 4, LayerMaskSpec(window=None, block_causal=True))
+    assert torch.equal(wide, causal_no_window)
+
+
+def test_window_counts_the_query_itself() -> None:
+    # W=3, anchor 10, slot 2 -> position 12 sees positions 10, 11, 12 only: no context at all.
+    anchors = torch.tensor([[10]])
+    ctx_valid = torch.ones(1, 20, dtype=torch.bool)
+    m = dense_mask(anchors, ctx_valid, 4, LayerMaskSpec(window=3, block_causal=True))[0, 0]
+    assert m[2, :20].sum() == 0 and m[2, 20:].tolist() == [True, True, True, False]
+    # slot 0 (position 10) sees context 8, 9 and itself.
+    assert m[0, :20].nonzero().flatten().tolist() == [8, 9] and m[0, 20:].tolist() == [True, False, False, False]
+
+
+def test_flex_block_mask_matches_dense() -> None:
+    """The flex BlockMask evaluates the same mask_mod; check its dense form (CPU)."""
+    anchors = torch.tensor([[1, 40, 41, 90], [5, 70, 0, 0]])
+    ctx_valid = torch.arange(100)[None, :] < torch.tensor([[100], [80]])
+    spec = LayerMaskSpec(window=16, block_causal=True)
+    block_mask = flex_block_mask(anchors, ctx_valid, 8, spec, tile=16)
+    dense = dense_mask(anchors, ctx_valid, 8, spec)
+    b = torch.arange(2)[:, None, None]
+    q = torch.arange(32)[None, :, None]
+    kv = torch.arange(132)[None, None, :]
+    assert torch.equal(dflash_visible(b, q, kv, anchors, ctx_valid, 8, spec)[:, None], dense)
+    # The block mask keeps exactly the tiles that hold a visible pair.
+    as_dense = block_mask.to_dense()  # [B, 1, q_tiles, kv_tiles]
+    kv_tiles = torch.nn.functional.pad(dense, (0, 144 - 132)).reshape(2, 1, 2, 16, 9, 16).any(-1).any(3)
+    assert torch.equal(as_dense.bool(), kv_tiles)
+
+
+def test_sliding_tiles_do_not_grow_with_context() -> None:
+    """Visited 128x128 tiles: constant in T for a sliding layer, growing for a full one."""
+    def tiles(ctx_len: int, spec: LayerMaskSpec) -> int:
+        anchors = torch.arange(ctx_len - 1024, ctx_len, 32)[None]  # 32 anchors in the last 1K tokens
+        ctx_valid = torch.ones(1, ctx_len, dtype=torch.bool)
+        return int(flex_block_mask(anchors, ctx_valid, 16, spec).to_dense().sum())
+
+    sliding = LayerMaskSpec(window=256, block_causal=True)
+    full = LayerMaskSpec(window=None, block_causal=False)
+    assert tiles(2048, sliding) == tiles(8192, sliding)
+    assert tiles(8192, full) > 3 * tiles(2048, sliding)

@@ -1,0 +1,133 @@
+"""DFlash drafter: batched multi-anchor training forward == one block at a time, by the definition.
+
+Reference for one block anchored at a: a fresh forward with context = features[:a] (in a sliding
+layer only the last W - 1 - k positions matter for slot k) and the block alone, using masks built
+for a single anchor. If the batched masks let blocks see each other or the future, they differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen3Config
+
+from train.dflash_objective import IGNORE, block_loss, build_blocks, layer_masks, sample_anchors
+from train.models.dflash import DFlashDraftModel, make_dflash_config
+
+
+def tiny_config(layer_types: list[str], window: int | None, block_size: int = 4, block_causal: bool = True) -> Qwen3Config:
+    target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=8, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, max_position_embeddings=256)
+    return make_dflash_config(target, num_hidden_layers=len(layer_types), block_size=block_size, mask_token_id=5,
+                              target_layer_ids=[1, 3], layer_types=layer_types, sliding_window=window, sliding_block_causal=block_causal)
+
+
+def run(model: DFlashDraftModel, embed: torch.nn.Embedding, features, input_ids, loss_mask, anchors, valid, ctx_valid):
+    cfg = model.config
+    blocks = build_blocks(input_ids, loss_mask, anchors, valid, model.block_size, model.mask_token_id)
+    masks = layer_masks(blocks, ctx_valid, model.block_size, cfg.layer_types, cfg.sliding_window, cfg.sliding_block_causal, "sdpa")
+    return model(embed(blocks.block_ids), features, blocks.positions, masks), blocks
+
+
+@pytest.mark.parametrize("layer_types,window,block_causal", [
+    (["sliding_attention", "full_attention"], 6, True),
+    (["sliding_attention", "sliding_attention"], 3, False),
+    (["full_attention"], None, False),
+    (["sliding_attention"], 1, True),
+])
+def test_batched_blocks_equal_one_block_at_a_time(layer_types, window, block_causal) -> None:
+    torch.manual_seed(0)
+    config = tiny_config(layer_types, window, block_causal=block_causal)
+    model = DFlashDraftModel(config).eval()
+    embed = torch.nn.Embedding(64, 32)
+    seq_len = 24
+    input_ids = torch.randint(6, 64, (1, seq_len))
+    loss_mask = torch.ones(1, seq_len, dtype=torch.bool)
+    features = torch.randn(1, seq_len, 2 * 32)
+    ctx_valid = torch.ones(1, seq_len, dtype=torch.bool)
+    anchors = torch.tensor([[2, 7, 8, 15, 22]])  # adjacent, overlapping blocks, one running past the end
+    valid = torch.ones_like(anchors, dtype=torch.bool)
+    with torch.no_grad():
+        batched, blocks = run(model, embed, features, input_ids, loss_mask, anchors, valid, ctx_valid)
+        for n, a in enumerate(anchors[0].tolist()):
+            # Only the context before the anchor exists for this block: features beyond it are garbage.
+            feats = features.clone()
+            feats[:, a:] = 1e3 * torch.randn_like(feats[:, a:])
+            single, _ = run(model, embed, feats, input_ids, loss_mask, torch.tensor([[a]]), torch.tensor([[True]]), ctx_valid)
+            got = batched[0, n * 4 : (n + 1) * 4]
+            torch.testing.assert_close(got, single[0], rtol=1e-5, atol=1e-5)
+
+
+def test_window_hides_old_context() -> None:
+    """In an all-sliding drafter, context older than the window cannot change the output."""
+    torch.manual_seed(0)
+    model = DFlashDraftModel(tiny_config(["sliding_attention", "sliding_attention"], 4)).eval()
+    embed = torch.nn.Embedding(64, 32)
+    input_ids = torch.randint(6, 64, (1, 20))
+    loss_mask = torch.ones(1, 20, dtype=torch.bool)
+    features = torch.randn(1, 20, 64)
+    anchors, valid = torch.tensor([[12]]), torch.tensor([[True]])
+    ctx_valid = torch.ones(1, 20, dtype=torch.bool)
+    with torch.no_grad():
+        base, _ = run(model, embed, features, input_ids, loss_mask, anchors, valid, ctx_valid)
+        old = features.clone()
+        old[:, :9] += 10 * torch.randn_like(old[:, :9])  # positions <= 12 - 4: outside every slot's window
+        changed_old, _ = run(model, embed, old, input_ids, loss_mask, anchors, valid, ctx_valid)
+        recent = features.clone()
+        recent[:, 11] += 10  # inside the window of slot 0
+        changed_recent, _ = run(model, embed, recent, input_ids, loss_mask, anchors, valid, ctx_valid)
+    torch.testing.assert_close(base, changed_old)
+    assert not torch.allclose(base, changed_recent)
+
+
+def test_blocks_labels_and_weights() -> None:
+    input_ids = torch.tensor([[10, 11, 12, 13, 14, 15, 16, 17]])
+    loss_mask = torch.tensor([[0, 0, 1, 1, 1, 0, 1, 1]], dtype=torch.bool)
+    anchors, valid = torch.tensor([[2, 6]]), torch.tensor([[True, True]])
+    blocks = build_blocks(input_ids, loss_mask, anchors, valid, 4, mask_token_id=99)
+    assert blocks.block_ids.tolist() == [[12, 99, 99, 99, 16, 99, 99, 99]]
+    assert blocks.positions.tolist() == [[2, 3, 4, 5, 6, 7, 8, 9]]
+    # slot 0 never labelled; position 5 has no loss; positions 8, 9 do not exist
+    assert blocks.labels.tolist() == [[IGNORE, 13, 14, IGNORE, IGNORE, 17, IGNORE, IGNORE]]
+    logits = torch.full((1, 8, 100), -10.0)
+    logits[0, 1, 13] = 10  # slot 1 right
+    logits[0, 2, 0] = 10  # slot 2 wrong
+    logits[0, 5, 17] = 10  # block 2 slot 1 right
+    stats = block_loss(logits, blocks.labels, valid, 4, gamma=7.0)
+    assert stats.slot_correct.tolist() == [0, 2, 0, 0] and stats.slot_count.tolist() == [0, 2, 1, 0]
+    assert stats.accepted_sum == 2 and stats.num_blocks == 2  # each block accepts exactly one draft
+    summary = stats.summary("x")
+    assert summary["x/acc_slot_1"] == 1.0 and summary["x/acc_slot_2"] == 0.0
+    assert summary["x/sim_tau"] == pytest.approx(2.0) and summary["x/block_tau"] == pytest.approx(2.0)
+
+
+def test_anchor_sampling_respects_loss_mask_and_cap() -> None:
+    loss_mask = torch.zeros(2, 50, dtype=torch.bool)
+    loss_mask[0, 10:20] = True
+    loss_mask[1, 30:33] = True
+    anchors, valid = sample_anchors(loss_mask, 5, torch.Generator().manual_seed(0))
+    assert valid.sum(1).tolist() == [5, 2]  # row 1 holds only two eligible anchors (30, 31)
+    assert all(10 <= a <= 18 for a in anchors[0].tolist())
+    assert anchors[1, :2].tolist() == [30, 31]
+    assert anchors[0].tolist() == sorted(anchors[0].tolist())
+
+
+def test_save_and_reload_round_trip(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = DFlashDraftModel(tiny_config(["sliding_attention", "full_attention"], 6))
+    model.save_pretrained(tmp_path)
+    reloaded = DFlashDraftModel.from_pretrained(tmp_path)
+    for (name, a), (_, b) in zip(model.state_dict().items(), reloaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    import json
+
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert config["layer_types"] == ["sliding_attention", "full_attention"] and config["sliding_window"] == 6
+    assert config["dflash_config"] == {"target_layer_ids": [1, 3], "block_size": 4, "mask_token_id": 5}
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight", "layers.1.mlp.down_proj.weight"} <= keys
+    assert not any("embed" in k or "lm_head" in k for k in keys)

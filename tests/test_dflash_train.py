@@ -1,0 +1,86 @@
+"""DFlash training on the tiny builtin target: learning, exact resume, accumulation, export, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from safetensors.torch import load_file
+
+from train.trainer import train
+
+FAST = ["experiment=dflash_swa_tiny", "trainer.progress=false", "trainer.log_every=1", "data.num_eval=16"]
+
+
+def compose_train(overrides: list[str]):
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        return compose(config_name="train", overrides=FAST + overrides)
+
+
+def exported(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "export" / "model.safetensors")
+
+
+def test_loss_falls_and_export_is_complete(tmp_path: Path) -> None:
+    metrics = train(compose_train(["trainer.max_steps=40", "trainer.eval_every=0", f"output_dir={tmp_path}"]))
+    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [h["train/loss"] for h in history if "train/loss" in h]
+    assert len(losses) == 40
+    assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5, losses
+    assert {"eval/loss", "eval/sim_tau", "eval/block_tau", "eval/acc_slot_1"} <= set(metrics)
+    assert metrics["eval/sim_tau"] >= 1.0
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention", "full_attention"]
+    assert config["sliding_window"] == 64 and config["use_sliding_window"] is True
+    assert config["dflash_config"] == {"target_layer_ids": [1, 5], "block_size": 8, "mask_token_id": 3}
+    assert config["block_size"] == 8 and config["num_target_layers"] == 8
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["export"] == str(tmp_path / "export") and record["target"]["path"] == "builtin:tiny-qwen3"
+
+
+def test_resume_reproduces_an_uninterrupted_run_bit_for_bit(tmp_path: Path) -> None:
+    common = ["trainer.max_steps=6", "trainer.batch_size=2", "trainer.grad_accum=2", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=2"]
+    train(compose_train(common + [f"output_dir={tmp_path / 'straight'}"]))
+    interrupted = train(compose_train(common + ["trainer.interrupt_after=3", f"output_dir={tmp_path / 'resumed'}"]))
+    assert interrupted["interrupted"] and interrupted["steps"] == 3
+    assert not (tmp_path / "resumed" / "export").exists()
+    assert (tmp_path / "resumed" / "checkpoints" / "step_00000003" / "state.pt").exists()
+    resumed = train(compose_train(common + [f"output_dir={tmp_path / 'resumed'}"]))
+    assert resumed["steps"] == 6 and not resumed["interrupted"]
+    a, b = exported(tmp_path / "straight"), exported(tmp_path / "resumed")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_gradient_accumulation_matches_a_larger_batch(tmp_path: Path) -> None:
+    """Loss normalised by the step's global label count: 2 x 2 micro-batches == one batch of 4."""
+    common = ["trainer.max_steps=1", "trainer.eval_every=0", "data.num_eval=0", "trainer.warmup_ratio=0"]
+    train(compose_train(common + ["trainer.batch_size=4", f"output_dir={tmp_path / 'big'}"]))
+    train(compose_train(common + ["trainer.batch_size=2", "trainer.grad_accum=2", f"output_dir={tmp_path / 'accum'}"]))
+    a, b = exported(tmp_path / "big"), exported(tmp_path / "accum")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("drafter.mask_token_id=5000", r"drafter.mask_token_id=5000 is outside the target's vocabulary \(0..1023\)"),
+    ("drafter.target_layer_ids=[1,8]", r"drafter.target_layer_ids=\[1, 8\]: ids must lie in 0..6"),
+])
+def test_start_up_errors_need_the_target(tmp_path: Path, override: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        train(compose_train([override, f"output_dir={tmp_path}"]))
+    assert not (tmp_path / "run.json").exists()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("drafter.sliding_window=0", "drafter.sliding_window=0"),
+    ("drafter.block_size=1", "drafter.block_size=1"),
+    ("drafter.layer_types=[sliding_attention]", "drafter.layer_types has 1 entries"),
+])
+def test_start_up_errors_from_the_config(tmp_path: Path, override: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        train(compose_train([override, f"output_dir={tmp_path}"]))

@@ -1,0 +1,70 @@
+"""Checkpoints: one folder per step under ``<output_dir>/checkpoints``, written atomically.
+
+A checkpoint holds everything a resume needs under fixed keys: ``model``, ``optimizer``,
+``lr_scheduler``, ``dataloader`` (epoch and position), ``train_state`` (step, token counts) and
+``rng``. It is written to a hidden temporary folder and renamed, so a folder named ``step_*`` is
+always complete; resuming picks the newest one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_dir(output_dir: Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def save_checkpoint(output_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    root = checkpoint_dir(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:08d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        torch.save(state, tmp / "state.pt")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if keep > 0:
+        for old in list_checkpoints(output_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    root = checkpoint_dir(output_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / "state.pt").exists()]
+    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    file = Path(path) / "state.pt" if Path(path).is_dir() else Path(path)
+    if not file.exists():
+        raise ValueError(f"trainer.resume={str(path)!r}: no checkpoint there (expected {file})")
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,106 @@
+"""Attention masks for DFlash block-diffusion training, as pure functions.
+
+Layout of one training sequence (T context positions, N anchors, block size B):
+
+    queries  q = n * B + k          block n, slot k, position anchors[n] + k       (Q = N * B)
+    keys     kv < T                  context position kv (projected target features)
+             kv = T + m * B + l      block m, slot l, position anchors[m] + l       (K = T + Q)
+
+A query at position p = a_n + k sees
+    context keys   j < a_n (strictly before its anchor), j a real (non-padding) token, and in a
+                   sliding layer only j >= p - W + 1 (the W-key window counts the query itself);
+    block keys     its own block only (blocks never see each other); causal (l <= k) in sliding
+                   layers unless ``block_causal=False``, bidirectional in full layers; in a sliding
+                   layer also a_n + l >= p - W + 1.
+Every query sees at least itself, so no softmax row is empty (padded anchor slots included).
+
+``dflash_visible`` is written with tensor ops only, so the same function fills a dense boolean
+mask for SDPA (CPU) and serves as a flex_attention ``mask_mod`` (GPU), whose block mask then skips
+every 128 x 128 tile the window rules out: sliding-layer cost grows with W, not with T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Legend: Bsz batch, N anchors per sequence, B block size, T context length, Q = N*B queries, K = T+Q keys.
+
+
+@dataclass(frozen=True)
+class LayerMaskSpec:
+    window: int | None  # keys visible counting the query itself; None = no window (full layer)
+    block_causal: bool  # causal inside the block
+
+    @staticmethod
+    def for_layer(layer_type: str, sliding_window: int | None, sliding_block_causal: bool = True) -> "LayerMaskSpec":
+        if layer_type == "sliding_attention":
+            return LayerMaskSpec(window=sliding_window, block_causal=sliding_block_causal)
+        if layer_type == "full_attention":
+            return LayerMaskSpec(window=None, block_causal=False)
+        raise ValueError(f"layer type {layer_type!r}; expected sliding_attention or full_attention")
+
+
+def dflash_visible(
+    b: torch.Tensor,
+    q_idx: torch.Tensor,
+    kv_idx: torch.Tensor,
+    anchors: torch.Tensor,
+    ctx_valid: torch.Tensor,
+    block_size: int,
+    spec: LayerMaskSpec,
+) -> torch.Tensor:
+    """True where query ``q_idx`` may attend to key ``kv_idx`` in sequence ``b`` (broadcasting).
+
+    Args:
+        b, q_idx, kv_idx: integer tensors, broadcastable to each other.
+        anchors: [Bsz, N] anchor positions (padded slots: 0).
+        ctx_valid: [Bsz, T] bool, True on real tokens.
+        block_size: B.
+        spec: the layer's window and in-block causality.
+    """
+    ctx_len = ctx_valid.shape[1]
+    n = q_idx // block_size
+    k = q_idx % block_size
+    anchor = anchors[b, n]
+    pos = anchor + k
+    is_ctx = kv_idx < ctx_len
+    ctx_ok = (kv_idx < anchor) & ctx_valid[b, kv_idx.clamp(max=ctx_len - 1)]
+    blk = (kv_idx - ctx_len).clamp(min=0)
+    m = blk // block_size
+    l = blk % block_size
+    blk_ok = m == n
+    if spec.block_causal:
+        blk_ok = blk_ok & (l <= k)
+    if spec.window is not None:
+        ctx_ok = ctx_ok & (kv_idx > pos - spec.window)
+        blk_ok = blk_ok & (l > k - spec.window)
+    return torch.where(is_ctx, ctx_ok, blk_ok)
+
+
+def dense_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec) -> torch.Tensor:
+    """Boolean SDPA mask [Bsz, 1, Q, K] (True = attend) from ``dflash_visible``."""
+    bsz, num_anchors = anchors.shape
+    q_len = num_anchors * block_size
+    kv_len = ctx_valid.shape[1] + q_len
+    device = anchors.device
+    b = torch.arange(bsz, device=device)[:, None, None]
+    q = torch.arange(q_len, device=device)[None, :, None]
+    kv = torch.arange(kv_len, device=device)[None, None, :]
+    return dflash_visible(b, q, kv, anchors, ctx_valid, block_size, spec)[:, None]
+
+
+def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, tile: int = 128):
+    """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    bsz, num_anchors = anchors.shape
+    q_len = num_anchors * block_size
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
+
+    return create_block_mask(
+        mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=ctx_valid.shape[1] + q_len, device=anchors.device, BLOCK_SIZE=tile
+    )

@@ -1,0 +1,1 @@
+"""Drafter modeling files (architecture only), shared by training and inference."""

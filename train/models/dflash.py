@@ -1,0 +1,153 @@
+"""DFlash block-diffusion drafter (z-lab, arXiv 2602.06036) with per-layer sliding windows.
+
+A stack of Qwen3-style decoder layers (q/k RMSNorm, RoPE, SwiGLU) with no embedding or LM head of
+its own: block tokens are embedded and decoded by the target's (frozen) embedding and LM head.
+
+    context  = hidden_norm(fc(concat(target hidden states at target_layer_ids)))   [B, T, H]
+    block    = embed([last verified token, mask, ..., mask])                        [B, Q, H]
+    each layer: queries from the block; keys/values = [context ; block]
+    slot k of a block anchored at position a predicts the token at a + k.
+
+The config is a ``Qwen3Config`` carrying the DFlash fields the published checkpoints carry
+(``architectures: [DFlashDraftModel]``, ``dflash_config: {target_layer_ids, block_size,
+mask_token_id}``, ``block_size``, ``num_target_layers``, ``layer_types``, ``sliding_window``), and
+weight names match theirs (``fc``, ``hidden_norm``, ``layers.*``, ``norm``). Masks come from
+``train/masks.py`` (one per layer type); attention from ``kernels/attention.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+from kernels.attention import attention
+
+# Legend: B batch, T context length, Q block queries, H hidden, Hq/Hkv heads, D head dim.
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, heads, L, D]; cos/sin: [B, L, D]
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def make_dflash_config(target_config, *, num_hidden_layers: int, block_size: int, mask_token_id: int, target_layer_ids: list[int],
+                       layer_types: list[str], sliding_window: int | None, sliding_block_causal: bool = True) -> Qwen3Config:
+    """The drafter's config: the target's attention/MLP shape, DFlash fields on top."""
+    t = target_config.get_text_config()
+    rope = getattr(t, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(t, "rope_theta", 1e6)}
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    config = Qwen3Config(
+        vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads, head_dim=head_dim, rms_norm_eps=t.rms_norm_eps,
+        max_position_embeddings=t.max_position_embeddings, rope_parameters=dict(rope), attention_bias=False,
+        layer_types=list(layer_types), sliding_window=sliding_window,
+        use_sliding_window="sliding_attention" in layer_types, max_window_layers=num_hidden_layers,
+        tie_word_embeddings=False, architectures=["DFlashDraftModel"],
+    )
+    config.block_size = block_size
+    config.num_target_layers = t.num_hidden_layers
+    config.dflash_config = {"target_layer_ids": list(target_layer_ids), "block_size": block_size, "mask_token_id": mask_token_id}
+    config.sliding_block_causal = sliding_block_causal
+    return config
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: Qwen3Config, layer_idx: int):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.scaling = 1.0 / math.sqrt(self.head_dim)
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [B, L, H] -> k, v: [B, Hkv, L, D] (k normed and rotated)
+        b, length, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q: tuple, rope_ctx: tuple, mask) -> torch.Tensor:
+        # x: [B, Q, H] (normed block states); context: [B, T, H] (projected features)
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = apply_rope(q, *rope_q)
+        k_ctx, v_ctx = self.key_value(context, *rope_ctx)
+        k_blk, v_blk = self.key_value(x, *rope_q)
+        k = torch.cat([k_ctx, k_blk], dim=2)
+        v = torch.cat([v_ctx, v_blk], dim=2)
+        out = attention(q, k, v, mask, scale=self.scaling)  # [B, Hq, Q, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: Qwen3Config, layer_idx: int):
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer_idx)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q: tuple, rope_ctx: tuple, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_ctx, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(Qwen3PreTrainedModel):
+    config_class = Qwen3Config
+    base_model_prefix = ""
+    _no_split_modules = ["DFlashDecoderLayer"]
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__(config)
+        dflash = config.dflash_config
+        self.target_layer_ids = list(dflash["target_layer_ids"])
+        self.block_size = dflash["block_size"]
+        self.mask_token_id = dflash["mask_token_id"]
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.fc = nn.Linear(len(self.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.post_init()
+
+    @property
+    def layer_types(self) -> list[str]:
+        return list(self.config.layer_types)
+
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        # features: [B, T, k*H] target hidden states -> [B, T, H]
+        return self.hidden_norm(self.fc(features))
+
+    def forward(self, block_embeds: torch.Tensor, features: torch.Tensor, block_positions: torch.Tensor, masks: dict) -> torch.Tensor:
+        """Draft hidden states for every block slot.
+
+        Args:
+            block_embeds: [B, Q, H] target embeddings of the block tokens (last verified token, masks).
+            features: [B, T, k*H] target hidden states at ``target_layer_ids``, positions 0..T-1.
+            block_positions: [B, Q] absolute position of each block slot.
+            masks: layer type -> mask over [context ; block] keys ([B, 1, Q, T+Q] bool, or a flex
+                ``BlockMask``), see ``train/masks.py``.
+
+        Returns:
+            [B, Q, H] final-normed hidden states; the target's LM head turns them into logits.
+        """
+        context = self.project_context(features)
+        ctx_positions = torch.arange(features.shape[1], device=features.device).expand(features.shape[0], -1)
+        rope_ctx = self.rotary_emb(block_embeds, ctx_positions)
+        rope_q = self.rotary_emb(block_embeds, block_positions)
+        x = block_embeds
+        for layer, layer_type in zip(self.layers, self.config.layer_types):
+            x = layer(x, context, rope_q, rope_ctx, masks[layer_type])
+        return self.norm(x)
