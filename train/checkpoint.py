@@ -8,14 +8,14 @@ always complete; resuming picks the newest one.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .atomic import atomic_dir
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -28,14 +28,8 @@ def save_checkpoint(output_dir: Path, step: int, state: dict[str, Any], keep: in
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+    with atomic_dir(final) as tmp:
         torch.save(state, tmp / "state.pt")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     if keep > 0:
         for old in list_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from .atomic import atomic_dir
 
 BUILTIN_PREFIX = "builtin:"
 SAMPLE_DATA = Path(__file__).parent / "data" / "samples" / "sharegpt_sample.jsonl"
@@ -138,9 +138,7 @@ def pretrain(model, tokenizer, steps: int = 150, seq_len: int = 256, batch_size:
 def build_tiny_target(name: str, out_dir: Path) -> Path:
     """Build ``name`` (see TINY_MODELS) into ``out_dir`` atomically; returns ``out_dir``."""
     style, arch = TINY_MODELS[name]
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir, replace=False) as tmp:  # a concurrent build that finished first wins
         tokenizer = build_tokenizer(style)
         model = build_model(arch, tokenizer)
         final_loss = pretrain(model, tokenizer)
@@ -152,13 +150,6 @@ def build_tiny_target(name: str, out_dir: Path) -> Path:
             f"ShareGPT sample ({style} chat template; final train loss {final_loss:.2f} nats). Built by swa-drafters "
             f"(train/tiny_target.py, build v{BUILD_VERSION}).\n"
         )
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:
-            if not (out_dir / "config.json").exists():  # not a concurrent build that won the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 

@@ -17,9 +17,6 @@ import contextlib
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import checkpoint as ckpt
+from .atomic import atomic_dir, atomic_open
 from .config import TrainConfig
 from .data import prepare_data
 from .data.dataset import collate_padded
@@ -85,10 +83,8 @@ def resolve_mask_token_id(configured: int | None, target: TargetModel) -> int:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
+    with atomic_open(path) as f:
         json.dump(obj, f, indent=2, default=str)
-    os.replace(tmp, path)
 
 
 def warmup_cosine(warmup_steps: int, max_steps: int, min_ratio: float):
@@ -137,14 +133,8 @@ def build_drafter(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], m
 
 def export_drafter(drafter: DFlashDraftModel, out: Path) -> Path:
     """HF-style folder (config.json + model.safetensors), written to a temp name and renamed."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         drafter.save_pretrained(tmp, safe_serialization=True)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -228,6 +218,27 @@ def evaluate(step_ctx: Step, eval_ds, pad_id: int, max_batches: int | None) -> d
     return total.summary("eval") if total is not None else {}
 
 
+# ----------------------------------------------------------------------------- drafters not built yet
+
+def feature_pass(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], train_ds, pad_id: int, device: torch.device) -> dict[str, Any]:
+    """The data and feature half of a training run, for drafter kinds whose model has not landed
+    (EAGLE-3): stream ``max_steps`` batches through the target and count what a drafter would see."""
+    from tqdm.auto import tqdm
+
+    batches = EpochBatches(len(train_ds), cfg.trainer.batch_size, cfg.trainer.seed)
+    tokens = loss_tokens = 0
+    start = time.perf_counter()
+    for _ in tqdm(range(cfg.trainer.max_steps or 1), desc="features", unit="batch", disable=not cfg.trainer.progress):
+        batch = collate_padded([train_ds[i] for i in batches.next()], pad_id)
+        features = target.capture(batch["input_ids"].to(device), layer_ids, attention_mask=batch["attention_mask"].to(device)).features
+        assert features.shape[:2] == batch["input_ids"].shape
+        tokens += int(batch["attention_mask"].sum())
+        loss_tokens += int(batch["loss_mask"].sum())
+    seconds = time.perf_counter() - start
+    log.warning("drafter.kind=%s has no model yet: prepared data and captured features only", cfg.drafter.kind.value)
+    return {"steps": cfg.trainer.max_steps, "tokens": tokens, "loss_tokens": loss_tokens, "tokens_per_s": tokens / seconds}
+
+
 # ----------------------------------------------------------------------------- the loop
 
 def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
@@ -243,7 +254,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     target_path = resolve_target_path(cfg.target.path)
     target = TargetModel.from_pretrained(target_path, device, cfg.target.dtype, cfg.target.attn_implementation)
     layer_ids = target_layer_ids(cfg, target)
-    mask_token_id = resolve_mask_token_id(cfg.drafter.mask_token_id, target)
+    mask_token_id = resolve_mask_token_id(cfg.drafter.mask_token_id, target) if cfg.drafter.kind.value == "dflash" else None
     log.info("target %s: %d layers, hidden %d; drafter reads layers %s; mask token %d",
              cfg.target.path, target.num_layers, target.hidden_size, layer_ids, mask_token_id)
 
@@ -256,6 +267,12 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     if tc.num_epochs is not None:
         by_epochs = max(1, math.ceil(tc.num_epochs * steps_per_epoch))
         max_steps = by_epochs if max_steps is None else min(max_steps, by_epochs)
+
+    if cfg.drafter.kind.value != "dflash":
+        metrics = feature_pass(cfg, target, layer_ids, train_ds, pad_id, device)
+        write_json_atomic(output_dir / "run.json", {"target": {"path": cfg.target.path, "resolved_path": target_path},
+                                                    "target_layer_ids": layer_ids, "data": data_summary, "metrics": metrics})
+        return metrics
 
     drafter = build_drafter(cfg, target, layer_ids, mask_token_id).to(device).train()
     num_params = sum(p.numel() for p in drafter.parameters())

@@ -11,15 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..atomic import atomic_dir
 from .chat import ChatRenderer
 from .readers import Conversation, DataError, read_conversations, sharegpt_package_file
 
@@ -117,20 +115,9 @@ def tokenize_conversations(
 
 def atomic_save_dataset(ds: Any, target: Path, metadata: dict[str, Any]) -> None:
     """Save to a temporary sibling folder, then rename: a crash never leaves a complete-looking cache."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with atomic_dir(target, replace=False) as tmp:  # a concurrent run that finished first wins
         ds.save_to_disk(str(tmp / "data"))
         (tmp / "meta.json").write_text(json.dumps(metadata, indent=2, default=str))
-        os.replace(tmp, target)
-    except OSError:
-        if target.exists():  # another process finished first; its copy is equivalent
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_tokenized(

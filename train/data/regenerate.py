@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..atomic import atomic_open
 from .chat import ChatRenderer
 from .readers import Conversation
 
@@ -113,13 +112,6 @@ def regenerate_conversations(
 
 
 def write_jsonl_atomic(conversations: list[Conversation], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for c in conversations:
-                f.write(json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_open(path) as f:
+        for c in conversations:
+            f.write(json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) + "\n")

@@ -1,0 +1,41 @@
+"""Atomic writes: a failure leaves nothing that looks complete; success leaves normal permissions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from train.atomic import atomic_dir, atomic_open
+
+
+def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        with atomic_dir(tmp_path / "export") as tmp:
+            (tmp / "config.json").write_text("{}")
+            raise RuntimeError("killed half-way")
+    with pytest.raises(RuntimeError):
+        with atomic_open(tmp_path / "run.json") as f:
+            f.write("{")
+            raise RuntimeError("killed half-way")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_success_replaces_and_uses_umask_permissions(tmp_path: Path) -> None:
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "old.bin").write_text("old")
+    with atomic_dir(tmp_path / "export") as tmp:
+        (tmp / "new.bin").write_text("new")
+    assert [p.name for p in (tmp_path / "export").iterdir()] == ["new.bin"]
+    with atomic_open(tmp_path / "run.json") as f:
+        f.write("{}")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "export").stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (tmp_path / "run.json").stat().st_mode & 0o777 == 0o666 & ~umask
+    # replace=False keeps what a concurrent writer finished first
+    with atomic_dir(tmp_path / "export", replace=False) as tmp:
+        (tmp / "other.bin").write_text("x")
+    assert [p.name for p in (tmp_path / "export").iterdir()] == ["new.bin"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

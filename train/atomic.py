@@ -1,0 +1,57 @@
+"""Atomic writes: build under a hidden temporary name beside the target, then rename.
+
+Whatever is killed half-way leaves only a hidden ``.name.*`` leftover, never a file or folder that
+looks complete (caches, checkpoints and exports are all trusted by their name alone).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def atomic_dir(final: Path, replace: bool = True) -> Iterator[Path]:
+    """Yield an empty temporary folder; on success it becomes ``final``.
+
+    With ``replace=False`` an existing ``final`` (a concurrent writer that finished first) is kept.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the folder normal permissions
+        if final.exists():
+            if not replace:
+                return
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def atomic_open(final: Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """Open a temporary file for writing; on success it replaces ``final``."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+            yield f
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
