@@ -31,6 +31,8 @@ def reference_mask(anchors: list[int], valid: list[bool], block_size: int, spec:
                     ok = m == n and key_pos >= lowest
                     if spec.block_causal:
                         ok = ok and l <= k
+                    elif spec.window is not None:  # a non-causal window is symmetric: |key - query| < W
+                        ok = ok and key_pos - p < spec.window
                     mask[q, ctx_len + m * block_size + l] = ok
     return mask
 

@@ -11,7 +11,7 @@ A query at position p = a_n + k sees
                    sliding layer only j >= p - W + 1 (the W-key window counts the query itself);
     block keys     its own block only (blocks never see each other); causal (l <= k) in sliding
                    layers unless ``block_causal=False``, bidirectional in full layers; in a sliding
-                   layer also a_n + l >= p - W + 1.
+                   layer also a_n + l >= p - W + 1 (and, non-causal, a_n + l <= p + W - 1).
 Every query sees at least itself, so no softmax row is empty (padded anchor slots included).
 
 ``dflash_visible`` is written with tensor ops only, so the same function fills a dense boolean
@@ -76,6 +76,8 @@ def dflash_visible(
     if spec.window is not None:
         ctx_ok = ctx_ok & (kv_idx > pos - spec.window)
         blk_ok = blk_ok & (l > k - spec.window)
+        if not spec.block_causal:  # a non-causal window reaches W - 1 slots ahead too (z-lab's rule)
+            blk_ok = blk_ok & (l < k + spec.window)
     return torch.where(is_ctx, ctx_ok, blk_ok)
 
 

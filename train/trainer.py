@@ -301,6 +301,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         ckpt.save_checkpoint(output_dir, step, {
             "model": drafter.state_dict(), "optimizer": optimizer.state_dict(), "lr_scheduler": scheduler.state_dict(),
             "dataloader": batches.state_dict(), "train_state": dict(train_state), "rng": ckpt.rng_state(),
+            "model_config": drafter.config.to_dict(),
         }, keep=tc.keep_checkpoints)
 
     from tqdm.auto import tqdm

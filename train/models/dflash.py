@@ -56,6 +56,17 @@ def make_dflash_config(target_config, *, num_hidden_layers: int, block_size: int
     return config
 
 
+def sliding_block_causal(config: Qwen3Config) -> bool:
+    """Whether sliding layers are causal inside the block: our key, else z-lab's ``is_causal``
+    (which, when set, applies to every layer; full layers are always bidirectional here)."""
+    if getattr(config, "sliding_block_causal", None) is not None:
+        return bool(config.sliding_block_causal)
+    is_causal = getattr(config, "is_causal", None)
+    if is_causal and "full_attention" in config.layer_types:
+        raise ValueError("config.json: is_causal=true with full_attention layers (causal full layers) is not supported")
+    return True if is_causal is None else bool(is_causal)
+
+
 class DFlashAttention(nn.Module):
     def __init__(self, config: Qwen3Config, layer_idx: int):
         super().__init__()

@@ -1,0 +1,144 @@
+"""Export: round trip on the reference target, z-lab's own loader, the validation gate, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from train import engines
+from train.export import ExportError, draft_logits, export
+from train.models.dflash import DFlashDraftModel, make_dflash_config
+from train.target import TargetModel
+
+LAYER_IDS = [1, 3, 5]
+
+
+@pytest.fixture(scope="module")
+def target(reference_target_path) -> TargetModel:
+    return TargetModel.from_pretrained(str(reference_target_path), "cpu")
+
+
+def make_source(tmp_path: Path, target: TargetModel, block_causal: bool = True, window: int = 16) -> Path:
+    torch.manual_seed(0)
+    config = make_dflash_config(target.config, num_hidden_layers=3, block_size=8, mask_token_id=3, target_layer_ids=LAYER_IDS,
+                                layer_types=["sliding_attention", "sliding_attention", "full_attention"], sliding_window=window,
+                                sliding_block_causal=block_causal)
+    model = DFlashDraftModel(config)
+    with torch.no_grad():  # RMSNorm weights start at 1: perturb them so a mix-up would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    return src
+
+
+def test_round_trip_same_logits(tmp_path: Path, target: TargetModel, reference_target_path) -> None:
+    src = make_source(tmp_path, target)
+    report = export(src, tmp_path / "out32", target=str(reference_target_path), dtype="float32")
+    assert report["max_abs_logit_diff"] == 0.0
+    report16 = export(src, tmp_path / "out16", target=str(reference_target_path), dtype="bfloat16")
+    assert 0 < report16["max_abs_logit_diff"] < 0.5
+    ours = DFlashDraftModel.from_pretrained(src).eval()
+    reloaded = DFlashDraftModel.from_pretrained(tmp_path / "out32").eval()
+    features = torch.randn(1, 40, 3 * 512)
+    block = torch.tensor([[11] + [3] * 7])
+    assert torch.equal(draft_logits(ours, features, block, target.embed_tokens, target.lm_head),
+                       draft_logits(reloaded, features, block, target.embed_tokens, target.lm_head))
+    config = json.loads((tmp_path / "out32" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert config["dflash_config"] == {"target_layer_ids": LAYER_IDS, "block_size": 8, "mask_token_id": 3}
+    assert config["block_size"] == 8 and config["num_target_layers"] == 8
+    assert config["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert config["sliding_window"] == 16 and config["use_sliding_window"] is True
+    assert config["rope_theta"] == 1e6 and config["rope_parameters"]["rope_theta"] == 1e6 and config["rope_scaling"] is None
+    assert "sliding_block_causal" not in config and "is_causal" not in config
+    assert "sglang.launch_server" in report["commands"]["sglang"] and '"num_speculative_tokens": 7' in report["commands"]["vllm"]
+
+
+@pytest.mark.parametrize("block_causal,window", [(True, 16), (False, 16), (False, 5), (True, 5)])
+def test_zlab_dflash_loader_gives_the_same_draft_logits(tmp_path: Path, target: TargetModel, reference_target_path, block_causal: bool, window: int) -> None:
+    """z-lab's reference implementation (PyPI ``dflash``) loads our export; same logits on the
+    same inputs, with context features taken its way (hidden_states[id + 1]) from the real target."""
+    zlab = pytest.importorskip("dflash.model")
+    src = make_source(tmp_path, target, block_causal, window)
+    export(src, tmp_path / "out", target=str(reference_target_path), dtype="float32")
+    theirs = zlab.DFlashDraftModel.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    ours = DFlashDraftModel.from_pretrained(tmp_path / "out").eval()
+    assert theirs.target_layer_ids == LAYER_IDS and theirs.block_size == 8 and theirs.mask_token_id == 3
+
+    ids = torch.randint(16, 8192, (1, 41))
+    ctx_len = 40  # block anchored at position 40: context 0..39 (W=16 cuts it in sliding layers)
+    with torch.no_grad():
+        out = target.model(ids, output_hidden_states=True)
+    their_features = zlab.extract_context_feature(out.hidden_states, theirs.target_layer_ids)[:, :ctx_len]
+    our_features = target.capture(ids, LAYER_IDS).features[:, :ctx_len]
+    assert torch.equal(their_features, our_features)  # the layer-id rule, stated by z-lab's own code
+
+    block = torch.tensor([[int(ids[0, ctx_len])] + [3] * 7])
+    with torch.no_grad():
+        hidden = theirs(position_ids=torch.arange(ctx_len + 8)[None], noise_embedding=target.embed_tokens(block),
+                        target_hidden=their_features)
+        their_logits = theirs.compute_logits(hidden, target.lm_head)
+    our_logits = draft_logits(ours, our_features, block, target.embed_tokens, target.lm_head)
+    torch.testing.assert_close(our_logits, their_logits.float(), atol=2e-4, rtol=1e-4)
+
+
+def test_window_rule_matches_zlab() -> None:
+    """W keys visible including the query itself, in z-lab's mask as in ours; FlashInfer gets W - 1."""
+    zlab = pytest.importorskip("dflash.model")
+    q = torch.zeros(1, 1, 4, 8)
+    k = torch.zeros(1, 1, 30, 8)
+    mask = zlab._attention_mask(q, k, is_causal=True, sliding_window=5)[0, 0]
+    assert mask.sum(-1).tolist() == [5, 5, 5, 5]
+    assert mask[-1].nonzero().flatten().tolist() == [25, 26, 27, 28, 29]
+    assert engines.flashinfer_window_left(5) == 4 and engines.flashinfer_window_left(None) == -1
+    assert engines.engine_layer_ids([1, 9, 17], "dflash") == [1, 9, 17]
+    assert engines.engine_layer_ids([1, 9, 17], "speculators") == [2, 10, 18]  # speculators' converter: z-lab id + 1
+
+
+def test_refuses_a_deleted_tensor_and_writes_nothing(tmp_path: Path, target: TargetModel) -> None:
+    src = make_source(tmp_path, target)
+    weights = load_file(src / "model.safetensors")
+    del weights["layers.1.self_attn.k_norm.weight"]
+    save_file(weights, str(src / "model.safetensors"))
+    with pytest.raises(ExportError, match=r"missing tensor 'layers\.1\.self_attn\.k_norm\.weight'"):
+        export(src, tmp_path / "out", dtype="float32")
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_refuses_a_misshaped_tensor(tmp_path: Path, target: TargetModel) -> None:
+    src = make_source(tmp_path, target)
+    weights = load_file(src / "model.safetensors")
+    weights["fc.weight"] = weights["fc.weight"][:, :1024].contiguous()
+    save_file(weights, str(src / "model.safetensors"))
+    with pytest.raises(ExportError, match=r"tensor 'fc\.weight' has shape \(512, 1024\), expected \(512, 1536\)"):
+        export(src, tmp_path / "out", dtype="float32")
+
+
+def test_cli_from_a_run_checkpoint_and_bad_input(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_module
+
+    from train.trainer import train
+
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.progress=false",
+                                                     "trainer.export=false", "data.num_eval=0", f"output_dir={tmp_path / 'run'}"])
+    train(cfg)
+    assert not (tmp_path / "run" / "export").exists()  # so the exporter takes the newest checkpoint
+    proc = subprocess.run([sys.executable, "-m", "train.export", str(tmp_path / "run"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "reload max |Δ logits|" in proc.stdout and "--speculative-algorithm DFLASH" in proc.stdout
+    assert (tmp_path / "out" / "model.safetensors").exists()
+    bad = subprocess.run([sys.executable, "-m", "train.export", str(tmp_path / "nothing"), str(tmp_path / "out2")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "expected a run folder" in bad.stderr
