@@ -142,3 +142,26 @@ def test_cli_from_a_run_checkpoint_and_bad_input(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "expected a run folder" in bad.stderr
+
+
+def test_speculators_format_loads_with_speculators_config_classes(tmp_path: Path, target: TargetModel, reference_target_path) -> None:
+    spec_config = pytest.importorskip("speculators.models.dflash").DFlashSpeculatorConfig
+    from speculators import SpeculatorModelConfig
+
+    src = make_source(tmp_path, target, block_causal=False, window=16)
+    report = export(src, tmp_path / "spec", fmt="speculators", target=str(reference_target_path), dtype="float32")
+    assert report["max_abs_logit_diff"] == 0.0
+    loaded = SpeculatorModelConfig.from_pretrained(str(tmp_path / "spec"))
+    assert isinstance(loaded, spec_config)
+    assert loaded.aux_hidden_state_layer_ids == [i + 1 for i in LAYER_IDS]  # speculators' convention
+    assert loaded.block_size == 8 and loaded.mask_token_id == 3 and loaded.draft_vocab_size == 8192
+    assert loaded.sliding_window_non_causal is True and loaded.target_hidden_size == 512
+    layer = loaded.transformer_layer_config
+    assert layer.layer_types == ["sliding_attention", "sliding_attention", "full_attention"] and layer.sliding_window == 16
+    assert loaded.speculators_config.algorithm == "dflash"
+    assert loaded.speculators_config.proposal_methods[0].speculative_tokens == 7
+    assert loaded.speculators_config.verifier.architectures == ["Qwen3ForCausalLM"]
+    weights = load_file(tmp_path / "spec" / "model.safetensors")
+    assert torch.equal(weights["lm_head.weight"], target.lm_head.weight) and "fc.weight" in weights
+    with pytest.raises(ExportError, match="--format speculators needs the target"):
+        export(src, tmp_path / "spec2", fmt="speculators", dtype="float32")

@@ -6,6 +6,10 @@ SOURCE is a run folder (``output_dir`` of ``python -m train``: its ``export/``, 
 checkpoint), an export folder (``config.json`` + ``model.safetensors``) or a checkpoint folder
 (``checkpoints/step_*``). Formats:
 
+- ``speculators``: vLLM speculators' DFlash layout (``speculators_model_type: dflash``,
+  ``transformer_layer_config`` with ``layer_types`` / ``sliding_window``, ``aux_hidden_state_layer_ids``
+  = our ids + 1, ``speculators_config`` with the verifier), weights plus the verifier's
+  ``embed_tokens`` / ``lm_head`` / ``verifier_lm_head`` / ``verifier_norm`` (needs the target).
 - ``dflash`` / ``sglang``: the z-lab DFlash layout that z-lab's loader and SGLang's DFLASH
   algorithm read: ``architectures: [DFlashDraftModel]``, ``model_type: qwen3``, ``dflash_config``
   {target_layer_ids, block_size, mask_token_id}, ``block_size``, ``num_target_layers``,
@@ -37,7 +41,9 @@ from .models.dflash import DFlashDraftModel, sliding_block_causal
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("dflash", "sglang")
+FORMATS = ("dflash", "sglang", "speculators")
+# speculators' DFlash model carries the verifier's embedding, LM head and final norm too.
+SPECULATORS_VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
 WEIGHTS = "model.safetensors"
 
 
@@ -114,6 +120,34 @@ def dflash_config_json(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def speculators_config_json(config: dict[str, Any], target_config: Any, target_name: str) -> dict[str, Any]:
+    """Our config -> vLLM speculators' DFlash config.json (``DFlashSpeculatorConfig`` schema)."""
+    layer_config = dflash_config_json(config)
+    for key in ("architectures", "auto_map", "block_size", "dflash_config", "num_target_layers", "is_causal", "dtype"):
+        layer_config.pop(key, None)
+    dflash = config["dflash_config"]
+    block_size = dflash["block_size"]
+    text = target_config.get_text_config()
+    return {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "transformer_layer_config": layer_config,
+        "draft_vocab_size": config["vocab_size"],
+        "block_size": block_size,
+        "target_hidden_size": text.hidden_size,
+        "aux_hidden_state_layer_ids": engines.engine_layer_ids(dflash["target_layer_ids"], "speculators"),
+        "mask_token_id": dflash["mask_token_id"],
+        "sliding_window_non_causal": not config.get("sliding_block_causal", True),
+        "sample_from_anchor": False,
+        "speculators_config": {
+            "algorithm": "dflash",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": block_size - 1}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": target_name, "architectures": list(getattr(target_config, "architectures", None) or [])},
+        },
+    }
+
+
 @torch.no_grad()
 def draft_logits(model: DFlashDraftModel, features: torch.Tensor, block_ids: torch.Tensor, embed: torch.nn.Module, head: torch.nn.Module) -> torch.Tensor:
     """One block anchored right after the context: [1, T, k*H] features, [1, B] ids -> [1, B, V]."""
@@ -143,6 +177,8 @@ def export(source: Path, output: Path, fmt: str = "dflash", target: str | None =
     torch_dtype = getattr(torch, dtype)
 
     target_path = target or (run_record or {}).get("target", {}).get("resolved_path")
+    if fmt == "speculators" and target_path is None:
+        raise ExportError("--format speculators needs the target (--target PATH): the checkpoint carries its embedding and LM head")
     if target_path is not None:
         from .target import TargetModel
 
@@ -161,26 +197,42 @@ def export(source: Path, output: Path, fmt: str = "dflash", target: str | None =
     block_ids[0, 0] = 7
     reference = draft_logits(model, features, block_ids, embed, head)
 
+    recorded = (run_record or {}).get("target", {}).get("path")
+    serve_target = target or (recorded if recorded and not recorded.startswith("builtin:") else target_path) or "TARGET"
+    out_config = dflash_config_json(config)
+    out_config["dtype"] = dtype
+    tensors = {k: v.to(torch_dtype).contiguous() for k, v in model.state_dict().items()}
     with atomic_dir(output) as tmp:
-        out_config = dflash_config_json(config)
-        out_config["dtype"] = dtype
-        (tmp / "config.json").write_text(json.dumps(out_config, indent=2))
-        save_file({k: v.to(torch_dtype).contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        reloaded = DFlashDraftModel.from_pretrained(tmp, dtype=torch_dtype).eval()
-        check_weights(reloaded, load_file(tmp / WEIGHTS), str(tmp))
+        if fmt == "speculators":
+            spec_config = speculators_config_json(config, tgt.config, serve_target)
+            final_norm = tgt.model.get_decoder().norm.weight if hasattr(tgt.model, "get_decoder") else tgt.model.model.norm.weight
+            verifier = {"embed_tokens.weight": embed.weight, "lm_head.weight": head.weight,
+                        "verifier_lm_head.weight": head.weight, "verifier_norm.weight": final_norm}
+            (tmp / "config.json").write_text(json.dumps(spec_config, indent=2))
+            save_file({**tensors, **{k: v.detach().to(torch_dtype).contiguous().clone() for k, v in verifier.items()}}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            draft_only = {k: v for k, v in load_file(tmp / WEIGHTS).items() if k not in SPECULATORS_VERIFIER_TENSORS}
+            reloaded = build_model({**spec_config["transformer_layer_config"], "architectures": ["DFlashDraftModel"],
+                                    "dflash_config": {**config["dflash_config"]}, "sliding_block_causal": not spec_config["sliding_window_non_causal"],
+                                    "num_target_layers": config.get("num_target_layers")}).to(torch_dtype)
+            check_weights(reloaded, draft_only, str(tmp))
+            reloaded.load_state_dict(draft_only)
+            reloaded.eval()
+        else:
+            (tmp / "config.json").write_text(json.dumps(out_config, indent=2))
+            save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            reloaded = DFlashDraftModel.from_pretrained(tmp, dtype=torch_dtype).eval()
+            check_weights(reloaded, load_file(tmp / WEIGHTS), str(tmp))
         max_diff = float((draft_logits(reloaded, features, block_ids, embed, head) - reference).abs().max())
         # bf16 weights move logits by ~1e-2; anything large means a broken export.
         limit = 1e-4 if torch_dtype == torch.float32 else 0.5
         if not max_diff <= limit:
             raise ExportError(f"{output}: reloaded export differs from the drafter by {max_diff:.3g} in logits (limit {limit})")
 
-    recorded = (run_record or {}).get("target", {}).get("path")
-    serve_target = target or (recorded if recorded and not recorded.startswith("builtin:") else target_path) or "TARGET"
     report = {
         "format": fmt, "output": str(output), "dtype": dtype, "max_abs_logit_diff": max_diff,
-        "target_layer_ids": out_config["dflash_config"]["target_layer_ids"],
+        "target_layer_ids": spec_config["aux_hidden_state_layer_ids"] if fmt == "speculators" else out_config["dflash_config"]["target_layer_ids"],
         "layer_types": out_config["layer_types"], "sliding_window": out_config["sliding_window"],
-        "commands": {
+        "commands": {"vllm": f"vllm serve {output}"} if fmt == "speculators" else {
             "sglang": engines.sglang_dflash_command(serve_target, str(output)),
             "vllm": engines.vllm_dflash_command(serve_target, str(output), out_config["block_size"]),
         },
