@@ -39,6 +39,9 @@ def test_loss_falls_and_export_is_complete(tmp_path: Path) -> None:
     assert config["block_size"] == 8 and config["num_target_layers"] == 8
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["export"] == str(tmp_path / "export") and record["target"]["path"] == "builtin:tiny-qwen3"
+    # The engine export ran at the end of training, through the validation gate.
+    assert record["engine_exports"]["dflash"]["max_abs_logit_diff"] < 0.5
+    assert json.loads((tmp_path / "export_dflash" / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [1, 5]
 
 
 def test_resume_reproduces_an_uninterrupted_run_bit_for_bit(tmp_path: Path) -> None:

@@ -182,6 +182,7 @@ class TrainerConfig:
     interrupt_after: Optional[int] = None  # stop after this step as a preemption would (tests resume)
     time_limit_minutes: Optional[float] = None  # checkpoint and stop once this much wall time has passed (job limits)
     export: bool = True  # write output_dir/export at the end
+    export_formats: List[str] = field(default_factory=lambda: ["dflash"])  # also output_dir/export_<format> (train/export.py)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -200,6 +201,9 @@ class TrainerConfig:
             raise ValueError(f"trainer.lr={self.lr}; expected > 0")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"trainer.precision={self.precision!r}; expected auto, bf16 or fp32")
+        for fmt in self.export_formats:
+            if fmt not in ("dflash", "sglang", "speculators"):
+                raise ValueError(f"trainer.export_formats: {fmt!r} is not one of dflash, sglang, speculators")
         if self.attention_backend not in ("auto", "sdpa", "flex"):
             raise ValueError(f"trainer.attention_backend={self.attention_backend!r}; expected auto, sdpa or flex")
 

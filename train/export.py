@@ -154,19 +154,24 @@ def draft_logits(model: DFlashDraftModel, features: torch.Tensor, block_ids: tor
     from .masks import LayerMaskSpec, dense_mask
 
     ctx_len, block = features.shape[1], block_ids.shape[1]
-    anchors = torch.tensor([[ctx_len]])
-    ctx_valid = torch.ones(1, ctx_len, dtype=torch.bool)
+    anchors = torch.tensor([[ctx_len]], device=features.device)
+    ctx_valid = torch.ones(1, ctx_len, dtype=torch.bool, device=features.device)
     cfg = model.config
     causal = sliding_block_causal(cfg)
     masks = {t: dense_mask(anchors, ctx_valid, block, LayerMaskSpec.for_layer(t, cfg.sliding_window, causal)) for t in set(cfg.layer_types)}
-    positions = torch.arange(ctx_len, ctx_len + block)[None]
+    positions = torch.arange(ctx_len, ctx_len + block, device=features.device)[None]
     dtype = next(model.parameters()).dtype
     hidden = model(embed(block_ids).to(dtype), features.to(dtype), positions, masks)
     return head(hidden.to(head.weight.dtype)).float()
 
 
-def export(source: Path, output: Path, fmt: str = "dflash", target: str | None = None, dtype: str = "bfloat16") -> dict[str, Any]:
-    """Validate, write ``fmt`` to ``output`` atomically, reload and compare; returns a report."""
+def export(source: Path, output: Path, fmt: str = "dflash", target: str | None = None, dtype: str = "bfloat16",
+           target_model: Any = None) -> dict[str, Any]:
+    """Validate, write ``fmt`` to ``output`` atomically, reload and compare; returns a report.
+
+    ``target_model`` (a loaded ``TargetModel``, e.g. the trainer's) saves loading the target again;
+    the comparison then runs on its device.
+    """
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt!r}; expected one of {FORMATS}")
     config, weights, run_record = load_source(source)
@@ -179,10 +184,10 @@ def export(source: Path, output: Path, fmt: str = "dflash", target: str | None =
     target_path = target or (run_record or {}).get("target", {}).get("resolved_path")
     if fmt == "speculators" and target_path is None:
         raise ExportError("--format speculators needs the target (--target PATH): the checkpoint carries its embedding and LM head")
-    if target_path is not None:
+    if target_model is not None or target_path is not None:
         from .target import TargetModel
 
-        tgt = TargetModel.from_pretrained(target_path, "cpu")
+        tgt = target_model or TargetModel.from_pretrained(target_path, "cpu")
         embed, head = tgt.embed_tokens, tgt.lm_head
     else:  # no target at hand: compare through a fixed random head of the right shape
         generator = torch.Generator().manual_seed(0)
@@ -191,17 +196,19 @@ def export(source: Path, output: Path, fmt: str = "dflash", target: str | None =
         head = torch.nn.Linear(config["hidden_size"], config["vocab_size"], bias=False).requires_grad_(False)
         head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * 0.02)
 
+    device = head.weight.device
     generator = torch.Generator().manual_seed(1)
-    features = torch.randn(1, 48, model.fc.in_features, generator=generator)
-    block_ids = torch.full((1, model.block_size), model.mask_token_id)
+    features = torch.randn(1, 48, model.fc.in_features, generator=generator).to(device)
+    block_ids = torch.full((1, model.block_size), model.mask_token_id, device=device)
     block_ids[0, 0] = 7
+    model.to(device)
     reference = draft_logits(model, features, block_ids, embed, head)
 
     recorded = (run_record or {}).get("target", {}).get("path")
     serve_target = target or (recorded if recorded and not recorded.startswith("builtin:") else target_path) or "TARGET"
     out_config = dflash_config_json(config)
     out_config["dtype"] = dtype
-    tensors = {k: v.to(torch_dtype).contiguous() for k, v in model.state_dict().items()}
+    tensors = {k: v.to("cpu", torch_dtype).contiguous() for k, v in model.state_dict().items()}
     with atomic_dir(output) as tmp:
         if fmt == "speculators":
             spec_config = speculators_config_json(config, tgt.config, serve_target)
@@ -209,18 +216,18 @@ def export(source: Path, output: Path, fmt: str = "dflash", target: str | None =
             verifier = {"embed_tokens.weight": embed.weight, "lm_head.weight": head.weight,
                         "verifier_lm_head.weight": head.weight, "verifier_norm.weight": final_norm}
             (tmp / "config.json").write_text(json.dumps(spec_config, indent=2))
-            save_file({**tensors, **{k: v.detach().to(torch_dtype).contiguous().clone() for k, v in verifier.items()}}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            save_file({**tensors, **{k: v.detach().to("cpu", torch_dtype).contiguous().clone() for k, v in verifier.items()}}, str(tmp / WEIGHTS), metadata={"format": "pt"})
             draft_only = {k: v for k, v in load_file(tmp / WEIGHTS).items() if k not in SPECULATORS_VERIFIER_TENSORS}
             reloaded = build_model({**spec_config["transformer_layer_config"], "architectures": ["DFlashDraftModel"],
                                     "dflash_config": {**config["dflash_config"]}, "sliding_block_causal": not spec_config["sliding_window_non_causal"],
                                     "num_target_layers": config.get("num_target_layers")}).to(torch_dtype)
             check_weights(reloaded, draft_only, str(tmp))
             reloaded.load_state_dict(draft_only)
-            reloaded.eval()
+            reloaded.eval().to(device)
         else:
             (tmp / "config.json").write_text(json.dumps(out_config, indent=2))
             save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-            reloaded = DFlashDraftModel.from_pretrained(tmp, dtype=torch_dtype).eval()
+            reloaded = DFlashDraftModel.from_pretrained(tmp, dtype=torch_dtype).eval().to(device)
             check_weights(reloaded, load_file(tmp / WEIGHTS), str(tmp))
         max_diff = float((draft_logits(reloaded, features, block_ids, embed, head) - reference).abs().max())
         # bf16 weights move logits by ~1e-2; anything large means a broken export.

@@ -363,9 +363,17 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     if device.type == "cuda":
         final["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     export_path = None
+    engine_exports = {}
     if tc.export and not interrupted:
         export_path = export_drafter(drafter, output_dir / "export")
         log.info("exported drafter to %s", export_path)
+        from .export import export as export_for_engine
+
+        for fmt in tc.export_formats:
+            report = export_for_engine(export_path, output_dir / f"export_{fmt}", fmt, target=target_path, target_model=target)
+            engine_exports[fmt] = report
+            log.info("%s export: %s (reload max |Δ logits| %.3g); serve: %s", fmt, report["output"], report["max_abs_logit_diff"],
+                     " | ".join(report["commands"].values()))
     logger.summary({k: v for k, v in final.items() if isinstance(v, (int, float))})
     logger.finish()
     write_json_atomic(output_dir / "run.json", {
@@ -373,6 +381,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         "target_layer_ids": layer_ids,
         "mask_token_id": mask_token_id,
         "export": str(export_path) if export_path else None,
+        "engine_exports": engine_exports,
         "data": data_summary,
         "metrics": final,
         "history": history,
