@@ -43,6 +43,9 @@ def test_round_trip_same_logits(tmp_path: Path, target: TargetModel, reference_t
     src = make_source(tmp_path, target)
     report = export(src, tmp_path / "out32", target=str(reference_target_path), dtype="float32")
     assert report["max_abs_logit_diff"] == 0.0
+    sglang = export(src, tmp_path / "sglang", fmt="sglang", target=str(reference_target_path), dtype="float32")
+    assert sglang["max_abs_logit_diff"] == 0.0  # SGLang's DFLASH reads the z-lab layout: same files
+    assert (tmp_path / "sglang" / "config.json").read_text() == (tmp_path / "out32" / "config.json").read_text()
     report16 = export(src, tmp_path / "out16", target=str(reference_target_path), dtype="bfloat16")
     assert 0 < report16["max_abs_logit_diff"] < 0.5
     ours = DFlashDraftModel.from_pretrained(src).eval()
