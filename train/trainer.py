@@ -29,7 +29,7 @@ from .atomic import atomic_dir, atomic_open
 from .config import TrainConfig
 from .data import prepare_data
 from .data.dataset import collate_padded
-from .dflash_objective import BlockStats, block_loss, build_blocks, default_gamma, layer_masks, sample_anchors
+from .dflash_objective import IGNORE, BlockStats, block_loss, build_blocks, default_gamma, layer_masks, sample_anchors
 from .models.dflash import DFlashDraftModel, make_dflash_config
 from .target import TargetModel, default_layer_ids
 from .tiny_target import resolve_target_path
@@ -165,8 +165,7 @@ class Step:
 
     def blocks_for(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.static_shapes)
-        blocks = build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id)
-        return blocks
+        return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id)
 
     def forward(self, batch: dict[str, torch.Tensor], blocks) -> BlockStats:
         """Target features -> drafter -> stats (loss_sum is differentiable)."""
@@ -187,7 +186,7 @@ def train_step(step_ctx: Step, micro_batches: list[dict[str, torch.Tensor]], ste
     """One optimizer step; returns the summed stats and the pre-clip gradient norm."""
     generator = torch.Generator().manual_seed(step_ctx.cfg.trainer.seed * 1_000_003 + step)
     blocks = [step_ctx.blocks_for(b, generator) for b in micro_batches]
-    num_labels = max(1, int(sum((b.labels != -100).sum() for b in blocks)))  # global count for the step
+    num_labels = max(1, int(sum((b.labels != IGNORE).sum() for b in blocks)))  # global count for the step
     total = None
     for batch, block in zip(micro_batches, blocks):
         stats = step_ctx.forward(batch, block)
