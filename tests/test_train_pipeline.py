@@ -48,7 +48,6 @@ def test_regenerated_data_pipeline(tmp_path: Path) -> None:
 
 
 def test_wandb_offline_logging(tmp_path: Path) -> None:
-    pytest.importorskip("wandb")
     cfg = compose_train(["experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.log_every=1", "trainer.progress=false",
                          f"output_dir={tmp_path}", "logger=wandb", "logger.mode=offline"])
     train(cfg)
