@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
+from compose import compose_train
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
@@ -20,11 +20,6 @@ import configs
 CONFIG_DIR = Path(configs.__file__).parent
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 GROUPS = {g: sorted(p.stem for p in (CONFIG_DIR / g).glob("*.yaml")) for g in ("target", "drafter", "data", "trainer", "logger")}
-
-
-def compose_train(overrides: list[str]):
-    with initialize_config_module(config_module="configs", version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
 
 
 def test_required_experiments_exist() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
+from compose import compose_train
 from safetensors.torch import load_file
 
 from train.trainer import train
@@ -15,9 +15,8 @@ from train.trainer import train
 FAST = ["experiment=dflash_swa_tiny", "trainer.progress=false", "trainer.log_every=1", "data.num_eval=16"]
 
 
-def compose_train(overrides: list[str]):
-    with initialize_config_module(config_module="configs", version_base="1.3"):
-        return compose(config_name="train", overrides=FAST + overrides)
+def compose_fast(overrides: list[str]):
+    return compose_train(FAST + overrides)
 
 
 def exported(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -25,7 +24,7 @@ def exported(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_loss_falls_and_export_is_complete(tmp_path: Path) -> None:
-    metrics = train(compose_train(["trainer.max_steps=40", "trainer.eval_every=0", f"output_dir={tmp_path}"]))
+    metrics = train(compose_fast(["trainer.max_steps=40", "trainer.eval_every=0", f"output_dir={tmp_path}"]))
     history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [h["train/loss"] for h in history if "train/loss" in h]
     assert len(losses) == 40
@@ -46,12 +45,12 @@ def test_loss_falls_and_export_is_complete(tmp_path: Path) -> None:
 
 def test_resume_reproduces_an_uninterrupted_run_bit_for_bit(tmp_path: Path) -> None:
     common = ["trainer.max_steps=6", "trainer.batch_size=2", "trainer.grad_accum=2", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=2"]
-    train(compose_train(common + [f"output_dir={tmp_path / 'straight'}"]))
-    interrupted = train(compose_train(common + ["trainer.interrupt_after=3", f"output_dir={tmp_path / 'resumed'}"]))
+    train(compose_fast(common + [f"output_dir={tmp_path / 'straight'}"]))
+    interrupted = train(compose_fast(common + ["trainer.interrupt_after=3", f"output_dir={tmp_path / 'resumed'}"]))
     assert interrupted["interrupted"] and interrupted["steps"] == 3
     assert not (tmp_path / "resumed" / "export").exists()
     assert (tmp_path / "resumed" / "checkpoints" / "step_00000003" / "state.pt").exists()
-    resumed = train(compose_train(common + [f"output_dir={tmp_path / 'resumed'}"]))
+    resumed = train(compose_fast(common + [f"output_dir={tmp_path / 'resumed'}"]))
     assert resumed["steps"] == 6 and not resumed["interrupted"]
     a, b = exported(tmp_path / "straight"), exported(tmp_path / "resumed")
     assert a.keys() == b.keys()
@@ -62,8 +61,8 @@ def test_resume_reproduces_an_uninterrupted_run_bit_for_bit(tmp_path: Path) -> N
 def test_gradient_accumulation_matches_a_larger_batch(tmp_path: Path) -> None:
     """Loss normalised by the step's global label count: 2 x 2 micro-batches == one batch of 4."""
     common = ["trainer.max_steps=1", "trainer.eval_every=0", "data.num_eval=0", "trainer.warmup_ratio=0"]
-    train(compose_train(common + ["trainer.batch_size=4", f"output_dir={tmp_path / 'big'}"]))
-    train(compose_train(common + ["trainer.batch_size=2", "trainer.grad_accum=2", f"output_dir={tmp_path / 'accum'}"]))
+    train(compose_fast(common + ["trainer.batch_size=4", f"output_dir={tmp_path / 'big'}"]))
+    train(compose_fast(common + ["trainer.batch_size=2", "trainer.grad_accum=2", f"output_dir={tmp_path / 'accum'}"]))
     a, b = exported(tmp_path / "big"), exported(tmp_path / "accum")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
@@ -75,7 +74,7 @@ def test_gradient_accumulation_matches_a_larger_batch(tmp_path: Path) -> None:
 ])
 def test_start_up_errors_need_the_target(tmp_path: Path, override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        train(compose_train([override, f"output_dir={tmp_path}"]))
+        train(compose_fast([override, f"output_dir={tmp_path}"]))
     assert not (tmp_path / "run.json").exists()
 
 
@@ -86,4 +85,4 @@ def test_start_up_errors_need_the_target(tmp_path: Path, override: str, message:
 ])
 def test_start_up_errors_from_the_config(tmp_path: Path, override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        train(compose_train([override, f"output_dir={tmp_path}"]))
+        train(compose_fast([override, f"output_dir={tmp_path}"]))

@@ -129,14 +129,12 @@ def test_refuses_a_misshaped_tensor(tmp_path: Path, target: TargetModel) -> None
 
 
 def test_cli_from_a_run_checkpoint_and_bad_input(tmp_path: Path) -> None:
-    from hydra import compose, initialize_config_module
+    from compose import compose_train
 
     from train.trainer import train
 
-    with initialize_config_module(config_module="configs", version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.progress=false",
-                                                     "trainer.export=false", "data.num_eval=0", f"output_dir={tmp_path / 'run'}"])
-    train(cfg)
+    train(compose_train(["experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.progress=false",
+                         "trainer.export=false", "data.num_eval=0", f"output_dir={tmp_path / 'run'}"]))
     assert not (tmp_path / "run" / "export").exists()  # so the exporter takes the newest checkpoint
     proc = subprocess.run([sys.executable, "-m", "train.export", str(tmp_path / "run"), str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)

@@ -8,14 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
+from compose import compose_train
 
 from train.trainer import train
-
-
-def compose_train(overrides: list[str]):
-    with initialize_config_module(config_module="configs", version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
 
 
 @pytest.mark.parametrize("experiment,expected_ids", [("dflash_swa_tiny", [1, 5]), ("eagle3_swa_tiny", [1, 3, 4])])
