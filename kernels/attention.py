@@ -29,3 +29,66 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: fl
 
     flex = compiled_flex_attention() if q.is_cuda else flex_attention  # eager flex: CPU tests only
     return flex(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+# --- Attention over a cache whose keys sit at consecutive positions (inference) -------------------
+#
+# Layout shared by the target's KV cache and the drafter's context cache: the keys are positions
+# k0 .. k0 + K - 1 and the Q queries are the last Q of those positions (bottom-right alignment, as
+# FlashInfer aligns a causal mask when kv_len > qo_len). One window convention (Hugging Face
+# ``sliding_window``): W keys visible, the query itself included; FlashInfer's window_left is W - 1.
+
+
+def aligned_visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
+    """True where the query at ``q_pos`` sees the key at ``k_pos`` (broadcasting position tensors).
+
+    causal: keys up to the query's own position; non-causal: every key. A window keeps keys with
+    ``q - W < k`` and, non-causal, ``k < q + W`` (a symmetric band, z-lab's DFlash rule).
+    """
+    visible = k_pos <= q_pos if causal else torch.ones_like(k_pos <= q_pos)
+    if window is not None:
+        visible = visible & (k_pos > q_pos - window)
+        if not causal:
+            visible = visible & (k_pos < q_pos + window)
+    return visible
+
+
+def aligned_mask(q_len: int, k_len: int, causal: bool, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """[Q, K] bool mask for ``aligned_visible`` with the queries at the last Q key positions; None when all visible."""
+    if not causal and (window is None or window >= k_len):
+        return None
+    if causal and q_len == 1 and (window is None or window >= k_len):
+        return None
+    k_pos = torch.arange(k_len, device=device)
+    q_pos = k_pos[k_len - q_len:, None]
+    return aligned_visible(q_pos, k_pos[None], causal, window)
+
+
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, window: int | None,
+                     scale: float, backend: str = "sdpa") -> torch.Tensor:
+    """Attention of Q queries over K cached keys at consecutive positions, queries aligned at the end.
+
+    Args:
+        q: [Q, Hq, D] queries (positions K-Q .. K-1 relative to the first key).
+        k, v: [K, Hkv, D] keys/values (NHD, the caches' layout; a slice of a larger buffer is fine).
+        causal, window: see ``aligned_visible``.
+        backend: ``sdpa`` (any device) or ``flashinfer`` (CUDA; ``window_left = W - 1``).
+
+    Returns:
+        [Q, Hq, D].
+    """
+    if backend == "flashinfer":
+        import flashinfer
+
+        return flashinfer.single_prefill_with_kv_cache(
+            q, k, v, causal=causal, window_left=-1 if window is None else window - 1, sm_scale=scale)
+    if backend != "sdpa":
+        raise ValueError(f"attention backend {backend!r}; expected 'sdpa' or 'flashinfer'")
+    q_len, k_len = q.shape[0], k.shape[0]
+    # a causal square without a window is SDPA's own is_causal (its fast kernels take no mask)
+    square_causal = causal and q_len == k_len > 1 and (window is None or window >= k_len)
+    mask = None if square_causal else aligned_mask(q_len, k_len, causal, window, q.device)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=mask, is_causal=square_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)

@@ -13,6 +13,16 @@ REFERENCE_TARGET = REPO_ROOT.parent / "shared" / "targets" / "qwen3-27m-sharegpt
 
 
 @pytest.fixture(scope="session", autouse=True)
+def single_cpu_thread() -> None:
+    """One intra-op thread: on 2-core CI-like machines each OpenMP parallel region was measured to
+    cost ~16 ms of wake-up (a 2x512 @ 512x1408 matmul: 16 ms on 2 threads, 0.12 ms on 1), more than
+    the work itself in these small models."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every test run builds and caches into its own folder, never the user's ~/.cache."""
     cache = tmp_path_factory.mktemp("swa-cache")

@@ -89,17 +89,25 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q: tuple, rope_ctx: tuple, mask) -> torch.Tensor:
-        # x: [B, Q, H] (normed block states); context: [B, T, H] (projected features)
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [B, Q, H] -> q: [B, Hq, Q, D] (normed and rotated)
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
-        q = apply_rope(q, *rope_q)
+        return apply_rope(q, cos, sin)
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        # out: [B, Hq, Q, D] -> [B, Q, H]
+        b, _, q_len, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q: tuple, rope_ctx: tuple, mask) -> torch.Tensor:
+        # x: [B, Q, H] (normed block states); context: [B, T, H] (projected features)
+        q = self.query(x, *rope_q)
         k_ctx, v_ctx = self.key_value(context, *rope_ctx)
         k_blk, v_blk = self.key_value(x, *rope_q)
         k = torch.cat([k_ctx, k_blk], dim=2)
         v = torch.cat([v_ctx, v_blk], dim=2)
-        out = attention(q, k, v, mask, scale=self.scaling)  # [B, Hq, Q, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+        return self.output(attention(q, k, v, mask, scale=self.scaling))
 
 
 class DFlashDecoderLayer(nn.Module):

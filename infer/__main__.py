@@ -1,0 +1,90 @@
+"""``python -m infer --target PATH --drafter PATH --prompt "..."``: generate, print the text and the statistics.
+
+Examples:
+    python -m infer --target ../shared/targets/qwen3-27m-sharegpt --drafter outputs/run/export --question 81 --prefill-tokens 8192
+    python -m infer --target builtin:tiny-qwen3 --drafter outputs/tiny/export --prompt "Hello" --baseline --window none
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from infer.generate import Generation, generate
+from infer.loading import eos_ids, load_models, parse_window
+from infer.prompts import long_prompt_ids, mt_bench_questions
+from infer.sampling import SamplingConfig
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m infer", description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True, help="HF causal LM folder or id, or builtin:tiny-qwen3 / builtin:tiny-llama3")
+    p.add_argument("--drafter", help="exported DFlash drafter folder; leave out for plain autoregressive decoding")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the user message")
+    src.add_argument("--question", type=int, help="an MT-Bench question_id (first turn), from the bundled copy")
+    p.add_argument("--prefill-tokens", type=int, default=0, help="filler tokens placed before the question (long-context runs)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--window", default="trained", help="drafter window at inference: trained | none | W")
+    p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--baseline", action="store_true", help="also run autoregressive decoding and report the speedup")
+    p.add_argument("--json", help="write the statistics here as JSON")
+    return p.parse_args(argv)
+
+
+def stats_table(name: str, gen: Generation) -> str:
+    s = gen.stats
+    acc = " ".join(f"{a:.2f}" for a in s.acceptance_by_position) or "-"
+    return "\n".join([
+        f"[{name}] prompt {s.prompt_tokens} tok | new {s.new_tokens} tok | steps {s.steps} | tau {s.tau:.3f} | {s.tokens_per_s:.1f} tok/s",
+        f"[{name}] time: prefill {s.prefill_s:.3f}s | draft {s.draft_s:.3f}s | verify {s.verify_s:.3f}s | other {s.other_s:.3f}s",
+        f"[{name}] acceptance by position: {acc}",
+    ])
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        window = parse_window(args.window)
+        sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        target, drafter, tokenizer = load_models(args.target, args.drafter, args.device, args.dtype, window, args.backend)
+        if args.question is not None:
+            by_id = {q["question_id"]: q for q in mt_bench_questions()}
+            if args.question not in by_id:
+                raise ValueError(f"--question {args.question}: no such MT-Bench question_id (81..160)")
+            text = by_id[args.question]["turns"][0]
+        else:
+            text = args.prompt
+        prompt = long_prompt_ids(tokenizer, text, args.prefill_tokens)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    eos = eos_ids(tokenizer, target.model)
+    result = generate(target, drafter, prompt, args.max_new_tokens, sampling, eos)
+    print(tokenizer.decode(result.tokens))
+    print(stats_table("speculative" if drafter else "autoregressive", result), file=sys.stderr)
+    report = {"speculative" if drafter else "autoregressive": result.stats.to_dict()}
+    if args.baseline and drafter is not None:
+        base = generate(target, None, prompt, args.max_new_tokens, sampling, eos)
+        print(stats_table("autoregressive", base), file=sys.stderr)
+        speedup = result.stats.tokens_per_s / base.stats.tokens_per_s if base.stats.tokens_per_s else 0.0
+        print(f"speedup {speedup:.2f}x | identical output: {base.tokens == result.tokens}", file=sys.stderr)
+        report["autoregressive"] = base.stats.to_dict()
+        report["speedup"] = speedup
+    if args.json:
+        from train.atomic import atomic_open
+
+        with atomic_open(args.json) as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

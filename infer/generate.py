@@ -1,0 +1,170 @@
+"""The speculative-decoding loop (batch size 1) and its autoregressive baseline.
+
+    prefill:  the prompt in chunks through the target; each chunk's features go to the drafter's caches
+    step:     draft B-1 tokens in one drafter pass -> verify [last token, drafts] in one target pass
+              -> accept a prefix + one target token -> append the accepted positions' features
+    stop:     an end-of-sequence token or the token budget
+
+Caches need no rollback: the target's next forward starts at the first unaccepted position and
+overwrites it (``infer/target.py``), and the drafter's context only ever receives accepted positions.
+One host sync per step (marked), reading the accepted count and the new tokens together.
+
+Batching (not done here): per-request positions and accepted counts differ, so batched steps need
+paged or per-row caches (FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper``), a ragged verify and
+per-row context appends; the drafting and the verification rule are already written per row.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from infer.drafter import DFlashDrafter
+from infer.sampling import SamplingConfig, choose, verify
+from infer.target import CachedTarget
+
+
+class PhaseTimer:
+    """Wall time per phase: CUDA events on GPU (read once at the end), perf_counter on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((name, event))
+        else:
+            self.marks.append((name, time.perf_counter()))
+
+    def totals(self) -> dict[str, float]:
+        """Seconds spent between each mark and the next, summed by the later mark's name."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            dt = a.elapsed_time(b) / 1000 if self.cuda else b - a
+            out[name] = out.get(name, 0.0) + dt
+        return out
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    new_tokens: int
+    block_size: int  # 1 for the autoregressive baseline
+    accepted_per_step: list[int] = field(default_factory=list)  # accepted drafts per verify step
+    prefill_s: float = 0.0
+    draft_s: float = 0.0  # drafter: context projection + block pass
+    verify_s: float = 0.0  # target forward on the block
+    other_s: float = 0.0  # choosing, acceptance, bookkeeping, the per-step host sync
+    decode_s: float = 0.0  # all decode steps (draft + verify + other)
+
+    @property
+    def steps(self) -> int:
+        return len(self.accepted_per_step)
+
+    @property
+    def tau(self) -> float:
+        """Mean over verify steps of (accepted drafts + 1)."""
+        return sum(a + 1 for a in self.accepted_per_step) / max(self.steps, 1)
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Entry k-1: fraction of steps that accepted draft k (k = 1 .. B-1)."""
+        return [sum(a >= k for a in self.accepted_per_step) / max(self.steps, 1) for k in range(1, self.block_size)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "steps": self.steps, "tau": self.tau, "acceptance_by_position": self.acceptance_by_position,
+                "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new tokens only (up to and including an end-of-sequence token)
+    stats: GenerationStats
+
+
+@torch.no_grad()
+def generate(target: CachedTarget, drafter: DFlashDrafter | None, prompt_ids, max_new_tokens: int = 256,
+             sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096) -> Generation:
+    """Speculative decoding with ``drafter``, or plain autoregressive decoding when it is None.
+
+    Args:
+        prompt_ids: the prompt's token ids (list or 1-D tensor), at least one.
+        max_new_tokens: budget of new tokens.
+        eos_token_ids: ids that end the generation (kept in the output).
+        prefill_chunk: prompt tokens per prefill forward (bounds activation memory on long prompts).
+    """
+    device = target.device
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
+    n = prompt.shape[0]
+    if n == 0:
+        raise ValueError("prompt is empty; expected at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}; expected >= 1")
+    if drafter is not None and set(drafter.target_layer_ids) != set(target.feature_layer_ids):
+        raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
+    block = drafter.block_size if drafter is not None else 1
+    target.allocate(n + max_new_tokens + block)
+    if drafter is not None:
+        drafter.reset(n + max_new_tokens + block)
+    generator = torch.Generator(device=device).manual_seed(sampling.seed)
+    eos = set(int(t) for t in eos_token_ids)
+    stats = GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block)
+
+    timer = PhaseTimer(device)
+    timer.mark("start")
+    for start in range(0, n, prefill_chunk):
+        logits, features = target.forward(prompt[start:start + prefill_chunk], start, last_logits_only=True)
+        if drafter is not None:
+            drafter.append_context(features, start)
+    token = choose(logits, sampling, generator)[0][0]  # [] the first new token, at position n
+    timer.mark("prefill")
+    out = [int(token)]  # host sync (once, after prefill)
+    pos = n  # position of `token`, which the target has not seen yet
+
+    while len(out) < max_new_tokens and out[-1] not in eos:
+        timer.mark("other")
+        if drafter is None:
+            logits, _ = target.forward(token[None], pos)
+            timer.mark("verify")
+            token = choose(logits, sampling, generator)[0][0]
+            new = [int(token)]  # host sync
+            stats.accepted_per_step.append(0)
+        else:
+            draft_tokens, draft_probs = choose(drafter.draft_logits(token, pos), sampling, generator)
+            timer.mark("draft")
+            logits, features = target.forward(torch.cat([token[None], draft_tokens]), pos)
+            timer.mark("verify")
+            num_accepted, token = verify(draft_tokens, draft_probs, logits, sampling, generator)
+            values = torch.cat([num_accepted[None], draft_tokens, token[None]]).tolist()  # host sync
+            accepted = values[0]
+            new = values[1:1 + accepted] + [values[-1]]
+            stats.accepted_per_step.append(accepted)
+            timer.mark("other")
+            drafter.append_context(features[:accepted + 1], pos)
+            timer.mark("draft")
+        pos += len(new)
+        out.extend(new)
+    timer.mark("other")
+
+    for i, t in enumerate(out):
+        if t in eos:
+            out = out[:i + 1]
+            break
+    out = out[:max_new_tokens]
+    stats.new_tokens = len(out)
+    totals = timer.totals()
+    stats.prefill_s = totals.get("prefill", 0.0)
+    stats.draft_s, stats.verify_s, stats.other_s = (totals.get(k, 0.0) for k in ("draft", "verify", "other"))
+    stats.decode_s = stats.draft_s + stats.verify_s + stats.other_s
+    return Generation(tokens=out, stats=stats)

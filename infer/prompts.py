@@ -1,0 +1,80 @@
+"""Prompts for the loop and its evaluation: a question behind a long prefill.
+
+A long-prefill prompt is one user turn: a filler document of exactly ``prefill_tokens`` tokens
+(ShareGPT conversations from the bundled sample, as plain text), a blank line, then the question,
+rendered with the target's chat template and its generation prompt. The filler is deterministic
+(``offset`` picks where in the sample it starts), so every run and every engine sees the same text.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from pathlib import Path
+
+MT_BENCH = Path(__file__).resolve().parents[1] / "eval" / "data" / "mt_bench" / "question.jsonl"
+
+
+def mt_bench_questions(path: str | Path = MT_BENCH) -> list[dict]:
+    """MT-Bench records ``{question_id, category, turns}`` (the bundled copy unless ``path`` says)."""
+    path = Path(path)
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+            if not isinstance(record.get("turns"), list) or not record["turns"]:
+                raise ValueError(f"{path}:{line_no}: field 'turns' must be a non-empty list of strings")
+            records.append(record)
+    return records
+
+
+@functools.cache
+def filler_text() -> str:
+    """The bundled ShareGPT sample's turns as one long plain text."""
+    sample = resources.files("train.data") / "samples" / "sharegpt_sample.jsonl"
+    parts = []
+    for line in sample.read_text(encoding="utf-8").splitlines():
+        for turn in json.loads(line)["conversations"]:
+            parts.append(turn["value"])
+    return "\n\n".join(parts)
+
+
+def filler_ids(tokenizer, num_tokens: int, offset: int = 0) -> list[int]:
+    """Exactly ``num_tokens`` token ids of filler text starting ``offset`` tokens in (wrapping around)."""
+    if num_tokens == 0:
+        return []
+    ids = _tokenized_filler(tokenizer)
+    out = []
+    while len(out) < num_tokens:
+        take = ids[offset % len(ids):][: num_tokens - len(out)]
+        out.extend(take)
+        offset += len(take)
+    return out
+
+
+_FILLER_IDS: dict[tuple, list[int]] = {}
+
+
+def _tokenized_filler(tokenizer) -> list[int]:
+    key = (tokenizer.name_or_path, len(tokenizer))
+    if key not in _FILLER_IDS:
+        _FILLER_IDS[key] = tokenizer(filler_text(), add_special_tokens=False, verbose=False)["input_ids"]
+    return _FILLER_IDS[key]
+
+
+def long_prompt_ids(tokenizer, question: str, prefill_tokens: int = 0, offset: int = 0) -> list[int]:
+    """Chat-templated ids of [filler document of ``prefill_tokens`` tokens, question] + generation prompt."""
+    if prefill_tokens < 0:
+        raise ValueError(f"prefill_tokens={prefill_tokens}; expected >= 0")
+    content = question
+    if prefill_tokens:
+        document = tokenizer.decode(filler_ids(tokenizer, prefill_tokens, offset))
+        content = f"{document}\n\n{question}"
+    return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True, add_generation_prompt=True,
+                                         return_dict=False)

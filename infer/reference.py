@@ -1,0 +1,48 @@
+"""Pure-PyTorch greedy speculative decoding with no caches: the oracle for ``infer/generate.py``.
+
+Every step recomputes everything from scratch with the Hugging Face target (``output_hidden_states``)
+and the drafter's *training* forward under the training masks (``train/masks.py``), so it shares
+neither the KV caches, the sliding buffers, nor the aligned masks of the fast path. Slow (quadratic);
+for tests on small models.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from train.masks import LayerMaskSpec, dense_mask
+from train.models.dflash import DFlashDraftModel, sliding_block_causal
+
+
+@torch.no_grad()
+def reference_speculative_greedy(target_model, drafter: DFlashDraftModel, prompt_ids: list[int], max_new_tokens: int,
+                                 window="trained") -> tuple[list[int], list[int]]:
+    """Greedy speculative decoding; returns (new tokens, accepted drafts per step)."""
+    device = drafter.fc.weight.device
+    window = drafter.config.sliding_window if window == "trained" else window
+    causal = sliding_block_causal(drafter.config)
+    specs = {"full_attention": LayerMaskSpec(None, False), "sliding_attention": LayerMaskSpec(window, causal)}
+    embed, lm_head = target_model.get_input_embeddings(), target_model.get_output_embeddings()
+    b = drafter.block_size
+    seq = list(prompt_ids)
+    seq.append(int(target_model(torch.tensor([seq], device=device)).logits[0, -1].argmax()))
+    new, accepted_per_step = [seq[-1]], []
+    while len(new) < max_new_tokens:
+        a = len(seq) - 1  # anchor: position of the last token, whose features the target has not made yet
+        hidden = target_model(torch.tensor([seq[:-1]], device=device), output_hidden_states=True).hidden_states
+        features = torch.cat([hidden[i + 1] for i in drafter.target_layer_ids], dim=-1)  # [1, a, k*H]
+        block = torch.tensor([[seq[-1]] + [drafter.mask_token_id] * (b - 1)], device=device)
+        anchors = torch.tensor([[a]], device=device)
+        ctx_valid = torch.ones(1, a, dtype=torch.bool, device=device)
+        masks = {name: dense_mask(anchors, ctx_valid, b, spec) for name, spec in specs.items()}
+        draft_hidden = drafter(embed(block), features, torch.arange(a, a + b, device=device)[None], masks)
+        drafts = lm_head(draft_hidden)[0, 1:].argmax(-1).tolist()
+        target_next = target_model(torch.tensor([seq + drafts], device=device)).logits[0, a:].argmax(-1).tolist()
+        accepted = 0
+        while accepted < b - 1 and drafts[accepted] == target_next[accepted]:
+            accepted += 1
+        step = drafts[:accepted] + [target_next[accepted]]
+        accepted_per_step.append(accepted)
+        seq += step
+        new += step
+    return new[:max_new_tokens], accepted_per_step

@@ -1,0 +1,83 @@
+"""Drafters for loop tests: a real DFlash drafter overfit on the target's own greedy text (so drafts
+get accepted, as from a trained drafter), and a wrapper that replaces some of a drafter's proposals
+by a script (to force every acceptance length, including whole blocks and EOS inside a block)."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from infer.drafter import DFlashDrafter
+from train.dflash_objective import block_loss, build_blocks, layer_masks, sample_anchors
+from train.models.dflash import DFlashDraftModel, make_dflash_config
+
+
+def greedy_continuations(model, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
+    """Each prompt followed by the target's greedy continuation (HF ``generate``)."""
+    out = []
+    for prompt in prompts:
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+        out.append(ids[0].tolist())
+    return out
+
+
+def overfit_drafter(model, sequences: list[list[int]], *, layer_types, sliding_window, block_size=8, mask_token_id=3,
+                    target_layer_ids=(1, 3, 5), steps=150, seed=0) -> DFlashDraftModel:
+    """Train a small DFlash drafter on ``sequences`` until it has mostly memorised them."""
+    torch.manual_seed(seed)
+    config = make_dflash_config(model.config, num_hidden_layers=len(layer_types), block_size=block_size, mask_token_id=mask_token_id,
+                                target_layer_ids=list(target_layer_ids), layer_types=layer_types, sliding_window=sliding_window)
+    drafter = DFlashDraftModel(config)
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    batch = []
+    with torch.no_grad():
+        for seq in sequences:
+            ids = torch.tensor([seq])
+            hidden = model(ids, output_hidden_states=True).hidden_states
+            batch.append((ids, torch.cat([hidden[i + 1] for i in target_layer_ids], dim=-1)))
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        ids, features = batch[step % len(batch)]
+        loss_mask = torch.ones_like(ids, dtype=torch.bool)
+        anchors, valid = sample_anchors(loss_mask, 24, generator)
+        blocks = build_blocks(ids, loss_mask, anchors, valid, block_size, mask_token_id)
+        ctx_valid = torch.ones_like(loss_mask)
+        masks = layer_masks(blocks, ctx_valid, block_size, layer_types, sliding_window, True, "sdpa")
+        hidden = drafter(embed(blocks.block_ids).detach(), features, blocks.positions, masks)
+        stats = block_loss(lm_head(hidden), blocks.labels, valid, block_size, gamma=4.0)
+        optimizer.zero_grad()
+        (stats.loss_sum / stats.num_labels).backward()
+        optimizer.step()
+    return drafter.eval().requires_grad_(False)
+
+
+class PartlyScripted:
+    """A drafter whose proposal at a slot is, with probability ``p_script``, the script's token for
+    that position (the target's known greedy output) and otherwise the wrapped drafter's own."""
+
+    def __init__(self, inner: DFlashDrafter, script: list[int], prompt_len: int, p_script: float, seed: int = 0):
+        self.inner = inner
+        self.script = script  # new tokens expected after the prompt
+        self.prompt_len = prompt_len
+        self.p_script = p_script
+        self.rng = random.Random(seed)
+        self.block_size = inner.block_size
+        self.target_layer_ids = inner.target_layer_ids
+
+    def reset(self, max_positions: int) -> None:
+        self.inner.reset(max_positions)
+
+    def append_context(self, features, start: int) -> None:
+        self.inner.append_context(features, start)
+
+    def draft_logits(self, token, anchor: int) -> torch.Tensor:
+        logits = self.inner.draft_logits(token, anchor).clone()
+        for slot in range(logits.shape[0]):
+            i = anchor + 1 + slot - self.prompt_len  # index into the script of this slot's position
+            if 0 <= i < len(self.script) and self.rng.random() < self.p_script:
+                logits[slot] = -1e9
+                logits[slot, self.script[i]] = 1e9
+        return logits

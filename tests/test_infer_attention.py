@@ -1,0 +1,63 @@
+"""Inference attention layout (``kernels/attention.py``) against element-by-element references.
+
+One dense reference: the query at position p sees key j iff j <= p (causal) and p - W < j (window,
+W keys including itself); a non-causal window is the symmetric band |p - j| < W. The drafter's
+cached layout must give exactly the training masks of ``train/masks.py`` for one block.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.attention import aligned_mask, cached_attention
+from train.masks import LayerMaskSpec, dense_mask
+
+
+def reference_mask(q_len: int, k_len: int, causal: bool, window: int | None) -> torch.Tensor:
+    mask = torch.zeros(q_len, k_len, dtype=torch.bool)
+    for i in range(q_len):
+        p = k_len - q_len + i
+        for j in range(k_len):
+            ok = j <= p if causal else True
+            if window is not None:
+                ok = ok and p - window < j and (causal or j < p + window)
+            mask[i, j] = ok
+    return mask
+
+
+@pytest.mark.parametrize("q_len,k_len", [(1, 1), (1, 9), (5, 5), (4, 13), (16, 40)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [None, 1, 3, 4, 100])
+def test_aligned_mask_matches_elementwise_reference(q_len, k_len, causal, window) -> None:
+    got = aligned_mask(q_len, k_len, causal, window, torch.device("cpu"))
+    got = torch.ones(q_len, k_len, dtype=torch.bool) if got is None else got
+    assert torch.equal(got, reference_mask(q_len, k_len, causal, window))
+
+
+@pytest.mark.parametrize("anchor", [1, 5, 17])
+@pytest.mark.parametrize("block_size", [4, 8])
+@pytest.mark.parametrize("spec", [LayerMaskSpec(None, False), LayerMaskSpec(3, True), LayerMaskSpec(6, False),
+                                  LayerMaskSpec(1, True), LayerMaskSpec(2, False), LayerMaskSpec(64, True)])
+def test_draft_layout_equals_training_mask(anchor, block_size, spec) -> None:
+    # inference keys: context positions 0..a-1 then the block a..a+B-1 = training keys for T = a, one anchor at a
+    training = dense_mask(torch.tensor([[anchor]]), torch.ones(1, anchor, dtype=torch.bool), block_size, spec)[0, 0]
+    got = aligned_mask(block_size, anchor + block_size, spec.block_causal, spec.window, torch.device("cpu"))
+    got = torch.ones_like(training) if got is None else got
+    assert torch.equal(got, training)
+
+
+@pytest.mark.parametrize("q_len,k_len,causal,window", [(1, 7, True, None), (6, 11, True, 4), (8, 8, False, None), (5, 12, False, 3)])
+def test_cached_attention_sdpa_matches_softmax_loop(q_len, k_len, causal, window) -> None:
+    torch.manual_seed(0)
+    hq, hkv, d = 4, 2, 8
+    q, k, v = torch.randn(q_len, hq, d), torch.randn(k_len, hkv, d), torch.randn(k_len, hkv, d)
+    got = cached_attention(q, k, v, causal=causal, window=window, scale=d ** -0.5)
+    mask = reference_mask(q_len, k_len, causal, window)
+    want = torch.empty_like(got)
+    for h in range(hq):
+        kv_h = h // (hq // hkv)
+        for i in range(q_len):
+            scores = torch.tensor([float(q[i, h] @ k[j, kv_h]) * d ** -0.5 if mask[i, j] else float("-inf") for j in range(k_len)])
+            want[i, h] = torch.softmax(scores, 0) @ v[:, kv_h]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

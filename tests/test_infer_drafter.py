@@ -1,0 +1,120 @@
+"""The cached DFlash drafter (``infer/drafter.py``) against the training forward, and the sliding
+buffer against a full cache under the same windowed mask.
+
+Reference for a block anchored at a: ``DFlashDraftModel.forward`` (the training path) on the
+features of positions 0..a-1 with one anchor and the training masks of ``train/masks.py``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import Qwen3Config
+
+from infer.drafter import ContextKV, DFlashDrafter
+from train.masks import LayerMaskSpec, dense_mask
+from train.models.dflash import DFlashDraftModel, make_dflash_config
+
+VOCAB, HIDDEN = 96, 32
+
+
+def make_drafter(layer_types, window, block_size=4, block_causal=True, seed=0) -> tuple[DFlashDraftModel, torch.nn.Embedding, torch.nn.Linear]:
+    torch.manual_seed(seed)
+    target = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=8, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
+    config = make_dflash_config(target, num_hidden_layers=len(layer_types), block_size=block_size, mask_token_id=5,
+                                target_layer_ids=[1, 3], layer_types=layer_types, sliding_window=window, sliding_block_causal=block_causal)
+    model = DFlashDraftModel(config).eval()
+    for p in model.parameters():  # larger weights than the init's 0.02, so the window matters in the logits
+        p.data.normal_(0, 0.3) if p.dim() > 1 else None
+    return model, torch.nn.Embedding(VOCAB, HIDDEN), torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+
+
+def training_logits(model, embed, lm_head, features, token, anchor, window):
+    cfg = model.config
+    specs = {"full_attention": LayerMaskSpec(None, False),
+             "sliding_attention": LayerMaskSpec(window, cfg.sliding_block_causal)}
+    b = model.block_size
+    block = torch.tensor([[token] + [model.mask_token_id] * (b - 1)])
+    anchors = torch.tensor([[anchor]])
+    masks = {name: dense_mask(anchors, torch.ones(1, anchor, dtype=torch.bool), b, spec) for name, spec in specs.items()}
+    with torch.no_grad():
+        hidden = model(embed(block), features[None, :anchor], torch.arange(anchor, anchor + b)[None], masks)
+        return lm_head(hidden)[0, 1:]
+
+
+def walk(drafter: DFlashDrafter, features: torch.Tensor, first_chunk: int, seed: int):
+    """Prefill in chunks, then alternate drafting and appending 1..B accepted positions, as the loop does."""
+    rng = random.Random(seed)
+    total = features.shape[0]
+    drafter.reset(total + drafter.block_size)
+    pos = 0
+    while pos < first_chunk:
+        n = min(7, first_chunk - pos)
+        drafter.append_context(features[pos:pos + n], pos)
+        pos += n
+    while pos < total:
+        token = rng.randrange(6, VOCAB)
+        yield pos, token, drafter.draft_logits(torch.tensor(token), pos)
+        n = min(rng.randint(1, drafter.block_size), total - pos)
+        drafter.append_context(features[pos:pos + n], pos)
+        pos += n
+
+
+@pytest.mark.parametrize("layer_types,trained_window,block_causal,override", [
+    (["sliding_attention", "full_attention"], 6, True, "trained"),
+    (["sliding_attention", "sliding_attention"], 6, False, "trained"),
+    (["sliding_attention", "full_attention"], 6, True, None),
+    (["sliding_attention", "full_attention"], 6, True, 11),
+    (["sliding_attention"], 6, True, 3),  # window smaller than the block
+    (["sliding_attention"], 6, False, 2),
+    (["full_attention", "full_attention"], None, False, "trained"),
+    (["sliding_attention"], 6, True, 1),
+])
+@pytest.mark.parametrize("keep_slack", [1, 5, 10_000])  # compacting every append, now and then, never
+def test_cached_drafting_equals_training_forward(layer_types, trained_window, block_causal, override, keep_slack) -> None:
+    model, embed, lm_head = make_drafter(layer_types, trained_window, block_causal=block_causal)
+    window = trained_window if override == "trained" else override
+    drafter = DFlashDrafter(model, embed, lm_head, window=override, keep_slack=keep_slack)
+    features = torch.randn(60, 2 * HIDDEN)
+    checked = 0
+    for anchor, token, got in walk(drafter, features, first_chunk=19, seed=1):
+        want = training_logits(model, embed, lm_head, features, token, anchor, window)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        checked += 1
+    assert checked >= 10
+    if window is not None and keep_slack < 100 and "sliding_attention" in layer_types:
+        sliding = drafter.caches[layer_types.index("sliding_attention")]
+        assert sliding.capacity < 60 and sliding.first_pos > 0  # it really dropped old positions
+
+
+def test_sliding_buffer_equals_full_cache_with_windowed_mask() -> None:
+    """Same drafter, same window: a cache that keeps W-1 positions vs one that keeps all of them."""
+    model, embed, lm_head = make_drafter(["sliding_attention", "sliding_attention"], 8, block_size=4)
+    features = torch.randn(200, 2 * HIDDEN)
+    ring = DFlashDrafter(model, embed, lm_head, keep_slack=3)
+    full = DFlashDrafter(model, embed, lm_head, keep_slack=10_000)
+    for (a1, t1, got), (a2, t2, want) in zip(walk(ring, features, 50, seed=3), walk(full, features, 50, seed=3)):
+        assert (a1, t1) == (a2, t2)
+        assert torch.equal(got, want)
+    assert max(c.capacity for c in ring.caches) == 7 + 3 and all(c.capacity == 204 for c in full.caches)
+
+
+def test_context_buffer_keeps_the_last_positions() -> None:
+    cache = ContextKV(num_kv_heads=1, head_dim=1, capacity=6, keep=4, block_size=2, dtype=torch.float32, device=torch.device("cpu"))
+    pos = 0
+    for n in [3, 2, 1, 5, 9, 1, 2]:
+        values = torch.arange(pos, pos + n, dtype=torch.float32)[:, None, None]
+        cache.append(values, values)
+        pos += n
+        assert cache.end_pos == pos
+        k, _ = cache.with_block(torch.full((2, 1, 1), -1.0), torch.full((2, 1, 1), -1.0), from_pos=pos - 4)
+        assert k.flatten().tolist() == [float(p) for p in range(max(pos - 4, 0), pos)] + [-1.0, -1.0]
+
+
+def test_bad_window_is_refused() -> None:
+    model, embed, lm_head = make_drafter(["sliding_attention"], 6)
+    with pytest.raises(ValueError, match="window=0"):
+        DFlashDrafter(model, embed, lm_head, window=0)
