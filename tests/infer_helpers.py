@@ -17,7 +17,7 @@ def greedy_continuations(model, prompts: list[list[int]], num_tokens: int) -> li
     """Each prompt followed by the target's greedy continuation (HF ``generate``)."""
     out = []
     for prompt in prompts:
-        ids = model.generate(torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None,
+        ids = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=num_tokens, do_sample=False, eos_token_id=None,
                              pad_token_id=0)
         out.append(ids[0].tolist())
     return out
@@ -29,12 +29,12 @@ def overfit_drafter(model, sequences: list[list[int]], *, layer_types, sliding_w
     torch.manual_seed(seed)
     config = make_dflash_config(model.config, num_hidden_layers=len(layer_types), block_size=block_size, mask_token_id=mask_token_id,
                                 target_layer_ids=list(target_layer_ids), layer_types=layer_types, sliding_window=sliding_window)
-    drafter = DFlashDraftModel(config)
+    drafter = DFlashDraftModel(config).to(model.device)
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
     batch = []
     with torch.no_grad():
         for seq in sequences:
-            ids = torch.tensor([seq])
+            ids = torch.tensor([seq], device=model.device)
             hidden = model(ids, output_hidden_states=True).hidden_states
             batch.append((ids, torch.cat([hidden[i + 1] for i in target_layer_ids], dim=-1)))
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
