@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_TARGET = REPO_ROOT.parent / "shared" / "targets" / "qwen3-27m-sharegpt"
+# ../shared beside the checkout; SWA_REFERENCE_TARGET points elsewhere (the GPU machine gets a carried copy)
+REFERENCE_TARGET = Path(os.environ.get("SWA_REFERENCE_TARGET", REPO_ROOT.parent / "shared" / "targets" / "qwen3-27m-sharegpt"))
 
 
 @pytest.fixture(scope="session", autouse=True)
