@@ -12,7 +12,7 @@ import json
 import sys
 
 from infer.generate import Generation, generate
-from infer.loading import eos_ids, load_models, parse_window
+from infer.loading import eos_ids, load_models, parse_window, set_threads
 from infer.prompts import long_prompt_ids, mt_bench_questions
 from infer.sampling import SamplingConfig
 
@@ -34,6 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1; batch-1 decoding of small models runs faster on one)")
     p.add_argument("--baseline", action="store_true", help="also run autoregressive decoding and report the speedup")
     p.add_argument("--json", help="write the statistics here as JSON")
     return p.parse_args(argv)
@@ -51,6 +52,7 @@ def stats_table(name: str, gen: Generation) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    set_threads(args.device, args.threads)
     try:
         window = parse_window(args.window)
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)

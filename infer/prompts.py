@@ -68,13 +68,20 @@ def _tokenized_filler(tokenizer) -> list[int]:
     return _FILLER_IDS[key]
 
 
-def long_prompt_ids(tokenizer, question: str, prefill_tokens: int = 0, offset: int = 0) -> list[int]:
-    """Chat-templated ids of [filler document of ``prefill_tokens`` tokens, question] + generation prompt."""
+def first_turn_content(tokenizer, question: str, prefill_tokens: int = 0, offset: int = 0) -> str:
+    """The first user message: a filler document of ``prefill_tokens`` tokens, a blank line, the question."""
     if prefill_tokens < 0:
         raise ValueError(f"prefill_tokens={prefill_tokens}; expected >= 0")
-    content = question
-    if prefill_tokens:
-        document = tokenizer.decode(filler_ids(tokenizer, prefill_tokens, offset))
-        content = f"{document}\n\n{question}"
-    return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True, add_generation_prompt=True,
-                                         return_dict=False)
+    if not prefill_tokens:
+        return question
+    return f"{tokenizer.decode(filler_ids(tokenizer, prefill_tokens, offset))}\n\n{question}"
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a chat rendered with the tokenizer's template and its generation prompt."""
+    return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+
+
+def long_prompt_ids(tokenizer, question: str, prefill_tokens: int = 0, offset: int = 0) -> list[int]:
+    """Chat-templated ids of [filler document of ``prefill_tokens`` tokens, question] + generation prompt."""
+    return chat_ids(tokenizer, [{"role": "user", "content": first_turn_content(tokenizer, question, prefill_tokens, offset)}])

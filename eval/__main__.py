@@ -1,0 +1,162 @@
+"""``python -m eval``: acceptance length and speed of a drafter behind long prompts.
+
+    python -m eval mtbench --window 2048                    # the latest `python -m train` run, MT-Bench, both turns
+    python -m eval mtbench --target T --drafter D --prefill-tokens 32768 --window none
+    python -m eval prompts --prompts my.jsonl --window 512
+    python -m eval sweep --windows none 2048 --prefills 0 4096 8192 16384 32768   # resumable
+
+Results go to ``--out`` (default ``outputs/eval/<command>/<time>``): ``results.json`` (config,
+summary, one record per question turn), ``summary.md``; a sweep adds ``cells/*.json``,
+``sweep.md`` and ``tau_vs_context.png``. ``--wandb`` mirrors it to W&B (offline without an API key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from eval.prompt_sets import mt_bench, prompts_file
+from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
+from eval.runner import run_conversations, summarize
+from infer.drafter import DFlashDrafter
+from infer.loading import eos_ids, load_models, parse_window, set_threads
+from infer.sampling import SamplingConfig
+from train.atomic import atomic_open
+
+
+def latest_run(root: Path = Path("outputs")) -> dict:
+    """The newest ``run.json`` under ``root`` whose export folder exists (what ``python -m train`` wrote)."""
+    runs = sorted(root.glob("**/run.json"), key=lambda p: p.stat().st_mtime, reverse=True) if root.exists() else []
+    for path in runs:
+        run = json.loads(path.read_text())
+        export = run.get("export")
+        if export and (Path(export) / "config.json").exists():
+            return {"target": run["target"]["path"], "drafter": export, "run": str(path.parent)}
+    raise ValueError(f"no --drafter given and no finished training run (run.json with an export) under {root}/; "
+                     "run `python -m train ...` first or pass --target and --drafter")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--target", help="HF target folder/id (default: the latest training run's target)")
+    common.add_argument("--drafter", help="exported DFlash drafter (default: the latest training run's export)")
+    common.add_argument("--runs-dir", default="outputs", help="where to look for the latest training run")
+    common.add_argument("--prefill-tokens", type=int, default=0, help="filler tokens before the first question")
+    common.add_argument("--temperature", type=float, default=0.0)
+    common.add_argument("--top-p", type=float, default=1.0)
+    common.add_argument("--top-k", type=int, default=0)
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--max-new-tokens", type=int, default=256)
+    common.add_argument("--num-questions", type=int, help="first N questions (default: all)")
+    common.add_argument("--device", default="cpu")
+    common.add_argument("--dtype", default="auto")
+    common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1; batch-1 decoding of small models runs faster on one)")
+    common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
+    common.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=None,
+                        help="also decode autoregressively for the speedup (default: on, off in sweeps)")
+    common.add_argument("--out", help="results folder")
+    common.add_argument("--wandb", action="store_true", help="log to W&B (online with an API key, else offline)")
+    common.add_argument("--wandb-project", default="swa-drafters-eval")
+
+    p = argparse.ArgumentParser(prog="python -m eval", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_ in (("mtbench", "MT-Bench, 80 questions, both turns"), ("prompts", "a JSONL file of prompts")):
+        s = sub.add_parser(name, parents=[common], help=help_)
+        s.add_argument("--window", default="trained", help="drafter window at inference: trained | none | W")
+        if name == "prompts":
+            s.add_argument("--prompts", required=True, help="JSONL: {prompt} | {turns: [...]} | {messages: [...]} per line")
+    s = sub.add_parser("sweep", parents=[common], help="windows x prefill lengths")
+    s.add_argument("--windows", nargs="+", default=["none", "2048"])
+    s.add_argument("--prefills", type=int, nargs="+", default=[0, 4096, 8192, 16384, 32768])
+    s.add_argument("--prompts", help="a JSONL prompt file instead of MT-Bench")
+    return p.parse_args(argv)
+
+
+def conversations_for(args):
+    if args.num_questions is not None and args.num_questions < 1:
+        raise ValueError(f"--num-questions {args.num_questions}; expected >= 1")
+    if getattr(args, "prompts", None):
+        return prompts_file(args.prompts, args.num_questions)
+    return mt_bench(args.num_questions)
+
+
+def write_json(path: Path, obj) -> None:
+    with atomic_open(path) as f:
+        json.dump(obj, f, indent=1)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    set_threads(args.device, args.threads)
+    try:
+        windows = [parse_window(w) for w in (args.windows if args.command == "sweep" else [args.window])]
+        if args.prefill_tokens < 0 or any(p < 0 for p in getattr(args, "prefills", [])):
+            raise ValueError("prefill tokens must be >= 0")
+        sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        conversations = conversations_for(args)
+        source = {"target": args.target, "drafter": args.drafter}
+        if args.drafter is None:
+            source = latest_run(Path(args.runs_dir))
+            source["target"] = args.target or source["target"]
+        elif args.target is None:
+            raise ValueError("--drafter given without --target")
+        target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"outputs/eval/{args.command}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+    eos = eos_ids(tokenizer, target.model)
+    config = {**vars(args), **source}
+    print(f"target {source['target']} | drafter {source['drafter']} | {len(conversations)} prompts -> {out}", file=sys.stderr)
+
+    def run_cell(window, prefill: int, baseline: bool):
+        cell_drafter = DFlashDrafter(drafter.model, target.embed_tokens, target.lm_head, window=window, attention_backend=args.backend)
+        label = "none" if window is None else ("trained" if window == "trained" else str(window))
+        records = run_conversations(target, cell_drafter, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
+                                    max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=baseline,
+                                    desc=f"window {label}, prefill {prefill}")
+        return label, records, summarize(records)
+
+    try:
+        if args.command != "sweep":
+            baseline = True if args.baseline is None else args.baseline
+            label, records, summary = run_cell(windows[0], args.prefill_tokens, baseline)
+            write_json(out / "results.json", {"config": config, "summary": summary, "records": records})
+            table = summary_table(summary, f"{args.command}: window {label}, prefill {args.prefill_tokens}")
+            with atomic_open(out / "summary.md") as f:
+                f.write(table + "\n")
+            print(table)
+            if args.wandb:
+                log_wandb("auto", args.wandb_project, f"{args.command}-w{label}-p{args.prefill_tokens}", config, summary, records,
+                          out_dir=out)
+            return 0
+        cells = {}
+        for window in windows:
+            for prefill in args.prefills:
+                label = "none" if window is None else str(window)
+                path = out / "cells" / f"window-{label}_prefill-{prefill}.json"
+                if path.exists():  # resumable: a finished cell is never recomputed
+                    cells[(label, prefill)] = json.loads(path.read_text())["summary"]
+                    continue
+                label, records, summary = run_cell(window, prefill, bool(args.baseline))
+                write_json(path, {"config": {**config, "window": label, "prefill": prefill}, "summary": summary, "records": records})
+                cells[(label, prefill)] = summary
+                print(f"window {label} prefill {prefill}: tau {summary['tau']:.3f}, {summary['tokens_per_s']:.1f} tok/s", file=sys.stderr)
+        tables = sweep_tables(cells)
+        with atomic_open(out / "sweep.md") as f:
+            f.write(tables)
+        sweep_plot(cells, out / "tau_vs_context.png", f"{Path(source['drafter']).name} on {Path(source['target']).name}")
+        print(tables)
+        if args.wandb:
+            log_wandb("auto", args.wandb_project, "sweep", config, cells=cells, plot=out / "tau_vs_context.png", out_dir=out)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Markdown tables, the τ-versus-context plot and the W&B run of an evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def summary_table(summary: dict, title: str) -> str:
+    acc = " ".join(f"{a:.2f}" for a in summary["acceptance_by_position"][:8]) or "-"
+    split = summary["time_split"]
+    rows = [
+        f"### {title}", "",
+        "| turns | τ | tok/s | AR tok/s | speedup | mean prompt | mean latency s | draft / verify / other | acceptance by position (1..8) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        f"| {summary['turns']} | {summary['tau']:.3f} | {summary['tokens_per_s']:.1f} | "
+        f"{summary.get('baseline_tokens_per_s', float('nan')):.1f} | {summary.get('speedup', float('nan')):.2f}x | "
+        f"{summary['mean_prompt_tokens']:.0f} | {summary['mean_latency_s']:.2f} | "
+        f"{100 * split['draft']:.0f}% / {100 * split['verify']:.0f}% / {100 * split['other']:.0f}% | {acc} |",
+    ]
+    cats = summary.get("tau_by_category", {})
+    if len(cats) > 1:
+        rows += ["", "| category | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats),
+                 "| τ | " + " | ".join(f"{t:.3f}" for t in cats.values()) + " |"]
+    return "\n".join(rows)
+
+
+def sweep_tables(cells: dict[tuple[str, int], dict]) -> str:
+    """τ and tokens/s matrices: one row per window, one column per prefill."""
+    windows = sorted({w for w, _ in cells}, key=lambda w: (w != "none", int(w) if w.isdigit() else 0))
+    prefills = sorted({p for _, p in cells})
+    out = []
+    for name, key, fmt in (("τ", "tau", "{:.3f}"), ("tokens/s", "tokens_per_s", "{:.1f}")):
+        out += [f"**{name}** (rows: drafter window; columns: prefill tokens)", "",
+                "| window | " + " | ".join(str(p) for p in prefills) + " |", "|---|" + "---:|" * len(prefills)]
+        for w in windows:
+            out.append(f"| {w} | " + " | ".join(fmt.format(cells[(w, p)][key]) if (w, p) in cells else "-" for p in prefills) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def sweep_plot(cells: dict[tuple[str, int], dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for w in sorted({w for w, _ in cells}):
+        points = sorted((p, s["tau"]) for (ww, p), s in cells.items() if ww == w)
+        ax.plot([p for p, _ in points], [t for _, t in points], marker="o", label="full attention" if w == "none" else f"W = {w}")
+    ax.set_xlabel("prefill tokens before the question")
+    ax.set_ylabel("τ (accepted drafts + 1 per step)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def log_wandb(mode: str, project: str, name: str, config: dict, summary: dict | None = None, records: list[dict] | None = None,
+              cells: dict | None = None, plot: Path | None = None, out_dir: Path | None = None) -> None:
+    import wandb
+
+    from train.metrics_logger import has_wandb_key
+
+    if mode == "auto":
+        mode = "online" if has_wandb_key() else "offline"
+    run = wandb.init(project=project, name=name, config=config, mode=mode, dir=str(out_dir) if out_dir else None)
+    if summary:
+        run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        run.log({f"acceptance/pos_{k + 1}": a for k, a in enumerate(summary["acceptance_by_position"])})
+    if records:
+        columns = ["id", "category", "turn", "prompt_tokens", "new_tokens", "tau", "tokens_per_s", "output_text"]
+        table = wandb.Table(columns=columns)
+        for r in records:
+            s = r["stats"]
+            table.add_data(r["id"], r["category"], r["turn"], r["prompt_tokens"], s["new_tokens"], s["tau"], s["tokens_per_s"], r["output_text"])
+        run.log({"questions": table})
+    if cells:
+        table = wandb.Table(columns=["window", "prefill", "tau", "tokens_per_s"])
+        for (w, p), s in sorted(cells.items()):
+            table.add_data(w, p, s["tau"], s["tokens_per_s"])
+        run.log({"sweep": table})
+        if plot is not None:
+            run.log({"tau_vs_context": wandb.Image(str(plot))})
+    run.finish()

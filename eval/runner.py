@@ -1,0 +1,81 @@
+"""Run a prompt set through the speculative loop (and optionally the autoregressive baseline).
+
+Multi-turn: turn t's prompt is the chat so far, the model's own earlier answers included (as
+MT-Bench's second turn is meant to be asked). Long prefill: the first user message carries a filler
+document of ``prefill_tokens`` tokens before the question (``infer/prompts.py``; the document for
+question i starts 997*i tokens into the bundled ShareGPT sample), identical for every window.
+"""
+
+from __future__ import annotations
+
+from tqdm import tqdm
+
+from eval.prompt_sets import Conversation
+from infer.drafter import DFlashDrafter
+from infer.generate import generate
+from infer.prompts import chat_ids, first_turn_content
+from infer.sampling import SamplingConfig
+from infer.target import CachedTarget
+
+
+def max_positions(target: CachedTarget) -> int:
+    return int(getattr(target.model.config.get_text_config(), "max_position_embeddings", 1 << 30))
+
+
+def run_conversations(target: CachedTarget, drafter: DFlashDrafter | None, tokenizer, conversations: list[Conversation], *,
+                      prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, baseline: bool,
+                      desc: str = "eval") -> list[dict]:
+    """One record per (conversation, turn) with the tokens, the accepted counts and the timings."""
+    limit = max_positions(target)
+    records = []
+    for index, conv in enumerate(tqdm(conversations, desc=desc, unit="q")):
+        messages = []
+        for turn, question in enumerate(conv.turns):
+            content = first_turn_content(tokenizer, question, prefill_tokens, offset=997 * index) if turn == 0 else question
+            messages.append({"role": "user", "content": content})
+            prompt = chat_ids(tokenizer, messages)
+            if len(prompt) + max_new_tokens > limit:
+                raise ValueError(f"question {conv.id} turn {turn + 1}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
+                                 f"target's max_position_embeddings={limit}; lower --prefill-tokens or --max-new-tokens")
+            out = generate(target, drafter, prompt, max_new_tokens, sampling, eos_token_ids)
+            text = tokenizer.decode(out.tokens, skip_special_tokens=True)
+            record = {"id": conv.id, "category": conv.category, "turn": turn + 1, "prompt_tokens": len(prompt),
+                      "question": question, "output_ids": out.tokens, "output_text": text, "stats": out.stats.to_dict()}
+            if baseline and drafter is not None:
+                base = generate(target, None, prompt, max_new_tokens, sampling, eos_token_ids)
+                record["baseline_stats"] = base.stats.to_dict()
+                record["same_as_baseline"] = base.tokens == out.tokens
+            records.append(record)
+            messages.append({"role": "assistant", "content": text})
+    return records
+
+
+def summarize(records: list[dict]) -> dict:
+    """Pooled over every verify step of every turn: τ, acceptance by position, speed, latency, speedup."""
+    accepted = [a for r in records for a in r["stats"]["accepted_per_step"]]
+    block = records[0]["stats"]["block_size"] if records else 1
+    new_tokens = sum(r["stats"]["new_tokens"] for r in records)
+    decode_s = sum(r["stats"]["decode_s"] for r in records)
+    summary = {
+        "turns": len(records),
+        "steps": len(accepted),
+        "tau": sum(a + 1 for a in accepted) / max(len(accepted), 1),
+        "acceptance_by_position": [sum(a >= k for a in accepted) / max(len(accepted), 1) for k in range(1, block)],
+        "new_tokens": new_tokens,
+        "tokens_per_s": new_tokens / decode_s if decode_s else 0.0,
+        "mean_prompt_tokens": sum(r["prompt_tokens"] for r in records) / max(len(records), 1),
+        "mean_prefill_s": sum(r["stats"]["prefill_s"] for r in records) / max(len(records), 1),
+        "mean_latency_s": sum(r["stats"]["prefill_s"] + r["stats"]["decode_s"] for r in records) / max(len(records), 1),
+        "time_split": {k: sum(r["stats"][f"{k}_s"] for r in records) / decode_s if decode_s else 0.0 for k in ("draft", "verify", "other")},
+    }
+    base = [r["baseline_stats"] for r in records if "baseline_stats" in r]
+    if base:
+        base_tps = sum(b["new_tokens"] for b in base) / sum(b["decode_s"] for b in base)
+        summary["baseline_tokens_per_s"] = base_tps
+        summary["speedup"] = summary["tokens_per_s"] / base_tps
+        summary["same_as_baseline"] = sum(r["same_as_baseline"] for r in records) / len(records)
+    by_category: dict[str, list[int]] = {}
+    for r in records:
+        by_category.setdefault(r["category"] or "-", []).extend(r["stats"]["accepted_per_step"])
+    summary["tau_by_category"] = {c: sum(a + 1 for a in acc) / max(len(acc), 1) for c, acc in sorted(by_category.items())}
+    return summary
