@@ -13,14 +13,17 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_TARGET = Path(os.environ.get("SWA_REFERENCE_TARGET", REPO_ROOT.parent / "shared" / "targets" / "qwen3-27m-sharegpt"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def single_cpu_thread() -> None:
-    """One intra-op thread: on 2-core CI-like machines each OpenMP parallel region was measured to
-    cost ~16 ms of wake-up (a 2x512 @ 512x1408 matmul: 16 ms on 2 threads, 0.12 ms on 1), more than
-    the work itself in these small models."""
+@pytest.fixture(scope="module")
+def single_cpu_thread():
+    """One intra-op thread for the inference-loop tests (batch-1 decoding: chains of tiny matmuls). On
+    2-core CI-like machines each OpenMP parallel region was measured to cost ~16 ms of wake-up (a
+    2x512 @ 512x1408 matmul: 16 ms on 2 threads, 0.12 ms on 1), more than the work itself."""
     import torch
 
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,6 +19,8 @@ from train.models.dflash import DFlashDraftModel, make_dflash_config
 
 VOCAB, HIDDEN = 96, 32
 
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
 
 def make_drafter(layer_types, window, block_size=4, block_causal=True, seed=0) -> tuple[DFlashDraftModel, torch.nn.Embedding, torch.nn.Linear]:
     torch.manual_seed(seed)

@@ -26,6 +26,8 @@ from train.models.dflash import DFlashDraftModel, make_dflash_config
 LAYERS = [1, 3, 5]
 WINDOWS = [None, 512, 2048]  # inference-time window: none = full attention
 
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
 
 @pytest.fixture(scope="module")
 def setup(reference_target_path):
@@ -84,6 +86,7 @@ def test_greedy_lossless_behind_long_prefills(setup, prefill, num_prompts) -> No
 
 
 @pytest.mark.long
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("prefill", [2048, 8192])
 def test_greedy_lossless_full_matrix(setup, prefill) -> None:
     _, _, questions, _, _ = setup

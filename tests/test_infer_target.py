@@ -8,6 +8,8 @@ from transformers import AutoModelForCausalLM
 
 from infer.target import CachedTarget
 
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
 
 def load(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()

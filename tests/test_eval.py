@@ -1,0 +1,106 @@
+"""``python -m eval``: MT-Bench (both turns, long prefill), prompt files, resumable sweeps, clear errors.
+
+The loop's own correctness is tested in test_infer_*; here the references are the records
+themselves (turn 2's prompt is rebuilt from the chat with the model's first answer, τ is recomputed
+from the per-step counts) and greedy losslessness (every turn equals the autoregressive baseline).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from eval.__main__ import main
+from infer.prompts import chat_ids, first_turn_content
+from train.models.dflash import DFlashDraftModel, make_dflash_config
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tiny_qwen3_path, tmp_path_factory) -> Path:
+    """A finished-looking training run: run.json naming the builtin target and a drafter export."""
+    root = tmp_path_factory.mktemp("outputs")
+    torch.manual_seed(0)
+    config = make_dflash_config(AutoConfig.from_pretrained(tiny_qwen3_path), num_hidden_layers=2, block_size=4, mask_token_id=3,
+                                target_layer_ids=[1, 3, 5], layer_types=["sliding_attention", "full_attention"], sliding_window=64)
+    export = root / "run1" / "export"
+    DFlashDraftModel(config).save_pretrained(export)
+    (root / "run1" / "run.json").write_text(json.dumps({"target": {"path": "builtin:tiny-qwen3"}, "export": str(export)}))
+    return root
+
+
+def test_mtbench_both_turns_with_prefill(runs_dir, tiny_qwen3_path, tmp_path) -> None:
+    out = tmp_path / "mt"
+    rc = main(["mtbench", "--runs-dir", str(runs_dir), "--window", "2048", "--num-questions", "2", "--max-new-tokens", "12",
+               "--prefill-tokens", "300", "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "results.json").read_text())
+    records = result["records"]
+    assert [(r["id"], r["turn"]) for r in records] == [("81", 1), ("81", 2), ("82", 1), ("82", 2)]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_path)
+    first = records[0]
+    messages = [{"role": "user", "content": first_turn_content(tokenizer, first["question"], 300, offset=0)}]
+    assert first["prompt_tokens"] == len(chat_ids(tokenizer, messages)) and first["prompt_tokens"] >= 300
+    messages += [{"role": "assistant", "content": first["output_text"]}, {"role": "user", "content": records[1]["question"]}]
+    assert records[1]["prompt_tokens"] == len(chat_ids(tokenizer, messages))  # turn 2 follows the model's own answer
+    steps = [a for r in records for a in r["stats"]["accepted_per_step"]]
+    assert result["summary"]["tau"] == pytest.approx(sum(a + 1 for a in steps) / len(steps))
+    assert result["summary"]["same_as_baseline"] == 1.0 and result["summary"]["speedup"] > 0
+    assert result["config"]["drafter"].endswith("export") and result["config"]["target"] == "builtin:tiny-qwen3"
+    assert "| turns | τ |" in (out / "summary.md").read_text()
+
+
+def test_prompts_file_and_its_errors(runs_dir, tmp_path, capsys) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Say hi."}\n{"turns": ["One?", "Two?"], "id": "x"}\n'
+                       '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "Three?"}]}\n')
+    out = tmp_path / "p"
+    assert main(["prompts", "--runs-dir", str(runs_dir), "--prompts", str(prompts), "--max-new-tokens", "6", "--no-baseline",
+                 "--out", str(out)]) == 0
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert [(r["id"], r["turn"]) for r in records] == [("1", 1), ("x", 1), ("x", 2), ("3", 1)]
+    prompts.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    assert main(["prompts", "--runs-dir", str(runs_dir), "--prompts", str(prompts), "--out", str(tmp_path / "q")]) == 2
+    assert f"{prompts}:2: not valid JSON" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["mtbench", "--window", "0"], "--window '0'; expected 'trained', 'none' or a positive integer"),
+    (["prompts", "--prompts", "/nonexistent.jsonl"], "--prompts /nonexistent.jsonl: no such file"),
+    (["mtbench", "--prefill-tokens", "40000", "--num-questions", "1"], "exceed the target's max_position_embeddings=32768"),
+    (["mtbench", "--drafter", "/nonexistent"], "--drafter given without --target"),
+])
+def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) -> None:
+    assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1
+
+
+def test_no_training_run_is_a_clear_error(tmp_path, capsys) -> None:
+    assert main(["mtbench", "--runs-dir", str(tmp_path)]) == 2
+    assert "no finished training run" in capsys.readouterr().err
+
+
+def test_sweep_writes_matrix_plot_and_resumes(runs_dir, tmp_path, monkeypatch) -> None:
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--runs-dir", str(runs_dir), "--windows", "none", "8", "--prefills", "0", "100", "--num-questions", "1",
+            "--max-new-tokens", "6", "--out", str(out)]
+    assert main(argv) == 0
+    cells = sorted(p.name for p in (out / "cells").iterdir())
+    assert cells == ["window-8_prefill-0.json", "window-8_prefill-100.json", "window-none_prefill-0.json", "window-none_prefill-100.json"]
+    table = (out / "sweep.md").read_text()
+    assert "| none |" in table and "| 8 |" in table and (out / "tau_vs_context.png").stat().st_size > 1000
+    (out / "cells" / "window-8_prefill-100.json").unlink()
+    calls = []
+    import eval.__main__ as cli
+
+    real = cli.run_conversations
+    monkeypatch.setattr(cli, "run_conversations", lambda *a, **k: calls.append(k["prefill_tokens"]) or real(*a, **k))
+    assert main(argv) == 0
+    assert calls == [100]  # only the missing cell ran again
