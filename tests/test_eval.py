@@ -61,9 +61,10 @@ def test_prompts_file_and_its_errors(runs_dir, tmp_path, capsys) -> None:
                        '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "Three?"}]}\n')
     out = tmp_path / "p"
     assert main(["prompts", "--runs-dir", str(runs_dir), "--prompts", str(prompts), "--max-new-tokens", "6", "--no-baseline",
-                 "--out", str(out)]) == 0
+                 "--wandb", "--out", str(out)]) == 0
     records = json.loads((out / "results.json").read_text())["records"]
     assert [(r["id"], r["turn"]) for r in records] == [("1", 1), ("x", 1), ("x", 2), ("3", 1)]
+    assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))  # the W&B run (offline here: no API key)
     prompts.write_text('{"prompt": "ok"}\n{"prompt": \n')
     assert main(["prompts", "--runs-dir", str(runs_dir), "--prompts", str(prompts), "--out", str(tmp_path / "q")]) == 2
     assert f"{prompts}:2: not valid JSON" in capsys.readouterr().err
