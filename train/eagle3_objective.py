@@ -1,0 +1,186 @@
+"""EAGLE-3 training objective: the training-time test (TTT) unroll, soft cross-entropy, acceptance stats.
+
+Index t of a sequence holds the target's features at position t and, at step j, the ground-truth
+token x_{t+j+1} (teacher forcing); step 0 reads ``fc(features)``, step j > 0 the drafter's own
+output of step j - 1 at the same index (``Eagle3DraftModel.next_hidden``). Step j's output at index
+t predicts x_{t+j+2}: its target is the target model's distribution at position t+j+1, restricted
+to the draft vocabulary and renormalised (soft labels), weighted 0.8^j. A label counts when
+x_{t+j+2} is a real token in the loss mask.
+
+Statistics per step j: accuracy (the draft's argmax, mapped to a target id, equals the target's
+argmax over its whole vocabulary, i.e. greedy acceptance) and the simulated acceptance length
+``sim_tau`` = 1 + mean over start indices of the run of leading correct steps: with teacher forcing
+the drafter sees exactly what greedy chain drafting would feed it while it is right.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention import attention
+
+from .data.dataset import collate_padded
+from .eagle3_masks import ttt_dense_mask, ttt_flex_block_mask
+from .models.eagle3 import Eagle3DraftModel
+
+STEP_DECAY = 0.8
+
+
+def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
+    """x[:, n:] padded on the right with ``fill`` back to x's length ([Bsz, T, ...])."""
+    if n == 0:
+        return x
+    pad = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def step_masks(ctx_valid: torch.Tensor, layer_types: list[str], sliding_window: int | None, steps: int, backend: str) -> list[dict]:
+    """Per step j, layer type -> mask over the keys of steps 0..j (``train/eagle3_masks.py``)."""
+    build = ttt_flex_block_mask if backend == "flex" else ttt_dense_mask
+    return [{t: build(ctx_valid, j, sliding_window if t == "sliding_attention" else None) for t in set(layer_types)}
+            for j in range(steps)]
+
+
+def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Tensor, ctx_valid: torch.Tensor, steps: int,
+           backend: str = "sdpa", masks: list[dict] | None = None) -> list[torch.Tensor]:
+    """The TTT forward: ``steps`` drafting steps over every index at once.
+
+    Args:
+        features: [Bsz, T, k*H] target features at ``model.target_layer_ids``.
+        input_ids: [Bsz, T] the sequence's tokens x_0 .. x_{T-1}.
+        ctx_valid: [Bsz, T] bool, True on real tokens.
+        backend: ``sdpa`` (dense masks) or ``flex`` (block masks, GPU).
+
+    Returns:
+        per step j, [Bsz, T, H] the drafter's output before the final norm (``model.logits``).
+    """
+    bsz, seq_len = input_ids.shape
+    if masks is None:
+        masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, backend)
+    layer_types = model.layer_types
+    scale = model.layers[0].self_attn.scaling
+    keys: list[list[torch.Tensor]] = [[] for _ in model.layers]
+    values: list[list[torch.Tensor]] = [[] for _ in model.layers]
+    hidden = model.project_features(features)
+    outputs = []
+    for j in range(steps):
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, j: int = j) -> torch.Tensor:
+            keys[i].append(k)
+            values[i].append(v)
+            return attention(q, torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2), masks[j][layer_types[i]], scale=scale)
+
+        ids = shift_left(input_ids, j + 1, 0)  # x_{t+j+1}
+        positions = (torch.arange(seq_len, device=input_ids.device) + 1 + j).expand(bsz, -1)
+        h = model(ids, hidden, positions, attend)
+        outputs.append(h)
+        hidden = model.next_hidden(h)
+    return outputs
+
+
+@dataclass
+class TTTStats:
+    """Sums over a batch; add them up over batches, then call ``summary``."""
+
+    loss_sum: torch.Tensor  # step-weighted soft CE summed over labels
+    num_labels: torch.Tensor  # labels of step 0 (the normaliser)
+    step_loss: torch.Tensor  # [S] unweighted CE sums per step
+    step_correct: torch.Tensor  # [S]
+    step_count: torch.Tensor  # [S]
+    accepted_sum: torch.Tensor  # leading correct steps, summed over start indices
+    num_starts: torch.Tensor  # start indices with a step-0 label
+
+    def __add__(self, other: "TTTStats") -> "TTTStats":
+        return TTTStats(*(a + b for a, b in zip(vars(self).values(), vars(other).values())))
+
+    def summary(self, prefix: str) -> dict[str, float]:
+        count = self.step_count.clamp(min=1)
+        acc = (self.step_correct / count).tolist()
+        out = {
+            f"{prefix}/loss": float(self.loss_sum / self.num_labels.clamp(min=1)),
+            f"{prefix}/acc": acc[0],
+            f"{prefix}/sim_tau": float(1 + self.accepted_sum / self.num_starts.clamp(min=1)),
+        }
+        out.update({f"{prefix}/acc_step_{j}": a for j, a in enumerate(acc)})
+        out.update({f"{prefix}/loss_step_{j}": float(x) for j, x in enumerate(self.step_loss / count)})
+        return out
+
+
+def label_mask(input_ids: torch.Tensor, loss_mask: torch.Tensor, attention_mask: torch.Tensor, step: int) -> torch.Tensor:
+    """[Bsz, T] bool: step ``step`` at index t has a label (x_{t+step+2} real and in the loss mask)."""
+    labelled = (loss_mask.bool() & attention_mask.bool())
+    return shift_left(labelled, step + 2, False)
+
+
+def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits: torch.Tensor, input_ids: torch.Tensor,
+             loss_mask: torch.Tensor, attention_mask: torch.Tensor) -> TTTStats:
+    """Soft CE against the target restricted to the draft vocabulary, and acceptance stats.
+
+    target_logits: [Bsz, T, V] the target's logits over its whole vocabulary.
+    """
+    steps = len(outputs)
+    draft_ids = model.draft_ids_in_target()  # [Vd]
+    target_greedy = target_logits.argmax(-1)  # [Bsz, T]
+    target_draft = target_logits.index_select(-1, draft_ids).float()  # [Bsz, T, Vd]
+    device = target_logits.device
+    loss_sum = torch.zeros((), device=device)
+    step_loss, step_correct, step_count = (torch.zeros(steps, device=device) for _ in range(3))
+    leading = None
+    for j, h in enumerate(outputs):
+        labelled = label_mask(input_ids, loss_mask, attention_mask, j)
+        logits = model.logits(h).float()  # [Bsz, T, Vd]
+        soft = F.softmax(shift_left(target_draft, j + 1, 0.0), dim=-1)
+        ce = -(soft * F.log_softmax(logits, dim=-1)).sum(-1)  # [Bsz, T]
+        ce = torch.where(labelled, ce, torch.zeros_like(ce))
+        loss_sum = loss_sum + STEP_DECAY**j * ce.sum()
+        correct = (model.draft_to_target(logits.argmax(-1)) == shift_left(target_greedy, j + 1, -1)) & labelled
+        step_loss[j] = ce.sum().detach()
+        step_correct[j] = correct.sum()
+        step_count[j] = labelled.sum()
+        leading = correct if leading is None else leading & correct
+        if j == 0:
+            starts = labelled
+            accepted = correct.long()
+        else:
+            accepted = accepted + leading.long()
+    return TTTStats(loss_sum=loss_sum, num_labels=starts.sum().float(), step_loss=step_loss, step_correct=step_correct,
+                    step_count=step_count, accepted_sum=(accepted * starts).sum().float(), num_starts=starts.sum().float())
+
+
+class Eagle3Step:
+    """What every EAGLE-3 training step needs, fixed at start-up (the DFlash twin is trainer.DFlashStep)."""
+
+    def __init__(self, cfg, target, drafter: Eagle3DraftModel, layer_ids: list[int], device: torch.device):
+        self.cfg, self.target, self.drafter, self.layer_ids, self.device = cfg, target, drafter, layer_ids, device
+        self.steps = cfg.drafter.ttt_length
+        backend = cfg.trainer.attention_backend
+        self.backend = ("flex" if device.type == "cuda" else "sdpa") if backend == "auto" else backend
+        precision = cfg.trainer.precision
+        self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+        self.pad_to = cfg.data.max_length if self.backend == "flex" else None  # one shape for compiled flex
+
+    def collate(self, rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+        return collate_padded(rows, pad_id, self.pad_to)
+
+    def autocast(self):
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:
+        return None  # nothing random: every index is a start
+
+    def num_labels(self, batch: dict[str, torch.Tensor], plan) -> int:
+        return int(label_mask(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], 0).sum())
+
+    def forward(self, batch: dict[str, torch.Tensor], plan=None) -> TTTStats:
+        input_ids = batch["input_ids"].to(self.device)
+        attention_mask = batch["attention_mask"].to(self.device)
+        loss_mask = batch["loss_mask"].to(self.device)
+        captured = self.target.capture(input_ids, self.layer_ids, attention_mask=attention_mask, with_logits=True)
+        with self.autocast():
+            outputs = unroll(self.drafter, captured.features, input_ids, attention_mask.bool(), self.steps, self.backend)
+            return ttt_loss(self.drafter, outputs, captured.logits, input_ids, loss_mask, attention_mask)
