@@ -23,10 +23,7 @@ def test_tiny_experiments_run(experiment: str, expected_ids: list[int], tmp_path
     assert record["target"]["path"].startswith("builtin:")
     assert Path(record["target"]["resolved_path"], "config.json").exists()
     assert record["data"]["tokenize"]["kept"] > 0
-    if experiment.startswith("eagle3"):  # no EAGLE-3 model yet: data and features only
-        assert 0 < metrics["loss_tokens"] <= metrics["tokens"]
-    else:
-        assert {json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()} == {3}
+    assert {json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()} == {3}
 
 
 def test_regenerated_data_pipeline(tmp_path: Path) -> None:

@@ -63,8 +63,10 @@ class DrafterConfig:
     sliding_block_causal: bool = True
     num_anchors: int = 512  # DFlash: blocks per training sequence (capped by what it holds)
     loss_gamma: Optional[float] = None  # DFlash slot-weight decay exp(-(k-1)/gamma); null = paper's (7 for B=16)
-    draft_vocab_size: int = 32000  # EAGLE-3
-    ttt_length: int = 7  # EAGLE-3 training-time-test steps
+    draft_vocab_size: int = 32000  # EAGLE-3: draft LM-head width (capped by the target's vocabulary)
+    ttt_length: int = 7  # EAGLE-3 training-time-test steps (and the default chain length when drafting)
+    fc_norm: bool = False  # EAGLE-3.1: RMSNorm each target feature before fc
+    norm_output: bool = False  # EAGLE-3.1: feed the final-normed hidden state to the next step
 
     def __post_init__(self) -> None:
         if self.num_hidden_layers < 1:
@@ -100,6 +102,8 @@ class DrafterConfig:
             raise ValueError(f"drafter.mask_token_id={self.mask_token_id}; expected a token id >= 0 or null")
         if self.ttt_length < 1:
             raise ValueError(f"drafter.ttt_length={self.ttt_length}; expected >= 1")
+        if self.draft_vocab_size < 2:
+            raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2")
 
     def resolved_layer_types(self) -> list[str]:
         """``layer_types``, or all sliding (window set) / all full (no window) when it is null."""

@@ -7,7 +7,7 @@ Its queries see the keys of steps 0..j laid side by side:
     position index u at step s sits at RoPE position u + 1 + s (train/models/eagle3.py)
 
 A query (index t, step j, position p = t + 1 + j) sees
-    step-0 keys   u <= t (causal), u a real (non-padding) token       -- the context cache
+    step-0 keys   u <= t (causal), u a real token or u == t          -- the context cache
     step-s keys   u == t for 1 <= s <= j (the diagonal)               -- its own earlier drafts
 and in a sliding layer only keys at positions > p - W (W keys counting the query itself), the
 window the same query has at inference: the context cache's last positions and the draft chain.
@@ -37,7 +37,7 @@ def ttt_visible(b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor, step
     seq_len = ctx_valid.shape[1]
     key_step = kv_idx // seq_len
     u = kv_idx % seq_len
-    context = (key_step == 0) & (u <= q_idx) & ctx_valid[b, u]
+    context = (key_step == 0) & (u <= q_idx) & (ctx_valid[b, u] | (u == q_idx))
     diagonal = (key_step >= 1) & (key_step <= step) & (u == q_idx)
     visible = context | diagonal
     if window is not None:

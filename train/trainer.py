@@ -1,12 +1,14 @@
-"""``train(cfg) -> metrics``: DFlash drafter training as one plain loop, readable top to bottom.
+"""``train(cfg) -> metrics``: drafter training (DFlash or EAGLE-3) as one plain loop, readable top to bottom.
 
     train()                    config check -> target -> data -> drafter -> resume -> loop -> export
       train_step()             one optimizer step over grad_accum micro-batches
-        forward_backward()     target features -> blocks -> drafter -> decayed CE -> backward
-      evaluate()               held-out per-slot accuracy and simulated acceptance length
+        step_ctx.forward()     target features -> drafter -> loss and stats
+                               (DFlashStep below: anchors, blocks, decayed CE;
+                                Eagle3Step in eagle3_objective.py: the training-time-test unroll, soft CE)
+      evaluate()               held-out per-slot/per-step accuracy and simulated acceptance length
 
-The loss is normalised by the number of labelled slots in the whole optimizer step (all
-micro-batches), so accumulation does not change the objective. Anchors are drawn from a generator
+The loss is normalised by the number of labels in the whole optimizer step (all micro-batches), so
+accumulation does not change the objective. Random choices (DFlash anchors) come from a generator
 seeded by (seed, step) and the data order from (seed, epoch): a resumed run repeats an
 uninterrupted one exactly.
 """
@@ -30,7 +32,9 @@ from .config import TrainConfig
 from .data import prepare_data
 from .data.dataset import collate_padded
 from .dflash_objective import IGNORE, BlockStats, block_loss, build_blocks, default_gamma, layer_masks, sample_anchors
+from .eagle3_objective import Eagle3Step
 from .models.dflash import DFlashDraftModel, make_dflash_config
+from .models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from .target import TargetModel, default_layer_ids
 from .tiny_target import resolve_target_path
 
@@ -120,6 +124,38 @@ class EpochBatches:
         self.epoch, self.index = state["epoch"], state["index"]
 
 
+def loss_token_counts(rows, vocab_size: int) -> torch.Tensor:
+    """[V] how often each token id appears under the loss mask (the tokens a drafter must predict)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for row in rows:
+        ids = torch.as_tensor(row["input_ids"])[torch.as_tensor(row["loss_mask"], dtype=torch.bool)]
+        counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def build_eagle3_drafter(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], train_ds) -> Eagle3DraftModel:
+    """EAGLE-3 drafter: draft vocabulary from the training data's loss-masked token counts, the
+    target's embedding (frozen) and its LM-head rows for the draft vocabulary as the head's start."""
+    d = cfg.drafter
+    config = make_eagle3_config(
+        target.config, num_hidden_layers=d.num_hidden_layers, target_layer_ids=layer_ids, layer_types=d.resolved_layer_types(),
+        sliding_window=d.sliding_window, draft_vocab_size=d.draft_vocab_size, ttt_length=d.ttt_length, fc_norm=d.fc_norm,
+        norm_output=d.norm_output,
+    )
+    torch.manual_seed(cfg.trainer.seed)
+    drafter = Eagle3DraftModel(config)
+    counts = loss_token_counts(train_ds, target.vocab_size)
+    d2t, t2d = build_draft_vocab({i: int(c) for i, c in enumerate(counts.tolist()) if c}, target.vocab_size, config.draft_vocab_size)
+    drafter.set_draft_vocab(d2t, t2d)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.embed_tokens.weight.float())
+        drafter.lm_head.weight.copy_(target.lm_head.weight.float()[drafter.draft_ids_in_target().to(target.lm_head.weight.device)].cpu())
+    kept = float(counts[t2d].sum() / counts.sum().clamp(min=1))
+    log.info("EAGLE-3 draft vocabulary: %d of %d target tokens, covering %.1f%% of loss-masked training tokens",
+             config.draft_vocab_size, target.vocab_size, 100 * kept)
+    return drafter
+
+
 def build_drafter(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], mask_token_id: int) -> DFlashDraftModel:
     d = cfg.drafter
     config = make_dflash_config(
@@ -140,8 +176,8 @@ def export_drafter(drafter: DFlashDraftModel, out: Path) -> Path:
 
 # ----------------------------------------------------------------------------- the step
 
-class Step:
-    """What every step needs, fixed at start-up."""
+class DFlashStep:
+    """What every DFlash step needs, fixed at start-up (the EAGLE-3 twin is eagle3_objective.Eagle3Step)."""
 
     def __init__(self, cfg: TrainConfig, target: TargetModel, drafter: DFlashDraftModel, layer_ids: list[int], device: torch.device):
         self.cfg, self.target, self.drafter, self.layer_ids, self.device = cfg, target, drafter, layer_ids, device
@@ -163,9 +199,13 @@ class Step:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def blocks_for(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
+    def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
+        """The step's random choices for one micro-batch: anchors and their blocks."""
         anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.static_shapes)
         return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id)
+
+    def num_labels(self, batch: dict[str, torch.Tensor], blocks) -> int:
+        return int((blocks.labels != IGNORE).sum())
 
     def forward(self, batch: dict[str, torch.Tensor], blocks) -> BlockStats:
         """Target features -> drafter -> stats (loss_sum is differentiable)."""
@@ -182,19 +222,20 @@ class Step:
         return block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
 
 
-def train_step(step_ctx: Step, micro_batches: list[dict[str, torch.Tensor]], step: int, optimizer, scheduler) -> tuple[BlockStats, float]:
+def train_step(step_ctx, micro_batches: list[dict[str, torch.Tensor]], step: int, optimizer, scheduler) -> tuple[Any, float]:
     """One optimizer step; returns the summed stats and the pre-clip gradient norm."""
     generator = torch.Generator().manual_seed(step_ctx.cfg.trainer.seed * 1_000_003 + step)
-    blocks = [step_ctx.blocks_for(b, generator) for b in micro_batches]
-    num_labels = max(1, int(sum((b.labels != IGNORE).sum() for b in blocks)))  # global count for the step
+    plans = [step_ctx.plan(b, generator) for b in micro_batches]
+    num_labels = max(1, sum(step_ctx.num_labels(b, p) for b, p in zip(micro_batches, plans)))  # global count for the step
     total = None
-    for batch, block in zip(micro_batches, blocks):
-        stats = step_ctx.forward(batch, block)
+    for batch, plan in zip(micro_batches, plans):
+        stats = step_ctx.forward(batch, plan)
         (stats.loss_sum / num_labels).backward()
-        stats = BlockStats(*(t.detach() for t in vars(stats).values()))
+        stats = type(stats)(*(t.detach() for t in vars(stats).values()))
         total = stats if total is None else total + stats
     clip = step_ctx.cfg.trainer.grad_clip
-    grad_norm = torch.nn.utils.clip_grad_norm_(step_ctx.drafter.parameters(), clip if clip > 0 else float("inf"))
+    trainable = [p for p in step_ctx.drafter.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip if clip > 0 else float("inf"))
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -202,7 +243,7 @@ def train_step(step_ctx: Step, micro_batches: list[dict[str, torch.Tensor]], ste
 
 
 @torch.no_grad()
-def evaluate(step_ctx: Step, eval_ds, pad_id: int, max_batches: int | None) -> dict[str, float]:
+def evaluate(step_ctx, eval_ds, pad_id: int, max_batches: int | None) -> dict[str, float]:
     step_ctx.drafter.eval()
     generator = torch.Generator().manual_seed(step_ctx.cfg.trainer.seed + 7)  # same anchors at every eval
     total = None
@@ -211,31 +252,10 @@ def evaluate(step_ctx: Step, eval_ds, pad_id: int, max_batches: int | None) -> d
         if max_batches is not None and i >= max_batches:
             break
         batch = step_ctx.collate([eval_ds[j] for j in range(start, min(start + bs, len(eval_ds)))], pad_id)
-        stats = step_ctx.forward(batch, step_ctx.blocks_for(batch, generator))
+        stats = step_ctx.forward(batch, step_ctx.plan(batch, generator))
         total = stats if total is None else total + stats
     step_ctx.drafter.train()
     return total.summary("eval") if total is not None else {}
-
-
-# ----------------------------------------------------------------------------- drafters not built yet
-
-def feature_pass(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], train_ds, pad_id: int, device: torch.device) -> dict[str, Any]:
-    """The data and feature half of a training run, for drafter kinds whose model has not landed
-    (EAGLE-3): stream ``max_steps`` batches through the target and count what a drafter would see."""
-    from tqdm.auto import tqdm
-
-    batches = EpochBatches(len(train_ds), cfg.trainer.batch_size, cfg.trainer.seed)
-    tokens = loss_tokens = 0
-    start = time.perf_counter()
-    for _ in tqdm(range(cfg.trainer.max_steps or 1), desc="features", unit="batch", disable=not cfg.trainer.progress):
-        batch = collate_padded([train_ds[i] for i in batches.next()], pad_id)
-        features = target.capture(batch["input_ids"].to(device), layer_ids, attention_mask=batch["attention_mask"].to(device)).features
-        assert features.shape[:2] == batch["input_ids"].shape
-        tokens += int(batch["attention_mask"].sum())
-        loss_tokens += int(batch["loss_mask"].sum())
-    seconds = time.perf_counter() - start
-    log.warning("drafter.kind=%s has no model yet: prepared data and captured features only", cfg.drafter.kind.value)
-    return {"steps": cfg.trainer.max_steps, "tokens": tokens, "loss_tokens": loss_tokens, "tokens_per_s": tokens / seconds}
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -254,7 +274,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     target = TargetModel.from_pretrained(target_path, device, cfg.target.dtype, cfg.target.attn_implementation)
     layer_ids = target_layer_ids(cfg, target)
     mask_token_id = resolve_mask_token_id(cfg.drafter.mask_token_id, target) if cfg.drafter.kind.value == "dflash" else None
-    log.info("target %s: %d layers, hidden %d; drafter reads layers %s; mask token %d",
+    log.info("target %s: %d layers, hidden %d; drafter reads layers %s; mask token %s",
              cfg.target.path, target.num_layers, target.hidden_size, layer_ids, mask_token_id)
 
     train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress)
@@ -267,17 +287,16 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         by_epochs = max(1, math.ceil(tc.num_epochs * steps_per_epoch))
         max_steps = by_epochs if max_steps is None else min(max_steps, by_epochs)
 
-    if cfg.drafter.kind.value != "dflash":
-        metrics = feature_pass(cfg, target, layer_ids, train_ds, pad_id, device)
-        write_json_atomic(output_dir / "run.json", {"target": {"path": cfg.target.path, "resolved_path": target_path},
-                                                    "target_layer_ids": layer_ids, "data": data_summary, "metrics": metrics})
-        return metrics
-
-    drafter = build_drafter(cfg, target, layer_ids, mask_token_id).to(device).train()
-    num_params = sum(p.numel() for p in drafter.parameters())
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
+    if cfg.drafter.kind.value == "eagle3":
+        drafter = build_eagle3_drafter(cfg, target, layer_ids, train_ds).to(device).train()
+        step_ctx = Eagle3Step(cfg, target, drafter, layer_ids, device)
+    else:
+        drafter = build_drafter(cfg, target, layer_ids, mask_token_id).to(device).train()
+        step_ctx = DFlashStep(cfg, target, drafter, layer_ids, device)
+    trainable = [p for p in drafter.parameters() if p.requires_grad]  # EAGLE-3's embedding is the target's, frozen
+    num_params = sum(p.numel() for p in trainable)
+    optimizer = torch.optim.AdamW(trainable, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(int(tc.warmup_ratio * max_steps), max_steps, tc.min_lr_ratio))
-    step_ctx = Step(cfg, target, drafter, layer_ids, device)
     train_state = {"step": 0, "tokens": 0, "seconds": 0.0}
 
     resume_from = None
@@ -345,7 +364,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
             eval_metrics = evaluate(step_ctx, eval_ds, pad_id, tc.eval_batches)
             logger.log(eval_metrics, step)
             history.append({"step": step, **eval_metrics})
-            log.info("step %d: eval loss %.4f, sim_tau %.3f, block_tau %.3f", step, eval_metrics["eval/loss"], eval_metrics["eval/sim_tau"], eval_metrics["eval/block_tau"])
+            log.info("step %d: eval loss %.4f, acc %.3f, sim_tau %.3f", step, eval_metrics["eval/loss"], eval_metrics["eval/acc"], eval_metrics["eval/sim_tau"])
         if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == max_steps:
             save(step)
         out_of_time = tc.time_limit_minutes is not None and time.perf_counter() - run_start > 60 * tc.time_limit_minutes

@@ -1,0 +1,79 @@
+"""EAGLE-3 training-time-test masks against a dense reference built element by element.
+
+Reference rule, in positions: the drafter's index u at step s sits at position u + 1 + s. A query
+(index t, step j, position p = t + 1 + j) sees
+    step-0 key u:  u <= t and (u is a real token or u == t)  (the context the drafter has cached)
+    step-s key u:  1 <= s <= j and u == t                   (its own chain's earlier drafts)
+and, in a sliding layer, only keys at positions >= p - W + 1 (W keys counting the query itself).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from train.eagle3_masks import ttt_dense_mask, ttt_flex_block_mask, ttt_visible
+
+
+def reference_mask(valid: list[bool], step: int, window: int | None) -> torch.Tensor:
+    seq_len = len(valid)
+    mask = torch.zeros(seq_len, (step + 1) * seq_len, dtype=torch.bool)
+    for t in range(seq_len):
+        p = t + 1 + step
+        for s in range(step + 1):
+            for u in range(seq_len):
+                key_pos = u + 1 + s
+                if s == 0:
+                    ok = u <= t and (valid[u] or u == t)
+                else:
+                    ok = u == t
+                if window is not None and key_pos < p - window + 1:
+                    ok = False
+                mask[t, s * seq_len + u] = ok
+    return mask
+
+
+VALID = [[True] * 11, [True] * 8 + [False] * 3]
+
+
+@pytest.mark.parametrize("window", [None, 1, 2, 3, 5, 64])
+@pytest.mark.parametrize("step", [0, 1, 2, 4])
+def test_dense_mask_matches_the_reference(window: int | None, step: int) -> None:
+    ctx_valid = torch.tensor(VALID)
+    dense = ttt_dense_mask(ctx_valid, step, window)
+    assert dense.shape == (2, 1, 11, (step + 1) * 11)
+    for b, valid in enumerate(VALID):
+        assert torch.equal(dense[b, 0], reference_mask(valid, step, window)), (b, step, window)
+
+
+def test_every_query_sees_itself_and_the_window_drops_old_drafts() -> None:
+    ctx_valid = torch.tensor(VALID)
+    for step in range(5):
+        for window in (None, 1, 3):
+            dense = ttt_dense_mask(ctx_valid, step, window)[:, 0]
+            own = torch.arange(11) + step * 11
+            assert dense[:, torch.arange(11), own].all()  # no empty softmax row, padding rows included
+    # W=3 at step 4: the query (position t+5) sees its drafts of steps 2, 3, 4 and no context key
+    row = ttt_dense_mask(ctx_valid, 4, 3)[0, 0, 6]
+    assert row.nonzero().flatten().tolist() == [2 * 11 + 6, 3 * 11 + 6, 4 * 11 + 6]
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_flex_block_mask_keeps_exactly_the_visible_tiles(window: int | None) -> None:
+    """The BlockMask, expanded at tile 4, equals the dense mask (the same mask_mod, tile pruning included)."""
+    ctx_valid = torch.tensor([[True] * 16, [True] * 10 + [False] * 6])
+    for step in (0, 2):
+        block_mask = ttt_flex_block_mask(ctx_valid, step, window, tile=4)
+        dense = ttt_dense_mask(ctx_valid, step, window)
+        expanded = block_mask.to_dense()  # [B, 1, Q/tile, K/tile] tile occupancy
+        tiles = dense[:, :, :, :].reshape(2, 1, 4, 4, step + 1, 4, 4).any(3).any(-1).reshape(2, 1, 4, (step + 1) * 4)
+        assert torch.equal(expanded.bool(), tiles)
+
+
+def test_visible_broadcasts_like_a_mask_mod() -> None:
+    ctx_valid = torch.ones(1, 6, dtype=torch.bool)
+    b = torch.zeros((), dtype=torch.long)
+    assert bool(ttt_visible(b, torch.tensor(3), torch.tensor(2), 0, ctx_valid, None))
+    assert not bool(ttt_visible(b, torch.tensor(3), torch.tensor(4), 0, ctx_valid, None))
+    assert bool(ttt_visible(b, torch.tensor(3), torch.tensor(6 + 3), 1, ctx_valid, None))
+    assert not bool(ttt_visible(b, torch.tensor(3), torch.tensor(6 + 2), 1, ctx_valid, None))

@@ -1,0 +1,243 @@
+"""EAGLE-3: the training-time-test unroll against a plain decoding loop, the loss against a loop over
+labels, the draft vocabulary, and training on the tiny builtin target (learning, export, exact resume)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from compose import compose_train
+from safetensors.torch import load_file
+from transformers import LlamaConfig
+
+from train.eagle3_objective import STEP_DECAY, ttt_loss, unroll
+from train.models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
+from train.trainer import train
+
+# One intra-op thread: these small steps are dominated by OpenMP wake-ups on 2 cores (40x slower
+# with 2 threads while another process runs; tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+# ----------------------------------------------------------------------------- a small drafter
+
+
+def small_drafter(layer_types: list[str], window: int | None, vocab: int = 40, draft_vocab: int = 24, **options) -> Eagle3DraftModel:
+    target = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=256)
+    config = make_eagle3_config(target, num_hidden_layers=len(layer_types), target_layer_ids=[1, 2, 3], layer_types=layer_types,
+                                sliding_window=window, draft_vocab_size=draft_vocab, **options)
+    torch.manual_seed(0)
+    model = Eagle3DraftModel(config).eval()
+    counts = {i: (i * 7) % 11 for i in range(vocab)}
+    model.set_draft_vocab(*build_draft_vocab(counts, vocab, config.draft_vocab_size))
+    with torch.no_grad():  # norms away from 1 so a missing or misplaced norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+    return model
+
+
+# ----------------------------------------------------------------------------- the reference: decode index by index
+
+
+def reference_step_logits(model: Eagle3DraftModel, features: torch.Tensor, ids: torch.Tensor, length: int, steps: int) -> list[list[torch.Tensor]]:
+    """logits[j][t] for one sequence, computed the way a decoder would: index t's step 0 over a
+    per-layer cache of the step-0 keys of indices 0..t, then a chain of steps 1..steps-1 from t, each
+    step one query at position t+1+j over the cache plus the chain's own keys; windows applied by
+    position; attention as an explicit softmax."""
+    window = model.sliding_window
+    types = model.layer_types
+    scale = model.layers[0].self_attn.scaling
+    seq_len = ids.shape[0]
+    padded = torch.cat([ids, torch.zeros(steps + 1, dtype=ids.dtype)])
+
+    def softmax_attention(q, keys, layer):
+        # q [1, Hq, 1, D]; keys: list of (position, k [Hkv, D], v [Hkv, D])
+        qpos = keys[-1][0]
+        if types[layer] == "sliding_attention":
+            keys = [kv for kv in keys if kv[0] > qpos - window]
+        k = torch.stack([kv[1] for kv in keys], 1)  # [Hkv, K, D]
+        v = torch.stack([kv[2] for kv in keys], 1)
+        rep = q.shape[1] // k.shape[0]
+        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+        weights = torch.softmax((q[0] @ k.transpose(1, 2)) * scale, dim=-1)  # [Hq, 1, K]
+        return (weights @ v)[None]
+
+    def run(token, hidden, pos, caches):
+        def attend(layer, q, k, v):
+            caches[layer].append((pos, k[0, :, 0], v[0, :, 0]))
+            return softmax_attention(q, caches[layer], layer)
+
+        return model(token.view(1, 1), hidden, torch.tensor([[pos]]), attend)
+
+    logits = [[None] * seq_len for _ in range(steps)]
+    context = [[] for _ in model.layers]
+    for t in range(length):
+        h = run(padded[t + 1], model.project_features(features[t].view(1, 1, -1)), t + 1, context)
+        logits[0][t] = model.logits(h)[0, 0]
+        chain = [list(c) for c in context]
+        for j in range(1, steps):
+            h = run(padded[t + j + 1], model.next_hidden(h), t + 1 + j, chain)
+            logits[j][t] = model.logits(h)[0, 0]
+    return logits
+
+
+CASES = {
+    "full": (["full_attention"], None, {}),
+    "sliding_w4": (["sliding_attention"], 4, {}),
+    "sliding_w2_lt_chain": (["sliding_attention", "full_attention"], 2, {}),
+    "sliding_w1": (["sliding_attention"], 1, {}),
+    "eagle31_fc_norm_norm_output": (["sliding_attention", "sliding_attention"], 3, {"fc_norm": True, "norm_output": True}),
+    "norm_before_residual": (["full_attention"], None, {"norm_before_residual": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@torch.no_grad()
+def test_unroll_equals_decoding_index_by_index(case: str) -> None:
+    layer_types, window, options = CASES[case]
+    model = small_drafter(layer_types, window, **options)
+    steps, seq_len = 4, 10
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(2, seq_len, 3 * 32, generator=generator)
+    ids = torch.randint(0, 40, (2, seq_len), generator=generator)
+    lengths = [seq_len, 7]
+    ctx_valid = torch.arange(seq_len)[None] < torch.tensor(lengths)[:, None]
+    outputs = unroll(model, features, ids, ctx_valid, steps)
+    for b, length in enumerate(lengths):
+        reference = reference_step_logits(model, features[b], ids[b], length, steps)
+        for j in range(steps):
+            got = model.logits(outputs[j][b, :length])
+            torch.testing.assert_close(got, torch.stack(reference[j][:length]), rtol=1e-4, atol=1e-5, msg=f"{case} step {j}")
+
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def reference_loss(model, outputs, target_logits, ids, loss_mask, attention_mask):
+    """Loops over (sequence, step, index): soft CE, accuracy, leading-correct chains."""
+    draft_ids = model.draft_ids_in_target()
+    loss, starts, accepted = 0.0, 0, 0
+    correct_at = {}
+    for b in range(ids.shape[0]):
+        length = int(attention_mask[b].sum())
+        for j, h in enumerate(outputs):
+            logits = model.logits(h[b])
+            for t in range(ids.shape[1]):
+                label_pos = t + j + 2
+                if label_pos >= length or not loss_mask[b, label_pos]:
+                    continue
+                soft = torch.softmax(target_logits[b, t + j + 1, draft_ids], -1)
+                loss += STEP_DECAY**j * float(-(soft * torch.log_softmax(logits[t], -1)).sum())
+                correct_at[b, t, j] = int(draft_ids[logits[t].argmax()]) == int(target_logits[b, t + j + 1].argmax())
+        for t in range(ids.shape[1]):
+            if (b, t, 0) in correct_at:
+                starts += 1
+                j = 0
+                while correct_at.get((b, t, j), False):
+                    accepted, j = accepted + 1, j + 1
+    return loss / starts, 1 + accepted / starts
+
+
+@torch.no_grad()
+def test_loss_and_simulated_tau_match_a_loop_over_labels() -> None:
+    model = small_drafter(["sliding_attention"], 5)
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 40, (2, 12), generator=generator)
+    attention_mask = torch.ones(2, 12, dtype=torch.long)
+    attention_mask[1, 9:] = 0
+    loss_mask = (torch.rand(2, 12, generator=generator) < 0.8).long() * attention_mask
+    outputs = unroll(model, torch.randn(2, 12, 96, generator=generator), ids, attention_mask.bool(), 3)
+    # a target whose argmax often equals the drafter's, so chains of every length occur
+    target_logits = torch.randn(2, 12, 40, generator=generator)
+    for j, h in enumerate(outputs):
+        guess = model.draft_ids_in_target()[model.logits(h).argmax(-1)]
+        keep = torch.rand(2, 12, generator=generator) < 0.7
+        target_logits.scatter_add_(-1, shift(guess, j + 1)[..., None], 20.0 * shift(keep, j + 1)[..., None].float())
+    stats = ttt_loss(model, outputs, target_logits, ids, loss_mask, attention_mask)
+    summary = stats.summary("x")
+    loss, sim_tau = reference_loss(model, outputs, target_logits, ids, loss_mask, attention_mask)
+    assert math.isclose(summary["x/loss"], loss, rel_tol=1e-5)
+    assert math.isclose(summary["x/sim_tau"], sim_tau, rel_tol=1e-6)
+    assert 1.3 < sim_tau < 3.5, sim_tau  # chains of several lengths were counted
+
+
+def shift(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x moved n indices to the right (what the target holds at t + n for index t), zero-filled."""
+    out = torch.zeros_like(x)
+    out[:, n:] = x[:, :-n]
+    return out
+
+
+# ----------------------------------------------------------------------------- the draft vocabulary
+
+
+def test_draft_vocabulary_keeps_the_most_frequent_tokens() -> None:
+    counts = {5: 10, 2: 10, 9: 3, 7: 1}
+    d2t, t2d = build_draft_vocab(counts, 12, 5)
+    kept = torch.arange(5) + d2t
+    assert kept.tolist() == [0, 2, 5, 7, 9]  # 2, 5 (ties by id), 9, 7, then unseen id 0; sorted by id
+    assert t2d.nonzero().flatten().tolist() == kept.tolist()
+    d2t, t2d = build_draft_vocab(counts, 12, 32000)  # capped at the target's vocabulary: identity
+    assert d2t.tolist() == [0] * 12 and bool(t2d.all())
+
+
+# ----------------------------------------------------------------------------- training
+
+FAST = ["experiment=eagle3_swa_tiny", "trainer.progress=false", "trainer.log_every=1", "data.num_eval=16", "data.max_length=192"]
+
+
+def test_training_learns_and_exports_windowed_layers(tmp_path: Path) -> None:
+    metrics = train(compose_train(FAST + ["trainer.max_steps=40", "trainer.eval_every=0", "trainer.export_formats=[]", f"output_dir={tmp_path}"]))
+    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [h["train/loss"] for h in history if "train/loss" in h]
+    assert len(losses) == 40
+    # soft CE against the target's distribution has the target's entropy as its floor: a smaller drop
+    assert sum(losses[-5:]) / 5 < 0.95 * sum(losses[:5]) / 5, losses
+    assert {"eval/loss", "eval/sim_tau", "eval/acc_step_0", "eval/acc_step_3"} <= set(metrics)
+    assert metrics["eval/sim_tau"] > 1.2
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["architectures"] == ["Eagle3DraftModel"]
+    assert config["layer_types"] == ["sliding_attention"] and config["sliding_window"] == 64
+    assert config["target_layer_ids"] == [1, 3, 4] and config["draft_vocab_size"] == 512 and config["ttt_length"] == 4
+    weights = load_file(tmp_path / "export" / "model.safetensors")
+    assert weights["lm_head.weight"].shape == (512, 128) and weights["t2d"].sum() == 512
+    assert weights["layers.0.self_attn.q_proj.weight"].shape[1] == 256  # [embedding ; hidden]
+
+
+def test_resume_reproduces_an_uninterrupted_run_bit_for_bit(tmp_path: Path) -> None:
+    common = FAST + ["trainer.max_steps=4", "trainer.batch_size=2", "trainer.grad_accum=2", "trainer.eval_every=0", "data.num_eval=0",
+                     "trainer.checkpoint_every=2", "trainer.export_formats=[]"]
+    train(compose_train(common + [f"output_dir={tmp_path / 'straight'}"]))
+    interrupted = train(compose_train(common + ["trainer.interrupt_after=2", f"output_dir={tmp_path / 'resumed'}"]))
+    assert interrupted["interrupted"] and interrupted["steps"] == 2
+    resumed = train(compose_train(common + [f"output_dir={tmp_path / 'resumed'}"]))
+    assert resumed["steps"] == 4
+    a = load_file(tmp_path / "straight" / "export" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "export" / "model.safetensors")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_gradient_accumulation_matches_a_larger_batch(tmp_path: Path) -> None:
+    common = FAST + ["trainer.max_steps=1", "trainer.eval_every=0", "data.num_eval=0", "trainer.warmup_ratio=0", "trainer.export_formats=[]"]
+    train(compose_train(common + ["trainer.batch_size=4", f"output_dir={tmp_path / 'big'}"]))
+    train(compose_train(common + ["trainer.batch_size=2", "trainer.grad_accum=2", f"output_dir={tmp_path / 'accum'}"]))
+    a = load_file(tmp_path / "big" / "export" / "model.safetensors")
+    b = load_file(tmp_path / "accum" / "export" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("drafter.ttt_length=0", "drafter.ttt_length=0"),
+    ("drafter.draft_vocab_size=1", "drafter.draft_vocab_size=1"),
+    ("drafter.target_layer_ids=[1,3,7]", r"drafter.target_layer_ids=\[1, 3, 7\]: ids must lie in 0..6"),
+])
+def test_start_up_errors(tmp_path: Path, override: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        train(compose_train(FAST + [override, f"output_dir={tmp_path}"]))
+    assert not (tmp_path / "run.json").exists()
