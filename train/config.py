@@ -27,6 +27,11 @@ class DrafterKind(str, Enum):
     eagle3 = "eagle3"
 
 
+# Engine formats per drafter kind (train/export.py): the defaults, and what each kind can write.
+EXPORT_FORMATS = {DrafterKind.dflash: ("dflash",), DrafterKind.eagle3: ("sglang", "speculators")}
+EXPORT_FORMATS_ALLOWED = {DrafterKind.dflash: ("dflash", "sglang", "speculators"), DrafterKind.eagle3: ("sglang", "speculators")}
+
+
 class Overflow(str, Enum):
     truncate = "truncate"  # keep the first max_length tokens
     drop = "drop"  # skip the conversation
@@ -186,7 +191,9 @@ class TrainerConfig:
     interrupt_after: Optional[int] = None  # stop after this step as a preemption would (tests resume)
     time_limit_minutes: Optional[float] = None  # checkpoint and stop once this much wall time has passed (job limits)
     export: bool = True  # write output_dir/export at the end
-    export_formats: List[str] = field(default_factory=lambda: ["dflash"])  # also output_dir/export_<format> (train/export.py)
+    # Also output_dir/export_<format> (train/export.py). DFlash: dflash, sglang, speculators; EAGLE-3:
+    # sglang, speculators. null = the drafter's defaults (EXPORT_FORMATS: DFlash [dflash], EAGLE-3 [sglang, speculators]).
+    export_formats: Optional[List[str]] = None
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -205,7 +212,7 @@ class TrainerConfig:
             raise ValueError(f"trainer.lr={self.lr}; expected > 0")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"trainer.precision={self.precision!r}; expected auto, bf16 or fp32")
-        for fmt in self.export_formats:
+        for fmt in self.export_formats or []:
             if fmt not in ("dflash", "sglang", "speculators"):
                 raise ValueError(f"trainer.export_formats: {fmt!r} is not one of dflash, sglang, speculators")
         if self.attention_backend not in ("auto", "sdpa", "flex"):
@@ -232,6 +239,17 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     output_dir: str = MISSING
+
+    def __post_init__(self) -> None:
+        kind = self.drafter.kind
+        if not isinstance(kind, DrafterKind):  # ConfigStore's default instance: kind not chosen yet
+            return
+        if self.trainer.export_formats is None:
+            self.trainer.export_formats = list(EXPORT_FORMATS[kind])
+        refused = [f for f in self.trainer.export_formats if f not in EXPORT_FORMATS_ALLOWED[kind]]
+        if refused:
+            raise ValueError(f"trainer.export_formats: {refused[0]!r} is a DFlash layout; drafter.kind={kind.value} exports as "
+                             f"{' or '.join(EXPORT_FORMATS_ALLOWED[kind])}")
 
 
 def register_configs() -> None:

@@ -3,9 +3,22 @@
 Target layer ids. Ours: id i = output of target decoder layer i = HF ``hidden_states[i + 1]``.
   - z-lab DFlash (``dflash_config.target_layer_ids``) and SGLang's DFlash loader: same numbers
     (z-lab ``extract_context_feature`` reads ``hidden_states[layer_id + 1]``).
-  - vLLM speculators (``aux_hidden_state_layer_ids``), SGLang / vLLM EAGLE-3
-    (``eagle_aux_hidden_state_layer_ids``): the layer whose *input* is captured, i.e. ours + 1
-    (speculators' own DFlash converter adds 1 to z-lab's ids).
+  - vLLM speculators DFlash (``aux_hidden_state_layer_ids``): the layer whose *input* is
+    captured, i.e. ours + 1 (speculators' own DFlash converter adds 1 to z-lab's ids).
+  - vLLM EAGLE-3 and the speculators Eagle3 format (``eagle_aux_hidden_state_layer_ids``): ours + 1.
+    vLLM v1 ``gpu_model_runner._get_eagle3_aux_layers_from_config`` passes the ids unchanged to
+    ``set_aux_hidden_state_layers``, and ``models/llama.py`` ``LlamaModel.forward`` appends
+    ``hidden_states + residual`` at the top of the loop for ``idx in aux_hidden_state_layers``,
+    i.e. the *input* of layer idx (= HF ``hidden_states[idx]``). speculators passes the ids through
+    unchanged (convert/eagle/eagle3_converter.py) and accepts id ``num_layers`` as "the final
+    hidden state" (models/utils.py ``resolve_target_layer_ids``): the same input-of-layer meaning.
+  - SGLang EAGLE-3 (``eagle_config.eagle_aux_hidden_state_layer_ids`` of a
+    ``LlamaForCausalLMEagle3`` draft): ours, unchanged. ``python/sglang/srt/models/llama.py``
+    ``set_eagle3_layers_to_capture`` sets ``layers_to_capture = [val + 1 for val in layer_ids]``
+    ("for the ith layer, it takes the output of the (i-1)th layer") and ``LlamaModel.forward``
+    appends ``hidden_states + residual`` *before* running layer i: config id c -> input of layer
+    c + 1 = output of layer c = our id c. (Both engines' defaults, capture points 2, n//2, n-3,
+    are our ids 1, n//2 - 1, n - 4: train/target.py::default_layer_ids.)
 
 Windows. Ours (= Hugging Face ``sliding_window``): W keys visible, the query itself included.
   - z-lab DFlash and SGLang / vLLM read ``sliding_window`` from config.json with the same meaning
@@ -19,7 +32,9 @@ LAYER_ID_OFFSET = {
     "ours": 0,
     "dflash": 0,  # z-lab reference loader and SGLang DFLASH
     "speculators": 1,  # vLLM speculators format
-    "eagle3": 1,  # SGLang / vLLM EAGLE-3 aux hidden states
+    # EAGLE-3 differs per engine (see the module docstring for the code read):
+    "eagle3_sglang": 0,  # SGLang LlamaForCausalLMEagle3: set_eagle3_layers_to_capture adds the +1 itself
+    "eagle3_vllm": 1,  # vLLM Eagle3LlamaForCausalLM and the speculators Eagle3 format: captured at a layer's input
 }
 
 
@@ -38,4 +53,31 @@ def sglang_dflash_command(target: str, draft: str) -> str:
 
 def vllm_dflash_command(target: str, draft: str, block_size: int) -> str:
     spec = '{"method": "dflash", "model": "%s", "num_speculative_tokens": %d}' % (draft, block_size - 1)
+    return f"vllm serve {target} --speculative-config '{spec}'"
+
+
+# --- EAGLE-3 -----------------------------------------------------------------------------------
+#
+# SGLang's draft window: ``--speculative-draft-window-size N`` is in SGLang's current source
+# (python/sglang/srt/arg_groups/fields/spec.py, ``speculative_draft_window_size``: "Sliding window
+# size for the draft model. Honored by Llama EAGLE-3 (LlamaForCausalLMEagle3), DFLASH, ... For Llama
+# EAGLE-3, the drafter only attends to the most recent N keys"; validated in
+# arg_groups/speculative_hook.py). The older models/llama_eagle3.py we read builds plain
+# RadixAttention layers with no window, and no SGLang release reads ``sliding_window`` /
+# ``layer_types`` from an EAGLE-3 draft's config.json: the flag is the one way to ask, and it is a
+# single window for every draft layer (a drafter mixing sliding and full layers cannot be told so).
+# We pass our W (keys visible, the query included); SGLang's help says "the most recent N keys".
+
+
+def sglang_eagle3_command(target: str, draft: str, num_steps: int, sliding_window: int | None = None) -> str:
+    command = (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
+               f"--speculative-draft-model-path {draft} --speculative-num-steps {num_steps} "
+               f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {num_steps + 1}")
+    if sliding_window is not None:
+        command += f" --speculative-draft-window-size {sliding_window}"
+    return command
+
+
+def vllm_eagle3_command(target: str, draft: str, num_steps: int) -> str:
+    spec = '{"method": "eagle3", "model": "%s", "num_speculative_tokens": %d}' % (draft, num_steps)
     return f"vllm serve {target} --speculative-config '{spec}'"

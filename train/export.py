@@ -1,6 +1,6 @@
 """Export a trained drafter for a serving engine.
 
-    python -m train.export SOURCE OUTPUT [--format dflash|sglang] [--target PATH] [--dtype bfloat16]
+    python -m train.export SOURCE OUTPUT [--format dflash|sglang|speculators] [--target PATH] [--dtype bfloat16]
 
 SOURCE is a run folder (``output_dir`` of ``python -m train``: its ``export/``, else its newest
 checkpoint), an export folder (``config.json`` + ``model.safetensors``) or a checkpoint folder
@@ -17,6 +17,12 @@ checkpoint), an export folder (``config.json`` + ``model.safetensors``) or a che
   the legacy ``rope_theta`` / ``rope_scaling``; weights ``fc``, ``hidden_norm``, ``layers.*``,
   ``norm`` (no embedding, no LM head: the target's are used).
 
+EAGLE-3 drafters (config.json ``architectures: [Eagle3DraftModel]``, train/models/eagle3.py) export
+as ``sglang`` (SGLang's ``LlamaForCausalLMEagle3`` layout: ``midlayer.*`` / ``additional_layers.*``,
+``eagle_config.eagle_aux_hidden_state_layer_ids`` = our ids) or ``speculators`` (vLLM speculators'
+Eagle3 layout: ``layers.*``, ``eagle_aux_hidden_state_layer_ids`` = our ids + 1); ``dflash`` is
+refused. See ``export_eagle3`` and train/engines.py for the conventions and the code they come from.
+
 The gate: every tensor the architecture needs must be present with its shape (else a one-line
 error naming it, and nothing is written); the export is built in a temporary folder, reloaded with
 our own loader and compared with the in-memory drafter (max |Δ logits| is printed), then renamed.
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,8 @@ FORMATS = ("dflash", "sglang", "speculators")
 # speculators' DFlash model carries the verifier's embedding, LM head and final norm too.
 SPECULATORS_VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
 WEIGHTS = "model.safetensors"
+EAGLE3_ARCH = "Eagle3DraftModel"
+EAGLE3_FORMATS = ("sglang", "speculators")
 
 
 class ExportError(ValueError):
@@ -77,15 +86,23 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
     return config, load_file(source / WEIGHTS), run_record
 
 
-def build_model(config_dict: dict[str, Any]) -> DFlashDraftModel:
-    from transformers import Qwen3Config
+def is_eagle3(config_dict: dict[str, Any]) -> bool:
+    return config_dict.get("architectures") == [EAGLE3_ARCH]
 
+
+def build_model(config_dict: dict[str, Any]) -> torch.nn.Module:
+    from transformers import LlamaConfig, Qwen3Config
+
+    if is_eagle3(config_dict):
+        from .models.eagle3 import Eagle3DraftModel
+
+        return Eagle3DraftModel(LlamaConfig.from_dict(config_dict))
     if config_dict.get("architectures") != ["DFlashDraftModel"] or "dflash_config" not in config_dict:
-        raise ExportError(f"config.json: architectures={config_dict.get('architectures')}; only DFlash drafters export yet")
+        raise ExportError(f"config.json: architectures={config_dict.get('architectures')}; expected DFlashDraftModel or Eagle3DraftModel")
     return DFlashDraftModel(Qwen3Config.from_dict(config_dict))
 
 
-def check_weights(model: DFlashDraftModel, weights: dict[str, torch.Tensor], where: str) -> None:
+def check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
     """Refuse missing, unexpected or mis-shaped tensors, naming the first of each."""
     expected = {k: v.shape for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(weights))
@@ -165,16 +182,20 @@ def draft_logits(model: DFlashDraftModel, features: torch.Tensor, block_ids: tor
     return head(hidden.to(head.weight.dtype)).float()
 
 
-def export(source: Path, output: Path, fmt: str = "dflash", target: str | None = None, dtype: str = "bfloat16",
+def export(source: Path, output: Path, fmt: str | None = "dflash", target: str | None = None, dtype: str = "bfloat16",
            target_model: Any = None) -> dict[str, Any]:
     """Validate, write ``fmt`` to ``output`` atomically, reload and compare; returns a report.
 
     ``target_model`` (a loaded ``TargetModel``, e.g. the trainer's) saves loading the target again;
     the comparison then runs on its device.
     """
-    if fmt not in FORMATS:
+    if fmt is not None and fmt not in FORMATS:
         raise ExportError(f"--format {fmt!r}; expected one of {FORMATS}")
     config, weights, run_record = load_source(source)
+    if fmt is None:  # the CLI without --format: each drafter's first format
+        fmt = EAGLE3_FORMATS[0] if is_eagle3(config) else "dflash"
+    if is_eagle3(config):
+        return export_eagle3(config, weights, run_record, Path(source), Path(output), fmt, target, dtype, target_model)
     model = build_model(config)
     check_weights(model, weights, str(source))
     model.load_state_dict(weights)
@@ -247,11 +268,248 @@ def export(source: Path, output: Path, fmt: str = "dflash", target: str | None =
     return report
 
 
+# ----------------------------------------------------------------------------- EAGLE-3
+
+# SGLang's LlamaForCausalLMEagle3 parameter names (python/sglang/srt/models/llama_eagle3.py): layer 0
+# is ``midlayer`` (2H-input q/k/v, ``input_layernorm`` on the embedding, ``hidden_norm`` on the
+# hidden state), layers i >= 1 are ``additional_layers.{i-1}`` (BasicDecoderLayer: ``hidden_norm``
+# is the pre-attention norm, ``input_layernorm = None``). Its loader maps q/k/v and gate/up onto
+# fused parameters, prefixes ``model.`` where needed and silently skips any name it does not know,
+# so this list is checked here, not left to the engine.
+_SGLANG_LAYER_0 = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                   "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                   "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight")
+_SGLANG_LAYER_N = tuple(n for n in _SGLANG_LAYER_0 if n != "input_layernorm.weight")
+_SGLANG_TOP = ("fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight", "d2t", "t2d")
+EAGLE3_COMPARE_STEPS = 3
+EAGLE3_COMPARE_LEN = 40
+
+
+def sglang_eagle3_names(num_layers: int) -> set[str]:
+    names = set(_SGLANG_TOP) | {f"midlayer.{n}" for n in _SGLANG_LAYER_0}
+    return names | {f"additional_layers.{i - 1}.{n}" for i in range(1, num_layers) for n in _SGLANG_LAYER_N}
+
+
+def to_sglang_name(name: str) -> str:
+    """Our (= speculators') weight name -> SGLang's."""
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
+    if m is None:
+        return name
+    i, rest = int(m[1]), m[2]
+    if i == 0:
+        return f"midlayer.{rest}"
+    return f"additional_layers.{i - 1}.{'hidden_norm.weight' if rest == 'input_layernorm.weight' else rest}"
+
+
+def from_sglang_name(name: str) -> str:
+    if name.startswith("midlayer."):
+        return "layers.0." + name[len("midlayer."):]
+    m = re.fullmatch(r"additional_layers\.(\d+)\.(.+)", name)
+    if m is None:
+        return name
+    rest = "input_layernorm.weight" if m[2] == "hidden_norm.weight" else m[2]
+    return f"layers.{int(m[1]) + 1}.{rest}"
+
+
+def _legacy_rope(out: dict[str, Any]) -> None:
+    rope = out.get("rope_parameters") or {}
+    out["rope_theta"] = rope.get("rope_theta", out.get("rope_theta"))
+    out["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else dict(rope)
+
+
+def _window(config: dict[str, Any]) -> int | None:
+    return config.get("sliding_window") if "sliding_attention" in (config.get("layer_types") or []) else None
+
+
+def eagle3_sglang_refusal(config: dict[str, Any]) -> str | None:
+    """Why SGLang's LlamaForCausalLMEagle3 cannot run this drafter as trained, or None."""
+    for flag in ("fc_norm", "norm_output", "norm_before_residual"):
+        if config.get(flag):
+            return (f"--format sglang: the drafter has {flag}=true (EAGLE-3.1), which SGLang's LlamaForCausalLMEagle3 "
+                    f"does not implement (models/llama_eagle3.py); export --format speculators instead")
+    ids = config["target_layer_ids"]
+    if len(ids) != 3:
+        return (f"--format sglang: the drafter reads {len(ids)} target layers; SGLang's LlamaForCausalLMEagle3 "
+                f"fc takes exactly 3 (Linear(3 * target_hidden_size, hidden_size))")
+    return None
+
+
+def eagle3_sglang_config_json(config: dict[str, Any]) -> dict[str, Any]:
+    """Our config -> SGLang's LlamaForCausalLMEagle3 config.json (a LlamaConfig plus EAGLE-3 keys)."""
+    out = {k: v for k, v in config.items() if k not in ("target_layer_ids", "auto_map")}
+    out["architectures"] = ["LlamaForCausalLMEagle3"]
+    out["model_type"] = "llama"
+    out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": engines.engine_layer_ids(config["target_layer_ids"], "eagle3_sglang"),
+                           "use_aux_hidden_state": True}
+    out["sliding_window"] = _window(config)
+    out["tie_word_embeddings"] = False  # SGLang ties lm_head to embed_tokens otherwise
+    _legacy_rope(out)
+    return out
+
+
+def eagle3_from_sglang_config(out: dict[str, Any]) -> dict[str, Any]:
+    """The inverse: an exported SGLang config.json -> our config (what the reload check builds from)."""
+    config = {k: v for k, v in out.items() if k not in ("eagle_config", "rope_theta", "rope_scaling", "torch_dtype")}
+    config["architectures"] = [EAGLE3_ARCH]
+    config["target_layer_ids"] = [i - engines.LAYER_ID_OFFSET["eagle3_sglang"] for i in out["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+    return config
+
+
+_EAGLE3_KEYS = ("draft_vocab_size", "target_hidden_size", "target_layer_ids", "fc_norm", "norm_output", "norm_before_residual", "ttt_length")
+
+
+def eagle3_speculators_config_json(config: dict[str, Any], verifier_name: str, verifier_architectures: list[str], num_steps: int) -> dict[str, Any]:
+    """Our config -> vLLM speculators' Eagle3 config.json (``Eagle3SpeculatorConfig`` schema)."""
+    layer = {k: v for k, v in config.items() if k not in _EAGLE3_KEYS + ("architectures", "auto_map", "dtype", "torch_dtype")}
+    layer["model_type"] = "llama"  # speculators picks its Llama Eagle3 layers from this
+    layer["sliding_window"] = _window(config)
+    layer["tie_word_embeddings"] = False
+    _legacy_rope(layer)
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": config["draft_vocab_size"],
+        # vLLM's speculators adapter defaults a missing norm_before_residual to True: always write it.
+        "norm_before_residual": bool(config.get("norm_before_residual", False)),
+        "norm_before_fc": False,
+        "fc_norm": bool(config.get("fc_norm", False)),
+        "norm_output": bool(config.get("norm_output", False)),
+        "embed_requires_grad": False,
+        "target_hidden_size": config.get("target_hidden_size") or config["hidden_size"],
+        "eagle_aux_hidden_state_layer_ids": engines.engine_layer_ids(config["target_layer_ids"], "eagle3_vllm"),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_steps}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier_name, "architectures": verifier_architectures},
+        },
+    }
+
+
+def eagle3_from_speculators_config(out: dict[str, Any]) -> dict[str, Any]:
+    config = {k: v for k, v in out["transformer_layer_config"].items() if k not in ("rope_theta", "rope_scaling")}
+    config["architectures"] = [EAGLE3_ARCH]
+    for key in ("draft_vocab_size", "target_hidden_size", "fc_norm", "norm_output", "norm_before_residual"):
+        config[key] = out[key]
+    config["target_layer_ids"] = [i - engines.LAYER_ID_OFFSET["eagle3_vllm"] for i in out["eagle_aux_hidden_state_layer_ids"]]
+    config["ttt_length"] = out["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    return config
+
+
+def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
+    """d2t and t2d must name the same target ids (engines read one or the other: SGLang d2t, speculators t2d)."""
+    kept = t2d.nonzero().flatten()
+    if kept.numel() != d2t.numel():
+        raise ExportError(f"{where}: t2d marks {kept.numel()} target ids, expected draft_vocab_size={d2t.numel()} (draft vocabulary never built?)")
+    if not torch.equal(torch.arange(d2t.numel()) + d2t.cpu(), kept.cpu()):
+        raise ExportError(f"{where}: d2t and t2d disagree on the draft vocabulary")
+
+
+@torch.no_grad()
+def eagle3_logits(model: torch.nn.Module, features: torch.Tensor, input_ids: torch.Tensor, steps: int = EAGLE3_COMPARE_STEPS) -> torch.Tensor:
+    """``steps`` TTT drafting steps over every index (train/eagle3_objective.py ``unroll``) -> [S, B, T, Vd] logits."""
+    from .eagle3_objective import unroll
+
+    dtype = next(model.parameters()).dtype
+    ctx_valid = torch.ones(input_ids.shape, dtype=torch.bool, device=input_ids.device)
+    outputs = unroll(model, features.to(dtype), input_ids, ctx_valid, steps, backend="sdpa")
+    return torch.stack([model.logits(h) for h in outputs]).float()
+
+
+def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_record: dict[str, Any] | None, source: Path,
+                  output: Path, fmt: str, target: str | None, dtype: str, target_model: Any = None) -> dict[str, Any]:
+    """``export`` for an EAGLE-3 drafter: same gate, temp folder, reload and logits comparison."""
+    if fmt not in EAGLE3_FORMATS:
+        raise ExportError(f"--format {fmt}: {source} is an EAGLE-3 drafter; its formats are {' and '.join(EAGLE3_FORMATS)} "
+                          f"(dflash is the DFlash layout)")
+    if fmt == "sglang" and (why := eagle3_sglang_refusal(config)):
+        raise ExportError(why)
+    model = build_model(config)
+    check_weights(model, weights, str(source))
+    check_draft_vocab(weights["d2t"], weights["t2d"], str(source))
+    model.load_state_dict(weights)
+    model.eval()
+    torch_dtype = getattr(torch, dtype)
+
+    target_path = target or (run_record or {}).get("target", {}).get("resolved_path")
+    recorded = (run_record or {}).get("target", {}).get("path")
+    serve_target = target or (recorded if recorded and not recorded.startswith("builtin:") else target_path) or "TARGET"
+    num_steps = int(config.get("ttt_length") or 7)
+    window = _window(config)
+
+    device = target_model.embed_tokens.weight.device if target_model is not None else torch.device("cpu")
+    model.to(device)
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(1, EAGLE3_COMPARE_LEN, model.fc.in_features, generator=generator).to(device)
+    input_ids = torch.randint(0, config["vocab_size"], (1, EAGLE3_COMPARE_LEN), generator=generator).to(device)
+    reference = eagle3_logits(model, features, input_ids)
+
+    notes: list[str] = []
+    if fmt == "sglang":
+        out_config = eagle3_sglang_config_json(config)
+        rename, unrename, reload_config = to_sglang_name, from_sglang_name, eagle3_from_sglang_config
+        layer_ids = out_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        commands = {"sglang": engines.sglang_eagle3_command(serve_target, str(output), num_steps, window)}
+        if window is not None and "full_attention" in config["layer_types"]:
+            notes.append("SGLang's --speculative-draft-window-size windows every draft layer; this drafter's "
+                         f"layer_types {config['layer_types']} keep full layers too, which SGLang cannot express")
+        if config["num_hidden_layers"] > 1:
+            notes.append("SGLang's additional_layers (BasicDecoderLayer in models/llama_eagle3.py as read) restart the "
+                         "residual from the previous layer's MLP output; check its multi-layer outputs against ours before serving")
+    else:
+        if target_model is not None:
+            verifier_architectures = list(getattr(target_model.config, "architectures", None) or [])
+        elif target_path is not None:
+            from transformers import AutoConfig
+
+            verifier_architectures = list(AutoConfig.from_pretrained(target_path).architectures or [])
+        else:
+            raise ExportError("--format speculators needs the target (--target PATH): speculators_config names the verifier")
+        out_config = eagle3_speculators_config_json(config, serve_target, verifier_architectures, num_steps)
+        rename = unrename = lambda name: name  # noqa: E731 - our names are speculators' names
+        reload_config = eagle3_from_speculators_config
+        layer_ids = out_config["eagle_aux_hidden_state_layer_ids"]
+        commands = {"vllm": engines.vllm_eagle3_command(serve_target, str(output), num_steps)}
+        if len(config["target_layer_ids"]) != 3:
+            notes.append(f"vLLM's Eagle3LlamaForCausalLM fc takes 3 target layers; this drafter reads {len(config['target_layer_ids'])}")
+    out_config["dtype"] = dtype
+
+    tensors = {rename(k): (v.to("cpu", torch_dtype) if v.is_floating_point() else v.to("cpu")).contiguous()
+               for k, v in model.state_dict().items()}
+    with atomic_dir(output) as tmp:
+        (tmp / "config.json").write_text(json.dumps(out_config, indent=2))
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        # Reload from the written files only: config.json back to ours, names back to ours.
+        written = load_file(tmp / WEIGHTS)
+        if fmt == "sglang":
+            expected = sglang_eagle3_names(config["num_hidden_layers"])
+            if set(written) != expected:
+                odd = sorted(set(written) ^ expected)
+                raise ExportError(f"{tmp}: tensor {odd[0]!r} does not match SGLang's LlamaForCausalLMEagle3 parameters")
+        reloaded = build_model(reload_config(json.loads((tmp / "config.json").read_text())))
+        ours = {unrename(k): v for k, v in written.items()}
+        check_weights(reloaded, ours, str(tmp))
+        reloaded.load_state_dict(ours)
+        reloaded.to(torch_dtype).eval().to(device)
+        max_diff = float((eagle3_logits(reloaded, features, input_ids) - reference).abs().max())
+        limit = 1e-4 if torch_dtype == torch.float32 else 0.5
+        if not max_diff <= limit:
+            raise ExportError(f"{output}: reloaded export differs from the drafter by {max_diff:.3g} in logits (limit {limit})")
+
+    report = {
+        "format": fmt, "output": str(output), "dtype": dtype, "max_abs_logit_diff": max_diff, "target_layer_ids": layer_ids,
+        "layer_types": list(config["layer_types"]), "sliding_window": window, "commands": commands, "notes": notes,
+    }
+    log.info("exported %s (EAGLE-3, %s, %s): reload max |Δ logits| = %.3g", output, fmt, dtype, max_diff)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", type=Path)
     parser.add_argument("output", type=Path)
-    parser.add_argument("--format", default="dflash", choices=FORMATS)
+    parser.add_argument("--format", default=None, choices=FORMATS, help="default: dflash for DFlash drafters, sglang for EAGLE-3")
     parser.add_argument("--target", help="target model folder or hub id (default: the one the run recorded)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     args = parser.parse_args(argv)
@@ -266,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     print("serve with:")
     for engine, command in report["commands"].items():
         print(f"  [{engine}] {command}")
+    for note in report.get("notes", []):
+        print(f"note: {note}")
     return 0
 
 
