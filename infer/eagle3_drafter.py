@@ -90,7 +90,8 @@ class Eagle3Drafter:
             replacing it in every sliding layer.
         steps: chain length k (tree: depth); default the drafter's ``ttt_length``.
         tree_topk, tree_tokens: EAGLE-2 dynamic tree (greedy only): expand the top-k children of the
-            top-k nodes per depth, verify the best ``tree_tokens`` nodes by cumulative log-prob.
+            top-k nodes per depth, verify the best ``tree_tokens`` nodes by cumulative log-prob
+            (either given turns trees on; the other defaults to 8 / min(64, all candidates)).
         extend_chunk: most indices one step-0 pass runs (bounds memory on long prefills).
         keep_slack: extra indices a sliding layer's buffer holds before it compacts.
     """
@@ -104,8 +105,10 @@ class Eagle3Drafter:
         if not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"draft steps={steps!r}; expected a positive int")
         self.tree = tree_topk is not None or tree_tokens is not None
-        self.tree_topk = tree_topk if tree_topk is not None else 8
-        self.tree_tokens = tree_tokens if tree_tokens is not None else 64
+        # defaults (one option given): top-8, 64 nodes, or every candidate when the tree is smaller
+        self.tree_topk = tree_topk if tree_topk is not None else min(8, model.config.draft_vocab_size)
+        pool = self.tree_topk + (self.steps - 1) * self.tree_topk ** 2 if isinstance(self.tree_topk, int) else 0
+        self.tree_tokens = tree_tokens if tree_tokens is not None else min(64, pool)
         if self.tree:
             check_tree(self.tree_topk, self.tree_tokens, self.steps, model.config.draft_vocab_size)
         if extend_chunk < 1:
