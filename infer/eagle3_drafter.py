@@ -53,13 +53,15 @@ class DraftTree:
     parents: torch.Tensor  # [N] parent row in [root, nodes...] (0 = root)
     depths: torch.Tensor  # [N] 1 .. depth
 
-    def mask(self) -> torch.Tensor:
-        """[N+1, N+1] bool: row i sees its ancestors and itself (tree attention for verification)."""
+    def mask(self, depth: int | None = None) -> torch.Tensor:
+        """[N+1, N+1] bool: row i sees its ancestors and itself (tree attention for verification).
+
+        depth: an upper bound on the node depths (the drafter's steps: no host sync); default their max."""
         n = self.tokens.shape[0] + 1
         parent = torch.cat([self.parents.new_zeros(1), self.parents])  # the root is its own parent
         visible = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
         rows, cur = torch.arange(n, device=self.tokens.device), torch.arange(n, device=self.tokens.device)
-        for _ in range(int(self.depths.max()) if n > 1 else 0):
+        for _ in range((depth if depth is not None else int(self.depths.max())) if n > 1 else 0):
             cur = parent[cur]
             visible[rows, cur] = True
         return visible

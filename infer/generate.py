@@ -198,7 +198,7 @@ def tree_step(target: CachedTarget, drafter: Eagle3Drafter, token: torch.Tensor,
     timer.mark("draft")
     ids = torch.cat([token[None], tree.tokens])  # [N+1], row 0 = the root
     positions = pos + torch.cat([tree.depths.new_zeros(1), tree.depths])
-    logits, features = target.forward(ids, pos, positions=positions, mask=tree.mask())
+    logits, features = target.forward(ids, pos, positions=positions, mask=tree.mask(drafter.steps))
     timer.mark("verify")
     n = tree.tokens.shape[0]
     values = torch.cat([logits.argmax(-1), tree.tokens, tree.parents]).tolist()  # host sync
