@@ -21,7 +21,6 @@ from pathlib import Path
 from eval.prompt_sets import mt_bench, prompts_file
 from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
 from eval.runner import run_conversations, summarize
-from infer.drafter import DFlashDrafter
 from infer.loading import eos_ids, load_models, parse_window, set_threads
 from infer.sampling import SamplingConfig
 from train.atomic import atomic_open
@@ -113,7 +112,7 @@ def main(argv=None) -> int:
     print(f"target {source['target']} | drafter {source['drafter']} | {len(conversations)} prompts -> {out}", file=sys.stderr)
 
     def run_cell(window, prefill: int, baseline: bool):
-        cell_drafter = DFlashDrafter(drafter.model, target.embed_tokens, target.lm_head, window=window, attention_backend=args.backend)
+        cell_drafter = drafter.with_window(window)  # DFlash or EAGLE-3, same kind and settings
         label = "none" if window is None else ("trained" if window == "trained" else str(window))
         records = run_conversations(target, cell_drafter, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
                                     max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=baseline,

@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from eval.prompt_sets import Conversation
 from infer.drafter import DFlashDrafter
+from infer.eagle3_drafter import Eagle3Drafter
 from infer.generate import generate
 from infer.prompts import chat_ids, first_turn_content
 from infer.sampling import SamplingConfig
@@ -22,7 +23,7 @@ def max_positions(target: CachedTarget) -> int:
     return int(getattr(target.model.config.get_text_config(), "max_position_embeddings", 1 << 30))
 
 
-def run_conversations(target: CachedTarget, drafter: DFlashDrafter | None, tokenizer, conversations: list[Conversation], *,
+def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, tokenizer, conversations: list[Conversation], *,
                       prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, baseline: bool,
                       desc: str = "eval") -> list[dict]:
     """One record per (conversation, turn) with the tokens, the accepted counts and the timings."""

@@ -3,6 +3,7 @@
 Examples:
     python -m infer --target ../shared/targets/qwen3-27m-sharegpt --drafter outputs/run/export --question 81 --prefill-tokens 8192
     python -m infer --target builtin:tiny-qwen3 --drafter outputs/tiny/export --prompt "Hello" --baseline --window none
+    python -m infer --target ../shared/targets/qwen3-27m-sharegpt --drafter outputs/e3/export --question 81 --tree-topk 8 --tree-tokens 48
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from infer.sampling import SamplingConfig
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m infer", description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, help="HF causal LM folder or id, or builtin:tiny-qwen3 / builtin:tiny-llama3")
-    p.add_argument("--drafter", help="exported DFlash drafter folder; leave out for plain autoregressive decoding")
+    p.add_argument("--drafter", help="exported DFlash or EAGLE-3 drafter folder; leave out for plain autoregressive decoding")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the user message")
     src.add_argument("--question", type=int, help="an MT-Bench question_id (first turn), from the bundled copy")
@@ -31,6 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--window", default="trained", help="drafter window at inference: trained | none | W")
+    p.add_argument("--draft-steps", type=int, help="EAGLE-3: chain length (tree depth); default the drafter's ttt_length")
+    p.add_argument("--tree-topk", type=int, help="EAGLE-3: dynamic tree drafting, top-k children per node and nodes per depth (greedy only)")
+    p.add_argument("--tree-tokens", type=int, help="EAGLE-3: dynamic tree drafting, nodes verified per step")
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
@@ -56,7 +60,8 @@ def main(argv=None) -> int:
     try:
         window = parse_window(args.window)
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        target, drafter, tokenizer = load_models(args.target, args.drafter, args.device, args.dtype, window, args.backend)
+        target, drafter, tokenizer = load_models(args.target, args.drafter, args.device, args.dtype, window, args.backend,
+                                                 draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens)
         if args.question is not None:
             by_id = {q["question_id"]: q for q in mt_bench_questions()}
             if args.question not in by_id:
@@ -65,11 +70,11 @@ def main(argv=None) -> int:
         else:
             text = args.prompt
         prompt = long_prompt_ids(tokenizer, text, args.prefill_tokens)
+        eos = eos_ids(tokenizer, target.model)
+        result = generate(target, drafter, prompt, args.max_new_tokens, sampling, eos)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    eos = eos_ids(tokenizer, target.model)
-    result = generate(target, drafter, prompt, args.max_new_tokens, sampling, eos)
     print(tokenizer.decode(result.tokens))
     print(stats_table("speculative" if drafter else "autoregressive", result), file=sys.stderr)
     report = {"speculative" if drafter else "autoregressive": result.stats.to_dict()}

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from infer.sampling import SamplingConfig, choose
 from kernels.attention import cached_attention
 from train.models.dflash import DFlashDraftModel, sliding_block_causal
 
@@ -136,7 +137,18 @@ class DFlashDrafter:
         self.rules = layer_attention(model, window)
         self.attention_backend = attention_backend
         self.keep_slack = keep_slack
+        self.window_arg = window
         self.caches: list[ContextKV] = []
+
+    tree = False  # drafting protocol of infer/generate.py: chains (blocks) only
+
+    @property
+    def verify_tokens(self) -> int:
+        return self.block_size
+
+    def with_window(self, window) -> "DFlashDrafter":
+        """The same drafter under another inference window."""
+        return DFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.attention_backend, self.keep_slack)
 
     @property
     def device(self) -> torch.device:
@@ -154,8 +166,8 @@ class DFlashDrafter:
             self.caches.append(ContextKV(cfg.num_key_value_heads, cfg.head_dim, capacity, keep, self.block_size, dtype, self.device))
 
     @torch.no_grad()
-    def append_context(self, features: torch.Tensor, start: int) -> None:
-        """Project target features at positions ``start .. start+n-1`` into every layer's cache."""
+    def append_context(self, features: torch.Tensor, start: int, token_ids: torch.Tensor | None = None) -> None:
+        """Project target features at positions ``start .. start+n-1`` into every layer's cache (DFlash ignores the tokens)."""
         # features: [n, k*H]
         assert all(c.end_pos == start for c in self.caches), "context positions must arrive in order"
         context = self.model.project_context(features.to(self.model.fc.weight.dtype))[None]  # [1, n, H]
@@ -195,3 +207,9 @@ class DFlashDrafter:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = self.model.norm(x)[0, 1:]  # slot 0 is the known token
         return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+
+    @torch.no_grad()
+    def draft(self, token: torch.Tensor, anchor: int, sampling: SamplingConfig,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft tokens [B-1] for ``anchor+1 ..`` and, when sampling, their distributions [B-1, V]."""
+        return choose(self.draft_logits(token, anchor), sampling, generator)

@@ -9,6 +9,17 @@ Caches need no rollback: the target's next forward starts at the first unaccepte
 overwrites it (``infer/target.py``), and the drafter's context only ever receives accepted positions.
 One host sync per step (marked), reading the accepted count and the new tokens together.
 
+EAGLE-3 (``infer/eagle3_drafter.py``): the same loop with a chain of k drafts (block size k + 1):
+the drafter runs step 0 over the newly accepted positions (index t = features of t + token t+1, so
+the last accepted position waits for the bonus token) and k - 1 chain steps, each fed the previous
+step's token and hidden state; chain keys are scratch, only accepted positions enter its context,
+re-extended with the target's true features. Speculative sampling is unchanged: the draft
+distributions are scattered from the draft vocabulary into the target's. With a dynamic tree
+(EAGLE-2: top-k expansion per depth, the best ``tree_tokens`` nodes by cumulative log-prob), all
+nodes are verified in one target forward under a tree mask at positions ``pos + depth``; the
+longest path that matches the target's argmax is accepted, its keys/values move to consecutive
+cache slots and its features go to the drafter. Trees are greedy only (temperature > 0 is refused).
+
 Batching (not done here): per-request positions and accepted counts differ, so batched steps need
 paged or per-row caches (FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper``), a ragged verify and
 per-row context appends; the drafting and the verification rule are already written per row.
@@ -22,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from infer.drafter import DFlashDrafter
+from infer.eagle3_drafter import Eagle3Drafter, accept_tree
 from infer.sampling import SamplingConfig, choose, verify
 from infer.target import CachedTarget
 
@@ -56,7 +68,7 @@ class PhaseTimer:
 class GenerationStats:
     prompt_tokens: int
     new_tokens: int
-    block_size: int  # 1 for the autoregressive baseline
+    block_size: int  # most tokens one step can produce (drafts + 1): 1 for the autoregressive baseline, depth + 1 for trees
     accepted_per_step: list[int] = field(default_factory=list)  # accepted drafts per verify step
     prefill_s: float = 0.0
     draft_s: float = 0.0  # drafter: context projection + block pass
@@ -94,7 +106,7 @@ class Generation:
 
 
 @torch.no_grad()
-def generate(target: CachedTarget, drafter: DFlashDrafter | None, prompt_ids, max_new_tokens: int = 256,
+def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, prompt_ids, max_new_tokens: int = 256,
              sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096) -> Generation:
     """Speculative decoding with ``drafter``, or plain autoregressive decoding when it is None.
 
@@ -113,10 +125,13 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | None, prompt_ids, ma
         raise ValueError(f"max_new_tokens={max_new_tokens}; expected >= 1")
     if drafter is not None and set(drafter.target_layer_ids) != set(target.feature_layer_ids):
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
+    if drafter is not None and drafter.tree and not sampling.greedy:
+        raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
     block = drafter.block_size if drafter is not None else 1
-    target.allocate(n + max_new_tokens + block)
+    verify_len = drafter.verify_tokens if drafter is not None else 1
+    target.allocate(n + max_new_tokens + verify_len)
     if drafter is not None:
-        drafter.reset(n + max_new_tokens + block)
+        drafter.reset(n + max_new_tokens + verify_len)
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
     eos = set(int(t) for t in eos_token_ids)
     stats = GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block)
@@ -126,7 +141,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | None, prompt_ids, ma
     for start in range(0, n, prefill_chunk):
         logits, features = target.forward(prompt[start:start + prefill_chunk], start, last_logits_only=True)
         if drafter is not None:
-            drafter.append_context(features, start)
+            drafter.append_context(features, start, prompt[start:start + prefill_chunk])
     token = choose(logits, sampling, generator)[0][0]  # [] the first new token, at position n
     timer.mark("prefill")
     out = [int(token)]  # host sync (once, after prefill)
@@ -140,10 +155,14 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | None, prompt_ids, ma
             token = choose(logits, sampling, generator)[0][0]
             new = [int(token)]  # host sync
             stats.accepted_per_step.append(0)
+        elif drafter.tree:
+            new, token = tree_step(target, drafter, token, pos, timer)
+            stats.accepted_per_step.append(len(new) - 1)
         else:
-            draft_tokens, draft_probs = choose(drafter.draft_logits(token, pos), sampling, generator)
+            draft_tokens, draft_probs = drafter.draft(token, pos, sampling, generator)
             timer.mark("draft")
-            logits, features = target.forward(torch.cat([token[None], draft_tokens]), pos)
+            block_ids = torch.cat([token[None], draft_tokens])
+            logits, features = target.forward(block_ids, pos)
             timer.mark("verify")
             num_accepted, token = verify(draft_tokens, draft_probs, logits, sampling, generator)
             values = torch.cat([num_accepted[None], draft_tokens, token[None]]).tolist()  # host sync
@@ -151,7 +170,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | None, prompt_ids, ma
             new = values[1:1 + accepted] + [values[-1]]
             stats.accepted_per_step.append(accepted)
             timer.mark("other")
-            drafter.append_context(features[:accepted + 1], pos)
+            drafter.append_context(features[:accepted + 1], pos, block_ids[:accepted + 1])
             timer.mark("draft")
         pos += len(new)
         out.extend(new)
@@ -168,3 +187,26 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | None, prompt_ids, ma
     stats.draft_s, stats.verify_s, stats.other_s = (totals.get(k, 0.0) for k in ("draft", "verify", "other"))
     stats.decode_s = stats.draft_s + stats.verify_s + stats.other_s
     return Generation(tokens=out, stats=stats)
+
+
+def tree_step(target: CachedTarget, drafter: Eagle3Drafter, token: torch.Tensor, pos: int, timer: PhaseTimer) -> tuple[list[int], torch.Tensor]:
+    """Draft a tree after ``token`` (at ``pos``), verify it in one forward, commit the accepted path.
+
+    Returns the new tokens (accepted path + bonus) and the bonus token [] on the device.
+    """
+    tree = drafter.draft_tree(token, pos)
+    timer.mark("draft")
+    ids = torch.cat([token[None], tree.tokens])  # [N+1], row 0 = the root
+    positions = pos + torch.cat([tree.depths.new_zeros(1), tree.depths])
+    logits, features = target.forward(ids, pos, positions=positions, mask=tree.mask(drafter.steps))
+    timer.mark("verify")
+    n = tree.tokens.shape[0]
+    values = torch.cat([logits.argmax(-1), tree.tokens, tree.parents]).tolist()  # host sync
+    path, bonus = accept_tree(values[n + 1:2 * n + 1], values[2 * n + 1:], values[:n + 1])
+    rows = torch.tensor([0] + path, device=ids.device)
+    if path:  # the path's keys/values (written at slots pos + row) move to pos + 1 .. pos + len(path)
+        target.move(rows[1:] + pos, pos + 1)
+    timer.mark("other")
+    drafter.append_context(features[rows], pos, ids[rows])
+    timer.mark("draft")
+    return [values[n + r] for r in path] + [bonus], torch.tensor(bonus, device=ids.device)

@@ -1,5 +1,7 @@
-"""Load a Hugging Face target and an exported DFlash drafter (``python -m train.export --format dflash``
-or a training run's ``export/``) for the inference loop, checking that they belong together."""
+"""Load a Hugging Face target and an exported drafter for the inference loop, checking that they belong
+together: a DFlash drafter (``python -m train.export --format dflash`` or a training run's ``export/``)
+or an EAGLE-3 drafter (our own layout, ``Eagle3DraftModel.save_pretrained``: config.json with
+``architectures == ["Eagle3DraftModel"]``)."""
 
 from __future__ import annotations
 
@@ -9,39 +11,69 @@ from pathlib import Path
 import torch
 
 from infer.drafter import DFlashDrafter
+from infer.eagle3_drafter import Eagle3Drafter
 from infer.target import CachedTarget
 from train.models.dflash import DFlashDraftModel
+from train.models.eagle3 import Eagle3DraftModel
 from train.target import TargetModel
 from train.tiny_target import resolve_target_path
+
+EAGLE3_ARCHITECTURES = ["Eagle3DraftModel"]
 
 
 def read_drafter_config(path: str | Path) -> dict:
     config_file = Path(path) / "config.json"
     if not config_file.exists():
-        raise ValueError(f"drafter {path}: no config.json there; expected an exported DFlash drafter folder")
+        raise ValueError(f"drafter {path}: no config.json there; expected an exported DFlash or EAGLE-3 drafter folder")
     try:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_file}: not valid JSON ({e.msg})") from None
+    if config.get("architectures") == EAGLE3_ARCHITECTURES:
+        if "target_layer_ids" not in config:
+            raise ValueError(f"{config_file}: an Eagle3DraftModel config without 'target_layer_ids'")
+        return config
     if "dflash_config" not in config:
-        raise ValueError(f"{config_file}: no 'dflash_config' field; expected a DFlash drafter (our 'dflash' export format)")
+        raise ValueError(f"{config_file}: no 'dflash_config' field and architectures {config.get('architectures')!r}; expected a DFlash "
+                         f"drafter (our 'dflash' export format) or an EAGLE-3 drafter (architectures {EAGLE3_ARCHITECTURES})")
     return config
 
 
+def is_eagle3(config: dict) -> bool:
+    return config.get("architectures") == EAGLE3_ARCHITECTURES
+
+
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
-                attention_backend: str = "sdpa") -> tuple[CachedTarget, DFlashDrafter | None, object]:
-    """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads."""
+                attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
+                tree_tokens: int | None = None) -> tuple[CachedTarget, DFlashDrafter | Eagle3Drafter | None, object]:
+    """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
+
+    draft_steps, tree_topk, tree_tokens: EAGLE-3 only (chain length / tree depth, tree drafting when
+    either tree option is given); refused for a DFlash drafter, whose block size is fixed by training.
+    """
     target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
     drafter = None
     layer_ids: list[int] = []
     if drafter_path is not None:
         config = read_drafter_config(drafter_path)
-        layer_ids = list(config["dflash_config"]["target_layer_ids"])
-        target.check_layer_ids(layer_ids, where=f"{drafter_path}/config.json dflash_config.target_layer_ids")
+        eagle3 = is_eagle3(config)
+        if not eagle3 and (draft_steps, tree_topk, tree_tokens) != (None, None, None):
+            raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps/--tree-topk/--tree-tokens are EAGLE-3 options")
+        layer_ids = list(config["target_layer_ids"] if eagle3 else config["dflash_config"]["target_layer_ids"])
+        where = "target_layer_ids" if eagle3 else "dflash_config.target_layer_ids"
+        target.check_layer_ids(layer_ids, where=f"{drafter_path}/config.json {where}")
         if config.get("hidden_size") != target.hidden_size:
             raise ValueError(f"{drafter_path}/config.json: hidden_size={config.get('hidden_size')}, the target's is {target.hidden_size}")
-        model = DFlashDraftModel.from_pretrained(drafter_path, dtype=target.model.dtype).to(target.device)
-        drafter = DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend)
+        if eagle3:
+            if config.get("vocab_size") != target.model.config.get_text_config().vocab_size:
+                raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
+                                 f"{target.model.config.get_text_config().vocab_size}")
+            model = Eagle3DraftModel.from_pretrained(drafter_path, dtype=target.model.dtype).to(target.device)
+            drafter = Eagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
+                                    attention_backend=attention_backend)
+        else:
+            model = DFlashDraftModel.from_pretrained(drafter_path, dtype=target.model.dtype).to(target.device)
+            drafter = DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend)
     cached = CachedTarget(target.model, layer_ids, attention_backend=attention_backend)
     return cached, drafter, target.tokenizer
 

@@ -92,13 +92,18 @@ class CachedTarget:
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, start: int, last_logits_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, input_ids: torch.Tensor, start: int, last_logits_only: bool = False, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run tokens at positions ``start .. start+n-1`` against the cached keys ``0 .. start-1``.
 
         Args:
             input_ids: [n] token ids.
             start: position of the first token; every position before it must be in the cache.
             last_logits_only: return the last position's logits only (prefill).
+            positions: optional [n] RoPE positions (tree verification: ``start + depth``); the keys
+                are still written to cache slots ``start .. start+n-1``.
+            mask: optional [n, n] bool, which new tokens each new token sees (tree verification:
+                its ancestors and itself); every cached slot before ``start`` stays visible.
 
         Returns:
             logits [n, V] (or [1, V]) in fp32, and features [n, k*H] (None without feature layers).
@@ -108,11 +113,14 @@ class CachedTarget:
         if end > self.capacity:
             raise ValueError(f"forward to position {end} exceeds the KV cache capacity {self.capacity}; call allocate() first")
         x = self.embed_tokens(input_ids)[None]  # [1, n, H]
-        positions = torch.arange(start, end, device=self.device)[None]
-        cos, sin = self.rotary_emb(x, positions)
+        if positions is None:
+            positions = torch.arange(start, end, device=self.device)
+        cos, sin = self.rotary_emb(x, positions.reshape(1, n))
+        if mask is not None:
+            mask = torch.cat([torch.ones(n, start, dtype=torch.bool, device=self.device), mask.to(self.device)], dim=1)  # [n, end]
         features: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, layer.input_layernorm(x), cos, sin, start, end)
+            x = x + self._attention(i, layer, layer.input_layernorm(x), cos, sin, start, end, mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             if i in self.feature_layer_ids:
                 features[i] = x[0]
@@ -123,7 +131,14 @@ class CachedTarget:
             return logits, None
         return logits, torch.cat([features[i] for i in self.feature_layer_ids], dim=-1)
 
-    def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cos, sin, start: int, end: int) -> torch.Tensor:
+    def move(self, slots: torch.Tensor, dest: int) -> None:
+        """Copy the keys/values of cache ``slots`` [m] to slots ``dest .. dest+m-1`` (an accepted tree path)."""
+        m = slots.shape[0]
+        self.k_cache[:, dest:dest + m] = self.k_cache[:, slots]  # advanced indexing copies first: overlaps are safe
+        self.v_cache[:, dest:dest + m] = self.v_cache[:, slots]
+
+    def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cos, sin, start: int, end: int,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
         # h: [1, n, H] -> [1, n, H]; writes this layer's keys/values at start..end-1
         attn = layer.self_attn
         n = h.shape[1]
@@ -136,5 +151,5 @@ class CachedTarget:
         self.k_cache[i, start:end] = k[0].transpose(0, 1)
         self.v_cache[i, start:end] = v[0]
         out = cached_attention(q[0].transpose(0, 1), self.k_cache[i, :end], self.v_cache[i, :end],
-                               causal=True, window=None, scale=self.scale, backend=self.attention_backend)  # [n, Hq, D]
+                               causal=True, window=None, scale=self.scale, backend=self.attention_backend, mask=mask)  # [n, Hq, D]
         return attn.o_proj(out.reshape(1, n, self.num_heads * self.head_dim))

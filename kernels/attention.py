@@ -70,7 +70,7 @@ def aligned_mask(q_len: int, k_len: int, causal: bool, window: int | None, devic
 
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, window: int | None,
-                     scale: float, backend: str = "sdpa") -> torch.Tensor:
+                     scale: float, backend: str = "sdpa", mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of Q queries over K cached keys at consecutive positions, queries aligned at the end.
 
     Args:
@@ -78,6 +78,7 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         k, v: [K, Hkv, D] keys/values (NHD, the caches' layout; a slice of a larger buffer is fine).
         causal, window: see ``aligned_visible``.
         backend: ``sdpa`` (any device) or ``flashinfer`` (CUDA; ``window_left = W - 1``).
+        mask: optional [Q, K] bool (True = visible) replacing ``causal``/``window`` (tree attention).
 
     Returns:
         [Q, Hq, D].
@@ -85,6 +86,8 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     if backend == "flashinfer":
         import flashinfer
 
+        if mask is not None:
+            return flashinfer.single_prefill_with_kv_cache(q, k, v, custom_mask=mask, sm_scale=scale)
         return flashinfer.single_prefill_with_kv_cache(
             q, k, v, causal=causal, window_left=-1 if window is None else window - 1, sm_scale=scale)
     if backend != "sdpa":
@@ -92,7 +95,10 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     q_len, k_len = q.shape[0], k.shape[0]
     # a causal square without a window is SDPA's own is_causal (its fast kernels take no mask)
     square_causal = causal and q_len == k_len > 1 and (window is None or window >= k_len)
-    mask = None if square_causal else aligned_mask(q_len, k_len, causal, window, q.device)
+    if mask is None:
+        mask = None if square_causal else aligned_mask(q_len, k_len, causal, window, q.device)
+    else:
+        square_causal = False
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=mask, is_causal=square_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])

@@ -1,14 +1,18 @@
-"""Drafters for loop tests: a real DFlash drafter overfit on the target's own greedy text (so drafts
+"""Drafters for loop tests: a real DFlash (or EAGLE-3) drafter overfit on the target's own greedy text (so drafts
 get accepted, as from a trained drafter), and a wrapper that replaces some of a drafter's proposals
 by a script (to force every acceptance length, including whole blocks and EOS inside a block)."""
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import torch
 
 from infer.drafter import DFlashDrafter
+from infer.eagle3_drafter import Eagle3Drafter
+from train.eagle3_objective import ttt_loss, unroll
+from train.models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from train.dflash_objective import block_loss, build_blocks, layer_masks, sample_anchors
 from train.models.dflash import DFlashDraftModel, make_dflash_config
 
@@ -65,12 +69,16 @@ class PartlyScripted:
         self.p_script = p_script
         self.rng = random.Random(seed)
         self.block_size = inner.block_size
+        self.verify_tokens = inner.verify_tokens
         self.target_layer_ids = inner.target_layer_ids
+
+    tree = False
+    draft = DFlashDrafter.draft  # drafts through this wrapper's draft_logits
 
     def reset(self, max_positions: int) -> None:
         self.inner.reset(max_positions)
 
-    def append_context(self, features, start: int) -> None:
+    def append_context(self, features, start: int, token_ids=None) -> None:
         self.inner.append_context(features, start)
 
     def draft_logits(self, token, anchor: int) -> torch.Tensor:
@@ -80,4 +88,60 @@ class PartlyScripted:
             if 0 <= i < len(self.script) and self.rng.random() < self.p_script:
                 logits[slot] = -1e9
                 logits[slot, self.script[i]] = 1e9
+        return logits
+
+
+def overfit_eagle3_drafter(model, sequences: list[list[int]], *, layer_types, sliding_window, target_layer_ids=(1, 3, 4), ttt_length=4,
+                           draft_vocab_size=4096, steps=300, seed=0) -> Eagle3DraftModel:
+    """Train a small EAGLE-3 drafter (the TTT objective) on ``sequences`` until it has mostly memorised them.
+
+    The draft vocabulary is the ``draft_vocab_size`` most frequent ids of the sequences (so the
+    mapping to target ids is exercised); the embedding is the target's, as in training."""
+    torch.manual_seed(seed)
+    config = make_eagle3_config(model.config, num_hidden_layers=len(layer_types), target_layer_ids=list(target_layer_ids),
+                                layer_types=layer_types, sliding_window=sliding_window, draft_vocab_size=draft_vocab_size,
+                                ttt_length=ttt_length)
+    drafter = Eagle3DraftModel(config).to(model.device)
+    drafter.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
+    counts = Counter(t for seq in sequences for t in seq)
+    drafter.set_draft_vocab(*build_draft_vocab(counts, config.vocab_size, config.draft_vocab_size))
+    batch = []
+    with torch.no_grad():
+        for seq in sequences:
+            ids = torch.tensor([seq], device=model.device)
+            out = model(ids, output_hidden_states=True)
+            features = torch.cat([out.hidden_states[i + 1] for i in target_layer_ids], dim=-1)
+            batch.append((ids, features, out.logits))
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-3)
+    for step in range(steps):
+        ids, features, logits = batch[step % len(batch)]
+        ones = torch.ones_like(ids, dtype=torch.bool)
+        outputs = unroll(drafter, features, ids, ones, ttt_length)
+        stats = ttt_loss(drafter, outputs, logits, ids, ones, ones)
+        optimizer.zero_grad()
+        (stats.loss_sum / stats.num_labels).backward()
+        optimizer.step()
+    return drafter.eval().requires_grad_(False)
+
+
+class PartlyScriptedEagle3(Eagle3Drafter):
+    """An EAGLE-3 drafter whose proposal for a position is, with probability ``p_script``, the script's
+    token there (when the draft vocabulary has it); the chain then continues from that token, as it
+    would from the drafter's own. Works for chains and trees (every proposal goes through ``logits_for``)."""
+
+    def __init__(self, model: Eagle3DraftModel, script: list[int], prompt_len: int, p_script: float, seed: int = 0, **kwargs):
+        super().__init__(model, **kwargs)
+        self.script = script
+        self.prompt_len = prompt_len
+        self.p_script = p_script
+        self.rng = random.Random(seed)
+        self.draft_id = {t: d for d, t in enumerate(model.draft_ids_in_target().tolist())}
+
+    def logits_for(self, h, positions):
+        logits = super().logits_for(h, positions).clone()
+        for row, pos in enumerate(positions.tolist()):
+            i = pos - self.prompt_len
+            if 0 <= i < len(self.script) and self.script[i] in self.draft_id and self.rng.random() < self.p_script:
+                logits[row] = -1e9
+                logits[row, self.draft_id[self.script[i]]] = 1e9
         return logits

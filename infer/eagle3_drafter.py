@@ -1,0 +1,375 @@
+"""An EAGLE-3 drafter at inference: per-layer draft KV caches, chain drafting and EAGLE-2 dynamic trees.
+
+Index t of the drafter holds the target's features f_t and the next token x_{t+1} at RoPE position
+t + 1 (``train/models/eagle3.py``), so an accepted position can only be processed once the token
+after it is known. The last accepted position therefore waits ("pending") until the next call:
+
+    append_context(f_a .. f_b, a, x_a .. x_b)   stores them; index b waits for x_{b+1}
+    draft(x_{b+1}, b + 1, ...)                  step 0 ("extend") over the pending indices -> context
+                                                cache; its output at index b predicts x_{b+2} (draft 1);
+                                                chain steps j = 1 .. k-1 (position b+1+j) give drafts 2..k
+
+Step 0 keys/values are the context: the target's true features of accepted positions, written
+once into each layer's ``ContextKV`` (``infer/drafter.py``; a sliding layer keeps only its last W - 1
+indices + slack). Chain and tree keys live in the buffer's scratch slots after the context and are
+dropped after verification; the accepted positions come back through ``append_context`` with the
+target's features, as SGLang and vLLM re-extend them. Masks follow ``train/eagle3_masks.py``: a
+query at position p sees context indices u with u + 1 > p - W and its own chain (or tree ancestors)
+within the same window. Context and chain keys sit at consecutive positions, so a chain step is the
+bottom-right-aligned causal window of ``kernels/attention.py``; tree steps use an explicit mask.
+
+Draft vocabulary: logits are over the draft vocabulary; tokens are returned as target ids and, when
+sampling, probabilities are scattered into the target vocabulary (speculative sampling stays exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infer.drafter import ContextKV
+from infer.sampling import SamplingConfig, logits_to_probs, sample
+from kernels.attention import cached_attention
+from train.models.eagle3 import Eagle3DraftModel
+
+# Legend: n/L indices, H hidden, Hq/Hkv heads, D head dim, Vd draft vocab, V target vocab, N tree nodes, k top-k.
+
+
+def layer_windows(model: Eagle3DraftModel, window="trained") -> list[int | None]:
+    """Each draft layer's window at inference (None = full attention), the override applied to sliding layers."""
+    if window == "trained":
+        window = model.sliding_window
+    elif window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window={window!r}; expected 'trained', None (full attention) or a positive int")
+    return [window if t == "sliding_attention" else None for t in model.layer_types]
+
+
+@dataclass
+class DraftTree:
+    """Draft nodes in creation order (every parent before its children); row 0 is the root (the last verified token)."""
+
+    tokens: torch.Tensor  # [N] target ids
+    parents: torch.Tensor  # [N] parent row in [root, nodes...] (0 = root)
+    depths: torch.Tensor  # [N] 1 .. depth
+
+    def mask(self, depth: int | None = None) -> torch.Tensor:
+        """[N+1, N+1] bool: row i sees its ancestors and itself (tree attention for verification).
+
+        depth: an upper bound on the node depths (the drafter's steps: no host sync); default their max."""
+        n = self.tokens.shape[0] + 1
+        parent = torch.cat([self.parents.new_zeros(1), self.parents])  # the root is its own parent
+        visible = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
+        rows, cur = torch.arange(n, device=self.tokens.device), torch.arange(n, device=self.tokens.device)
+        for _ in range((depth if depth is not None else int(self.depths.max())) if n > 1 else 0):
+            cur = parent[cur]
+            visible[rows, cur] = True
+        return visible
+
+
+def accept_tree(tokens: list[int], parents: list[int], target_tokens: list[int]) -> tuple[list[int], int]:
+    """Greedy tree acceptance: from the root follow the child whose token is the target's argmax there.
+
+    Args: host lists; tokens/parents [N] as in ``DraftTree``, target_tokens [N+1] argmax per row.
+    Returns: the accepted rows (1-based, root excluded, in path order) and the bonus token.
+    """
+    children: dict[int, dict[int, int]] = {}
+    for row, (token, parent) in enumerate(zip(tokens, parents), start=1):
+        children.setdefault(parent, {})[token] = row
+    row, path = 0, []
+    while (nxt := children.get(row, {}).get(target_tokens[row])) is not None:
+        path.append(nxt)
+        row = nxt
+    return path, target_tokens[row]
+
+
+class Eagle3Drafter:
+    """Drafts a chain of ``steps`` tokens, or a dynamic tree, with an ``Eagle3DraftModel``.
+
+    Args:
+        model: the loaded drafter (its own embedding and draft-vocabulary LM head).
+        window: ``"trained"`` (the checkpoint's ``sliding_window``), None (full attention) or an int
+            replacing it in every sliding layer.
+        steps: chain length k (tree: depth); default the drafter's ``ttt_length``.
+        tree_topk, tree_tokens: EAGLE-2 dynamic tree (greedy only): expand the top-k children of the
+            top-k nodes per depth, verify the best ``tree_tokens`` nodes by cumulative log-prob
+            (either given turns trees on; the other defaults to 8 / min(64, all candidates)).
+        extend_chunk: most indices one step-0 pass runs (bounds memory on long prefills).
+        keep_slack: extra indices a sliding layer's buffer holds before it compacts.
+    """
+
+    def __init__(self, model: Eagle3DraftModel, window="trained", steps: int | None = None, tree_topk: int | None = None,
+                 tree_tokens: int | None = None, attention_backend: str = "sdpa", keep_slack: int = 1024, extend_chunk: int = 512):
+        self.model = model.eval().requires_grad_(False)
+        self.window_arg = window
+        self.windows = layer_windows(model, window)
+        self.steps = model.ttt_length if steps is None else steps
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"draft steps={steps!r}; expected a positive int")
+        self.tree = tree_topk is not None or tree_tokens is not None
+        # defaults (one option given): top-8, 64 nodes, or every candidate when the tree is smaller
+        self.tree_topk = tree_topk if tree_topk is not None else min(8, model.config.draft_vocab_size)
+        pool = self.tree_topk + (self.steps - 1) * self.tree_topk ** 2 if isinstance(self.tree_topk, int) else 0
+        self.tree_tokens = tree_tokens if tree_tokens is not None else min(64, pool)
+        if self.tree:
+            check_tree(self.tree_topk, self.tree_tokens, self.steps, model.config.draft_vocab_size)
+        if extend_chunk < 1:
+            raise ValueError(f"extend_chunk={extend_chunk}; expected >= 1")
+        self.block_size = self.steps + 1  # accepted drafts per step: 0 .. steps
+        self.verify_tokens = (self.tree_tokens if self.tree else self.steps) + 1  # target tokens per verify pass
+        self.target_layer_ids = model.target_layer_ids
+        self.attention_backend = attention_backend
+        self.keep_slack = keep_slack
+        self.extend_chunk = extend_chunk
+        self.scratch = max(extend_chunk, self.steps, (self.steps - 1) * self.tree_topk if self.tree else 0)
+        self.caches: list[ContextKV] = []
+        self.pending_features: torch.Tensor | None = None  # [m, k*H] indices waiting for their next token
+        self.pending_ids: torch.Tensor | None = None  # [m] tokens at those positions
+        self.pending_start = 0
+
+    def with_window(self, window) -> "Eagle3Drafter":
+        """The same drafter and drafting mode under another inference window."""
+        return Eagle3Drafter(self.model, window, self.steps, self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None,
+                             self.attention_backend, self.keep_slack, self.extend_chunk)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.fc.weight.dtype
+
+    def reset(self, max_positions: int) -> None:
+        """Empty caches able to hold indices ``0 .. max_positions-1``."""
+        cfg = self.model.config
+        self.caches = []
+        for window in self.windows:
+            # a query at position p needs context indices p-W .. p-1 (u + 1 > p - W): W - 1 of them before its own index
+            keep = None if window is None or window - 1 >= max_positions else window - 1
+            capacity = max_positions if keep is None else min(max_positions, keep + self.keep_slack)
+            self.caches.append(ContextKV(cfg.num_key_value_heads, cfg.head_dim, capacity, keep, self.scratch, self.dtype, self.device))
+        self.pending_features = self.pending_ids = None
+        self.pending_start = 0
+
+    # --- step 0: the context -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def append_context(self, features: torch.Tensor, start: int, token_ids: torch.Tensor) -> torch.Tensor:
+        """Accepted positions ``start .. start+n-1``: their target features [n, k*H] and tokens [n].
+
+        Indices whose next token is known are run now only when more than ``extend_chunk`` wait (prefill);
+        otherwise ``draft`` runs them with the drafting pass. Returns the step-0 outputs [m, H] run now.
+        """
+        end = self.pending_start + (0 if self.pending_ids is None else self.pending_ids.shape[0])
+        if start != end:
+            raise ValueError(f"append_context at {start}; the drafter expects position {end} next")
+        token_ids = torch.as_tensor(token_ids, device=self.device).reshape(-1)
+        if self.pending_ids is None:
+            self.pending_features, self.pending_ids = features, token_ids
+        else:
+            self.pending_features = torch.cat([self.pending_features, features])
+            self.pending_ids = torch.cat([self.pending_ids, token_ids])
+        outputs = []
+        while self.pending_ids.shape[0] > self.extend_chunk:
+            outputs.append(self._extend_pending(self.extend_chunk, self.pending_ids[1:self.extend_chunk + 1]))
+        return torch.cat(outputs) if outputs else features.new_zeros(0, self.model.config.hidden_size)
+
+    @torch.no_grad()
+    def extend(self, next_token: torch.Tensor, pos: int) -> torch.Tensor:
+        """Run every pending index (the last one's next token is ``next_token``, at position ``pos``); [m, H] outputs."""
+        if self.pending_ids is None or self.pending_start + self.pending_ids.shape[0] != pos:
+            raise ValueError(f"extend at position {pos}: the features of positions up to {pos - 1} must be appended first")
+        next_ids = torch.cat([self.pending_ids[1:], next_token.reshape(1).to(self.pending_ids)])
+        outputs = []
+        while self.pending_ids is not None:
+            m = min(self.extend_chunk, self.pending_ids.shape[0])
+            outputs.append(self._extend_pending(m, next_ids[:m]))
+            next_ids = next_ids[m:]
+        return torch.cat(outputs)
+
+    def _extend_pending(self, m: int, next_ids: torch.Tensor) -> torch.Tensor:
+        first = self.pending_start
+        h = self._run_context(self.pending_features[:m], next_ids, first)
+        if m == self.pending_ids.shape[0]:
+            self.pending_features = self.pending_ids = None
+        else:
+            self.pending_features, self.pending_ids = self.pending_features[m:], self.pending_ids[m:]
+        self.pending_start = first + m
+        return h
+
+    def _run_context(self, features: torch.Tensor, next_ids: torch.Tensor, first: int) -> torch.Tensor:
+        """Step 0 at indices ``first .. first+L-1`` (features [L, k*H], next tokens [L]); writes the context; [L, H]."""
+        length = features.shape[0]
+        hidden = self.model.project_features(features[None].to(self.dtype))  # [1, L, H]
+        positions = torch.arange(first + 1, first + 1 + length, device=self.device)[None]
+
+        def attend(i, q, k, v):
+            cache, window = self.caches[i], self.windows[i]
+            k, v = k[0].transpose(0, 1), v[0].transpose(0, 1)  # [L, Hkv, D]
+            keys, values = cache.with_block(k, v, 0 if window is None else first - window + 1)
+            out = cached_attention(q[0].transpose(0, 1), keys, values, causal=True, window=window,
+                                   scale=self.model.layers[i].self_attn.scaling, backend=self.attention_backend)
+            cache.append(k, v)  # after attention: a compaction may move the slice just read
+            return out.transpose(0, 1)[None]
+
+        return self.model(next_ids[None], hidden, positions, attend)[0]
+
+    # --- proposals ------------------------------------------------------------------------------------
+
+    def logits_for(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [n, Vd] (fp32) for the tokens at ``positions`` [n], from outputs h [n, H].
+
+        Every proposal goes through here (tests override it to script proposals)."""
+        return self.model.logits(h).float()
+
+    def choose(self, h: torch.Tensor, positions: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Target ids [n] and, when sampling, their distribution over the target vocabulary [n, V]."""
+        logits = self.logits_for(h, positions)
+        if sampling.greedy:
+            return self.model.draft_to_target(logits.argmax(-1)), None
+        probs = logits_to_probs(logits, sampling)  # [n, Vd]
+        ids = self.model.draft_to_target(sample(probs, generator))
+        full = probs.new_zeros(probs.shape[0], self.model.config.vocab_size)
+        full[:, self.model.draft_ids_in_target()] = probs  # tokens outside the draft vocabulary: q = 0
+        return ids, full
+
+    # --- chains ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def draft(self, token: torch.Tensor, pos: int, sampling: SamplingConfig,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``steps`` draft tokens for positions ``pos+1 ..`` after the verified ``token`` at ``pos``.
+
+        Returns target ids [k] and, when sampling, their distributions [k, V] over the target vocabulary.
+        """
+        h = self.extend(token, pos)[-1:]  # index pos-1, predicts position pos+1
+        tokens, probs = [], []
+        self.start_chain()
+        for j in range(self.steps):
+            if j > 0:
+                h = self.chain_step(tokens[-1], self.model.next_hidden(h), pos, j)
+            t, p = self.choose(h, torch.tensor([pos + 1 + j], device=self.device), sampling, generator)
+            tokens.append(t)
+            probs.append(p)
+        return torch.cat(tokens), None if sampling.greedy else torch.cat(probs)
+
+    def start_chain(self) -> None:
+        self.chain_kv = [([], []) for _ in self.model.layers]
+
+    def chain_step(self, token: torch.Tensor, hidden: torch.Tensor, pos: int, j: int) -> torch.Tensor:
+        """Chain step j >= 1 from the last context index pos-1: input ``token`` [1] (target id, for
+        position pos+j) and ``hidden`` [1, H]; returns the output [1, H] (predicts position pos+j+1)."""
+        query_pos = pos + j
+
+        def attend(i, q, k, v):
+            cache, window = self.caches[i], self.windows[i]
+            ks, vs = self.chain_kv[i]
+            ks.append(k[0].transpose(0, 1))
+            vs.append(v[0].transpose(0, 1))
+            # a window shorter than the chain may exclude every context index: start the slice at the context's end
+            from_pos = 0 if window is None else min(query_pos - window, cache.end_pos)
+            keys, values = cache.with_block(torch.cat(ks), torch.cat(vs), from_pos)
+            out = cached_attention(q[0].transpose(0, 1), keys, values, causal=True, window=window,
+                                   scale=self.model.layers[i].self_attn.scaling, backend=self.attention_backend)
+            return out.transpose(0, 1)[None]
+
+        positions = torch.tensor([[query_pos]], device=self.device)
+        return self.model(token.reshape(1, 1), hidden[None], positions, attend)[0]
+
+    # --- trees ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def draft_tree(self, token: torch.Tensor, pos: int) -> DraftTree:
+        """EAGLE-2 dynamic tree after the verified ``token`` at ``pos`` (greedy drafting, no host sync).
+
+        Depth 1: the top-k tokens of step 0. Each further depth runs the k best nodes of the previous
+        depth (one pass of k queries), adds their top-k children (k*k candidates, score = cumulative
+        log-prob) and keeps the k best as the next frontier. The tree is the best ``tree_tokens``
+        candidates; parents score at least their children, so the selection is ancestor-closed.
+        """
+        k = self.tree_topk
+        h = self.extend(token, pos)[-1:]
+        logp = torch.log_softmax(self.logits_for(h, torch.tensor([pos + 1], device=self.device)), -1)[0]
+        scores, ids = logp.topk(k)  # [k]
+        pool_ids, pool_scores = [ids], [scores]
+        pool_parent, pool_depth = [torch.full((k,), -1, device=self.device)], [torch.ones(k, dtype=torch.long, device=self.device)]
+        frontier, frontier_ids, frontier_scores = torch.arange(k, device=self.device), ids, scores
+        frontier_hidden, frontier_slot = self.model.next_hidden(h).expand(k, -1), torch.full((k,), -1, device=self.device)
+        ancestors = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [M, M] among expanded nodes
+        expanded_depth = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.start_chain()
+        size = k
+        for d in range(1, self.steps):
+            m = ancestors.shape[0]
+            grown = torch.zeros(m + k, m + k, dtype=torch.bool, device=self.device)
+            grown[:m, :m] = ancestors
+            if m:  # a frontier node sees what its parent saw
+                grown[m:, :m] = ancestors[frontier_slot.clamp(min=0)] & (frontier_slot >= 0)[:, None]
+            grown[torch.arange(m, m + k), torch.arange(m, m + k)] = True
+            ancestors = grown
+            expanded_depth = torch.cat([expanded_depth, torch.full((k,), d, device=self.device)])
+            out = self.tree_step(self.model.draft_to_target(frontier_ids), frontier_hidden, pos, d, ancestors[m:], expanded_depth)
+            logp = torch.log_softmax(self.logits_for(out, torch.full((k,), pos + d + 1, device=self.device)), -1)
+            top_logp, top_ids = logp.topk(k, dim=-1)  # [k, k]
+            cand_scores = (frontier_scores[:, None] + top_logp).flatten()
+            pool_ids.append(top_ids.flatten())
+            pool_scores.append(cand_scores)
+            pool_parent.append(frontier.repeat_interleave(k))
+            pool_depth.append(torch.full((k * k,), d + 1, device=self.device))
+            best = cand_scores.topk(k).indices
+            row = best // k
+            frontier, frontier_ids, frontier_scores = size + best, top_ids.flatten()[best], cand_scores[best]
+            frontier_hidden, frontier_slot = self.model.next_hidden(out)[row], m + row
+            size += k * k
+        return select_tree(torch.cat(pool_ids), torch.cat(pool_scores), torch.cat(pool_parent), torch.cat(pool_depth),
+                           self.tree_tokens, self.model)
+
+    def tree_step(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: int, d: int, ancestors: torch.Tensor,
+                  expanded_depth: torch.Tensor) -> torch.Tensor:
+        """Run k frontier nodes at depth d (tokens [k] target ids for position pos+d, hidden [k, H]).
+
+        ancestors: [k, M] which expanded nodes (this depth's included, last k) each query sees;
+        expanded_depth: [M]. Returns [k, H].
+        """
+        k = tokens.shape[0]
+        query_pos = pos + d
+
+        def attend(i, q, kk, vv):
+            cache, window = self.caches[i], self.windows[i]
+            ks, vs = self.chain_kv[i]
+            ks.append(kk[0].transpose(0, 1))
+            vs.append(vv[0].transpose(0, 1))
+            from_pos = 0 if window is None else min(query_pos - window, cache.end_pos)
+            keys, values = cache.with_block(torch.cat(ks), torch.cat(vs), from_pos)
+            nodes = ancestors if window is None else ancestors & (expanded_depth > d - window)
+            # every query sits at the same position, and the slice starts at the window's edge: all context keys visible
+            context = torch.ones(k, keys.shape[0] - nodes.shape[1], dtype=torch.bool, device=self.device)
+            out = cached_attention(q[0].transpose(0, 1), keys, values, causal=True, window=window, mask=torch.cat([context, nodes], 1),
+                                   scale=self.model.layers[i].self_attn.scaling, backend=self.attention_backend)
+            return out.transpose(0, 1)[None]
+
+        positions = torch.full((1, k), query_pos, device=self.device)
+        return self.model(tokens[None], hidden[None], positions, attend)[0]
+
+
+def select_tree(ids: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, total: int,
+                model: Eagle3DraftModel) -> DraftTree:
+    """The ``total`` best pool nodes (draft ids [P], scores [P], parent pool index [P] or -1, depths [P]) as a ``DraftTree``."""
+    # stable: a child whose log-prob rounds to 0 ties its parent and still comes after it
+    chosen = torch.sort(scores, descending=True, stable=True).indices[:total].sort().values  # creation order: parents first
+    row_of = torch.full_like(parents, -1)
+    row_of[chosen] = torch.arange(1, chosen.shape[0] + 1, device=chosen.device)
+    parent = parents[chosen]
+    parent_rows = torch.where(parent < 0, 0, row_of[parent.clamp(min=0)])
+    return DraftTree(tokens=model.draft_to_target(ids[chosen]), parents=parent_rows, depths=depths[chosen])
+
+
+def check_tree(topk, tokens, depth: int, draft_vocab: int) -> None:
+    """One-line ValueError for tree parameters that cannot make a tree."""
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= draft_vocab:
+        raise ValueError(f"tree topk={topk!r}; expected an int in 1 .. {draft_vocab} (the draft vocabulary)")
+    pool = topk + (depth - 1) * topk * topk
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or not 1 <= tokens <= pool:
+        raise ValueError(f"tree tokens={tokens!r}; expected an int in 1 .. {pool} (topk {topk} at depth {depth} drafts {pool} candidates)")

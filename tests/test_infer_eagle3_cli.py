@@ -1,0 +1,75 @@
+"""An EAGLE-3 drafter folder (``Eagle3DraftModel.save_pretrained``) through ``load_models``, ``python -m infer``
+(chain and tree flags) and ``python -m eval`` unchanged; bad options are one clear line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from eval.__main__ import main as eval_main
+from infer.__main__ import main as infer_main
+from infer.eagle3_drafter import Eagle3Drafter
+from infer.loading import load_models
+from train.models.eagle3 import Eagle3DraftModel, make_eagle3_config
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+
+@pytest.fixture(scope="module")
+def eagle3_dir(reference_target_path, tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    config = make_eagle3_config(AutoConfig.from_pretrained(reference_target_path), num_hidden_layers=1, target_layer_ids=[1, 3, 4],
+                                layer_types=["sliding_attention"], sliding_window=8, draft_vocab_size=1024, ttt_length=3)
+    path = tmp_path_factory.mktemp("eagle3") / "export"
+    model = Eagle3DraftModel(config)
+    model.d2t.copy_(torch.arange(1024) * 7 % 8192 - torch.arange(1024))  # a draft vocabulary that is not the first ids
+    model.t2d[torch.arange(1024) * 7 % 8192] = True
+    model.save_pretrained(path)
+    return path
+
+
+def test_load_models_detects_eagle3(reference_target_path, eagle3_dir) -> None:
+    target, drafter, _ = load_models(str(reference_target_path), str(eagle3_dir), window=4, draft_steps=2, tree_topk=3, tree_tokens=7)
+    assert isinstance(drafter, Eagle3Drafter) and target.feature_layer_ids == [1, 3, 4]
+    assert drafter.tree and drafter.steps == 2 and drafter.windows == [4] and drafter.verify_tokens == 8
+    assert torch.equal(drafter.model.d2t, torch.arange(1024) * 7 % 8192 - torch.arange(1024))
+    _, chain, _ = load_models(str(reference_target_path), str(eagle3_dir))
+    assert not chain.tree and chain.steps == 3 and chain.block_size == 4 and chain.windows == [8]
+
+
+@pytest.mark.parametrize("flags", [[], ["--draft-steps", "2", "--tree-topk", "3", "--tree-tokens", "6"]])
+def test_cli_chain_and_tree(reference_target_path, eagle3_dir, tmp_path, capsys, flags) -> None:
+    out = tmp_path / "stats.json"
+    rc = infer_main(["--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--question", "81", "--max-new-tokens", "8",
+                     "--baseline", "--window", "4", "--json", str(out), *flags])
+    assert rc == 0
+    assert "identical output: True" in capsys.readouterr().err
+    stats = json.loads(out.read_text())["speculative"]
+    assert stats["block_size"] == (3 if flags else 4) and stats["new_tokens"] == 8
+
+
+def test_eval_mtbench_runs_eagle3_unchanged(reference_target_path, eagle3_dir, tmp_path) -> None:
+    out = tmp_path / "mt"
+    rc = eval_main(["mtbench", "--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--window", "4", "--num-questions", "1",
+                    "--max-new-tokens", "8", "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["summary"]["same_as_baseline"] == 1.0 and len(result["summary"]["acceptance_by_position"]) == 3
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--tree-topk", "0"], "tree topk=0"),
+    (["--tree-topk", "2", "--tree-tokens", "500"], "tree tokens=500"),
+    (["--draft-steps", "0"], "draft steps=0"),
+    (["--window", "0"], "--window '0'"),
+    (["--tree-topk", "2", "--temperature", "0.5"], "tree drafting is greedy only"),
+])
+def test_bad_options_are_one_line(reference_target_path, eagle3_dir, capsys, argv, message) -> None:
+    base = ["--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--prompt", "Hi", "--max-new-tokens", "4"]
+    assert infer_main(base + argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1

@@ -1,0 +1,140 @@
+"""The speculative loop with an EAGLE-3 drafter is lossless: chains and dynamic trees.
+
+References: Hugging Face ``generate`` (greedy) on the reference target, token for token, behind MT-Bench
+questions and a 2K-token prefill, under no and a small inference window; a real drafter overfit on the
+target's own greedy text, partly scripted so that whole chains, partial accepts and rejections all
+occur. At temperature > 0 (chains) the exact distribution of the first tokens of a tiny vocab-8
+target, against which a chi-square test judges sampled generations.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+from infer.eagle3_drafter import Eagle3Drafter
+from infer.generate import generate
+from infer.prompts import long_prompt_ids, mt_bench_questions
+from infer.sampling import SamplingConfig
+from infer.target import CachedTarget
+from infer_helpers import PartlyScriptedEagle3, greedy_continuations, overfit_eagle3_drafter
+from test_infer_generate import chi_square_p_value, exact_distribution
+from train.models.eagle3 import Eagle3DraftModel, make_eagle3_config
+
+LAYERS = [1, 3, 4]
+STEPS = 4
+TREE = {"tree_topk": 4, "tree_tokens": 16}
+WINDOWS = [None, 4]  # inference-time window: none = full attention; 4 < the chain
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+
+@pytest.fixture(scope="module")
+def setup(reference_target_path):
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(reference_target_path)
+    questions = [q["turns"][0] for q in mt_bench_questions()[:6]]
+    memorised = greedy_continuations(model, [long_prompt_ids(tokenizer, q) for q in questions[:2]], 64)
+    drafter = overfit_eagle3_drafter(model, memorised, layer_types=["sliding_attention"], sliding_window=8, target_layer_ids=LAYERS,
+                                     ttt_length=STEPS, draft_vocab_size=1024, steps=150)
+    return model, tokenizer, questions, drafter, CachedTarget(model, LAYERS)
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    return model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("prefill,num_prompts", [(0, 4), (2048, 1)])
+def test_greedy_chain_and_tree_equal_hf_generate(setup, prefill, num_prompts) -> None:
+    model, tokenizer, questions, drafter_model, target = setup
+    histograms = {"chain": Counter(), "tree": Counter()}
+    for i, question in enumerate(questions[:num_prompts]):
+        prompt = long_prompt_ids(tokenizer, question, prefill, offset=997 * i)
+        want = hf_greedy(model, prompt, 20)
+        for window in WINDOWS:
+            for mode, kwargs in [("chain", {}), ("tree", TREE)]:
+                drafter = PartlyScriptedEagle3(drafter_model, want, len(prompt), p_script=0.7, seed=i, window=window, **kwargs)
+                got = generate(target, drafter, prompt, max_new_tokens=20, prefill_chunk=1536)
+                assert got.tokens == want, f"{mode}, prompt {i}, prefill {prefill}, window {window}"
+                assert got.stats.block_size == STEPS + 1
+                histograms[mode].update(got.stats.accepted_per_step)
+    for mode, histogram in histograms.items():
+        # rejections, partial accepts and whole chains (depth-4 paths) all happened
+        assert histogram[0] > 0 and histogram[STEPS] > 0 and any(histogram[a] for a in range(1, STEPS)), (mode, histogram)
+
+
+def test_tree_accepts_more_than_the_chain(setup) -> None:
+    """The drafter's own proposals, no script: a tree (16 nodes) accepts more per step than a chain of 4."""
+    model, tokenizer, questions, drafter_model, target = setup
+    taus = {}
+    for mode, kwargs in [("chain", {}), ("tree", TREE)]:
+        steps = []
+        for question in questions[:3]:  # two memorised, one not
+            prompt = long_prompt_ids(tokenizer, question)
+            got = generate(target, Eagle3Drafter(drafter_model, **kwargs), prompt, max_new_tokens=32)
+            assert got.tokens == hf_greedy(model, prompt, 32), mode
+            steps += got.stats.accepted_per_step
+        taus[mode] = sum(a + 1 for a in steps) / len(steps)
+    assert taus["chain"] > 1.5 and taus["tree"] >= taus["chain"], taus
+
+
+def test_end_of_sequence_inside_a_chain_and_budget(setup) -> None:
+    model, tokenizer, questions, drafter_model, target = setup
+    prompt = long_prompt_ids(tokenizer, questions[4])
+    want = hf_greedy(model, prompt, 30)
+    for kwargs in [{}, TREE]:
+        whole = PartlyScriptedEagle3(drafter_model, want, len(prompt), p_script=1.0, **kwargs)
+        got = generate(target, whole, prompt, max_new_tokens=7)
+        assert got.tokens == want[:7] and got.stats.accepted_per_step[0] == STEPS  # the budget cuts a whole accepted chain
+        eos = want[8]
+        whole = PartlyScriptedEagle3(drafter_model, want, len(prompt), p_script=1.0, **kwargs)
+        got = generate(target, whole, prompt, max_new_tokens=30, eos_token_ids=[eos])
+        assert got.tokens == want[:want.index(eos) + 1]
+
+
+def test_bad_inputs(setup) -> None:
+    model, _, _, drafter_model, target = setup
+    with pytest.raises(ValueError, match=r"tree drafting is greedy only \(temperature=0.7\)"):
+        generate(target, Eagle3Drafter(drafter_model, **TREE), [5, 6, 7], max_new_tokens=4, sampling=SamplingConfig(temperature=0.7))
+    with pytest.raises(ValueError, match=r"drafter reads target layers \[1, 3, 4\], the target captures \[2\]"):
+        generate(CachedTarget(model, [2]), Eagle3Drafter(drafter_model), [5, 6], max_new_tokens=4)
+    with pytest.raises(ValueError, match="window=0"):
+        Eagle3Drafter(drafter_model, window=0)
+
+
+# --- temperature > 0: the output distribution is the target's ------------------------------------------
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 0.8)])
+def test_chain_sampling_follows_the_target_distribution(temperature, top_k, top_p) -> None:
+    torch.manual_seed(0)
+    vocab, depth = 8, 3
+    config = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(config).eval()
+    for p in model.parameters():  # peaked but not deterministic next-token distributions
+        p.data.normal_(0, 0.25) if p.dim() > 1 else None
+    draft_config = make_eagle3_config(config, num_hidden_layers=1, target_layer_ids=[0, 2, 3], layer_types=["sliding_attention"],
+                                      sliding_window=2, draft_vocab_size=6, ttt_length=2)
+    drafter_model = Eagle3DraftModel(draft_config).eval()
+    for p in drafter_model.parameters():
+        p.data.normal_(0, 0.25) if p.dim() > 1 else None
+    kept = torch.tensor([0, 1, 3, 4, 6, 7])  # ids 2 and 5 cannot be drafted: q = 0 there
+    drafter_model.d2t.copy_(kept - torch.arange(6))
+    drafter_model.t2d.zero_()[kept] = True
+    target = CachedTarget(model, [0, 2, 3])
+    drafter = Eagle3Drafter(drafter_model)
+    prompt = [1, 4, 2, 6, 3]
+    n = 3000
+    counts, accepted = Counter(), Counter()
+    for seed in range(n):
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        out = generate(target, drafter, prompt, max_new_tokens=depth, sampling=sampling)
+        counts[tuple(out.tokens)] += 1
+        accepted.update(out.stats.accepted_per_step)
+    p_value = chi_square_p_value(counts, exact_distribution(model, prompt, depth, temperature, top_k, top_p), n)
+    assert p_value > 0.01, f"chi-square p = {p_value:.2e}: the output is not distributed as the target's"
+    assert accepted[0] > 100 and accepted[1] > 100, accepted  # rejections and accepted drafts both occurred
