@@ -1,0 +1,142 @@
+"""Training attention alone, forward + backward: the masks the trainers build, against baselines.
+
+    python benchmarks/train_attention.py --seq 2048 8192 32768 --window 2048 [--heads 32 --kv-heads 8 --head-dim 128]
+
+Rows (bf16, one sequence, GQA as given):
+  sdpa causal (full)            SDPA's own causal kernel, no mask: the dense-work reference
+  sdpa dense window mask        SDPA with a boolean [T, T] sliding-window mask (skipped past --dense-max)
+  flex window                   flex_attention, a plain sliding-window BlockMask (the issue's baseline)
+  flex eagle3 ttt step j        train/eagle3_masks.py at TTT step j: T queries over (j+1)*T keys
+  flex dflash blocks            train/masks.py: T context keys + N blocks of B queries (one sliding layer)
+
+TFLOP/s counts 4 * D * (visible query-key pairs) * Hq for the forward and 2.5x that for forward +
+backward (FlashAttention's convention), so a mask that skips work is not credited for it. The
+visible pairs are counted from the same mask function, in chunks, on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.attention import compiled_flex_attention  # noqa: E402
+from train.eagle3_masks import ttt_flex_block_mask, ttt_visible  # noqa: E402
+from train.masks import LayerMaskSpec, dflash_visible, flex_block_mask  # noqa: E402
+
+
+def timed(fn, repeats: int = 5) -> float:
+    """Median milliseconds of fn() (forward + backward), after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def count_pairs(visible, q_len: int, kv_len: int, chunk: int = 1024) -> int:
+    total = 0
+    kv = torch.arange(kv_len, device="cuda")[None]
+    b = torch.zeros((), dtype=torch.long, device="cuda")
+    for start in range(0, q_len, chunk):
+        q = torch.arange(start, min(start + chunk, q_len), device="cuda")[:, None]
+        total += int(visible(b, q, kv).sum())
+    return total
+
+
+def run_case(name: str, q, k, v, attend, pairs: int, rows: list) -> None:
+    for t in (q, k, v):
+        t.grad = None
+
+    def step():
+        out = attend(q, k, v)
+        out.backward(torch.ones_like(out))
+
+    try:
+        ms = timed(step)
+    except torch.OutOfMemoryError:
+        rows.append((name, q.shape[2], k.shape[2], pairs, None, None))
+        torch.cuda.empty_cache()
+        return
+    flops = 2.5 * 4 * q.shape[-1] * pairs * q.shape[1]
+    rows.append((name, q.shape[2], k.shape[2], pairs, ms, flops / ms / 1e9))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seq", type=int, nargs="+", default=[2048, 8192, 32768])
+    parser.add_argument("--window", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--ttt-steps", type=int, nargs="+", default=[0, 6])
+    parser.add_argument("--block", type=int, default=16)
+    parser.add_argument("--dense-max", type=int, default=8192)
+    args = parser.parse_args()
+    flex = compiled_flex_attention()
+    hq, hkv, d, w = args.heads, args.kv_heads, args.head_dim, args.window
+    rows: list = []
+
+    def tensors(q_len: int, kv_len: int):
+        make = lambda n, h: torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+        return make(q_len, hq), make(kv_len, hkv), make(kv_len, hkv)
+
+    for t in args.seq:
+        q, k, v = tensors(t, t)
+        causal_pairs = t * (t + 1) // 2
+        run_case("sdpa causal (full)", q, k, v, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                 causal_pairs, rows)
+        pos = torch.arange(t, device="cuda")
+        window_pairs = int(((pos[:, None] >= pos[None]) & (pos[:, None] - pos[None] < w)).sum()) if t <= 8192 else \
+            sum(min(i + 1, w) for i in range(t))
+        if t <= args.dense_max:
+            dense = (pos[:, None] >= pos[None]) & (pos[:, None] - pos[None] < w)
+            run_case(f"sdpa dense window mask W={w}", q, k, v,
+                     lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True), window_pairs, rows)
+            del dense
+        valid = torch.ones(1, t, dtype=torch.bool, device="cuda")
+        # A plain window is TTT step 0 on a sequence without padding.
+        block_mask = ttt_flex_block_mask(valid, 0, w)
+        run_case(f"flex window W={w}", q, k, v, lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True), window_pairs, rows)
+        for j in args.ttt_steps:
+            if j == 0:
+                continue
+            qj, kj, vj = tensors(t, (j + 1) * t)
+            mask_j = ttt_flex_block_mask(valid, j, w)
+            pairs = count_pairs(lambda b, qi, ki: ttt_visible(b, qi, ki, j, valid, w), t, (j + 1) * t)
+            run_case(f"flex eagle3 ttt step {j} W={w}", qj, kj, vj, lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True),
+                     pairs, rows)
+            del qj, kj, vj
+        # DFlash: T context keys, N = T / (4B) anchors (a quarter of the positions under a block)
+        n = max(1, t // (4 * args.block))
+        anchors = torch.linspace(args.block, t - args.block, n, device="cuda").long()[None]
+        spec = LayerMaskSpec(window=w, block_causal=True)
+        qd, kd, vd = tensors(n * args.block, t + n * args.block)
+        dmask = flex_block_mask(anchors, valid, args.block, spec)
+        pairs = count_pairs(lambda b, qi, ki: dflash_visible(b, qi, ki, anchors, valid, args.block, spec), n * args.block, t + n * args.block)
+        run_case(f"flex dflash blocks B={args.block} W={w}", qd, kd, vd,
+                 lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True), pairs, rows)
+        del q, k, v, qd, kd, vd
+        torch.cuda.empty_cache()
+
+    print(f"{torch.cuda.get_device_name()}, bf16, Hq={hq} Hkv={hkv} D={d}, forward + backward")
+    print("| attention | queries | keys | visible pairs | ms | TFLOP/s (visible work) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, ql, kl, pairs, ms, tflops in rows:
+        print(f"| {name} | {ql} | {kl} | {pairs:,} | {'OOM' if ms is None else f'{ms:.2f}'} | {'-' if tflops is None else f'{tflops:.0f}'} |")
+
+
+if __name__ == "__main__":
+    main()
