@@ -6,7 +6,10 @@ Rows (bf16, one sequence, GQA as given):
   sdpa causal (full)            SDPA's own causal kernel, no mask: the dense-work reference
   sdpa dense window mask        SDPA with a boolean [T, T] sliding-window mask (skipped past --dense-max)
   flex window                   flex_attention, a plain sliding-window BlockMask (the issue's baseline)
-  flex eagle3 ttt step j        train/eagle3_masks.py at TTT step j: T queries over (j+1)*T keys
+  flex eagle3 ttt step j        train/eagle3_masks.py at TTT step j: T queries over (j+1)*T keys, one mask
+  ... context + diagonal (LSE)  a candidate, defined here: flex over the T step-0 keys returning its
+                                log-sum-exp, the j diagonal keys as elementwise dot products, merged
+                                (measured slower in eager PyTorch; the trainer keeps the single mask)
   flex dflash blocks            train/masks.py: T context keys + N blocks of B queries (one sliding layer)
 
 TFLOP/s counts 4 * D * (visible query-key pairs) * Hq for the forward and 2.5x that for forward +
@@ -28,6 +31,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels.attention import compiled_flex_attention  # noqa: E402
 from train.eagle3_masks import ttt_flex_block_mask, ttt_visible  # noqa: E402
 from train.masks import LayerMaskSpec, dflash_visible, flex_block_mask  # noqa: E402
+
+
+def ttt_context_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None):
+    """The step-0 part of ``ttt_flex_block_mask`` ([T, T]): the same rule, keys of step 0 only."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    seq_len = ctx_valid.shape[1]
+    return create_block_mask(lambda b, h, q, kv: ttt_visible(b, q, kv, step, ctx_valid, window), B=1, H=None, Q_LEN=seq_len,
+                             KV_LEN=seq_len, device=ctx_valid.device)
+
+
+def attention_with_diagonal(q, k_ctx, v_ctx, k_diag, v_diag, ctx_mask, scale: float):
+    """Softmax over [context keys under ctx_mask ; each query's own S keys], by log-sum-exp merging.
+    q [B, Hq, T, D]; k_ctx/v_ctx [B, Hkv, T, D]; k_diag/v_diag [S, B, Hkv, T, D]."""
+    out_ctx, lse_ctx = compiled_flex_attention()(q, k_ctx, v_ctx, block_mask=ctx_mask, scale=scale, enable_gqa=True, return_lse=True)
+    rep = q.shape[1] // k_diag.shape[2]
+    k_diag, v_diag = k_diag.repeat_interleave(rep, dim=2).float(), v_diag.repeat_interleave(rep, dim=2).float()
+    scores = (q.float()[None] * k_diag).sum(-1) * scale  # [S, B, Hq, T]
+    lse = torch.logsumexp(torch.cat([lse_ctx.float()[None], scores]), dim=0)
+    out = out_ctx.float() * torch.exp(lse_ctx.float() - lse)[..., None] + (torch.exp(scores - lse)[..., None] * v_diag).sum(0)
+    return out.to(q.dtype)
 
 
 def timed(fn, repeats: int = 5) -> float:
@@ -118,6 +142,24 @@ def main() -> None:
             pairs = count_pairs(lambda b, qi, ki: ttt_visible(b, qi, ki, j, valid, w), t, (j + 1) * t)
             run_case(f"flex eagle3 ttt step {j} W={w}", qj, kj, vj, lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True),
                      pairs, rows)
+            ctx_mask = ttt_context_block_mask(valid, j, w)
+
+            def split(q, k, v, j=j, ctx_mask=ctx_mask):
+                k_steps, v_steps = k.unflatten(2, (j + 1, t)), v.unflatten(2, (j + 1, t))  # [1, Hkv, j+1, T, D]
+                return attention_with_diagonal(q, k_steps[:, :, 0], v_steps[:, :, 0], k_steps[:, :, 1:].movedim(2, 0),
+                                               v_steps[:, :, 1:].movedim(2, 0), ctx_mask, scale=d**-0.5)
+
+            if t == min(args.seq):  # the same numbers as the single mask, gradients included
+                outs = []
+                for fn in (lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True, scale=d**-0.5), split):
+                    for x in (qj, kj, vj):
+                        x.grad = None
+                    out = fn(qj, kj, vj)
+                    out.float().square().sum().backward()
+                    outs.append([out.float(), qj.grad.float(), kj.grad.float(), vj.grad.float()])
+                diffs = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(*(map(torch.Tensor.detach, o) for o in outs))]
+                print(f"T={t} step {j}: context+diagonal vs one mask, max relative diff out/dq/dk/dv: " + " ".join(f"{x:.1e}" for x in diffs))
+            run_case(f"flex eagle3 ttt step {j} context + diagonal (LSE) W={w}", qj, kj, vj, split, pairs, rows)
             del qj, kj, vj
         # DFlash: T context keys, N = T / (4B) anchors (a quarter of the positions under a block)
         n = max(1, t // (4 * args.block))
