@@ -15,7 +15,6 @@ the drafter sees exactly what greedy chain drafting would feed it while it is ri
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -23,9 +22,9 @@ import torch.nn.functional as F
 
 from kernels.attention import attention
 
-from .data.dataset import collate_padded
 from .eagle3_masks import ttt_dense_mask, ttt_flex_block_mask
 from .models.eagle3 import Eagle3DraftModel
+from .step import TrainStep
 
 STEP_DECAY = 0.8
 
@@ -150,25 +149,12 @@ def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits
                     step_count=step_count, accepted_sum=(accepted * starts).sum().float(), num_starts=starts.sum().float())
 
 
-class Eagle3Step:
+class Eagle3Step(TrainStep):
     """What every EAGLE-3 training step needs, fixed at start-up (the DFlash twin is trainer.DFlashStep)."""
 
     def __init__(self, cfg, target, drafter: Eagle3DraftModel, layer_ids: list[int], device: torch.device):
-        self.cfg, self.target, self.drafter, self.layer_ids, self.device = cfg, target, drafter, layer_ids, device
+        super().__init__(cfg, target, drafter, layer_ids, device)
         self.steps = cfg.drafter.ttt_length
-        backend = cfg.trainer.attention_backend
-        self.backend = ("flex" if device.type == "cuda" else "sdpa") if backend == "auto" else backend
-        precision = cfg.trainer.precision
-        self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-        self.pad_to = cfg.data.max_length if self.backend == "flex" else None  # one shape for compiled flex
-
-    def collate(self, rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-        return collate_padded(rows, pad_id, self.pad_to)
-
-    def autocast(self):
-        if self.bf16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:
         return None  # nothing random: every index is a start

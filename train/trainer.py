@@ -15,7 +15,6 @@ uninterrupted one exactly.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -30,9 +29,9 @@ from . import checkpoint as ckpt
 from .atomic import atomic_dir, atomic_open
 from .config import TrainConfig
 from .data import prepare_data
-from .data.dataset import collate_padded
 from .dflash_objective import IGNORE, BlockStats, block_loss, build_blocks, default_gamma, layer_masks, sample_anchors
 from .eagle3_objective import Eagle3Step
+from .step import TrainStep
 from .models.dflash import DFlashDraftModel, make_dflash_config
 from .models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from .target import TargetModel, default_layer_ids
@@ -176,28 +175,13 @@ def export_drafter(drafter: DFlashDraftModel, out: Path) -> Path:
 
 # ----------------------------------------------------------------------------- the step
 
-class DFlashStep:
+class DFlashStep(TrainStep):
     """What every DFlash step needs, fixed at start-up (the EAGLE-3 twin is eagle3_objective.Eagle3Step)."""
 
     def __init__(self, cfg: TrainConfig, target: TargetModel, drafter: DFlashDraftModel, layer_ids: list[int], device: torch.device):
-        self.cfg, self.target, self.drafter, self.layer_ids, self.device = cfg, target, drafter, layer_ids, device
+        super().__init__(cfg, target, drafter, layer_ids, device)  # static shapes also pad anchors to num_anchors
         self.block_size = cfg.drafter.block_size
         self.gamma = cfg.drafter.loss_gamma or default_gamma(self.block_size)
-        backend = cfg.trainer.attention_backend
-        self.backend = ("flex" if device.type == "cuda" else "sdpa") if backend == "auto" else backend
-        precision = cfg.trainer.precision
-        self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-        # Compiled flex attention wants one shape: pad every batch to max_length and num_anchors.
-        self.static_shapes = self.backend == "flex"
-        self.pad_to = cfg.data.max_length if self.static_shapes else None
-
-    def collate(self, rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-        return collate_padded(rows, pad_id, self.pad_to)
-
-    def autocast(self):
-        if self.bf16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """The step's random choices for one micro-batch: anchors and their blocks."""

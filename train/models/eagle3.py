@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 from torch import nn
@@ -87,14 +87,6 @@ def build_draft_vocab(token_counts: Counter | dict[int, int], target_vocab_size:
     t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
     t2d[kept] = True
     return d2t, t2d
-
-
-def count_tokens(rows: Iterable[dict]) -> Counter:
-    """Loss-masked token counts over dataset rows (``input_ids``, ``loss_mask``)."""
-    counts: Counter = Counter()
-    for row in rows:
-        counts.update(int(t) for t, m in zip(row["input_ids"], row["loss_mask"]) if m)
-    return counts
 
 
 class Eagle3Attention(nn.Module):
