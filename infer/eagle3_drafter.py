@@ -258,19 +258,25 @@ class Eagle3Drafter:
     def start_chain(self) -> None:
         self.chain_kv = [([], []) for _ in self.model.layers]
 
+    def scratch_keys(self, i: int, k: torch.Tensor, v: torch.Tensor, query_pos: int) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        """Layer i: record this pass's draft keys (k/v [1, Hkv, n, D]) after the earlier chain/tree keys
+        and return (keys, values) = the context within the window followed by all of them, and the window."""
+        cache, window = self.caches[i], self.windows[i]
+        ks, vs = self.chain_kv[i]
+        ks.append(k[0].transpose(0, 1))
+        vs.append(v[0].transpose(0, 1))
+        # a window shorter than the chain may exclude every context index: start the slice at the context's end
+        from_pos = 0 if window is None else min(query_pos - window, cache.end_pos)
+        keys, values = cache.with_block(torch.cat(ks), torch.cat(vs), from_pos)
+        return keys, values, window
+
     def chain_step(self, token: torch.Tensor, hidden: torch.Tensor, pos: int, j: int) -> torch.Tensor:
         """Chain step j >= 1 from the last context index pos-1: input ``token`` [1] (target id, for
         position pos+j) and ``hidden`` [1, H]; returns the output [1, H] (predicts position pos+j+1)."""
         query_pos = pos + j
 
         def attend(i, q, k, v):
-            cache, window = self.caches[i], self.windows[i]
-            ks, vs = self.chain_kv[i]
-            ks.append(k[0].transpose(0, 1))
-            vs.append(v[0].transpose(0, 1))
-            # a window shorter than the chain may exclude every context index: start the slice at the context's end
-            from_pos = 0 if window is None else min(query_pos - window, cache.end_pos)
-            keys, values = cache.with_block(torch.cat(ks), torch.cat(vs), from_pos)
+            keys, values, window = self.scratch_keys(i, k, v, query_pos)
             out = cached_attention(q[0].transpose(0, 1), keys, values, causal=True, window=window,
                                    scale=self.model.layers[i].self_attn.scaling, backend=self.attention_backend)
             return out.transpose(0, 1)[None]
@@ -337,12 +343,7 @@ class Eagle3Drafter:
         query_pos = pos + d
 
         def attend(i, q, kk, vv):
-            cache, window = self.caches[i], self.windows[i]
-            ks, vs = self.chain_kv[i]
-            ks.append(kk[0].transpose(0, 1))
-            vs.append(vv[0].transpose(0, 1))
-            from_pos = 0 if window is None else min(query_pos - window, cache.end_pos)
-            keys, values = cache.with_block(torch.cat(ks), torch.cat(vs), from_pos)
+            keys, values, window = self.scratch_keys(i, kk, vv, query_pos)
             nodes = ancestors if window is None else ancestors & (expanded_depth > d - window)
             # every query sits at the same position, and the slice starts at the window's edge: all context keys visible
             context = torch.ones(k, keys.shape[0] - nodes.shape[1], dtype=torch.bool, device=self.device)
