@@ -116,6 +116,25 @@ def check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], wher
             raise ExportError(f"{where}: tensor {name!r} has shape {tuple(weights[name].shape)}, expected {tuple(shape)}")
 
 
+def _legacy_rope(out: dict[str, Any]) -> None:
+    rope = out.get("rope_parameters") or {}
+    out["rope_theta"] = rope.get("rope_theta", out.get("rope_theta"))
+    out["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else dict(rope)
+
+
+def serve_target_name(target: str | None, run_record: dict[str, Any] | None, target_path: str | None) -> str:
+    """The target named in printed serving commands: --target, else the run's recorded path unless builtin."""
+    recorded = (run_record or {}).get("target", {}).get("path")
+    return target or (recorded if recorded and not recorded.startswith("builtin:") else target_path) or "TARGET"
+
+
+def check_reload(max_diff: float, torch_dtype: torch.dtype, output: Path) -> None:
+    # bf16 weights move logits by ~1e-2; anything large means a broken export.
+    limit = 1e-4 if torch_dtype == torch.float32 else 0.5
+    if not max_diff <= limit:
+        raise ExportError(f"{output}: reloaded export differs from the drafter by {max_diff:.3g} in logits (limit {limit})")
+
+
 def dflash_config_json(config: dict[str, Any]) -> dict[str, Any]:
     """Our config -> the z-lab / SGLang DFlash config.json."""
     out = dict(config)
@@ -131,9 +150,7 @@ def dflash_config_json(config: dict[str, Any]) -> dict[str, Any]:
         out["sliding_window"] = None
     if not config.get("sliding_block_causal", True):
         out["is_causal"] = False  # z-lab: sliding layers bidirectional inside the block
-    rope = out.get("rope_parameters") or {}
-    out["rope_theta"] = rope.get("rope_theta", out.get("rope_theta"))
-    out["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else dict(rope)
+    _legacy_rope(out)
     return out
 
 
@@ -225,8 +242,7 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     model.to(device)
     reference = draft_logits(model, features, block_ids, embed, head)
 
-    recorded = (run_record or {}).get("target", {}).get("path")
-    serve_target = target or (recorded if recorded and not recorded.startswith("builtin:") else target_path) or "TARGET"
+    serve_target = serve_target_name(target, run_record, target_path)
     out_config = dflash_config_json(config)
     out_config["dtype"] = dtype
     tensors = {k: v.to("cpu", torch_dtype).contiguous() for k, v in model.state_dict().items()}
@@ -250,10 +266,7 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
             reloaded = DFlashDraftModel.from_pretrained(tmp, dtype=torch_dtype).eval().to(device)
             check_weights(reloaded, load_file(tmp / WEIGHTS), str(tmp))
         max_diff = float((draft_logits(reloaded, features, block_ids, embed, head) - reference).abs().max())
-        # bf16 weights move logits by ~1e-2; anything large means a broken export.
-        limit = 1e-4 if torch_dtype == torch.float32 else 0.5
-        if not max_diff <= limit:
-            raise ExportError(f"{output}: reloaded export differs from the drafter by {max_diff:.3g} in logits (limit {limit})")
+        check_reload(max_diff, torch_dtype, output)
 
     report = {
         "format": fmt, "output": str(output), "dtype": dtype, "max_abs_logit_diff": max_diff,
@@ -309,12 +322,6 @@ def from_sglang_name(name: str) -> str:
         return name
     rest = "input_layernorm.weight" if m[2] == "hidden_norm.weight" else m[2]
     return f"layers.{int(m[1]) + 1}.{rest}"
-
-
-def _legacy_rope(out: dict[str, Any]) -> None:
-    rope = out.get("rope_parameters") or {}
-    out["rope_theta"] = rope.get("rope_theta", out.get("rope_theta"))
-    out["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else dict(rope)
 
 
 def _window(config: dict[str, Any]) -> int | None:
@@ -433,8 +440,7 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
     torch_dtype = getattr(torch, dtype)
 
     target_path = target or (run_record or {}).get("target", {}).get("resolved_path")
-    recorded = (run_record or {}).get("target", {}).get("path")
-    serve_target = target or (recorded if recorded and not recorded.startswith("builtin:") else target_path) or "TARGET"
+    serve_target = serve_target_name(target, run_record, target_path)
     num_steps = int(config.get("ttt_length") or 7)
     window = _window(config)
 
@@ -493,9 +499,7 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
         reloaded.load_state_dict(ours)
         reloaded.to(torch_dtype).eval().to(device)
         max_diff = float((eagle3_logits(reloaded, features, input_ids) - reference).abs().max())
-        limit = 1e-4 if torch_dtype == torch.float32 else 0.5
-        if not max_diff <= limit:
-            raise ExportError(f"{output}: reloaded export differs from the drafter by {max_diff:.3g} in logits (limit {limit})")
+        check_reload(max_diff, torch_dtype, output)
 
     report = {
         "format": fmt, "output": str(output), "dtype": dtype, "max_abs_logit_diff": max_diff, "target_layer_ids": layer_ids,
