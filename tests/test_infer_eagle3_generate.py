@@ -21,7 +21,7 @@ from infer.prompts import long_prompt_ids, mt_bench_questions
 from infer.sampling import SamplingConfig
 from infer.target import CachedTarget
 from infer_helpers import PartlyScriptedEagle3, greedy_continuations, overfit_eagle3_drafter
-from test_infer_generate import chi_square_p_value, exact_distribution
+from test_infer_generate import chi_square_p_value, exact_distribution, sampled_outputs
 from train.models.eagle3 import Eagle3DraftModel, make_eagle3_config
 
 LAYERS = [1, 3, 4]
@@ -129,12 +129,7 @@ def test_chain_sampling_follows_the_target_distribution(temperature, top_k, top_
     drafter = Eagle3Drafter(drafter_model)
     prompt = [1, 4, 2, 6, 3]
     n = 3000
-    counts, accepted = Counter(), Counter()
-    for seed in range(n):
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        out = generate(target, drafter, prompt, max_new_tokens=depth, sampling=sampling)
-        counts[tuple(out.tokens)] += 1
-        accepted.update(out.stats.accepted_per_step)
+    counts, accepted = sampled_outputs(target, drafter, prompt, depth, temperature, top_k, top_p, n)
     p_value = chi_square_p_value(counts, exact_distribution(model, prompt, depth, temperature, top_k, top_p), n)
     assert p_value > 0.01, f"chi-square p = {p_value:.2e}: the output is not distributed as the target's"
     assert accepted[0] > 100 and accepted[1] > 100, accepted  # rejections and accepted drafts both occurred

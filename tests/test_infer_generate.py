@@ -150,6 +150,18 @@ def exact_distribution(model, prompt: list[int], depth: int, temperature: float,
     return dist
 
 
+def sampled_outputs(target, drafter, prompt: list[int], depth: int, temperature: float, top_k: int, top_p: float,
+                    n: int) -> tuple[Counter, Counter]:
+    """n speculative samples of ``depth`` tokens (seeds 0..n-1): output counts, accepted-per-step counts."""
+    counts, accepted = Counter(), Counter()
+    for seed in range(n):
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        out = generate(target, drafter, prompt, max_new_tokens=depth, sampling=sampling)
+        counts[tuple(out.tokens)] += 1
+        accepted.update(out.stats.accepted_per_step)
+    return counts, accepted
+
+
 def chi_square_p_value(counts: Counter, dist: dict[tuple, float], n: int) -> float:
     """Pearson chi-square goodness of fit; outcomes with expected count < 5 pooled into one bin."""
     assert set(counts) <= set(dist), "sampled an outcome the target gives probability 0"
@@ -187,12 +199,7 @@ def test_sampling_follows_the_target_distribution(temperature, top_k, top_p, dep
     drafter = DFlashDrafter(drafter_model, model.get_input_embeddings(), model.get_output_embeddings())
     prompt = [1, 4, 2, 6, 3]
     n = 10_000
-    counts, accepted = Counter(), Counter()
-    for seed in range(n):
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        out = generate(target, drafter, prompt, max_new_tokens=depth, sampling=sampling)
-        counts[tuple(out.tokens)] += 1
-        accepted.update(out.stats.accepted_per_step)
+    counts, accepted = sampled_outputs(target, drafter, prompt, depth, temperature, top_k, top_p, n)
     p_value = chi_square_p_value(counts, exact_distribution(model, prompt, depth, temperature, top_k, top_p), n)
     assert p_value > 0.01, f"chi-square p = {p_value:.2e}: the output is not distributed as the target's"
     # rejections and accepted drafts both occurred (a fixed prompt and a random drafter: with a peaked,
