@@ -114,6 +114,33 @@ def test_unroll_equals_decoding_index_by_index(case: str) -> None:
             torch.testing.assert_close(got, torch.stack(reference[j][:length]), rtol=1e-4, atol=1e-5, msg=f"{case} step {j}")
 
 
+@pytest.mark.parametrize("case", ["full", "sliding_w4", "eagle31_fc_norm_norm_output"])
+def test_window_kernel_backend_equals_dense_masks_with_gradients(case: str) -> None:
+    """backend="cudnn" (kernels/window_attention.py; its PyTorch pieces on the CPU) against the dense
+    TTT masks: equal logits on real rows and equal parameter gradients of a loss over real rows, with
+    right padding (a padding row may see padding keys there, which must change nothing real)."""
+    layer_types, window, options = CASES[case]
+    model = small_drafter(layer_types, window, **options).double()
+    steps, seq_len = 4 if window is None or window >= 4 else 3, 10
+    generator = torch.Generator().manual_seed(2)
+    features = torch.randn(2, seq_len, 3 * 32, generator=generator, dtype=torch.float64)
+    ids = torch.randint(0, 40, (2, seq_len), generator=generator)
+    ctx_valid = torch.arange(seq_len)[None] < torch.tensor([seq_len, 6])[:, None]
+    results = []
+    for backend in ("sdpa", "cudnn"):
+        model.zero_grad()
+        outputs = unroll(model, features, ids, ctx_valid, steps, backend=backend)
+        logits = torch.stack([model.logits(h) for h in outputs])  # [S, B, T, V]
+        real = logits * ctx_valid[None, :, :, None]
+        (real.square().sum() + real.sum()).backward()
+        results.append((real.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (dense, dense_grads), (kernel, kernel_grads) = results
+    torch.testing.assert_close(kernel, dense, rtol=1e-9, atol=1e-9)
+    assert dense_grads.keys() == kernel_grads.keys()
+    for name in dense_grads:
+        torch.testing.assert_close(kernel_grads[name], dense_grads[name], rtol=1e-8, atol=1e-9, msg=name)
+
+
 # ----------------------------------------------------------------------------- the loss
 
 
@@ -236,6 +263,7 @@ def test_gradient_accumulation_matches_a_larger_batch(tmp_path: Path) -> None:
     ("drafter.ttt_length=0", "drafter.ttt_length=0"),
     ("drafter.draft_vocab_size=1", "drafter.draft_vocab_size=1"),
     ("drafter.target_layer_ids=[1,3,7]", r"drafter.target_layer_ids=\[1, 3, 7\]: ids must lie in 0..6"),
+    ("trainer.attention_backend=cudnn", "trainer.attention_backend=cudnn needs a GPU"),
 ])
 def test_start_up_errors(tmp_path: Path, override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -179,7 +179,8 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     device: str = "auto"  # auto = cuda when available, else cpu
     precision: str = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU; or bf16 / fp32
-    attention_backend: str = "auto"  # auto = flex on GPU, sdpa (dense mask) on CPU
+    # auto = on GPU cudnn for EAGLE-3 (kernels/window_attention.py) and flex for DFlash, sdpa (dense mask) on CPU
+    attention_backend: str = "auto"
     seed: int = 0
     num_workers: int = 0
     log_every: int = 10
@@ -215,8 +216,8 @@ class TrainerConfig:
         for fmt in self.export_formats or []:
             if fmt not in ("dflash", "sglang", "speculators"):
                 raise ValueError(f"trainer.export_formats: {fmt!r} is not one of dflash, sglang, speculators")
-        if self.attention_backend not in ("auto", "sdpa", "flex"):
-            raise ValueError(f"trainer.attention_backend={self.attention_backend!r}; expected auto, sdpa or flex")
+        if self.attention_backend not in ("auto", "sdpa", "flex", "cudnn"):
+            raise ValueError(f"trainer.attention_backend={self.attention_backend!r}; expected auto, sdpa, flex or cudnn")
 
 
 @dataclass
@@ -246,6 +247,9 @@ class TrainConfig:
             return
         if self.trainer.export_formats is None:
             self.trainer.export_formats = list(EXPORT_FORMATS[kind])
+        if self.trainer.attention_backend == "cudnn" and kind != DrafterKind.eagle3:
+            raise ValueError("trainer.attention_backend=cudnn serves EAGLE-3's window + diagonal masks only; "
+                             f"drafter.kind={kind.value} trains with flex (GPU) or sdpa")
         refused = [f for f in self.trainer.export_formats if f not in EXPORT_FORMATS_ALLOWED[kind]]
         if refused:
             raise ValueError(f"trainer.export_formats: {refused[0]!r} is a DFlash layout; drafter.kind={kind.value} exports as "

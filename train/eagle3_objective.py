@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import attention
+from kernels.window_attention import cudnn_available, window_attention
 
 from .eagle3_masks import ttt_dense_mask, ttt_flex_block_mask
 from .models.eagle3 import Eagle3DraftModel
@@ -48,6 +49,11 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
            backend: str = "sdpa", masks: list[dict] | None = None) -> list[torch.Tensor]:
     """The TTT forward: ``steps`` drafting steps over every index at once.
 
+    With ``backend="cudnn"`` step j's attention is ``kernels.window_attention``: a window of W - j
+    over the step-0 keys plus the j diagonal keys, the rule of ``train/eagle3_masks.py`` for every
+    real row (right padding: a padding row may also see padding keys, which no real row sees, so
+    real outputs and all gradients are unchanged).
+
     Args:
         features: [Bsz, T, k*H] target features at ``model.target_layer_ids``.
         input_ids: [Bsz, T] the sequence's tokens x_0 .. x_{T-1}.
@@ -58,7 +64,7 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
         per step j, [Bsz, T, H] the drafter's output before the final norm (``model.logits``).
     """
     bsz, seq_len = input_ids.shape
-    if masks is None:
+    if masks is None and backend != "cudnn":
         masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, backend)
     layer_types = model.layer_types
     scale = model.layers[0].self_attn.scaling
@@ -70,6 +76,10 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, j: int = j) -> torch.Tensor:
             keys[i].append(k)
             values[i].append(v)
+            if backend == "cudnn":
+                window = model.sliding_window if layer_types[i] == "sliding_attention" else None
+                diag_k, diag_v = (torch.stack(keys[i][1:]), torch.stack(values[i][1:])) if j else (None, None)
+                return window_attention(q, keys[i][0], values[i][0], None if window is None else window - j, scale, diag_k, diag_v)
             return attention(q, torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2), masks[j][layer_types[i]], scale=scale)
 
         ids = shift_left(input_ids, j + 1, 0)  # x_{t+j+1}
@@ -155,6 +165,13 @@ class Eagle3Step(TrainStep):
     def __init__(self, cfg, target, drafter: Eagle3DraftModel, layer_ids: list[int], device: torch.device):
         super().__init__(cfg, target, drafter, layer_ids, device)
         self.steps = cfg.drafter.ttt_length
+        window = cfg.drafter.sliding_window
+        if self.backend == "cudnn" and window is not None and window < self.steps:
+            raise ValueError(f"trainer.attention_backend=cudnn needs drafter.sliding_window >= drafter.ttt_length "
+                             f"({window} < {self.steps}); use flex")
+
+    def gpu_backend(self) -> str:
+        return "cudnn" if cudnn_available() else "flex"
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:
         return None  # nothing random: every index is a start

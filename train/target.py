@@ -5,16 +5,19 @@ Layer-id convention (used everywhere in this project, and by DFlash and SpecForg
     (``hidden_states[0]`` is the embedding output). Valid ids are ``0 .. num_layers - 2``: HF
     reports the *normed* output of the last layer as ``hidden_states[-1]``, and no drafter reads it.
 
-Features are captured with forward hooks on the chosen decoder layers only, and the forward stops
-right after the deepest one unless logits are asked for: the other layers' activations, the final
-norm and the LM head (150K wide for Qwen3) are never computed or kept. ``benchmarks/
-feature_capture_memory.py`` measures the peak-memory difference against
-``output_hidden_states=True``.
+Features are captured with forward hooks on the chosen decoder layers only, and unless logits are
+asked for the decoder stack runs only as deep as the deepest one (its layer list cut there, its
+final norm an identity, no LM head): the other layers, the final norm and the LM head (150K wide
+for Qwen3) are never computed or kept. ``benchmarks/feature_capture_memory.py`` measures the
+peak-memory difference against ``output_hidden_states=True``, ``benchmarks/target_forward.py``
+the speed. ``compile_layers`` puts each decoder layer's forward under ``torch.compile`` (hooks
+stay eager).
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +25,6 @@ import torch
 from torch import nn
 
 log = logging.getLogger(__name__)
-
-
-class _StopForward(Exception):
-    """Raised from the deepest hook to skip the layers after it."""
 
 
 @dataclass
@@ -57,14 +56,18 @@ def default_layer_ids(drafter: str, num_layers: int, num_features: int | None = 
     raise ValueError(f"drafter={drafter!r}; expected 'dflash' or 'eagle3'")
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder-layer list of an HF causal LM (``model.model.layers`` for Llama/Qwen/gpt-oss)."""
+def decoder_stack(model: nn.Module) -> nn.Module:
+    """The module that owns the decoder layers of an HF causal LM (``model.model`` for Llama/Qwen/gpt-oss)."""
     base = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
     for owner in (base, getattr(base, "decoder", None), getattr(base, "language_model", None)):
-        layers = getattr(owner, "layers", None)
-        if isinstance(layers, nn.ModuleList):
-            return layers
+        if isinstance(getattr(owner, "layers", None), nn.ModuleList):
+            return owner
     raise ValueError(f"{type(model).__name__}: cannot find its decoder layers (expected model.layers)")
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder-layer list of an HF causal LM (``model.model.layers`` for Llama/Qwen/gpt-oss)."""
+    return decoder_stack(model).layers
 
 
 class TargetModel:
@@ -80,7 +83,8 @@ class TargetModel:
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.path = path
-        self.layers = decoder_layers(model)
+        self.stack = decoder_stack(model)
+        self.layers = self.stack.layers
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | torch.device = "cpu", dtype: str = "auto", attn_implementation: str = "sdpa") -> "TargetModel":
@@ -135,6 +139,31 @@ class TargetModel:
                 f"(id i = output of decoder layer i; the target has {self.num_layers} layers)"
             )
 
+    def compile_layers(self) -> None:
+        """Run each decoder layer's forward under ``torch.compile`` (fuses norms, RoPE and the MLP's
+        elementwise ops; the capture hooks stay outside the compiled code)."""
+        for layer in self.layers:
+            if "forward" not in vars(layer):
+                layer.forward = torch.compile(layer.forward)
+
+    def uncompile_layers(self) -> None:
+        for layer in self.layers:
+            vars(layer).pop("forward", None)
+
+    @contextmanager
+    def _stack_cut_after(self, depth: int):
+        """The decoder stack with only its first ``depth`` layers and no final norm, for the duration."""
+        layers, norm = self.stack.layers, getattr(self.stack, "norm", None)
+        self.stack.layers = nn.ModuleList(list(layers)[:depth])
+        if norm is not None:
+            self.stack.norm = nn.Identity()
+        try:
+            yield self.stack
+        finally:
+            self.stack.layers = layers
+            if norm is not None:
+                self.stack.norm = norm
+
     @torch.no_grad()
     def capture(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask: torch.Tensor | None = None, with_logits: bool = False) -> TargetFeatures:
         """Run the target and return the hidden states of ``layer_ids``.
@@ -156,20 +185,19 @@ class TargetModel:
         def hook_for(layer_id: int):
             def hook(module: nn.Module, args: Any, output: Any) -> None:
                 captured[layer_id] = output[0] if isinstance(output, tuple) else output
-                if layer_id == deepest and not with_logits:
-                    raise _StopForward
 
             return hook
 
         handles = [self.layers[i].register_forward_hook(hook_for(i)) for i in set(layer_ids)]
         logits = None
         try:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=0)
-            logits = out.logits
-        except _StopForward:
-            pass
+            if with_logits:
+                logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=0).logits
+            else:
+                with self._stack_cut_after(deepest + 1) as stack:
+                    stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         finally:
             for h in handles:
                 h.remove()
         features = torch.cat([captured[i] for i in layer_ids], dim=-1)
-        return TargetFeatures(features=features, logits=logits if with_logits else None)
+        return TargetFeatures(features=features, logits=logits)

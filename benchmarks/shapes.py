@@ -1,0 +1,32 @@
+"""Real model shapes for speed benchmarks, built with random weights on the GPU (no download)."""
+
+from __future__ import annotations
+
+import torch
+
+# From the models' config.json files.
+TARGET_SHAPES = {
+    "qwen3-8b": ("qwen3", dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=False)),
+    "llama3.1-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+                                  rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                                  tie_word_embeddings=False)),
+}
+
+
+def random_target(shape: str, device: str = "cuda", seed: int = 0):
+    """A ``TargetModel`` with ``shape``'s config and random bf16 weights, built on ``device``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from train.target import TargetModel
+
+    model_type, kwargs = TARGET_SHAPES[shape]
+    config = AutoConfig.for_model(model_type, **kwargs)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return TargetModel(model, tokenizer=None, path=f"random:{shape}")

@@ -1,0 +1,260 @@
+"""Sliding-window causal attention for training (forward + backward) on cuDNN's fused causal kernel.
+
+Window convention (Hugging Face ``sliding_window``): the query at position p sees keys p-W+1 .. p,
+W keys counting itself. FlashAttention's and FlashInfer's left window is W - 1.
+
+Why not one masked kernel: on an H100 cuDNN's fused causal attention runs ~500 TFLOP/s forward +
+backward where flex_attention with a window BlockMask runs ~300 and torch's bundled FlashAttention-2
+~280 (``benchmarks/train_attention.py``). cuDNN takes no window, so the band is cut into causal
+pieces it can run. With chunks of C = W positions, the query at offset i of chunk c sees
+
+    chunk c       offsets j <= i          a causal square                      -> piece A
+    chunk c - 1   offsets j >  i          a strictly upper triangle; reversing -> piece B
+                                          both orders within the chunk makes it strictly lower:
+                                          queries 1..C-1 over keys 0..C-2, causal
+
+The pieces' softmaxes are merged by log-sum-exp. The backward needs no merging: each piece's
+backward kernel is called with the *merged* output and log-sum-exp, which makes it compute exactly
+the merged softmax's gradient over its own keys (the ring-attention identity:
+dS = P * (dP - rowsum(dO * O)) with P = exp(S - LSE) of the whole row).
+
+``diag_k``/``diag_v`` add S extra keys per query, key s of query t being the t-th row of step s
+(EAGLE-3's training-time test: each query also sees its own index's earlier drafts). They are a
+third piece, computed elementwise.
+
+The piece kernels are swappable: ``CUDNN`` on the GPU, ``REFERENCE`` (plain PyTorch, any device and
+dtype) for tests, where the whole construction is checked against one dense mask.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+NEG_INF = float("-inf")
+
+
+# --- piece kernels: causal (top-left) attention returning the log-sum-exp, and its backward that
+# --- takes the output and log-sum-exp to use -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PieceOps:
+    name: str
+    # (q [N, Hq, L, D], k/v [N, Hkv, L, D], scale) -> (out [N, Hq, L, D], lse [N, Hq, L] fp32)
+    forward: Callable
+    # (dout, q, k, v, out, lse, scale) -> (dq, dk, dv)
+    backward: Callable
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def _reference_forward(q, k, v, scale):
+    groups = q.shape[1] // k.shape[1]
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    qf, kf, vf = q.to(dtype), _repeat_kv(k, groups).to(dtype), _repeat_kv(v, groups).to(dtype)
+    scores = qf @ kf.transpose(-1, -2) * scale
+    causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, NEG_INF)
+    lse = torch.logsumexp(scores, dim=-1)
+    return (torch.exp(scores - lse[..., None]) @ vf).to(q.dtype), lse
+
+
+def _reference_backward(dout, q, k, v, out, lse, scale):
+    groups = q.shape[1] // k.shape[1]
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    qf, kf, vf, of, dof = (t.to(dtype) for t in (q, _repeat_kv(k, groups), _repeat_kv(v, groups), out, dout))
+    scores = qf @ kf.transpose(-1, -2) * scale
+    causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    probs = torch.exp(scores - lse.to(dtype)[..., None]).masked_fill(~causal, 0.0)
+    dv = probs.transpose(-1, -2) @ dof
+    dprobs = dof @ vf.transpose(-1, -2)
+    dscores = probs * (dprobs - (dof * of).sum(-1, keepdim=True))
+    dq = dscores @ kf * scale
+    dk = dscores.transpose(-1, -2) @ qf * scale
+    fold = lambda g: g.unflatten(1, (k.shape[1], groups)).sum(2)  # noqa: E731  (sum a KV head's query heads)
+    return dq.to(q.dtype), fold(dk).to(k.dtype), fold(dv).to(v.dtype)
+
+
+REFERENCE = PieceOps("reference", _reference_forward, _reference_backward)
+
+
+def _cudnn_forward(q, k, v, scale):
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=scale)
+    return out, lse.reshape(q.shape[:3])
+
+
+_EMPTY: dict = {}
+
+
+def _cudnn_backward(dout, q, k, v, out, lse, scale):
+    if "t" not in _EMPTY:
+        _EMPTY["t"] = torch.empty(0, device=q.device)
+    empty = _EMPTY["t"]
+    n, h, length, _ = q.shape
+    return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        dout, q, k, v, out, lse.reshape(n, h, length, 1).contiguous(), empty, empty, None, empty, empty, length, k.shape[2], 0.0,
+        True, scale=scale)
+
+
+CUDNN = PieceOps("cudnn", _cudnn_forward, _cudnn_backward)
+
+
+# --- the band cut into pieces -----------------------------------------------------------------------
+
+
+def _chunks(x: torch.Tensor, size: int) -> torch.Tensor:
+    """[B, H, n*C, D] -> [B, n, H, C, D] (a view)."""
+    b, h, t, d = x.shape
+    return x.view(b, h, t // size, size, d).transpose(1, 2)
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """[B, n, H, C, ...] -> [B*n, H, C, ...]."""
+    return x.flatten(0, 1)
+
+
+def _prev_piece_inputs(q5, k5, v5):
+    """Piece B in the reversed frame: queries of chunks 1.. (offsets C-1 .. 1), keys of chunks
+    0..n-2 (offsets C-1 .. 1); both as [B*(n-1), H, C-1, D] contiguous."""
+    qb = q5[:, 1:].flip(3)[:, :, :, 1:]
+    kb = k5[:, :-1].flip(3)[:, :, :, :-1]
+    vb = v5[:, :-1].flip(3)[:, :, :, :-1]
+    return _flat(qb).contiguous(), _flat(kb).contiguous(), _flat(vb).contiguous()
+
+
+def _diag_scores(q, diag_k, scale):
+    """[S, B, Hq, T] fp32 scores of each query against its own index's S diagonal keys."""
+    b, hq, t, d = q.shape
+    hkv = diag_k.shape[2]
+    acc = _acc(q)
+    qg = q.reshape(b, hkv, hq // hkv, t, d).to(acc)
+    return (qg[None] * diag_k.to(acc)[:, :, :, None]).sum(-1).flatten(2, 3) * scale
+
+
+def _acc(x: torch.Tensor) -> torch.dtype:
+    """Accumulation dtype: fp32, or fp64 for fp64 inputs (the tests' reference precision)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+class _WindowAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, diag_k, diag_v, window, scale, ops):
+        b, hq, t, d = q.shape
+        hkv = k.shape[1]
+        size = t if window is None or window >= t else window
+        n = -(-t // size)
+        pad = n * size - t
+        if pad:  # padded keys come after every real query: causality hides them
+            q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        q5, k5, v5 = _chunks(q, size), _chunks(k, size), _chunks(v, size)
+        out_a, lse_a = ops.forward(_flat(q5), _flat(k5), _flat(v5), scale)
+        out_a, lse_a = out_a.view(b, n, hq, size, d), lse_a.view(b, n, hq, size)
+        outs, lses = [out_a], [lse_a]
+        acc = _acc(q)
+        if n > 1 and size > 1:
+            out_b, lse_b = ops.forward(*_prev_piece_inputs(q5, k5, v5), scale)
+            out_b = out_b.view(b, n - 1, hq, size - 1, d).flip(3)  # offsets 0 .. C-2 of chunks 1..
+            lse_b = lse_b.view(b, n - 1, hq, size - 1).flip(3)
+            # chunk 0 sees no previous chunk; offset C-1 sees none of it (its window ends at the chunk start)
+            outs.append(F.pad(out_b, (0, 0, 0, 1, 0, 0, 1, 0)))
+            lses.append(F.pad(lse_b.to(acc), (0, 1, 0, 0, 1, 0), value=NEG_INF))
+        lse = torch.logsumexp(torch.stack([x.to(acc) for x in lses]), dim=0)  # [B, n, Hq, C]
+        out = sum(torch.exp(piece_lse.to(acc) - lse)[..., None] * piece.to(acc) for piece, piece_lse in zip(outs, lses))
+        out = out.transpose(1, 2).reshape(b, hq, n * size, d)[:, :, :t]
+        lse = lse.transpose(1, 2).reshape(b, hq, n * size)[:, :, :t]
+        if diag_k is not None and diag_k.shape[0]:
+            scores = _diag_scores(q[:, :, :t], diag_k, scale)  # [S, B, Hq, T]
+            lse_all = torch.logsumexp(torch.cat([lse[None], scores]), dim=0)
+            probs = torch.exp(scores - lse_all)
+            rep = hq // hkv
+            diag_out = (probs[..., None] * diag_v.to(acc).repeat_interleave(rep, dim=2)).sum(0)
+            out = out * torch.exp(lse - lse_all)[..., None] + diag_out
+            lse = lse_all
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, diag_k, diag_v, out, lse)
+        ctx.meta = (t, size, n, pad, scale, ops)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, diag_k, diag_v, out, lse = ctx.saved_tensors
+        t, size, n, pad, scale, ops = ctx.meta
+        b, hq, _, d = q.shape
+        hkv = k.shape[1]
+        dout = dout.contiguous()
+        has_diag = diag_k is not None and diag_k.shape[0] > 0
+        if has_diag:
+            scores = _diag_scores(q[:, :, :t], diag_k, scale)
+            probs = torch.exp(scores - lse)  # [S, B, Hq, T]
+            rep = hq // hkv
+            acc = _acc(q)
+            dof = dout.to(acc)
+            row_dot = (dof * out.to(acc)).sum(-1)  # rowsum(dO * O)
+            dv_rep = diag_v.to(acc).repeat_interleave(rep, dim=2)
+            dprobs = (dof[None] * dv_rep).sum(-1)
+            dscores = probs * (dprobs - row_dot)
+            dq_diag = (dscores[..., None] * diag_k.to(acc).repeat_interleave(rep, dim=2)).sum(0) * scale
+            fold = lambda g: g.unflatten(2, (hkv, rep)).sum(3)  # noqa: E731
+            ddiag_k = fold(dscores[..., None] * q[:, :, :t].to(acc)[None] * scale).to(diag_k.dtype)
+            ddiag_v = fold(probs[..., None] * dof[None]).to(diag_v.dtype)
+        if pad:
+            dout, out = (F.pad(x, (0, 0, 0, pad)) for x in (dout, out))
+            lse = F.pad(lse, (0, pad), value=0.0)
+        q5, k5, v5 = _chunks(q, size), _chunks(k, size), _chunks(v, size)
+        do5, o5 = _chunks(dout, size), _chunks(out, size)
+        lse4 = lse.view(b, hq, n, size).transpose(1, 2)  # [B, n, Hq, C]
+        dq, dk, dv = ops.backward(_flat(do5), _flat(q5), _flat(k5), _flat(v5), _flat(o5), _flat(lse4).contiguous(), scale)
+        dq, dk, dv = (x.view(b, n, -1, size, d) for x in (dq, dk, dv))
+        if n > 1 and size > 1:
+            rev = lambda x: _flat(x[:, 1:].flip(3)[:, :, :, 1:]).contiguous()  # noqa: E731  (queries' frame of piece B)
+            dq_b, dk_b, dv_b = ops.backward(rev(do5), *_prev_piece_inputs(q5, k5, v5), rev(o5), rev(lse4[..., None])[..., 0], scale)
+            dq = dq.clone()
+            dq[:, 1:, :, : size - 1] += dq_b.view(b, n - 1, hq, size - 1, d).flip(3)
+            dk, dv = dk.clone(), dv.clone()
+            dk[:, :-1, :, 1:] += dk_b.view(b, n - 1, hkv, size - 1, d).flip(3)
+            dv[:, :-1, :, 1:] += dv_b.view(b, n - 1, hkv, size - 1, d).flip(3)
+        dq, dk, dv = (x.transpose(1, 2).reshape(b, -1, n * size, d)[:, :, :t] for x in (dq, dk, dv))
+        if has_diag:
+            dq = (dq.to(dq_diag.dtype) + dq_diag).to(q.dtype)
+            return dq, dk, dv, ddiag_k, ddiag_v, None, None, None
+        return dq, dk, dv, None, None, None, None, None
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, scale: float | None = None,
+                     diag_k: torch.Tensor | None = None, diag_v: torch.Tensor | None = None, ops: PieceOps | None = None) -> torch.Tensor:
+    """Causal attention with a sliding window, plus optional per-query diagonal keys.
+
+    Args:
+        q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] (Hq a multiple of Hkv).
+        window: W keys visible counting the query itself, or None (plain causal).
+        diag_k, diag_v: [S, B, Hkv, T, D] or None: query t also sees row t of each of the S.
+        ops: the piece kernels (default: cuDNN on CUDA, the PyTorch reference elsewhere).
+
+    Returns:
+        [B, Hq, T, D] in q's dtype.
+    """
+    if window is not None and window < 1:
+        raise ValueError(f"window={window}; expected a positive number of keys or None")
+    ops = ops or (CUDNN if q.is_cuda else REFERENCE)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return _WindowAttention.apply(q, k, v, diag_k, diag_v, window, scale, ops)
+
+
+@functools.cache
+def cudnn_available() -> bool:
+    """Whether cuDNN's fused attention runs here (CUDA, Hopper/Ampere, a cuDNN build with SDPA)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        x = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
+        _cudnn_forward(x, x, x, 0.125)
+        return True
+    except RuntimeError:
+        return False

@@ -1,0 +1,94 @@
+"""kernels/window_attention.py against one dense mask built element by element (fp64, CPU), and on
+the GPU the cuDNN pieces against the PyTorch reference pieces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.window_attention import CUDNN, REFERENCE, window_attention
+from train.eagle3_masks import ttt_dense_mask
+
+
+def dense_reference(q, k, v, window, diag_k=None, diag_v=None):
+    """Softmax attention over [k ; diag_k[0] ; ...] with a mask filled pair by pair."""
+    b, hq, t, d = q.shape
+    steps = 0 if diag_k is None else diag_k.shape[0]
+    keys = torch.cat([k] + [diag_k[s] for s in range(steps)], dim=2)
+    values = torch.cat([v] + [diag_v[s] for s in range(steps)], dim=2)
+    mask = torch.zeros(t, (steps + 1) * t, dtype=torch.bool)
+    for i in range(t):
+        for j in range(t):  # step-0 keys: causal, within the window (W keys counting the query)
+            mask[i, j] = j <= i and (window is None or i - j < window)
+        for s in range(steps):  # diagonal keys: the query's own index only
+            mask[i, (s + 1) * t + i] = True
+    groups = hq // k.shape[1]
+    keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
+    scores = (q @ keys.transpose(-1, -2)) * d**-0.5
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ values
+
+
+def grads(fn, inputs, dout):
+    for x in inputs:
+        x.grad = None
+    out = fn()
+    out.backward(dout)
+    return [out.detach()] + [x.grad.clone() for x in inputs]
+
+
+@pytest.mark.parametrize("t", [1, 5, 8, 13])
+@pytest.mark.parametrize("window", [None, 1, 2, 3, 4, 8, 20])
+@pytest.mark.parametrize("steps", [0, 2])
+def test_equals_dense_mask(t: int, window: int | None, steps: int) -> None:
+    torch.manual_seed(t * 100 + (window or 0) * 10 + steps)
+    b, hq, hkv, d = 2, 4, 2, 8
+    mk = lambda *s: torch.randn(*s, dtype=torch.float64, requires_grad=True)  # noqa: E731
+    q, k, v = mk(b, hq, t, d), mk(b, hkv, t, d), mk(b, hkv, t, d)
+    dk, dv = mk(steps, b, hkv, t, d), mk(steps, b, hkv, t, d)
+    inputs = [q, k, v] + ([dk, dv] if steps else [])
+    dout = torch.randn(b, hq, t, d, dtype=torch.float64)
+    diag = (dk, dv) if steps else (None, None)
+    got = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=REFERENCE), inputs, dout)
+    want = grads(lambda: dense_reference(q, k, v, window, *diag), inputs, dout)
+    for name, g, w in zip(["out", "dq", "dk", "dv", "ddiag_k", "ddiag_v"], got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("step", [0, 1, 3])
+@pytest.mark.parametrize("window", [None, 4, 6])
+def test_is_the_eagle3_ttt_mask(step: int, window: int | None) -> None:
+    """TTT step j = a window of W - j over the step-0 keys + j diagonal keys (train/eagle3_masks.py)."""
+    torch.manual_seed(step)
+    b, hq, hkv, t, d = 1, 2, 1, 11, 4
+    q = torch.randn(b, hq, t, d, dtype=torch.float64)
+    k, v = torch.randn(2, step + 1, b, hkv, t, d, dtype=torch.float64)
+    valid = torch.ones(b, t, dtype=torch.bool)
+    mask = ttt_dense_mask(valid, step, window)
+    keys, values = (x.movedim(0, 2).flatten(2, 3).repeat_interleave(hq // hkv, 1) for x in (k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    got = window_attention(q, k[0], v[0], None if window is None else window - step, None, k[1:], v[1:], ops=REFERENCE)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_bad_window() -> None:
+    x = torch.zeros(1, 1, 4, 2)
+    with pytest.raises(ValueError, match="window=0"):
+        window_attention(x, x, x, 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN pieces need a GPU")
+@pytest.mark.parametrize("t,window,steps", [(4096, 1024, 0), (3000, 1024, 0), (2048, 4096, 0), (4096, 1024, 6), (1000, 256, 3)])
+def test_cudnn_pieces_equal_reference_pieces(t: int, window: int, steps: int) -> None:
+    torch.manual_seed(0)
+    b, hq, hkv, d = 1, 8, 2, 128
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    q, k, v = mk(b, hq, t, d), mk(b, hkv, t, d), mk(b, hkv, t, d)
+    dk, dv = mk(steps, b, hkv, t, d), mk(steps, b, hkv, t, d)
+    inputs = [q, k, v] + ([dk, dv] if steps else [])
+    diag = (dk, dv) if steps else (None, None)
+    dout = torch.randn(b, hq, t, d, device="cuda", dtype=torch.bfloat16)
+    got = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=CUDNN), inputs, dout)
+    want = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=REFERENCE), inputs, dout)
+    for name, g, w in zip(["out", "dq", "dk", "dv", "ddiag_k", "ddiag_v"], got, want):
+        rel = float((g.float() - w.float()).norm() / w.float().norm())
+        assert rel < 1e-2, f"{name}: relative error {rel:.2e}"
