@@ -14,6 +14,10 @@ TARGET_SHAPES = {
                                   rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
                                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
                                   tie_word_embeddings=False)),
+    # a smoke-test shape (CPU): the scripts' code paths in seconds
+    "tiny-qwen3": ("qwen3", dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=False)),
 }
 
 
@@ -28,5 +32,5 @@ def random_target(shape: str, device: str = "cuda", seed: int = 0):
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device != "cpu" else torch.float32)
     return TargetModel(model, tokenizer=None, path=f"random:{shape}")

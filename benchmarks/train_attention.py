@@ -10,11 +10,16 @@ Rows (bf16, one sequence, GQA as given):
   ... context + diagonal (LSE)  a candidate, defined here: flex over the T step-0 keys returning its
                                 log-sum-exp, the j diagonal keys as elementwise dot products, merged
                                 (measured slower in eager PyTorch; the trainer keeps the single mask)
-  flex dflash blocks            train/masks.py: T context keys + N blocks of B queries (one sliding layer)
+  flex dflash blocks            train/masks.py: T context keys + N blocks of B queries (one sliding layer),
+                                the dflash_swa recipe's 512 anchors, spread evenly
+  cudnn window (chunked)        kernels/window_attention.py: the band cut into cuDNN causal pieces
+  cudnn eagle3 ttt step j       the same with window W - j + the j diagonal keys: the TTT mask of step j
 
-TFLOP/s counts 4 * D * (visible query-key pairs) * Hq for the forward and 2.5x that for forward +
-backward (FlashAttention's convention), so a mask that skips work is not credited for it. The
-visible pairs are counted from the same mask function, in chunks, on the GPU.
+TFLOP/s counts 4 * D * (visible query-key pairs) * Hq for the forward and 3.5x that for forward +
+backward (FlashAttention's benchmark convention: the backward does 2.5x the forward's work), so a
+mask that skips work is not credited for it. The visible pairs are counted from the same mask
+function, in chunks, on the GPU. At the smallest T the cuDNN rows are checked against the flex
+rows (same mask) on the output and the three gradients.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.attention import compiled_flex_attention  # noqa: E402
+from kernels.window_attention import window_attention  # noqa: E402
 from train.eagle3_masks import ttt_flex_block_mask, ttt_visible  # noqa: E402
 from train.masks import LayerMaskSpec, dflash_visible, flex_block_mask  # noqa: E402
 
@@ -94,8 +100,21 @@ def run_case(name: str, q, k, v, attend, pairs: int, rows: list) -> None:
         rows.append((name, q.shape[2], k.shape[2], pairs, None, None))
         torch.cuda.empty_cache()
         return
-    flops = 2.5 * 4 * q.shape[-1] * pairs * q.shape[1]
+    flops = 3.5 * 4 * q.shape[-1] * pairs * q.shape[1]
     rows.append((name, q.shape[2], k.shape[2], pairs, ms, flops / ms / 1e9))
+
+
+def check_same(label: str, q, k, v, fn, reference) -> None:
+    """Print the relative difference of fn against reference: output and the three gradients."""
+    results = []
+    for f in (fn, reference):
+        for x in (q, k, v):
+            x.grad = None
+        out = f(q, k, v)
+        out.float().square().sum().backward()
+        results.append([out.detach().float(), q.grad.float(), k.grad.float(), v.grad.float()])
+    diffs = [float((a - b).norm() / b.norm()) for a, b in zip(*results)]
+    print(f"{label}: relative difference out/dq/dk/dv " + " ".join(f"{x:.1e}" for x in diffs), flush=True)
 
 
 def main() -> None:
@@ -107,6 +126,8 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--ttt-steps", type=int, nargs="+", default=[0, 6])
     parser.add_argument("--block", type=int, default=16)
+    parser.add_argument("--anchors", type=int, default=512, help="DFlash anchors per sequence (the dflash_swa recipe's 512)")
+    parser.add_argument("--no-lse-candidate", action="store_true", help="skip the rejected eager LSE-merge rows")
     parser.add_argument("--dense-max", type=int, default=8192)
     args = parser.parse_args()
     flex = compiled_flex_attention()
@@ -134,6 +155,10 @@ def main() -> None:
         # A plain window is TTT step 0 on a sequence without padding.
         block_mask = ttt_flex_block_mask(valid, 0, w)
         run_case(f"flex window W={w}", q, k, v, lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True), window_pairs, rows)
+        run_case(f"cudnn window (chunked) W={w}", q, k, v, lambda q, k, v: window_attention(q, k, v, w), window_pairs, rows)
+        if t == min(args.seq):
+            check_same(f"T={t} cudnn window vs flex window", q, k, v, lambda q, k, v: window_attention(q, k, v, w, d**-0.5),
+                       lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True, scale=d**-0.5))
         for j in args.ttt_steps:
             if j == 0:
                 continue
@@ -142,6 +167,18 @@ def main() -> None:
             pairs = count_pairs(lambda b, qi, ki: ttt_visible(b, qi, ki, j, valid, w), t, (j + 1) * t)
             run_case(f"flex eagle3 ttt step {j} W={w}", qj, kj, vj, lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True),
                      pairs, rows)
+            def ttt_cudnn(q, k, v, j=j):
+                k_steps, v_steps = k.unflatten(2, (j + 1, t)), v.unflatten(2, (j + 1, t))  # [1, Hkv, j+1, T, D]
+                return window_attention(q, k_steps[:, :, 0], v_steps[:, :, 0], w - j, d**-0.5, k_steps[:, :, 1:].movedim(2, 0),
+                                        v_steps[:, :, 1:].movedim(2, 0))
+
+            run_case(f"cudnn eagle3 ttt step {j} W={w}", qj, kj, vj, ttt_cudnn, pairs, rows)
+            if t == min(args.seq):
+                check_same(f"T={t} step {j}: cudnn window + diagonal vs the flex TTT mask", qj, kj, vj, ttt_cudnn,
+                           lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True, scale=d**-0.5))
+            if args.no_lse_candidate:
+                del qj, kj, vj
+                continue
             ctx_mask = ttt_context_block_mask(valid, j, w)
 
             def split(q, k, v, j=j, ctx_mask=ctx_mask):
@@ -161,8 +198,8 @@ def main() -> None:
                 print(f"T={t} step {j}: context+diagonal vs one mask, max relative diff out/dq/dk/dv: " + " ".join(f"{x:.1e}" for x in diffs))
             run_case(f"flex eagle3 ttt step {j} context + diagonal (LSE) W={w}", qj, kj, vj, split, pairs, rows)
             del qj, kj, vj
-        # DFlash: T context keys, N = T / (4B) anchors (a quarter of the positions under a block)
-        n = max(1, t // (4 * args.block))
+        # DFlash: T context keys, --anchors blocks spread evenly
+        n = max(1, min(args.anchors, t // args.block))
         anchors = torch.linspace(args.block, t - args.block, n, device="cuda").long()[None]
         spec = LayerMaskSpec(window=w, block_causal=True)
         qd, kd, vd = tensors(n * args.block, t + n * args.block)

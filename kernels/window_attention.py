@@ -85,21 +85,23 @@ def _reference_backward(dout, q, k, v, out, lse, scale):
 REFERENCE = PieceOps("reference", _reference_forward, _reference_backward)
 
 
+# cuDNN's backward takes the forward's dropout RNG state (unused at dropout 0); kept from a forward call.
+_CUDNN_RNG: dict = {}
+
+
 def _cudnn_forward(q, k, v, scale):
-    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=scale)
+    out, lse, _, _, _, _, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, True, False, scale=scale)
+    _CUDNN_RNG.setdefault(q.device, (seed, offset))
     return out, lse.reshape(q.shape[:3])
 
 
-_EMPTY: dict = {}
-
-
 def _cudnn_backward(dout, q, k, v, out, lse, scale):
-    if "t" not in _EMPTY:
-        _EMPTY["t"] = torch.empty(0, device=q.device)
-    empty = _EMPTY["t"]
+    seed, offset = _CUDNN_RNG[q.device]
     n, h, length, _ = q.shape
+    # cum_seq_q/k undefined (None): dense batches, not packed sequences
     return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-        dout, q, k, v, out, lse.reshape(n, h, length, 1).contiguous(), empty, empty, None, empty, empty, length, k.shape[2], 0.0,
+        dout, q, k, v, out, lse.reshape(n, h, length, 1).contiguous(), seed, offset, None, None, None, length, k.shape[2], 0.0,
         True, scale=scale)
 
 
@@ -129,25 +131,102 @@ def _prev_piece_inputs(q5, k5, v5):
     return _flat(qb).contiguous(), _flat(kb).contiguous(), _flat(vb).contiguous()
 
 
-def _diag_scores(q, diag_k, scale):
-    """[S, B, Hq, T] fp32 scores of each query against its own index's S diagonal keys."""
-    b, hq, t, d = q.shape
-    hkv = diag_k.shape[2]
-    acc = _acc(q)
-    qg = q.reshape(b, hkv, hq // hkv, t, d).to(acc)
-    return (qg[None] * diag_k.to(acc)[:, :, :, None]).sum(-1).flatten(2, 3) * scale
-
-
 def _acc(x: torch.Tensor) -> torch.dtype:
     """Accumulation dtype: fp32, or fp64 for fp64 inputs (the tests' reference precision)."""
     return torch.promote_types(x.dtype, torch.float32)
+
+
+def _diag_scores(q, diag_k, scale):
+    """[S, B, Hq, T] scores of each query against its own index's S diagonal keys (accumulation dtype)."""
+    b, hq, t, d = q.shape
+    hkv = diag_k.shape[2]
+    qg = q.reshape(b, hkv, hq // hkv, t, d).to(_acc(q))
+    return (qg[None] * diag_k.to(_acc(q))[:, :, :, None]).sum(-1).flatten(2, 3) * scale
+
+
+# The elementwise stages below are plain functions; on the GPU each runs under torch.compile, which
+# fuses its flips, pads, exps and sums into one or two memory passes (eager: ~10 passes in fp32).
+
+
+def _merge_pieces(out_a, lse_a, out_b, lse_b, t: int):
+    """Piece A [B, n, Hq, C, D] + piece B in its reversed frame [B, n-1, Hq, C-1, D] (or None)
+    -> out [B, Hq, T, D] in out_a's dtype and lse [B, Hq, T] (accumulation dtype)."""
+    acc = _acc(out_a)
+    b, n, hq, size, d = out_a.shape
+    lse = lse_a.to(acc)
+    out = out_a.to(acc)
+    if out_b is not None:
+        # back to chunk order: offsets 0 .. C-2 of chunks 1..; chunk 0 and offset C-1 see no previous chunk
+        ob = F.pad(out_b.flip(3).to(acc), (0, 0, 0, 1, 0, 0, 1, 0))
+        lb = F.pad(lse_b.flip(3).to(acc), (0, 1, 0, 0, 1, 0), value=NEG_INF)
+        lse = torch.logaddexp(lse_a.to(acc), lb)
+        out = torch.exp(lse_a.to(acc) - lse)[..., None] * out + torch.exp(lb - lse)[..., None] * ob
+    out = out.transpose(1, 2).reshape(b, hq, n * size, d)[:, :, :t]
+    lse = lse.transpose(1, 2).reshape(b, hq, n * size)[:, :, :t]
+    return out.to(out_a.dtype), lse
+
+
+def _diag_forward(q, out, lse, diag_k, diag_v, scale: float):
+    """Fold the S diagonal keys into (out, lse)."""
+    acc = _acc(q)
+    scores = _diag_scores(q, diag_k, scale)  # [S, B, Hq, T]
+    lse_all = torch.logsumexp(torch.cat([lse[None], scores]), dim=0)
+    probs = torch.exp(scores - lse_all)
+    rep = q.shape[1] // diag_k.shape[2]
+    diag_out = (probs[..., None] * diag_v.to(acc).repeat_interleave(rep, dim=2)).sum(0)
+    return (out.to(acc) * torch.exp(lse - lse_all)[..., None] + diag_out).to(q.dtype), lse_all
+
+
+def _diag_backward(q, dout, out, lse, diag_k, diag_v, scale: float):
+    """Gradients through the diagonal keys: dq's share and d(diag_k), d(diag_v)."""
+    acc = _acc(q)
+    hkv = diag_k.shape[2]
+    rep = q.shape[1] // hkv
+    probs = torch.exp(_diag_scores(q, diag_k, scale) - lse)  # [S, B, Hq, T]
+    dof = dout.to(acc)
+    row_dot = (dof * out.to(acc)).sum(-1)  # rowsum(dO * O)
+    dprobs = (dof[None] * diag_v.to(acc).repeat_interleave(rep, dim=2)).sum(-1)
+    dscores = probs * (dprobs - row_dot)
+    dq = (dscores[..., None] * diag_k.to(acc).repeat_interleave(rep, dim=2)).sum(0) * scale
+    fold = lambda g: g.unflatten(2, (hkv, rep)).sum(3)  # noqa: E731  (a KV head's query heads)
+    ddiag_k = fold(dscores[..., None] * q.to(acc)[None] * scale).to(diag_k.dtype)
+    ddiag_v = fold(probs[..., None] * dof[None]).to(diag_v.dtype)
+    return dq, ddiag_k, ddiag_v
+
+
+def _combine_grads(g_a, g_b, t: int, query_side: bool):
+    """Piece A's gradient [B, n, H, C, D] + piece B's [B*(n-1), H, C-1, D] (reversed frame, or None)
+    -> [B, H, T, D]. Piece B's queries are offsets 0..C-2 of chunks 1..; its keys offsets 1..C-1 of
+    chunks 0..n-2."""
+    b, n, h, size, d = g_a.shape
+    g = g_a
+    if g_b is not None:
+        gb = g_b.view(b, n - 1, h, size - 1, d).flip(3)
+        g = g + F.pad(gb, (0, 0, 0, 1, 0, 0, 1, 0) if query_side else (0, 0, 1, 0, 0, 0, 0, 1))
+    return g.transpose(1, 2).reshape(b, h, n * size, d)[:, :, :t]
+
+
+
+def _stage(fn, on_gpu: bool):
+    if not on_gpu:
+        return fn
+    if fn.__name__ not in _COMPILED:
+        import torch._dynamo
+
+        # one compiled graph per shape; training shapes vary per batch (dynamo turns them dynamic)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        _COMPILED[fn.__name__] = torch.compile(fn)
+    return _COMPILED[fn.__name__]
+
+
+_COMPILED: dict = {}
 
 
 class _WindowAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, diag_k, diag_v, window, scale, ops):
         b, hq, t, d = q.shape
-        hkv = k.shape[1]
+        on_gpu = q.is_cuda
         size = t if window is None or window >= t else window
         n = -(-t // size)
         pad = n * size - t
@@ -155,30 +234,15 @@ class _WindowAttention(torch.autograd.Function):
             q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
         q5, k5, v5 = _chunks(q, size), _chunks(k, size), _chunks(v, size)
         out_a, lse_a = ops.forward(_flat(q5), _flat(k5), _flat(v5), scale)
-        out_a, lse_a = out_a.view(b, n, hq, size, d), lse_a.view(b, n, hq, size)
-        outs, lses = [out_a], [lse_a]
-        acc = _acc(q)
+        out_b = lse_b = None
         if n > 1 and size > 1:
             out_b, lse_b = ops.forward(*_prev_piece_inputs(q5, k5, v5), scale)
-            out_b = out_b.view(b, n - 1, hq, size - 1, d).flip(3)  # offsets 0 .. C-2 of chunks 1..
-            lse_b = lse_b.view(b, n - 1, hq, size - 1).flip(3)
-            # chunk 0 sees no previous chunk; offset C-1 sees none of it (its window ends at the chunk start)
-            outs.append(F.pad(out_b, (0, 0, 0, 1, 0, 0, 1, 0)))
-            lses.append(F.pad(lse_b.to(acc), (0, 1, 0, 0, 1, 0), value=NEG_INF))
-        lse = torch.logsumexp(torch.stack([x.to(acc) for x in lses]), dim=0)  # [B, n, Hq, C]
-        out = sum(torch.exp(piece_lse.to(acc) - lse)[..., None] * piece.to(acc) for piece, piece_lse in zip(outs, lses))
-        out = out.transpose(1, 2).reshape(b, hq, n * size, d)[:, :, :t]
-        lse = lse.transpose(1, 2).reshape(b, hq, n * size)[:, :, :t]
-        if diag_k is not None and diag_k.shape[0]:
-            scores = _diag_scores(q[:, :, :t], diag_k, scale)  # [S, B, Hq, T]
-            lse_all = torch.logsumexp(torch.cat([lse[None], scores]), dim=0)
-            probs = torch.exp(scores - lse_all)
-            rep = hq // hkv
-            diag_out = (probs[..., None] * diag_v.to(acc).repeat_interleave(rep, dim=2)).sum(0)
-            out = out * torch.exp(lse - lse_all)[..., None] + diag_out
-            lse = lse_all
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, diag_k, diag_v, out, lse)
+            out_b, lse_b = out_b.view(b, n - 1, hq, size - 1, d), lse_b.view(b, n - 1, hq, size - 1)
+        out, lse = _stage(_merge_pieces, on_gpu)(out_a.view(b, n, hq, size, d), lse_a.view(b, n, hq, size), out_b, lse_b, t)
+        has_diag = diag_k is not None and diag_k.shape[0] > 0
+        if has_diag:
+            out, lse = _stage(_diag_forward, on_gpu)(q[:, :, :t], out, lse, diag_k, diag_v, scale)
+        ctx.save_for_backward(q, k, v, diag_k if has_diag else None, diag_v if has_diag else None, out, lse)
         ctx.meta = (t, size, n, pad, scale, ops)
         return out
 
@@ -187,43 +251,26 @@ class _WindowAttention(torch.autograd.Function):
         q, k, v, diag_k, diag_v, out, lse = ctx.saved_tensors
         t, size, n, pad, scale, ops = ctx.meta
         b, hq, _, d = q.shape
-        hkv = k.shape[1]
+        on_gpu = q.is_cuda
         dout = dout.contiguous()
-        has_diag = diag_k is not None and diag_k.shape[0] > 0
-        if has_diag:
-            scores = _diag_scores(q[:, :, :t], diag_k, scale)
-            probs = torch.exp(scores - lse)  # [S, B, Hq, T]
-            rep = hq // hkv
-            acc = _acc(q)
-            dof = dout.to(acc)
-            row_dot = (dof * out.to(acc)).sum(-1)  # rowsum(dO * O)
-            dv_rep = diag_v.to(acc).repeat_interleave(rep, dim=2)
-            dprobs = (dof[None] * dv_rep).sum(-1)
-            dscores = probs * (dprobs - row_dot)
-            dq_diag = (dscores[..., None] * diag_k.to(acc).repeat_interleave(rep, dim=2)).sum(0) * scale
-            fold = lambda g: g.unflatten(2, (hkv, rep)).sum(3)  # noqa: E731
-            ddiag_k = fold(dscores[..., None] * q[:, :, :t].to(acc)[None] * scale).to(diag_k.dtype)
-            ddiag_v = fold(probs[..., None] * dof[None]).to(diag_v.dtype)
+        if diag_k is not None:
+            dq_diag, ddiag_k, ddiag_v = _stage(_diag_backward, on_gpu)(q[:, :, :t], dout, out, lse, diag_k, diag_v, scale)
         if pad:
             dout, out = (F.pad(x, (0, 0, 0, pad)) for x in (dout, out))
             lse = F.pad(lse, (0, pad), value=0.0)
         q5, k5, v5 = _chunks(q, size), _chunks(k, size), _chunks(v, size)
         do5, o5 = _chunks(dout, size), _chunks(out, size)
         lse4 = lse.view(b, hq, n, size).transpose(1, 2)  # [B, n, Hq, C]
-        dq, dk, dv = ops.backward(_flat(do5), _flat(q5), _flat(k5), _flat(v5), _flat(o5), _flat(lse4).contiguous(), scale)
-        dq, dk, dv = (x.view(b, n, -1, size, d) for x in (dq, dk, dv))
+        grads_a = ops.backward(_flat(do5), _flat(q5), _flat(k5), _flat(v5), _flat(o5), _flat(lse4).contiguous(), scale)
+        grads_b = (None, None, None)
         if n > 1 and size > 1:
-            rev = lambda x: _flat(x[:, 1:].flip(3)[:, :, :, 1:]).contiguous()  # noqa: E731  (queries' frame of piece B)
-            dq_b, dk_b, dv_b = ops.backward(rev(do5), *_prev_piece_inputs(q5, k5, v5), rev(o5), rev(lse4[..., None])[..., 0], scale)
-            dq = dq.clone()
-            dq[:, 1:, :, : size - 1] += dq_b.view(b, n - 1, hq, size - 1, d).flip(3)
-            dk, dv = dk.clone(), dv.clone()
-            dk[:, :-1, :, 1:] += dk_b.view(b, n - 1, hkv, size - 1, d).flip(3)
-            dv[:, :-1, :, 1:] += dv_b.view(b, n - 1, hkv, size - 1, d).flip(3)
-        dq, dk, dv = (x.transpose(1, 2).reshape(b, -1, n * size, d)[:, :, :t] for x in (dq, dk, dv))
-        if has_diag:
-            dq = (dq.to(dq_diag.dtype) + dq_diag).to(q.dtype)
-            return dq, dk, dv, ddiag_k, ddiag_v, None, None, None
+            rev = lambda x: _flat(x[:, 1:].flip(3)[:, :, :, 1:]).contiguous()  # noqa: E731  (piece B's reversed frame)
+            grads_b = ops.backward(rev(do5), *_prev_piece_inputs(q5, k5, v5), rev(o5), rev(lse4[..., None])[..., 0], scale)
+        combine = _stage(_combine_grads, on_gpu)
+        dq, dk, dv = (combine(g_a.view(b, n, -1, size, d), g_b, t, side == 0)
+                      for side, (g_a, g_b) in enumerate(zip(grads_a, grads_b)))
+        if diag_k is not None:
+            return (dq.to(dq_diag.dtype) + dq_diag).to(q.dtype), dk, dv, ddiag_k, ddiag_v, None, None, None
         return dq, dk, dv, None, None, None, None, None
 
 

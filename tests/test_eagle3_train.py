@@ -184,12 +184,29 @@ def test_loss_and_simulated_tau_match_a_loop_over_labels() -> None:
         guess = model.draft_ids_in_target()[model.logits(h).argmax(-1)]
         keep = torch.rand(2, 12, generator=generator) < 0.7
         target_logits.scatter_add_(-1, shift(guess, j + 1)[..., None], 20.0 * shift(keep, j + 1)[..., None].float())
-    stats = ttt_loss(model, outputs, target_logits, ids, loss_mask, attention_mask)
-    summary = stats.summary("x")
     loss, sim_tau = reference_loss(model, outputs, target_logits, ids, loss_mask, attention_mask)
-    assert math.isclose(summary["x/loss"], loss, rel_tol=1e-5)
-    assert math.isclose(summary["x/sim_tau"], sim_tau, rel_tol=1e-6)
+    for chunk_rows in (4096, 5):  # one piece; pieces of 5 rows that cut across sequences
+        summary = ttt_loss(model, outputs, target_logits, ids, loss_mask, attention_mask, chunk_rows).summary("x")
+        assert math.isclose(summary["x/loss"], loss, rel_tol=1e-5)
+        assert math.isclose(summary["x/sim_tau"], sim_tau, rel_tol=1e-6)
     assert 1.3 < sim_tau < 3.5, sim_tau  # chains of several lengths were counted
+
+
+def test_chunked_soft_cross_entropy_has_the_same_gradients() -> None:
+    model = small_drafter(["sliding_attention"], 5)
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 40, (2, 12), generator=generator)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    features, target_logits = torch.randn(2, 12, 96, generator=generator), torch.randn(2, 12, 40, generator=generator)
+    grads = []
+    for chunk_rows in (4096, 7):
+        model.zero_grad()
+        outputs = unroll(model, features, ids, mask.bool(), 3)
+        ttt_loss(model, outputs, target_logits, ids, mask, mask, chunk_rows).loss_sum.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and "lm_head.weight" in grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
 
 
 def shift(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -124,28 +124,54 @@ def label_mask(input_ids: torch.Tensor, loss_mask: torch.Tensor, attention_mask:
     return shift_left(labelled, step + 2, False)
 
 
+def _soft_ce_rows(model: Eagle3DraftModel, h: torch.Tensor, target_draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = model.logits(h).float()
+    soft = F.softmax(target_draft.float(), dim=-1)
+    return -(soft * F.log_softmax(logits, dim=-1)).sum(-1), logits.argmax(-1)
+
+
+def soft_cross_entropy(model: Eagle3DraftModel, h: torch.Tensor, target_draft: torch.Tensor, chunk_rows: int = 4096):
+    """Per-row soft CE of the draft head on ``h`` [Bsz, T, H] against softmax(``target_draft``)
+    [Bsz, T, Vd], and the draft argmax; ``chunk_rows`` rows at a time, each chunk recomputed in the
+    backward (activation checkpointing), so no full [Bsz, T, Vd] fp32 logits are ever kept: at 32K
+    tokens and a 32K draft vocabulary those are 4 GiB per tensor and per TTT step."""
+    rows = h.shape[0] * h.shape[1]
+    if rows <= chunk_rows:
+        return _soft_ce_rows(model, h, target_draft)
+    flat_h, flat_t = h.flatten(0, 1), target_draft.flatten(0, 1)
+    ces, argmaxes = [], []
+    for start in range(0, rows, chunk_rows):
+        piece = (flat_h[start:start + chunk_rows], flat_t[start:start + chunk_rows])
+        if torch.is_grad_enabled():
+            ce, top = torch.utils.checkpoint.checkpoint(_soft_ce_rows, model, *piece, use_reentrant=False)
+        else:
+            ce, top = _soft_ce_rows(model, *piece)
+        ces.append(ce)
+        argmaxes.append(top)
+    return torch.cat(ces).view(h.shape[:2]), torch.cat(argmaxes).view(h.shape[:2])
+
+
 def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits: torch.Tensor, input_ids: torch.Tensor,
-             loss_mask: torch.Tensor, attention_mask: torch.Tensor) -> TTTStats:
+             loss_mask: torch.Tensor, attention_mask: torch.Tensor, chunk_rows: int = 4096) -> TTTStats:
     """Soft CE against the target restricted to the draft vocabulary, and acceptance stats.
 
-    target_logits: [Bsz, T, V] the target's logits over its whole vocabulary.
+    target_logits: [Bsz, T, V] the target's logits over its whole vocabulary (kept in their dtype:
+    bf16 on the GPU; each chunk is upcast for its softmax).
     """
     steps = len(outputs)
     draft_ids = model.draft_ids_in_target()  # [Vd]
     target_greedy = target_logits.argmax(-1)  # [Bsz, T]
-    target_draft = target_logits.index_select(-1, draft_ids).float()  # [Bsz, T, Vd]
+    target_draft = target_logits.index_select(-1, draft_ids)  # [Bsz, T, Vd]
     device = target_logits.device
     loss_sum = torch.zeros((), device=device)
     step_loss, step_correct, step_count = (torch.zeros(steps, device=device) for _ in range(3))
     leading = None
     for j, h in enumerate(outputs):
         labelled = label_mask(input_ids, loss_mask, attention_mask, j)
-        logits = model.logits(h).float()  # [Bsz, T, Vd]
-        soft = F.softmax(shift_left(target_draft, j + 1, 0.0), dim=-1)
-        ce = -(soft * F.log_softmax(logits, dim=-1)).sum(-1)  # [Bsz, T]
+        ce, draft_top = soft_cross_entropy(model, h, shift_left(target_draft, j + 1, 0.0), chunk_rows)  # [Bsz, T]
         ce = torch.where(labelled, ce, torch.zeros_like(ce))
         loss_sum = loss_sum + STEP_DECAY**j * ce.sum()
-        correct = (model.draft_to_target(logits.argmax(-1)) == shift_left(target_greedy, j + 1, -1)) & labelled
+        correct = (model.draft_to_target(draft_top) == shift_left(target_greedy, j + 1, -1)) & labelled
         step_loss[j] = ce.sum().detach()
         step_correct[j] = correct.sum()
         step_count[j] = labelled.sum()

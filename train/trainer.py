@@ -256,6 +256,8 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     # Target, layer ids, mask token: every check before any data work.
     target_path = resolve_target_path(cfg.target.path)
     target = TargetModel.from_pretrained(target_path, device, cfg.target.dtype, cfg.target.attn_implementation)
+    if cfg.target.compile_layers and device.type == "cuda":
+        target.compile_layers()
     layer_ids = target_layer_ids(cfg, target)
     mask_token_id = resolve_mask_token_id(cfg.drafter.mask_token_id, target) if cfg.drafter.kind.value == "dflash" else None
     log.info("target %s: %d layers, hidden %d; drafter reads layers %s; mask token %s",

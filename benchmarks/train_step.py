@@ -1,0 +1,195 @@
+"""One whole drafter training step at real scale: tokens/s, model FLOP utilisation, peak memory.
+
+    python benchmarks/train_step.py --shape qwen3-8b --drafter dflash eagle3 --seq 2048 3072 8192 32768 --windows full 512 2048
+
+Random-init target of a real shape (bf16, compiled layers, lean capture) and the drafter of the
+experiment's recipe (``experiment=dflash_swa`` / ``eagle3_swa``: DFlash 5 layers, block 16, 512
+anchors; EAGLE-3 1 layer, TTT 7, 32K draft vocabulary), built by the trainer's own functions and
+stepped by its ``train_step`` (target capture, drafter forward + backward, AdamW), one sequence of
+T random tokens per step, every token in the loss. Windows: ``full`` = every drafter layer full
+attention; W = the recipe's layer types with sliding_window W.
+
+Model FLOPs of a step: every Linear's 2·in·out per row, counted by hooks over one step (x1 under
+no_grad, x3 with a trainable weight, x2 for a frozen weight the gradient passes through), plus
+attention 4·D·Hq per visible query-key pair (x1 in the target, x3.5 in the drafter: FlashAttention's
+forward + backward convention), visible pairs counted from the masks' own rules. MFU = FLOPs / time
+/ 779 TFLOP/s (bf16 matrix product on this H100, the issue's reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
+
+PEAK = 779e12
+
+
+def compose(drafter: str, seq: int, window: str, shape: str):
+    from hydra import compose as hydra_compose, initialize_config_module
+
+    from train.trainer import to_train_config
+
+    overrides = [f"experiment={drafter}_swa", "output_dir=/tmp/train_step_bench", f"data.max_length={seq}", "logger=none"]
+    layers = 5 if drafter == "dflash" else 1
+    if window == "full":
+        overrides += [f"drafter.layer_types=[{','.join(['full_attention'] * layers)}]", "drafter.sliding_window=null"]
+    else:
+        overrides += [f"drafter.sliding_window={window}"]
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        return to_train_config(hydra_compose(config_name="train", overrides=overrides))
+
+
+class LinearFlops:
+    """Counts 2·in·out per row of every nn.Linear call, weighted by what its backward will do."""
+
+    def __init__(self, *modules: torch.nn.Module):
+        self.total = 0.0
+        self.handles = [m.register_forward_hook(self.hook) for root in modules for m in root.modules() if isinstance(m, torch.nn.Linear)]
+
+    def hook(self, module, args, output) -> None:
+        x = args[0]
+        flops = 2 * (x.numel() // module.in_features) * module.in_features * module.out_features
+        if not torch.is_grad_enabled():
+            backward = 0  # the frozen target
+        elif module.weight.requires_grad:
+            backward = 2  # input and weight gradients
+        else:
+            backward = 1 if x.requires_grad else 0  # a frozen head the gradient passes through
+        self.total += flops * (1 + backward)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def attention_flops(step, batch, plan, target, seq: int) -> float:
+    """4·D·Hq per visible pair: the target's causal layers (forward) + the drafter's masks (x3.5)."""
+    tcfg = target.config
+    per_pair_t = 4 * tcfg.head_dim * tcfg.num_attention_heads
+    layers_run = max(step.layer_ids) + 1 if step.__class__.__name__ == "DFlashStep" else target.num_layers
+    flops = layers_run * per_pair_t * seq * (seq + 1) / 2
+    dcfg = step.drafter.config
+    per_pair_d = 4 * getattr(dcfg, "head_dim", dcfg.hidden_size // dcfg.num_attention_heads) * dcfg.num_attention_heads * 3.5
+    window = step.cfg.drafter.sliding_window
+    for layer_type in step.drafter.layer_types:
+        w = window if layer_type == "sliding_attention" else None
+        if step.__class__.__name__ == "DFlashStep":
+            from train.masks import LayerMaskSpec, dflash_visible
+
+            spec = LayerMaskSpec.for_layer(layer_type, window, step.cfg.drafter.sliding_block_causal)
+            dev = step.device
+            anchors = plan.anchors.to(dev)
+            valid = torch.ones(1, seq, dtype=torch.bool, device=dev)
+            q_len = anchors.shape[1] * step.block_size
+            kv = torch.arange(seq + q_len, device=dev)[None]
+            b = torch.zeros((), dtype=torch.long, device=dev)
+            pairs = 0
+            for start in range(0, q_len, 512):
+                q = torch.arange(start, min(start + 512, q_len), device=dev)[:, None]
+                pairs += int(dflash_visible(b, q, kv, anchors, valid, step.block_size, spec).sum())
+        else:
+            pairs = 0
+            for j in range(step.steps):
+                ctx = seq * (seq + 1) // 2 if w is None else sum(min(t + 1, w - j) for t in range(seq))
+                pairs += ctx + j * seq
+        flops += per_pair_d * pairs
+    return flops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen3-8b", choices=sorted(TARGET_SHAPES))
+    parser.add_argument("--drafter", nargs="+", default=["dflash", "eagle3"])
+    parser.add_argument("--seq", type=int, nargs="+", default=[2048, 3072, 8192, 32768])
+    parser.add_argument("--windows", nargs="+", default=["full", "512", "2048"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--backend", default="auto", help="trainer.attention_backend")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the code paths (tiny shapes), no speed")
+    args = parser.parse_args()
+
+    from train.eagle3_objective import Eagle3Step
+    from train.trainer import DFlashStep, build_drafter, build_eagle3_drafter, target_layer_ids, train_step
+
+    device = torch.device(args.device)
+    target = random_target(args.shape, args.device)
+    on_gpu = device.type == "cuda"
+
+    def elapsed_ms(fn) -> float:
+        if on_gpu:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if on_gpu:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3
+    rows = []
+    for kind in args.drafter:
+        for seq in args.seq:
+            for window in args.windows:
+                cfg = compose(kind, seq, window, args.shape)
+                cfg.trainer.attention_backend = args.backend
+                layer_ids = target_layer_ids(cfg, target)
+                torch.manual_seed(0)
+                ids = torch.randint(100, target.vocab_size - 100, (1, seq))
+                batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+                if kind == "dflash":
+                    drafter = build_drafter(cfg, target, layer_ids, mask_token_id=target.vocab_size - 1).to(device)
+                    step = DFlashStep(cfg, target, drafter, layer_ids, device)
+                else:
+                    drafter = build_eagle3_drafter(cfg, target, layer_ids, [{"input_ids": ids[0].tolist(), "loss_mask": [1] * seq}]).to(device)
+                    step = Eagle3Step(cfg, target, drafter, layer_ids, device)
+                optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-5, fused=True)
+                scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+                batch = step.collate([{k: v[0].tolist() for k, v in batch.items()}], 0)
+                label = f"{kind} T={seq} window={window} ({step.backend})"
+                try:
+                    # Linear FLOPs of one forward, target eager (hooks inside compiled code would not fire);
+                    # the backward is weighted in, not counted, so recomputation is not credited
+                    target.uncompile_layers()
+                    plan = step.plan(batch, torch.Generator().manual_seed(0))
+                    counter = LinearFlops(target.model, drafter)
+                    stats = step.forward(batch, plan)
+                    counter.remove()
+                    stats.loss_sum.backward()
+                    drafter.zero_grad(set_to_none=True)
+                    del stats
+                    flops = counter.total + attention_flops(step, batch, plan, target, seq)
+                    target.compile_layers()
+                    for i in range(2):
+                        train_step(step, [batch], i, optimizer, scheduler)
+                    if on_gpu:
+                        torch.cuda.reset_peak_memory_stats()
+                    times = sorted(elapsed_ms(lambda: train_step(step, [batch], 0, optimizer, scheduler)) for _ in range(args.repeats))
+                    ms = times[len(times) // 2]
+                    # the target's share: the capture alone
+                    ids_d, mask_d = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+                    tt = sorted(elapsed_ms(lambda: target.capture(ids_d, layer_ids, mask_d, with_logits=kind == "eagle3")) for _ in range(3))
+                    peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan")
+                    rows.append((label, seq, ms, sorted(tt)[1], flops, peak))
+                except torch.OutOfMemoryError:
+                    rows.append((label, seq, None, None, None, None))
+                print(rows[-1], flush=True)
+                del drafter, step, optimizer
+                torch.cuda.empty_cache()
+
+    print(f"{torch.cuda.get_device_name() if on_gpu else 'CPU'}, target {args.shape} random init (bf16, compiled layers), one sequence per step")
+    print("| drafter, tokens, window (attention) | step ms | target ms | tokens/s | model TFLOP | TFLOP/s | MFU | peak GiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, seq, ms, target_ms, flops, peak in rows:
+        if ms is None:
+            print(f"| {label} | OOM | | | | | | |")
+            continue
+        print(f"| {label} | {ms:.1f} | {target_ms:.1f} | {seq / ms * 1e3:,.0f} | {flops / 1e12:.1f} | {flops / ms / 1e9:.0f} | "
+              f"{100 * flops / (ms / 1e3) / PEAK:.1f}% | {peak:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
