@@ -112,6 +112,7 @@ def main() -> None:
     parser.add_argument("--windows", nargs="+", default=["full", "512", "2048"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--backend", default="auto", help="trainer.attention_backend")
+    parser.add_argument("--checkpoint", action="store_true", help="trainer.activation_checkpointing (EAGLE-3 TTT steps)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the code paths (tiny shapes), no speed")
     args = parser.parse_args()
 
@@ -136,6 +137,7 @@ def main() -> None:
             for window in args.windows:
                 cfg = compose(kind, seq, window, args.shape)
                 cfg.trainer.attention_backend = args.backend
+                cfg.trainer.activation_checkpointing = args.checkpoint
                 layer_ids = target_layer_ids(cfg, target)
                 torch.manual_seed(0)
                 ids = torch.randint(100, target.vocab_size - 100, (1, seq))
@@ -149,7 +151,7 @@ def main() -> None:
                 optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-5, fused=True)
                 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
                 batch = step.collate([{k: v[0].tolist() for k, v in batch.items()}], 0)
-                label = f"{kind} T={seq} window={window} ({step.backend})"
+                label = f"{kind} T={seq} window={window} ({step.backend}{', checkpointed steps' if args.checkpoint else ''})"
                 try:
                     # Linear FLOPs of one forward, target eager (hooks inside compiled code would not fire);
                     # the backward is weighted in, not counted, so recomputation is not credited

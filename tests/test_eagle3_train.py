@@ -141,6 +141,24 @@ def test_window_kernel_backend_equals_dense_masks_with_gradients(case: str) -> N
         torch.testing.assert_close(kernel_grads[name], dense_grads[name], rtol=1e-8, atol=1e-9, msg=name)
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "cudnn"])
+def test_checkpointed_steps_give_the_same_gradients(backend: str) -> None:
+    model = small_drafter(["sliding_attention", "full_attention"], 5).double()
+    generator = torch.Generator().manual_seed(4)
+    features = torch.randn(2, 9, 3 * 32, generator=generator, dtype=torch.float64)
+    ids = torch.randint(0, 40, (2, 9), generator=generator)
+    ctx_valid = torch.arange(9)[None] < torch.tensor([9, 7])[:, None]
+    grads = []
+    for checkpoint_steps in (False, True):
+        model.zero_grad()
+        outputs = unroll(model, features, ids, ctx_valid, 4, backend=backend, checkpoint_steps=checkpoint_steps)
+        sum((model.logits(h) * ctx_valid[..., None]).square().sum() for h in outputs).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-10, atol=1e-12, msg=name)
+
+
 # ----------------------------------------------------------------------------- the loss
 
 

@@ -88,3 +88,16 @@ def test_embeddings_and_lm_head_exposed(reference_target: TargetModel) -> None:
 def test_missing_target_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(ValueError, match="target.path=.*cannot load a causal LM"):
         TargetModel.from_pretrained(str(tmp_path / "nothing-here"))
+
+
+def test_capture_leaves_the_model_whole(reference_target: TargetModel) -> None:
+    """The cut stack is put back: a plain HF forward after capture (and after a failing one) is unchanged."""
+    ids = torch.randint(0, reference_target.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    before = reference_target.model(input_ids=ids).logits
+    layers, norm = reference_target.stack.layers, reference_target.stack.norm
+    reference_target.capture(ids, [1])
+    with pytest.raises(Exception):
+        reference_target.capture(ids.float(), [2])  # float ids fail inside the cut stack
+    assert reference_target.stack.layers is layers and reference_target.stack.norm is norm
+    assert len(reference_target.stack.layers) == reference_target.num_layers
+    torch.testing.assert_close(reference_target.model(input_ids=ids).logits, before, rtol=0, atol=0)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import attention
-from kernels.window_attention import cudnn_available, window_attention
+from kernels.window_attention import window_attention
 
 from .eagle3_masks import ttt_dense_mask, ttt_flex_block_mask
 from .models.eagle3 import Eagle3DraftModel
@@ -46,7 +46,7 @@ def step_masks(ctx_valid: torch.Tensor, layer_types: list[str], sliding_window: 
 
 
 def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Tensor, ctx_valid: torch.Tensor, steps: int,
-           backend: str = "sdpa", masks: list[dict] | None = None) -> list[torch.Tensor]:
+           backend: str = "sdpa", masks: list[dict] | None = None, checkpoint_steps: bool = False) -> list[torch.Tensor]:
     """The TTT forward: ``steps`` drafting steps over every index at once.
 
     With ``backend="cudnn"`` step j's attention is ``kernels.window_attention``: a window of W - j
@@ -58,7 +58,9 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
         features: [Bsz, T, k*H] target features at ``model.target_layer_ids``.
         input_ids: [Bsz, T] the sequence's tokens x_0 .. x_{T-1}.
         ctx_valid: [Bsz, T] bool, True on real tokens.
-        backend: ``sdpa`` (dense masks) or ``flex`` (block masks, GPU).
+        backend: ``sdpa`` (dense masks), ``flex`` (block masks, GPU) or ``cudnn`` (see above).
+        checkpoint_steps: keep no activations inside a step's layers; the backward recomputes them
+            (each step's keys and values stay: later steps attend to them).
 
     Returns:
         per step j, [Bsz, T, H] the drafter's output before the final norm (``model.logits``).
@@ -74,17 +76,24 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
     outputs = []
     for j in range(steps):
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, j: int = j) -> torch.Tensor:
-            keys[i].append(k)
-            values[i].append(v)
+            if len(keys[i]) > j:  # the backward recomputing step j (checkpoint_steps): same values
+                keys[i][j], values[i][j] = k, v
+            else:
+                keys[i].append(k)
+                values[i].append(v)
+            step_keys, step_values = keys[i][: j + 1], values[i][: j + 1]
             if backend == "cudnn":
                 window = model.sliding_window if layer_types[i] == "sliding_attention" else None
-                diag_k, diag_v = (torch.stack(keys[i][1:]), torch.stack(values[i][1:])) if j else (None, None)
-                return window_attention(q, keys[i][0], values[i][0], None if window is None else window - j, scale, diag_k, diag_v)
-            return attention(q, torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2), masks[j][layer_types[i]], scale=scale)
+                diag_k, diag_v = (torch.stack(step_keys[1:]), torch.stack(step_values[1:])) if j else (None, None)
+                return window_attention(q, step_keys[0], step_values[0], None if window is None else window - j, scale, diag_k, diag_v)
+            return attention(q, torch.cat(step_keys, dim=2), torch.cat(step_values, dim=2), masks[j][layer_types[i]], scale=scale)
 
         ids = shift_left(input_ids, j + 1, 0)  # x_{t+j+1}
         positions = (torch.arange(seq_len, device=input_ids.device) + 1 + j).expand(bsz, -1)
-        h = model(ids, hidden, positions, attend)
+        if checkpoint_steps and torch.is_grad_enabled():
+            h = torch.utils.checkpoint.checkpoint(model, ids, hidden, positions, attend, use_reentrant=False)
+        else:
+            h = model(ids, hidden, positions, attend)
         outputs.append(h)
         hidden = model.next_hidden(h)
     return outputs
@@ -196,8 +205,6 @@ class Eagle3Step(TrainStep):
             raise ValueError(f"trainer.attention_backend=cudnn needs drafter.sliding_window >= drafter.ttt_length "
                              f"({window} < {self.steps}); use flex")
 
-    def gpu_backend(self) -> str:
-        return "cudnn" if cudnn_available() else "flex"
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:
         return None  # nothing random: every index is a start
@@ -211,5 +218,6 @@ class Eagle3Step(TrainStep):
         loss_mask = batch["loss_mask"].to(self.device)
         captured = self.target.capture(input_ids, self.layer_ids, attention_mask=attention_mask, with_logits=True)
         with self.autocast():
-            outputs = unroll(self.drafter, captured.features, input_ids, attention_mask.bool(), self.steps, self.backend)
+            outputs = unroll(self.drafter, captured.features, input_ids, attention_mask.bool(), self.steps, self.backend,
+                             checkpoint_steps=self.cfg.trainer.activation_checkpointing)
             return ttt_loss(self.drafter, outputs, captured.logits, input_ids, loss_mask, attention_mask)

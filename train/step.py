@@ -16,7 +16,7 @@ class TrainStep:
         self.cfg, self.target, self.drafter, self.layer_ids, self.device = cfg, target, drafter, layer_ids, device
         backend = cfg.trainer.attention_backend
         if backend == "auto":
-            backend = "sdpa" if device.type != "cuda" else self.gpu_backend()
+            backend = "flex" if device.type == "cuda" else "sdpa"
         if backend in ("flex", "cudnn") and device.type != "cuda":
             raise ValueError(f"trainer.attention_backend={backend} needs a GPU (trainer.device={device.type}); use sdpa")
         self.backend = backend
@@ -25,9 +25,6 @@ class TrainStep:
         # Compiled flex attention wants one shape: pad every batch to max_length.
         self.static_shapes = self.backend == "flex"
         self.pad_to = cfg.data.max_length if self.static_shapes else None
-
-    def gpu_backend(self) -> str:
-        return "flex"
 
     def collate(self, rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
         return collate_padded(rows, pad_id, self.pad_to)
