@@ -13,7 +13,8 @@ from compose import compose_train
 from safetensors.torch import load_file
 from transformers import LlamaConfig
 
-from train.eagle3_objective import STEP_DECAY, ttt_loss, unroll
+from train.eagle3_objective import STEP_DECAY, target_labels, ttt_loss, unroll
+from train.target import TargetModel
 from train.models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from train.trainer import train
 
@@ -208,6 +209,17 @@ def test_loss_and_simulated_tau_match_a_loop_over_labels() -> None:
         assert math.isclose(summary["x/loss"], loss, rel_tol=1e-5)
         assert math.isclose(summary["x/sim_tau"], sim_tau, rel_tol=1e-6)
     assert 1.3 < sim_tau < 3.5, sim_tau  # chains of several lengths were counted
+
+
+def test_target_labels_from_the_final_hidden_state_in_chunks(reference_target_path) -> None:
+    reference_target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    ids = torch.randint(0, reference_target.vocab_size, (2, 11), generator=torch.Generator().manual_seed(5))
+    captured = reference_target.capture(ids, [1, 3], with_final_hidden=True)
+    logits = reference_target.model(input_ids=ids).logits
+    draft_ids = torch.tensor([5, 0, 17, 300, 2])
+    greedy, draft = target_labels(draft_ids, captured.final_hidden, reference_target.lm_head, chunk_rows=4)
+    assert torch.equal(greedy, logits.argmax(-1))
+    torch.testing.assert_close(draft, logits[..., draft_ids], rtol=1e-5, atol=1e-5)
 
 
 def test_chunked_soft_cross_entropy_has_the_same_gradients() -> None:

@@ -160,24 +160,46 @@ def soft_cross_entropy(model: Eagle3DraftModel, h: torch.Tensor, target_draft: t
     return torch.cat(ces).view(h.shape[:2]), torch.cat(argmaxes).view(h.shape[:2])
 
 
-def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits: torch.Tensor, input_ids: torch.Tensor,
-             loss_mask: torch.Tensor, attention_mask: torch.Tensor, chunk_rows: int = 4096) -> TTTStats:
+@torch.no_grad()
+def target_labels(draft_ids: torch.Tensor, final_hidden: torch.Tensor, lm_head: torch.nn.Module, chunk_rows: int = 4096):
+    """The target's greedy ids over its whole vocabulary [Bsz, T] and its logits restricted to the
+    draft vocabulary [Bsz, T, Vd], from its normed last hidden state, ``chunk_rows`` rows at a time:
+    the full-vocabulary logits never exist at once."""
+    flat = final_hidden.flatten(0, 1)
+    greedy, draft = [], []
+    for start in range(0, flat.shape[0], chunk_rows):
+        logits = lm_head(flat[start:start + chunk_rows])
+        greedy.append(logits.argmax(-1))
+        draft.append(logits.index_select(-1, draft_ids))
+    shape = final_hidden.shape[:2]
+    return torch.cat(greedy).view(shape), torch.cat(draft).view(*shape, -1)
+
+
+def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits: torch.Tensor | None, input_ids: torch.Tensor,
+             loss_mask: torch.Tensor, attention_mask: torch.Tensor, chunk_rows: int = 4096, labels=None) -> TTTStats:
     """Soft CE against the target restricted to the draft vocabulary, and acceptance stats.
 
-    target_logits: [Bsz, T, V] the target's logits over its whole vocabulary (kept in their dtype:
-    bf16 on the GPU; each chunk is upcast for its softmax).
+    target_logits: [Bsz, T, V] the target's logits over its whole vocabulary, or None with
+    ``labels`` = (greedy ids [Bsz, T], draft-vocabulary logits [Bsz, T, Vd]) from ``target_labels``.
+    The target logits stay in their dtype (bf16 on the GPU); each chunk is upcast for its softmax.
     """
     steps = len(outputs)
     draft_ids = model.draft_ids_in_target()  # [Vd]
-    target_greedy = target_logits.argmax(-1)  # [Bsz, T]
-    target_draft = target_logits.index_select(-1, draft_ids)  # [Bsz, T, Vd]
-    device = target_logits.device
+    if labels is None:
+        labels = target_logits.argmax(-1), target_logits.index_select(-1, draft_ids)
+    target_greedy, target_draft = labels  # [Bsz, T], [Bsz, T, Vd]
+    seq_len = target_draft.shape[1]
+    device = target_draft.device
     loss_sum = torch.zeros((), device=device)
     step_loss, step_correct, step_count = (torch.zeros(steps, device=device) for _ in range(3))
     leading = None
     for j, h in enumerate(outputs):
         labelled = label_mask(input_ids, loss_mask, attention_mask, j)
-        ce, draft_top = soft_cross_entropy(model, h, shift_left(target_draft, j + 1, 0.0), chunk_rows)  # [Bsz, T]
+        # index t at step j learns the target's distribution at t + j + 1; the last j + 1 indices have
+        # none (never labelled): views, not shifted copies, so no per-step copy of the soft labels
+        kept = seq_len - (j + 1)
+        ce, draft_top = soft_cross_entropy(model, h[:, :kept], target_draft[:, j + 1:], chunk_rows)
+        ce, draft_top = F.pad(ce, (0, j + 1)), F.pad(draft_top, (0, j + 1))  # [Bsz, T]
         ce = torch.where(labelled, ce, torch.zeros_like(ce))
         loss_sum = loss_sum + STEP_DECAY**j * ce.sum()
         correct = (model.draft_to_target(draft_top) == shift_left(target_greedy, j + 1, -1)) & labelled
@@ -216,8 +238,11 @@ class Eagle3Step(TrainStep):
         input_ids = batch["input_ids"].to(self.device)
         attention_mask = batch["attention_mask"].to(self.device)
         loss_mask = batch["loss_mask"].to(self.device)
-        captured = self.target.capture(input_ids, self.layer_ids, attention_mask=attention_mask, with_logits=True)
+        captured = self.target.capture(input_ids, self.layer_ids, attention_mask=attention_mask, with_final_hidden=True)
+        labels = target_labels(self.drafter.draft_ids_in_target(), captured.final_hidden, self.target.lm_head)
+        features = captured.features
+        del captured  # the final hidden state is no longer needed
         with self.autocast():
-            outputs = unroll(self.drafter, captured.features, input_ids, attention_mask.bool(), self.steps, self.backend,
+            outputs = unroll(self.drafter, features, input_ids, attention_mask.bool(), self.steps, self.backend,
                              checkpoint_steps=self.cfg.trainer.activation_checkpointing)
-            return ttt_loss(self.drafter, outputs, captured.logits, input_ids, loss_mask, attention_mask)
+            return ttt_loss(self.drafter, outputs, None, input_ids, loss_mask, attention_mask, labels=labels)

@@ -33,6 +33,8 @@ class TargetFeatures:
     features: torch.Tensor
     # logits: [B, T, V] when asked for, else None
     logits: torch.Tensor | None = None
+    # final_hidden: [B, T, H] the last layer's normed output (logits = lm_head(final_hidden)) when asked for
+    final_hidden: torch.Tensor | None = None
 
 
 def default_layer_ids(drafter: str, num_layers: int, num_features: int | None = None) -> list[int]:
@@ -165,7 +167,8 @@ class TargetModel:
                 self.stack.norm = norm
 
     @torch.no_grad()
-    def capture(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask: torch.Tensor | None = None, with_logits: bool = False) -> TargetFeatures:
+    def capture(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask: torch.Tensor | None = None, with_logits: bool = False,
+                with_final_hidden: bool = False) -> TargetFeatures:
         """Run the target and return the hidden states of ``layer_ids``.
 
         Args:
@@ -173,6 +176,9 @@ class TargetModel:
             layer_ids: decoder-layer ids (see the module docstring), any order, no repeats.
             attention_mask: [B, T], 1 on real tokens (right padding), or None.
             with_logits: also run the remaining layers and the LM head and return ``logits``.
+            with_final_hidden: also run the remaining layers and the final norm, not the LM head, and
+                return ``final_hidden``: the caller applies ``lm_head`` a chunk of rows at a time (at 32K
+                tokens Qwen3's logits alone are 9.3 GiB in bf16).
 
         Returns:
             ``TargetFeatures`` with ``features [B, T, len(layer_ids) * H]`` in the model's dtype,
@@ -189,10 +195,12 @@ class TargetModel:
             return hook
 
         handles = [self.layers[i].register_forward_hook(hook_for(i)) for i in set(layer_ids)]
-        logits = None
+        logits = final_hidden = None
         try:
             if with_logits:
                 logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=0).logits
+            elif with_final_hidden:
+                final_hidden = self.stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
             else:
                 with self._stack_cut_after(deepest + 1) as stack:
                     stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
@@ -200,4 +208,4 @@ class TargetModel:
             for h in handles:
                 h.remove()
         features = torch.cat([captured[i] for i in layer_ids], dim=-1)
-        return TargetFeatures(features=features, logits=logits)
+        return TargetFeatures(features=features, logits=logits, final_hidden=final_hidden)
