@@ -176,7 +176,11 @@ def main() -> None:
                     tt = sorted(elapsed_ms(lambda: target.capture(ids_d, layer_ids, mask_d, with_logits=kind == "eagle3")) for _ in range(3))
                     peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan")
                     rows.append((label, seq, ms, sorted(tt)[1], flops, peak))
-                except torch.OutOfMemoryError:
+                except torch.OutOfMemoryError as e:
+                    print(f"{label}: {str(e).splitlines()[0]}", flush=True)
+                    import traceback
+
+                    traceback.print_exc(limit=-4)
                     rows.append((label, seq, None, None, None, None))
                 print(rows[-1], flush=True)
                 del drafter, step, optimizer

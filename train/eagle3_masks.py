@@ -66,5 +66,6 @@ def ttt_flex_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None, 
     def mask_mod(b, h, q_idx, kv_idx):
         return ttt_visible(b, q_idx, kv_idx, step, ctx_valid, window)
 
+    # compiled on the GPU: built tile by tile, never the dense [T, (j+1)T] mask (7.5 GB at 32K, step 6)
     return create_block_mask(mask_mod, B=bsz, H=None, Q_LEN=seq_len, KV_LEN=(step + 1) * seq_len,
-                             device=ctx_valid.device, BLOCK_SIZE=tile)
+                             device=ctx_valid.device, BLOCK_SIZE=tile, _compile=ctx_valid.is_cuda)
