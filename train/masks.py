@@ -104,6 +104,5 @@ def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: 
         return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
 
     return create_block_mask(
-        mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=ctx_valid.shape[1] + q_len, device=anchors.device, BLOCK_SIZE=tile,
-        _compile=anchors.is_cuda,  # built tile by tile on the GPU, never the dense [Q, K] mask
-    )
+        mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=ctx_valid.shape[1] + q_len, device=anchors.device, BLOCK_SIZE=tile
+    )  # eager: new anchors every step; compiled building (as the TTT masks do) ran minutes per step on the H100
