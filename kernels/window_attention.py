@@ -28,7 +28,6 @@ dtype) for tests, where the whole construction is checked against one dense mask
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -292,16 +291,3 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     ops = ops or (CUDNN if q.is_cuda else REFERENCE)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _WindowAttention.apply(q, k, v, diag_k, diag_v, window, scale, ops)
-
-
-@functools.cache
-def cudnn_available() -> bool:
-    """Whether cuDNN's fused attention runs here (CUDA, Hopper/Ampere, a cuDNN build with SDPA)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        x = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
-        _cudnn_forward(x, x, x, 0.125)
-        return True
-    except RuntimeError:
-        return False
