@@ -3,10 +3,13 @@
 Window convention (Hugging Face ``sliding_window``): the query at position p sees keys p-W+1 .. p,
 W keys counting itself. FlashAttention's and FlashInfer's left window is W - 1.
 
-Why not one masked kernel: on an H100 cuDNN's fused causal attention runs ~500 TFLOP/s forward +
-backward where flex_attention with a window BlockMask runs ~300 and torch's bundled FlashAttention-2
-~280 (``benchmarks/train_attention.py``). cuDNN takes no window, so the band is cut into causal
-pieces it can run. With chunks of C = W positions, the query at offset i of chunk c sees
+Why: on an H100 cuDNN's fused causal attention runs ~510 TFLOP/s forward + backward at 8K where
+flex_attention with a window BlockMask runs ~290 and torch's bundled FlashAttention-2 ~280
+(``benchmarks/probe_attention_kernels.py``). cuDNN takes no window, so the band is cut into causal
+pieces it can run. Measured result (BENCHMARKS.md, issue 8): exact, but slower than flex end to end
+(14.9 vs 11.5 ms at 32K, W=2048): cuDNN on 2K-long chunks is far from its long-sequence rate and
+the reversed copies and merges cost memory passes. The trainer uses it only when asked
+(``trainer.attention_backend=cudnn``). With chunks of C = W positions, the query at offset i of chunk c sees
 
     chunk c       offsets j <= i          a causal square                      -> piece A
     chunk c - 1   offsets j >  i          a strictly upper triangle; reversing -> piece B
