@@ -256,14 +256,14 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     # Target, layer ids, mask token: every check before any data work.
     target_path = resolve_target_path(cfg.target.path)
     target = TargetModel.from_pretrained(target_path, device, cfg.target.dtype, cfg.target.attn_implementation)
-    if cfg.target.compile_layers and device.type == "cuda":
-        target.compile_layers()
     layer_ids = target_layer_ids(cfg, target)
     mask_token_id = resolve_mask_token_id(cfg.drafter.mask_token_id, target) if cfg.drafter.kind.value == "dflash" else None
     log.info("target %s: %d layers, hidden %d; drafter reads layers %s; mask token %s",
              cfg.target.path, target.num_layers, target.hidden_size, layer_ids, mask_token_id)
 
     train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress)
+    if cfg.target.compile_layers and device.type == "cuda":  # after data preparation: regeneration decodes token by token
+        target.compile_layers()
     train_ds = train_ds.with_format(None)
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
     batches = EpochBatches(len(train_ds), tc.batch_size, tc.seed)
