@@ -3,26 +3,19 @@
     python benchmarks/probe_attention_kernels.py
 Findings on the H100 are in BENCHMARKS.md (issue 8)."""
 import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.measure import median_ms  # noqa: E402
+
 print(torch.__version__, torch.cuda.get_device_name())
 W, HQ, HKV, D = 2048, 32, 8, 128
 flex = torch.compile(flex_attention, dynamic=False)
-
-
-def timed(fn, repeats=10):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e))
-    return sorted(ts)[len(ts) // 2]
 
 
 rows = []
@@ -30,7 +23,7 @@ rows = []
 
 def case(name, fn, pairs, batch_heads=HQ):
     try:
-        ms = timed(fn)
+        ms = median_ms(fn)
         rows.append((name, ms, 3.5 * 4 * D * pairs * batch_heads / ms / 1e9))
     except Exception as ex:  # noqa: BLE001
         rows.append((name, None, f"{type(ex).__name__}: {str(ex)[:150]}"))

@@ -26,23 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.measure import median_ms  # noqa: E402
 from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
 from train.target import TargetModel, default_layer_ids  # noqa: E402
-
-
-def median_ms(fn, repeats: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def forward_flops(target: TargetModel, tokens: int, layers_run: int, lm_head: bool) -> float:

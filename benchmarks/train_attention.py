@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.measure import count_pairs, median_ms  # noqa: E402
 from kernels.attention import compiled_flex_attention  # noqa: E402
 from kernels.window_attention import window_attention  # noqa: E402
 from train.eagle3_masks import ttt_flex_block_mask, ttt_visible  # noqa: E402
@@ -60,32 +61,6 @@ def attention_with_diagonal(q, k_ctx, v_ctx, k_diag, v_diag, ctx_mask, scale: fl
     return out.to(q.dtype)
 
 
-def timed(fn, repeats: int = 5) -> float:
-    """Median milliseconds of fn() (forward + backward), after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
-def count_pairs(visible, q_len: int, kv_len: int, chunk: int = 1024) -> int:
-    total = 0
-    kv = torch.arange(kv_len, device="cuda")[None]
-    b = torch.zeros((), dtype=torch.long, device="cuda")
-    for start in range(0, q_len, chunk):
-        q = torch.arange(start, min(start + chunk, q_len), device="cuda")[:, None]
-        total += int(visible(b, q, kv).sum())
-    return total
-
-
 def run_case(name: str, q, k, v, attend, pairs: int, rows: list) -> None:
     for t in (q, k, v):
         t.grad = None
@@ -95,7 +70,7 @@ def run_case(name: str, q, k, v, attend, pairs: int, rows: list) -> None:
         out.backward(torch.ones_like(out))
 
     try:
-        ms = timed(step)
+        ms = median_ms(step, warmup=2, repeats=5)
     except torch.OutOfMemoryError:
         rows.append((name, q.shape[2], k.shape[2], pairs, None, None))
         torch.cuda.empty_cache()

@@ -19,7 +19,6 @@ forward + backward convention), visible pairs counted from the masks' own rules.
 from __future__ import annotations
 
 import argparse
-import time
 import sys
 from pathlib import Path
 
@@ -27,12 +26,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.measure import count_pairs, median_ms  # noqa: E402
 from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
+from train.eagle3_objective import Eagle3Step  # noqa: E402
+from train.masks import LayerMaskSpec, dflash_visible  # noqa: E402
+from train.trainer import DFlashStep, build_drafter, build_eagle3_drafter, target_layer_ids, train_step  # noqa: E402
 
 PEAK = 779e12
 
 
-def compose(drafter: str, seq: int, window: str, shape: str):
+def compose(drafter: str, seq: int, window: str):
     from hydra import compose as hydra_compose, initialize_config_module
 
     from train.trainer import to_train_config
@@ -70,31 +73,25 @@ class LinearFlops:
             h.remove()
 
 
-def attention_flops(step, batch, plan, target, seq: int) -> float:
+def attention_flops(step, plan, target, seq: int) -> float:
     """4·D·Hq per visible pair: the target's causal layers (forward) + the drafter's masks (x3.5)."""
     tcfg = target.config
     per_pair_t = 4 * tcfg.head_dim * tcfg.num_attention_heads
-    layers_run = max(step.layer_ids) + 1 if step.__class__.__name__ == "DFlashStep" else target.num_layers
+    is_dflash = isinstance(step, DFlashStep)
+    layers_run = max(step.layer_ids) + 1 if is_dflash else target.num_layers
     flops = layers_run * per_pair_t * seq * (seq + 1) / 2
     dcfg = step.drafter.config
     per_pair_d = 4 * getattr(dcfg, "head_dim", dcfg.hidden_size // dcfg.num_attention_heads) * dcfg.num_attention_heads * 3.5
     window = step.cfg.drafter.sliding_window
     for layer_type in step.drafter.layer_types:
         w = window if layer_type == "sliding_attention" else None
-        if step.__class__.__name__ == "DFlashStep":
-            from train.masks import LayerMaskSpec, dflash_visible
-
+        if is_dflash:
             spec = LayerMaskSpec.for_layer(layer_type, window, step.cfg.drafter.sliding_block_causal)
-            dev = step.device
-            anchors = plan.anchors.to(dev)
-            valid = torch.ones(1, seq, dtype=torch.bool, device=dev)
+            anchors = plan.anchors.to(step.device)
+            valid = torch.ones(1, seq, dtype=torch.bool, device=step.device)
             q_len = anchors.shape[1] * step.block_size
-            kv = torch.arange(seq + q_len, device=dev)[None]
-            b = torch.zeros((), dtype=torch.long, device=dev)
-            pairs = 0
-            for start in range(0, q_len, 512):
-                q = torch.arange(start, min(start + 512, q_len), device=dev)[:, None]
-                pairs += int(dflash_visible(b, q, kv, anchors, valid, step.block_size, spec).sum())
+            pairs = count_pairs(lambda b, q, kv: dflash_visible(b, q, kv, anchors, valid, step.block_size, spec), q_len, seq + q_len,
+                                step.device, chunk=512)
         else:
             pairs = 0
             for j in range(step.steps):
@@ -116,41 +113,29 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the code paths (tiny shapes), no speed")
     args = parser.parse_args()
 
-    from train.eagle3_objective import Eagle3Step
-    from train.trainer import DFlashStep, build_drafter, build_eagle3_drafter, target_layer_ids, train_step
-
     device = torch.device(args.device)
     target = random_target(args.shape, args.device)
     on_gpu = device.type == "cuda"
 
-    def elapsed_ms(fn) -> float:
-        if on_gpu:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if on_gpu:
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) * 1e3
     rows = []
     for kind in args.drafter:
         for seq in args.seq:
             for window in args.windows:
-                cfg = compose(kind, seq, window, args.shape)
+                cfg = compose(kind, seq, window)
                 cfg.trainer.attention_backend = args.backend
                 cfg.trainer.activation_checkpointing = args.checkpoint
                 layer_ids = target_layer_ids(cfg, target)
                 torch.manual_seed(0)
-                ids = torch.randint(100, target.vocab_size - 100, (1, seq))
-                batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+                row = {"input_ids": torch.randint(100, target.vocab_size - 100, (seq,)).tolist(), "attention_mask": [1] * seq, "loss_mask": [1] * seq}
                 if kind == "dflash":
                     drafter = build_drafter(cfg, target, layer_ids, mask_token_id=target.vocab_size - 1).to(device)
                     step = DFlashStep(cfg, target, drafter, layer_ids, device)
                 else:
-                    drafter = build_eagle3_drafter(cfg, target, layer_ids, [{"input_ids": ids[0].tolist(), "loss_mask": [1] * seq}]).to(device)
+                    drafter = build_eagle3_drafter(cfg, target, layer_ids, [row]).to(device)
                     step = Eagle3Step(cfg, target, drafter, layer_ids, device)
                 optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-5, fused=True)
                 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-                batch = step.collate([{k: v[0].tolist() for k, v in batch.items()}], 0)
+                batch = step.collate([row], 0)
                 label = f"{kind} T={seq} window={window} ({step.backend}{', checkpointed steps' if args.checkpoint else ''})"
                 try:
                     # Linear FLOPs of one forward, target eager (hooks inside compiled code would not fire);
@@ -163,19 +148,18 @@ def main() -> None:
                     stats.loss_sum.backward()
                     drafter.zero_grad(set_to_none=True)
                     del stats
-                    flops = counter.total + attention_flops(step, batch, plan, target, seq)
+                    flops = counter.total + attention_flops(step, plan, target, seq)
                     target.compile_layers()
                     for i in range(2):
                         train_step(step, [batch], i, optimizer, scheduler)
                     if on_gpu:
                         torch.cuda.reset_peak_memory_stats()
-                    times = sorted(elapsed_ms(lambda: train_step(step, [batch], 0, optimizer, scheduler)) for _ in range(args.repeats))
-                    ms = times[len(times) // 2]
+                    ms = median_ms(lambda: train_step(step, [batch], 0, optimizer, scheduler), warmup=0, repeats=args.repeats)
                     # the target's share: the capture alone
                     ids_d, mask_d = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-                    tt = sorted(elapsed_ms(lambda: target.capture(ids_d, layer_ids, mask_d, with_logits=kind == "eagle3")) for _ in range(3))
+                    target_ms = median_ms(lambda: target.capture(ids_d, layer_ids, mask_d, with_logits=kind == "eagle3"), warmup=0, repeats=3)
                     peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan")
-                    rows.append((label, seq, ms, sorted(tt)[1], flops, peak))
+                    rows.append((label, seq, ms, target_ms, flops, peak))
                 except torch.OutOfMemoryError as e:
                     print(f"{label}: {str(e).splitlines()[0]}", flush=True)
                     import traceback

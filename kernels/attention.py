@@ -13,15 +13,20 @@ import torch
 import torch.nn.functional as F
 
 
+def raise_recompile_limit(limit: int = 64) -> None:
+    """One compiled kernel per shape: EAGLE-3's training-time test alone has 7 key lengths (x2 for
+    eval batches, x2 layer types); past dynamo's default limit of 8 compiled code silently falls
+    back to eager (for flex: scores materialised, peak memory 5 -> 13 GiB on the reference target)."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+
+
 @functools.cache
 def compiled_flex_attention():
-    import torch._dynamo
     from torch.nn.attention.flex_attention import flex_attention
 
-    # One compiled kernel per shape: EAGLE-3's training-time test alone has 7 key lengths (x2 for eval
-    # batches, x2 layer types); past dynamo's default limit of 8 it silently falls back to eager flex,
-    # which materialises the scores (measured: peak memory 5 -> 13 GiB on the reference target).
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    raise_recompile_limit()
     # flex_attention only reaches kernel speed compiled; compiled once per process.
     return torch.compile(flex_attention, dynamic=False)
 

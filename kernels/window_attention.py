@@ -37,6 +37,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .attention import raise_recompile_limit
+
 NEG_INF = float("-inf")
 
 
@@ -57,24 +59,26 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def _reference_forward(q, k, v, scale):
+def _reference_scores(q, k, v, scale):
+    """Upcast q, expanded k/v, and the causal scores (masked with -inf) of the reference pieces."""
     groups = q.shape[1] // k.shape[1]
-    dtype = torch.promote_types(q.dtype, torch.float32)
+    dtype = _acc(q)
     qf, kf, vf = q.to(dtype), _repeat_kv(k, groups).to(dtype), _repeat_kv(v, groups).to(dtype)
-    scores = qf @ kf.transpose(-1, -2) * scale
     causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~causal, NEG_INF)
+    return qf, kf, vf, (qf @ kf.transpose(-1, -2) * scale).masked_fill(~causal, NEG_INF)
+
+
+def _reference_forward(q, k, v, scale):
+    _, _, vf, scores = _reference_scores(q, k, v, scale)
     lse = torch.logsumexp(scores, dim=-1)
     return (torch.exp(scores - lse[..., None]) @ vf).to(q.dtype), lse
 
 
 def _reference_backward(dout, q, k, v, out, lse, scale):
     groups = q.shape[1] // k.shape[1]
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    qf, kf, vf, of, dof = (t.to(dtype) for t in (q, _repeat_kv(k, groups), _repeat_kv(v, groups), out, dout))
-    scores = qf @ kf.transpose(-1, -2) * scale
-    causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
-    probs = torch.exp(scores - lse.to(dtype)[..., None]).masked_fill(~causal, 0.0)
+    qf, kf, vf, scores = _reference_scores(q, k, v, scale)
+    of, dof = out.to(qf.dtype), dout.to(qf.dtype)
+    probs = torch.exp(scores - lse.to(qf.dtype)[..., None])  # masked scores give 0
     dv = probs.transpose(-1, -2) @ dof
     dprobs = dof @ vf.transpose(-1, -2)
     dscores = probs * (dprobs - (dof * of).sum(-1, keepdim=True))
@@ -213,10 +217,8 @@ def _stage(fn, on_gpu: bool):
     if not on_gpu:
         return fn
     if fn.__name__ not in _COMPILED:
-        import torch._dynamo
-
         # one compiled graph per shape; training shapes vary per batch (dynamo turns them dynamic)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        raise_recompile_limit()
         _COMPILED[fn.__name__] = torch.compile(fn)
     return _COMPILED[fn.__name__]
 

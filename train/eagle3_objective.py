@@ -184,9 +184,8 @@ def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits
     The target logits stay in their dtype (bf16 on the GPU); each chunk is upcast for its softmax.
     """
     steps = len(outputs)
-    draft_ids = model.draft_ids_in_target()  # [Vd]
     if labels is None:
-        labels = target_logits.argmax(-1), target_logits.index_select(-1, draft_ids)
+        labels = target_logits.argmax(-1), target_logits.index_select(-1, model.draft_ids_in_target())
     target_greedy, target_draft = labels  # [Bsz, T], [Bsz, T, Vd]
     seq_len = target_draft.shape[1]
     device = target_draft.device
