@@ -227,6 +227,28 @@ class TrainerConfig:
 
 
 @dataclass
+class FeaturesConfig:
+    """The offline feature store (train/features/): ``python -m train.features`` writes it, and
+    ``python -m train`` reads it instead of running the target when ``path`` is set."""
+
+    path: Optional[str] = None
+    rows_per_shard: int = 256
+    # Rows per target forward when writing; null = trainer.batch_size. Every batch runs padded to
+    # data.max_length, the GPU trainer's static shape, so the stored features are the trainer's own bits.
+    batch_size: Optional[int] = None
+    compression: str = "none"  # none | zlib (lossless byte planes; see train/features/store.py)
+    verify: bool = True  # check each shard's sha256 when the trainer first opens it
+
+    def __post_init__(self) -> None:
+        if self.rows_per_shard < 1:
+            raise ValueError(f"features.rows_per_shard={self.rows_per_shard}; expected >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"features.batch_size={self.batch_size}; expected >= 1 or null")
+        if self.compression not in ("none", "zlib"):
+            raise ValueError(f"features.compression={self.compression!r}; expected none or zlib")
+
+
+@dataclass
 class LoggerConfig:
     wandb: bool = False
     project: str = "swa-drafters"
@@ -245,6 +267,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
     output_dir: str = MISSING
 
     def __post_init__(self) -> None:

@@ -218,8 +218,8 @@ def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits
 class Eagle3Step(TrainStep):
     """What every EAGLE-3 training step needs, fixed at start-up (the DFlash twin is trainer.DFlashStep)."""
 
-    def __init__(self, cfg, target, drafter: Eagle3DraftModel, layer_ids: list[int], device: torch.device):
-        super().__init__(cfg, target, drafter, layer_ids, device)
+    def __init__(self, cfg, target, drafter: Eagle3DraftModel, layer_ids: list[int], device: torch.device, store=None):
+        super().__init__(cfg, target, drafter, layer_ids, device, store)
         self.steps = cfg.drafter.ttt_length
         window = cfg.drafter.sliding_window
         if self.backend == "cudnn" and window is not None and window < self.steps:
@@ -237,7 +237,7 @@ class Eagle3Step(TrainStep):
         input_ids = batch["input_ids"].to(self.device)
         attention_mask = batch["attention_mask"].to(self.device)
         loss_mask = batch["loss_mask"].to(self.device)
-        captured = self.target.capture(input_ids, self.layer_ids, attention_mask=attention_mask, with_final_hidden=True)
+        captured = self.target_features(batch, with_final_hidden=True)
         labels = target_labels(self.drafter.draft_ids_in_target(), captured.final_hidden, self.target.lm_head)
         features = captured.features
         del captured  # the final hidden state is no longer needed

@@ -12,8 +12,9 @@ from .data.dataset import collate_padded
 
 
 class TrainStep:
-    def __init__(self, cfg, target, drafter, layer_ids: list[int], device: torch.device):
+    def __init__(self, cfg, target, drafter, layer_ids: list[int], device: torch.device, store=None):
         self.cfg, self.target, self.drafter, self.layer_ids, self.device = cfg, target, drafter, layer_ids, device
+        self.store = store  # a train.features.store.FeatureStore: read features instead of running the target
         backend = cfg.trainer.attention_backend
         if backend == "auto":
             backend = "flex" if device.type == "cuda" else "sdpa"
@@ -26,8 +27,23 @@ class TrainStep:
         self.static_shapes = self.backend == "flex"
         self.pad_to = cfg.data.max_length if self.static_shapes else None
 
-    def collate(self, rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-        return collate_padded(rows, pad_id, self.pad_to)
+    def collate(self, rows: list[dict], pad_id: int, split: str | None = None, indices: list[int] | None = None) -> dict:
+        """Padded tensors; with ``split`` and ``indices`` (the rows' places in their split) also
+        ``split`` and ``rows``, which the feature store looks rows up by."""
+        batch = collate_padded(rows, pad_id, self.pad_to)
+        if split is not None:
+            batch["split"], batch["rows"] = split, list(indices)
+        return batch
+
+    def target_features(self, batch: dict, with_final_hidden: bool = False):
+        """The target's features for a batch: from the store when there is one, else a target forward."""
+        input_ids = batch["input_ids"]
+        if self.store is not None:
+            if "rows" not in batch:
+                raise ValueError("a batch without row indices cannot be read from the feature store")
+            return self.store.gather(batch["split"], batch["rows"], input_ids.shape[1], self.device)
+        return self.target.capture(input_ids.to(self.device), self.layer_ids, attention_mask=batch["attention_mask"].to(self.device),
+                                   with_final_hidden=with_final_hidden)
 
     def autocast(self):
         if self.bf16:

@@ -148,6 +148,13 @@ class TargetModel:
             if "forward" not in vars(layer):
                 layer.forward = torch.compile(layer.forward)
 
+    def release_layers(self) -> None:
+        """Free the decoder layers (a run reading a feature store needs only the embedding, the LM
+        head and the config); ``capture`` refuses afterwards."""
+        self.stack.layers = self.layers = nn.ModuleList()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def uncompile_layers(self) -> None:
         for layer in self.layers:
             vars(layer).pop("forward", None)
@@ -184,6 +191,8 @@ class TargetModel:
             ``TargetFeatures`` with ``features [B, T, len(layer_ids) * H]`` in the model's dtype,
             and ``logits [B, T, V]`` or None.
         """
+        if not len(self.layers):
+            raise RuntimeError("the target's decoder layers were released (this run reads a feature store)")
         self.check_layer_ids(layer_ids)
         captured: dict[int, torch.Tensor] = {}
         deepest = max(layer_ids)

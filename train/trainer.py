@@ -31,6 +31,7 @@ from .config import TrainConfig
 from .data import prepare_data
 from .dflash_objective import IGNORE, BlockStats, block_loss, build_blocks, default_gamma, layer_masks, sample_anchors
 from .eagle3_objective import Eagle3Step
+from .features.spec import open_store
 from .step import TrainStep
 from .models.dflash import DFlashDraftModel, make_dflash_config
 from .models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
@@ -178,8 +179,8 @@ def export_drafter(drafter: DFlashDraftModel, out: Path) -> Path:
 class DFlashStep(TrainStep):
     """What every DFlash step needs, fixed at start-up (the EAGLE-3 twin is eagle3_objective.Eagle3Step)."""
 
-    def __init__(self, cfg: TrainConfig, target: TargetModel, drafter: DFlashDraftModel, layer_ids: list[int], device: torch.device):
-        super().__init__(cfg, target, drafter, layer_ids, device)  # static shapes also pad anchors to num_anchors
+    def __init__(self, cfg: TrainConfig, target: TargetModel, drafter: DFlashDraftModel, layer_ids: list[int], device: torch.device, store=None):
+        super().__init__(cfg, target, drafter, layer_ids, device, store)  # static shapes also pad anchors to num_anchors
         self.block_size = cfg.drafter.block_size
         self.gamma = cfg.drafter.loss_gamma or default_gamma(self.block_size)
 
@@ -193,9 +194,8 @@ class DFlashStep(TrainStep):
 
     def forward(self, batch: dict[str, torch.Tensor], blocks) -> BlockStats:
         """Target features -> drafter -> stats (loss_sum is differentiable)."""
-        input_ids = batch["input_ids"].to(self.device)  # [Bsz, T]
         attention_mask = batch["attention_mask"].to(self.device)  # [Bsz, T]
-        features = self.target.capture(input_ids, self.layer_ids, attention_mask=attention_mask).features  # [Bsz, T, k*H]
+        features = self.target_features(batch).features  # [Bsz, T, k*H]
         blocks = type(blocks)(*(t.to(self.device) for t in vars(blocks).values()))
         d = self.cfg.drafter
         masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal, self.backend)
@@ -235,7 +235,8 @@ def evaluate(step_ctx, eval_ds, pad_id: int, max_batches: int | None) -> dict[st
     for i, start in enumerate(range(0, len(eval_ds), bs)):
         if max_batches is not None and i >= max_batches:
             break
-        batch = step_ctx.collate([eval_ds[j] for j in range(start, min(start + bs, len(eval_ds)))], pad_id)
+        rows = list(range(start, min(start + bs, len(eval_ds))))
+        batch = step_ctx.collate([eval_ds[j] for j in rows], pad_id, "eval", rows)
         stats = step_ctx.forward(batch, step_ctx.plan(batch, generator))
         total = stats if total is None else total + stats
     step_ctx.drafter.train()
@@ -262,9 +263,13 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
              cfg.target.path, target.num_layers, target.hidden_size, layer_ids, mask_token_id)
 
     train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress)
-    if cfg.target.compile_layers and device.type == "cuda":  # after data preparation: regeneration decodes token by token
-        target.compile_layers()
     train_ds = train_ds.with_format(None)
+    store = None
+    if cfg.features.path is not None:  # offline features: checked against this run's inputs, then the layers go
+        store = open_store(cfg, target, layer_ids, {"train": train_ds, **({"eval": eval_ds} if eval_ds is not None else {})})
+        target.release_layers()
+    elif cfg.target.compile_layers and device.type == "cuda":  # after data preparation: regeneration decodes token by token
+        target.compile_layers()
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
     batches = EpochBatches(len(train_ds), tc.batch_size, tc.seed)
     steps_per_epoch = math.ceil(batches.batches_per_epoch / tc.grad_accum)
@@ -275,10 +280,10 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
 
     if cfg.drafter.kind.value == "eagle3":
         drafter = build_eagle3_drafter(cfg, target, layer_ids, train_ds).to(device).train()
-        step_ctx = Eagle3Step(cfg, target, drafter, layer_ids, device)
+        step_ctx = Eagle3Step(cfg, target, drafter, layer_ids, device, store)
     else:
         drafter = build_drafter(cfg, target, layer_ids, mask_token_id).to(device).train()
-        step_ctx = DFlashStep(cfg, target, drafter, layer_ids, device)
+        step_ctx = DFlashStep(cfg, target, drafter, layer_ids, device, store)
     trainable = [p for p in drafter.parameters() if p.requires_grad]  # EAGLE-3's embedding is the target's, frozen
     num_params = sum(p.numel() for p in trainable)
     optimizer = torch.optim.AdamW(trainable, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
@@ -326,7 +331,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     window_stats, window_tokens, window_start = None, 0, time.perf_counter()
     interrupted = False
     for step in range(train_state["step"] + 1, max_steps + 1):
-        micro = [step_ctx.collate([train_ds[i] for i in batches.next()], pad_id) for _ in range(tc.grad_accum)]
+        micro = [step_ctx.collate([train_ds[i] for i in rows], pad_id, "train", rows) for rows in (batches.next() for _ in range(tc.grad_accum))]
         stats, grad_norm = train_step(step_ctx, micro, step, optimizer, scheduler)
         tokens = int(sum(b["attention_mask"].sum() for b in micro))
         train_state["step"], train_state["tokens"] = step, train_state["tokens"] + tokens

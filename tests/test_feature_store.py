@@ -1,0 +1,164 @@
+"""The offline feature store: stored features == online capture bit for bit, lossless compression,
+resume after a real kill == an uninterrupted write, checksums, refusals, training from the store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from compose import compose_train
+
+from train.data import prepare_data
+from train.data.dataset import collate_padded
+from train.features.store import FeatureStore, StoreError, compress_tensor, decompress_tensor
+from train.features.write import write_features
+from train.target import TargetModel
+from train.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_DATA = ["data.max_records=40", "data.max_length=128", "data.num_eval=8"]
+
+
+def reference_overrides(target: Path, store: Path, kind: str = "dflash", extra: list[str] = ()) -> list[str]:
+    drafter = ["drafter=dflash", "drafter.target_layer_ids=[1,3,5]"] if kind == "dflash" else ["drafter=eagle3", "drafter.target_layer_ids=[1,3,5]"]
+    return [f"target.path={target}", *drafter, *SMALL_DATA, "trainer.batch_size=3", "trainer.progress=false", "trainer.device=cpu",
+            f"features.path={store}", "features.rows_per_shard=5", f"output_dir={store}_run", *extra]
+
+
+@pytest.mark.parametrize("kind,compression", [("dflash", "none"), ("eagle3", "zlib")])
+def test_stored_features_equal_online_capture_bit_for_bit(tmp_path: Path, reference_target_path: Path, kind: str, compression: str) -> None:
+    """The trainer's batches gather rows in any order and company; each row's stored features must be
+    the bits a target forward of that batch produces (same [batch, max_length] shape)."""
+    store_dir = tmp_path / "store"
+    cfg = compose_train(reference_overrides(reference_target_path, store_dir, kind, [f"features.compression={compression}"]))
+    totals = write_features(cfg)
+    store = FeatureStore(store_dir)
+    counts = store.spec.rows
+    assert counts["train"] + counts["eval"] == 36  # 36 of the 40 conversations have an assistant reply
+    assert totals["shards"] == -(-counts["train"] // 5) - (-counts["eval"] // 5)  # 5 rows per shard
+    assert store.spec.compression == compression and store.spec.with_final_hidden == (kind == "eagle3")
+
+    target = TargetModel.from_pretrained(str(reference_target_path))
+    train_ds, eval_ds, _ = prepare_data(cfg.data, target, seed=0, progress=False)
+    train_ds = train_ds.with_format(None)
+    pad_id = target.tokenizer.pad_token_id
+    for rows in ([7, 0, 27], [25, 12, 5], [3, 4, 26]):  # across shards, out of order
+        batch = collate_padded([train_ds[i] for i in rows], pad_id, 128)
+        online = target.capture(batch["input_ids"], [1, 3, 5], attention_mask=batch["attention_mask"], with_final_hidden=kind == "eagle3")
+        stored = store.gather("train", rows, 128)
+        real = batch["attention_mask"].bool()
+        assert torch.equal(stored.features[real], online.features[real]), rows
+        assert not stored.features[~real].any()  # zeros past each row's end
+        if kind == "eagle3":
+            assert torch.equal(stored.final_hidden[real], online.final_hidden[real])
+    last = counts["eval"] - 1
+    assert store.row("eval", last).shape == (len(eval_ds[last]["input_ids"]), 3 * target.hidden_size)
+
+
+def test_compression_is_lossless_and_smaller_for_hidden_states() -> None:
+    g = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(300, 256, generator=g) * torch.logspace(-2, 1, 256)).to(torch.bfloat16)
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-40, 3.4e38])
+    for t in (hidden, hidden.float(), special, special.to(torch.bfloat16), torch.zeros(0, 4, dtype=torch.bfloat16)):
+        blob, meta = compress_tensor(t)
+        back = decompress_tensor(blob, meta)
+        assert back.dtype == t.dtype and back.shape == t.shape
+        assert torch.equal(back.view(torch.uint8) if t.numel() else back, t.view(torch.uint8) if t.numel() else t)  # NaN-safe: compare bytes
+    blob, _ = compress_tensor(hidden)
+    assert blob.numel() < 0.9 * hidden.numel() * 2  # the sign/exponent planes of bf16 activations deflate
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_killed_writer_resumes_to_the_uninterrupted_store(tmp_path: Path, tiny_qwen3_path: str) -> None:
+    """SIGKILL a real ``python -m train.features`` mid-way, run it again: same bytes as one clean run."""
+    common = ["experiment=dflash_swa_tiny", "data.max_records=120", "data.max_length=256", "data.num_eval=8", "trainer.batch_size=2",
+              "trainer.progress=false", "features.rows_per_shard=2", "features.compression=zlib"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def command(store: Path) -> list[str]:
+        return [sys.executable, "-m", "train.features", *common, f"features.path={store}", f"output_dir={tmp_path / 'hydra'}"]
+
+    whole = tmp_path / "whole"
+    subprocess.run(command(whole), env=env, check=True, capture_output=True, cwd=tmp_path)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(command(killed), env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while len(list((killed / "train").glob("*.json"))) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_at_kill = len(list((killed / "train").glob("*.json")))
+    assert 3 <= done_at_kill < 56 and not (killed / "complete.json").exists(), done_at_kill
+    with pytest.raises(StoreError, match="unfinished"):
+        FeatureStore(killed)
+    subprocess.run(command(killed), env=env, check=True, capture_output=True, cwd=tmp_path)
+    assert tree_digest(killed) == tree_digest(whole)  # shards, marks, store.json, complete.json; no leftovers
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_path: str) -> Path:
+    store = tmp_path_factory.mktemp("tiny") / "store"
+    write_features(compose_train(["experiment=dflash_swa_tiny", *SMALL_DATA, "trainer.batch_size=2", "trainer.progress=false",
+                                  f"features.path={store}", "features.rows_per_shard=8", f"output_dir={store}_w"]))
+    return store
+
+
+TINY_TRAIN = ["experiment=dflash_swa_tiny", *SMALL_DATA, "trainer.batch_size=2", "trainer.progress=false", "trainer.max_steps=8",
+              "trainer.log_every=1", "trainer.eval_every=4", "trainer.export=false"]
+
+
+def test_training_from_the_store_follows_online_training(tmp_path: Path, tiny_store: Path) -> None:
+    """Same losses as the online run: on the CPU the online trainer pads each batch to its longest row,
+    not to max_length, so the features agree to rounding here (bit for bit at the GPU's static shape)."""
+    offline = train(compose_train(TINY_TRAIN + [f"features.path={tiny_store}", f"output_dir={tmp_path / 'offline'}"]))
+    online = train(compose_train(TINY_TRAIN + [f"output_dir={tmp_path / 'online'}"]))
+    read = lambda run: [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    a, b = read("offline"), read("online")
+    assert [h["step"] for h in a] == [h["step"] for h in b]
+    for x, y in zip(a, b):
+        for key in ("train/loss", "eval/loss"):
+            if key in x:
+                assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), (x["step"], key)
+    assert offline["eval/sim_tau"] == pytest.approx(online["eval/sim_tau"], rel=1e-5)
+
+
+def test_store_refusals_name_the_problem(tmp_path: Path, tiny_store: Path) -> None:
+    with pytest.raises(StoreError, match="no feature store there"):
+        train(compose_train(TINY_TRAIN + [f"features.path={tmp_path / 'nothing'}", f"output_dir={tmp_path / 'a'}"]))
+    # Other layers, other rows: the field that differs is named.
+    with pytest.raises(StoreError, match="field 'layer_ids'"):
+        train(compose_train(TINY_TRAIN + ["drafter.target_layer_ids=[2,4]", f"features.path={tiny_store}", f"output_dir={tmp_path / 'b'}"]))
+    with pytest.raises(StoreError, match="field 'rows'"):
+        train(compose_train(TINY_TRAIN + ["data.max_records=30", f"features.path={tiny_store}", f"output_dir={tmp_path / 'c'}"]))
+    # A flipped byte in a shard: the checksum names the file.
+    corrupt = tmp_path / "corrupt"
+    import shutil
+
+    shutil.copytree(tiny_store, corrupt)
+    shard = corrupt / "train" / "shard_00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-7] ^= 0x01
+    shard.write_bytes(bytes(data))
+    store = FeatureStore(corrupt)
+    store.gather("train", [0, 1], 128)  # shard 0 is intact
+    with pytest.raises(StoreError, match=r"shard_00001.safetensors: sha256 .* does not match"):
+        store.gather("train", [8], 128)
+
+
+def test_features_command_without_a_path_exits_with_one_line(tmp_path: Path, tiny_qwen3_path: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "train.features", "experiment=dflash_swa_tiny", f"output_dir={tmp_path}"],
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "features.path is null" in errors[0], result.stderr

@@ -1,0 +1,60 @@
+"""Process-group facts for multi-GPU runs: rank, world size, local device.
+
+Both launchers (``torchrun`` and ``deepspeed``) set RANK, WORLD_SIZE and LOCAL_RANK; a plain
+``python -m ...`` is rank 0 of 1 and never touches ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def ranks_from_env() -> Ranks:
+    return Ranks(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def local_device(device: torch.device, ranks: Ranks) -> torch.device:
+    """Each rank's own GPU (cuda:LOCAL_RANK) when the run is on GPUs."""
+    if device.type == "cuda" and ranks.distributed:
+        torch.cuda.set_device(ranks.local_rank)
+        return torch.device("cuda", ranks.local_rank)
+    return device
+
+
+def init_process_group(device: torch.device, ranks: Ranks) -> None:
+    if ranks.distributed and not dist.is_initialized():
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **kwargs)
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(value: float | int, device: torch.device) -> float:
+    """Sum of a number over all ranks (itself when not distributed)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor(float(value), dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.item()

@@ -1,0 +1,115 @@
+"""``write_features(cfg)``: run the target over the training data once and store what the drafter reads.
+
+The config is the training run's own (same target, data, drafter layer choice), so
+``python -m train.features experiment=dflash_swa features.path=/data/feat`` followed by
+``python -m train experiment=dflash_swa features.path=/data/feat`` trains on exactly the rows and
+layers the online run would.
+
+Every batch runs at the GPU trainer's static shape, ``[features.batch_size, data.max_length]``
+(a short last batch is filled with copies of its first row): a row's features then do not depend on
+which rows share its batch, so they equal, bit for bit, what the online trainer captures for that row
+(tests/test_feature_store.py; on the GPU benchmarks/feature_store.py). Under ``torchrun`` each rank
+writes every world-th shard.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from ..config import TrainConfig
+from ..data import prepare_data
+from ..data.dataset import collate_padded
+from ..distributed import barrier, init_process_group, local_device, ranks_from_env
+from ..target import TargetModel
+from ..tiny_target import resolve_target_path
+from .spec import store_spec
+from .store import StoreSpec, StoreWriter
+
+log = logging.getLogger(__name__)
+
+
+def pad_id_of(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+@torch.no_grad()
+def capture_shard(target: TargetModel, ds, rows: range, layer_ids: list[int], spec: StoreSpec, pad_id: int) -> tuple[dict[str, torch.Tensor], int]:
+    """The stored tensors of one shard: each row's features (and final hidden state), real tokens only."""
+    tensors: dict[str, torch.Tensor] = {}
+    tokens = 0
+    for start in range(rows.start, rows.stop, spec.batch_size):
+        idx = list(range(start, min(start + spec.batch_size, rows.stop)))
+        batch_rows = [ds[i] for i in idx]
+        filled = batch_rows + [batch_rows[0]] * (spec.batch_size - len(batch_rows))
+        batch = collate_padded(filled, pad_id, spec.max_length)
+        captured = target.capture(batch["input_ids"].to(target.device), layer_ids, attention_mask=batch["attention_mask"].to(target.device),
+                                  with_final_hidden=spec.with_final_hidden)
+        for i, r in enumerate(idx):
+            n = len(batch_rows[i]["input_ids"])
+            tensors[f"{r}.features"] = captured.features[i, :n].to("cpu", copy=True)
+            if spec.with_final_hidden:
+                tensors[f"{r}.final_hidden"] = captured.final_hidden[i, :n].to("cpu", copy=True)
+            tokens += n
+    return tensors, tokens
+
+
+def write_features(cfg) -> dict[str, Any]:
+    """Write (or finish) the store at ``features.path``; returns its totals (rank 0) or {}."""
+    from ..trainer import pick_device, target_layer_ids, to_train_config
+
+    cfg: TrainConfig = to_train_config(cfg)
+    if cfg.features.path is None:
+        raise ValueError("features.path is null; set where the store goes: python -m train.features ... features.path=DIR")
+    ranks = ranks_from_env()
+    device = local_device(pick_device(cfg.trainer.device), ranks)
+    init_process_group(device, ranks)
+    target = TargetModel.from_pretrained(resolve_target_path(cfg.target.path), device, cfg.target.dtype, cfg.target.attn_implementation)
+    layer_ids = target_layer_ids(cfg, target)
+
+    # Rank 0 tokenizes (and fills the cache) first; the others then load the cache.
+    if not ranks.is_main:
+        barrier()
+    train_ds, eval_ds, _ = prepare_data(cfg.data, target, seed=cfg.trainer.seed, progress=cfg.trainer.progress and ranks.is_main)
+    if ranks.is_main:
+        barrier()
+    splits = {"train": train_ds.with_format(None)}
+    if eval_ds is not None:
+        splits["eval"] = eval_ds.with_format(None)
+    if cfg.target.compile_layers and device.type == "cuda":
+        target.compile_layers()
+
+    spec = store_spec(cfg, target, layer_ids, splits)
+    if not ranks.is_main:
+        barrier()
+    writer = StoreWriter(cfg.features.path, spec)  # rank 0 creates store.json (or checks it) first
+    if ranks.is_main:
+        if leftovers := writer.remove_leftovers():
+            log.info("removed %d partial files of an interrupted run", len(leftovers))
+        barrier()
+    pad_id = pad_id_of(target.tokenizer)
+    todo = [(split, shard) for split in splits for shard in writer.pending(split, ranks.rank, ranks.world_size)]
+    log.info("feature store %s: layers %s, %s; %d shards to write on rank %d", cfg.features.path, layer_ids,
+             {k: f"{v} rows" for k, v in spec.rows.items()}, len(todo), ranks.rank)
+
+    from tqdm.auto import tqdm
+
+    # One shard is written in the background while the next one is captured.
+    with ThreadPoolExecutor(1) as io:
+        pending: Future | None = None
+        for split, shard in tqdm(todo, desc="features", unit="shard", disable=not (cfg.trainer.progress and ranks.is_main)):
+            tensors, tokens = capture_shard(target, splits[split], spec.shard_rows(split, shard), layer_ids, spec, pad_id)
+            if pending is not None:
+                pending.result()
+            pending = io.submit(writer.write_shard, split, shard, tensors, tokens)
+        if pending is not None:
+            pending.result()
+    barrier()
+    if not ranks.is_main:
+        return {}
+    totals = writer.finish()
+    log.info("feature store complete: %d shards, %d tokens, %.1f KiB per token", totals["shards"], totals["tokens"], totals["bytes_per_token"] / 1024)
+    return totals
