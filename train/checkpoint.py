@@ -62,3 +62,43 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_deepspeed_checkpoint(output_dir: Path, step: int, engine, state: dict[str, Any], keep: int, is_main: bool) -> Path:
+    """Under DeepSpeed (every rank calls this): the engine writes the model, its optimizer shards and the
+    scheduler into a hidden folder, rank 0 adds ``state.pt`` (data position, counters, RNG) and renames
+    the folder to ``step_*``: as in one-process runs, a ``step_*`` folder is always complete."""
+    import torch.distributed as dist
+
+    root = checkpoint_dir(output_dir)
+    final = root / f"step_{step:08d}"
+    tmp_tag = f".{final.name}.partial"  # one name on every rank (a random temp name would differ)
+    if is_main:
+        shutil.rmtree(root / tmp_tag, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    engine.save_checkpoint(str(root), tag=tmp_tag, save_latest=False)
+    dist.barrier()
+    if is_main:
+        torch.save({**state, "deepspeed": True}, root / tmp_tag / "state.pt")
+        if final.exists():
+            shutil.rmtree(final)
+        (root / tmp_tag).rename(final)
+        if keep > 0:
+            for old in list_checkpoints(output_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load_deepspeed_checkpoint(path: Path, engine) -> dict[str, Any]:
+    """Model, optimizer and scheduler into the engine; returns the trainer's ``state.pt``."""
+    state = load_checkpoint(path)
+    if not state.get("deepspeed"):
+        raise ValueError(f"trainer.resume: {path} was written without DeepSpeed; resume it the same way "
+                         "(no trainer.deepspeed, one process) or start over with trainer.resume=never")
+    path = Path(path) if Path(path).is_dir() else Path(path).parent
+    loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name)
+    if loaded is None:
+        raise ValueError(f"trainer.resume: DeepSpeed could not load {path}")
+    return state

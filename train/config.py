@@ -187,6 +187,9 @@ class TrainerConfig:
     # EAGLE-3: recompute each TTT step's layers in the backward instead of keeping their activations
     # (a 32K-token step at the 8B shape: 108 GiB peak without, see BENCHMARKS.md)
     activation_checkpointing: bool = False
+    # DeepSpeed ZeRO (train/deepspeed_engine.py): zero2 | zero3 (configs/deepspeed/) or a path to a DeepSpeed
+    # JSON; null = zero2 when launched on several processes (torchrun / deepspeed), no DeepSpeed on one.
+    deepspeed: Optional[str] = None
     seed: int = 0
     num_workers: int = 0
     log_every: int = 10

@@ -7,6 +7,7 @@ Both launchers (``torchrun`` and ``deepspeed``) set RANK, WORLD_SIZE and LOCAL_R
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -40,10 +41,24 @@ def local_device(device: torch.device, ranks: Ranks) -> torch.device:
     return device
 
 
-def init_process_group(device: torch.device, ranks: Ranks) -> None:
-    if ranks.distributed and not dist.is_initialized():
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **kwargs)
+def init_process_group(device: torch.device, ranks: Ranks, single_process: bool = False) -> None:
+    """The launcher's process group (NCCL on GPUs, gloo on CPUs); with ``single_process`` a group of
+    one for a plain ``python -m`` run too."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if ranks.distributed:
+        dist.init_process_group(backend, **({"device_id": device} if device.type == "cuda" else {}))
+    elif single_process:
+        for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):  # what a launcher would set (DeepSpeed checks)
+            os.environ.setdefault(name, value)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def barrier() -> None:

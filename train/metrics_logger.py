@@ -19,12 +19,14 @@ def has_wandb_key() -> bool:
 
 
 class MetricsLogger:
-    """Writes ``metrics.jsonl`` in the run folder and mirrors every record to W&B if enabled."""
+    """Writes ``metrics.jsonl`` in the run folder and mirrors every record to W&B if enabled.
+    ``enabled=False`` (every rank but 0 of a multi-GPU run) writes nothing anywhere."""
 
-    def __init__(self, logger_cfg: Any, run_config: dict[str, Any], output_dir: Path):
+    def __init__(self, logger_cfg: Any, run_config: dict[str, Any], output_dir: Path, enabled: bool = True):
         self.path = output_dir / "metrics.jsonl"
+        self.enabled = enabled
         self.run = None
-        if logger_cfg.wandb and logger_cfg.mode != "disabled":
+        if enabled and logger_cfg.wandb and logger_cfg.mode != "disabled":
             import wandb
 
             mode = logger_cfg.mode
@@ -36,6 +38,8 @@ class MetricsLogger:
             log.info("W&B %s run in %s", mode, self.run.dir)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if not self.enabled:
+            return
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
         if self.run is not None:

@@ -111,7 +111,7 @@ class TargetModel:
 
     @property
     def num_layers(self) -> int:
-        return len(self.layers)
+        return self.model.config.get_text_config().num_hidden_layers
 
     @property
     def hidden_size(self) -> int:

@@ -31,7 +31,9 @@ from .config import TrainConfig
 from .data import prepare_data
 from .dflash_objective import IGNORE, BlockStats, block_loss, build_blocks, default_gamma, layer_masks, sample_anchors
 from .eagle3_objective import Eagle3Step
+from .distributed import Ranks, barrier, init_process_group, local_device, ranks_from_env
 from .features.spec import open_store
+from . import deepspeed_engine
 from .step import TrainStep
 from .models.dflash import DFlashDraftModel, make_dflash_config
 from .models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
@@ -206,24 +208,43 @@ class DFlashStep(TrainStep):
         return block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
 
 
-def train_step(step_ctx, micro_batches: list[dict[str, torch.Tensor]], step: int, optimizer, scheduler) -> tuple[Any, float]:
-    """One optimizer step; returns the summed stats and the pre-clip gradient norm."""
+def train_step(step_ctx, micro_batches: list[dict[str, torch.Tensor]], step: int, optimizer, scheduler, engine=None,
+               ranks: Ranks = Ranks()) -> tuple[Any, float]:
+    """One optimizer step over the global step's micro-batches (every rank's, in order); this rank runs
+    its own consecutive share. Returns the stats summed over all ranks and the pre-clip gradient norm.
+
+    Every rank plans the whole step, so the anchors and the label count (the loss's denominator) are
+    those a single process would draw for the same micro-batches, with no communication.
+    """
     generator = torch.Generator().manual_seed(step_ctx.cfg.trainer.seed * 1_000_003 + step)
     plans = [step_ctx.plan(b, generator) for b in micro_batches]
     num_labels = max(1, sum(step_ctx.num_labels(b, p) for b, p in zip(micro_batches, plans)))  # global count for the step
+    per_rank = len(micro_batches) // ranks.world_size
+    mine = slice(ranks.rank * per_rank, (ranks.rank + 1) * per_rank)
     total = None
-    for batch, plan in zip(micro_batches, plans):
+    for batch, plan in zip(micro_batches[mine], plans[mine]):
         stats = step_ctx.forward(batch, plan)
-        (stats.loss_sum / num_labels).backward()
+        loss = stats.loss_sum / num_labels
+        if engine is None:
+            loss.backward()
+        else:  # DeepSpeed divides by its accumulation steps and averages over ranks: this loss is already per global label
+            engine.backward(loss * per_rank * ranks.world_size)
+            engine.step()  # an optimizer step (clip, AdamW, schedule) at the step's last micro-batch only
         stats = type(stats)(*(t.detach() for t in vars(stats).values()))
         total = stats if total is None else total + stats
-    clip = step_ctx.cfg.trainer.grad_clip
-    trainable = [p for p in step_ctx.drafter.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip if clip > 0 else float("inf"))
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return total, float(grad_norm)
+    if engine is None:
+        clip = step_ctx.cfg.trainer.grad_clip
+        trainable = [p for p in step_ctx.drafter.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, clip if clip > 0 else float("inf")))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        grad_norm = float(engine.get_global_grad_norm())
+    if ranks.distributed:
+        for t in vars(total).values():
+            torch.distributed.all_reduce(t)
+    return total, grad_norm
 
 
 @torch.no_grad()
@@ -249,7 +270,12 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     """Train the drafter described by ``cfg``; returns the final metrics (also in ``run.json``)."""
     cfg = to_train_config(cfg)
     tc = cfg.trainer
-    device = pick_device(tc.device)
+    ranks = ranks_from_env()  # torchrun / deepspeed launches: one process per GPU
+    device = local_device(pick_device(tc.device), ranks)
+    ds_config = None
+    if tc.deepspeed is not None or ranks.distributed:
+        ds_config = deepspeed_engine.deepspeed_config(tc.deepspeed or "zero2", tc.batch_size, tc.grad_accum, tc.grad_clip, ranks.world_size)
+        init_process_group(device, ranks, single_process=True)
     torch.manual_seed(tc.seed)
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -262,7 +288,11 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     log.info("target %s: %d layers, hidden %d; drafter reads layers %s; mask token %s",
              cfg.target.path, target.num_layers, target.hidden_size, layer_ids, mask_token_id)
 
-    train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress)
+    if not ranks.is_main:  # rank 0 tokenizes and fills the cache, the others then read it
+        barrier()
+    train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress and ranks.is_main)
+    if ranks.is_main:
+        barrier()
     train_ds = train_ds.with_format(None)
     store = None
     if cfg.features.path is not None:  # offline features: checked against this run's inputs, then the layers go
@@ -272,7 +302,8 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         target.compile_layers()
     pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
     batches = EpochBatches(len(train_ds), tc.batch_size, tc.seed)
-    steps_per_epoch = math.ceil(batches.batches_per_epoch / tc.grad_accum)
+    micro_per_step = tc.grad_accum * ranks.world_size  # the global step's micro-batches, all ranks together
+    steps_per_epoch = math.ceil(batches.batches_per_epoch / micro_per_step)
     max_steps = tc.max_steps
     if tc.num_epochs is not None:
         by_epochs = max(1, math.ceil(tc.num_epochs * steps_per_epoch))
@@ -289,6 +320,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(trainable, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(int(tc.warmup_ratio * max_steps), max_steps, tc.min_lr_ratio))
     train_state = {"step": 0, "tokens": 0, "seconds": 0.0}
+    engine = None if ds_config is None else deepspeed_engine.initialize(drafter, optimizer, scheduler, ds_config, device, ranks)
 
     resume_from = None
     if tc.resume == "auto":
@@ -296,17 +328,29 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         resume_from = found[-1] if found else None
     elif tc.resume != "never":
         resume_from = Path(tc.resume)
-    if resume_from is not None:
+    if resume_from is not None and engine is not None:
+        state = ckpt.load_deepspeed_checkpoint(resume_from, engine)
+    elif resume_from is not None:
         state = ckpt.load_checkpoint(resume_from)
+        if state.get("deepspeed"):
+            raise ValueError(f"trainer.resume: {resume_from} was written under DeepSpeed; resume it with trainer.deepspeed set "
+                             "(or start over with trainer.resume=never)")
         drafter.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["lr_scheduler"])
+    if resume_from is not None:
         batches.load_state_dict(state["dataloader"])
         train_state = state["train_state"]
         ckpt.set_rng_state(state["rng"])
         log.info("resumed from %s at step %d", resume_from, train_state["step"])
 
     def save(step: int) -> None:
+        if engine is not None:
+            ckpt.save_deepspeed_checkpoint(output_dir, step, engine, {
+                "dataloader": batches.state_dict(), "train_state": dict(train_state), "rng": ckpt.rng_state(),
+                "model_config": drafter.config.to_dict(), "world_size": ranks.world_size,
+            }, keep=tc.keep_checkpoints, is_main=ranks.is_main)
+            return
         ckpt.save_checkpoint(output_dir, step, {
             "model": drafter.state_dict(), "optimizer": optimizer.state_dict(), "lr_scheduler": scheduler.state_dict(),
             "dataloader": batches.state_dict(), "train_state": dict(train_state), "rng": ckpt.rng_state(),
@@ -318,7 +362,8 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     from .metrics_logger import MetricsLogger
 
     run_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-    logger = MetricsLogger(cfg.logger, {**run_config, "drafter_params": num_params, "target_layer_ids": layer_ids}, output_dir)
+    logger = MetricsLogger(cfg.logger, {**run_config, "drafter_params": num_params, "target_layer_ids": layer_ids,
+                                        "world_size": ranks.world_size}, output_dir, enabled=ranks.is_main)
     log.info("drafter: %.2fM parameters, %d steps (%d per epoch), attention %s, %s",
              num_params / 1e6, max_steps, steps_per_epoch, step_ctx.backend, "bf16 autocast" if step_ctx.bf16 else "fp32")
     if device.type == "cuda":
@@ -327,12 +372,12 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     run_start = time.perf_counter()
     history: list[dict[str, Any]] = []
     eval_metrics: dict[str, float] = {}
-    bar = tqdm(total=max_steps, initial=train_state["step"], desc="train", unit="step", disable=not tc.progress)
+    bar = tqdm(total=max_steps, initial=train_state["step"], desc="train", unit="step", disable=not (tc.progress and ranks.is_main))
     window_stats, window_tokens, window_start = None, 0, time.perf_counter()
     interrupted = False
     for step in range(train_state["step"] + 1, max_steps + 1):
-        micro = [step_ctx.collate([train_ds[i] for i in rows], pad_id, "train", rows) for rows in (batches.next() for _ in range(tc.grad_accum))]
-        stats, grad_norm = train_step(step_ctx, micro, step, optimizer, scheduler)
+        micro = [step_ctx.collate([train_ds[i] for i in rows], pad_id, "train", rows) for rows in (batches.next() for _ in range(micro_per_step))]
+        stats, grad_norm = train_step(step_ctx, micro, step, optimizer, scheduler, engine, ranks)
         tokens = int(sum(b["attention_mask"].sum() for b in micro))
         train_state["step"], train_state["tokens"] = step, train_state["tokens"] + tokens
         window_stats = stats if window_stats is None else window_stats + stats
@@ -373,16 +418,22 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         final["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     export_path = None
     engine_exports = {}
-    if tc.export and not interrupted:
-        export_path = export_drafter(drafter, output_dir / "export")
-        log.info("exported drafter to %s", export_path)
-        from .export import export as export_for_engine
+    with deepspeed_engine.gathered_parameters(engine):  # ZeRO-3: the whole weights, on every rank, for the export
+        if tc.export and not interrupted and ranks.is_main:
+            export_path = export_drafter(drafter, output_dir / "export")
+            log.info("exported drafter to %s", export_path)
+            from .export import export as export_for_engine
 
-        for fmt in tc.export_formats:
-            report = export_for_engine(export_path, output_dir / f"export_{fmt}", fmt, target=target_path, target_model=target)
-            engine_exports[fmt] = report
-            log.info("%s export: %s (reload max |Δ logits| %.3g); serve: %s", fmt, report["output"], report["max_abs_logit_diff"],
-                     " | ".join(report["commands"].values()))
+            for fmt in tc.export_formats:
+                report = export_for_engine(export_path, output_dir / f"export_{fmt}", fmt, target=target_path, target_model=target)
+                engine_exports[fmt] = report
+                log.info("%s export: %s (reload max |Δ logits| %.3g); serve: %s", fmt, report["output"], report["max_abs_logit_diff"],
+                         " | ".join(report["commands"].values()))
+        barrier()
+    if engine is not None:
+        deepspeed_engine.leave_process_group()
+    if not ranks.is_main:
+        return final
     logger.summary({k: v for k, v in final.items() if isinstance(v, (int, float))})
     logger.finish()
     write_json_atomic(output_dir / "run.json", {
