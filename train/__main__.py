@@ -5,6 +5,7 @@ work itself is ``train.trainer.train(cfg)``, which tests call directly.
 """
 
 import logging
+import os
 import sys
 
 import hydra
@@ -18,6 +19,8 @@ log = logging.getLogger("train")
 
 @hydra.main(version_base="1.3", config_path="pkg://configs", config_name="train")
 def main(cfg: DictConfig) -> None:
+    if int(os.environ.get("RANK", 0)) != 0:  # multi-GPU launches: rank 0 speaks for the run
+        logging.getLogger().setLevel(logging.WARNING)
     try:
         train(cfg)
     except ValueError as e:  # bad user input: one line naming what is wrong, non-zero exit
