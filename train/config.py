@@ -240,7 +240,7 @@ class FeaturesConfig:
     # data.max_length, the GPU trainer's static shape, so the stored features are the trainer's own bits.
     batch_size: Optional[int] = None
     compression: str = "none"  # none | zlib (lossless byte planes; see train/features/store.py)
-    verify: bool = True  # check each shard's sha256 when the trainer first opens it
+    verify: bool = True  # check every shard's sha256 (parallel threads) when the trainer opens the store
 
     def __post_init__(self) -> None:
         if self.rows_per_shard < 1:

@@ -212,7 +212,7 @@ def check_spec(stored: dict[str, Any], asked: dict[str, Any], path: Path) -> Non
 class FeatureStore:
     """Reads a complete store: ``gather(split, rows, length)`` -> zero-padded [B, length, F] batches."""
 
-    def __init__(self, path: str | Path, verify: bool = True, open_shards: int = 64):
+    def __init__(self, path: str | Path, verify: bool = True, open_shards: int = 64, threads: int = 8):
         self.path = Path(path)
         spec_file, complete = self.path / "store.json", self.path / "complete.json"
         if not spec_file.exists():
@@ -225,9 +225,28 @@ class FeatureStore:
         if self.spec.format_version != FORMAT_VERSION:
             raise StoreError(f"{spec_file}: format_version {self.spec.format_version}; this code reads {FORMAT_VERSION}")
         self.totals = json.loads(complete.read_text())
-        self.verify = verify
         self.open_shards = open_shards
         self._handles: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self.pool = ThreadPoolExecutor(threads)  # hashing, reading and inflating release the GIL
+        if verify:
+            self.verify_all()
+
+    def shard_files(self) -> list[Path]:
+        return [self.path / split / f"shard_{shard:05d}.safetensors" for split in self.spec.rows for shard in range(self.spec.num_shards(split))]
+
+    def verify_all(self) -> None:
+        """Every shard's sha256 against its mark, in parallel threads, before any row is read."""
+        def check(file: Path) -> None:
+            mark_file = file.with_suffix(".json")
+            if not file.exists() or not mark_file.exists():
+                raise StoreError(f"{file}: missing from a store marked complete")
+            expected = json.loads(mark_file.read_text())["sha256"]
+            digest = file_sha256(file)
+            if digest != expected:
+                raise StoreError(f"{file}: sha256 {digest[:16]}… does not match {mark_file.name}'s {expected[:16]}… "
+                                 "(corrupt shard; delete it and its .json and rerun the writer)")
+
+        list(self.pool.map(check, self.shard_files()))
 
     def check(self, asked: StoreSpec, fields: Iterable[str]) -> None:
         """The trainer's inputs must be the store's (target, layers, data, shapes)."""
@@ -240,15 +259,8 @@ class FeatureStore:
             self._handles.move_to_end(key)
             return self._handles[key]
         file = self.path / split / f"shard_{shard:05d}.safetensors"
-        mark_file = file.with_suffix(".json")
-        if not file.exists() or not mark_file.exists():
+        if not file.exists():
             raise StoreError(f"{file}: missing from a store marked complete")
-        if self.verify:
-            mark = json.loads(mark_file.read_text())
-            digest = file_sha256(file)
-            if digest != mark["sha256"]:
-                raise StoreError(f"{file}: sha256 {digest[:16]}… does not match {mark_file.name}'s {mark['sha256'][:16]}… "
-                                 "(corrupt shard; delete it and its .json and rerun the writer)")
         handle = safe_open(str(file), framework="pt")
         compressed = json.loads(handle.metadata()["swa_features"]).get("tensors", {})  # name -> compress_tensor metadata
         self._handles[key] = handle, compressed
@@ -256,9 +268,12 @@ class FeatureStore:
             self._handles.popitem(last=False)
         return handle, compressed
 
-    def row(self, split: str, row: int, name: str = "features") -> torch.Tensor:
+    def _check_row(self, split: str, row: int) -> None:
         if not 0 <= row < self.spec.rows.get(split, 0):
             raise StoreError(f"{self.path}: {split} row {row} is outside the store ({self.spec.rows.get(split, 0)} rows)")
+
+    def row(self, split: str, row: int, name: str = "features") -> torch.Tensor:
+        self._check_row(split, row)
         handle, compressed = self._shard(split, row // self.spec.rows_per_shard)
         key = f"{row}.{name}"
         t = handle.get_tensor(key)
@@ -272,8 +287,12 @@ class FeatureStore:
 
         names = ["features"] + (["final_hidden"] if self.spec.with_final_hidden else [])
         out = {}
+        for r in rows:
+            self._check_row(split, r)
+        for shard in sorted({r // self.spec.rows_per_shard for r in rows}):
+            self._shard(split, shard)  # opened here, once, not from the threads
         for name in names:
-            parts = [self.row(split, r, name) for r in rows]
+            parts = list(self.pool.map(lambda r: self.row(split, r, name), rows))
             width = parts[0].shape[-1]
             batch = torch.zeros(len(rows), length, width, dtype=parts[0].dtype, pin_memory=torch.device(device).type == "cuda")
             for i, p in enumerate(parts):
