@@ -48,9 +48,13 @@ def assert_close_runs(a: Path, b: Path, atol: float) -> None:
         assert torch.allclose(wa[name].float(), wb[name].float(), atol=atol, rtol=0), name
 
 
-def torchrun(args: list[str], tmp_path: Path, processes: int = 2) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}",
-               "-m", "train", *args]
+def launch(args: list[str], tmp_path: Path, launcher: str = "torchrun", processes: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun -m train ...`` or ``deepspeed --module train ...`` (which appends --local_rank=N)."""
+    if launcher == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}"]
+    else:
+        command = [str(Path(sys.executable).parent / "deepspeed"), f"--num_gpus={processes}", f"--master_port={free_port()}"]
+    command += ["-m" if launcher == "torchrun" else "--module", "train", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -90,9 +94,9 @@ def test_one_process_under_deepspeed_equals_the_plain_trainer(tmp_path: Path, pl
         train(compose_train(["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=2", "trainer.max_steps=8", f"output_dir={tmp_path}"]))
 
 
-@pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_two_processes_follow_one_at_the_same_global_batch(tmp_path: Path, plain_run: Path, stage: str) -> None:
-    torchrun(["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=1", f"trainer.deepspeed={stage}", f"output_dir={tmp_path}"], tmp_path)
+@pytest.mark.parametrize("stage,launcher", [("zero2", "torchrun"), ("zero3", "deepspeed")])
+def test_two_processes_follow_one_at_the_same_global_batch(tmp_path: Path, plain_run: Path, stage: str, launcher: str) -> None:
+    launch(["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=1", f"trainer.deepspeed={stage}", f"output_dir={tmp_path}"], tmp_path, launcher)
     # Gradients are summed in another order (measured up to 1.2e-6 apart after 6 AdamW steps under ZeRO-3,
     # where the weights moved by up to 6e-3).
     assert_close_runs(plain_run, tmp_path, atol=1e-5)
@@ -102,11 +106,12 @@ def test_two_processes_follow_one_at_the_same_global_batch(tmp_path: Path, plain
 
 def test_resume_under_deepspeed_repeats_the_uninterrupted_run(tmp_path: Path, tiny_qwen3_path: str) -> None:
     args = ["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=2", "trainer.deepspeed=zero2"]
-    torchrun(args + [f"output_dir={tmp_path / 'straight'}"], tmp_path)
-    torchrun(args + ["trainer.interrupt_after=3", f"output_dir={tmp_path / 'resumed'}"], tmp_path)
+    launch(args + ["logger=wandb", f"output_dir={tmp_path / 'straight'}"], tmp_path)  # W&B offline (conftest)
+    assert len(list((tmp_path / "straight" / "wandb").glob("offline-run-*"))) == 1  # rank 0 only
+    launch(args + ["trainer.interrupt_after=3", f"output_dir={tmp_path / 'resumed'}"], tmp_path)
     assert not (tmp_path / "resumed" / "export").exists()
     assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000003"]
-    torchrun(args + [f"output_dir={tmp_path / 'resumed'}"], tmp_path)
+    launch(args + [f"output_dir={tmp_path / 'resumed'}"], tmp_path)
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
     for name in a:
         assert torch.equal(a[name], b[name]), name

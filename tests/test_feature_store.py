@@ -18,6 +18,7 @@ from compose import compose_train
 
 from train.data import prepare_data
 from train.data.dataset import collate_padded
+from train.distributed import free_port
 from train.features.store import FeatureStore, StoreError, compress_tensor, decompress_tensor
 from train.features.write import write_features
 from train.target import TargetModel
@@ -80,8 +81,9 @@ def tree_digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_a_killed_writer_resumes_to_the_uninterrupted_store(tmp_path: Path, tiny_qwen3_path: str) -> None:
-    """SIGKILL a real ``python -m train.features`` mid-way, run it again: same bytes as one clean run."""
+def test_a_killed_writer_resumes_to_the_store_two_processes_write(tmp_path: Path, tiny_qwen3_path: str) -> None:
+    """SIGKILL a real ``python -m train.features`` mid-way, run it again: the same bytes as a clean
+    run, here one of two processes under torchrun (each writes every other shard)."""
     common = ["experiment=dflash_swa_tiny", "data.max_records=120", "data.max_length=256", "data.num_eval=8", "trainer.batch_size=2",
               "trainer.progress=false", "features.rows_per_shard=2", "features.compression=zlib"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -90,7 +92,8 @@ def test_a_killed_writer_resumes_to_the_uninterrupted_store(tmp_path: Path, tiny
         return [sys.executable, "-m", "train.features", *common, f"features.path={store}", f"output_dir={tmp_path / 'hydra'}"]
 
     whole = tmp_path / "whole"
-    subprocess.run(command(whole), env=env, check=True, capture_output=True, cwd=tmp_path)
+    two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}", *command(whole)[1:]]
+    subprocess.run(two, env={**env, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True, cwd=tmp_path)
     killed = tmp_path / "killed"
     proc = subprocess.Popen(command(killed), env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300

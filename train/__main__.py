@@ -29,4 +29,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # The deepspeed launcher appends --local_rank=N (it also sets LOCAL_RANK); Hydra takes key=value only.
+    sys.argv = [a for a in sys.argv if not a.startswith("--local_rank")]
     main()
