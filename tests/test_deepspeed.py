@@ -118,3 +118,6 @@ def test_resume_under_deepspeed_repeats_the_uninterrupted_run(tmp_path: Path, ti
     straight = {h["step"]: h["train/loss"] for h in history(tmp_path / "straight")}
     resumed = {h["step"]: h["train/loss"] for h in history(tmp_path / "resumed")}
     assert resumed == straight  # steps 1-3 from the first launch, 4-6 after the resume
+    # Optimizer shards of 2 ranks cannot resume on 1: refused by name, before any step.
+    with pytest.raises(ValueError, match="holds optimizer shards of 2 ranks; this run has 1"):
+        train(compose_train(args + ["trainer.max_steps=8", f"output_dir={tmp_path / 'resumed'}"]))

@@ -97,6 +97,9 @@ def load_deepspeed_checkpoint(path: Path, engine) -> dict[str, Any]:
     if not state.get("deepspeed"):
         raise ValueError(f"trainer.resume: {path} was written without DeepSpeed; resume it the same way "
                          "(no trainer.deepspeed, one process) or start over with trainer.resume=never")
+    if state.get("world_size", engine.world_size) != engine.world_size:
+        raise ValueError(f"trainer.resume: {path} holds optimizer shards of {state['world_size']} ranks; this run has "
+                         f"{engine.world_size} (relaunch on {state['world_size']} GPUs, or start over with trainer.resume=never)")
     path = Path(path) if Path(path).is_dir() else Path(path).parent
     loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name)
     if loaded is None:

@@ -235,7 +235,7 @@ class FeaturesConfig:
     ``python -m train`` reads it instead of running the target when ``path`` is set."""
 
     path: Optional[str] = None
-    rows_per_shard: int = 256
+    rows_per_shard: int = 32  # a shard is built in memory: 32 rows x 3K tokens x 40 KiB (DFlash, Qwen3-8B) = 3.8 GiB
     # Rows per target forward when writing; null = trainer.batch_size. Every batch runs padded to
     # data.max_length, the GPU trainer's static shape, so the stored features are the trainer's own bits.
     batch_size: Optional[int] = None
