@@ -430,7 +430,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
                 log.info("%s export: %s (reload max |Δ logits| %.3g); serve: %s", fmt, report["output"], report["max_abs_logit_diff"],
                          " | ".join(report["commands"].values()))
         barrier()
-    if engine is not None:
+    if engine is not None and ranks.distributed:  # a one-process group stays: DeepSpeed keeps it for the next run in this process
         deepspeed_engine.leave_process_group()
     if not ranks.is_main:
         return final

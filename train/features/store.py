@@ -97,6 +97,11 @@ def target_digest(model: torch.nn.Module) -> dict[str, str]:
             "weights": weights.hexdigest()}
 
 
+def shard_file(root: Path, split: str, shard: int) -> Path:
+    """A shard's file; its completion mark is the same name with ``.json``."""
+    return Path(root) / split / f"shard_{shard:05d}.safetensors"
+
+
 def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -151,11 +156,8 @@ class StoreWriter:
             p.unlink(missing_ok=True)
         return found
 
-    def shard_path(self, split: str, shard: int) -> Path:
-        return self.path / split / f"shard_{shard:05d}.safetensors"
-
     def is_done(self, split: str, shard: int) -> bool:
-        return self.shard_path(split, shard).with_suffix(".json").exists()
+        return shard_file(self.path, split, shard).with_suffix(".json").exists()
 
     def pending(self, split: str, rank: int = 0, world: int = 1) -> list[int]:
         """This rank's shards (every world-th) that have no completion mark yet."""
@@ -172,7 +174,7 @@ class StoreWriter:
         # One metadata key: safetensors writes its metadata map in no fixed order, and a shard's bytes
         # (its checksum) must not depend on the process that wrote it.
         blob = safetensors_bytes(tensors, metadata={"swa_features": json.dumps(info, sort_keys=True)})
-        final = self.shard_path(split, shard)
+        final = shard_file(self.path, split, shard)
         with atomic_open(final, "wb") as f:
             f.write(blob)
         mark = {"rows": [self.spec.shard_rows(split, shard).start, self.spec.shard_rows(split, shard).stop],
@@ -186,7 +188,7 @@ class StoreWriter:
         totals = {"tokens": 0, "bytes": 0, "shards": 0}
         for split in self.spec.rows:
             for shard in range(self.spec.num_shards(split)):
-                mark_file = self.shard_path(split, shard).with_suffix(".json")
+                mark_file = shard_file(self.path, split, shard).with_suffix(".json")
                 if not mark_file.exists():
                     raise StoreError(f"{mark_file}: shard not written yet (run the writer again to finish the store)")
                 mark = json.loads(mark_file.read_text())
@@ -221,7 +223,10 @@ class FeatureStore:
         if not complete.exists():
             raise StoreError(f"features.path={str(self.path)!r}: the store is unfinished (no complete.json); "
                              "run the same python -m train.features command again to finish it")
-        self.spec = StoreSpec(**json.loads(spec_file.read_text()))
+        try:
+            self.spec = StoreSpec(**json.loads(spec_file.read_text()))
+        except (TypeError, json.JSONDecodeError) as e:
+            raise StoreError(f"{spec_file}: not a feature store spec this code reads ({e})") from None
         if self.spec.format_version != FORMAT_VERSION:
             raise StoreError(f"{spec_file}: format_version {self.spec.format_version}; this code reads {FORMAT_VERSION}")
         self.totals = json.loads(complete.read_text())
@@ -232,7 +237,7 @@ class FeatureStore:
             self.verify_all()
 
     def shard_files(self) -> list[Path]:
-        return [self.path / split / f"shard_{shard:05d}.safetensors" for split in self.spec.rows for shard in range(self.spec.num_shards(split))]
+        return [shard_file(self.path, split, shard) for split in self.spec.rows for shard in range(self.spec.num_shards(split))]
 
     def verify_all(self) -> None:
         """Every shard's sha256 against its mark, in parallel threads, before any row is read."""
@@ -258,7 +263,7 @@ class FeatureStore:
         if key in self._handles:
             self._handles.move_to_end(key)
             return self._handles[key]
-        file = self.path / split / f"shard_{shard:05d}.safetensors"
+        file = shard_file(self.path, split, shard)
         if not file.exists():
             raise StoreError(f"{file}: missing from a store marked complete")
         handle = safe_open(str(file), framework="pt")
