@@ -95,7 +95,7 @@ def main() -> None:
         target.compile_layers()
     store = FeatureStore(out / "store_none")
     layer_ids = store.spec.layer_ids
-    pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
+    pad_id = target.pad_id
     order = list(range(len(train_ds)))
     random.Random(0).shuffle(order)
     batches = [order[i : i + args.batch_size] for i in range(0, len(order) - args.batch_size + 1, args.batch_size)]

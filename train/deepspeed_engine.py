@@ -55,7 +55,8 @@ def deepspeed_config(name: str, batch_size: int, grad_accum: int, grad_clip: flo
     except json.JSONDecodeError as e:
         raise ValueError(f"trainer.deepspeed: {path} is not valid JSON ({e})") from None
     for key, why in REFUSED_KEYS.items():
-        if key in config and (key not in ("fp16", "bf16") or config[key].get("enabled", False)):
+        enabled = not isinstance(config.get(key), dict) or config[key].get("enabled", False)  # {"enabled": false} is harmless
+        if key in config and (key not in ("fp16", "bf16") or enabled):
             raise ValueError(f"{path}: field {key!r} is set, but {why}; remove it")
     filled = {
         "train_micro_batch_size_per_gpu": batch_size,

@@ -122,6 +122,12 @@ class TargetModel:
         return self.model.get_input_embeddings().num_embeddings
 
     @property
+    def pad_id(self) -> int:
+        """The id batches are padded with: the tokenizer's pad token, else its end-of-sequence token."""
+        t = self.tokenizer
+        return t.pad_token_id if t.pad_token_id is not None else t.eos_token_id
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 

@@ -300,7 +300,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         target.release_layers()
     elif cfg.target.compile_layers and device.type == "cuda":  # after data preparation: regeneration decodes token by token
         target.compile_layers()
-    pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.tokenizer.eos_token_id
+    pad_id = target.pad_id
     batches = EpochBatches(len(train_ds), tc.batch_size, tc.seed)
     micro_per_step = tc.grad_accum * ranks.world_size  # the global step's micro-batches, all ranks together
     steps_per_epoch = math.ceil(batches.batches_per_epoch / micro_per_step)

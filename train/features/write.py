@@ -32,12 +32,8 @@ from .store import StoreSpec, StoreWriter
 log = logging.getLogger(__name__)
 
 
-def pad_id_of(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-
 @torch.no_grad()
-def capture_shard(target: TargetModel, ds, rows: range, layer_ids: list[int], spec: StoreSpec, pad_id: int) -> tuple[dict[str, torch.Tensor], int]:
+def capture_shard(target: TargetModel, ds, rows: range, layer_ids: list[int], spec: StoreSpec) -> tuple[dict[str, torch.Tensor], int]:
     """The stored tensors of one shard: each row's features (and final hidden state), real tokens only."""
     tensors: dict[str, torch.Tensor] = {}
     tokens = 0
@@ -45,7 +41,7 @@ def capture_shard(target: TargetModel, ds, rows: range, layer_ids: list[int], sp
         idx = list(range(start, min(start + spec.batch_size, rows.stop)))
         batch_rows = [ds[i] for i in idx]
         filled = batch_rows + [batch_rows[0]] * (spec.batch_size - len(batch_rows))
-        batch = collate_padded(filled, pad_id, spec.max_length)
+        batch = collate_padded(filled, target.pad_id, spec.max_length)
         captured = target.capture(batch["input_ids"].to(target.device), layer_ids, attention_mask=batch["attention_mask"].to(target.device),
                                   with_final_hidden=spec.with_final_hidden)
         for i, r in enumerate(idx):
@@ -90,7 +86,6 @@ def write_features(cfg) -> dict[str, Any]:
         if leftovers := writer.remove_leftovers():
             log.info("removed %d partial files of an interrupted run", len(leftovers))
         barrier()
-    pad_id = pad_id_of(target.tokenizer)
     todo = [(split, shard) for split in splits for shard in writer.pending(split, ranks.rank, ranks.world_size)]
     log.info("feature store %s: layers %s, %s; %d shards to write on rank %d", cfg.features.path, layer_ids,
              {k: f"{v} rows" for k, v in spec.rows.items()}, len(todo), ranks.rank)
@@ -101,7 +96,7 @@ def write_features(cfg) -> dict[str, Any]:
     with ThreadPoolExecutor(1) as io:
         pending: Future | None = None
         for split, shard in tqdm(todo, desc="features", unit="shard", disable=not (cfg.trainer.progress and ranks.is_main)):
-            tensors, tokens = capture_shard(target, splits[split], spec.shard_rows(split, shard), layer_ids, spec, pad_id)
+            tensors, tokens = capture_shard(target, splits[split], spec.shard_rows(split, shard), layer_ids, spec)
             if pending is not None:
                 pending.result()
             pending = io.submit(writer.write_shard, split, shard, tensors, tokens)
