@@ -30,10 +30,15 @@ def save_checkpoint(output_dir: Path, step: int, state: dict[str, Any], keep: in
     final = root / f"step_{step:08d}"
     with atomic_dir(final) as tmp:
         torch.save(state, tmp / "state.pt")
+    prune_checkpoints(output_dir, keep)
+    return final
+
+
+def prune_checkpoints(output_dir: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints (0 = keep all)."""
     if keep > 0:
         for old in list_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
@@ -84,9 +89,7 @@ def save_deepspeed_checkpoint(output_dir: Path, step: int, engine, state: dict[s
         if final.exists():
             shutil.rmtree(final)
         (root / tmp_tag).rename(final)
-        if keep > 0:
-            for old in list_checkpoints(output_dir)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(output_dir, keep)
     dist.barrier()
     return final
 

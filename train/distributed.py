@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -66,10 +68,11 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_sum(value: float | int, device: torch.device) -> float:
-    """Sum of a number over all ranks (itself when not distributed)."""
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor(float(value), dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.item()
+@contextmanager
+def rank0_first(ranks: Ranks) -> Iterator[None]:
+    """Rank 0 runs the block first (filling caches, creating files), the other ranks after it."""
+    if not ranks.is_main:
+        barrier()
+    yield
+    if ranks.is_main:
+        barrier()

@@ -31,7 +31,7 @@ from .config import TrainConfig
 from .data import prepare_data
 from .dflash_objective import IGNORE, BlockStats, block_loss, build_blocks, default_gamma, layer_masks, sample_anchors
 from .eagle3_objective import Eagle3Step
-from .distributed import Ranks, barrier, init_process_group, local_device, ranks_from_env
+from .distributed import Ranks, barrier, init_process_group, local_device, rank0_first, ranks_from_env
 from .features.spec import open_store
 from . import deepspeed_engine
 from .step import TrainStep
@@ -288,11 +288,8 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     log.info("target %s: %d layers, hidden %d; drafter reads layers %s; mask token %s",
              cfg.target.path, target.num_layers, target.hidden_size, layer_ids, mask_token_id)
 
-    if not ranks.is_main:  # rank 0 tokenizes and fills the cache, the others then read it
-        barrier()
-    train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress and ranks.is_main)
-    if ranks.is_main:
-        barrier()
+    with rank0_first(ranks):  # rank 0 tokenizes and fills the cache, the others then read it
+        train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress and ranks.is_main)
     train_ds = train_ds.with_format(None)
     store = None
     if cfg.features.path is not None:  # offline features: checked against this run's inputs, then the layers go

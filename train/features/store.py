@@ -39,7 +39,6 @@ from safetensors.torch import save as safetensors_bytes
 from ..atomic import atomic_open
 
 FORMAT_VERSION = 1
-COMPRESSIONS = ("none", "zlib")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -23,7 +23,7 @@ import torch
 from ..config import TrainConfig
 from ..data import prepare_data
 from ..data.dataset import collate_padded
-from ..distributed import barrier, init_process_group, local_device, ranks_from_env
+from ..distributed import barrier, init_process_group, local_device, rank0_first, ranks_from_env
 from ..target import TargetModel
 from ..tiny_target import resolve_target_path
 from .spec import store_spec
@@ -66,12 +66,8 @@ def write_features(cfg) -> dict[str, Any]:
     target = TargetModel.from_pretrained(resolve_target_path(cfg.target.path), device, cfg.target.dtype, cfg.target.attn_implementation)
     layer_ids = target_layer_ids(cfg, target)
 
-    # Rank 0 tokenizes (and fills the cache) first; the others then load the cache.
-    if not ranks.is_main:
-        barrier()
-    train_ds, eval_ds, _ = prepare_data(cfg.data, target, seed=cfg.trainer.seed, progress=cfg.trainer.progress and ranks.is_main)
-    if ranks.is_main:
-        barrier()
+    with rank0_first(ranks):  # rank 0 tokenizes and fills the cache, the others then load it
+        train_ds, eval_ds, _ = prepare_data(cfg.data, target, seed=cfg.trainer.seed, progress=cfg.trainer.progress and ranks.is_main)
     splits = {"train": train_ds.with_format(None)}
     if eval_ds is not None:
         splits["eval"] = eval_ds.with_format(None)
@@ -79,13 +75,10 @@ def write_features(cfg) -> dict[str, Any]:
         target.compile_layers()
 
     spec = store_spec(cfg, target, layer_ids, splits)
-    if not ranks.is_main:
-        barrier()
-    writer = StoreWriter(cfg.features.path, spec)  # rank 0 creates store.json (or checks it) first
-    if ranks.is_main:
-        if leftovers := writer.remove_leftovers():
+    with rank0_first(ranks):  # rank 0 creates store.json (or checks it) and clears a killed run's leftovers
+        writer = StoreWriter(cfg.features.path, spec)
+        if ranks.is_main and (leftovers := writer.remove_leftovers()):
             log.info("removed %d partial files of an interrupted run", len(leftovers))
-        barrier()
     todo = [(split, shard) for split in splits for shard in writer.pending(split, ranks.rank, ranks.world_size)]
     log.info("feature store %s: layers %s, %s; %d shards to write on rank %d", cfg.features.path, layer_ids,
              {k: f"{v} rows" for k, v in spec.rows.items()}, len(todo), ranks.rank)
