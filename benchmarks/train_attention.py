@@ -11,9 +11,13 @@ Rows (bf16, one sequence, GQA as given):
                                 log-sum-exp, the j diagonal keys as elementwise dot products, merged
                                 (measured slower in eager PyTorch; the trainer keeps the single mask)
   flex dflash blocks            train/masks.py: T context keys + N blocks of B queries (one sliding layer),
-                                the dflash_swa recipe's 512 anchors, spread evenly
+                                the dflash_swa recipe's 512 anchors, spread evenly or drawn at random
+  flex dflash packed            the same mask with the queries packed by KV group (flex_packed_block_mask):
+                                the trainer's DFlash attention on the GPU
   cudnn window (chunked)        kernels/window_attention.py: the band cut into cuDNN causal pieces
-  cudnn eagle3 ttt step j       the same with window W - j + the j diagonal keys: the TTT mask of step j
+  cudnn window (band)           kernels/window_attention.py: cuDNN's native band, one call
+                                (needs nvidia-cudnn-frontend)
+  cudnn ... eagle3 ttt step j   the same with window W - j + the j diagonal keys: the TTT mask of step j
 
 TFLOP/s counts 4 * D * (visible query-key pairs) * Hq for the forward and 3.5x that for forward +
 backward (FlashAttention's benchmark convention: the backward does 2.5x the forward's work), so a
@@ -34,10 +38,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import count_pairs, median_ms  # noqa: E402
-from kernels.attention import compiled_flex_attention  # noqa: E402
-from kernels.window_attention import window_attention  # noqa: E402
+from kernels.attention import attention, compiled_flex_attention  # noqa: E402
+from kernels.window_attention import CUDNN, cudnn_band_available, default_ops, window_attention  # noqa: E402
 from train.eagle3_masks import ttt_flex_block_mask, ttt_visible  # noqa: E402
-from train.masks import LayerMaskSpec, dflash_visible, flex_block_mask  # noqa: E402
+from train.masks import LayerMaskSpec, dflash_visible, flex_block_mask, flex_packed_block_mask  # noqa: E402
 
 
 def ttt_context_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None):
@@ -104,13 +108,19 @@ def main() -> None:
     parser.add_argument("--anchors", type=int, default=512, help="DFlash anchors per sequence (the dflash_swa recipe's 512)")
     parser.add_argument("--no-lse-candidate", action="store_true", help="skip the rejected eager LSE-merge rows")
     parser.add_argument("--dense-max", type=int, default=8192)
+    parser.add_argument("--layout", choices=["bhsd", "bshd"], default="bhsd", help="memory layout of q, k, v")
     args = parser.parse_args()
     flex = compiled_flex_attention()
     hq, hkv, d, w = args.heads, args.kv_heads, args.head_dim, args.window
     rows: list = []
+    cudnn_ops = [("chunked", CUDNN)] + ([("band", default_ops(True))] if cudnn_band_available() else [])
+    print("cuDNN kernels:", ", ".join(name for name, _ in cudnn_ops), flush=True)
 
     def tensors(q_len: int, kv_len: int):
-        make = lambda n, h: torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+        if args.layout == "bshd":  # the models' projections, [B, T, H, D] viewed as [B, H, T, D]
+            make = lambda n, h: torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()  # noqa: E731
+        else:
+            make = lambda n, h: torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
         return make(q_len, hq), make(kv_len, hkv), make(kv_len, hkv)
 
     for t in args.seq:
@@ -130,10 +140,12 @@ def main() -> None:
         # A plain window is TTT step 0 on a sequence without padding.
         block_mask = ttt_flex_block_mask(valid, 0, w)
         run_case(f"flex window W={w}", q, k, v, lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True), window_pairs, rows)
-        run_case(f"cudnn window (chunked) W={w}", q, k, v, lambda q, k, v: window_attention(q, k, v, w), window_pairs, rows)
-        if t == min(args.seq):
-            check_same(f"T={t} cudnn window vs flex window", q, k, v, lambda q, k, v: window_attention(q, k, v, w, d**-0.5),
-                       lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True, scale=d**-0.5))
+        for kind, ops in cudnn_ops:
+            run_case(f"cudnn window ({kind}) W={w}", q, k, v, lambda q, k, v, ops=ops: window_attention(q, k, v, w, ops=ops), window_pairs, rows)
+            if t == min(args.seq):
+                check_same(f"T={t} cudnn window ({kind}) vs flex window", q, k, v,
+                           lambda q, k, v, ops=ops: window_attention(q, k, v, w, d**-0.5, ops=ops),
+                           lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True, scale=d**-0.5))
         for j in args.ttt_steps:
             if j == 0:
                 continue
@@ -142,15 +154,16 @@ def main() -> None:
             pairs = count_pairs(lambda b, qi, ki: ttt_visible(b, qi, ki, j, valid, w), t, (j + 1) * t)
             run_case(f"flex eagle3 ttt step {j} W={w}", qj, kj, vj, lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True),
                      pairs, rows)
-            def ttt_cudnn(q, k, v, j=j):
-                k_steps, v_steps = k.unflatten(2, (j + 1, t)), v.unflatten(2, (j + 1, t))  # [1, Hkv, j+1, T, D]
-                return window_attention(q, k_steps[:, :, 0], v_steps[:, :, 0], w - j, d**-0.5, k_steps[:, :, 1:].movedim(2, 0),
-                                        v_steps[:, :, 1:].movedim(2, 0))
+            for kind, ops in cudnn_ops:
+                def ttt_cudnn(q, k, v, j=j, ops=ops):
+                    k_steps, v_steps = k.unflatten(2, (j + 1, t)), v.unflatten(2, (j + 1, t))  # [1, Hkv, j+1, T, D]
+                    return window_attention(q, k_steps[:, :, 0], v_steps[:, :, 0], w - j, d**-0.5, k_steps[:, :, 1:].movedim(2, 0),
+                                            v_steps[:, :, 1:].movedim(2, 0), ops=ops)
 
-            run_case(f"cudnn eagle3 ttt step {j} W={w}", qj, kj, vj, ttt_cudnn, pairs, rows)
-            if t == min(args.seq):
-                check_same(f"T={t} step {j}: cudnn window + diagonal vs the flex TTT mask", qj, kj, vj, ttt_cudnn,
-                           lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True, scale=d**-0.5))
+                run_case(f"cudnn ({kind}) eagle3 ttt step {j} W={w}", qj, kj, vj, ttt_cudnn, pairs, rows)
+                if t == min(args.seq):
+                    check_same(f"T={t} step {j}: cudnn ({kind}) window + diagonal vs the flex TTT mask", qj, kj, vj, ttt_cudnn,
+                               lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True, scale=d**-0.5))
             if args.no_lse_candidate:
                 del qj, kj, vj
                 continue
@@ -173,19 +186,30 @@ def main() -> None:
                 print(f"T={t} step {j}: context+diagonal vs one mask, max relative diff out/dq/dk/dv: " + " ".join(f"{x:.1e}" for x in diffs))
             run_case(f"flex eagle3 ttt step {j} context + diagonal (LSE) W={w}", qj, kj, vj, split, pairs, rows)
             del qj, kj, vj
-        # DFlash: T context keys, --anchors blocks spread evenly
+        # DFlash: T context keys, --anchors blocks spread evenly, or drawn at random as the trainer does
         n = max(1, min(args.anchors, t // args.block))
-        anchors = torch.linspace(args.block, t - args.block, n, device="cuda").long()[None]
         spec = LayerMaskSpec(window=w, block_causal=True)
         qd, kd, vd = tensors(n * args.block, t + n * args.block)
-        dmask = flex_block_mask(anchors, valid, args.block, spec)
-        pairs = count_pairs(lambda b, qi, ki: dflash_visible(b, qi, ki, anchors, valid, args.block, spec), n * args.block, t + n * args.block)
-        run_case(f"flex dflash blocks B={args.block} W={w}", qd, kd, vd,
-                 lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True), pairs, rows)
+        generator = torch.Generator(device="cuda").manual_seed(t)
+        for layout, anchors in (("even", torch.linspace(args.block, t - args.block, n, device="cuda").long()[None]),
+                                ("random", torch.randperm(t - args.block, device="cuda", generator=generator)[:n].sort().values[None])):
+            dmask = flex_block_mask(anchors, valid, args.block, spec)
+            packed = flex_packed_block_mask(anchors, valid, args.block, spec, hq // hkv)
+            pairs = count_pairs(lambda b, qi, ki: dflash_visible(b, qi, ki, anchors, valid, args.block, spec), n * args.block,
+                                t + n * args.block)
+            run_case(f"flex dflash blocks ({layout}) B={args.block} W={w}", qd, kd, vd,
+                     lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True), pairs, rows)
+            if packed is None:
+                continue
+            run_case(f"flex dflash packed ({layout}) B={args.block} W={w}", qd, kd, vd,
+                     lambda q, k, v: attention(q, k, v, packed), pairs, rows)
+            if t == min(args.seq):
+                check_same(f"T={t} dflash ({layout}): packed vs plain flex", qd, kd, vd, lambda q, k, v: attention(q, k, v, packed),
+                           lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True))
         del q, k, v, qd, kd, vd
         torch.cuda.empty_cache()
 
-    print(f"{torch.cuda.get_device_name()}, bf16, Hq={hq} Hkv={hkv} D={d}, forward + backward")
+    print(f"{torch.cuda.get_device_name()}, bf16, Hq={hq} Hkv={hkv} D={d}, {args.layout.upper()}, forward + backward")
     print("| attention | queries | keys | visible pairs | ms | TFLOP/s (visible work) |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, ql, kl, pairs, ms, tflops in rows:

@@ -8,9 +8,31 @@ Shapes: q [B, Hq, Q, D], k/v [B, Hkv, K, D] (grouped-query attention when Hq > H
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PackedQueryMask:
+    """A flex ``BlockMask`` over query rows packed by KV group: row (n, g, k) is slot k of query
+    block n under query head g of its KV head; every ``rows`` consecutive queries form a block."""
+
+    block_mask: object
+    groups: int  # query heads per KV head
+    rows: int  # queries per block (the packing keeps a block's rows together)
+
+
+def _pack_queries(q: torch.Tensor, groups: int, rows: int) -> torch.Tensor:
+    """[B, Hkv*G, N*R, D] -> [B, Hkv, N*G*R, D], rows ordered (block, head in group, row)."""
+    b, hq, q_len, d = q.shape
+    return q.reshape(b, hq // groups, groups, q_len // rows, rows, d).transpose(2, 3).reshape(b, hq // groups, -1, d)
+
+
+def _unpack_queries(x: torch.Tensor, groups: int, rows: int) -> torch.Tensor:
+    b, hkv, packed, d = x.shape
+    return x.reshape(b, hkv, packed // (groups * rows), groups, rows, d).transpose(2, 3).reshape(b, hkv * groups, -1, d)
 
 
 def raise_recompile_limit(limit: int = 64) -> None:
@@ -32,12 +54,18 @@ def compiled_flex_attention():
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None) -> torch.Tensor:
-    """Masked attention; ``mask`` is a flex ``BlockMask`` or a bool tensor broadcastable to [B, Hq, Q, K]."""
+    """Masked attention; ``mask`` is a flex ``BlockMask``, a ``PackedQueryMask``, or a bool tensor
+    broadcastable to [B, Hq, Q, K]."""
     if isinstance(mask, torch.Tensor) or mask is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = compiled_flex_attention() if q.is_cuda else flex_attention  # eager flex: CPU tests only
+    if isinstance(mask, PackedQueryMask):
+        if q.shape[1] != k.shape[1] * mask.groups:
+            raise ValueError(f"a mask packed for {mask.groups} query heads per KV head got {q.shape[1]} / {k.shape[1]}")
+        out = flex(_pack_queries(q, mask.groups, mask.rows), k, v, block_mask=mask.block_mask, scale=scale)
+        return _unpack_queries(out, mask.groups, mask.rows)
     return flex(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 

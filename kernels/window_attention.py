@@ -1,36 +1,41 @@
-"""Sliding-window causal attention for training (forward + backward) on cuDNN's fused causal kernel.
+"""Sliding-window causal attention for training (forward + backward), plus optional per-query
+diagonal keys (EAGLE-3's training-time test).
 
 Window convention (Hugging Face ``sliding_window``): the query at position p sees keys p-W+1 .. p,
-W keys counting itself. FlashAttention's and FlashInfer's left window is W - 1.
+W keys counting itself. FlashAttention's and FlashInfer's left window is W - 1; cuDNN's
+``diagonal_band_left_bound`` (the frontend's ``window_left``) is W.
 
-Why: on an H100 cuDNN's fused causal attention runs ~510 TFLOP/s forward + backward at 8K where
-flex_attention with a window BlockMask runs ~290 and torch's bundled FlashAttention-2 ~280
-(``benchmarks/probe_attention_kernels.py``). cuDNN takes no window, so the band is cut into causal
-pieces it can run. Measured result (BENCHMARKS.md, issue 8): exact, but slower than flex end to end
-(14.9 vs 11.5 ms at 32K, W=2048): cuDNN on 2K-long chunks is far from its long-sequence rate and
-the reversed copies and merges cost memory passes. The trainer uses it only when asked
-(``trainer.attention_backend=cudnn``). With chunks of C = W positions, the query at offset i of chunk c sees
+Two ways to run the band, the same result (tests: one dense mask built pair by pair):
+
+``CUDNN_BAND`` (default on the GPU when the ``nvidia-cudnn-frontend`` package is installed): the
+whole band in one call of cuDNN's fused attention with its native diagonal band. On an H100 this
+is the fastest kernel we measured for a window (BENCHMARKS.md, issue 8).
+
+``CUDNN`` (chunked; torch's built-in cuDNN op, which takes no window): the band cut into causal
+pieces cuDNN can run. Measured slower than flex (14.9 vs 11.5 ms at 32K, W=2048): cuDNN on 2K-long
+chunks is far from its long-sequence rate, and the reversed copies and merges cost memory passes.
+With chunks of C = W positions, the query at offset i of chunk c sees
 
     chunk c       offsets j <= i          a causal square                      -> piece A
     chunk c - 1   offsets j >  i          a strictly upper triangle; reversing -> piece B
                                           both orders within the chunk makes it strictly lower:
                                           queries 1..C-1 over keys 0..C-2, causal
 
-The pieces' softmaxes are merged by log-sum-exp. The backward needs no merging: each piece's
-backward kernel is called with the *merged* output and log-sum-exp, which makes it compute exactly
-the merged softmax's gradient over its own keys (the ring-attention identity:
+Softmaxes of separate pieces are merged by log-sum-exp. The backward needs no merging: each
+piece's backward kernel is called with the *merged* output and log-sum-exp, which makes it compute
+exactly the merged softmax's gradient over its own keys (the ring-attention identity:
 dS = P * (dP - rowsum(dO * O)) with P = exp(S - LSE) of the whole row).
 
 ``diag_k``/``diag_v`` add S extra keys per query, key s of query t being the t-th row of step s
-(EAGLE-3's training-time test: each query also sees its own index's earlier drafts). They are a
-third piece, computed elementwise.
+(EAGLE-3's training-time test: each query also sees its own index's earlier drafts). They are one
+more piece, computed elementwise and merged the same way.
 
-The piece kernels are swappable: ``CUDNN`` on the GPU, ``REFERENCE`` (plain PyTorch, any device and
-dtype) for tests, where the whole construction is checked against one dense mask.
+``REFERENCE`` / ``REFERENCE_BAND`` are plain PyTorch (any device and dtype) for tests.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -59,24 +64,26 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def _reference_scores(q, k, v, scale):
-    """Upcast q, expanded k/v, and the causal scores (masked with -inf) of the reference pieces."""
+def _reference_scores(q, k, v, scale, window=None):
+    """Upcast q, expanded k/v, and the causal (optionally windowed) scores, masked with -inf."""
     groups = q.shape[1] // k.shape[1]
     dtype = _acc(q)
     qf, kf, vf = q.to(dtype), _repeat_kv(k, groups).to(dtype), _repeat_kv(v, groups).to(dtype)
-    causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
-    return qf, kf, vf, (qf @ kf.transpose(-1, -2) * scale).masked_fill(~causal, NEG_INF)
+    visible = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    if window is not None:
+        visible = visible.triu(1 - window)
+    return qf, kf, vf, (qf @ kf.transpose(-1, -2) * scale).masked_fill(~visible, NEG_INF)
 
 
-def _reference_forward(q, k, v, scale):
-    _, _, vf, scores = _reference_scores(q, k, v, scale)
+def _reference_forward(q, k, v, scale, window=None):
+    _, _, vf, scores = _reference_scores(q, k, v, scale, window)
     lse = torch.logsumexp(scores, dim=-1)
     return (torch.exp(scores - lse[..., None]) @ vf).to(q.dtype), lse
 
 
-def _reference_backward(dout, q, k, v, out, lse, scale):
+def _reference_backward(dout, q, k, v, out, lse, scale, window=None):
     groups = q.shape[1] // k.shape[1]
-    qf, kf, vf, scores = _reference_scores(q, k, v, scale)
+    qf, kf, vf, scores = _reference_scores(q, k, v, scale, window)
     of, dof = out.to(qf.dtype), dout.to(qf.dtype)
     probs = torch.exp(scores - lse.to(qf.dtype)[..., None])  # masked scores give 0
     dv = probs.transpose(-1, -2) @ dof
@@ -112,6 +119,54 @@ def _cudnn_backward(dout, q, k, v, out, lse, scale):
 
 
 CUDNN = PieceOps("cudnn", _cudnn_forward, _cudnn_backward)
+
+
+# --- band kernels: the whole window in one call ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BandOps:
+    name: str
+    # (q [B, Hq, T, D], k/v [B, Hkv, T, D], window or None, scale) -> (out [B, Hq, T, D], lse [B, Hq, T] fp32)
+    forward: Callable
+    # (dout, q, k, v, out, lse, window, scale) -> (dq, dk, dv)
+    backward: Callable
+
+
+REFERENCE_BAND = BandOps("reference-band", lambda q, k, v, window, scale: _reference_forward(q, k, v, scale, window),
+                         lambda dout, q, k, v, out, lse, window, scale: _reference_backward(dout, q, k, v, out, lse, scale, window))
+
+
+def _cudnn_band_ops():
+    import cudnn.sdpa.fwd.torch_op  # noqa: F401  (registers torch.ops.cudnn.sdpa_fwd / sdpa_bwd)
+
+    def forward(q, k, v, window, scale):
+        # window_left = W: cuDNN's left bound counts the diagonal, as Hugging Face's window does
+        out, lse = torch.ops.cudnn.sdpa_fwd(q, k, v, scale, is_causal=True, window_left=window or -1, return_lse=True)
+        return out, lse.view(q.shape[:3])
+
+    def backward(dout, q, k, v, out, lse, window, scale):
+        return torch.ops.cudnn.sdpa_bwd(dout, q, k, v, out, lse.float().contiguous(), scale, is_causal=True,
+                                        window_left=window or -1)
+
+    return BandOps("cudnn-band", forward, backward)
+
+
+def cudnn_band_available() -> bool:
+    """cuDNN's native band needs the ``nvidia-cudnn-frontend`` package (cuDNN backend >= 9.x)."""
+    try:
+        import cudnn.sdpa.fwd.torch_op  # noqa: F401
+    except Exception:  # not installed, or no usable libcudnn: the chunked path serves
+        return False
+    return True
+
+
+@functools.cache
+def default_ops(on_gpu: bool):
+    """The band in one cuDNN call when the frontend is installed; cuDNN chunks otherwise; PyTorch on CPU."""
+    if not on_gpu:
+        return REFERENCE
+    return _cudnn_band_ops() if cudnn_band_available() else CUDNN
 
 
 # --- the band cut into pieces -----------------------------------------------------------------------
@@ -231,7 +286,13 @@ class _WindowAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, diag_k, diag_v, window, scale, ops):
         b, hq, t, d = q.shape
         on_gpu = q.is_cuda
+        if isinstance(ops, BandOps):
+            ctx.band_window = None if window is None or window >= t else window
+            out, lse = ops.forward(q, k, v, ctx.band_window, scale)
+            return _WindowAttention._finish_forward(ctx, q, k, v, diag_k, diag_v, out, lse, (t, t, 1, 0, scale, ops))
         size = t if window is None or window >= t else window
+        if size == 1:  # one key per query: cuDNN refuses 1 x 1 pieces, and PyTorch's are as fast
+            ops = REFERENCE
         n = -(-t // size)
         pad = n * size - t
         if pad:  # padded keys come after every real query: causality hides them
@@ -243,39 +304,69 @@ class _WindowAttention(torch.autograd.Function):
             out_b, lse_b = ops.forward(*_prev_piece_inputs(q5, k5, v5), scale)
             out_b, lse_b = out_b.view(b, n - 1, hq, size - 1, d), lse_b.view(b, n - 1, hq, size - 1)
         out, lse = _stage(_merge_pieces, on_gpu)(out_a.view(b, n, hq, size, d), lse_a.view(b, n, hq, size), out_b, lse_b, t)
+        return _WindowAttention._finish_forward(ctx, q, k, v, diag_k, diag_v, out, lse, (t, size, n, pad, scale, ops))
+
+    @staticmethod
+    def _finish_forward(ctx, q, k, v, diag_k, diag_v, out, lse, meta):
+        t, scale = meta[0], meta[4]
         has_diag = diag_k is not None and diag_k.shape[0] > 0
         if has_diag:
-            out, lse = _stage(_diag_forward, on_gpu)(q[:, :, :t], out, lse, diag_k, diag_v, scale)
+            if _triton_diagonal(q, diag_k):
+                from .diagonal_keys import diag_forward
+
+                out, lse = diag_forward(q[:, :, :t], out, lse, diag_k, diag_v, scale)
+            else:
+                out, lse = _stage(_diag_forward, q.is_cuda)(q[:, :, :t], out, lse, diag_k, diag_v, scale)
         ctx.save_for_backward(q, k, v, diag_k if has_diag else None, diag_v if has_diag else None, out, lse)
-        ctx.meta = (t, size, n, pad, scale, ops)
+        ctx.meta = meta
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, diag_k, diag_v, out, lse = ctx.saved_tensors
         t, size, n, pad, scale, ops = ctx.meta
-        b, hq, _, d = q.shape
-        on_gpu = q.is_cuda
         dout = dout.contiguous()
-        if diag_k is not None:
-            dq_diag, ddiag_k, ddiag_v = _stage(_diag_backward, on_gpu)(q[:, :, :t], dout, out, lse, diag_k, diag_v, scale)
-        if pad:
-            dout, out = (F.pad(x, (0, 0, 0, pad)) for x in (dout, out))
-            lse = F.pad(lse, (0, pad), value=0.0)
-        q5, k5, v5 = _chunks(q, size), _chunks(k, size), _chunks(v, size)
-        do5, o5 = _chunks(dout, size), _chunks(out, size)
-        lse4 = lse.view(b, hq, n, size).transpose(1, 2)  # [B, n, Hq, C]
-        grads_a = ops.backward(_flat(do5), _flat(q5), _flat(k5), _flat(v5), _flat(o5), _flat(lse4).contiguous(), scale)
-        grads_b = (None, None, None)
-        if n > 1 and size > 1:
-            rev = lambda x: _flat(x[:, 1:].flip(3)[:, :, :, 1:]).contiguous()  # noqa: E731  (piece B's reversed frame)
-            grads_b = ops.backward(rev(do5), *_prev_piece_inputs(q5, k5, v5), rev(o5), rev(lse4[..., None])[..., 0], scale)
-        combine = _stage(_combine_grads, on_gpu)
-        dq, dk, dv = (combine(g_a.view(b, n, -1, size, d), g_b, t, side == 0)
-                      for side, (g_a, g_b) in enumerate(zip(grads_a, grads_b)))
-        if diag_k is not None:
-            return (dq.to(dq_diag.dtype) + dq_diag).to(q.dtype), dk, dv, ddiag_k, ddiag_v, None, None, None
-        return dq, dk, dv, None, None, None, None, None
+        if isinstance(ops, BandOps):
+            dq, dk, dv = ops.backward(dout, q, k, v, out, lse, ctx.band_window, scale)
+        else:
+            dq, dk, dv = _chunked_backward(dout, q, k, v, out, lse, t, size, n, pad, scale, ops)
+        if diag_k is None:
+            return dq, dk, dv, None, None, None, None, None
+        if _triton_diagonal(q, diag_k):
+            from .diagonal_keys import diag_backward
+
+            ddiag_k, ddiag_v = diag_backward(q[:, :, :t], dout, out, lse, diag_k, diag_v, dq, scale)  # adds to dq in place
+        else:
+            dq_diag, ddiag_k, ddiag_v = _stage(_diag_backward, q.is_cuda)(q[:, :, :t], dout, out, lse, diag_k, diag_v, scale)
+            dq = (dq.to(dq_diag.dtype) + dq_diag).to(q.dtype)
+        return dq, dk, dv, ddiag_k, ddiag_v, None, None, None
+
+
+def _triton_diagonal(q: torch.Tensor, diag_k: torch.Tensor) -> bool:
+    """The fused Triton kernels for the diagonal keys (kernels/diagonal_keys.py) where they apply."""
+    if not q.is_cuda:
+        return False
+    from .diagonal_keys import supported
+
+    return supported(q, diag_k)
+
+
+def _chunked_backward(dout, q, k, v, out, lse, t, size, n, pad, scale, ops):
+    """The band's gradients from its causal pieces, each given the merged output and log-sum-exp."""
+    b, hq, _, d = q.shape
+    if pad:
+        dout, out = (F.pad(x, (0, 0, 0, pad)) for x in (dout, out))
+        lse = F.pad(lse, (0, pad), value=0.0)
+    q5, k5, v5 = _chunks(q, size), _chunks(k, size), _chunks(v, size)
+    do5, o5 = _chunks(dout, size), _chunks(out, size)
+    lse4 = lse.view(b, hq, n, size).transpose(1, 2)  # [B, n, Hq, C]
+    grads_a = ops.backward(_flat(do5), _flat(q5), _flat(k5), _flat(v5), _flat(o5), _flat(lse4).contiguous(), scale)
+    grads_b = (None, None, None)
+    if n > 1 and size > 1:
+        rev = lambda x: _flat(x[:, 1:].flip(3)[:, :, :, 1:]).contiguous()  # noqa: E731  (piece B's reversed frame)
+        grads_b = ops.backward(rev(do5), *_prev_piece_inputs(q5, k5, v5), rev(o5), rev(lse4[..., None])[..., 0], scale)
+    combine = _stage(_combine_grads, q.is_cuda)
+    return tuple(combine(g_a.view(b, n, -1, size, d), g_b, t, side == 0) for side, (g_a, g_b) in enumerate(zip(grads_a, grads_b)))
 
 
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, scale: float | None = None,
@@ -286,13 +377,14 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
         q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] (Hq a multiple of Hkv).
         window: W keys visible counting the query itself, or None (plain causal).
         diag_k, diag_v: [S, B, Hkv, T, D] or None: query t also sees row t of each of the S.
-        ops: the piece kernels (default: cuDNN on CUDA, the PyTorch reference elsewhere).
+        ops: the kernels (default: ``default_ops``: cuDNN's band on CUDA when available, else cuDNN
+            chunks; the PyTorch reference elsewhere).
 
     Returns:
         [B, Hq, T, D] in q's dtype.
     """
     if window is not None and window < 1:
         raise ValueError(f"window={window}; expected a positive number of keys or None")
-    ops = ops or (CUDNN if q.is_cuda else REFERENCE)
+    ops = ops or default_ops(q.is_cuda)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _WindowAttention.apply(q, k, v, diag_k, diag_v, window, scale, ops)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 
-from train.masks import LayerMaskSpec, dense_mask, dflash_visible, flex_block_mask
+from kernels.attention import attention
+from train.masks import LayerMaskSpec, dense_mask, dflash_visible, flex_block_mask, flex_packed_block_mask
 
 
 def reference_mask(anchors: list[int], valid: list[bool], block_size: int, spec: LayerMaskSpec) -> torch.Tensor:
@@ -97,6 +99,38 @@ def test_flex_block_mask_matches_dense() -> None:
     as_dense = block_mask.to_dense()  # [B, 1, q_tiles, kv_tiles]
     kv_tiles = torch.nn.functional.pad(dense, (0, 144 - 132)).reshape(2, 1, 2, 16, 9, 16).any(-1).any(3)
     assert torch.equal(as_dense.bool(), kv_tiles)
+
+
+@pytest.mark.parametrize("spec", [LayerMaskSpec(window=100, block_causal=True), LayerMaskSpec(window=3, block_causal=False),
+                                  LayerMaskSpec(window=None, block_causal=False)])
+def test_packed_block_mask_matches_dense(spec: LayerMaskSpec) -> None:
+    """Queries packed by KV group (G=2 heads, blocks of 8: a 32-row tile holds 2 blocks): the tiles
+    kept, and those marked full, are exactly those of the dense mask with its rows packed the same way."""
+    groups, block, tile = 2, 8, 32
+    anchors = torch.tensor([[60, 100, 101, 110], [70, 150, 0, 0]])
+    ctx_valid = torch.arange(200)[None, :] < torch.tensor([[200], [170]])
+    packed = flex_packed_block_mask(anchors, ctx_valid, block, spec, groups, tile=tile)
+    dense = dense_mask(anchors, ctx_valid, block, spec)[:, 0]  # [2, 32, 232]
+    # pack the rows by hand: row (n, g, k) is query n * 8 + k for both heads g
+    rows = torch.tensor([n * block + k for n in range(4) for g in range(groups) for k in range(block)])
+    dense_packed = torch.nn.functional.pad(dense[:, rows], (0, 256 - 232)).reshape(2, 2, tile, 8, tile)
+    kept = packed.block_mask.to_dense()[:, 0].bool()  # partial + full tiles
+    full = BlockMask.from_kv_blocks(packed.block_mask.full_kv_num_blocks, packed.block_mask.full_kv_indices, BLOCK_SIZE=tile,
+                                    seq_lengths=(64, 232)).to_dense()[:, 0].bool()
+    assert torch.equal(kept, dense_packed.any(-1).any(2))
+    assert torch.equal(full, dense_packed.all(-1).all(2))
+    assert spec.window == 3 or full.any()  # the check of full tiles is not vacuous
+    # and the packed attention (rows packed, run, unpacked) equals the dense mask's
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 32, 8), torch.randn(2, 2, 232, 8), torch.randn(2, 2, 232, 8)
+    torch.testing.assert_close(attention(q, k, v, packed), attention(q, k, v, dense[:, None]), rtol=1e-5, atol=1e-5)
+
+
+def test_packing_needs_whole_blocks_per_tile() -> None:
+    anchors, ctx_valid = torch.tensor([[1, 40]]), torch.ones(1, 100, dtype=torch.bool)
+    spec = LayerMaskSpec(window=16, block_causal=True)
+    assert flex_packed_block_mask(anchors, ctx_valid, 16, spec, groups=3) is None  # 48 rows per block
+    assert flex_packed_block_mask(anchors, ctx_valid, 16, spec, groups=1) is None  # nothing to pack
 
 
 def test_sliding_tiles_do_not_grow_with_context() -> None:

@@ -1,12 +1,13 @@
-"""kernels/window_attention.py against one dense mask built element by element (fp64, CPU), and on
-the GPU the cuDNN pieces against the PyTorch reference pieces."""
+"""kernels/window_attention.py against one dense mask built element by element (fp64, CPU), both
+ways of running the band (cut into causal pieces, or whole); on the GPU the cuDNN kernels (chunked,
+and cuDNN's native band through the frontend) against the PyTorch reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.window_attention import CUDNN, REFERENCE, window_attention
+from kernels.window_attention import CUDNN, REFERENCE, REFERENCE_BAND, cudnn_band_available, default_ops, window_attention
 from train.eagle3_masks import ttt_dense_mask
 
 
@@ -39,7 +40,8 @@ def grads(fn, inputs, dout):
 @pytest.mark.parametrize("t", [1, 5, 8, 13])
 @pytest.mark.parametrize("window", [None, 1, 2, 3, 4, 8, 20])
 @pytest.mark.parametrize("steps", [0, 2])
-def test_equals_dense_mask(t: int, window: int | None, steps: int) -> None:
+@pytest.mark.parametrize("ops", [REFERENCE, REFERENCE_BAND], ids=lambda o: o.name)
+def test_equals_dense_mask(t: int, window: int | None, steps: int, ops) -> None:
     torch.manual_seed(t * 100 + (window or 0) * 10 + steps)
     b, hq, hkv, d = 2, 4, 2, 8
     mk = lambda *s: torch.randn(*s, dtype=torch.float64, requires_grad=True)  # noqa: E731
@@ -48,7 +50,7 @@ def test_equals_dense_mask(t: int, window: int | None, steps: int) -> None:
     inputs = [q, k, v] + ([dk, dv] if steps else [])
     dout = torch.randn(b, hq, t, d, dtype=torch.float64)
     diag = (dk, dv) if steps else (None, None)
-    got = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=REFERENCE), inputs, dout)
+    got = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=ops), inputs, dout)
     want = grads(lambda: dense_reference(q, k, v, window, *diag), inputs, dout)
     for name, g, w in zip(["out", "dq", "dk", "dv", "ddiag_k", "ddiag_v"], got, want):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, msg=name)
@@ -76,18 +78,28 @@ def test_bad_window() -> None:
         window_attention(x, x, x, 0)
 
 
+CUDNN_CASES = [(4096, 1024, 0), (3000, 1024, 0), (2048, 4096, 0), (4096, 1024, 6), (1000, 256, 3), (777, 1, 2)]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN pieces need a GPU")
-@pytest.mark.parametrize("t,window,steps", [(4096, 1024, 0), (3000, 1024, 0), (2048, 4096, 0), (4096, 1024, 6), (1000, 256, 3)])
-def test_cudnn_pieces_equal_reference_pieces(t: int, window: int, steps: int) -> None:
+@pytest.mark.parametrize("band", [False, True], ids=["chunked", "band"])
+@pytest.mark.parametrize("t,window,steps", CUDNN_CASES)
+def test_cudnn_equals_reference(t: int, window: int, steps: int, band: bool) -> None:
+    if band and not cudnn_band_available():
+        pytest.skip("cuDNN's band needs the nvidia-cudnn-frontend package")
     torch.manual_seed(0)
     b, hq, hkv, d = 1, 8, 2, 128
     mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
-    q, k, v = mk(b, hq, t, d), mk(b, hkv, t, d), mk(b, hkv, t, d)
+    # q, k, v in the models' layout: [B, T, H, D] projections viewed as [B, H, T, D]
+    bshd = lambda h: torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()  # noqa: E731
+    q, k, v = bshd(hq), bshd(hkv), bshd(hkv)
     dk, dv = mk(steps, b, hkv, t, d), mk(steps, b, hkv, t, d)
     inputs = [q, k, v] + ([dk, dv] if steps else [])
     diag = (dk, dv) if steps else (None, None)
     dout = torch.randn(b, hq, t, d, device="cuda", dtype=torch.bfloat16)
-    got = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=CUDNN), inputs, dout)
+    ops = default_ops(True) if band else CUDNN
+    assert ops.name == ("cudnn-band" if band else "cudnn")
+    got = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=ops), inputs, dout)
     want = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=REFERENCE), inputs, dout)
     for name, g, w in zip(["out", "dq", "dk", "dv", "ddiag_k", "ddiag_v"], got, want):
         rel = float((g.float() - w.float()).norm() / w.float().norm())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .masks import LayerMaskSpec, dense_mask, flex_block_mask
+from .masks import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask
 
 IGNORE = -100
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -75,13 +75,18 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
 
 
 def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_types: list[str], sliding_window: int | None,
-                sliding_block_causal: bool, backend: str) -> dict:
-    """One mask per layer type present: dense bool for SDPA (``backend='sdpa'``) or flex BlockMask."""
-    build = flex_block_mask if backend == "flex" else dense_mask
-    return {
-        t: build(blocks.anchors, ctx_valid, block_size, LayerMaskSpec.for_layer(t, sliding_window, sliding_block_causal))
-        for t in set(layer_types)
-    }
+                sliding_block_causal: bool, backend: str, query_groups: int = 1) -> dict:
+    """One mask per layer type present: dense bool for SDPA (``backend='sdpa'``), or for flex a
+    BlockMask over queries packed by KV group (``query_groups`` = query heads per KV head) where a
+    tile holds whole blocks, else a plain BlockMask."""
+
+    def build(spec: LayerMaskSpec):
+        if backend != "flex":
+            return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
+        packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups)
+        return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)
+
+    return {t: build(LayerMaskSpec.for_layer(t, sliding_window, sliding_block_causal)) for t in set(layer_types)}
 
 
 @dataclass

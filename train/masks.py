@@ -17,6 +17,12 @@ Every query sees at least itself, so no softmax row is empty (padded anchor slot
 ``dflash_visible`` is written with tensor ops only, so the same function fills a dense boolean
 mask for SDPA (CPU) and serves as a flex_attention ``mask_mod`` (GPU), whose block mask then skips
 every 128 x 128 tile the window rules out: sliding-layer cost grows with W, not with T.
+
+Grouped-query packing (``flex_packed_block_mask``): a block's B queries under the G query heads of
+one KV head all see nearly the same keys (one anchor), so flex runs with the rows packed as
+(block, head of the group, slot): a 128-row tile then holds 128 / (G B) whole blocks and one key
+range, not 128 / B blocks spread over 128 / B different anchors (fewer partially masked tiles).
+``kernels.attention.attention`` packs and unpacks around the kernel.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.attention import PackedQueryMask
 
 # Legend: Bsz batch, N anchors per sequence, B block size, T context length, Q = N*B queries, K = T+Q keys.
 
@@ -106,3 +114,31 @@ def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: 
     return create_block_mask(
         mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=ctx_valid.shape[1] + q_len, device=anchors.device, BLOCK_SIZE=tile
     )  # eager: new anchors every step; compiled building (as the TTT masks do) ran minutes per step on the H100
+
+
+def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
+                           tile: int = 128):
+    """``flex_block_mask`` for queries packed by KV group (module docstring), or None when a tile
+    cannot hold whole blocks (``tile`` not a multiple of ``groups * block_size``)."""
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+    rows_per_block = groups * block_size
+    if groups < 2 or tile % rows_per_block:
+        return None
+    bsz, num_anchors = anchors.shape
+    q_len, kv_len = num_anchors * block_size, ctx_valid.shape[1] + num_anchors * block_size
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
+
+    def packed_mask_mod(b, h, row, kv_idx):  # row = (block n, head g, slot k) -> query n * B + k
+        return mask_mod(b, h, row // rows_per_block * block_size + row % block_size, kv_idx)
+
+    # A packed tile holds the same blocks as an unpacked tile of tile / G rows: the tile structure
+    # (skipped / partial / full) is the unpacked one at that height, built over Q rows, not G * Q.
+    unpacked = create_block_mask(mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=anchors.device,
+                                 BLOCK_SIZE=(tile // groups, tile))
+    block_mask = BlockMask.from_kv_blocks(unpacked.kv_num_blocks, unpacked.kv_indices, unpacked.full_kv_num_blocks,
+                                          unpacked.full_kv_indices, BLOCK_SIZE=tile, mask_mod=packed_mask_mod,
+                                          seq_lengths=(groups * q_len, kv_len))
+    return PackedQueryMask(block_mask, groups, block_size)

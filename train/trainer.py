@@ -200,7 +200,9 @@ class DFlashStep(TrainStep):
         features = self.target_features(batch).features  # [Bsz, T, k*H]
         blocks = type(blocks)(*(t.to(self.device) for t in vars(blocks).values()))
         d = self.cfg.drafter
-        masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal, self.backend)
+        heads = self.drafter.config
+        masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal,
+                            self.backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads)
         with self.autocast():
             block_embeds = self.target.embed_tokens(blocks.block_ids).to(features.dtype)  # [Bsz, Q, H]
             hidden = self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
