@@ -66,10 +66,9 @@ def attention_with_diagonal(q, k_ctx, v_ctx, k_diag, v_diag, ctx_mask, scale: fl
 
 
 def run_case(name: str, q, k, v, attend, pairs: int, rows: list) -> None:
-    for t in (q, k, v):
-        t.grad = None
-
     def step():
+        for t in (q, k, v):
+            t.grad = None
         out = attend(q, k, v)
         out.backward(torch.ones_like(out))
 
@@ -154,16 +153,24 @@ def main() -> None:
             pairs = count_pairs(lambda b, qi, ki: ttt_visible(b, qi, ki, j, valid, w), t, (j + 1) * t)
             run_case(f"flex eagle3 ttt step {j} W={w}", qj, kj, vj, lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True),
                      pairs, rows)
+            # the trainer's tensors: step 0's keys, and the j earlier steps' keys stacked [j, 1, Hkv, T, D]
+            k0, v0 = (x.unflatten(2, (j + 1, t))[:, :, 0].detach().clone().requires_grad_() for x in (kj, vj))
+            kd, vd = (x.unflatten(2, (j + 1, t))[:, :, 1:].movedim(2, 0).detach().contiguous().requires_grad_() for x in (kj, vj))
             for kind, ops in cudnn_ops:
                 def ttt_cudnn(q, k, v, j=j, ops=ops):
                     k_steps, v_steps = k.unflatten(2, (j + 1, t)), v.unflatten(2, (j + 1, t))  # [1, Hkv, j+1, T, D]
                     return window_attention(q, k_steps[:, :, 0], v_steps[:, :, 0], w - j, d**-0.5, k_steps[:, :, 1:].movedim(2, 0),
                                             v_steps[:, :, 1:].movedim(2, 0), ops=ops)
 
-                run_case(f"cudnn ({kind}) eagle3 ttt step {j} W={w}", qj, kj, vj, ttt_cudnn, pairs, rows)
+                def ttt_cudnn_steps(q, k, v, j=j, ops=ops, kd=kd, vd=vd):
+                    kd.grad = vd.grad = None
+                    return window_attention(q, k, v, w - j, d**-0.5, kd, vd, ops=ops)
+
+                run_case(f"cudnn ({kind}) eagle3 ttt step {j} W={w}", qj, k0, v0, ttt_cudnn_steps, pairs, rows)
                 if t == min(args.seq):
                     check_same(f"T={t} step {j}: cudnn ({kind}) window + diagonal vs the flex TTT mask", qj, kj, vj, ttt_cudnn,
                                lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True, scale=d**-0.5))
+            del k0, v0, kd, vd
             if args.no_lse_candidate:
                 del qj, kj, vj
                 continue

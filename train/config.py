@@ -181,8 +181,9 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     device: str = "auto"  # auto = cuda when available, else cpu
     precision: str = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU; or bf16 / fp32
-    # auto = flex on GPU, sdpa (dense mask) on CPU; cudnn = kernels/window_attention.py (EAGLE-3 only;
-    # exact, but measured slower than flex on the H100: BENCHMARKS.md)
+    # auto = flex on GPU (EAGLE-3: cudnn when nvidia-cudnn-frontend is installed), sdpa (dense mask) on
+    # CPU; cudnn = kernels/window_attention.py, EAGLE-3 only: cuDNN's native band (frontend installed,
+    # faster than flex) or cuDNN causal chunks (slower than flex); BENCHMARKS.md, issue 8
     attention_backend: str = "auto"
     # EAGLE-3: recompute each TTT step's layers in the backward instead of keeping their activations
     # (a 32K-token step at the 8B shape: 108 GiB peak without, see BENCHMARKS.md)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import attention
-from kernels.window_attention import window_attention
+from kernels.window_attention import cudnn_band_available, window_attention
 
 from .eagle3_masks import ttt_dense_mask, ttt_flex_block_mask
 from .models.eagle3 import Eagle3DraftModel
@@ -225,6 +225,11 @@ class Eagle3Step(TrainStep):
         if self.backend == "cudnn" and window is not None and window < self.steps:
             raise ValueError(f"trainer.attention_backend=cudnn needs drafter.sliding_window >= drafter.ttt_length "
                              f"({window} < {self.steps}); use flex")
+        if cfg.trainer.attention_backend == "auto" and self.backend == "flex" and (window is None or window >= self.steps) \
+                and cudnn_band_available():
+            # cuDNN's band + the fused diagonal keys beat flex's TTT masks 1.4-1.8x (BENCHMARKS.md, issue 8)
+            self.backend = "cudnn"
+            self._static_shapes()
 
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:

@@ -23,9 +23,12 @@ class TrainStep:
         self.backend = backend
         precision = cfg.trainer.precision
         self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-        # Compiled flex attention wants one shape: pad every batch to max_length.
-        self.static_shapes = self.backend == "flex"
-        self.pad_to = cfg.data.max_length if self.static_shapes else None
+        self._static_shapes()
+
+    def _static_shapes(self) -> None:
+        # Compiled flex attention wants one shape, and cuDNN builds a graph per shape: pad every batch to max_length.
+        self.static_shapes = self.backend in ("flex", "cudnn")
+        self.pad_to = self.cfg.data.max_length if self.static_shapes else None
 
     def collate(self, rows: list[dict], pad_id: int, split: str | None = None, indices: list[int] | None = None) -> dict:
         """Padded tensors; with ``split`` and ``indices`` (the rows' places in their split) also
