@@ -7,9 +7,9 @@ W keys counting itself. FlashAttention's and FlashInfer's left window is W - 1; 
 
 Two ways to run the band, the same result (tests: one dense mask built pair by pair):
 
-``CUDNN_BAND`` (default on the GPU when the ``nvidia-cudnn-frontend`` package is installed): the
-whole band in one call of cuDNN's fused attention with its native diagonal band. On an H100 this
-is the fastest kernel we measured for a window (BENCHMARKS.md, issue 8).
+``cudnn-band`` (``default_ops(True)``: the default on the GPU when the ``nvidia-cudnn-frontend``
+package is installed): the whole band in one call of cuDNN's fused attention with its native
+diagonal band. On an H100 the fastest kernel we measured for a window (BENCHMARKS.md, issue 8).
 
 ``CUDNN`` (chunked; torch's built-in cuDNN op, which takes no window): the band cut into causal
 pieces cuDNN can run. Measured slower than flex (14.9 vs 11.5 ms at 32K, W=2048): cuDNN on 2K-long
