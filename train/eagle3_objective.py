@@ -227,7 +227,7 @@ class Eagle3Step(TrainStep):
                              f"({window} < {self.steps}); use flex")
         if cfg.trainer.attention_backend == "auto" and self.backend == "flex" and (window is None or window >= self.steps) \
                 and cudnn_band_available():
-            # cuDNN's band + the fused diagonal keys beat flex's TTT masks 1.4-1.8x (BENCHMARKS.md, issue 8)
+            # cuDNN's band + the fused diagonal keys: 1.8-1.9x flex's TTT attention at 8K-32K (BENCHMARKS.md, issue 8)
             self.backend = "cudnn"
             self._static_shapes()
 
