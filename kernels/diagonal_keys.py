@@ -33,12 +33,22 @@ def _dense_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rows(t0, T, G: tl.constexpr, BT: tl.constexpr):
-    """Row r of a program = (head g = r // BT of the group, position t0 + r % BT)."""
+def _program_rows(T, HKV, G: tl.constexpr, BT: tl.constexpr):
+    """This program's batch b, KV head hk, and its G * BT rows: row r = (query head h = hk * G + r // BT,
+    position t = t0 + r % BT), with the in-range flag."""
+    bk = tl.program_id(1)
+    b = (bk // HKV).to(tl.int64)  # 64-bit offsets: S * B * Hkv * T * D passes 2^31 at 32K x batch 16
+    hk = bk % HKV
     r = tl.arange(0, G * BT)
-    g = r // BT
-    t = t0 + r % BT
-    return g, t, t < T
+    t = tl.program_id(0) * BT + r % BT
+    return b, hk, hk * G + r // BT, t, t < T
+
+
+@triton.jit
+def _row_offsets(b, h, t, sb, sh, st, D: tl.constexpr):
+    """[rows, D] element offsets of rows (b, h, t) in a tensor with strides (sb, sh, st, 1); h may be
+    one head for all rows."""
+    return (b * sb + h * sh + t * st)[:, None] + tl.arange(0, D)[None, :]
 
 
 @triton.autotune(CONFIGS, key=["S", "G", "D"])
@@ -47,21 +57,15 @@ def _diag_forward_kernel(Q, O, LSE, DK, DV, OUT, LSE_OUT, scale, T, HKV,
                          sq_b, sq_h, sq_t, so_b, so_h, so_t, sl_b, sl_h,
                          sd_s, sd_b, sd_h, sd_t, sv_s, sv_b, sv_h, sv_t, su_b, su_h, su_t,
                          S: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
-    pid_t = tl.program_id(0)
-    bk = tl.program_id(1)
-    b = (bk // HKV).to(tl.int64)  # 64-bit offsets: S * B * Hkv * T * D passes 2^31 at 32K x batch 16
-    hk = bk % HKV
-    g, t, valid = _rows(pid_t * BT, T, G, BT)
-    h = hk * G + g
-    c = tl.arange(0, D)
+    b, hk, h, t, valid = _program_rows(T, HKV, G, BT)
     m2 = valid[:, None]
-    q = tl.load(Q + b * sq_b + h[:, None] * sq_h + t[:, None] * sq_t + c[None, :], mask=m2, other=0.0).to(tl.float32)
-    acc = tl.load(O + b * so_b + h[:, None] * so_h + t[:, None] * so_t + c[None, :], mask=m2, other=0.0).to(tl.float32)
+    q = tl.load(Q + _row_offsets(b, h, t, sq_b, sq_h, sq_t, D), mask=m2, other=0.0).to(tl.float32)
+    acc = tl.load(O + _row_offsets(b, h, t, so_b, so_h, so_t, D), mask=m2, other=0.0).to(tl.float32)
     m = tl.load(LSE + b * sl_b + h * sl_h + t, mask=valid, other=0.0)
     total = tl.full(m.shape, 1.0, tl.float32)  # sum of exp(score - m); the band's share is exp(lse - m) = 1
     for s in tl.static_range(S):
-        k = tl.load(DK + s * sd_s + b * sd_b + hk * sd_h + t[:, None] * sd_t + c[None, :], mask=m2, other=0.0).to(tl.float32)
-        v = tl.load(DV + s * sv_s + b * sv_b + hk * sv_h + t[:, None] * sv_t + c[None, :], mask=m2, other=0.0).to(tl.float32)
+        k = tl.load(DK + s * sd_s + _row_offsets(b, hk, t, sd_b, sd_h, sd_t, D), mask=m2, other=0.0).to(tl.float32)
+        v = tl.load(DV + s * sv_s + _row_offsets(b, hk, t, sv_b, sv_h, sv_t, D), mask=m2, other=0.0).to(tl.float32)
         score = tl.sum(q * k, axis=1) * scale
         m_new = tl.maximum(m, score)
         alpha = tl.exp(m - m_new)
@@ -69,7 +73,7 @@ def _diag_forward_kernel(Q, O, LSE, DK, DV, OUT, LSE_OUT, scale, T, HKV,
         total = total * alpha + p
         acc = acc * alpha[:, None] + p[:, None] * v
         m = m_new
-    tl.store(OUT + b * su_b + h[:, None] * su_h + t[:, None] * su_t + c[None, :], (acc / total[:, None]).to(OUT.dtype.element_ty), mask=m2)
+    tl.store(OUT + _row_offsets(b, h, t, su_b, su_h, su_t, D), (acc / total[:, None]).to(OUT.dtype.element_ty), mask=m2)
     tl.store(LSE_OUT + b * sl_b + h * sl_h + t, m + tl.log(total), mask=valid)
 
 
@@ -80,32 +84,26 @@ def _diag_backward_kernel(Q, DO, O, LSE, DK, DV, DQ, DDK, DDV, scale, T, HKV,
                           sd_s, sd_b, sd_h, sd_t, sv_s, sv_b, sv_h, sv_t, sdq_b, sdq_h, sdq_t,
                           sx_s, sx_b, sx_h, sx_t,
                           S: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
-    pid_t = tl.program_id(0)
-    bk = tl.program_id(1)
-    b = (bk // HKV).to(tl.int64)  # 64-bit offsets: S * B * Hkv * T * D passes 2^31 at 32K x batch 16
-    hk = bk % HKV
-    g, t, valid = _rows(pid_t * BT, T, G, BT)
-    h = hk * G + g
-    c = tl.arange(0, D)
+    b, hk, h, t, valid = _program_rows(T, HKV, G, BT)
     m2 = valid[:, None]
-    q = tl.load(Q + b * sq_b + h[:, None] * sq_h + t[:, None] * sq_t + c[None, :], mask=m2, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sg_b + h[:, None] * sg_h + t[:, None] * sg_t + c[None, :], mask=m2, other=0.0).to(tl.float32)
-    o = tl.load(O + b * so_b + h[:, None] * so_h + t[:, None] * so_t + c[None, :], mask=m2, other=0.0).to(tl.float32)
+    q = tl.load(Q + _row_offsets(b, h, t, sq_b, sq_h, sq_t, D), mask=m2, other=0.0).to(tl.float32)
+    do = tl.load(DO + _row_offsets(b, h, t, sg_b, sg_h, sg_t, D), mask=m2, other=0.0).to(tl.float32)
+    o = tl.load(O + _row_offsets(b, h, t, so_b, so_h, so_t, D), mask=m2, other=0.0).to(tl.float32)
     lse = tl.load(LSE + b * sl_b + h * sl_h + t, mask=valid, other=0.0)
     row_dot = tl.sum(do * o, axis=1)  # rowsum(dO * O) of the merged softmax
-    dq_ptr = DQ + b * sdq_b + h[:, None] * sdq_h + t[:, None] * sdq_t + c[None, :]
+    dq_ptr = DQ + _row_offsets(b, h, t, sdq_b, sdq_h, sdq_t, D)
     dq = tl.load(dq_ptr, mask=m2, other=0.0).to(tl.float32)  # the band's share, from its own backward
-    tq = pid_t * BT + tl.arange(0, BT)
+    tq = tl.program_id(0) * BT + tl.arange(0, BT)
     for s in tl.static_range(S):
-        k = tl.load(DK + s * sd_s + b * sd_b + hk * sd_h + t[:, None] * sd_t + c[None, :], mask=m2, other=0.0).to(tl.float32)
-        v = tl.load(DV + s * sv_s + b * sv_b + hk * sv_h + t[:, None] * sv_t + c[None, :], mask=m2, other=0.0).to(tl.float32)
+        k = tl.load(DK + s * sd_s + _row_offsets(b, hk, t, sd_b, sd_h, sd_t, D), mask=m2, other=0.0).to(tl.float32)
+        v = tl.load(DV + s * sv_s + _row_offsets(b, hk, t, sv_b, sv_h, sv_t, D), mask=m2, other=0.0).to(tl.float32)
         p = tl.exp(tl.sum(q * k, axis=1) * scale - lse)
         ds = p * (tl.sum(do * v, axis=1) - row_dot)
         dq += ds[:, None] * k * scale
         # the G heads of the group share this key: sum their rows
         dk = tl.sum(tl.reshape(ds[:, None] * q * scale, (G, BT, D)), axis=0)
         dv = tl.sum(tl.reshape(p[:, None] * do, (G, BT, D)), axis=0)
-        off = s * sx_s + b * sx_b + hk * sx_h + tq[:, None] * sx_t + c[None, :]
+        off = s * sx_s + _row_offsets(b, hk, tq, sx_b, sx_h, sx_t, D)
         tl.store(DDK + off, dk.to(DDK.dtype.element_ty), mask=(tq < T)[:, None])
         tl.store(DDV + off, dv.to(DDV.dtype.element_ty), mask=(tq < T)[:, None])
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=m2)

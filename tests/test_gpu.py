@@ -12,16 +12,24 @@ from train.masks import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.mark.parametrize("spec", [LayerMaskSpec(2048, True), LayerMaskSpec(100, False), LayerMaskSpec(1, True), LayerMaskSpec(None, False)])
-def test_flex_attention_equals_dense_sdpa(spec: LayerMaskSpec) -> None:
+def dflash_case(requires_grad: bool = False):
+    """2 sequences of 3000 context tokens (the second padded after 2950), 40 random anchors, blocks
+    of 16; 8 query / 2 KV heads of 64, bf16. Returns anchors, ctx_valid, q, k, v."""
     torch.manual_seed(0)
     device = "cuda"
     bsz, ctx_len, block, n = 2, 3000, 16, 40
     anchors = torch.sort(torch.randint(1, 2900, (bsz, n), device=device)).values
     ctx_valid = torch.arange(ctx_len, device=device)[None] < torch.tensor([[3000], [2950]], device=device)
-    q = torch.randn(bsz, 8, n * block, 64, device=device, dtype=torch.bfloat16)
-    k = torch.randn(bsz, 2, ctx_len + n * block, 64, device=device, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    q = torch.randn(bsz, 8, n * block, 64, device=device, dtype=torch.bfloat16, requires_grad=requires_grad)
+    k = torch.randn(bsz, 2, ctx_len + n * block, 64, device=device, dtype=torch.bfloat16, requires_grad=requires_grad)
+    v = torch.randn_like(k, requires_grad=requires_grad)
+    return anchors, ctx_valid, q, k, v
+
+
+@pytest.mark.parametrize("spec", [LayerMaskSpec(2048, True), LayerMaskSpec(100, False), LayerMaskSpec(1, True), LayerMaskSpec(None, False)])
+def test_flex_attention_equals_dense_sdpa(spec: LayerMaskSpec) -> None:
+    block = 16
+    anchors, ctx_valid, q, k, v = dflash_case()
     flex = attention(q, k, v, flex_block_mask(anchors, ctx_valid, block, spec))
     dense = attention(q.float(), k.float(), v.float(), dense_mask(anchors, ctx_valid, block, spec))
     torch.testing.assert_close(flex.float(), dense, atol=2e-2, rtol=2e-2)
@@ -30,14 +38,8 @@ def test_flex_attention_equals_dense_sdpa(spec: LayerMaskSpec) -> None:
 @pytest.mark.parametrize("spec", [LayerMaskSpec(2048, True), LayerMaskSpec(100, False), LayerMaskSpec(None, False)])
 def test_packed_flex_equals_dense_sdpa_with_gradients(spec: LayerMaskSpec) -> None:
     """Queries packed by KV group (4 heads x 16 slots = 64 rows per block) through the compiled kernel, forward and backward."""
-    torch.manual_seed(0)
-    device = "cuda"
-    bsz, ctx_len, block, n = 2, 3000, 16, 40
-    anchors = torch.sort(torch.randint(1, 2900, (bsz, n), device=device)).values
-    ctx_valid = torch.arange(ctx_len, device=device)[None] < torch.tensor([[3000], [2950]], device=device)
-    q = torch.randn(bsz, 8, n * block, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(bsz, 2, ctx_len + n * block, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn_like(k, requires_grad=True)
+    block = 16
+    anchors, ctx_valid, q, k, v = dflash_case(requires_grad=True)
     dout = torch.randn_like(q)
     results = []
     for mask, dtype in ((flex_packed_block_mask(anchors, ctx_valid, block, spec, groups=4), torch.bfloat16),
