@@ -14,10 +14,17 @@ Rows (bf16, one sequence, GQA as given):
                                 the dflash_swa recipe's 512 anchors, spread evenly or drawn at random
   flex dflash packed            the same mask with the queries packed by KV group (flex_packed_block_mask):
                                 the trainer's DFlash attention on the GPU
-  cudnn window (chunked)        kernels/window_attention.py: the band cut into cuDNN causal pieces
-  cudnn window (band)           kernels/window_attention.py: cuDNN's native band, one call
+  flex (FLASH) ...              the same block masks run by FlashAttention-4's kernels (flex's
+                                kernel_options BACKEND=FLASH; needs flash-attn-4)
+  cudnn (chunked) window        kernels/window_attention.py: the band cut into cuDNN causal pieces
+                                (--with-chunked)
+  cudnn (band) window           kernels/window_attention.py: cuDNN's native band, one call
                                 (needs nvidia-cudnn-frontend)
-  cudnn ... eagle3 ttt step j   the same with window W - j + the j diagonal keys: the TTT mask of step j
+  fa4 (band) window             kernels/window_attention.py: FlashAttention-4's sliding window, one
+                                call (needs flash-attn-4)
+  ... eagle3 ttt step j         the same with window W - j + the j diagonal keys: the TTT mask of step j
+  whole training-time test      the steps' times summed (step 0 is the plain window): the attention
+                                of one EAGLE-3 training step per layer
 
 TFLOP/s counts 4 * D * (visible query-key pairs) * Hq for the forward and 3.5x that for forward +
 backward (FlashAttention's benchmark convention: the backward does 2.5x the forward's work), so a
@@ -39,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import count_pairs, median_ms  # noqa: E402
 from kernels.attention import attention, compiled_flex_attention  # noqa: E402
-from kernels.window_attention import CUDNN, cudnn_band_available, default_ops, window_attention  # noqa: E402
+from kernels.window_attention import CUDNN, band_ops, cudnn_band_available, fa4_available, window_attention  # noqa: E402
 from train.eagle3_masks import ttt_flex_block_mask, ttt_visible  # noqa: E402
 from train.masks import LayerMaskSpec, dflash_visible, flex_block_mask, flex_packed_block_mask  # noqa: E402
 
@@ -78,8 +85,13 @@ def run_case(name: str, q, k, v, attend, pairs: int, rows: list) -> None:
         rows.append((name, q.shape[2], k.shape[2], pairs, None, None))
         torch.cuda.empty_cache()
         return
+    except Exception as error:  # a kernel that cannot run this case (e.g. a compiler refusal): say so, go on
+        print(f"{name}: failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}", flush=True)
+        rows.append((name, q.shape[2], k.shape[2], pairs, "failed", None))
+        return
     flops = 3.5 * 4 * q.shape[-1] * pairs * q.shape[1]
     rows.append((name, q.shape[2], k.shape[2], pairs, ms, flops / ms / 1e9))
+    print(f"{name}: {ms:.2f} ms, {flops / ms / 1e9:.0f} TFLOP/s", flush=True)  # as it goes: a long run may be cut short
 
 
 def check_same(label: str, q, k, v, fn, reference) -> None:
@@ -88,8 +100,12 @@ def check_same(label: str, q, k, v, fn, reference) -> None:
     for f in (fn, reference):
         for x in (q, k, v):
             x.grad = None
-        out = f(q, k, v)
-        out.float().square().sum().backward()
+        try:
+            out = f(q, k, v)
+            out.float().square().sum().backward()
+        except Exception as error:
+            print(f"{label}: failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}", flush=True)
+            return
         results.append([out.detach().float(), q.grad.float(), k.grad.float(), v.grad.float()])
     diffs = [float((a - b).norm() / b.norm()) for a, b in zip(*results)]
     print(f"{label}: relative difference out/dq/dk/dv " + " ".join(f"{x:.1e}" for x in diffs), flush=True)
@@ -107,13 +123,18 @@ def main() -> None:
     parser.add_argument("--anchors", type=int, default=512, help="DFlash anchors per sequence (the dflash_swa recipe's 512)")
     parser.add_argument("--no-lse-candidate", action="store_true", help="skip the rejected eager LSE-merge rows")
     parser.add_argument("--dense-max", type=int, default=8192)
+    parser.add_argument("--parts", nargs="+", choices=["window", "ttt", "dflash"], default=["window", "ttt", "dflash"])
+    parser.add_argument("--with-chunked", action="store_true", help="also the chunked cuDNN path (the fallback)")
     parser.add_argument("--layout", choices=["bhsd", "bshd"], default="bhsd", help="memory layout of q, k, v")
     args = parser.parse_args()
     flex = compiled_flex_attention()
     hq, hkv, d, w = args.heads, args.kv_heads, args.head_dim, args.window
     rows: list = []
-    cudnn_ops = [("chunked", CUDNN)] + ([("band", default_ops(True))] if cudnn_band_available() else [])
-    print("cuDNN kernels:", ", ".join(name for name, _ in cudnn_ops), flush=True)
+    engines = ([("cudnn (chunked)", CUDNN)] if args.with_chunked else []) + ([("cudnn (band)", band_ops("cudnn-band"))] if cudnn_band_available() else []) \
+        + ([("fa4 (band)", band_ops("fa4-band"))] if fa4_available() else [])
+    print("window kernels:", ", ".join(name for name, _ in engines), flush=True)
+    flash = {"BACKEND": "FLASH"} if fa4_available() else None  # flex's block masks run by FlashAttention-4
+    ttt_ms: dict = {}  # (T, attention) -> {step: ms}, for the whole-TTT rows
 
     def tensors(q_len: int, kv_len: int):
         if args.layout == "bshd":  # the models' projections, [B, T, H, D] viewed as [B, H, T, D]
@@ -124,28 +145,34 @@ def main() -> None:
 
     for t in args.seq:
         q, k, v = tensors(t, t)
-        causal_pairs = t * (t + 1) // 2
-        run_case("sdpa causal (full)", q, k, v, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-                 causal_pairs, rows)
+        valid = torch.ones(1, t, dtype=torch.bool, device="cuda")
         pos = torch.arange(t, device="cuda")
         window_pairs = int(((pos[:, None] >= pos[None]) & (pos[:, None] - pos[None] < w)).sum()) if t <= 8192 else \
             sum(min(i + 1, w) for i in range(t))
-        if t <= args.dense_max:
-            dense = (pos[:, None] >= pos[None]) & (pos[:, None] - pos[None] < w)
-            run_case(f"sdpa dense window mask W={w}", q, k, v,
-                     lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True), window_pairs, rows)
-            del dense
-        valid = torch.ones(1, t, dtype=torch.bool, device="cuda")
-        # A plain window is TTT step 0 on a sequence without padding.
-        block_mask = ttt_flex_block_mask(valid, 0, w)
-        run_case(f"flex window W={w}", q, k, v, lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True), window_pairs, rows)
-        for kind, ops in cudnn_ops:
-            run_case(f"cudnn window ({kind}) W={w}", q, k, v, lambda q, k, v, ops=ops: window_attention(q, k, v, w, ops=ops), window_pairs, rows)
-            if t == min(args.seq):
-                check_same(f"T={t} cudnn window ({kind}) vs flex window", q, k, v,
-                           lambda q, k, v, ops=ops: window_attention(q, k, v, w, d**-0.5, ops=ops),
-                           lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True, scale=d**-0.5))
-        for j in args.ttt_steps:
+        if "window" in args.parts:
+            causal_pairs = t * (t + 1) // 2
+            run_case("sdpa causal (full)", q, k, v, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                     causal_pairs, rows)
+            if t <= args.dense_max:
+                dense = (pos[:, None] >= pos[None]) & (pos[:, None] - pos[None] < w)
+                run_case(f"sdpa dense window mask W={w}", q, k, v,
+                         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True), window_pairs, rows)
+                del dense
+            # A plain window is TTT step 0 on a sequence without padding.
+            block_mask = ttt_flex_block_mask(valid, 0, w)
+            run_case(f"flex window W={w}", q, k, v, lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True), window_pairs, rows)
+            ttt_ms.setdefault((t, "flex"), {})[0] = rows[-1][4], window_pairs
+            if flash:
+                run_case(f"flex (FLASH) window W={w}", q, k, v,
+                         lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=flash), window_pairs, rows)
+            for kind, ops in engines:
+                run_case(f"{kind} window W={w}", q, k, v, lambda q, k, v, ops=ops: window_attention(q, k, v, w, ops=ops), window_pairs, rows)
+                ttt_ms.setdefault((t, kind), {})[0] = rows[-1][4], window_pairs
+                if t == min(args.seq):
+                    check_same(f"T={t} {kind} window vs flex window", q, k, v,
+                               lambda q, k, v, ops=ops: window_attention(q, k, v, w, d**-0.5, ops=ops),
+                               lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True, scale=d**-0.5))
+        for j in (args.ttt_steps if "ttt" in args.parts else []):
             if j == 0:
                 continue
             qj, kj, vj = tensors(t, (j + 1) * t)
@@ -153,10 +180,11 @@ def main() -> None:
             pairs = count_pairs(lambda b, qi, ki: ttt_visible(b, qi, ki, j, valid, w), t, (j + 1) * t)
             run_case(f"flex eagle3 ttt step {j} W={w}", qj, kj, vj, lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True),
                      pairs, rows)
+            ttt_ms.setdefault((t, "flex"), {})[j] = rows[-1][4], pairs
             # the trainer's tensors: step 0's keys, and the j earlier steps' keys stacked [j, 1, Hkv, T, D]
             k0, v0 = (x.unflatten(2, (j + 1, t))[:, :, 0].detach().clone().requires_grad_() for x in (kj, vj))
             kd, vd = (x.unflatten(2, (j + 1, t))[:, :, 1:].movedim(2, 0).detach().contiguous().requires_grad_() for x in (kj, vj))
-            for kind, ops in cudnn_ops:
+            for kind, ops in engines:
                 def ttt_cudnn(q, k, v, j=j, ops=ops):
                     k_steps, v_steps = k.unflatten(2, (j + 1, t)), v.unflatten(2, (j + 1, t))  # [1, Hkv, j+1, T, D]
                     return window_attention(q, k_steps[:, :, 0], v_steps[:, :, 0], w - j, d**-0.5, k_steps[:, :, 1:].movedim(2, 0),
@@ -166,9 +194,10 @@ def main() -> None:
                     kd.grad = vd.grad = None
                     return window_attention(q, k, v, w - j, d**-0.5, kd, vd, ops=ops)
 
-                run_case(f"cudnn ({kind}) eagle3 ttt step {j} W={w}", qj, k0, v0, ttt_cudnn_steps, pairs, rows)
+                run_case(f"{kind} eagle3 ttt step {j} W={w}", qj, k0, v0, ttt_cudnn_steps, pairs, rows)
+                ttt_ms.setdefault((t, kind), {})[j] = rows[-1][4], pairs
                 if t == min(args.seq):
-                    check_same(f"T={t} step {j}: cudnn ({kind}) window + diagonal vs the flex TTT mask", qj, kj, vj, ttt_cudnn,
+                    check_same(f"T={t} step {j}: {kind} window + diagonal vs the flex TTT mask", qj, kj, vj, ttt_cudnn,
                                lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True, scale=d**-0.5))
             del k0, v0, kd, vd
             if args.no_lse_candidate:
@@ -193,6 +222,10 @@ def main() -> None:
                 print(f"T={t} step {j}: context+diagonal vs one mask, max relative diff out/dq/dk/dv: " + " ".join(f"{x:.1e}" for x in diffs))
             run_case(f"flex eagle3 ttt step {j} context + diagonal (LSE) W={w}", qj, kj, vj, split, pairs, rows)
             del qj, kj, vj
+        if "dflash" not in args.parts:
+            del q, k, v
+            torch.cuda.empty_cache()
+            continue
         # DFlash: T context keys, --anchors blocks spread evenly, or drawn at random as the trainer does
         n = max(1, min(args.anchors, t // args.block))
         spec = LayerMaskSpec(window=w, block_causal=True)
@@ -213,6 +246,13 @@ def main() -> None:
             if t == min(args.seq):
                 check_same(f"T={t} dflash ({layout}): packed vs plain flex", qd, kd, vd, lambda q, k, v: attention(q, k, v, packed),
                            lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True))
+            if flash:
+                run_case(f"flex (FLASH) dflash packed ({layout}) B={args.block} W={w}", qd, kd, vd,
+                         lambda q, k, v: attention(q, k, v, packed, kernel_options=flash), pairs, rows)
+                if t == min(args.seq):
+                    check_same(f"T={t} dflash ({layout}): packed FLASH vs plain flex", qd, kd, vd,
+                               lambda q, k, v: attention(q, k, v, packed, kernel_options=flash),
+                               lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True))
         del q, k, v, qd, kd, vd
         torch.cuda.empty_cache()
 
@@ -220,7 +260,18 @@ def main() -> None:
     print("| attention | queries | keys | visible pairs | ms | TFLOP/s (visible work) |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, ql, kl, pairs, ms, tflops in rows:
-        print(f"| {name} | {ql} | {kl} | {pairs:,} | {'OOM' if ms is None else f'{ms:.2f}'} | {'-' if tflops is None else f'{tflops:.0f}'} |")
+        shown = "OOM" if ms is None else ms if isinstance(ms, str) else f"{ms:.2f}"
+        print(f"| {name} | {ql} | {kl} | {pairs:,} | {shown} | {'-' if tflops is None else f'{tflops:.0f}'} |")
+    steps = sorted(set(args.ttt_steps) | {0})
+    print(f"\nEAGLE-3's whole training-time test: the attention of steps {steps[0]}..{steps[-1]} summed (step 0: the plain window)")
+    print("| T | attention | ms (sum) | TFLOP/s (visible work) |")
+    print("|---:|---|---:|---:|")
+    for (t, kind), by_step in ttt_ms.items():
+        if sorted(by_step) != steps or any(not isinstance(ms, float) for ms, _ in by_step.values()):
+            continue
+        total_ms = sum(ms for ms, _ in by_step.values())
+        total_pairs = sum(pairs for _, pairs in by_step.values())
+        print(f"| {t} | {kind} | {total_ms:.2f} | {3.5 * 4 * d * total_pairs * hq / total_ms / 1e9:.0f} |")
 
 
 if __name__ == "__main__":

@@ -53,9 +53,10 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None,
+              kernel_options: dict | None = None) -> torch.Tensor:
     """Masked attention; ``mask`` is a flex ``BlockMask``, a ``PackedQueryMask``, or a bool tensor
-    broadcastable to [B, Hq, Q, K]."""
+    broadcastable to [B, Hq, Q, K]. ``kernel_options`` go to flex_attention."""
     if isinstance(mask, torch.Tensor) or mask is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     from torch.nn.attention.flex_attention import flex_attention
@@ -64,9 +65,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: fl
     if isinstance(mask, PackedQueryMask):
         if q.shape[1] != k.shape[1] * mask.groups:
             raise ValueError(f"a mask packed for {mask.groups} query heads per KV head got {q.shape[1]} / {k.shape[1]}")
-        out = flex(_pack_queries(q, mask.groups, mask.rows), k, v, block_mask=mask.block_mask, scale=scale)
+        out = flex(_pack_queries(q, mask.groups, mask.rows), k, v, block_mask=mask.block_mask, scale=scale,
+                   kernel_options=kernel_options)
         return _unpack_queries(out, mask.groups, mask.rows)
-    return flex(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return flex(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], kernel_options=kernel_options)
 
 
 # --- Attention over a cache whose keys sit at consecutive positions (inference) -------------------

@@ -152,6 +152,38 @@ def _cudnn_band_ops():
     return BandOps("cudnn-band", forward, backward)
 
 
+def _fa4_band_ops():
+    # FlashAttention-4's own entry points: its autograd function cannot take the merged output and
+    # log-sum-exp the diagonal keys need in the backward (see the module docstring)
+    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+
+    bshd = lambda x: x.transpose(1, 2)  # noqa: E731  (FA4's layout [B, T, H, D]; the models' projections are already)
+
+    def left(window):
+        return None if window is None else window - 1  # FlashAttention's left window excludes the query
+
+    def forward(q, k, v, window, scale):
+        out, lse, *_ = _flash_attn_fwd(bshd(q), bshd(k), bshd(v), softmax_scale=scale, causal=True,
+                                       window_size_left=left(window), return_lse=True)
+        return bshd(out), lse
+
+    def backward(dout, q, k, v, out, lse, window, scale):
+        grads = _flash_attn_bwd(bshd(q), bshd(k), bshd(v), bshd(out), bshd(dout), lse.float().contiguous(), scale, causal=True,
+                                window_size_left=left(window))
+        return tuple(bshd(g) for g in grads[:3])
+
+    return BandOps("fa4-band", forward, backward)
+
+
+def fa4_available() -> bool:
+    """FlashAttention-4 (``flash-attn-4``, CuTe DSL) on a Hopper or newer GPU."""
+    try:
+        import flash_attn.cute.interface  # noqa: F401
+    except Exception:  # not installed, or its compiler libraries do not load
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
 def cudnn_band_available() -> bool:
     """cuDNN's native band needs the ``nvidia-cudnn-frontend`` package (cuDNN backend >= 9.x)."""
     try:
@@ -163,10 +195,21 @@ def cudnn_band_available() -> bool:
 
 @functools.cache
 def default_ops(on_gpu: bool):
-    """The band in one cuDNN call when the frontend is installed; cuDNN chunks otherwise; PyTorch on CPU."""
+    """The band in one call: FlashAttention-4 where installed, else cuDNN's when its frontend is;
+    cuDNN chunks otherwise; PyTorch on CPU (the order is the measured speed, BENCHMARKS.md)."""
     if not on_gpu:
         return REFERENCE
+    if fa4_available():
+        return _fa4_band_ops()
     return _cudnn_band_ops() if cudnn_band_available() else CUDNN
+
+
+def band_ops(name: str) -> BandOps:
+    """A band engine by name: ``fa4-band``, ``cudnn-band`` or ``reference-band``."""
+    engines = {"fa4-band": _fa4_band_ops, "cudnn-band": _cudnn_band_ops, "reference-band": lambda: REFERENCE_BAND}
+    if name not in engines:
+        raise ValueError(f"band engine {name!r}; expected one of {sorted(engines)}")
+    return engines[name]()
 
 
 # --- the band cut into pieces -----------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.window_attention import CUDNN, REFERENCE, REFERENCE_BAND, cudnn_band_available, default_ops, window_attention
+from kernels.window_attention import CUDNN, REFERENCE, REFERENCE_BAND, band_ops, cudnn_band_available, fa4_available, window_attention
 from train.eagle3_masks import ttt_dense_mask
 
 
@@ -82,11 +82,13 @@ CUDNN_CASES = [(4096, 1024, 0), (3000, 1024, 0), (2048, 4096, 0), (4096, 1024, 6
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN pieces need a GPU")
-@pytest.mark.parametrize("band", [False, True], ids=["chunked", "band"])
+@pytest.mark.parametrize("engine", ["cudnn", "cudnn-band", "fa4-band"], ids=["chunked", "band", "fa4"])
 @pytest.mark.parametrize("t,window,steps", CUDNN_CASES)
-def test_cudnn_equals_reference(t: int, window: int, steps: int, band: bool) -> None:
-    if band and not cudnn_band_available():
+def test_gpu_window_equals_reference(t: int, window: int, steps: int, engine: str) -> None:
+    if engine == "cudnn-band" and not cudnn_band_available():
         pytest.skip("cuDNN's band needs the nvidia-cudnn-frontend package")
+    if engine == "fa4-band" and not fa4_available():
+        pytest.skip("FlashAttention-4's window needs the flash-attn-4 package and a Hopper GPU")
     torch.manual_seed(0)
     b, hq, hkv, d = 1, 8, 2, 128
     mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
@@ -97,10 +99,14 @@ def test_cudnn_equals_reference(t: int, window: int, steps: int, band: bool) -> 
     inputs = [q, k, v] + ([dk, dv] if steps else [])
     diag = (dk, dv) if steps else (None, None)
     dout = torch.randn(b, hq, t, d, device="cuda", dtype=torch.bfloat16)
-    ops = default_ops(True) if band else CUDNN
-    assert ops.name == ("cudnn-band" if band else "cudnn")
+    ops = CUDNN if engine == "cudnn" else band_ops(engine)
     got = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=ops), inputs, dout)
     want = grads(lambda: window_attention(q, k, v, window, None, *diag, ops=REFERENCE), inputs, dout)
     for name, g, w in zip(["out", "dq", "dk", "dv", "ddiag_k", "ddiag_v"], got, want):
         rel = float((g.float() - w.float()).norm() / w.float().norm())
         assert rel < 1e-2, f"{name}: relative error {rel:.2e}"
+
+
+def test_unknown_band_engine() -> None:
+    with pytest.raises(ValueError, match="'flash3'.*fa4-band"):
+        band_ops("flash3")

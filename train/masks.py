@@ -74,8 +74,9 @@ def dflash_visible(
     anchor = anchors[b, n]
     pos = anchor + k
     is_ctx = kv_idx < ctx_len
-    ctx_ok = (kv_idx < anchor) & ctx_valid[b, kv_idx.clamp(max=ctx_len - 1)]
-    blk = (kv_idx - ctx_len).clamp(min=0)
+    # torch.where, not clamp: FlashAttention-4's flex lowering has no minimum/maximum
+    ctx_ok = (kv_idx < anchor) & ctx_valid[b, torch.where(is_ctx, kv_idx, ctx_len - 1)]
+    blk = torch.where(is_ctx, 0, kv_idx - ctx_len)
     m = blk // block_size
     l = blk % block_size
     blk_ok = m == n
