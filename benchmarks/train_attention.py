@@ -249,6 +249,15 @@ def main() -> None:
             if flash:
                 run_case(f"flex (FLASH) dflash packed ({layout}) B={args.block} W={w}", qd, kd, vd,
                          lambda q, k, v: attention(q, k, v, packed, kernel_options=flash), pairs, rows)
+                one_block = flex_packed_block_mask(anchors, valid, args.block, spec, hq // hkv, q_tile=(hq // hkv) * args.block,
+                                                   kernel_options=flash)
+                if one_block is not None:  # a query tile of one block: one key range per tile
+                    run_case(f"flex (FLASH) dflash packed, {(hq // hkv) * args.block}-row tiles ({layout}) B={args.block} W={w}",
+                             qd, kd, vd, lambda q, k, v: attention(q, k, v, one_block), pairs, rows)
+                    if t == min(args.seq):
+                        check_same(f"T={t} dflash ({layout}): packed FLASH one-block tiles vs plain flex", qd, kd, vd,
+                                   lambda q, k, v: attention(q, k, v, one_block),
+                                   lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True))
                 if t == min(args.seq):
                     check_same(f"T={t} dflash ({layout}): packed FLASH vs plain flex", qd, kd, vd,
                                lambda q, k, v: attention(q, k, v, packed, kernel_options=flash),

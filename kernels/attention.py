@@ -22,6 +22,7 @@ class PackedQueryMask:
     block_mask: object
     groups: int  # query heads per KV head
     rows: int  # queries per block (the packing keeps a block's rows together)
+    kernel_options: dict | None = None  # flex_attention's, e.g. {"BACKEND": "FLASH"} (FlashAttention-4)
 
 
 def _pack_queries(q: torch.Tensor, groups: int, rows: int) -> torch.Tensor:
@@ -66,7 +67,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: fl
         if q.shape[1] != k.shape[1] * mask.groups:
             raise ValueError(f"a mask packed for {mask.groups} query heads per KV head got {q.shape[1]} / {k.shape[1]}")
         out = flex(_pack_queries(q, mask.groups, mask.rows), k, v, block_mask=mask.block_mask, scale=scale,
-                   kernel_options=kernel_options)
+                   kernel_options=kernel_options or mask.kernel_options)
         return _unpack_queries(out, mask.groups, mask.rows)
     return flex(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], kernel_options=kernel_options)
 

@@ -118,8 +118,9 @@ def diag_forward(q, out, lse, diag_k, diag_v, scale: float):
     s, _, hkv, t, d = diag_k.shape
     q, out, diag_k, diag_v = map(_dense_rows, (q, out, diag_k, diag_v))
     lse = lse.float().contiguous()
-    # contiguous, as the chunked path's cuDNN backward expects its output gradient and output alike
-    merged, merged_lse = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty_like(lse)
+    # in the band's output layout: the chunked path's is contiguous, as its cuDNN backward expects of
+    # the output and its gradient alike; FlashAttention-4's is [B, T, H, D] like the models' projections
+    merged, merged_lse = torch.empty_like(out), torch.empty_like(lse)
     _diag_forward_kernel[_grid(q, diag_k)](
         q, out, lse, diag_k, diag_v, merged, merged_lse, scale, t, hkv,
         *q.stride()[:3], *out.stride()[:3], *lse.stride()[:2], *diag_k.stride()[:4], *diag_v.stride()[:4], *merged.stride()[:3],

@@ -368,7 +368,8 @@ class _WindowAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, diag_k, diag_v, out, lse = ctx.saved_tensors
         t, size, n, pad, scale, ops = ctx.meta
-        dout = dout.contiguous()
+        # the band kernels take any layout with dense rows (a copy here is a full memory pass)
+        dout = dout if isinstance(ops, BandOps) and dout.stride(-1) == 1 else dout.contiguous()
         if isinstance(ops, BandOps):
             dq, dk, dv = ops.backward(dout, q, k, v, out, lse, ctx.band_window, scale)
         else:

@@ -103,20 +103,22 @@ def test_flex_block_mask_matches_dense() -> None:
 
 @pytest.mark.parametrize("spec", [LayerMaskSpec(window=100, block_causal=True), LayerMaskSpec(window=3, block_causal=False),
                                   LayerMaskSpec(window=None, block_causal=False)])
-def test_packed_block_mask_matches_dense(spec: LayerMaskSpec) -> None:
-    """Queries packed by KV group (G=2 heads, blocks of 8: a 32-row tile holds 2 blocks): the tiles
-    kept, and those marked full, are exactly those of the dense mask with its rows packed the same way."""
+@pytest.mark.parametrize("q_tile", [32, 16], ids=["two-blocks-per-tile", "one-block-per-tile"])
+def test_packed_block_mask_matches_dense(spec: LayerMaskSpec, q_tile: int) -> None:
+    """Queries packed by KV group (G=2 heads, blocks of 8: a 32-row query tile holds 2 blocks, a
+    16-row one 1; key tiles of 32): the tiles kept, and those marked full, are exactly those of the
+    dense mask with its rows packed the same way."""
     groups, block, tile = 2, 8, 32
     anchors = torch.tensor([[60, 100, 101, 110], [70, 150, 0, 0]])
     ctx_valid = torch.arange(200)[None, :] < torch.tensor([[200], [170]])
-    packed = flex_packed_block_mask(anchors, ctx_valid, block, spec, groups, tile=tile)
+    packed = flex_packed_block_mask(anchors, ctx_valid, block, spec, groups, tile=tile, q_tile=q_tile)
     dense = dense_mask(anchors, ctx_valid, block, spec)[:, 0]  # [2, 32, 232]
     # pack the rows by hand: row (n, g, k) is query n * 8 + k for both heads g
     rows = torch.tensor([n * block + k for n in range(4) for g in range(groups) for k in range(block)])
-    dense_packed = torch.nn.functional.pad(dense[:, rows], (0, 256 - 232)).reshape(2, 2, tile, 8, tile)
+    dense_packed = torch.nn.functional.pad(dense[:, rows], (0, 256 - 232)).reshape(2, 64 // q_tile, q_tile, 8, tile)
     kept = packed.block_mask.to_dense()[:, 0].bool()  # partial + full tiles
-    full = BlockMask.from_kv_blocks(packed.block_mask.full_kv_num_blocks, packed.block_mask.full_kv_indices, BLOCK_SIZE=tile,
-                                    seq_lengths=(64, 232)).to_dense()[:, 0].bool()
+    full = BlockMask.from_kv_blocks(packed.block_mask.full_kv_num_blocks, packed.block_mask.full_kv_indices,
+                                    BLOCK_SIZE=(q_tile, tile), seq_lengths=(64, 232)).to_dense()[:, 0].bool()
     assert torch.equal(kept, dense_packed.any(-1).any(2))
     assert torch.equal(full, dense_packed.all(-1).all(2))
     assert spec.window == 3 or full.any()  # the check of full tiles is not vacuous

@@ -311,6 +311,8 @@ def test_gradient_accumulation_matches_a_larger_batch(tmp_path: Path) -> None:
     ("drafter.draft_vocab_size=1", "drafter.draft_vocab_size=1"),
     ("drafter.target_layer_ids=[1,3,7]", r"drafter.target_layer_ids=\[1, 3, 7\]: ids must lie in 0..6"),
     ("trainer.attention_backend=cudnn", "trainer.attention_backend=cudnn needs a GPU"),
+    ("trainer.attention_backend=fa4", "trainer.attention_backend=fa4 needs a GPU"),
+    ("trainer.attention_backend=flex-flash", "trainer.attention_backend=flex-flash serves DFlash's block masks"),
 ])
 def test_start_up_errors(tmp_path: Path, override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -37,6 +37,9 @@ class Overflow(str, Enum):
     drop = "drop"  # skip the conversation
 
 
+ATTENTION_BACKENDS = ("auto", "sdpa", "flex", "flex-flash", "cudnn", "fa4")
+
+
 @dataclass
 class TargetConfig:
     # Local folder or hub id of a Hugging Face causal LM, or builtin:tiny-qwen3 (built offline).
@@ -181,9 +184,11 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     device: str = "auto"  # auto = cuda when available, else cpu
     precision: str = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU; or bf16 / fp32
-    # auto = flex on GPU (EAGLE-3: cudnn when nvidia-cudnn-frontend is installed), sdpa (dense mask) on
-    # CPU; cudnn = kernels/window_attention.py, EAGLE-3 only: cuDNN's native band (frontend installed,
-    # faster than flex) or cuDNN causal chunks (slower than flex); BENCHMARKS.md, issue 8
+    # auto = the fastest installed on GPU, sdpa (dense mask) on CPU. DFlash: flex-flash (flex_attention's
+    # block masks run by FlashAttention-4's kernels, flash-attn-4 installed) > flex (Triton).
+    # EAGLE-3 (kernels/window_attention.py: the window in one kernel + the diagonal keys in a fused Triton
+    # pass): fa4 (FlashAttention-4's window) > cudnn (cuDNN's band, nvidia-cudnn-frontend installed;
+    # without it cuDNN causal chunks, slower than flex) > flex. Measured: BENCHMARKS.md, issue 8
     attention_backend: str = "auto"
     # EAGLE-3: recompute each TTT step's layers in the backward instead of keeping their activations
     # (a 32K-token step at the 8B shape: 108 GiB peak without, see BENCHMARKS.md)
@@ -226,8 +231,8 @@ class TrainerConfig:
         for fmt in self.export_formats or []:
             if fmt not in ("dflash", "sglang", "speculators"):
                 raise ValueError(f"trainer.export_formats: {fmt!r} is not one of dflash, sglang, speculators")
-        if self.attention_backend not in ("auto", "sdpa", "flex", "cudnn"):
-            raise ValueError(f"trainer.attention_backend={self.attention_backend!r}; expected auto, sdpa, flex or cudnn")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"trainer.attention_backend={self.attention_backend!r}; expected one of {', '.join(ATTENTION_BACKENDS)}")
 
 
 @dataclass
@@ -280,9 +285,13 @@ class TrainConfig:
             return
         if self.trainer.export_formats is None:
             self.trainer.export_formats = list(EXPORT_FORMATS[kind])
-        if self.trainer.attention_backend == "cudnn" and kind != DrafterKind.eagle3:
-            raise ValueError("trainer.attention_backend=cudnn serves EAGLE-3's window + diagonal masks only; "
-                             f"drafter.kind={kind.value} trains with flex (GPU) or sdpa")
+        backend = self.trainer.attention_backend
+        if backend in ("cudnn", "fa4") and kind != DrafterKind.eagle3:
+            raise ValueError(f"trainer.attention_backend={backend} serves EAGLE-3's window + diagonal masks only; "
+                             f"drafter.kind={kind.value} trains with flex-flash, flex (GPU) or sdpa")
+        if backend == "flex-flash" and kind != DrafterKind.dflash:
+            raise ValueError("trainer.attention_backend=flex-flash serves DFlash's block masks (for EAGLE-3's TTT masks it "
+                             "measured slower than Triton flex); use fa4, cudnn or flex")
         refused = [f for f in self.trainer.export_formats if f not in EXPORT_FORMATS_ALLOWED[kind]]
         if refused:
             raise ValueError(f"trainer.export_formats: {refused[0]!r} is a DFlash layout; drafter.kind={kind.value} exports as "

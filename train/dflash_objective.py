@@ -78,12 +78,14 @@ def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_
                 sliding_block_causal: bool, backend: str, query_groups: int = 1) -> dict:
     """One mask per layer type present: dense bool for SDPA (``backend='sdpa'``), or for flex a
     BlockMask over queries packed by KV group (``query_groups`` = query heads per KV head) where a
-    tile holds whole blocks, else a plain BlockMask."""
+    tile holds whole blocks, else a plain BlockMask. ``flex-flash``: the packed masks run on
+    FlashAttention-4's kernels (flex's BACKEND=FLASH); a plain BlockMask stays on Triton flex."""
 
     def build(spec: LayerMaskSpec):
-        if backend != "flex":
+        if backend == "sdpa":
             return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
-        packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups)
+        options = {"BACKEND": "FLASH"} if backend == "flex-flash" else None
+        packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
         return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)
 
     return {t: build(LayerMaskSpec.for_layer(t, sliding_window, sliding_block_causal)) for t in set(layer_types)}

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import attention
-from kernels.window_attention import cudnn_band_available, window_attention
+from kernels.window_attention import CUDNN, band_ops, cudnn_band_available, fa4_available, window_attention
 
 from .eagle3_masks import ttt_dense_mask, ttt_flex_block_mask
 from .models.eagle3 import Eagle3DraftModel
@@ -38,6 +38,19 @@ def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
+def window_kernels(backend: str):
+    """The kernels of ``kernels.window_attention`` for ``trainer.attention_backend`` fa4 or cudnn."""
+    if backend == "fa4":
+        if not fa4_available():
+            raise ValueError("trainer.attention_backend=fa4 needs the flash-attn-4 package (pip install '.[fa4]') and a Hopper "
+                             "or newer GPU")
+        return band_ops("fa4-band")
+    return band_ops("cudnn-band") if cudnn_band_available() else CUDNN
+
+
+WINDOW_BACKENDS = ("fa4", "cudnn")
+
+
 def step_masks(ctx_valid: torch.Tensor, layer_types: list[str], sliding_window: int | None, steps: int, backend: str) -> list[dict]:
     """Per step j, layer type -> mask over the keys of steps 0..j (``train/eagle3_masks.py``)."""
     build = ttt_flex_block_mask if backend == "flex" else ttt_dense_mask
@@ -49,7 +62,7 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
            backend: str = "sdpa", masks: list[dict] | None = None, checkpoint_steps: bool = False) -> list[torch.Tensor]:
     """The TTT forward: ``steps`` drafting steps over every index at once.
 
-    With ``backend="cudnn"`` step j's attention is ``kernels.window_attention``: a window of W - j
+    With ``backend="fa4"`` or ``"cudnn"`` step j's attention is ``kernels.window_attention``: a window of W - j
     over the step-0 keys plus the j diagonal keys, the rule of ``train/eagle3_masks.py`` for every
     real row (right padding: a padding row may also see padding keys, which no real row sees, so
     real outputs and all gradients are unchanged).
@@ -58,7 +71,7 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
         features: [Bsz, T, k*H] target features at ``model.target_layer_ids``.
         input_ids: [Bsz, T] the sequence's tokens x_0 .. x_{T-1}.
         ctx_valid: [Bsz, T] bool, True on real tokens.
-        backend: ``sdpa`` (dense masks), ``flex`` (block masks, GPU) or ``cudnn`` (see above).
+        backend: ``sdpa`` (dense masks), ``flex`` (block masks, GPU), ``fa4`` or ``cudnn`` (see above).
         checkpoint_steps: keep no activations inside a step's layers; the backward recomputes them
             (each step's keys and values stay: later steps attend to them).
 
@@ -66,7 +79,8 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
         per step j, [Bsz, T, H] the drafter's output before the final norm (``model.logits``).
     """
     bsz, seq_len = input_ids.shape
-    if masks is None and backend != "cudnn":
+    kernels = window_kernels(backend) if backend in WINDOW_BACKENDS else None
+    if masks is None and kernels is None:
         masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, backend)
     layer_types = model.layer_types
     scale = model.layers[0].self_attn.scaling
@@ -82,10 +96,11 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
                 keys[i].append(k)
                 values[i].append(v)
             step_keys, step_values = keys[i][: j + 1], values[i][: j + 1]
-            if backend == "cudnn":
+            if kernels is not None:
                 window = model.sliding_window if layer_types[i] == "sliding_attention" else None
                 diag_k, diag_v = (torch.stack(step_keys[1:]), torch.stack(step_values[1:])) if j else (None, None)
-                return window_attention(q, step_keys[0], step_values[0], None if window is None else window - j, scale, diag_k, diag_v)
+                return window_attention(q, step_keys[0], step_values[0], None if window is None else window - j, scale, diag_k, diag_v,
+                                        ops=kernels)
             return attention(q, torch.cat(step_keys, dim=2), torch.cat(step_values, dim=2), masks[j][layer_types[i]], scale=scale)
 
         ids = shift_left(input_ids, j + 1, 0)  # x_{t+j+1}
@@ -222,14 +237,18 @@ class Eagle3Step(TrainStep):
         super().__init__(cfg, target, drafter, layer_ids, device, store)
         self.steps = cfg.drafter.ttt_length
         window = cfg.drafter.sliding_window
-        if self.backend == "cudnn" and window is not None and window < self.steps:
-            raise ValueError(f"trainer.attention_backend=cudnn needs drafter.sliding_window >= drafter.ttt_length "
+        if self.backend in WINDOW_BACKENDS and window is not None and window < self.steps:
+            raise ValueError(f"trainer.attention_backend={self.backend} needs drafter.sliding_window >= drafter.ttt_length "
                              f"({window} < {self.steps}); use flex")
-        if cfg.trainer.attention_backend == "auto" and self.backend == "flex" and (window is None or window >= self.steps) \
-                and cudnn_band_available():
-            # cuDNN's band + the fused diagonal keys: 1.8-1.9x flex's TTT attention at 8K-32K (BENCHMARKS.md, issue 8)
-            self.backend = "cudnn"
-            self._static_shapes()
+        if self.backend == "fa4":
+            window_kernels("fa4")  # refuse at start-up, not at the first step
+        if cfg.trainer.attention_backend == "auto" and self.backend == "flex" and (window is None or window >= self.steps):
+            # the window in one kernel + the fused diagonal keys, over the whole TTT at 32K, W=2048 on the H100:
+            # FlashAttention-4 1.9x, cuDNN's band 1.7x flex's attention (BENCHMARKS.md, issue 8)
+            if fa4_available():
+                self.backend = "fa4"
+            elif cudnn_band_available():
+                self.backend = "cudnn"
 
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:

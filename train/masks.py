@@ -118,13 +118,15 @@ def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: 
 
 
 def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
-                           tile: int = 128):
+                           tile: int = 128, q_tile: int | None = None, kernel_options: dict | None = None):
     """``flex_block_mask`` for queries packed by KV group (module docstring), or None when a tile
-    cannot hold whole blocks (``tile`` not a multiple of ``groups * block_size``)."""
+    cannot hold whole blocks (``q_tile``, default ``tile``, not a multiple of ``groups * block_size``).
+    ``kernel_options`` travel with the mask to flex_attention (e.g. FlashAttention-4's kernels)."""
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
     rows_per_block = groups * block_size
-    if groups < 2 or tile % rows_per_block:
+    q_tile = q_tile or tile
+    if groups < 2 or q_tile % rows_per_block:
         return None
     bsz, num_anchors = anchors.shape
     q_len, kv_len = num_anchors * block_size, ctx_valid.shape[1] + num_anchors * block_size
@@ -138,8 +140,8 @@ def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block
     # A packed tile holds the same blocks as an unpacked tile of tile / G rows: the tile structure
     # (skipped / partial / full) is the unpacked one at that height, built over Q rows, not G * Q.
     unpacked = create_block_mask(mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=anchors.device,
-                                 BLOCK_SIZE=(tile // groups, tile))
+                                 BLOCK_SIZE=(q_tile // groups, tile))
     block_mask = BlockMask.from_kv_blocks(unpacked.kv_num_blocks, unpacked.kv_indices, unpacked.full_kv_num_blocks,
-                                          unpacked.full_kv_indices, BLOCK_SIZE=tile, mask_mod=packed_mask_mod,
+                                          unpacked.full_kv_indices, BLOCK_SIZE=(q_tile, tile), mask_mod=packed_mask_mod,
                                           seq_lengths=(groups * q_len, kv_len))
-    return PackedQueryMask(block_mask, groups, block_size)
+    return PackedQueryMask(block_mask, groups, block_size, kernel_options)

@@ -18,7 +18,7 @@ class TrainStep:
         backend = cfg.trainer.attention_backend
         if backend == "auto":
             backend = "flex" if device.type == "cuda" else "sdpa"
-        if backend in ("flex", "cudnn") and device.type != "cuda":
+        if backend != "sdpa" and device.type != "cuda":
             raise ValueError(f"trainer.attention_backend={backend} needs a GPU (trainer.device={device.type}); use sdpa")
         self.backend = backend
         precision = cfg.trainer.precision
@@ -26,8 +26,9 @@ class TrainStep:
         self._static_shapes()
 
     def _static_shapes(self) -> None:
-        # Compiled flex attention wants one shape, and cuDNN builds a graph per shape: pad every batch to max_length.
-        self.static_shapes = self.backend in ("flex", "cudnn")
+        # Compiled flex attention wants one shape, and cuDNN and FlashAttention-4 build a kernel per shape:
+        # pad every batch to max_length.
+        self.static_shapes = self.backend != "sdpa"
         self.pad_to = self.cfg.data.max_length if self.static_shapes else None
 
     def collate(self, rows: list[dict], pad_id: int, split: str | None = None, indices: list[int] | None = None) -> dict:
