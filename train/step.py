@@ -8,6 +8,8 @@ import contextlib
 
 import torch
 
+from kernels.window_attention import fa4_available
+
 from .data.dataset import collate_padded
 
 
@@ -20,16 +22,16 @@ class TrainStep:
             backend = "flex" if device.type == "cuda" else "sdpa"
         if backend != "sdpa" and device.type != "cuda":
             raise ValueError(f"trainer.attention_backend={backend} needs a GPU (trainer.device={device.type}); use sdpa")
-        self.backend = backend
+        if backend in ("fa4", "flex-flash") and not fa4_available():
+            raise ValueError(f"trainer.attention_backend={backend} needs the flash-attn-4 package (pip install '.[fa4]') and a "
+                             "Hopper or newer GPU")
+        self.backend = backend  # auto may still pick a faster one in the drafter's step (DFlashStep, Eagle3Step)
         precision = cfg.trainer.precision
         self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-        self._static_shapes()
-
-    def _static_shapes(self) -> None:
         # Compiled flex attention wants one shape, and cuDNN and FlashAttention-4 build a kernel per shape:
         # pad every batch to max_length.
-        self.static_shapes = self.backend != "sdpa"
-        self.pad_to = self.cfg.data.max_length if self.static_shapes else None
+        self.static_shapes = backend != "sdpa"
+        self.pad_to = cfg.data.max_length if self.static_shapes else None
 
     def collate(self, rows: list[dict], pad_id: int, split: str | None = None, indices: list[int] | None = None) -> dict:
         """Padded tensors; with ``split`` and ``indices`` (the rows' places in their split) also
