@@ -5,11 +5,14 @@ Window convention (Hugging Face ``sliding_window``): the query at position p see
 W keys counting itself. FlashAttention's and FlashInfer's left window is W - 1; cuDNN's
 ``diagonal_band_left_bound`` (the frontend's ``window_left``) is W.
 
-Two ways to run the band, the same result (tests: one dense mask built pair by pair):
+Three ways to run the band, the same result (tests: one dense mask built pair by pair):
 
-``cudnn-band`` (``default_ops(True)``: the default on the GPU when the ``nvidia-cudnn-frontend``
-package is installed): the whole band in one call of cuDNN's fused attention with its native
-diagonal band. On an H100 the fastest kernel we measured for a window (BENCHMARKS.md, issue 8).
+``fa4-band`` (``default_ops(True)`` when the ``flash-attn-4`` package is installed, Hopper or newer):
+FlashAttention-4's own sliding window, forward and backward, in one call each. The fastest kernel
+measured for a window (511 TFLOP/s at 32K, W=2048 on an H100; BENCHMARKS.md, issue 8).
+
+``cudnn-band`` (the default when only the ``nvidia-cudnn-frontend`` package is installed): the whole
+band in one call of cuDNN's fused attention with its native diagonal band (457-468 TFLOP/s there).
 
 ``CUDNN`` (chunked; torch's built-in cuDNN op, which takes no window): the band cut into causal
 pieces cuDNN can run. Measured slower than flex (14.9 vs 11.5 ms at 32K, W=2048): cuDNN on 2K-long
