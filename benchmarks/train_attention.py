@@ -45,7 +45,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import count_pairs, median_ms  # noqa: E402
-from kernels.attention import attention, compiled_flex_attention  # noqa: E402
+from kernels.attention import FLASH_KERNELS, attention, compiled_flex_attention  # noqa: E402
 from kernels.window_attention import CUDNN, band_ops, cudnn_band_available, fa4_available, window_attention  # noqa: E402
 from train.eagle3_masks import ttt_flex_block_mask, ttt_visible  # noqa: E402
 from train.masks import LayerMaskSpec, dflash_visible, flex_block_mask, flex_packed_block_mask  # noqa: E402
@@ -133,7 +133,7 @@ def main() -> None:
     engines = ([("cudnn (chunked)", CUDNN)] if args.with_chunked else []) + ([("cudnn (band)", band_ops("cudnn-band"))] if cudnn_band_available() else []) \
         + ([("fa4 (band)", band_ops("fa4-band"))] if fa4_available() else [])
     print("window kernels:", ", ".join(name for name, _ in engines), flush=True)
-    flash = {"BACKEND": "FLASH"} if fa4_available() else None  # flex's block masks run by FlashAttention-4
+    flash = FLASH_KERNELS if fa4_available() else None  # flex's block masks run by FlashAttention-4
     ttt_ms: dict = {}  # (T, attention) -> {step: ms}, for the whole-TTT rows
 
     def tensors(q_len: int, kv_len: int):
@@ -185,19 +185,19 @@ def main() -> None:
             k0, v0 = (x.unflatten(2, (j + 1, t))[:, :, 0].detach().clone().requires_grad_() for x in (kj, vj))
             kd, vd = (x.unflatten(2, (j + 1, t))[:, :, 1:].movedim(2, 0).detach().contiguous().requires_grad_() for x in (kj, vj))
             for kind, ops in engines:
-                def ttt_cudnn(q, k, v, j=j, ops=ops):
+                def ttt_band(q, k, v, j=j, ops=ops):
                     k_steps, v_steps = k.unflatten(2, (j + 1, t)), v.unflatten(2, (j + 1, t))  # [1, Hkv, j+1, T, D]
                     return window_attention(q, k_steps[:, :, 0], v_steps[:, :, 0], w - j, d**-0.5, k_steps[:, :, 1:].movedim(2, 0),
                                             v_steps[:, :, 1:].movedim(2, 0), ops=ops)
 
-                def ttt_cudnn_steps(q, k, v, j=j, ops=ops, kd=kd, vd=vd):
+                def ttt_band_steps(q, k, v, j=j, ops=ops, kd=kd, vd=vd):
                     kd.grad = vd.grad = None
                     return window_attention(q, k, v, w - j, d**-0.5, kd, vd, ops=ops)
 
-                run_case(f"{kind} eagle3 ttt step {j} W={w}", qj, k0, v0, ttt_cudnn_steps, pairs, rows)
+                run_case(f"{kind} eagle3 ttt step {j} W={w}", qj, k0, v0, ttt_band_steps, pairs, rows)
                 ttt_ms.setdefault((t, kind), {})[j] = rows[-1][4], pairs
                 if t == min(args.seq):
-                    check_same(f"T={t} step {j}: {kind} window + diagonal vs the flex TTT mask", qj, kj, vj, ttt_cudnn,
+                    check_same(f"T={t} step {j}: {kind} window + diagonal vs the flex TTT mask", qj, kj, vj, ttt_band,
                                lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True, scale=d**-0.5))
             del k0, v0, kd, vd
             if args.no_lse_candidate:

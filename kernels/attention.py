@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 
 
+FLASH_KERNELS = {"BACKEND": "FLASH"}  # flex_attention's kernel_options: run the block mask on FlashAttention-4's kernels
+
+
 @dataclass(frozen=True)
 class PackedQueryMask:
     """A flex ``BlockMask`` over query rows packed by KV group: row (n, g, k) is slot k of query

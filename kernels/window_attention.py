@@ -140,6 +140,7 @@ REFERENCE_BAND = BandOps("reference-band", lambda q, k, v, window, scale: _refer
                          lambda dout, q, k, v, out, lse, window, scale: _reference_backward(dout, q, k, v, out, lse, scale, window))
 
 
+@functools.cache  # one engine per process: unroll asks for it every training step
 def _cudnn_band_ops():
     import cudnn.sdpa.fwd.torch_op  # noqa: F401  (registers torch.ops.cudnn.sdpa_fwd / sdpa_bwd)
 
@@ -155,6 +156,7 @@ def _cudnn_band_ops():
     return BandOps("cudnn-band", forward, backward)
 
 
+@functools.cache
 def _fa4_band_ops():
     # FlashAttention-4's own entry points: its autograd function cannot take the merged output and
     # log-sum-exp the diagonal keys need in the backward (see the module docstring)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.attention import FLASH_KERNELS
+
 from .masks import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask
 
 IGNORE = -100
@@ -84,7 +86,7 @@ def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_
     def build(spec: LayerMaskSpec):
         if backend == "sdpa":
             return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
-        options = {"BACKEND": "FLASH"} if backend == "flex-flash" else None
+        options = FLASH_KERNELS if backend == "flex-flash" else None
         packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
         return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)
 

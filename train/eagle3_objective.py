@@ -240,14 +240,16 @@ class Eagle3Step(TrainStep):
         if self.backend in WINDOW_BACKENDS and window is not None and window < self.steps:
             raise ValueError(f"trainer.attention_backend={self.backend} needs drafter.sliding_window >= drafter.ttt_length "
                              f"({window} < {self.steps}); use flex")
-        if cfg.trainer.attention_backend == "auto" and self.backend == "flex" and (window is None or window >= self.steps):
-            # the window in one kernel + the fused diagonal keys, over the whole TTT at 32K, W=2048 on the H100:
-            # FlashAttention-4 1.9x, cuDNN's band 1.7x flex's attention (BENCHMARKS.md, issue 8)
-            if fa4_available():
-                self.backend = "fa4"
-            elif cudnn_band_available():
-                self.backend = "cudnn"
 
+    def fastest_gpu_backend(self, cfg) -> str:
+        # the window in one kernel + the fused diagonal keys, over the whole TTT at 32K, W=2048 on the H100:
+        # FlashAttention-4 1.9x, cuDNN's band 1.7x flex's attention (BENCHMARKS.md, issue 8); they need W >= TTT length
+        window = cfg.drafter.sliding_window
+        if window is not None and window < cfg.drafter.ttt_length:
+            return "flex"
+        if fa4_available():
+            return "fa4"
+        return "cudnn" if cudnn_band_available() else "flex"
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:
         return None  # nothing random: every index is a start

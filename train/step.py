@@ -19,19 +19,23 @@ class TrainStep:
         self.store = store  # a train.features.store.FeatureStore: read features instead of running the target
         backend = cfg.trainer.attention_backend
         if backend == "auto":
-            backend = "flex" if device.type == "cuda" else "sdpa"
+            backend = self.fastest_gpu_backend(cfg) if device.type == "cuda" else "sdpa"
         if backend != "sdpa" and device.type != "cuda":
             raise ValueError(f"trainer.attention_backend={backend} needs a GPU (trainer.device={device.type}); use sdpa")
         if backend in ("fa4", "flex-flash") and not fa4_available():
             raise ValueError(f"trainer.attention_backend={backend} needs the flash-attn-4 package (pip install '.[fa4]') and a "
                              "Hopper or newer GPU")
-        self.backend = backend  # auto may still pick a faster one in the drafter's step (DFlashStep, Eagle3Step)
+        self.backend = backend
         precision = cfg.trainer.precision
         self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
         # Compiled flex attention wants one shape, and cuDNN and FlashAttention-4 build a kernel per shape:
         # pad every batch to max_length.
         self.static_shapes = backend != "sdpa"
         self.pad_to = cfg.data.max_length if self.static_shapes else None
+
+    def fastest_gpu_backend(self, cfg) -> str:
+        """What ``attention_backend=auto`` runs on the GPU; drafters with faster kernels override it."""
+        return "flex"
 
     def collate(self, rows: list[dict], pad_id: int, split: str | None = None, indices: list[int] | None = None) -> dict:
         """Padded tensors; with ``split`` and ``indices`` (the rows' places in their split) also

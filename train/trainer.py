@@ -185,11 +185,12 @@ class DFlashStep(TrainStep):
 
     def __init__(self, cfg: TrainConfig, target: TargetModel, drafter: DFlashDraftModel, layer_ids: list[int], device: torch.device, store=None):
         super().__init__(cfg, target, drafter, layer_ids, device, store)  # static shapes also pad anchors to num_anchors
-        if cfg.trainer.attention_backend == "auto" and self.backend == "flex" and fa4_available():
-            # flex's block masks on FlashAttention-4's kernels: 1.5x Triton flex at 32K, W=2048 (BENCHMARKS.md, issue 8)
-            self.backend = "flex-flash"
         self.block_size = cfg.drafter.block_size
         self.gamma = cfg.drafter.loss_gamma or default_gamma(self.block_size)
+
+    def fastest_gpu_backend(self, cfg) -> str:
+        # flex's block masks on FlashAttention-4's kernels: 1.5x Triton flex at 32K, W=2048 (BENCHMARKS.md, issue 8)
+        return "flex-flash" if fa4_available() else "flex"
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """The step's random choices for one micro-batch: anchors and their blocks."""
