@@ -16,8 +16,6 @@ Rows (bf16, one sequence, GQA as given):
                                 the trainer's DFlash attention on the GPU
   flex (FLASH) ...              the same block masks run by FlashAttention-4's kernels (flex's
                                 kernel_options BACKEND=FLASH; needs flash-attn-4)
-  ... per-key rule              DFlash's mask_mod looking up ctx_valid key by key (the rule for
-                                contexts with gaps); right-padded contexts get the two-interval rule
   cudnn (chunked) window        kernels/window_attention.py: the band cut into cuDNN causal pieces
                                 (--with-chunked)
   cudnn (band) window           kernels/window_attention.py: cuDNN's native band, one call
@@ -39,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import unittest.mock
 from pathlib import Path
 
 import torch
@@ -250,10 +247,6 @@ def main() -> None:
                 check_same(f"T={t} dflash ({layout}): packed vs plain flex", qd, kd, vd, lambda q, k, v: attention(q, k, v, packed),
                            lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True))
             if flash:
-                with unittest.mock.patch("train.masks.prefix_lengths", lambda ctx_valid: None):  # the per-key ctx_valid rule
-                    per_key = flex_packed_block_mask(anchors, valid, args.block, spec, hq // hkv)
-                run_case(f"flex (FLASH) dflash packed, per-key rule ({layout}) B={args.block} W={w}", qd, kd, vd,
-                         lambda q, k, v: attention(q, k, v, per_key, kernel_options=flash), pairs, rows)
                 run_case(f"flex (FLASH) dflash packed ({layout}) B={args.block} W={w}", qd, kd, vd,
                          lambda q, k, v: attention(q, k, v, packed, kernel_options=flash), pairs, rows)
                 one_block = flex_packed_block_mask(anchors, valid, args.block, spec, hq // hkv, q_tile=(hq // hkv) * args.block,

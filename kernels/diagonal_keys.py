@@ -33,19 +33,22 @@ def _dense_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _program_tile(T, HKV, G: tl.constexpr, BT: tl.constexpr, D: tl.constexpr):
-    """This program's batch b and KV head hk, and its [G, BT, D] tile as broadcastable indices: query
-    heads h = hk * G + g ([G, 1, 1]), positions t ([1, BT, 1]), features d ([1, 1, D]), and t < T."""
+def _program_rows(T, HKV, G: tl.constexpr, BT: tl.constexpr):
+    """This program's batch b, KV head hk, and its G * BT rows: row r = (query head h = hk * G + r // BT,
+    position t = t0 + r % BT), with the in-range flag."""
     bk = tl.program_id(1)
     b = (bk // HKV).to(tl.int64)  # 64-bit offsets: S * B * Hkv * T * D passes 2^31 at 32K x batch 16
     hk = bk % HKV
-    h = hk * G + tl.arange(0, G)[:, None, None]
-    t = (tl.program_id(0) * BT + tl.arange(0, BT))[None, :, None]
-    return b, hk, h, t, tl.arange(0, D)[None, None, :], t < T
+    r = tl.arange(0, G * BT)
+    t = tl.program_id(0) * BT + r % BT
+    return b, hk, hk * G + r // BT, t, t < T
 
 
-# The G query heads of a KV head share its diagonal rows: k and v are loaded once as [1, BT, D] and
-# broadcast over the heads (loading them per head made the later TTT steps, with more rows, slower).
+@triton.jit
+def _row_offsets(b, h, t, sb, sh, st, D: tl.constexpr):
+    """[rows, D] element offsets of rows (b, h, t) in a tensor with strides (sb, sh, st, 1); h may be
+    one head for all rows."""
+    return (b * sb + h * sh + t * st)[:, None] + tl.arange(0, D)[None, :]
 
 
 @triton.autotune(CONFIGS, key=["S", "G", "D"])
@@ -54,22 +57,23 @@ def _diag_forward_kernel(Q, O, LSE, DK, DV, OUT, LSE_OUT, scale, T, HKV,
                          sq_b, sq_h, sq_t, so_b, so_h, so_t, sl_b, sl_h,
                          sd_s, sd_b, sd_h, sd_t, sv_s, sv_b, sv_h, sv_t, su_b, su_h, su_t,
                          S: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
-    b, hk, h, t, d, valid = _program_tile(T, HKV, G, BT, D)
-    q = tl.load(Q + b * sq_b + h * sq_h + t * sq_t + d, mask=valid, other=0.0).to(tl.float32)
-    acc = tl.load(O + b * so_b + h * so_h + t * so_t + d, mask=valid, other=0.0).to(tl.float32)
-    m = tl.load(LSE + b * sl_b + h * sl_h + t, mask=valid, other=0.0)  # [G, BT, 1]
+    b, hk, h, t, valid = _program_rows(T, HKV, G, BT)
+    m2 = valid[:, None]
+    q = tl.load(Q + _row_offsets(b, h, t, sq_b, sq_h, sq_t, D), mask=m2, other=0.0).to(tl.float32)
+    acc = tl.load(O + _row_offsets(b, h, t, so_b, so_h, so_t, D), mask=m2, other=0.0).to(tl.float32)
+    m = tl.load(LSE + b * sl_b + h * sl_h + t, mask=valid, other=0.0)
     total = tl.full(m.shape, 1.0, tl.float32)  # sum of exp(score - m); the band's share is exp(lse - m) = 1
     for s in tl.static_range(S):
-        k = tl.load(DK + s * sd_s + b * sd_b + hk * sd_h + t * sd_t + d, mask=valid, other=0.0).to(tl.float32)
-        v = tl.load(DV + s * sv_s + b * sv_b + hk * sv_h + t * sv_t + d, mask=valid, other=0.0).to(tl.float32)
-        score = tl.sum(q * k, axis=2, keep_dims=True) * scale
+        k = tl.load(DK + s * sd_s + _row_offsets(b, hk, t, sd_b, sd_h, sd_t, D), mask=m2, other=0.0).to(tl.float32)
+        v = tl.load(DV + s * sv_s + _row_offsets(b, hk, t, sv_b, sv_h, sv_t, D), mask=m2, other=0.0).to(tl.float32)
+        score = tl.sum(q * k, axis=1) * scale
         m_new = tl.maximum(m, score)
         alpha = tl.exp(m - m_new)
         p = tl.exp(score - m_new)
         total = total * alpha + p
-        acc = acc * alpha + p * v
+        acc = acc * alpha[:, None] + p[:, None] * v
         m = m_new
-    tl.store(OUT + b * su_b + h * su_h + t * su_t + d, (acc / total).to(OUT.dtype.element_ty), mask=valid)
+    tl.store(OUT + _row_offsets(b, h, t, su_b, su_h, su_t, D), (acc / total[:, None]).to(OUT.dtype.element_ty), mask=m2)
     tl.store(LSE_OUT + b * sl_b + h * sl_h + t, m + tl.log(total), mask=valid)
 
 
@@ -80,25 +84,29 @@ def _diag_backward_kernel(Q, DO, O, LSE, DK, DV, DQ, DDK, DDV, scale, T, HKV,
                           sd_s, sd_b, sd_h, sd_t, sv_s, sv_b, sv_h, sv_t, sdq_b, sdq_h, sdq_t,
                           sx_s, sx_b, sx_h, sx_t,
                           S: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
-    b, hk, h, t, d, valid = _program_tile(T, HKV, G, BT, D)
-    q = tl.load(Q + b * sq_b + h * sq_h + t * sq_t + d, mask=valid, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sg_b + h * sg_h + t * sg_t + d, mask=valid, other=0.0).to(tl.float32)
-    o = tl.load(O + b * so_b + h * so_h + t * so_t + d, mask=valid, other=0.0).to(tl.float32)
+    b, hk, h, t, valid = _program_rows(T, HKV, G, BT)
+    m2 = valid[:, None]
+    q = tl.load(Q + _row_offsets(b, h, t, sq_b, sq_h, sq_t, D), mask=m2, other=0.0).to(tl.float32)
+    do = tl.load(DO + _row_offsets(b, h, t, sg_b, sg_h, sg_t, D), mask=m2, other=0.0).to(tl.float32)
+    o = tl.load(O + _row_offsets(b, h, t, so_b, so_h, so_t, D), mask=m2, other=0.0).to(tl.float32)
     lse = tl.load(LSE + b * sl_b + h * sl_h + t, mask=valid, other=0.0)
-    row_dot = tl.sum(do * o, axis=2, keep_dims=True)  # rowsum(dO * O) of the merged softmax
-    dq_ptr = DQ + b * sdq_b + h * sdq_h + t * sdq_t + d
-    dq = tl.load(dq_ptr, mask=valid, other=0.0).to(tl.float32)  # the band's share, from its own backward
+    row_dot = tl.sum(do * o, axis=1)  # rowsum(dO * O) of the merged softmax
+    dq_ptr = DQ + _row_offsets(b, h, t, sdq_b, sdq_h, sdq_t, D)
+    dq = tl.load(dq_ptr, mask=m2, other=0.0).to(tl.float32)  # the band's share, from its own backward
+    tq = tl.program_id(0) * BT + tl.arange(0, BT)
     for s in tl.static_range(S):
-        k = tl.load(DK + s * sd_s + b * sd_b + hk * sd_h + t * sd_t + d, mask=valid, other=0.0).to(tl.float32)
-        v = tl.load(DV + s * sv_s + b * sv_b + hk * sv_h + t * sv_t + d, mask=valid, other=0.0).to(tl.float32)
-        p = tl.exp(tl.sum(q * k, axis=2, keep_dims=True) * scale - lse)
-        ds = p * (tl.sum(do * v, axis=2, keep_dims=True) - row_dot)
-        dq += ds * k * scale
+        k = tl.load(DK + s * sd_s + _row_offsets(b, hk, t, sd_b, sd_h, sd_t, D), mask=m2, other=0.0).to(tl.float32)
+        v = tl.load(DV + s * sv_s + _row_offsets(b, hk, t, sv_b, sv_h, sv_t, D), mask=m2, other=0.0).to(tl.float32)
+        p = tl.exp(tl.sum(q * k, axis=1) * scale - lse)
+        ds = p * (tl.sum(do * v, axis=1) - row_dot)
+        dq += ds[:, None] * k * scale
         # the G heads of the group share this key: sum their rows
-        off = s * sx_s + b * sx_b + hk * sx_h + t * sx_t + d
-        tl.store(DDK + off, (tl.sum(ds * q, axis=0, keep_dims=True) * scale).to(DDK.dtype.element_ty), mask=valid)
-        tl.store(DDV + off, tl.sum(p * do, axis=0, keep_dims=True).to(DDV.dtype.element_ty), mask=valid)
-    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=valid)
+        dk = tl.sum(tl.reshape(ds[:, None] * q * scale, (G, BT, D)), axis=0)
+        dv = tl.sum(tl.reshape(p[:, None] * do, (G, BT, D)), axis=0)
+        off = s * sx_s + _row_offsets(b, hk, tq, sx_b, sx_h, sx_t, D)
+        tl.store(DDK + off, dk.to(DDK.dtype.element_ty), mask=(tq < T)[:, None])
+        tl.store(DDV + off, dv.to(DDV.dtype.element_ty), mask=(tq < T)[:, None])
+    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=m2)
 
 
 def _grid(q: torch.Tensor, diag_k: torch.Tensor):

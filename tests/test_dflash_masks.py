@@ -13,8 +13,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from kernels.attention import attention
-from train.masks import (LayerMaskSpec, dense_mask, dflash_visible, dflash_visible_prefix, flex_block_mask, flex_packed_block_mask,
-                         prefix_lengths)
+from train.masks import LayerMaskSpec, dense_mask, dflash_visible, flex_block_mask, flex_packed_block_mask
 
 
 def reference_mask(anchors: list[int], valid: list[bool], block_size: int, spec: LayerMaskSpec) -> torch.Tensor:
@@ -129,27 +128,12 @@ def test_packed_block_mask_matches_dense(spec: LayerMaskSpec, q_tile: int) -> No
     torch.testing.assert_close(attention(q, k, v, packed), attention(q, k, v, dense[:, None]), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec_name", list(SPECS))
-def test_prefix_rule_equals_general_rule(spec_name: str) -> None:
-    """The two-interval rule flex runs for right-padded contexts equals dflash_visible key by key
-    (anchors at the context's start and end, padded anchor slots, short and full rows)."""
-    spec, block = SPECS[spec_name], 4
-    anchors = torch.tensor([[0, 3, 9, 20], [5, 6, 0, 0], [1, 12, 13, 23]])
-    ctx_valid = torch.arange(24)[None, :] < torch.tensor([[24], [8], [15]])
-    valid_len = prefix_lengths(ctx_valid)
-    assert valid_len.tolist() == [24, 8, 15]
-    b, q, kv = torch.arange(3)[:, None, None], torch.arange(16)[None, :, None], torch.arange(24 + 16)[None, None, :]
-    want = dflash_visible(b, q, kv, anchors, ctx_valid, block, spec)
-    assert torch.equal(dflash_visible_prefix(b, q, kv, anchors, valid_len, 24, block, spec), want)
-
-
 def test_packed_mask_with_gaps_in_the_context() -> None:
-    """Real tokens that are not a prefix keep the per-key rule (no interval form), and stay exact."""
+    """Padding inside the context (not only at its end): the packed mask still equals the dense one."""
     spec, groups, block = LayerMaskSpec(window=20, block_causal=True), 2, 8
     anchors = torch.tensor([[30, 45, 50, 60]])
     ctx_valid = torch.ones(1, 64, dtype=torch.bool)
     ctx_valid[0, 35:40] = False
-    assert prefix_lengths(ctx_valid) is None
     packed = flex_packed_block_mask(anchors, ctx_valid, block, spec, groups, tile=32)
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 4, 32, 8), torch.randn(1, 2, 96, 8), torch.randn(1, 2, 96, 8)

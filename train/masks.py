@@ -90,42 +90,6 @@ def dflash_visible(
     return torch.where(is_ctx, ctx_ok, blk_ok)
 
 
-def dflash_visible_prefix(
-    b: torch.Tensor,
-    q_idx: torch.Tensor,
-    kv_idx: torch.Tensor,
-    anchors: torch.Tensor,
-    valid_len: torch.Tensor,
-    ctx_len: int,
-    block_size: int,
-    spec: LayerMaskSpec,
-) -> torch.Tensor:
-    """``dflash_visible`` where each context's real tokens are a prefix (``valid_len[b]`` of them):
-    two intervals per query, no per-key lookup. flex evaluates it on every partially visible tile,
-    and its per-key ``ctx_valid`` gather is the costly part there."""
-    n = q_idx // block_size
-    k = q_idx % block_size
-    anchor = anchors[b, n]
-    ctx_ok = (kv_idx < anchor) & (kv_idx < valid_len[b])  # anchor <= T: context keys only
-    l = kv_idx - ctx_len - n * block_size  # slot in the query's own block (out of [0, B): any other key)
-    blk_ok = (l >= 0) & (l < block_size)
-    if spec.block_causal:
-        blk_ok = blk_ok & (l <= k)
-    if spec.window is not None:
-        ctx_ok = ctx_ok & (kv_idx > anchor + k - spec.window)
-        blk_ok = blk_ok & (l > k - spec.window)
-        if not spec.block_causal:
-            blk_ok = blk_ok & (l < k + spec.window)
-    return ctx_ok | blk_ok
-
-
-def prefix_lengths(ctx_valid: torch.Tensor) -> torch.Tensor | None:
-    """[Bsz] count of real tokens when each row's real tokens are a prefix (right padding), else None."""
-    lengths = ctx_valid.sum(1)
-    prefix = torch.arange(ctx_valid.shape[1], device=ctx_valid.device)[None] < lengths[:, None]
-    return lengths if torch.equal(prefix, ctx_valid) else None
-
-
 def dense_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec) -> torch.Tensor:
     """Boolean SDPA mask [Bsz, 1, Q, K] (True = attend) from ``dflash_visible``."""
     bsz, num_anchors = anchors.shape
@@ -170,12 +134,8 @@ def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block
     def mask_mod(b, h, q_idx, kv_idx):
         return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
 
-    valid_len = prefix_lengths(ctx_valid)
-    kernel_mask_mod = mask_mod if valid_len is None else (
-        lambda b, h, q_idx, kv_idx: dflash_visible_prefix(b, q_idx, kv_idx, anchors, valid_len, ctx_valid.shape[1], block_size, spec))
-
     def packed_mask_mod(b, h, row, kv_idx):  # row = (block n, head g, slot k) -> query n * B + k
-        return kernel_mask_mod(b, h, row // rows_per_block * block_size + row % block_size, kv_idx)
+        return mask_mod(b, h, row // rows_per_block * block_size + row % block_size, kv_idx)
 
     # A packed tile holds the same blocks as an unpacked tile of tile / G rows: the tile structure
     # (skipped / partial / full) is the unpacked one at that height, built over Q rows, not G * Q.
