@@ -52,10 +52,18 @@ def reference_tokenizer(reference_target_path: Path):
 
 
 @pytest.fixture(scope="session")
-def tiny_llama3_path(isolated_cache: Path) -> str:
-    from train.tiny_target import resolve_target_path
+def tiny_llama3_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """builtin:tiny-llama3's tokenizer and model, without its minute of pretraining: its tests read the
+    chat template and compare the loop's logits with Hugging Face's on the same weights, for which
+    random weights serve (the pretraining itself is tested through tiny-qwen3, the same code)."""
+    from train.tiny_target import TINY_MODELS, build_model, build_tokenizer
 
-    return resolve_target_path("builtin:tiny-llama3")
+    style, arch = TINY_MODELS["tiny-llama3"]
+    out = tmp_path_factory.mktemp("tiny-llama3-untrained")
+    tokenizer = build_tokenizer(style)
+    build_model(arch, tokenizer).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
 
 
 @pytest.fixture(scope="session")
