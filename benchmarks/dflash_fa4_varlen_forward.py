@@ -16,7 +16,8 @@ Rows (bf16, forward only, TFLOP/s = 4 * D * Hq * visible context pairs / time):
   fa4 window              FA4's sliding window over all T positions (the rate to compare with)
   flex (FLASH) dflash     the trainer's packed block mask, context and block keys, forward only
   fa4 varlen dflash ctx   the construction above (context keys only), checked against a dense
-                          per-block reference on a sample of blocks
+                          per-block reference on a sample of blocks; also with 64-row tiles
+                          (FA4's ``tile_mn``): a block packs 64 query rows
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ def main() -> None:
     slot = torch.arange(bs, device=dev)
     pairs = int((anchors[:, None] - (anchors[:, None] + slot - w + 1).clamp(min=0)).clamp(min=0).sum())
 
-    def varlen_ctx():
+    def varlen_ctx(tile_mn=None):
         return _flash_attn_fwd(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used_k, max_seqlen_q=bs,
                                max_seqlen_k=w - 1, softmax_scale=scale, window_size_left=w - bs - 1,
-                               window_size_right=bs - 1, pack_gqa=True, return_lse=True)[:2]
+                               window_size_right=bs - 1, pack_gqa=True, return_lse=True, tile_mn=tile_mn)[:2]
 
     out, lse = varlen_ctx()
     # dense reference on a sample of blocks: each block's keys gathered, its per-slot mask built pair by pair
@@ -85,6 +86,16 @@ def main() -> None:
     flops_ctx = 4 * d * hq * pairs
     ms = median_ms(varlen_ctx)
     rows.append(("fa4 varlen dflash ctx (pack_gqa, overlapping key ranges)", pairs, ms, flops_ctx / ms / 1e9))
+    # FA4's SM90 forward tile is 128 query rows; a block packs 4 heads x 16 slots = 64: half a tile
+    for tile_mn in ((64, 128), (64, 176)):
+        try:
+            got = varlen_ctx(tile_mn)[0]
+            ms = median_ms(lambda: varlen_ctx(tile_mn))
+            diff = float((got.float() - out.float()).abs().max() / out.float().abs().max())
+            rows.append((f"fa4 varlen dflash ctx, {tile_mn[0]} x {tile_mn[1]} tiles (vs 128-row: {diff:.1e})", pairs, ms,
+                         flops_ctx / ms / 1e9))
+        except Exception as e:  # a tile FA4 cannot build on this GPU
+            print(f"tile {tile_mn}: {type(e).__name__}: {str(e)[:160]}")
     # the plain window over T positions, same kernels
     qw = torch.randn(1, t, hq, d, device=dev, dtype=dt)
     win_pairs = sum(min(w, i + 1) for i in range(t))
