@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import median_ms  # noqa: E402
 from kernels.attention import FLASH_KERNELS, attention  # noqa: E402
+from kernels.window_attention import fa4_available  # noqa: E402
 from train.masks import LayerMaskSpec, flex_packed_block_mask  # noqa: E402
 
 
@@ -45,6 +46,8 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     args = parser.parse_args()
+    if not fa4_available():
+        sys.exit("dflash_fa4_varlen_forward.py: needs flash-attn-4 (pip install -e '.[fa4]') and a Hopper or newer GPU")
     from flash_attn.cute.interface import _flash_attn_fwd
 
     t, w, n, bs, hq, hkv, d = args.seq, args.window, args.anchors, args.block, args.heads, args.kv_heads, args.head_dim
