@@ -204,14 +204,17 @@ def default_ops(on_gpu: bool):
     cuDNN chunks otherwise; PyTorch on CPU (the order is the measured speed, BENCHMARKS.md)."""
     if not on_gpu:
         return REFERENCE
-    if fa4_available():
-        return _fa4_band_ops()
+    return _fa4_band_ops() if fa4_available() else cudnn_ops()
+
+
+def cudnn_ops():
+    """cuDNN's band in one call when its frontend is installed, else torch's cuDNN op in causal chunks."""
     return _cudnn_band_ops() if cudnn_band_available() else CUDNN
 
 
 def band_ops(name: str) -> BandOps:
-    """A band engine by name: ``fa4-band``, ``cudnn-band`` or ``reference-band``."""
-    engines = {"fa4-band": _fa4_band_ops, "cudnn-band": _cudnn_band_ops, "reference-band": lambda: REFERENCE_BAND}
+    """A band engine by name: ``fa4-band`` or ``cudnn-band``."""
+    engines = {"fa4-band": _fa4_band_ops, "cudnn-band": _cudnn_band_ops}
     if name not in engines:
         raise ValueError(f"band engine {name!r}; expected one of {sorted(engines)}")
     return engines[name]()

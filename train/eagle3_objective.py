@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import attention
-from kernels.window_attention import CUDNN, band_ops, cudnn_band_available, default_ops, fa4_available, window_attention
+from kernels.window_attention import band_ops, cudnn_band_available, cudnn_ops, default_ops, fa4_available, window_attention
 
 from .eagle3_masks import ttt_dense_mask, ttt_flex_block_mask
 from .models.eagle3 import Eagle3DraftModel
@@ -43,9 +43,7 @@ def window_kernels(backend: str, on_gpu: bool = True):
     (off the GPU: its PyTorch pieces, which the CPU tests check against the dense masks)."""
     if not on_gpu:
         return default_ops(False)
-    if backend == "fa4":
-        return band_ops("fa4-band")
-    return band_ops("cudnn-band") if cudnn_band_available() else CUDNN
+    return band_ops("fa4-band") if backend == "fa4" else cudnn_ops()
 
 
 WINDOW_BACKENDS = ("fa4", "cudnn")
