@@ -16,6 +16,8 @@ Rows (bf16, one sequence, GQA as given):
                                 the trainer's DFlash attention on the GPU
   flex (FLASH) ...              the same block masks run by FlashAttention-4's kernels (flex's
                                 kernel_options BACKEND=FLASH; needs flash-attn-4)
+  fa4 key intervals dflash      kernels/key_intervals.py: FlashAttention-4's SM90 kernels with each query's
+                                two key intervals (context window, own block) instead of a mask function
   cudnn (chunked) window        kernels/window_attention.py: the band cut into cuDNN causal pieces
                                 (--with-chunked)
   cudnn (band) window           kernels/window_attention.py: cuDNN's native band, one call
@@ -49,6 +51,7 @@ from kernels.attention import FLASH_KERNELS, attention, compiled_flex_attention 
 from kernels.window_attention import CUDNN, band_ops, cudnn_band_available, fa4_available, window_attention  # noqa: E402
 from train.eagle3_masks import ttt_flex_block_mask, ttt_visible  # noqa: E402
 from train.masks import LayerMaskSpec, dflash_visible, flex_block_mask, flex_packed_block_mask  # noqa: E402
+from kernels.key_intervals import ctx_keys_for, dflash_key_intervals, key_interval_attention, plan_key_intervals  # noqa: E402
 
 
 def ttt_context_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None):
@@ -262,6 +265,19 @@ def main() -> None:
                     check_same(f"T={t} dflash ({layout}): packed FLASH vs plain flex", qd, kd, vd,
                                lambda q, k, v: attention(q, k, v, packed, kernel_options=flash),
                                lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True))
+            if flash and t % 128 == 0:  # FA4's own kernels with each row's two key intervals (kernels/key_intervals.py)
+                rows_iv = dflash_key_intervals(anchors, torch.tensor([t], device="cuda"), args.block, w, True, ctx_keys_for(t))
+                plan = plan_key_intervals(rows_iv, hq // hkv, t + n * args.block)  # once per step, as the block masks are
+                intervals = lambda q, k, v: key_interval_attention(*(x.transpose(1, 2) for x in (q, k, v)), plan).transpose(1, 2)  # noqa: E731
+                run_case(f"fa4 key intervals dflash ({layout}) B={args.block} W={w}", qd, kd, vd, intervals, pairs, rows)
+                check_same(f"T={t} dflash ({layout}): fa4 key intervals vs packed flex (FLASH)", qd, kd, vd, intervals,
+                           lambda q, k, v: attention(q, k, v, packed, kernel_options=flash))
+                # the same with q's heads in group-major order (g * Hkv + h): no regrouping copies in the backward
+                gm = lambda q, k, v: key_interval_attention(*(x.transpose(1, 2) for x in (q, k, v)), plan, group_major=True).transpose(1, 2)  # noqa: E731
+                run_case(f"fa4 key intervals dflash, group-major heads ({layout}) B={args.block} W={w}", qd, kd, vd, gm, pairs, rows)
+                order = torch.arange(hq, device="cuda").view(hkv, hq // hkv).t().reshape(-1)  # group-major slot -> HF head
+                check_same(f"T={t} dflash ({layout}): fa4 key intervals group-major vs HF head order", qd, kd, vd,
+                           lambda q, k, v: gm(q[:, order], k, v)[:, order.argsort()], intervals)
         del q, k, v, qd, kd, vd
         torch.cuda.empty_cache()
 

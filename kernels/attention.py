@@ -1,4 +1,5 @@
-"""One attention entry point: flex_attention for a ``BlockMask``, SDPA for a dense boolean mask.
+"""One attention entry point: flex_attention for a ``BlockMask``, SDPA for a dense boolean mask,
+FlashAttention-4 with per-row key intervals for a ``KeyIntervalMask`` (``kernels.key_intervals``).
 
 Shapes: q [B, Hq, Q, D], k/v [B, Hkv, K, D] (grouped-query attention when Hq > Hkv); returns
 [B, Hq, Q, D]. The backend follows the mask type, so the caller picks it once when it builds masks
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from kernels.key_intervals import KeyIntervalMask
 
 
 FLASH_KERNELS = {"BACKEND": "FLASH"}  # flex_attention's kernel_options: run the block mask on FlashAttention-4's kernels
@@ -63,6 +66,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: fl
     broadcastable to [B, Hq, Q, K]. ``kernel_options`` go to flex_attention."""
     if isinstance(mask, torch.Tensor) or mask is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    if isinstance(mask, KeyIntervalMask):  # FlashAttention-4's kernels with per-row key intervals (GPU)
+        return mask.attend(q, k, v, scale)
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = compiled_flex_attention() if q.is_cuda else flex_attention  # eager flex: CPU tests only

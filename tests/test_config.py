@@ -71,7 +71,6 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["target.dtype=int8"], "target.dtype='int8'"),
         (["trainer.attention_backend=triton"], "trainer.attention_backend='triton'"),
         (["trainer.attention_backend=cudnn"], "trainer.attention_backend=cudnn serves EAGLE-3"),
-        (["trainer.attention_backend=fa4"], "trainer.attention_backend=fa4 serves EAGLE-3"),
     ],
 )
 def test_cross_field_checks_name_the_field(overrides: list[str], message: str) -> None:

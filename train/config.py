@@ -184,8 +184,9 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     device: str = "auto"  # auto = cuda when available, else cpu
     precision: str = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU; or bf16 / fp32
-    # auto = the fastest installed on GPU, sdpa (dense mask) on CPU. DFlash: flex-flash (flex_attention's
-    # block masks run by FlashAttention-4's kernels, flash-attn-4 installed) > flex (Triton).
+    # auto = the fastest installed on GPU, sdpa (dense mask) on CPU. DFlash: fa4 (FlashAttention-4's kernels
+    # with per-row key intervals, kernels/key_intervals.py; Hopper) > flex-flash (flex_attention's block masks
+    # run by FlashAttention-4's kernels) > flex (Triton).
     # EAGLE-3 (kernels/window_attention.py: the window in one kernel + the diagonal keys in a fused Triton
     # pass): fa4 (FlashAttention-4's window) > cudnn (cuDNN's band, nvidia-cudnn-frontend installed;
     # without it cuDNN causal chunks, slower than flex) > flex. Measured: BENCHMARKS.md, issue 8
@@ -286,9 +287,9 @@ class TrainConfig:
         if self.trainer.export_formats is None:
             self.trainer.export_formats = list(EXPORT_FORMATS[kind])
         backend = self.trainer.attention_backend
-        if backend in ("cudnn", "fa4") and kind != DrafterKind.eagle3:
+        if backend == "cudnn" and kind != DrafterKind.eagle3:
             raise ValueError(f"trainer.attention_backend={backend} serves EAGLE-3's window + diagonal masks only; "
-                             f"drafter.kind={kind.value} trains with flex-flash, flex (GPU) or sdpa")
+                             f"drafter.kind={kind.value} trains with fa4, flex-flash, flex (GPU) or sdpa")
         if backend == "flex-flash" and kind != DrafterKind.dflash:
             raise ValueError("trainer.attention_backend=flex-flash serves DFlash's block masks (for EAGLE-3's TTT masks it "
                              "measured slower than Triton flex); use fa4, cudnn or flex")

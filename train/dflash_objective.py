@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from kernels.attention import FLASH_KERNELS
 
-from .masks import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask
+from .masks import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask, key_interval_mask
 
 IGNORE = -100
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -81,11 +81,14 @@ def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_
     """One mask per layer type present: dense bool for SDPA (``backend='sdpa'``), or for flex a
     BlockMask over queries packed by KV group (``query_groups`` = query heads per KV head) where a
     tile holds whole blocks, else a plain BlockMask. ``flex-flash``: the packed masks run on
-    FlashAttention-4's kernels (flex's BACKEND=FLASH); a plain BlockMask stays on Triton flex."""
+    FlashAttention-4's kernels (flex's BACKEND=FLASH); a plain BlockMask stays on Triton flex.
+    ``fa4``: per-row key intervals on FlashAttention-4's own kernels (``kernels.key_intervals``)."""
 
     def build(spec: LayerMaskSpec):
         if backend == "sdpa":
             return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
+        if backend == "fa4":
+            return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups)
         options = FLASH_KERNELS if backend == "flex-flash" else None
         packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
         return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)

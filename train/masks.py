@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.attention import PackedQueryMask
+from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 
 # Legend: Bsz batch, N anchors per sequence, B block size, T context length, Q = N*B queries, K = T+Q keys.
 
@@ -145,3 +146,17 @@ def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block
                                           unpacked.full_kv_indices, BLOCK_SIZE=(q_tile, tile), mask_mod=packed_mask_mod,
                                           seq_lengths=(groups * q_len, kv_len))
     return PackedQueryMask(block_mask, groups, block_size, kernel_options)
+
+
+def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int) -> KeyIntervalMask:
+    """The same rule as per-row key intervals for FlashAttention-4's kernels (``kernels.key_intervals``):
+    query n * B + k sees the context [max(0, p - W + 1), a_n) and its own block's slots. The context must
+    be right-padded (``ctx_valid`` a prefix of each row), as the trainer's batches are; a device-side
+    assert checks it without a host sync."""
+    bsz, ctx_len = ctx_valid.shape
+    lengths = ctx_valid.sum(1)
+    torch._assert_async((ctx_valid == (torch.arange(ctx_len, device=ctx_valid.device) < lengths[:, None])).all(),
+                        "key_interval_mask: ctx_valid is not a prefix of each row (left padding or gaps)")
+    ctx_keys = ctx_keys_for(ctx_len)
+    rows = dflash_key_intervals(anchors, lengths, block_size, spec.window, spec.block_causal, ctx_keys)
+    return KeyIntervalMask(plan_key_intervals(rows, groups, ctx_keys + anchors.shape[1] * block_size), ctx_len, ctx_keys)

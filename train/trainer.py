@@ -185,12 +185,18 @@ class DFlashStep(TrainStep):
 
     def __init__(self, cfg: TrainConfig, target: TargetModel, drafter: DFlashDraftModel, layer_ids: list[int], device: torch.device, store=None):
         super().__init__(cfg, target, drafter, layer_ids, device, store)  # static shapes also pad anchors to num_anchors
+        if self.backend == "fa4" and torch.cuda.get_device_capability(device)[0] != 9:
+            raise ValueError("trainer.attention_backend=fa4 trains DFlash with FlashAttention-4's SM90 kernels (key intervals): "
+                             "it needs a Hopper GPU; use flex-flash or flex")
         self.block_size = cfg.drafter.block_size
         self.gamma = cfg.drafter.loss_gamma or default_gamma(self.block_size)
 
     def fastest_gpu_backend(self, cfg) -> str:
-        # flex's block masks on FlashAttention-4's kernels: 1.5x Triton flex at 32K, W=2048 (BENCHMARKS.md, issue 8)
-        return "flex-flash" if fa4_available() else "flex"
+        # At 32K, W=2048 (BENCHMARKS.md, issue 8): FA4 with key intervals 1.3-1.4x flex's block masks on FA4's
+        # kernels, which are 1.3-1.5x Triton flex. The key-interval kernels are FA4's SM90 ones: Hopper only.
+        if fa4_available():
+            return "fa4" if torch.cuda.get_device_capability()[0] == 9 else "flex-flash"
+        return "flex"
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """The step's random choices for one micro-batch: anchors and their blocks."""

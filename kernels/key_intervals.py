@@ -1,0 +1,223 @@
+"""Attention in which every query row sees at most two key intervals, [lo1, hi1) and [lo2, hi2).
+
+DFlash's training mask is of this form once the keys are laid out as [context ; the blocks' own
+keys]: a block's query at position p = a + k (anchor a, slot k) sees the context keys
+[max(0, p - W + 1), a) and, among the block keys, its own block's slots up to itself. Given per-row
+intervals, FlashAttention-4's forward and backward (``kernels.fa4_key_intervals``) visit only the
+key tiles the intervals touch and mask only the tiles they cut, the way they run a sliding window.
+
+This module is plain PyTorch: the DFlash intervals (``dflash_key_intervals``), the tile tables the
+kernels read (``forward_tables``, ``backward_tables``), a dense boolean mask built from intervals
+element by element (the reference), and ``key_interval_attention``, the autograd entry point.
+An empty interval is written (0, 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TILE_N = 128  # FA4's SM90 key tile for head_dim 128, forward and backward
+FWD_TILE_M = 128  # forward query tile (rows packed by KV group)
+BWD_TILE_M = 64  # backward query tile (its causal/local configuration)
+
+
+def ctx_keys_for(ctx_len: int) -> int:
+    """Where the block keys start: the context rounded up to whole key tiles, so that no key tile
+    holds both context and block keys (the forward visits the two intervals' tiles separately)."""
+    return -(-ctx_len // TILE_N) * TILE_N
+
+
+def dflash_key_intervals(anchors: torch.Tensor, ctx_len: torch.Tensor, block_size: int, window: int | None,
+                         block_causal: bool, ctx_keys: int) -> torch.Tensor:
+    """[Bsz, N * B, 4] int32 intervals of DFlash's rule (``train.masks.dflash_visible``) over keys laid
+    out as [context, padded to ``ctx_keys`` ; block n's B keys at ctx_keys + n * B].
+
+    Args:
+        anchors: [Bsz, N] anchor positions (padded slots: 0).
+        ctx_len: [Bsz] real context tokens, which must be a prefix of the context (right padding).
+        window: W keys counting the query itself; None = no window.
+    """
+    bsz, n = anchors.shape
+    k = torch.arange(block_size, device=anchors.device)
+    a = anchors.long()[:, :, None]  # [Bsz, N, 1]
+    pos = a + k
+    hi1 = torch.minimum(a, ctx_len.long()[:, None, None]).expand_as(pos)
+    lo1 = (pos - window + 1).clamp(min=0) if window is not None else torch.zeros_like(pos)
+    block0 = ctx_keys + torch.arange(n, device=anchors.device)[None, :, None] * block_size
+    slot_lo = (k - window + 1).clamp(min=0) if window is not None else torch.zeros_like(k)
+    if block_causal:
+        slot_hi = k + 1
+    else:
+        slot_hi = (k + window).clamp(max=block_size) if window is not None else torch.full_like(k, block_size)
+    lo2, hi2 = (block0 + slot_lo).expand_as(pos), (block0 + slot_hi).expand_as(pos)
+    empty1 = lo1 >= hi1
+    lo1, hi1 = lo1.masked_fill(empty1, 0), hi1.masked_fill(empty1, 0)
+    return torch.stack([lo1, hi1, lo2, hi2], -1).reshape(bsz, n * block_size, 4).int()
+
+
+def dense_mask_from_intervals(rows: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """[Bsz, 1, R, num_keys] bool, element by element: key j visible to row r iff j is in one of r's intervals."""
+    j = torch.arange(num_keys, device=rows.device)
+    lo1, hi1, lo2, hi2 = (rows[..., i, None].long() for i in range(4))
+    return (((j >= lo1) & (j < hi1)) | ((j >= lo2) & (j < hi2)))[:, None]
+
+
+def _tile_ranges(rows: torch.Tensor, tile_m: int):
+    """Per query tile: the key tiles each interval touches, and the tile-wide interval-1 bounds
+    (max lo1, min hi1) inside which no row needs a mask."""
+    bsz, r, _ = rows.shape
+    pad = -r % tile_m
+    rows = torch.nn.functional.pad(rows.long(), (0, 0, 0, pad)).view(bsz, (r + pad) // tile_m, tile_m, 4)
+    big = torch.iinfo(torch.int32).max
+
+    def touched(lo, hi):
+        live = hi > lo
+        n_min = torch.where(live, lo, big).amin(-1) // TILE_N
+        n_end = -(-torch.where(live, hi, 0).amax(-1) // TILE_N)
+        none = ~live.any(-1)
+        return n_min.masked_fill(none, 0), n_end.masked_fill(none, 0)
+
+    n_min, n_end = touched(rows[..., 0], rows[..., 1])
+    n2_min, n2_end = touched(rows[..., 2], rows[..., 3])
+    return n_min, n_end, n2_min, n2_end, rows[..., 0].amax(-1), rows[..., 1].amin(-1)
+
+
+def forward_tables(rows_packed: torch.Tensor) -> list[torch.Tensor]:
+    """The forward's aux tensors (see ``kernels.fa4_key_intervals``) for rows packed by KV group."""
+    n_min, n_end, n2_min, n2_end, max_lo1, min_hi1 = _tile_ranges(rows_packed, FWD_TILE_M)
+    nothing = (n_end == n_min) & (n2_end == n2_min)  # one fully masked tile keeps FA4's loop non-empty
+    n2_end = torch.where(nothing, n2_min + 1, n2_end)
+    right = torch.minimum(torch.maximum(min_hi1 // TILE_N, n_min), n_end)
+    left = torch.minimum(torch.maximum(-(-max_lo1 // TILE_N), n_min), n_end)
+    tiles = torch.stack([n_min, n_end, n2_min, n2_end, right, left], -1)
+    return [rows_packed.int().contiguous(), tiles.int().contiguous()]
+
+
+def backward_tables(rows: torch.Tensor, num_keys: int) -> list[torch.Tensor]:
+    """The backward's aux tensors: per key tile the query tiles whose rows touch it, per query tile
+    the interval-1 bounds shared by all its rows."""
+    n_min, n_end, n2_min, n2_end, max_lo1, min_hi1 = _tile_ranges(rows, BWD_TILE_M)
+    n = torch.arange(-(-num_keys // TILE_N), device=rows.device)[None, None, :]
+    touch = ((n >= n_min[..., None]) & (n < n_end[..., None])) | ((n >= n2_min[..., None]) & (n < n2_end[..., None]))
+    m = torch.arange(touch.shape[1], device=rows.device)[None, :, None]
+    m_min = torch.where(touch, m, touch.shape[1]).amin(1)
+    m_end = torch.where(touch, m + 1, 0).amax(1)
+    m_min = torch.where(m_end > 0, m_min, 0)
+    return [rows.int().contiguous(), torch.stack([m_min, m_end], -1).int().contiguous(),
+            torch.stack([max_lo1, min_hi1], -1).int().contiguous()]
+
+
+@dataclass(frozen=True)
+class KeyIntervalPlan:
+    """The kernels' tables for one set of intervals: build once per step, use in every layer."""
+
+    rows: torch.Tensor  # [B, Tq, 4] the intervals (the reference path reads them)
+    groups: int  # query heads per KV head
+    forward: list  # aux tensors of the forward (rows packed by KV group, 128-row tiles)
+    backward: list  # aux tensors of the backward (the same packed rows, 64-row tiles)
+
+
+def plan_key_intervals(rows: torch.Tensor, groups: int, num_keys: int) -> KeyIntervalPlan:
+    """Tables for queries whose G = ``groups`` heads per KV head share each row's intervals.
+
+    Both directions run the rows packed by KV group (row t * G + g is query t under head g of its
+    group): the forward through FA4's own GQA packing, the backward as multi-head attention over the
+    KV heads, so that a key tile's dK / dV gather all G heads' rows in one pass rather than G passes
+    added up in fp32."""
+    packed = rows.repeat_interleave(groups, dim=1)
+    return KeyIntervalPlan(rows, groups, forward_tables(packed), backward_tables(packed, num_keys))
+
+
+@dataclass(frozen=True)
+class KeyIntervalMask:
+    """What ``kernels.attention.attention`` takes for a layer trained with these kernels: the plan,
+    and where the caller's keys [context (ctx_len) ; blocks] put their block keys."""
+
+    plan: KeyIntervalPlan
+    ctx_len: int  # context keys in the caller's K and V
+    ctx_keys: int  # where the kernels read the block keys (ctx_len rounded up to a key tile)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """q [B, Hq, Q, D], k/v [B, Hkv, ctx_len + Q, D] (the models' [B, T, H, D] seen as [B, H, T, D])."""
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        if self.ctx_keys != self.ctx_len:  # unseen zero keys between context and blocks (one copy of K and V)
+            k, v = (torch.cat([x[:, :self.ctx_len], x.new_zeros(x.shape[0], self.ctx_keys - self.ctx_len, *x.shape[2:]),
+                               x[:, self.ctx_len:]], 1) for x in (k, v))
+        return key_interval_attention(q, k, v, self.plan, scale).transpose(1, 2)
+
+
+def _pack(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, T, Hkv * G, D] -> [B, T * G, Hkv, D], row t * G + g (query head h * G + g)."""
+    b, t, h, d = x.shape
+    if x.is_cuda:
+        from kernels.fa4_key_intervals import swap_heads
+
+        return swap_heads(x, h // groups, groups).view(b, t * groups, h // groups, d)
+    return x.view(b, t, h // groups, groups, d).transpose(2, 3).reshape(b, t * groups, h // groups, d)
+
+
+def _unpack(x: torch.Tensor, groups: int) -> torch.Tensor:
+    b, r, hkv, d = x.shape
+    if x.is_cuda:
+        from kernels.fa4_key_intervals import swap_heads
+
+        return swap_heads(x.view(b, r // groups, groups * hkv, d), groups, hkv)
+    return x.view(b, r // groups, groups, hkv, d).transpose(2, 3).reshape(b, r // groups, hkv * groups, d)
+
+
+class KeyIntervalAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan, scale, group_major):
+        from kernels import fa4_key_intervals as fa4
+
+        b, t, hq, d = q.shape
+        if group_major:  # heads g * Hkv + h: q is already the packed rows, no copies either way
+            out, lse = fa4.forward(q.view(b, t * plan.groups, hq // plan.groups, d), k, v, plan.forward, scale)
+            out = out.view(b, t, hq, d)
+        else:
+            out, lse = fa4.forward(q, k, v, plan.forward, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan, ctx.scale, ctx.group_major = plan, scale, group_major
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from kernels import fa4_key_intervals as fa4
+
+        q, k, v, out, lse = ctx.saved_tensors
+        g, (b, t, hq, d) = ctx.plan.groups, q.shape
+        if ctx.group_major:
+            rows = lambda x: x.contiguous().view(b, t * g, hq // g, d)  # noqa: E731
+            dq, dk, dv = fa4.backward(rows(q), k, v, rows(out), rows(dout), lse, ctx.plan.backward, ctx.scale)
+            return dq.view(b, t, hq, d), dk, dv, None, None, None
+        lse_packed = lse.view(b, hq // g, g, t).transpose(2, 3).reshape(b, hq // g, t * g).contiguous()
+        dq, dk, dv = fa4.backward(_pack(q, g), k, v, _pack(out, g), _pack(dout, g), lse_packed, ctx.plan.backward, ctx.scale)
+        return _unpack(dq, g), dk, dv, None, None, None
+
+
+def key_interval_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: KeyIntervalPlan,
+                           scale: float | None = None, group_major: bool = False) -> torch.Tensor:
+    """Attention over FA4's kernels, q [B, Tq, Hq, D], k/v [B, S, Hkv, D] (Hq = G * Hkv), with the
+    tables of ``plan_key_intervals(rows, G, S)`` for rows [B, Tq, 4] (query t sees keys [lo1, hi1)
+    and [lo2, hi2)). Every interval-2 key tile must lie past the query tile's interval-1 tiles
+    (DFlash: ``ctx_keys_for``). ``group_major``: q's heads are ordered g * Hkv + h (a model whose
+    q_proj rows are laid out that way), not Hugging Face's h * G + g; the backward then needs no
+    regrouping copies of q, out, dout and dq."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if not q.is_cuda:  # the PyTorch reference (CPU tests of the layouts around the kernels)
+        if group_major:
+            raise ValueError("group_major: the reference path takes Hugging Face's head order")
+        return reference_attention(q, k, v, plan.rows, scale)
+    return KeyIntervalAttention.apply(q, k, v, plan, scale, group_major)
+
+
+def reference_attention(q, k, v, rows, scale=None):
+    """The same attention in PyTorch from the dense mask (the oracle for tests and benchmarks)."""
+    groups = q.shape[2] // k.shape[2]
+    mask = dense_mask_from_intervals(rows, k.shape[1])
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    kt, vt = kt.repeat_interleave(groups, 1), vt.repeat_interleave(groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2)
