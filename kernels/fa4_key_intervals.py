@@ -202,6 +202,7 @@ def forward(q, k, v, fwd_tables, softmax_scale):
     with _interval_kernels() as fa4:
         out, lse = fa4._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, window_size_left=big,
                                        window_size_right=big, pack_gqa=q.shape[2] != k.shape[2], return_lse=True,
+                                       tile_mn=(128, 128),  # the tables' tiles (kernels.key_intervals)
                                        aux_tensors=list(fwd_tables))[:2]
     return out, lse
 

@@ -18,9 +18,15 @@ from dataclasses import dataclass
 
 import torch
 
-TILE_N = 128  # FA4's SM90 key tile for head_dim 128, forward and backward
-FWD_TILE_M = 128  # forward query tile (rows packed by KV group)
-BWD_TILE_M = 64  # backward query tile (its causal/local configuration)
+TILE_N = 128  # key tile, forward (asked of FA4 with tile_mn) and backward (FA4's SM90 choice for head_dim <= 128)
+FWD_TILE_M = 128  # forward query tile (rows packed by KV group; asked with tile_mn)
+
+
+def bwd_tile_m(head_dim: int) -> int:
+    """The backward's query tile: FA4's SM90 local-attention configuration (interface._tile_size_bwd_sm90)."""
+    if head_dim > 128:
+        raise ValueError(f"key-interval attention supports head_dim <= 128 (FA4's 128-key tiles); got {head_dim}")
+    return 128 if head_dim <= 64 else 64
 
 
 def ctx_keys_for(ctx_len: int) -> int:
@@ -95,10 +101,10 @@ def forward_tables(rows_packed: torch.Tensor) -> list[torch.Tensor]:
     return [rows_packed.int().contiguous(), tiles.int().contiguous()]
 
 
-def backward_tables(rows: torch.Tensor, num_keys: int) -> list[torch.Tensor]:
+def backward_tables(rows: torch.Tensor, num_keys: int, tile_m: int) -> list[torch.Tensor]:
     """The backward's aux tensors: per key tile the query tiles whose rows touch it, per query tile
     the interval-1 bounds shared by all its rows."""
-    n_min, n_end, n2_min, n2_end, max_lo1, min_hi1 = _tile_ranges(rows, BWD_TILE_M)
+    n_min, n_end, n2_min, n2_end, max_lo1, min_hi1 = _tile_ranges(rows, tile_m)
     n = torch.arange(-(-num_keys // TILE_N), device=rows.device)[None, None, :]
     touch = ((n >= n_min[..., None]) & (n < n_end[..., None])) | ((n >= n2_min[..., None]) & (n < n2_end[..., None]))
     m = torch.arange(touch.shape[1], device=rows.device)[None, :, None]
@@ -115,11 +121,12 @@ class KeyIntervalPlan:
 
     rows: torch.Tensor  # [B, Tq, 4] the intervals (the reference path reads them)
     groups: int  # query heads per KV head
+    head_dim: int  # the backward's tiles depend on it
     forward: list  # aux tensors of the forward (rows packed by KV group, 128-row tiles)
     backward: list  # aux tensors of the backward (the same packed rows, 64-row tiles)
 
 
-def plan_key_intervals(rows: torch.Tensor, groups: int, num_keys: int) -> KeyIntervalPlan:
+def plan_key_intervals(rows: torch.Tensor, groups: int, num_keys: int, head_dim: int = 128) -> KeyIntervalPlan:
     """Tables for queries whose G = ``groups`` heads per KV head share each row's intervals.
 
     Both directions run the rows packed by KV group (row t * G + g is query t under head g of its
@@ -127,7 +134,7 @@ def plan_key_intervals(rows: torch.Tensor, groups: int, num_keys: int) -> KeyInt
     KV heads, so that a key tile's dK / dV gather all G heads' rows in one pass rather than G passes
     added up in fp32."""
     packed = rows.repeat_interleave(groups, dim=1)
-    return KeyIntervalPlan(rows, groups, forward_tables(packed), backward_tables(packed, num_keys))
+    return KeyIntervalPlan(rows, groups, head_dim, forward_tables(packed), backward_tables(packed, num_keys, bwd_tile_m(head_dim)))
 
 
 @dataclass(frozen=True)
@@ -206,10 +213,16 @@ def key_interval_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pl
     q_proj rows are laid out that way), not Hugging Face's h * G + g; the backward then needs no
     regrouping copies of q, out, dout and dq."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if q.shape[-1] != plan.head_dim:
+        raise ValueError(f"a key-interval plan for head_dim {plan.head_dim} got q with head_dim {q.shape[-1]}")
     if not q.is_cuda:  # the PyTorch reference (CPU tests of the layouts around the kernels)
         if group_major:
             raise ValueError("group_major: the reference path takes Hugging Face's head order")
         return reference_attention(q, k, v, plan.rows, scale)
+    half = [x.dtype for x in (q, k, v) if x.dtype in (torch.bfloat16, torch.float16)]
+    if not half:
+        raise ValueError(f"key-interval attention runs in bf16 or fp16; got {q.dtype}")
+    q, k, v = (x.to(half[0]) for x in (q, k, v))  # under autocast the projections may differ (FA4 wants one dtype)
     return KeyIntervalAttention.apply(q, k, v, plan, scale, group_major)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels.attention import attention
-from kernels.key_intervals import (BWD_TILE_M, FWD_TILE_M, TILE_N, backward_tables, ctx_keys_for, dense_mask_from_intervals,
+from kernels.key_intervals import (FWD_TILE_M, TILE_N, backward_tables, ctx_keys_for, dense_mask_from_intervals,
                                    dflash_key_intervals, forward_tables)
 from train.masks import LayerMaskSpec, dense_mask, key_interval_mask
 
@@ -45,7 +45,8 @@ def test_intervals_equal_dflash_dense_mask(spec: LayerMaskSpec) -> None:
 
 
 @pytest.mark.parametrize("spec", [LayerMaskSpec(512, True), LayerMaskSpec(64, False), LayerMaskSpec(None, False)], ids=str)
-def test_tile_tables_visit_every_visible_pair(spec: LayerMaskSpec) -> None:
+@pytest.mark.parametrize("bwd_tile", [64, 128])
+def test_tile_tables_visit_every_visible_pair(spec: LayerMaskSpec, bwd_tile: int) -> None:
     """Forward: a query tile's visible key tiles lie in its interval-1 or interval-2 range, the two
     ranges are disjoint and in that order (the kernel runs interval 2 as tiles after interval 1), and
     the tiles it leaves unmasked are wholly visible to every row. Backward: a key tile's visible
@@ -67,17 +68,17 @@ def test_tile_tables_visit_every_visible_pair(spec: LayerMaskSpec) -> None:
             assert n2_min >= n_end
             for t in range(left, right):  # unmasked tiles
                 assert sub[:, t * TILE_N:(t + 1) * TILE_N].all(), (b, m, t)
-    _, key_tiles, query_tiles = backward_tables(rows, num_keys)
+    _, key_tiles, query_tiles = backward_tables(rows, num_keys, bwd_tile)
     for b in range(2):
         for t in range(-(-k // TILE_N)):
             m_min, m_end = key_tiles[b, t].tolist()
             col = dense[b, :, t * TILE_N:(t + 1) * TILE_N]
-            seen = {i // BWD_TILE_M for i in col.any(1).nonzero().flatten().tolist()}
+            seen = {i // bwd_tile for i in col.any(1).nonzero().flatten().tolist()}
             assert seen <= set(range(m_min, m_end)), (b, t)
             for m in range(m_min, m_end):
                 max_lo1, min_hi1 = query_tiles[b, m].tolist()
                 if max_lo1 <= t * TILE_N and min_hi1 >= (t + 1) * TILE_N:
-                    assert col[m * BWD_TILE_M:(m + 1) * BWD_TILE_M].all(), (b, t, m)
+                    assert col[m * bwd_tile:(m + 1) * bwd_tile].all(), (b, t, m)
 
 
 @pytest.mark.parametrize("ctx_len", [300, 384])  # padded to a key tile, and already whole tiles
@@ -90,7 +91,7 @@ def test_key_interval_mask_through_attention_equals_dense_sdpa(ctx_len: int) -> 
     q = torch.randn(2, n * block, hq, d).transpose(1, 2)
     k = torch.randn(2, ctx_len + n * block, hkv, d).transpose(1, 2)
     v = torch.randn_like(k)
-    got = attention(q, k, v, key_interval_mask(anchors, ctx_valid, block, spec, hq // hkv))
+    got = attention(q, k, v, key_interval_mask(anchors, ctx_valid, block, spec, hq // hkv, head_dim=d))
     want = attention(q, k, v, dense_mask(anchors, ctx_valid, block, spec))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fa4_available
                                 reason="needs flash-attn-4 on a Hopper GPU")
 
 
-def dflash_tensors(ctx_len: int, n: int, hq: int, hkv: int, block: int = 16, seed: int = 0):
+def dflash_tensors(ctx_len: int, n: int, hq: int, hkv: int, block: int = 16, seed: int = 0, d: int = 128):
     torch.manual_seed(seed)
-    bsz, d = 2, 128
+    bsz = 2
     anchors = torch.sort(torch.randint(1, ctx_len - 40, (bsz, n), device="cuda")).values
     anchors[1, -3:] = 0  # padded anchor slots see no context
     lengths = torch.tensor([ctx_len, ctx_len - 37], device="cuda")
@@ -36,17 +36,18 @@ def grads(fn, q, k, v):
     return [out.detach().float(), q.grad.float(), k.grad.float(), v.grad.float()]
 
 
-@pytest.mark.parametrize("ctx_len,n,window,causal,hq,hkv", [
-    (3000, 40, 2048, True, 8, 2),     # GQA 4: the forward packs 4 heads x 16 slots per block
-    (3000, 40, 100, False, 8, 2),     # a window shorter than the anchors' spread, bidirectional blocks
-    (1000, 24, None, False, 4, 4),    # full attention, no GQA
-    (4096, 64, 512, True, 32, 8),     # the 8B shape's heads
+@pytest.mark.parametrize("ctx_len,n,window,causal,hq,hkv,d", [
+    (3000, 40, 2048, True, 8, 2, 128),     # GQA 4: the forward packs 4 heads x 16 slots per block
+    (3000, 40, 100, False, 8, 2, 128),     # a window shorter than the anchors' spread, bidirectional blocks
+    (1000, 24, None, False, 4, 4, 128),    # full attention, no GQA
+    (4096, 64, 512, True, 32, 8, 128),     # the 8B shape's heads
+    (3000, 40, 256, True, 8, 4, 64),       # head_dim 64: FA4's backward takes 128-row tiles
 ])
-def test_fa4_key_intervals_equal_dense_reference(ctx_len, n, window, causal, hq, hkv) -> None:
+def test_fa4_key_intervals_equal_dense_reference(ctx_len, n, window, causal, hq, hkv, d) -> None:
     block = 16
-    anchors, lengths, q, k, v = dflash_tensors(ctx_len, n, hq, hkv, block)
+    anchors, lengths, q, k, v = dflash_tensors(ctx_len, n, hq, hkv, block, d=d)
     rows = dflash_key_intervals(anchors, lengths, block, window, causal, ctx_keys_for(ctx_len))
-    plan = plan_key_intervals(rows, hq // hkv, k.shape[1])
+    plan = plan_key_intervals(rows, hq // hkv, k.shape[1], d)
     got = grads(lambda q, k, v: key_interval_attention(q, k, v, plan), q, k, v)
     want = grads(lambda q, k, v: reference_attention(q.float(), k.float(), v.float(), rows), q, k, v)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):

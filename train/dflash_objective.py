@@ -77,7 +77,7 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
 
 
 def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_types: list[str], sliding_window: int | None,
-                sliding_block_causal: bool, backend: str, query_groups: int = 1) -> dict:
+                sliding_block_causal: bool, backend: str, query_groups: int = 1, head_dim: int = 128) -> dict:
     """One mask per layer type present: dense bool for SDPA (``backend='sdpa'``), or for flex a
     BlockMask over queries packed by KV group (``query_groups`` = query heads per KV head) where a
     tile holds whole blocks, else a plain BlockMask. ``flex-flash``: the packed masks run on
@@ -88,7 +88,7 @@ def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_
         if backend == "sdpa":
             return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
         if backend == "fa4":
-            return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups)
+            return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, head_dim)
         options = FLASH_KERNELS if backend == "flex-flash" else None
         packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
         return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)

@@ -148,7 +148,8 @@ def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block
     return PackedQueryMask(block_mask, groups, block_size, kernel_options)
 
 
-def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int) -> KeyIntervalMask:
+def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
+                      head_dim: int = 128) -> KeyIntervalMask:
     """The same rule as per-row key intervals for FlashAttention-4's kernels (``kernels.key_intervals``):
     query n * B + k sees the context [max(0, p - W + 1), a_n) and its own block's slots. The context must
     be right-padded (``ctx_valid`` a prefix of each row), as the trainer's batches are; a device-side
@@ -159,4 +160,4 @@ def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size
                         "key_interval_mask: ctx_valid is not a prefix of each row (left padding or gaps)")
     ctx_keys = ctx_keys_for(ctx_len)
     rows = dflash_key_intervals(anchors, lengths, block_size, spec.window, spec.block_causal, ctx_keys)
-    return KeyIntervalMask(plan_key_intervals(rows, groups, ctx_keys + anchors.shape[1] * block_size), ctx_len, ctx_keys)
+    return KeyIntervalMask(plan_key_intervals(rows, groups, ctx_keys + anchors.shape[1] * block_size, head_dim), ctx_len, ctx_keys)

@@ -214,7 +214,7 @@ class DFlashStep(TrainStep):
         d = self.cfg.drafter
         heads = self.drafter.config
         masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal,
-                            self.backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads)
+                            self.backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads, head_dim=heads.head_dim)
         with self.autocast():
             block_embeds = self.target.embed_tokens(blocks.block_ids).to(features.dtype)  # [Bsz, Q, H]
             hidden = self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
