@@ -40,7 +40,7 @@ from quack import layout_utils
 
 # The aux tensors (kernels.key_intervals builds them; keep the two in step). Forward:
 # [rows, fwd_tiles], backward: [rows, bwd_key_tiles, bwd_query_tiles], all int32.
-#   rows[b, r]: lo1, hi1, lo2, hi2 (the forward's rows are packed by KV group, the backward's are not)
+#   rows[b, r]: lo1, hi1, lo2, hi2 (rows packed by KV group; padded to whole query tiles with empty rows)
 #   fwd_tiles[b, m]: n_min, n_end (interval-1 key tiles), n2_min, n2_end (interval-2 key tiles),
 #                    first tile that needs masking on the right, end of the tiles masked on the left
 #   bwd_key_tiles[b, n]: m_min, m_end;  bwd_query_tiles[b, m]: max lo1, min hi1 over the tile's rows

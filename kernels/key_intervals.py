@@ -70,6 +70,12 @@ def dense_mask_from_intervals(rows: torch.Tensor, num_keys: int) -> torch.Tensor
     return (((j >= lo1) & (j < hi1)) | ((j >= lo2) & (j < hi2)))[:, None]
 
 
+def _padded_rows(rows: torch.Tensor) -> torch.Tensor:
+    """The kernels read the rows of whole query tiles: pad to a multiple of the largest tile with
+    empty rows (0, 0, 0, 0)."""
+    return torch.nn.functional.pad(rows, (0, 0, 0, -rows.shape[1] % 128)).int().contiguous()
+
+
 def _tile_ranges(rows: torch.Tensor, tile_m: int):
     """Per query tile: the key tiles each interval touches, and the tile-wide interval-1 bounds
     (max lo1, min hi1) inside which no row needs a mask."""
@@ -98,7 +104,7 @@ def forward_tables(rows_packed: torch.Tensor) -> list[torch.Tensor]:
     right = torch.minimum(torch.maximum(min_hi1 // TILE_N, n_min), n_end)
     left = torch.minimum(torch.maximum(-(-max_lo1 // TILE_N), n_min), n_end)
     tiles = torch.stack([n_min, n_end, n2_min, n2_end, right, left], -1)
-    return [rows_packed.int().contiguous(), tiles.int().contiguous()]
+    return [_padded_rows(rows_packed), tiles.int().contiguous()]
 
 
 def backward_tables(rows: torch.Tensor, num_keys: int, tile_m: int) -> list[torch.Tensor]:
@@ -111,7 +117,7 @@ def backward_tables(rows: torch.Tensor, num_keys: int, tile_m: int) -> list[torc
     m_min = torch.where(touch, m, touch.shape[1]).amin(1)
     m_end = torch.where(touch, m + 1, 0).amax(1)
     m_min = torch.where(m_end > 0, m_min, 0)
-    return [rows.int().contiguous(), torch.stack([m_min, m_end], -1).int().contiguous(),
+    return [_padded_rows(rows), torch.stack([m_min, m_end], -1).int().contiguous(),
             torch.stack([max_lo1, min_hi1], -1).int().contiguous()]
 
 

@@ -100,3 +100,13 @@ def test_left_padded_context_is_refused() -> None:
     anchors, _, ctx_valid = case()
     with pytest.raises(RuntimeError, match="not a prefix"):
         key_interval_mask(anchors, ctx_valid.flip(1), 16, LayerMaskSpec(64, True), 4)
+
+
+def test_tables_pad_the_rows_to_whole_query_tiles() -> None:
+    """The kernels read every row of a query tile: an odd block count (64 packed rows past the last
+    whole 128-row tile) gets empty rows, not reads past the table."""
+    anchors, lengths, _ = case(300, n=3)
+    rows = dflash_key_intervals(anchors, lengths, 16, 64, True, ctx_keys_for(300)).repeat_interleave(4, 1)  # 192 rows
+    for table in (forward_tables(rows)[0], backward_tables(rows, 384 + 48, 64)[0]):
+        assert table.shape == (2, 256, 4)
+        assert torch.equal(table[:, :192], rows) and not table[:, 192:].any()

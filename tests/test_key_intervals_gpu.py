@@ -42,6 +42,7 @@ def grads(fn, q, k, v):
     (1000, 24, None, False, 4, 4, 128),    # full attention, no GQA
     (4096, 64, 512, True, 32, 8, 128),     # the 8B shape's heads
     (3000, 40, 256, True, 8, 4, 64),       # head_dim 64: FA4's backward takes 128-row tiles
+    (2000, 41, 256, True, 8, 2, 64),       # an odd number of blocks: the last query tile is half empty
 ])
 def test_fa4_key_intervals_equal_dense_reference(ctx_len, n, window, causal, hq, hkv, d) -> None:
     block = 16

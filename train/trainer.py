@@ -193,9 +193,11 @@ class DFlashStep(TrainStep):
 
     def fastest_gpu_backend(self, cfg) -> str:
         # At 32K, W=2048 (BENCHMARKS.md, issue 8): FA4 with key intervals 1.3-1.4x flex's block masks on FA4's
-        # kernels, which are 1.3-1.5x Triton flex. The key-interval kernels are FA4's SM90 ones: Hopper only.
+        # kernels, which are 1.3-1.5x Triton flex. The key-interval kernels are FA4's SM90 ones with 128-key
+        # tiles: Hopper, head_dim <= 128.
         if fa4_available():
-            return "fa4" if torch.cuda.get_device_capability()[0] == 9 else "flex-flash"
+            hopper = torch.cuda.get_device_capability()[0] == 9
+            return "fa4" if hopper and self.drafter.config.head_dim <= 128 else "flex-flash"
         return "flex"
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
