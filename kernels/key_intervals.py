@@ -72,7 +72,9 @@ def dense_mask_from_intervals(rows: torch.Tensor, num_keys: int) -> torch.Tensor
 
 def _padded_rows(rows: torch.Tensor) -> torch.Tensor:
     """The kernels read the rows of whole query tiles: pad to a multiple of the largest tile with
-    empty rows (0, 0, 0, 0)."""
+    empty rows (0, 0, 0, 0). Rows already padded come back as they are (the plan shares one table)."""
+    if rows.shape[1] % 128 == 0 and rows.dtype == torch.int32 and rows.is_contiguous():
+        return rows
     return torch.nn.functional.pad(rows, (0, 0, 0, -rows.shape[1] % 128)).int().contiguous()
 
 
@@ -129,7 +131,7 @@ class KeyIntervalPlan:
     groups: int  # query heads per KV head
     head_dim: int  # the backward's tiles depend on it
     forward: list  # aux tensors of the forward (rows packed by KV group, 128-row tiles)
-    backward: list  # aux tensors of the backward (the same packed rows, 64-row tiles)
+    backward: list  # aux tensors of the backward (the same row table, FA4's tiles for head_dim)
 
 
 def plan_key_intervals(rows: torch.Tensor, groups: int, num_keys: int, head_dim: int = 128) -> KeyIntervalPlan:
@@ -139,7 +141,7 @@ def plan_key_intervals(rows: torch.Tensor, groups: int, num_keys: int, head_dim:
     group): the forward through FA4's own GQA packing, the backward as multi-head attention over the
     KV heads, so that a key tile's dK / dV gather all G heads' rows in one pass rather than G passes
     added up in fp32."""
-    packed = rows.repeat_interleave(groups, dim=1)
+    packed = _padded_rows(rows.repeat_interleave(groups, dim=1))  # one row table for both directions
     return KeyIntervalPlan(rows, groups, head_dim, forward_tables(packed), backward_tables(packed, num_keys, bwd_tile_m(head_dim)))
 
 
@@ -162,22 +164,18 @@ class KeyIntervalMask:
 
 
 def _pack(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, T, Hkv * G, D] -> [B, T * G, Hkv, D], row t * G + g (query head h * G + g)."""
-    b, t, h, d = x.shape
-    if x.is_cuda:
-        from kernels.fa4_key_intervals import swap_heads
+    """[B, T, Hkv * G, D] -> [B, T * G, Hkv, D], row t * G + g (query head h * G + g); GPU (the backward)."""
+    from kernels.fa4_key_intervals import swap_heads
 
-        return swap_heads(x, h // groups, groups).view(b, t * groups, h // groups, d)
-    return x.view(b, t, h // groups, groups, d).transpose(2, 3).reshape(b, t * groups, h // groups, d)
+    b, t, h, d = x.shape
+    return swap_heads(x, h // groups, groups).view(b, t * groups, h // groups, d)
 
 
 def _unpack(x: torch.Tensor, groups: int) -> torch.Tensor:
-    b, r, hkv, d = x.shape
-    if x.is_cuda:
-        from kernels.fa4_key_intervals import swap_heads
+    from kernels.fa4_key_intervals import swap_heads
 
-        return swap_heads(x.view(b, r // groups, groups * hkv, d), groups, hkv)
-    return x.view(b, r // groups, groups, hkv, d).transpose(2, 3).reshape(b, r // groups, hkv * groups, d)
+    b, r, hkv, d = x.shape
+    return swap_heads(x.view(b, r // groups, groups * hkv, d), groups, hkv)
 
 
 class KeyIntervalAttention(torch.autograd.Function):
@@ -234,9 +232,7 @@ def key_interval_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pl
 
 def reference_attention(q, k, v, rows, scale=None):
     """The same attention in PyTorch from the dense mask (the oracle for tests and benchmarks)."""
-    groups = q.shape[2] // k.shape[2]
+    from kernels.attention import attention  # (it imports this module)
+
     mask = dense_mask_from_intervals(rows, k.shape[1])
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    kt, vt = kt.repeat_interleave(groups, 1), vt.repeat_interleave(groups, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
-    return out.transpose(1, 2)
+    return attention(*(x.transpose(1, 2) for x in (q, k, v)), mask, scale=scale).transpose(1, 2)
