@@ -84,17 +84,19 @@ def run_case(name: str, q, k, v, attend, pairs: int, rows: list) -> None:
 
     try:
         ms = median_ms(step, warmup=2, repeats=5)
+        gpu_ms = median_ms(step, warmup=0, repeats=5, queued=True)
     except torch.OutOfMemoryError:
-        rows.append((name, q.shape[2], k.shape[2], pairs, None, None))
+        rows.append((name, q.shape[2], k.shape[2], pairs, None, None, None, None))
         torch.cuda.empty_cache()
         return
     except Exception as error:  # a kernel that cannot run this case (e.g. a compiler refusal): say so, go on
         print(f"{name}: failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}", flush=True)
-        rows.append((name, q.shape[2], k.shape[2], pairs, "failed", None))
+        rows.append((name, q.shape[2], k.shape[2], pairs, "failed", None, None, None))
         return
     flops = 3.5 * 4 * q.shape[-1] * pairs * q.shape[1]
-    rows.append((name, q.shape[2], k.shape[2], pairs, ms, flops / ms / 1e9))
-    print(f"{name}: {ms:.2f} ms, {flops / ms / 1e9:.0f} TFLOP/s", flush=True)  # as it goes: a long run may be cut short
+    rows.append((name, q.shape[2], k.shape[2], pairs, ms, flops / ms / 1e9, gpu_ms, flops / gpu_ms / 1e9))
+    print(f"{name}: {ms:.2f} ms, {flops / ms / 1e9:.0f} TFLOP/s; queued {gpu_ms:.2f} ms, {flops / gpu_ms / 1e9:.0f} TFLOP/s",
+          flush=True)  # as it goes: a long run may be cut short
 
 
 def check_same(label: str, q, k, v, fn, reference) -> None:
@@ -164,13 +166,13 @@ def main() -> None:
             # A plain window is TTT step 0 on a sequence without padding.
             block_mask = ttt_flex_block_mask(valid, 0, w)
             run_case(f"flex window W={w}", q, k, v, lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True), window_pairs, rows)
-            ttt_ms.setdefault((t, "flex"), {})[0] = rows[-1][4], window_pairs
+            ttt_ms.setdefault((t, "flex"), {})[0] = rows[-1][4], rows[-1][6], window_pairs
             if flash:
                 run_case(f"flex (FLASH) window W={w}", q, k, v,
                          lambda q, k, v: flex(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=flash), window_pairs, rows)
             for kind, ops in engines:
                 run_case(f"{kind} window W={w}", q, k, v, lambda q, k, v, ops=ops: window_attention(q, k, v, w, ops=ops), window_pairs, rows)
-                ttt_ms.setdefault((t, kind), {})[0] = rows[-1][4], window_pairs
+                ttt_ms.setdefault((t, kind), {})[0] = rows[-1][4], rows[-1][6], window_pairs
                 if t == min(args.seq):
                     check_same(f"T={t} {kind} window vs flex window", q, k, v,
                                lambda q, k, v, ops=ops: window_attention(q, k, v, w, d**-0.5, ops=ops),
@@ -183,7 +185,7 @@ def main() -> None:
             pairs = count_pairs(lambda b, qi, ki: ttt_visible(b, qi, ki, j, valid, w), t, (j + 1) * t)
             run_case(f"flex eagle3 ttt step {j} W={w}", qj, kj, vj, lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True),
                      pairs, rows)
-            ttt_ms.setdefault((t, "flex"), {})[j] = rows[-1][4], pairs
+            ttt_ms.setdefault((t, "flex"), {})[j] = rows[-1][4], rows[-1][6], pairs
             # the trainer's tensors: step 0's keys, and the j earlier steps' keys stacked [j, 1, Hkv, T, D]
             k0, v0 = (x.unflatten(2, (j + 1, t))[:, :, 0].detach().clone().requires_grad_() for x in (kj, vj))
             kd, vd = (x.unflatten(2, (j + 1, t))[:, :, 1:].movedim(2, 0).detach().contiguous().requires_grad_() for x in (kj, vj))
@@ -198,7 +200,7 @@ def main() -> None:
                     return window_attention(q, k, v, w - j, d**-0.5, kd, vd, ops=ops)
 
                 run_case(f"{kind} eagle3 ttt step {j} W={w}", qj, k0, v0, ttt_band_steps, pairs, rows)
-                ttt_ms.setdefault((t, kind), {})[j] = rows[-1][4], pairs
+                ttt_ms.setdefault((t, kind), {})[j] = rows[-1][4], rows[-1][6], pairs
                 if t == min(args.seq):
                     check_same(f"T={t} step {j}: {kind} window + diagonal vs the flex TTT mask", qj, kj, vj, ttt_band,
                                lambda q, k, v: flex(q, k, v, block_mask=mask_j, enable_gqa=True, scale=d**-0.5))
@@ -277,26 +279,30 @@ def main() -> None:
                 run_case(f"fa4 key intervals dflash, group-major heads ({layout}) B={args.block} W={w}", qd, kd, vd, gm, pairs, rows)
                 order = torch.arange(hq, device="cuda").view(hkv, hq // hkv).t().reshape(-1)  # group-major slot -> HF head
                 check_same(f"T={t} dflash ({layout}): fa4 key intervals group-major vs HF head order", qd, kd, vd,
-                           lambda q, k, v: gm(q[:, order], k, v)[:, order.argsort()], intervals)
+                           lambda q, k, v: gm(q[:, order].transpose(1, 2).contiguous().transpose(1, 2), k, v)[:, order.argsort()], intervals)
         del q, k, v, qd, kd, vd
         torch.cuda.empty_cache()
 
     print(f"{torch.cuda.get_device_name()}, bf16, Hq={hq} Hkv={hkv} D={d}, {args.layout.upper()}, forward + backward")
-    print("| attention | queries | keys | visible pairs | ms | TFLOP/s (visible work) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, ql, kl, pairs, ms, tflops in rows:
+    print("ms: one call timed from a synchronised start (the host's launch time counts); queued: the same call queued")
+    print("behind a busy GPU (the GPU's time alone, as in a training step whose host runs ahead)")
+    print("| attention | queries | keys | visible pairs | ms | TFLOP/s (visible work) | ms queued | TFLOP/s queued |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, ql, kl, pairs, ms, tflops, gpu_ms, gpu_tflops in rows:
         shown = "OOM" if ms is None else ms if isinstance(ms, str) else f"{ms:.2f}"
-        print(f"| {name} | {ql} | {kl} | {pairs:,} | {shown} | {'-' if tflops is None else f'{tflops:.0f}'} |")
+        fmt = lambda x, f: "-" if x is None else f"{x:{f}}"  # noqa: E731
+        print(f"| {name} | {ql} | {kl} | {pairs:,} | {shown} | {fmt(tflops, '.0f')} | {fmt(gpu_ms, '.2f')} | {fmt(gpu_tflops, '.0f')} |")
     steps = sorted(set(args.ttt_steps) | {0})
     print(f"\nEAGLE-3's whole training-time test: the attention of steps {steps[0]}..{steps[-1]} summed (step 0: the plain window)")
-    print("| T | attention | ms (sum) | TFLOP/s (visible work) |")
-    print("|---:|---|---:|---:|")
+    print("| T | attention | ms (sum) | TFLOP/s (visible work) | ms queued (sum) | TFLOP/s queued |")
+    print("|---:|---|---:|---:|---:|---:|")
     for (t, kind), by_step in ttt_ms.items():
-        if sorted(by_step) != steps or any(not isinstance(ms, float) for ms, _ in by_step.values()):
+        if sorted(by_step) != steps or any(not isinstance(ms, float) for ms, _, _ in by_step.values()):
             continue
-        total_ms = sum(ms for ms, _ in by_step.values())
-        total_pairs = sum(pairs for _, pairs in by_step.values())
-        print(f"| {t} | {kind} | {total_ms:.2f} | {3.5 * 4 * d * total_pairs * hq / total_ms / 1e9:.0f} |")
+        total_ms = sum(ms for ms, _, _ in by_step.values())
+        total_gpu_ms = sum(gpu_ms for _, gpu_ms, _ in by_step.values())
+        flops = 3.5 * 4 * d * sum(pairs for _, _, pairs in by_step.values()) * hq
+        print(f"| {t} | {kind} | {total_ms:.2f} | {flops / total_ms / 1e9:.0f} | {total_gpu_ms:.2f} | {flops / total_gpu_ms / 1e9:.0f} |")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ patched into copies of its two SM90 kernel files at import:
   (backward) come from the tables instead of a window formula;
 - the forward visits the interval-1 tiles, then the interval-2 tiles as if they followed them
   ("virtual" tile numbers past interval 1 load the physical interval-2 tiles);
-- the mask on a partly visible tile compares each element with its row's two intervals;
+- the mask on a partly visible tile compares each element with its row's interval in that tile
+  (a key tile holds one interval's keys; the forward builds FA4's R2P bitmasks from it);
 - the backward skips the mask on a tile wholly inside every row's first interval.
 
 Everything else (pipelines, TMA, softmax, GQA packing in the forward, dQ/dK/dV accumulation) is
@@ -35,7 +36,7 @@ import triton
 import triton.language as tl
 from cutlass import Float32, Int32, const_expr
 from flash_attn.cute.block_info import BlockInfo
-from flash_attn.cute.mask import AttentionMask
+from flash_attn.cute.mask import AttentionMask, mask_r2p_lambda, r2p_bitmask_above, r2p_bitmask_below, sm90_col_to_r2p_idx
 from quack import layout_utils
 
 # The aux tensors (kernels.key_intervals builds them; keep the two in step). Forward:
@@ -43,7 +44,8 @@ from quack import layout_utils
 #   rows[b, r]: lo1, hi1, lo2, hi2 (rows packed by KV group; padded to whole query tiles with empty rows)
 #   fwd_tiles[b, m]: n_min, n_end (interval-1 key tiles), n2_min, n2_end (interval-2 key tiles),
 #                    first tile that needs masking on the right, end of the tiles masked on the left
-#   bwd_key_tiles[b, n]: m_min, m_end;  bwd_query_tiles[b, m]: max lo1, min hi1 over the tile's rows
+#   bwd_key_tiles[b, n]: m_min, m_end;  bwd_query_tiles[b, m]: max lo1, min hi1 over the tile's rows,
+#                    and the first key of the tile's interval-2 key tiles (int32 max if none)
 ROWS, FWD_TILES, BWD_KEY_TILES, BWD_QUERY_TILES = 0, 1, 1, 2
 
 
@@ -107,25 +109,42 @@ class IntervalMask(AttentionMask):
         rows = self.tables[ROWS]
         needs_mask = True
         col0 = n_block * self.tile_n
+        # A key tile holds keys of one interval only (interval-2 tiles lie past the query tile's
+        # interval-1 tiles), so each row is compared with one interval: lo at column `which`.
+        which = Int32(0)
         if const_expr(self.forward):
             t = self.tables[FWD_TILES]
             n_end = t[batch_idx, m_block, 1]
             if n_block >= n_end:
                 col0 = (t[batch_idx, m_block, 2] + n_block - n_end) * self.tile_n
+                which = Int32(2)
         else:  # a key tile wholly inside every row's first interval needs no mask
             tq = self.tables[BWD_QUERY_TILES]
             needs_mask = not (tq[batch_idx, m_block, 0] <= col0 and tq[batch_idx, m_block, 1] >= col0 + self.tile_n)
+            if col0 >= tq[batch_idx, m_block, 2]:
+                which = Int32(2)
         if needs_mask:
-            for r in cutlass.range(cute.size(tScS_mn.shape[0]), unroll_full=True):
-                row = tScS_mn[r, 0][ROW] + m_block * self.tile_m
-                lo1 = rows[batch_idx, row, 0] - col0
-                hi1 = rows[batch_idx, row, 1] - col0
-                lo2 = rows[batch_idx, row, 2] - col0
-                hi2 = rows[batch_idx, row, 3] - col0
-                for c in cutlass.range(cute.size(tScS_mn.shape[1]), unroll_full=True):
-                    col = tScS_mn[0, c][COL]
-                    if (col < lo1 or col >= hi1) and (col < lo2 or col >= hi2):
-                        acc_S_mn[r, c] = -Float32.inf
+            if const_expr(not self.swap_AB):
+                # FA4's R2P bitmasks (as its local mask): columns relative to thread 0's, known at compile time
+                thr_col_offset = tScS_mn[0][COL]
+                for r in cutlass.range(cute.size(tScS_mn.shape[0]), unroll_full=True):
+                    row = tScS_mn[r, 0][ROW] + m_block * self.tile_m
+                    lo = sm90_col_to_r2p_idx(rows[batch_idx, row, which] - col0 - thr_col_offset)
+                    hi = sm90_col_to_r2p_idx(rows[batch_idx, row, which + 1] - col0 - thr_col_offset)
+
+                    def keep(s: int):
+                        return r2p_bitmask_below(hi, s) & r2p_bitmask_above(lo, s)
+
+                    mask_r2p_lambda(acc_S_mn[r, None], keep, rank1=True)
+            else:
+                for r in cutlass.range(cute.size(tScS_mn.shape[0]), unroll_full=True):
+                    row = tScS_mn[r, 0][ROW] + m_block * self.tile_m
+                    lo = rows[batch_idx, row, which] - col0
+                    hi = rows[batch_idx, row, which + 1] - col0
+                    for c in cutlass.range(cute.size(tScS_mn.shape[1]), unroll_full=True):
+                        col = tScS_mn[0, c][COL]
+                        if col < lo or col >= hi:
+                            acc_S_mn[r, c] = -Float32.inf
 
 
 # ---------------------------------------------------------------------------------------------

@@ -113,6 +113,8 @@ def backward_tables(rows: torch.Tensor, num_keys: int, tile_m: int) -> list[torc
     """The backward's aux tensors: per key tile the query tiles whose rows touch it, per query tile
     the interval-1 bounds shared by all its rows."""
     n_min, n_end, n2_min, n2_end, max_lo1, min_hi1 = _tile_ranges(rows, tile_m)
+    # where the tile's interval-2 keys start: a key tile holds one interval's keys (the mask compares one)
+    first2 = torch.where(n2_end > n2_min, n2_min * TILE_N, torch.iinfo(torch.int32).max)
     n = torch.arange(-(-num_keys // TILE_N), device=rows.device)[None, None, :]
     touch = ((n >= n_min[..., None]) & (n < n_end[..., None])) | ((n >= n2_min[..., None]) & (n < n2_end[..., None]))
     m = torch.arange(touch.shape[1], device=rows.device)[None, :, None]
@@ -120,7 +122,7 @@ def backward_tables(rows: torch.Tensor, num_keys: int, tile_m: int) -> list[torc
     m_end = torch.where(touch, m + 1, 0).amax(1)
     m_min = torch.where(m_end > 0, m_min, 0)
     return [_padded_rows(rows), torch.stack([m_min, m_end], -1).int().contiguous(),
-            torch.stack([max_lo1, min_hi1], -1).int().contiguous()]
+            torch.stack([max_lo1, min_hi1, first2], -1).int().contiguous()]
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class KeyIntervalMask:
     plan: KeyIntervalPlan
     ctx_len: int  # context keys in the caller's K and V
     ctx_keys: int  # where the kernels read the block keys (ctx_len rounded up to a key tile)
+    group_major: bool = False  # q's heads come ordered g * Hkv + h (the model obliges: train/models/dflash.py)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
         """q [B, Hq, Q, D], k/v [B, Hkv, ctx_len + Q, D] (the models' [B, T, H, D] seen as [B, H, T, D])."""
@@ -160,7 +163,7 @@ class KeyIntervalMask:
         if self.ctx_keys != self.ctx_len:  # unseen zero keys between context and blocks (one copy of K and V)
             k, v = (torch.cat([x[:, :self.ctx_len], x.new_zeros(x.shape[0], self.ctx_keys - self.ctx_len, *x.shape[2:]),
                                x[:, self.ctx_len:]], 1) for x in (k, v))
-        return key_interval_attention(q, k, v, self.plan, scale).transpose(1, 2)
+        return key_interval_attention(q, k, v, self.plan, scale, self.group_major).transpose(1, 2)
 
 
 def _pack(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -220,8 +223,9 @@ def key_interval_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pl
     if q.shape[-1] != plan.head_dim:
         raise ValueError(f"a key-interval plan for head_dim {plan.head_dim} got q with head_dim {q.shape[-1]}")
     if not q.is_cuda:  # the PyTorch reference (CPU tests of the layouts around the kernels)
-        if group_major:
-            raise ValueError("group_major: the reference path takes Hugging Face's head order")
+        if group_major:  # back to Hugging Face's order h * G + g for the reference, and out again
+            hf_head = torch.arange(q.shape[2]).view(k.shape[2], plan.groups).t().reshape(-1)  # group-major slot -> HF head
+            return reference_attention(q[:, :, hf_head.argsort()], k, v, plan.rows, scale)[:, :, hf_head]
         return reference_attention(q, k, v, plan.rows, scale)
     half = [x.dtype for x in (q, k, v) if x.dtype in (torch.bfloat16, torch.float16)]
     if not half:

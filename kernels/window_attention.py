@@ -378,6 +378,12 @@ class _WindowAttention(torch.autograd.Function):
         t, size, n, pad, scale, ops = ctx.meta
         # the band kernels take any layout with dense rows (a copy here is a full memory pass)
         dout = dout if isinstance(ops, BandOps) and dout.stride(-1) == 1 else dout.contiguous()
+        if isinstance(ops, BandOps) and diag_k is not None and _fa4_fused_diagonal(ops, q, diag_k):
+            from .fa4_diagonal import window_backward_with_diagonal
+
+            left = None if ctx.band_window is None else ctx.band_window - 1  # FlashAttention's left window excludes the query
+            (dq, dk, dv), (ddiag_k, ddiag_v) = window_backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, left, scale)
+            return dq, dk, dv, ddiag_k, ddiag_v, None, None, None
         if isinstance(ops, BandOps):
             dq, dk, dv = ops.backward(dout, q, k, v, out, lse, ctx.band_window, scale)
         else:
@@ -392,6 +398,19 @@ class _WindowAttention(torch.autograd.Function):
             dq_diag, ddiag_k, ddiag_v = _stage(_diag_backward, q.is_cuda)(q[:, :, :t], dout, out, lse, diag_k, diag_v, scale)
             dq = (dq.to(dq_diag.dtype) + dq_diag).to(q.dtype)
         return dq, dk, dv, ddiag_k, ddiag_v, None, None, None
+
+
+# FA4's window backward with the diagonal keys' gradient in its preprocess (kernels/fa4_diagonal.py);
+# False runs the two apart (the tests compare both)
+FUSE_FA4_DIAGONAL = True
+
+
+def _fa4_fused_diagonal(ops: BandOps, q: torch.Tensor, diag_k: torch.Tensor) -> bool:
+    if not (FUSE_FA4_DIAGONAL and ops.name == "fa4-band" and q.is_cuda):
+        return False
+    from .fa4_diagonal import supported
+
+    return supported(q, diag_k)
 
 
 def _triton_diagonal(q: torch.Tensor, diag_k: torch.Tensor) -> bool:

@@ -58,6 +58,41 @@ def test_batched_blocks_equal_one_block_at_a_time(layer_types, window, block_cau
             torch.testing.assert_close(got, single[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layer_types,window", [(["sliding_attention", "full_attention"], 6), (["sliding_attention"], 3)])
+def test_group_major_key_interval_masks_equal_sdpa(layer_types, window) -> None:
+    """The trainer's ``fa4`` masks ask for q's heads in group-major order (``KeyIntervalMask.group_major``);
+    the drafter then permutes q_proj's rows and o_proj's columns in the forward. Same outputs and
+    parameter gradients as with SDPA's dense masks (on CPU the key-interval path is PyTorch's reference)."""
+    torch.manual_seed(1)
+    config = tiny_config(layer_types, window)
+    config.num_attention_heads, config.num_key_value_heads = 6, 2  # 3 query heads per KV head: a wrong order shows
+    model = DFlashDraftModel(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))  # no zero-initialised weights hiding a head order
+    embed = torch.nn.Embedding(64, 32)
+    seq_len = 24
+    input_ids = torch.randint(6, 64, (2, seq_len))
+    loss_mask = torch.ones(2, seq_len, dtype=torch.bool)
+    features = torch.randn(2, seq_len, 2 * 32)
+    ctx_valid = torch.arange(seq_len)[None] < torch.tensor([[seq_len], [17]])  # right-padded second row
+    anchors = torch.tensor([[2, 7, 8, 15, 20], [1, 4, 9, 12, 16]])
+    valid = torch.ones_like(anchors, dtype=torch.bool)
+    blocks = build_blocks(input_ids, loss_mask, anchors, valid, model.block_size, model.mask_token_id)
+    results = []
+    for backend in ("sdpa", "fa4"):
+        masks = layer_masks(blocks, ctx_valid, model.block_size, config.layer_types, config.sliding_window,
+                            config.sliding_block_causal, backend, query_groups=3, head_dim=config.head_dim)
+        if backend == "fa4":
+            assert all(m.group_major for m in masks.values())
+        model.zero_grad()
+        out = model(embed(blocks.block_ids), features, blocks.positions, masks)
+        out.square().sum().backward()
+        results.append([out.detach()] + [p.grad.clone() for p in model.parameters()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_window_hides_old_context() -> None:
     """In an all-sliding drafter, context older than the window cannot change the output."""
     torch.manual_seed(0)

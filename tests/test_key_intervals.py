@@ -66,6 +66,11 @@ def test_tile_tables_visit_every_visible_pair(spec: LayerMaskSpec, bwd_tile: int
             seen = {j // TILE_N for j in sub.any(0).nonzero().flatten().tolist()}
             assert seen <= set(range(n_min, n_end)) | set(range(n2_min, n2_end)), (b, m)
             assert n2_min >= n_end
+            # the mask compares a row with one interval per tile: interval 1 in [n_min, n_end), 2 past it
+            rows_m = rows[b, m * FWD_TILE_M:(m + 1) * FWD_TILE_M]
+            for lo, hi, first, end in ((rows_m[:, 0], rows_m[:, 1], n_min, n_end), (rows_m[:, 2], rows_m[:, 3], n2_min, n2_end)):
+                live = hi > lo
+                assert (lo[live] >= first * TILE_N).all() and (hi[live] <= end * TILE_N).all(), (b, m)
             for t in range(left, right):  # unmasked tiles
                 assert sub[:, t * TILE_N:(t + 1) * TILE_N].all(), (b, m, t)
     _, key_tiles, query_tiles = backward_tables(rows, num_keys, bwd_tile)
@@ -76,7 +81,12 @@ def test_tile_tables_visit_every_visible_pair(spec: LayerMaskSpec, bwd_tile: int
             seen = {i // bwd_tile for i in col.any(1).nonzero().flatten().tolist()}
             assert seen <= set(range(m_min, m_end)), (b, t)
             for m in range(m_min, m_end):
-                max_lo1, min_hi1 = query_tiles[b, m].tolist()
+                max_lo1, min_hi1, first2 = query_tiles[b, m].tolist()
+                rows_m = rows[b, m * bwd_tile:(m + 1) * bwd_tile]
+                live1, live2 = rows_m[:, 1] > rows_m[:, 0], rows_m[:, 3] > rows_m[:, 2]
+                # a key tile is all interval 1 (before first2) or all interval 2 for these rows
+                assert (rows_m[live1, 1] <= first2).all() and (rows_m[live2, 2] >= first2).all(), (b, m)
+                assert first2 % TILE_N == 0 or first2 == torch.iinfo(torch.int32).max
                 if max_lo1 <= t * TILE_N and min_hi1 >= (t + 1) * TILE_N:
                     assert col[m * bwd_tile:(m + 1) * bwd_tile].all(), (b, t, m)
 

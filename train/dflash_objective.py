@@ -88,7 +88,7 @@ def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_
         if backend == "sdpa":
             return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
         if backend == "fa4":
-            return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, head_dim)
+            return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, head_dim, group_major=True)
         options = FLASH_KERNELS if backend == "flex-flash" else None
         packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
         return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)

@@ -149,15 +149,18 @@ def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block
 
 
 def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
-                      head_dim: int = 128) -> KeyIntervalMask:
+                      head_dim: int = 128, group_major: bool = False) -> KeyIntervalMask:
     """The same rule as per-row key intervals for FlashAttention-4's kernels (``kernels.key_intervals``):
     query n * B + k sees the context [max(0, p - W + 1), a_n) and its own block's slots. The context must
     be right-padded (``ctx_valid`` a prefix of each row), as the trainer's batches are; a device-side
-    assert checks it without a host sync."""
+    assert checks it without a host sync. ``group_major``: the mask asks for q's heads in the order
+    g * Hkv + h (the DFlash drafter then permutes its q_proj rows and o_proj columns in the forward),
+    which spares the backward four regrouping copies of q, out, dout and dq."""
     bsz, ctx_len = ctx_valid.shape
     lengths = ctx_valid.sum(1)
     torch._assert_async((ctx_valid == (torch.arange(ctx_len, device=ctx_valid.device) < lengths[:, None])).all(),
                         "key_interval_mask: ctx_valid is not a prefix of each row (left padding or gaps)")
     ctx_keys = ctx_keys_for(ctx_len)
     rows = dflash_key_intervals(anchors, lengths, block_size, spec.window, spec.block_causal, ctx_keys)
-    return KeyIntervalMask(plan_key_intervals(rows, groups, ctx_keys + anchors.shape[1] * block_size, head_dim), ctx_len, ctx_keys)
+    return KeyIntervalMask(plan_key_intervals(rows, groups, ctx_keys + anchors.shape[1] * block_size, head_dim), ctx_len, ctx_keys,
+                           group_major)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
@@ -89,25 +90,42 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
-    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [B, Q, H] -> q: [B, Hq, Q, D] (normed and rotated)
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, group_major: bool = False) -> torch.Tensor:
+        # x: [B, Q, H] -> q: [B, Hq, Q, D] (normed and rotated); group_major: heads ordered g * Hkv + h
         b, q_len, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        if group_major:  # q_proj's rows permuted (a copy of the weight, not of the activations)
+            q = F.linear(x, self._group_major(self.q_proj.weight, 0),
+                         None if self.q_proj.bias is None else self._group_major(self.q_proj.bias, 0))
+        else:
+            q = self.q_proj(x)
+        q = self.q_norm(q.view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         return apply_rope(q, cos, sin)
 
-    def output(self, out: torch.Tensor) -> torch.Tensor:
+    def output(self, out: torch.Tensor, group_major: bool = False) -> torch.Tensor:
         # out: [B, Hq, Q, D] -> [B, Q, H]
         b, _, q_len, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+        out = out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim)
+        if group_major:  # o_proj's columns in the same head order as out's
+            return F.linear(out, self._group_major(self.o_proj.weight, 1), self.o_proj.bias)
+        return self.o_proj(out)
+
+    def _group_major(self, w: torch.Tensor, dim: int) -> torch.Tensor:
+        """``w``'s head slices along ``dim`` from Hugging Face's order (h * G + g: KV head h, its g-th
+        query head) to group-major (g * Hkv + h), the order FA4's key-interval kernels take without
+        regrouping copies (``kernels.key_intervals``). The parameters keep Hugging Face's order."""
+        groups = self.num_heads // self.num_kv_heads
+        heads = w.unflatten(dim, (self.num_kv_heads, groups, self.head_dim))
+        return heads.transpose(dim, dim + 1).flatten(dim, dim + 2)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q: tuple, rope_ctx: tuple, mask) -> torch.Tensor:
         # x: [B, Q, H] (normed block states); context: [B, T, H] (projected features)
-        q = self.query(x, *rope_q)
+        group_major = getattr(mask, "group_major", False)  # what the mask's kernels take (KeyIntervalMask)
+        q = self.query(x, *rope_q, group_major=group_major)
         k_ctx, v_ctx = self.key_value(context, *rope_ctx)
         k_blk, v_blk = self.key_value(x, *rope_q)
         k = torch.cat([k_ctx, k_blk], dim=2)
         v = torch.cat([v_ctx, v_blk], dim=2)
-        return self.output(attention(q, k, v, mask, scale=self.scaling))
+        return self.output(attention(q, k, v, mask, scale=self.scaling), group_major)
 
 
 class DFlashDecoderLayer(nn.Module):
