@@ -81,6 +81,8 @@ def dq_accum_tile(head_dim: int, dtype: torch.dtype, device: torch.device) -> tu
         recorded.append((args, kwargs))
         return convert(*args, **kwargs)
 
+    record.compile_cache = convert.compile_cache  # FA4 reaches it through the module-level name
+
     x = torch.randn(3, 1, 128, 1, head_dim, device=device, dtype=dtype)
     out, lse = interface._flash_attn_fwd(x[0], x[1], x[2], causal=True, window_size_left=63, return_lse=True)[:2]
     interface._bwd_postprocess_convert = record
