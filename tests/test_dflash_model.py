@@ -66,6 +66,7 @@ def test_group_major_key_interval_masks_equal_sdpa(layer_types, window) -> None:
     torch.manual_seed(1)
     config = tiny_config(layer_types, window)
     config.num_attention_heads, config.num_key_value_heads = 6, 2  # 3 query heads per KV head: a wrong order shows
+    config.attention_bias = True  # q_proj's bias is permuted with its rows
     model = DFlashDraftModel(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -86,11 +87,16 @@ def test_group_major_key_interval_masks_equal_sdpa(layer_types, window) -> None:
         if backend == "fa4":
             assert all(m.group_major for m in masks.values())
         model.zero_grad()
+        calls = []  # the projections still run as modules (forward hooks: FLOP counters, ZeRO-3's gathering)
+        hooks = [m.register_forward_hook(lambda *_: calls.append(1)) for m in model.modules() if isinstance(m, torch.nn.Linear)]
         out = model(embed(blocks.block_ids), features, blocks.positions, masks)
+        for h in hooks:
+            h.remove()
+        assert len(calls) == 1 + 9 * len(layer_types)  # fc; per layer q, k and v (context and block), o, the MLP's three
         out.square().sum().backward()
         results.append([out.detach()] + [p.grad.clone() for p in model.parameters()])
     for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_window_hides_old_context() -> None:

@@ -68,6 +68,28 @@ def sliding_block_causal(config: Qwen3Config) -> bool:
     return True if is_causal is None else bool(is_causal)
 
 
+class HeadOrderLinear(nn.Linear):
+    """``nn.Linear`` whose head slices (rows: ``head_dim=0``, q_proj; columns: ``head_dim=1``, o_proj) can
+    be taken in group-major order: ``forward(x, group_major=True)`` uses the weight with head
+    h * G + g (Hugging Face's order: KV head h, its g-th query head) moved to g * Hkv + h, the order
+    FA4's key-interval kernels take without regrouping copies (``kernels.key_intervals``). A copy of
+    the weight per call, not of the activations; the parameters keep Hugging Face's order, and the
+    call goes through the module (forward hooks, DeepSpeed ZeRO-3's parameter gathering)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, heads: tuple[int, int, int], head_dim: int):
+        super().__init__(in_features, out_features, bias=bias)
+        self.heads, self.head_dim = heads, head_dim  # (Hkv, G, D); the weight's dimension holding them
+
+    def forward(self, x: torch.Tensor, group_major: bool = False) -> torch.Tensor:
+        if not group_major:
+            return super().forward(x)
+        weight = self.weight.unflatten(self.head_dim, self.heads).transpose(self.head_dim, self.head_dim + 1)
+        bias = self.bias
+        if bias is not None and self.head_dim == 0:
+            bias = bias.unflatten(0, self.heads).transpose(0, 1).flatten()
+        return F.linear(x, weight.flatten(self.head_dim, self.head_dim + 2), bias)
+
+
 class DFlashAttention(nn.Module):
     def __init__(self, config: Qwen3Config, layer_idx: int):
         super().__init__()
@@ -76,10 +98,11 @@ class DFlashAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.scaling = 1.0 / math.sqrt(self.head_dim)
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=config.attention_bias)
+        heads = (self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
+        self.q_proj = HeadOrderLinear(config.hidden_size, self.num_heads * self.head_dim, config.attention_bias, heads, head_dim=0)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
+        self.o_proj = HeadOrderLinear(self.num_heads * self.head_dim, config.hidden_size, config.attention_bias, heads, head_dim=1)
         self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
@@ -93,29 +116,13 @@ class DFlashAttention(nn.Module):
     def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, group_major: bool = False) -> torch.Tensor:
         # x: [B, Q, H] -> q: [B, Hq, Q, D] (normed and rotated); group_major: heads ordered g * Hkv + h
         b, q_len, _ = x.shape
-        if group_major:  # q_proj's rows permuted (a copy of the weight, not of the activations)
-            q = F.linear(x, self._group_major(self.q_proj.weight, 0),
-                         None if self.q_proj.bias is None else self._group_major(self.q_proj.bias, 0))
-        else:
-            q = self.q_proj(x)
-        q = self.q_norm(q.view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = self.q_norm(self.q_proj(x, group_major=group_major).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         return apply_rope(q, cos, sin)
 
     def output(self, out: torch.Tensor, group_major: bool = False) -> torch.Tensor:
         # out: [B, Hq, Q, D] -> [B, Q, H]
         b, _, q_len, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim)
-        if group_major:  # o_proj's columns in the same head order as out's
-            return F.linear(out, self._group_major(self.o_proj.weight, 1), self.o_proj.bias)
-        return self.o_proj(out)
-
-    def _group_major(self, w: torch.Tensor, dim: int) -> torch.Tensor:
-        """``w``'s head slices along ``dim`` from Hugging Face's order (h * G + g: KV head h, its g-th
-        query head) to group-major (g * Hkv + h), the order FA4's key-interval kernels take without
-        regrouping copies (``kernels.key_intervals``). The parameters keep Hugging Face's order."""
-        groups = self.num_heads // self.num_kv_heads
-        heads = w.unflatten(dim, (self.num_kv_heads, groups, self.head_dim))
-        return heads.transpose(dim, dim + 1).flatten(dim, dim + 2)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim), group_major=group_major)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q: tuple, rope_ctx: tuple, mask) -> torch.Tensor:
         # x: [B, Q, H] (normed block states); context: [B, T, H] (projected features)
