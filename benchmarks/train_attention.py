@@ -28,6 +28,9 @@ Rows (bf16, one sequence, GQA as given):
   whole training-time test      the steps' times summed (step 0 is the plain window): the attention
                                 of one EAGLE-3 training step per layer
 
+Every row is timed twice (benchmarks/measure.py): from a synchronised start (the host's launch time
+counts), and queued behind a busy GPU (the GPU's time alone, as in a training step whose host runs ahead).
+
 TFLOP/s counts 4 * D * (visible query-key pairs) * Hq for the forward and 3.5x that for forward +
 backward (FlashAttention's benchmark convention: the backward does 2.5x the forward's work), so a
 mask that skips work is not credited for it. The visible pairs are counted from the same mask
