@@ -77,6 +77,31 @@ def _diag_forward_kernel(Q, O, LSE, DK, DV, OUT, LSE_OUT, scale, T, HKV,
     tl.store(LSE_OUT + b * sl_b + h * sl_h + t, m + tl.log(total), mask=valid)
 
 
+@triton.jit
+def _diagonal_grads(q, do, lse, row_dot, b, hk, t, valid, T, DK, DV, DDK, DDV, scale, sd_s, sd_b, sd_h, sd_t,
+                    sv_s, sv_b, sv_h, sv_t, sx_s, sx_b, sx_h, sx_t,
+                    S: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
+    """The program's rows (fp32 q, dO, log-sum-exp and rowsum(dO * O) of the merged softmax): stores
+    each diagonal key's dK, dV and returns the rows' sum over s of dS_s * k_s ([G * BT, D], dQ's share
+    before the scale). Shared by the stand-alone backward and the one in FA4's preprocess."""
+    m2 = valid[:, None]
+    dq = tl.zeros((G * BT, D), tl.float32)
+    tq = tl.program_id(0) * BT + tl.arange(0, BT)
+    for s in tl.static_range(S):
+        k = tl.load(DK + s * sd_s + _row_offsets(b, hk, t, sd_b, sd_h, sd_t, D), mask=m2, other=0.0).to(tl.float32)
+        v = tl.load(DV + s * sv_s + _row_offsets(b, hk, t, sv_b, sv_h, sv_t, D), mask=m2, other=0.0).to(tl.float32)
+        p = tl.exp(tl.sum(q * k, axis=1) * scale - lse)
+        ds = p * (tl.sum(do * v, axis=1) - row_dot)
+        dq += ds[:, None] * k
+        # the G heads of the group share this key: sum their rows
+        dk = tl.sum(tl.reshape(ds[:, None] * q * scale, (G, BT, D)), axis=0)
+        dv = tl.sum(tl.reshape(p[:, None] * do, (G, BT, D)), axis=0)
+        off = s * sx_s + _row_offsets(b, hk, tq, sx_b, sx_h, sx_t, D)
+        tl.store(DDK + off, dk.to(DDK.dtype.element_ty), mask=(tq < T)[:, None])
+        tl.store(DDV + off, dv.to(DDV.dtype.element_ty), mask=(tq < T)[:, None])
+    return dq
+
+
 @triton.autotune(CONFIGS, key=["S", "G", "D"], restore_value=["DQ"])  # DQ is accumulated in place
 @triton.jit
 def _diag_backward_kernel(Q, DO, O, LSE, DK, DV, DQ, DDK, DDV, scale, T, HKV,
@@ -93,19 +118,8 @@ def _diag_backward_kernel(Q, DO, O, LSE, DK, DV, DQ, DDK, DDV, scale, T, HKV,
     row_dot = tl.sum(do * o, axis=1)  # rowsum(dO * O) of the merged softmax
     dq_ptr = DQ + _row_offsets(b, h, t, sdq_b, sdq_h, sdq_t, D)
     dq = tl.load(dq_ptr, mask=m2, other=0.0).to(tl.float32)  # the band's share, from its own backward
-    tq = tl.program_id(0) * BT + tl.arange(0, BT)
-    for s in tl.static_range(S):
-        k = tl.load(DK + s * sd_s + _row_offsets(b, hk, t, sd_b, sd_h, sd_t, D), mask=m2, other=0.0).to(tl.float32)
-        v = tl.load(DV + s * sv_s + _row_offsets(b, hk, t, sv_b, sv_h, sv_t, D), mask=m2, other=0.0).to(tl.float32)
-        p = tl.exp(tl.sum(q * k, axis=1) * scale - lse)
-        ds = p * (tl.sum(do * v, axis=1) - row_dot)
-        dq += ds[:, None] * k * scale
-        # the G heads of the group share this key: sum their rows
-        dk = tl.sum(tl.reshape(ds[:, None] * q * scale, (G, BT, D)), axis=0)
-        dv = tl.sum(tl.reshape(p[:, None] * do, (G, BT, D)), axis=0)
-        off = s * sx_s + _row_offsets(b, hk, tq, sx_b, sx_h, sx_t, D)
-        tl.store(DDK + off, dk.to(DDK.dtype.element_ty), mask=(tq < T)[:, None])
-        tl.store(DDV + off, dv.to(DDV.dtype.element_ty), mask=(tq < T)[:, None])
+    dq += scale * _diagonal_grads(q, do, lse, row_dot, b, hk, t, valid, T, DK, DV, DDK, DDV, scale, sd_s, sd_b, sd_h, sd_t,
+                                  sv_s, sv_b, sv_h, sv_t, sx_s, sx_b, sx_h, sx_t, S, G, D, BT)
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=m2)
 
 

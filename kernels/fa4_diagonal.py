@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .diagonal_keys import CONFIGS, _program_rows, _row_offsets
+from .diagonal_keys import CONFIGS, _diagonal_grads, _program_rows, _row_offsets
 
 
 @triton.autotune(CONFIGS, key=["S", "G", "D", "TM"])  # writes only: every config rewrites the same outputs
@@ -43,19 +43,9 @@ def _diag_backward_into_fa4_kernel(Q, DO, O, LSE, DK, DV, DQACC, PERM, DPSUM, LS
     o = tl.load(O + _row_offsets(b, h, t, so_b, so_h, so_t, D), mask=m2, other=0.0).to(tl.float32)
     lse = tl.load(LSE + b * sl_b + h * sl_h + t, mask=real, other=float("inf"))
     row_dot = tl.sum(do * o, axis=1)  # rowsum(dO * O): FA4's dpsum
-    dq = tl.zeros((G * BT, D), tl.float32)
-    tq = tl.program_id(0) * BT + tl.arange(0, BT)
-    for s in tl.static_range(S):
-        k = tl.load(DK + s * sd_s + _row_offsets(b, hk, t, sd_b, sd_h, sd_t, D), mask=m2, other=0.0).to(tl.float32)
-        v = tl.load(DV + s * sv_s + _row_offsets(b, hk, t, sv_b, sv_h, sv_t, D), mask=m2, other=0.0).to(tl.float32)
-        p = tl.exp(tl.sum(q * k, axis=1) * scale - lse)  # padded rows: lse = +inf, p = 0
-        ds = p * (tl.sum(do * v, axis=1) - row_dot)
-        dq += ds[:, None] * k  # unscaled: FA4's postprocess multiplies the accumulator by the scale
-        dk = tl.sum(tl.reshape(ds[:, None] * q * scale, (G, BT, D)), axis=0)
-        dv = tl.sum(tl.reshape(p[:, None] * do, (G, BT, D)), axis=0)
-        off = s * sx_s + _row_offsets(b, hk, tq, sx_b, sx_h, sx_t, D)
-        tl.store(DDK + off, dk.to(DDK.dtype.element_ty), mask=(tq < T)[:, None])
-        tl.store(DDV + off, dv.to(DDV.dtype.element_ty), mask=(tq < T)[:, None])
+    # unscaled: FA4's postprocess multiplies the accumulator by the scale
+    dq = _diagonal_grads(q, do, lse, row_dot, b, hk, t, real, T, DK, DV, DDK, DDV, scale, sd_s, sd_b, sd_h, sd_t,
+                         sv_s, sv_b, sv_h, sv_t, sx_s, sx_b, sx_h, sx_t, S, G, D, BT)  # padded rows: lse = +inf, p = 0
     row = (b * (G * HKV) + h) * T_ROUND + t  # dpsum, lse_log2: [B, Hq, T_ROUND] contiguous
     tl.store(DPSUM + row, tl.where(real, row_dot, 0.0), mask=in_tile)
     tl.store(LSE2 + row, tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634), mask=in_tile)
@@ -91,7 +81,8 @@ def dq_accum_tile(head_dim: int, dtype: torch.dtype, device: torch.device) -> tu
     finally:
         interface._bwd_postprocess_convert = convert
     args, kwargs = recorded[0]  # the dQ conversion comes first
-    tile_m, size = args[8], args[8] * head_dim
+    tile_m = args[8]  # FA4's block_size argument: the query tile of the dQ accumulator
+    size = tile_m * head_dim
     if head_dim % kwargs["hdim_multiple_of"]:
         raise RuntimeError(f"FA4 pads head_dim {head_dim} in its dQ accumulator; the fused diagonal backward does not")
     index = torch.arange(size, device=device)

@@ -134,6 +134,10 @@ class BandOps:
     forward: Callable
     # (dout, q, k, v, out, lse, window, scale) -> (dq, dk, dv)
     backward: Callable
+    # (dout, q, k, v, out, lse, diag_k, diag_v, window, scale) -> ((dq, dk, dv), (d diag_k, d diag_v)): the band's
+    # backward with the diagonal keys' gradient inside, or None where the shapes do not fit; an engine without
+    # one (None) has the diagonal keys' gradient computed apart
+    backward_with_diagonal: Callable | None = None
 
 
 REFERENCE_BAND = BandOps("reference-band", lambda q, k, v, window, scale: _reference_forward(q, k, v, scale, window),
@@ -177,7 +181,14 @@ def _fa4_band_ops():
                                 window_size_left=left(window))
         return tuple(bshd(g) for g in grads[:3])
 
-    return BandOps("fa4-band", forward, backward)
+    def backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, window, scale):
+        from .fa4_diagonal import supported, window_backward_with_diagonal  # its gradient in FA4's preprocess
+
+        if not supported(q, diag_k):
+            return None
+        return window_backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, left(window), scale)
+
+    return BandOps("fa4-band", forward, backward, backward_with_diagonal)
 
 
 def fa4_available() -> bool:
@@ -378,12 +389,11 @@ class _WindowAttention(torch.autograd.Function):
         t, size, n, pad, scale, ops = ctx.meta
         # the band kernels take any layout with dense rows (a copy here is a full memory pass)
         dout = dout if isinstance(ops, BandOps) and dout.stride(-1) == 1 else dout.contiguous()
-        if isinstance(ops, BandOps) and diag_k is not None and _fa4_fused_diagonal(ops, q, diag_k):
-            from .fa4_diagonal import window_backward_with_diagonal
-
-            left = None if ctx.band_window is None else ctx.band_window - 1  # FlashAttention's left window excludes the query
-            (dq, dk, dv), (ddiag_k, ddiag_v) = window_backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, left, scale)
-            return dq, dk, dv, ddiag_k, ddiag_v, None, None, None
+        if isinstance(ops, BandOps) and diag_k is not None and ops.backward_with_diagonal is not None:
+            grads = ops.backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, ctx.band_window, scale)
+            if grads is not None:
+                (dq, dk, dv), (ddiag_k, ddiag_v) = grads
+                return dq, dk, dv, ddiag_k, ddiag_v, None, None, None
         if isinstance(ops, BandOps):
             dq, dk, dv = ops.backward(dout, q, k, v, out, lse, ctx.band_window, scale)
         else:
@@ -398,19 +408,6 @@ class _WindowAttention(torch.autograd.Function):
             dq_diag, ddiag_k, ddiag_v = _stage(_diag_backward, q.is_cuda)(q[:, :, :t], dout, out, lse, diag_k, diag_v, scale)
             dq = (dq.to(dq_diag.dtype) + dq_diag).to(q.dtype)
         return dq, dk, dv, ddiag_k, ddiag_v, None, None, None
-
-
-# FA4's window backward with the diagonal keys' gradient in its preprocess (kernels/fa4_diagonal.py);
-# False runs the two apart (the tests compare both)
-FUSE_FA4_DIAGONAL = True
-
-
-def _fa4_fused_diagonal(ops: BandOps, q: torch.Tensor, diag_k: torch.Tensor) -> bool:
-    if not (FUSE_FA4_DIAGONAL and ops.name == "fa4-band" and q.is_cuda):
-        return False
-    from .fa4_diagonal import supported
-
-    return supported(q, diag_k)
 
 
 def _triton_diagonal(q: torch.Tensor, diag_k: torch.Tensor) -> bool:

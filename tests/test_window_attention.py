@@ -4,6 +4,8 @@ and cuDNN's native band through the frontend) against the PyTorch reference."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -110,14 +112,12 @@ def test_gpu_window_equals_reference(t: int, window: int, steps: int, engine: st
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashAttention-4 needs a GPU")
 @pytest.mark.parametrize("b,t,window,steps,d", [(2, 1000, 256, 3, 128), (1, 4096, 1024, 6, 128), (2, 777, 64, 1, 64),
                                                 (1, 300, None, 2, 128)])
-def test_gpu_fa4_fused_diagonal(b: int, t: int, window: int | None, steps: int, d: int, monkeypatch) -> None:
+def test_gpu_fa4_fused_diagonal(b: int, t: int, window: int | None, steps: int, d: int) -> None:
     """FA4's backward with the diagonal keys' gradient folded into its preprocess (kernels/fa4_diagonal.py)
     against the reference and against the two run apart; padded tiles (T not a multiple of FA4's
     query tile), batch > 1, head_dim 64 and no window included."""
     if not fa4_available():
         pytest.skip("FlashAttention-4's window needs the flash-attn-4 package and a Hopper GPU")
-    import kernels.window_attention as wa
-
     torch.manual_seed(1)
     hq, hkv = 8, 2
     bshd = lambda h: torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()  # noqa: E731
@@ -126,8 +126,7 @@ def test_gpu_fa4_fused_diagonal(b: int, t: int, window: int | None, steps: int, 
     inputs, dout = [q, k, v, dk, dv], torch.randn(b, hq, t, d, device="cuda", dtype=torch.bfloat16)
     run = lambda ops: grads(lambda: window_attention(q, k, v, window, None, dk, dv, ops=ops), inputs, dout)  # noqa: E731
     fused = run(band_ops("fa4-band"))
-    monkeypatch.setattr(wa, "FUSE_FA4_DIAGONAL", False)
-    apart = run(band_ops("fa4-band"))
+    apart = run(dataclasses.replace(band_ops("fa4-band"), backward_with_diagonal=None))
     want = run(REFERENCE)
     for name, f, a, w in zip(["out", "dq", "dk", "dv", "ddiag_k", "ddiag_v"], fused, apart, want):
         rel = float((f.float() - w.float()).norm() / w.float().norm())
