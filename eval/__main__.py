@@ -22,6 +22,7 @@ from eval.prompt_sets import mt_bench, prompts_file
 from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
 from eval.runner import run_conversations, summarize
 from infer.loading import eos_ids, load_models, parse_window, set_threads
+from infer.prompt_lookup import PromptLookupDrafter
 from infer.sampling import SamplingConfig
 from train.atomic import atomic_open
 
@@ -41,7 +42,10 @@ def latest_run(root: Path = Path("outputs")) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--target", help="HF target folder/id (default: the latest training run's target)")
-    common.add_argument("--drafter", help="exported DFlash drafter (default: the latest training run's export)")
+    common.add_argument("--drafter", help="exported DFlash or EAGLE-3 drafter, or 'pld' for prompt lookup (default: the latest training run's export)")
+    common.add_argument("--pld", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run prompt lookup (n-gram drafting, as many drafts per step as the drafter) on the same prompts: "
+                             "the free baseline beside every tau")
     common.add_argument("--runs-dir", default="outputs", help="where to look for the latest training run")
     common.add_argument("--prefill-tokens", type=int, default=0, help="filler tokens before the first question")
     common.add_argument("--temperature", type=float, default=0.0)
@@ -111,13 +115,31 @@ def main(argv=None) -> int:
     config = {**vars(args), **source}
     print(f"target {source['target']} | drafter {source['drafter']} | {len(conversations)} prompts -> {out}", file=sys.stderr)
 
+    pld_summaries: dict[int, dict] = {}
+
+    def prompt_lookup(prefill: int) -> dict | None:
+        """Prompt lookup's τ on the same prompts and prefill (window-independent: once per prefill)."""
+        if not args.pld or isinstance(drafter, PromptLookupDrafter):
+            return None
+        if prefill not in pld_summaries:
+            pld = PromptLookupDrafter(num_draft_tokens=drafter.block_size - 1, vocab_size=target.lm_head.weight.shape[0])
+            records = run_conversations(target, pld, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
+                                        max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False,
+                                        desc=f"prompt lookup, prefill {prefill}")
+            pld_summaries[prefill] = summarize(records)
+        return pld_summaries[prefill]
+
     def run_cell(window, prefill: int, baseline: bool):
         cell_drafter = drafter.with_window(window)  # DFlash or EAGLE-3, same kind and settings
         label = "none" if window is None else ("trained" if window == "trained" else str(window))
         records = run_conversations(target, cell_drafter, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
                                     max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=baseline,
                                     desc=f"window {label}, prefill {prefill}")
-        return label, records, summarize(records)
+        summary = summarize(records)
+        pld = prompt_lookup(prefill)
+        if pld is not None:
+            summary["prompt_lookup"] = {k: pld[k] for k in ("tau", "acceptance_by_position", "tokens_per_s", "steps")}
+        return label, records, summary
 
     try:
         if args.command != "sweep":

@@ -10,9 +10,9 @@ def summary_table(summary: dict, title: str) -> str:
     split = summary["time_split"]
     rows = [
         f"### {title}", "",
-        "| turns | τ | tok/s | AR tok/s | speedup | mean prompt | mean latency s | draft / verify / other | acceptance by position (1..8) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|---|",
-        f"| {summary['turns']} | {summary['tau']:.3f} | {summary['tokens_per_s']:.1f} | "
+        "| turns | τ | prompt lookup τ | tok/s | AR tok/s | speedup | mean prompt | mean latency s | draft / verify / other | acceptance by position (1..8) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        f"| {summary['turns']} | {summary['tau']:.3f} | {summary.get('prompt_lookup', {}).get('tau', float('nan')):.3f} | {summary['tokens_per_s']:.1f} | "
         f"{summary.get('baseline_tokens_per_s', float('nan')):.1f} | {summary.get('speedup', float('nan')):.2f}x | "
         f"{summary['mean_prompt_tokens']:.0f} | {summary['mean_latency_s']:.2f} | "
         f"{100 * split['draft']:.0f}% / {100 * split['verify']:.0f}% / {100 * split['other']:.0f}% | {acc} |",
@@ -34,6 +34,9 @@ def sweep_tables(cells: dict[tuple[str, int], dict]) -> str:
                 "| window | " + " | ".join(str(p) for p in prefills) + " |", "|---|" + "---:|" * len(prefills)]
         for w in windows:
             out.append(f"| {w} | " + " | ".join(fmt.format(cells[(w, p)][key]) if (w, p) in cells else "-" for p in prefills) + " |")
+        if key == "tau" and any("prompt_lookup" in c for c in cells.values()):  # the free baseline, same prompts and prefill
+            pld = {p: c["prompt_lookup"]["tau"] for (_, p), c in cells.items() if "prompt_lookup" in c}
+            out.append("| prompt lookup | " + " | ".join(fmt.format(pld[p]) if p in pld else "-" for p in prefills) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -48,6 +51,9 @@ def sweep_plot(cells: dict[tuple[str, int], dict], path: Path, title: str) -> No
     for w in sorted({w for w, _ in cells}):
         points = sorted((p, s["tau"]) for (ww, p), s in cells.items() if ww == w)
         ax.plot([p for p, _ in points], [t for _, t in points], marker="o", label="full attention" if w == "none" else f"W = {w}")
+    pld = sorted({p: s["prompt_lookup"]["tau"] for (_, p), s in cells.items() if "prompt_lookup" in s}.items())
+    if pld:
+        ax.plot([p for p, _ in pld], [t for _, t in pld], marker="x", linestyle="--", color="gray", label="prompt lookup (no training)")
     ax.set_xlabel("prefill tokens before the question")
     ax.set_ylabel("τ (accepted drafts + 1 per step)")
     ax.set_title(title)
@@ -71,6 +77,8 @@ def log_wandb(mode: str, project: str, name: str, config: dict, summary: dict | 
     run = wandb.init(project=project, name=name, config=config, mode=mode, dir=str(out_dir) if out_dir else None)
     if summary:
         run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        if "prompt_lookup" in summary:
+            run.summary["prompt_lookup_tau"] = summary["prompt_lookup"]["tau"]
         run.log({f"acceptance/pos_{k + 1}": a for k, a in enumerate(summary["acceptance_by_position"])})
     if records:
         columns = ["id", "category", "turn", "prompt_tokens", "new_tokens", "tau", "tokens_per_s", "output_text"]
@@ -80,9 +88,9 @@ def log_wandb(mode: str, project: str, name: str, config: dict, summary: dict | 
             table.add_data(r["id"], r["category"], r["turn"], r["prompt_tokens"], s["new_tokens"], s["tau"], s["tokens_per_s"], r["output_text"])
         run.log({"questions": table})
     if cells:
-        table = wandb.Table(columns=["window", "prefill", "tau", "tokens_per_s"])
+        table = wandb.Table(columns=["window", "prefill", "tau", "tokens_per_s", "prompt_lookup_tau"])
         for (w, p), s in sorted(cells.items()):
-            table.add_data(w, p, s["tau"], s["tokens_per_s"])
+            table.add_data(w, p, s["tau"], s["tokens_per_s"], s.get("prompt_lookup", {}).get("tau"))
         run.log({"sweep": table})
         if plot is not None:
             run.log({"tau_vs_context": wandb.Image(str(plot))})

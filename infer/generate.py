@@ -34,6 +34,7 @@ import torch
 
 from infer.drafter import DFlashDrafter
 from infer.eagle3_drafter import Eagle3Drafter, accept_tree
+from infer.prompt_lookup import PromptLookupDrafter
 from infer.sampling import SamplingConfig, choose, verify
 from infer.target import CachedTarget
 
@@ -106,7 +107,7 @@ class Generation:
 
 
 @torch.no_grad()
-def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, prompt_ids, max_new_tokens: int = 256,
+def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | PromptLookupDrafter | None, prompt_ids, max_new_tokens: int = 256,
              sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096) -> Generation:
     """Speculative decoding with ``drafter``, or plain autoregressive decoding when it is None.
 
@@ -123,7 +124,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None
         raise ValueError("prompt is empty; expected at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}; expected >= 1")
-    if drafter is not None and set(drafter.target_layer_ids) != set(target.feature_layer_ids):
+    if drafter is not None and drafter.target_layer_ids and set(drafter.target_layer_ids) != set(target.feature_layer_ids):
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
     if drafter is not None and drafter.tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
@@ -170,10 +171,12 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None
             new = values[1:1 + accepted] + [values[-1]]
             stats.accepted_per_step.append(accepted)
             timer.mark("other")
-            drafter.append_context(features[:accepted + 1], pos, block_ids[:accepted + 1])
+            drafter.append_context(None if features is None else features[:accepted + 1], pos, block_ids[:accepted + 1])
             timer.mark("draft")
         pos += len(new)
         out.extend(new)
+        if eos.intersection(new):  # an end-of-sequence token inside the accepted block ends the generation too
+            break
     timer.mark("other")
 
     for i, t in enumerate(out):
@@ -182,6 +185,11 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None
             break
     out = out[:max_new_tokens]
     stats.new_tokens = len(out)
+    # The last step may accept drafts past the budget or an end-of-sequence token; those are cut from the
+    # output, so they are not counted as accepted either (1 prefill token + sum of (accepted + 1) = output).
+    excess = 1 + sum(a + 1 for a in stats.accepted_per_step) - len(out)
+    if excess > 0 and stats.accepted_per_step:
+        stats.accepted_per_step[-1] = max(0, stats.accepted_per_step[-1] - excess)
     totals = timer.totals()
     stats.prefill_s = totals.get("prefill", 0.0)
     stats.draft_s, stats.verify_s, stats.other_s = (totals.get(k, 0.0) for k in ("draft", "verify", "other"))

@@ -12,6 +12,7 @@ import torch
 
 from infer.drafter import DFlashDrafter
 from infer.eagle3_drafter import Eagle3Drafter
+from infer.prompt_lookup import PromptLookupDrafter
 from infer.target import CachedTarget
 from train.models.dflash import DFlashDraftModel
 from train.models.eagle3 import Eagle3DraftModel
@@ -19,6 +20,7 @@ from train.target import TargetModel
 from train.tiny_target import resolve_target_path
 
 EAGLE3_ARCHITECTURES = ["Eagle3DraftModel"]
+PROMPT_LOOKUP = "pld"  # --drafter pld: prompt-lookup (n-gram) drafting, no trained model
 
 
 def read_drafter_config(path: str | Path) -> dict:
@@ -48,13 +50,18 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                 tree_tokens: int | None = None) -> tuple[CachedTarget, DFlashDrafter | Eagle3Drafter | None, object]:
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
+    drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
     draft_steps, tree_topk, tree_tokens: EAGLE-3 only (chain length / tree depth, tree drafting when
     either tree option is given); refused for a DFlash drafter, whose block size is fixed by training.
     """
     target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
     drafter = None
     layer_ids: list[int] = []
-    if drafter_path is not None:
+    if drafter_path == PROMPT_LOOKUP:
+        if tree_topk is not None or tree_tokens is not None:
+            raise ValueError("--drafter pld drafts chains only: leave out --tree-topk/--tree-tokens")
+        drafter = PromptLookupDrafter(num_draft_tokens=draft_steps or 15, vocab_size=target.vocab_size)
+    elif drafter_path is not None:
         config = read_drafter_config(drafter_path)
         eagle3 = is_eagle3(config)
         if not eagle3 and (draft_steps, tree_topk, tree_tokens) != (None, None, None):

@@ -42,7 +42,7 @@ def reference_speculative_greedy(target_model, drafter: DFlashDraftModel, prompt
         while accepted < b - 1 and drafts[accepted] == target_next[accepted]:
             accepted += 1
         step = drafts[:accepted] + [target_next[accepted]]
-        accepted_per_step.append(accepted)
+        accepted_per_step.append(min(accepted, max_new_tokens - len(new) - 1))  # drafts the budget cuts are not counted
         seq += step
         new += step
     return new[:max_new_tokens], accepted_per_step

@@ -88,11 +88,13 @@ def test_end_of_sequence_inside_a_chain_and_budget(setup) -> None:
     for kwargs in [{}, TREE]:
         whole = PartlyScriptedEagle3(drafter_model, want, len(prompt), p_script=1.0, **kwargs)
         got = generate(target, whole, prompt, max_new_tokens=7)
-        assert got.tokens == want[:7] and got.stats.accepted_per_step[0] == STEPS  # the budget cuts a whole accepted chain
+        # 1 + 5 tokens, then a whole accepted chain of which the budget keeps 1: it counts as 0 accepted drafts
+        assert got.tokens == want[:7] and got.stats.accepted_per_step == [STEPS, 0]
         eos = want[8]
         whole = PartlyScriptedEagle3(drafter_model, want, len(prompt), p_script=1.0, **kwargs)
         got = generate(target, whole, prompt, max_new_tokens=30, eos_token_ids=[eos])
         assert got.tokens == want[:want.index(eos) + 1]
+        assert 1 + sum(a + 1 for a in got.stats.accepted_per_step) == len(got.tokens)
 
 
 def test_bad_inputs(setup) -> None:

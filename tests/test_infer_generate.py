@@ -100,10 +100,13 @@ def test_end_of_sequence_inside_a_block_and_budget(setup) -> None:
     drafter = DFlashDrafter(drafter_model, model.get_input_embeddings(), model.get_output_embeddings())
     whole_blocks = PartlyScripted(drafter, want, len(prompt), p_script=1.0)
     got = generate(target, whole_blocks, prompt, max_new_tokens=11)
-    assert got.tokens == want[:11] and got.stats.accepted_per_step[0] == 7  # budget cuts a whole accepted block
+    # 1 + 8 tokens, then a whole accepted block of which the budget keeps 2: only what is kept counts as accepted
+    assert got.tokens == want[:11] and got.stats.accepted_per_step == [7, 1]
+    assert 1 + sum(a + 1 for a in got.stats.accepted_per_step) == len(got.tokens)
     eos = want[9]
     got = generate(target, PartlyScripted(drafter, want, len(prompt), p_script=1.0), prompt, max_new_tokens=40, eos_token_ids=[eos])
     assert got.tokens == want[:want.index(eos) + 1]
+    assert 1 + sum(a + 1 for a in got.stats.accepted_per_step) == len(got.tokens)  # no step after the end, none past it counted
 
 
 def test_bad_inputs(setup) -> None:
@@ -156,8 +159,9 @@ def sampled_outputs(target, drafter, prompt: list[int], depth: int, temperature:
     counts, accepted = Counter(), Counter()
     for seed in range(n):
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        out = generate(target, drafter, prompt, max_new_tokens=depth, sampling=sampling)
-        counts[tuple(out.tokens)] += 1
+        # one token more than the outcome: a last step's drafts past the budget are not counted as accepted
+        out = generate(target, drafter, prompt, max_new_tokens=depth + 1, sampling=sampling)
+        counts[tuple(out.tokens[:depth])] += 1
         accepted.update(out.stats.accepted_per_step)
     return counts, accepted
 

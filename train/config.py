@@ -202,6 +202,10 @@ class TrainerConfig:
     log_every: int = 10
     eval_every: int = 200  # 0 = only at the end
     eval_batches: Optional[int] = None  # cap on held-out batches per eval; null = all
+    # eval/loop_*: at every eval, the real greedy decoding loop on the first user turns of this many eval
+    # conversations (train/loop_eval.py); 0 = off. Needs the target's layers (not with features.path).
+    loop_eval_prompts: int = 8
+    loop_eval_max_new_tokens: int = 128
     checkpoint_every: int = 500  # 0 = only at the end
     keep_checkpoints: int = 2
     resume: str = "auto"  # auto = newest checkpoint in output_dir if any; never; or a checkpoint folder
@@ -227,6 +231,10 @@ class TrainerConfig:
             raise ValueError(f"trainer.warmup_ratio={self.warmup_ratio}; expected in [0, 1)")
         if self.lr <= 0:
             raise ValueError(f"trainer.lr={self.lr}; expected > 0")
+        if self.loop_eval_prompts < 0:
+            raise ValueError(f"trainer.loop_eval_prompts={self.loop_eval_prompts}; expected >= 0 (0 = off)")
+        if self.loop_eval_max_new_tokens < 1:
+            raise ValueError(f"trainer.loop_eval_max_new_tokens={self.loop_eval_max_new_tokens}; expected >= 1")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"trainer.precision={self.precision!r}; expected auto, bf16 or fp32")
         for fmt in self.export_formats or []:

@@ -106,6 +106,8 @@ class BlockStats:
     slot_count: torch.Tensor  # [B] labelled, per slot
     accepted_sum: torch.Tensor  # sum over valid blocks of leading correct slots
     num_blocks: torch.Tensor
+    walk_tokens: torch.Tensor  # the loop replayed over whole assistant turns (evaluation only, else 0)
+    walk_steps: torch.Tensor
 
     def __add__(self, other: "BlockStats") -> "BlockStats":
         return BlockStats(*(a + b for a, b in zip(vars(self).values(), vars(other).values())))
@@ -117,14 +119,71 @@ class BlockStats:
             f"{prefix}/loss": float(self.loss_sum / self.num_labels.clamp(min=1)),
             f"{prefix}/acc": float(self.slot_correct[1:].sum() / self.slot_count[1:].sum().clamp(min=1)),
             f"{prefix}/sim_tau": sim_tau,  # 1 + sum_k prod_{j<=k} acc_j (per-slot accuracies)
-            f"{prefix}/block_tau": float(1 + self.accepted_sum / self.num_blocks.clamp(min=1)),  # leading correct run + 1
+            **tau_summaries(prefix, self.accepted_sum, self.num_blocks, self.walk_tokens, self.walk_steps),
         }
         out.update({f"{prefix}/acc_slot_{k + 1}": a for k, a in enumerate(acc)})
         return out
 
 
-def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, gamma: float) -> BlockStats:
-    """Decayed CE and accuracy stats. logits [Bsz, Q, V], labels [Bsz, Q]; Q = N * B."""
+def tau_summaries(prefix: str, accepted_sum: torch.Tensor, count: torch.Tensor, walk_tokens: torch.Tensor,
+                  walk_steps: torch.Tensor) -> dict[str, float]:
+    """Acceptance length from teacher forcing, two ways (both drafters use this).
+
+    ``anchor_tau`` = 1 + mean over anchors of the leading correct drafts: every position weighs the
+    same. The decoding loop does not visit positions uniformly: a step that accepts a drafts moves
+    a + 1 positions on, so a run of easy positions (a repetition loop, a code block) is crossed in a
+    few steps while every hard position costs a whole step, and ``anchor_tau`` overstates the loop's
+    τ (BENCHMARKS.md "τ you can trust"). ``block_tau`` replays the loop instead (``walk_tau``) over
+    whole assistant turns with a block at every position, which evaluation computes
+    (``walk_tokens`` / ``walk_steps``; training batches draw random anchors and have no walk). On the
+    target's own greedy output the replay is the loop's τ exactly (``tests/test_loop_eval.py``).
+    """
+    out = {f"{prefix}/anchor_tau": float(1 + accepted_sum / count.clamp(min=1))}
+    if float(walk_steps) > 0:
+        out[f"{prefix}/block_tau"] = float(walk_tokens / walk_steps)
+    return out
+
+
+def walk_segments(accepted: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int, int]:
+    """``walk_tau`` over each assistant turn of each row: [Bsz, T] leading correct drafts of a block
+    anchored at every position (-1 where none) and [Bsz, T] the loss mask; a turn is a run of loss
+    positions and the loop's first step there is anchored at its first token. Returns (tokens, steps)."""
+    tokens = steps = 0
+    for acc_row, mask_row in zip(accepted.tolist(), loss_mask.tolist()):  # host sync: evaluation only
+        t = 0
+        while t < len(mask_row):
+            if not mask_row[t]:
+                t += 1
+                continue
+            end = t
+            while end < len(mask_row) and mask_row[end]:
+                end += 1
+            n, s = walk_tau([max(a, 0) for a in acc_row[t:end]])
+            tokens, steps, t = tokens + n, steps + s, end
+    return tokens, steps
+
+
+def leading_correct(correct: torch.Tensor) -> torch.Tensor:
+    """[..., S] bool (draft k right) -> [...] long: how many leading drafts a greedy verify accepts."""
+    return correct.long().cumprod(-1).sum(-1)
+
+
+def walk_tau(accepted: list[int], start: int = 0) -> tuple[int, int]:
+    """The greedy loop replayed on teacher-forced acceptances: from ``start``, a step at position i
+    accepts ``accepted[i]`` drafts and the next step starts at i + accepted[i] + 1 (``accepted[i]``
+    already capped at the block's drafts). Returns (tokens, steps); tau = tokens / steps."""
+    i, steps, tokens = start, 0, 0
+    while i < len(accepted):
+        steps += 1
+        tokens += accepted[i] + 1
+        i += accepted[i] + 1
+    return tokens, steps
+
+
+def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, gamma: float,
+               per_block: bool = False) -> BlockStats | tuple[BlockStats, torch.Tensor]:
+    """Decayed CE and accuracy stats. logits [Bsz, Q, V], labels [Bsz, Q]; Q = N * B.
+    ``per_block``: also return [Bsz, N] each block's leading correct drafts."""
     bsz, q_len, vocab = logits.shape
     slot = torch.arange(q_len, device=labels.device) % block_size
     weight = torch.exp(-(slot - 1).clamp(min=0).float() / gamma).expand(bsz, -1)
@@ -134,13 +193,33 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.T
     slot_correct = torch.zeros(block_size, device=labels.device).index_add_(0, slot, correct.float().sum(0))
     slot_count = torch.zeros(block_size, device=labels.device).index_add_(0, slot, has_label.float().sum(0))
     # Accepted length in a block: leading slots 1.. that are labelled and correct.
-    per_block = correct.view(bsz, -1, block_size)[:, :, 1:].long()
-    accepted = per_block.cumprod(-1).sum(-1)  # [Bsz, N]
-    return BlockStats(
+    accepted = leading_correct(correct.view(bsz, -1, block_size)[:, :, 1:])  # [Bsz, N]
+    stats = BlockStats(
         loss_sum=(ce * weight * has_label).sum(),
         num_labels=has_label.sum().float(),
         slot_correct=slot_correct,
         slot_count=slot_count,
         accepted_sum=(accepted * anchor_valid).sum().float(),
         num_blocks=anchor_valid.sum().float(),
+        walk_tokens=torch.zeros((), device=labels.device),
+        walk_steps=torch.zeros((), device=labels.device),
     )
+    return (stats, accepted) if per_block else stats
+
+
+def dense_anchor_chunks(loss_mask: torch.Tensor, num_anchors: int, pad_to_max: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every eligible anchor of every row (``sample_anchors``' rule), in chunks of ``num_anchors``
+    per row: [(anchors [Bsz, N], valid [Bsz, N])]. Evaluation drafts a block at every position."""
+    eligible = loss_mask[:, :-1] & loss_mask[:, 1:]
+    rows = [r.nonzero().flatten().cpu() for r in eligible]
+    longest = max((len(r) for r in rows), default=0)
+    chunks = []
+    for start in range(0, max(longest, 1), num_anchors):
+        parts = [r[start:start + num_anchors] for r in rows]
+        n = num_anchors if pad_to_max else max(1, max(len(p) for p in parts))
+        anchors = torch.zeros(len(rows), n, dtype=torch.long)
+        valid = torch.zeros(len(rows), n, dtype=torch.bool)
+        for i, p in enumerate(parts):
+            anchors[i, :len(p)], valid[i, :len(p)] = p, True
+        chunks.append((anchors.to(loss_mask.device), valid.to(loss_mask.device)))
+    return chunks

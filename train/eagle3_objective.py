@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from kernels.attention import attention
 from kernels.window_attention import band_ops, cudnn_band_available, cudnn_ops, default_ops, fa4_available, window_attention
 
+from .dflash_objective import tau_summaries, walk_segments
 from .eagle3_masks import ttt_dense_mask, ttt_flex_block_mask
 from .models.eagle3 import Eagle3DraftModel
 from .step import TrainStep
@@ -123,6 +124,8 @@ class TTTStats:
     step_count: torch.Tensor  # [S]
     accepted_sum: torch.Tensor  # leading correct steps, summed over start indices
     num_starts: torch.Tensor  # start indices with a step-0 label
+    walk_tokens: torch.Tensor  # the loop replayed over whole assistant turns (evaluation only, else 0)
+    walk_steps: torch.Tensor
 
     def __add__(self, other: "TTTStats") -> "TTTStats":
         return TTTStats(*(a + b for a, b in zip(vars(self).values(), vars(other).values())))
@@ -133,7 +136,8 @@ class TTTStats:
         out = {
             f"{prefix}/loss": float(self.loss_sum / self.num_labels.clamp(min=1)),
             f"{prefix}/acc": acc[0],
-            f"{prefix}/sim_tau": float(1 + self.accepted_sum / self.num_starts.clamp(min=1)),
+            f"{prefix}/sim_tau": float(1 + self.accepted_sum / self.num_starts.clamp(min=1)),  # = anchor_tau
+            **tau_summaries(prefix, self.accepted_sum, self.num_starts, self.walk_tokens, self.walk_steps),
         }
         out.update({f"{prefix}/acc_step_{j}": a for j, a in enumerate(acc)})
         out.update({f"{prefix}/loss_step_{j}": float(x) for j, x in enumerate(self.step_loss / count)})
@@ -189,12 +193,14 @@ def target_labels(draft_ids: torch.Tensor, final_hidden: torch.Tensor, lm_head: 
 
 
 def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits: torch.Tensor | None, input_ids: torch.Tensor,
-             loss_mask: torch.Tensor, attention_mask: torch.Tensor, chunk_rows: int = 4096, labels=None) -> TTTStats:
+             loss_mask: torch.Tensor, attention_mask: torch.Tensor, chunk_rows: int = 4096, labels=None,
+             per_start: bool = False) -> TTTStats | tuple[TTTStats, torch.Tensor]:
     """Soft CE against the target restricted to the draft vocabulary, and acceptance stats.
 
     target_logits: [Bsz, T, V] the target's logits over its whole vocabulary, or None with
     ``labels`` = (greedy ids [Bsz, T], draft-vocabulary logits [Bsz, T, Vd]) from ``target_labels``.
     The target logits stay in their dtype (bf16 on the GPU); each chunk is upcast for its softmax.
+    ``per_start``: also return [Bsz, T] the leading correct steps at each index (-1 where no start).
     """
     steps = len(outputs)
     if labels is None:
@@ -224,8 +230,10 @@ def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits
             accepted = correct.long()
         else:
             accepted = accepted + leading.long()
-    return TTTStats(loss_sum=loss_sum, num_labels=starts.sum().float(), step_loss=step_loss, step_correct=step_correct,
-                    step_count=step_count, accepted_sum=(accepted * starts).sum().float(), num_starts=starts.sum().float())
+    stats = TTTStats(loss_sum=loss_sum, num_labels=starts.sum().float(), step_loss=step_loss, step_correct=step_correct,
+                     step_count=step_count, accepted_sum=(accepted * starts).sum().float(), num_starts=starts.sum().float(),
+                     walk_tokens=torch.zeros((), device=device), walk_steps=torch.zeros((), device=device))
+    return (stats, torch.where(starts, accepted, -1)) if per_start else stats
 
 
 class Eagle3Step(TrainStep):
@@ -255,7 +263,19 @@ class Eagle3Step(TrainStep):
     def num_labels(self, batch: dict[str, torch.Tensor], plan) -> int:
         return int(label_mask(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], 0).sum())
 
-    def forward(self, batch: dict[str, torch.Tensor], plan=None) -> TTTStats:
+    @torch.no_grad()
+    def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> TTTStats:
+        """Held-out stats and the loop replayed over each assistant turn (``block_tau``): the chain
+        started at index t is the loop's step anchored at position t + 1 (the bonus token there)."""
+        stats, per_start = self.forward(batch, per_start=True)
+        by_anchor = torch.full_like(per_start, -1)
+        by_anchor[:, 1:] = per_start[:, :-1]
+        tokens, steps = walk_segments(by_anchor.cpu(), batch["loss_mask"].cpu())
+        stats.walk_tokens += tokens
+        stats.walk_steps += steps
+        return stats
+
+    def forward(self, batch: dict[str, torch.Tensor], plan=None, per_start: bool = False):
         input_ids = batch["input_ids"].to(self.device)
         attention_mask = batch["attention_mask"].to(self.device)
         loss_mask = batch["loss_mask"].to(self.device)
@@ -266,4 +286,4 @@ class Eagle3Step(TrainStep):
         with self.autocast():
             outputs = unroll(self.drafter, features, input_ids, attention_mask.bool(), self.steps, self.backend,
                              checkpoint_steps=self.cfg.trainer.activation_checkpointing)
-            return ttt_loss(self.drafter, outputs, None, input_ids, loss_mask, attention_mask, labels=labels)
+            return ttt_loss(self.drafter, outputs, None, input_ids, loss_mask, attention_mask, labels=labels, per_start=per_start)

@@ -31,10 +31,12 @@ from . import checkpoint as ckpt
 from .atomic import atomic_dir, atomic_open
 from .config import TrainConfig
 from .data import prepare_data
-from .dflash_objective import IGNORE, BlockStats, block_loss, build_blocks, default_gamma, layer_masks, sample_anchors
+from .dflash_objective import (IGNORE, BlockStats, block_loss, build_blocks, default_gamma, dense_anchor_chunks, layer_masks,
+                               sample_anchors, walk_segments)
 from .eagle3_objective import Eagle3Step
 from .distributed import Ranks, barrier, init_process_group, local_device, rank0_first, ranks_from_env
 from .features.spec import open_store
+from .loop_eval import LoopEval, held_out_prompts
 from . import deepspeed_engine
 from .step import TrainStep
 from .models.dflash import DFlashDraftModel, make_dflash_config
@@ -210,18 +212,45 @@ class DFlashStep(TrainStep):
 
     def forward(self, batch: dict[str, torch.Tensor], blocks) -> BlockStats:
         """Target features -> drafter -> stats (loss_sum is differentiable)."""
-        attention_mask = batch["attention_mask"].to(self.device)  # [Bsz, T]
-        features = self.target_features(batch).features  # [Bsz, T, k*H]
         blocks = type(blocks)(*(t.to(self.device) for t in vars(blocks).values()))
+        with self.autocast():
+            logits = self.block_logits(batch, blocks, self.backend)
+        return block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
+
+    @torch.no_grad()
+    def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> BlockStats:
+        """Held-out stats with a block at every eligible position (the target runs once, the drafter once
+        per chunk of ``num_anchors``), and the loop replayed over each assistant turn: ``block_tau``."""
+        loss_mask = batch["loss_mask"]
+        features = self.target_features(batch).features
+        accepted = torch.full(loss_mask.shape, -1, dtype=torch.long)  # [Bsz, T] by anchor position
+        total = None
+        for anchors, valid in dense_anchor_chunks(loss_mask, self.cfg.drafter.num_anchors, self.static_shapes):
+            blocks = build_blocks(batch["input_ids"], loss_mask, anchors, valid, self.block_size, self.drafter.mask_token_id)
+            blocks = type(blocks)(*(t.to(self.device) for t in vars(blocks).values()))
+            with self.autocast():
+                logits = self.block_logits(batch, blocks, self.backend, features)
+            stats, per_block = block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma, per_block=True)
+            rows = torch.arange(anchors.shape[0])[:, None].expand_as(anchors)
+            accepted[rows[valid.cpu()], anchors.cpu()[valid.cpu()]] = per_block.cpu()[valid.cpu()]
+            total = stats if total is None else total + stats
+        tokens, steps = walk_segments(accepted, loss_mask)
+        total.walk_tokens += tokens
+        total.walk_steps += steps
+        return total
+
+    def block_logits(self, batch: dict[str, torch.Tensor], blocks, backend: str, features: torch.Tensor | None = None) -> torch.Tensor:
+        """[Bsz, N*B, V] the drafter's logits for every block slot (blocks already on the device)."""
+        attention_mask = batch["attention_mask"].to(self.device)  # [Bsz, T]
+        if features is None:
+            features = self.target_features(batch).features  # [Bsz, T, k*H]
         d = self.cfg.drafter
         heads = self.drafter.config
         masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal,
-                            self.backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads, head_dim=heads.head_dim)
-        with self.autocast():
-            block_embeds = self.target.embed_tokens(blocks.block_ids).to(features.dtype)  # [Bsz, Q, H]
-            hidden = self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
-            logits = self.target.lm_head(hidden)  # [Bsz, Q, V]
-        return block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
+                            backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads, head_dim=heads.head_dim)
+        block_embeds = self.target.embed_tokens(blocks.block_ids).to(features.dtype)  # [Bsz, Q, H]
+        hidden = self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
+        return self.target.lm_head(hidden)  # [Bsz, Q, V]
 
 
 def train_step(step_ctx, micro_batches: list[dict[str, torch.Tensor]], step: int, optimizer, scheduler, engine=None,
@@ -274,7 +303,7 @@ def evaluate(step_ctx, eval_ds, pad_id: int, max_batches: int | None) -> dict[st
             break
         rows = list(range(start, min(start + bs, len(eval_ds))))
         batch = step_ctx.collate([eval_ds[j] for j in rows], pad_id, "eval", rows)
-        stats = step_ctx.forward(batch, step_ctx.plan(batch, generator))
+        stats = step_ctx.evaluate_batch(batch)
         total = stats if total is None else total + stats
     step_ctx.drafter.train()
     return total.summary("eval") if total is not None else {}
@@ -382,6 +411,13 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
+    loop_eval = None
+    if tc.loop_eval_prompts and eval_ds is not None and ranks.is_main:
+        if store is not None:
+            log.warning("trainer.loop_eval_prompts=%d skipped: features.path frees the target's layers the loop needs", tc.loop_eval_prompts)
+        else:
+            loop_eval = LoopEval(step_ctx, held_out_prompts(eval_ds, tc.loop_eval_prompts), tc.loop_eval_max_new_tokens)
+
     run_start = time.perf_counter()
     history: list[dict[str, Any]] = []
     eval_metrics: dict[str, float] = {}
@@ -411,9 +447,18 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
             window_stats, window_tokens, window_start = None, 0, time.perf_counter()
         if eval_ds is not None and ((tc.eval_every and step % tc.eval_every == 0) or step == max_steps):
             eval_metrics = evaluate(step_ctx, eval_ds, pad_id, tc.eval_batches)
+            with deepspeed_engine.gathered_parameters(engine):  # ZeRO-3: the loop needs whole weights (rank 0 runs it)
+                if loop_eval is not None:
+                    eval_metrics.update(loop_eval())
             logger.log(eval_metrics, step)
             history.append({"step": step, **eval_metrics})
-            log.info("step %d: eval loss %.4f, acc %.3f, sim_tau %.3f", step, eval_metrics["eval/loss"], eval_metrics["eval/acc"], eval_metrics["eval/sim_tau"])
+            loop_note = (f", loop tau {eval_metrics['eval/loop_tau']:.3f} (prompt lookup {eval_metrics['eval/loop_pld_tau']:.3f})"
+                         if loop_eval is not None else "")
+            log.info("step %d: eval loss %.4f, acc %.3f, block_tau %.3f%s", step, eval_metrics["eval/loss"], eval_metrics["eval/acc"],
+                     eval_metrics["eval/block_tau"], loop_note)
+            if loop_eval is not None:
+                bar.set_postfix(loss=f"{eval_metrics['eval/loss']:.3f}", loop_tau=f"{eval_metrics['eval/loop_tau']:.2f}",
+                                pld_tau=f"{eval_metrics['eval/loop_pld_tau']:.2f}")
         if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == max_steps:
             save(step)
         out_of_time = tc.time_limit_minutes is not None and time.perf_counter() - run_start > 60 * tc.time_limit_minutes

@@ -178,12 +178,16 @@ def iter_jsonl(path: Path, stats: ReadStats, skip_bad_lines: bool) -> Iterator[t
 
 
 def iter_file(path: Path, stats: ReadStats, skip_bad_lines: bool) -> Iterator[tuple[str, Any]]:
-    if path.suffix == ".jsonl":
-        yield from iter_jsonl(path, stats, skip_bad_lines)
-    elif path.suffix == ".json":
-        yield from iter_json_array(path, stats)
-    else:
+    if path.suffix not in (".json", ".jsonl"):
         raise DataError(f"{path}: unsupported file type {path.suffix!r}; expected .json or .jsonl")
+    try:
+        if path.suffix == ".jsonl":
+            yield from iter_jsonl(path, stats, skip_bad_lines)
+        else:
+            yield from iter_json_array(path, stats)
+    except UnicodeDecodeError as e:  # binary garbage, or a compressed file with a .json name
+        raise DataError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); "
+                        "expected a ShareGPT/messages JSON or JSONL file") from None
 
 
 def iter_hf_dataset(source: str, split: str) -> Iterator[tuple[str, Any]]:

@@ -1,0 +1,78 @@
+"""Prompt-lookup decoding (n-gram drafting, no training): the free baseline every τ is compared to.
+
+At each step the drafter looks for the last ``max_ngram`` tokens of the sequence so far (prompt +
+accepted output + the token about to be verified) earlier in the same sequence, trying n =
+``max_ngram`` down to ``min_ngram``, and proposes the ``num_draft_tokens`` tokens that followed the
+most recent earlier match (Saxena's prompt-lookup decoding; vLLM's ``method: ngram`` with
+``prompt_lookup_max/min`` and ``num_speculative_tokens``). With no match it proposes a copy of the
+last token, which verification then rejects unless it happens to be right: the loop keeps a fixed
+block, τ counts only what the target accepts.
+
+It speaks the loop's chain protocol (``infer/generate.py``): ``reset``, ``append_context`` (only the
+token ids are read), ``draft`` (greedy: the tokens; sampling: one-hot proposals, so speculative
+sampling accepts draft x with probability p(x) and stays exact).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infer.sampling import SamplingConfig
+
+
+class PromptLookupDrafter:
+    """n-gram drafting over the sequence itself.
+
+    Args:
+        num_draft_tokens: k, drafts per step (the block is k + 1 tokens).
+        max_ngram, min_ngram: longest and shortest suffix to look up.
+    """
+
+    tree = False
+    target_layer_ids: list[int] = []  # reads no target features
+
+    def __init__(self, num_draft_tokens: int = 15, max_ngram: int = 3, min_ngram: int = 1, vocab_size: int | None = None):
+        if num_draft_tokens < 1:
+            raise ValueError(f"prompt lookup: num_draft_tokens={num_draft_tokens}; expected >= 1")
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"prompt lookup: ngram sizes min={min_ngram}, max={max_ngram}; expected 1 <= min <= max")
+        self.num_draft_tokens, self.max_ngram, self.min_ngram = num_draft_tokens, max_ngram, min_ngram
+        self.vocab_size = vocab_size
+        self.block_size = num_draft_tokens + 1
+        self.tokens: list[int] = []
+
+    @property
+    def verify_tokens(self) -> int:
+        return self.block_size
+
+    def with_window(self, window) -> "PromptLookupDrafter":
+        return self  # no attention, no window
+
+    def reset(self, max_positions: int) -> None:
+        self.tokens = []
+
+    def append_context(self, features, start: int, token_ids: torch.Tensor) -> None:
+        assert start == len(self.tokens), "context positions must arrive in order"
+        self.tokens.extend(int(t) for t in token_ids.reshape(-1).tolist())
+
+    def propose(self, sequence: list[int]) -> list[int]:
+        """The k tokens that followed the most recent earlier occurrence of the longest matching suffix."""
+        k = self.num_draft_tokens
+        for n in range(min(self.max_ngram, len(sequence) - 1), self.min_ngram - 1, -1):
+            suffix = sequence[-n:]
+            for start in range(len(sequence) - n - 1, -1, -1):  # most recent match first, never the suffix itself
+                if sequence[start:start + n] == suffix:
+                    follow = sequence[start + n:start + n + k]
+                    return follow + [follow[-1]] * (k - len(follow))
+        return [sequence[-1]] * k
+
+    def draft(self, token: torch.Tensor, anchor: int, sampling: SamplingConfig,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft tokens [k] for ``anchor+1 ..`` and, when sampling, their one-hot proposals [k, V]."""
+        assert anchor == len(self.tokens), "the context must hold every position before the anchor"
+        drafts = torch.tensor(self.propose(self.tokens + [int(token)]), dtype=torch.long, device=token.device)  # host sync
+        if sampling.greedy:
+            return drafts, None
+        if self.vocab_size is None:
+            raise ValueError("prompt lookup with sampling needs vocab_size (the one-hot proposals' width)")
+        return drafts, torch.nn.functional.one_hot(drafts, self.vocab_size).float()

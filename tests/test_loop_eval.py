@@ -1,0 +1,56 @@
+"""eval/loop_*: the decoding loop during training agrees with teacher forcing on the same continuations;
+the replayed loop (walk) and the per-anchor mean on hand-made cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from compose import compose_train
+
+from infer.prompts import mt_bench_questions
+from train.dflash_objective import tau_summaries, walk_segments, walk_tau
+from train.trainer import train
+
+
+def test_walk_over_a_hand_made_sequence() -> None:
+    # 8 easy positions (every draft right, 7 accepted) then 8 hard ones (none): the loop crosses the easy run
+    # in one step and pays a step for each hard position: 16 tokens in 9 steps, where the per-anchor mean says 4.5.
+    accepted = [7] * 8 + [0] * 8
+    assert walk_tau(accepted) == (16, 9)
+    summary = tau_summaries("x", torch.tensor(float(sum(accepted))), torch.tensor(16.0), torch.tensor(16.0), torch.tensor(9.0))
+    assert summary == {"x/anchor_tau": pytest.approx(4.5), "x/block_tau": pytest.approx(16 / 9)}
+    assert walk_tau([0, 0, 0]) == (3, 3) and walk_tau([]) == (0, 0) and walk_tau([2, 5, 5, 0]) == (4, 2)
+    # two assistant turns in one row, and a row with none: each turn's walk starts at its first token
+    accepted = torch.tensor([[-1, 1, 0, 1, -1, -1, 0, 0], [-1] * 8])
+    loss_mask = torch.tensor([[0, 1, 1, 1, 1, 0, 1, 1], [0] * 8], dtype=torch.bool)
+    assert walk_segments(accepted, loss_mask) == (6, 4)  # turn 1: steps at 1 and 3 (2 tokens each); turn 2: at 6 and 7
+
+
+@pytest.mark.slow
+def test_loop_tau_matches_teacher_forcing_after_an_on_policy_run(tmp_path: Path, reference_target_path: Path) -> None:
+    """A short on-policy DFlash run on the reference target whose held-out prompts also occur in training
+    (each conversation four times: the drafter can learn the target's replies, so τ is well above 1)."""
+    questions = [q["turns"][0] for q in mt_bench_questions()[:10]]
+    data = tmp_path / "data.jsonl"
+    with open(data, "w") as f:
+        for copy in range(4):
+            for i, q in enumerate(questions):
+                f.write(json.dumps({"id": f"q{i}-{copy}", "messages": [{"role": "user", "content": q},
+                                                                     {"role": "assistant", "content": "-"}]}) + "\n")
+    metrics = train(compose_train([
+        "experiment=dflash_swa_tiny", f"target.path={reference_target_path}", f"data.path={data}", "data.num_eval=8",
+        "data.max_length=256", "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=48", "data.regenerate.batch_size=40",
+        "drafter.num_hidden_layers=1", "drafter.layer_types=[sliding_attention]", "drafter.sliding_window=32", "drafter.num_anchors=48",
+        "trainer.max_steps=120", "trainer.lr=3e-3", "trainer.eval_every=0", "trainer.progress=false", "trainer.export=false",
+        "trainer.loop_eval_prompts=8", "trainer.loop_eval_max_new_tokens=48", f"output_dir={tmp_path / 'run'}",
+    ]))
+    loop, teacher_forced = metrics["eval/loop_tau"], metrics["eval/loop_tf_block_tau"]
+    assert loop > 1.5, metrics  # the drafter is accepted: agreement is not the trivial 1.0 == 1.0
+    assert metrics["eval/loop_same_as_greedy"] == 1.0  # the loop is lossless: it decoded the continuations teacher forcing saw
+    # the training-side block_tau (the loop replayed on teacher-forced acceptances) on the same continuations: the
+    # issue asks for 10%; the replay takes the loop's own steps, so only numerics (cached vs full forward) separate them
+    assert abs(teacher_forced - loop) <= 0.02 * loop, (loop, teacher_forced)
+    assert metrics["eval/block_tau"] > 1.0 and metrics["eval/loop_pld_tau"] >= 1.0
