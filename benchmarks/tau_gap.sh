@@ -19,6 +19,6 @@ python -m train experiment=dflash_swa logger=none target.path="$target" data.pat
   trainer.max_steps=200 trainer.eval_every=100 trainer.checkpoint_every=0 trainer.progress=false \
   trainer.loop_eval_prompts=12 trainer.loop_eval_max_new_tokens=128 output_dir="$run" "$@" 2>&1 | grep -v "it/s\]" | tee "$out/train_$policy.log"
 cp "$run/metrics.jsonl" "$out/metrics_$policy.jsonl"
-python -m eval mtbench --target "$target" --drafter "$run/export" --num-questions 10 --max-new-tokens 128 --device cuda \
+python -m eval mtbench --target "$target" --drafter "$run/export" --num-questions "${NUM_QUESTIONS:-10}" --max-new-tokens 128 --device cuda \
   --no-baseline --out "$out/eval_$policy" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$out/eval_$policy.log"
 cp "$out/eval_$policy/results.json" "$out/eval_results_$policy.json"
