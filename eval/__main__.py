@@ -5,26 +5,21 @@
     python -m eval prompts --prompts my.jsonl --window 512
     python -m eval sweep --windows none 2048 --prefills 0 4096 8192 16384 32768   # resumable
 
-Results go to ``--out`` (default ``outputs/eval/<command>/<time>``): ``results.json`` (config,
-summary, one record per question turn), ``summary.md``; a sweep adds ``cells/*.json``,
-``sweep.md`` and ``tau_vs_context.png``. ``--wandb`` mirrors it to W&B (offline without an API key).
+Results go to ``--out`` (default ``outputs/eval/<command>/<drafter>-<hash of the settings>``, so the same
+command finds its earlier results): ``results.json`` (config, summary, one record per question turn),
+``summary.md``; a sweep adds ``cells/*.json``, ``sweep.md`` and ``tau_vs_context.png``. Every finished turn
+is appended to ``partial/*.jsonl`` as it ends: a run stopped by Ctrl-C or a kill resumes where it stopped
+when the same command is run again. ``--wandb`` mirrors it to W&B (offline without an API key).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 
-from eval.prompt_sets import mt_bench, prompts_file
-from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
-from eval.runner import run_conversations, summarize
-from infer.loading import eos_ids, load_models, parse_window, set_threads
-from infer.prompt_lookup import PromptLookupDrafter
-from infer.sampling import SamplingConfig
-from train.atomic import atomic_open
 
 
 def latest_run(root: Path = Path("outputs")) -> dict:
@@ -41,8 +36,9 @@ def latest_run(root: Path = Path("outputs")) -> dict:
 
 def parse_args(argv=None) -> argparse.Namespace:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--target", help="HF target folder/id (default: the latest training run's target)")
-    common.add_argument("--drafter", help="exported DFlash or EAGLE-3 drafter, or 'pld' for prompt lookup (default: the latest training run's export)")
+    common.add_argument("--target", help="HF target folder/id (default: the target recorded in the training run)")
+    common.add_argument("--drafter", help="a training run folder (python -m train's output_dir), an exported DFlash or EAGLE-3 "
+                                          "drafter, or 'pld' for prompt lookup (default: the newest run under --runs-dir)")
     common.add_argument("--pld", action=argparse.BooleanOptionalAction, default=True,
                         help="also run prompt lookup (n-gram drafting, as many drafts per step as the drafter) on the same prompts: "
                              "the free baseline beside every tau")
@@ -54,31 +50,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--max-new-tokens", type=int, default=256)
     common.add_argument("--num-questions", type=int, help="first N questions (default: all)")
-    common.add_argument("--device", default="cpu")
+    common.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
     common.add_argument("--dtype", default="auto")
     common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1; batch-1 decoding of small models runs faster on one)")
     common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     common.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=None,
                         help="also decode autoregressively for the speedup (default: on, off in sweeps)")
-    common.add_argument("--out", help="results folder")
+    common.add_argument("--out", help="results folder (default: outputs/eval/<command>/<drafter>-<settings hash>; the same "
+                                      "command resumes there)")
     common.add_argument("--wandb", action="store_true", help="log to W&B (online with an API key, else offline)")
     common.add_argument("--wandb-project", default="swa-drafters-eval")
 
     p = argparse.ArgumentParser(prog="python -m eval", description=__doc__.splitlines()[0])
+    formatter = argparse.ArgumentDefaultsHelpFormatter
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("mtbench", "MT-Bench, 80 questions, both turns"), ("prompts", "a JSONL file of prompts")):
-        s = sub.add_parser(name, parents=[common], help=help_)
+        s = sub.add_parser(name, parents=[common], help=help_, formatter_class=formatter)
         s.add_argument("--window", default="trained", help="drafter window at inference: trained | none | W")
         if name == "prompts":
             s.add_argument("--prompts", required=True, help="JSONL: {prompt} | {turns: [...]} | {messages: [...]} per line")
-    s = sub.add_parser("sweep", parents=[common], help="windows x prefill lengths")
+    s = sub.add_parser("sweep", parents=[common], help="windows x prefill lengths", formatter_class=formatter)
     s.add_argument("--windows", nargs="+", default=["none", "2048"])
     s.add_argument("--prefills", type=int, nargs="+", default=[0, 4096, 8192, 16384, 32768])
     s.add_argument("--prompts", help="a JSONL prompt file instead of MT-Bench")
     return p.parse_args(argv)
 
 
+def default_out(args, source: dict) -> Path:
+    """The same command (same drafter, target, prompts and settings) gets the same folder: reruns resume."""
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "wandb", "wandb_project", "threads", "runs_dir")}
+    settings.update(source)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    name = "pld" if source["drafter"] == "pld" else Path(source.get("run") or source["drafter"]).name
+    return Path("outputs") / "eval" / args.command / f"{name}-{digest}"
+
+
 def conversations_for(args):
+    from eval.prompt_sets import mt_bench, prompts_file
+
     if args.num_questions is not None and args.num_questions < 1:
         raise ValueError(f"--num-questions {args.num_questions}; expected >= 1")
     if getattr(args, "prompts", None):
@@ -86,13 +95,29 @@ def conversations_for(args):
     return mt_bench(args.num_questions)
 
 
-def write_json(path: Path, obj) -> None:
-    with atomic_open(path) as f:
-        json.dump(obj, f, indent=1)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C): finished turns are kept; the same command resumes", file=sys.stderr)
+        return 130
+
+
+def run(args: argparse.Namespace) -> int:
+    # heavy imports after argument parsing: --help and argument errors answer at once
+    from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
+    from eval.runner import run_conversations, summarize
+    from infer.loading import eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
+    from infer.prompt_lookup import PromptLookupDrafter
+    from infer.sampling import SamplingConfig
+    from train.atomic import atomic_open
+
+    def write_json(path: Path, obj) -> None:
+        with atomic_open(path) as f:
+            json.dump(obj, f, indent=1)
+
+    args.device = resolve_device(args.device)
     set_threads(args.device, args.threads)
     try:
         windows = [parse_window(w) for w in (args.windows if args.command == "sweep" else [args.window])]
@@ -100,20 +125,27 @@ def main(argv=None) -> int:
             raise ValueError("prefill tokens must be >= 0")
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         conversations = conversations_for(args)
-        source = {"target": args.target, "drafter": args.drafter}
         if args.drafter is None:
             source = latest_run(Path(args.runs_dir))
+            print(f"no --drafter: using the newest training run {source['run']}", file=sys.stderr)
             source["target"] = args.target or source["target"]
-        elif args.target is None:
-            raise ValueError("--drafter given without --target")
+        else:
+            target_path, drafter_path, run_dir = resolve_run(args.target, args.drafter)
+            if target_path is None:
+                raise ValueError("--drafter given without --target (a training run folder records its target; an export does not)")
+            source = {"target": target_path, "drafter": drafter_path, **({"run": run_dir} if run_dir else {})}
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or f"outputs/eval/{args.command}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+    out = Path(args.out) if args.out else default_out(args, source)
     eos = eos_ids(tokenizer, target.model)
     config = {**vars(args), **source}
     print(f"target {source['target']} | drafter {source['drafter']} | {len(conversations)} prompts -> {out}", file=sys.stderr)
+    for window in windows:
+        warning = window_warning(drafter, window)
+        if warning:
+            print(warning, file=sys.stderr)
 
     pld_summaries: dict[int, dict] = {}
 
@@ -125,7 +157,7 @@ def main(argv=None) -> int:
             pld = PromptLookupDrafter(num_draft_tokens=drafter.block_size - 1, vocab_size=target.lm_head.weight.shape[0])
             records = run_conversations(target, pld, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False,
-                                        desc=f"prompt lookup, prefill {prefill}")
+                                        desc=f"prompt lookup, prefill {prefill}", partial=out / "partial" / f"pld_prefill-{prefill}.jsonl")
             pld_summaries[prefill] = summarize(records)
         return pld_summaries[prefill]
 
@@ -134,7 +166,8 @@ def main(argv=None) -> int:
         label = "none" if window is None else ("trained" if window == "trained" else str(window))
         records = run_conversations(target, cell_drafter, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
                                     max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=baseline,
-                                    desc=f"window {label}, prefill {prefill}")
+                                    desc=f"window {label}, prefill {prefill}",
+                                    partial=out / "partial" / f"window-{label}_prefill-{prefill}{'_baseline' if baseline else ''}.jsonl")
         summary = summarize(records)
         pld = prompt_lookup(prefill)
         if pld is not None:

@@ -8,6 +8,9 @@ question i starts 997*i tokens into the bundled ShareGPT sample), identical for 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from tqdm import tqdm
 
 from eval.prompt_sets import Conversation
@@ -23,31 +26,73 @@ def max_positions(target: CachedTarget) -> int:
     return int(getattr(target.model.config.get_text_config(), "max_position_embeddings", 1 << 30))
 
 
+def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
+    """Records a previous run of the same cell finished: (conversation id, turn) -> record. A line cut off
+    by a kill (the last one) is dropped."""
+    done = {}
+    if path is not None and path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            done[(str(record["id"]), record["turn"])] = record
+    return done
+
+
 def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, tokenizer, conversations: list[Conversation], *,
                       prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, baseline: bool,
-                      desc: str = "eval") -> list[dict]:
-    """One record per (conversation, turn) with the tokens, the accepted counts and the timings."""
+                      desc: str = "eval", partial: Path | None = None) -> list[dict]:
+    """One record per (conversation, turn) with the tokens, the accepted counts and the timings.
+
+    ``partial``: a JSONL file each finished turn is appended to as it ends (flushed); turns already there
+    (a rerun after a kill or Ctrl-C) are read back instead of decoded again, their answers feeding the
+    later turns as before."""
     limit = max_positions(target)
     records = []
-    for index, conv in enumerate(tqdm(conversations, desc=desc, unit="q")):
-        messages = []
-        for turn, question in enumerate(conv.turns):
-            content = first_turn_content(tokenizer, question, prefill_tokens, offset=997 * index) if turn == 0 else question
-            messages.append({"role": "user", "content": content})
-            prompt = chat_ids(tokenizer, messages)
-            if len(prompt) + max_new_tokens > limit:
-                raise ValueError(f"question {conv.id} turn {turn + 1}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
-                                 f"target's max_position_embeddings={limit}; lower --prefill-tokens or --max-new-tokens")
-            out = generate(target, drafter, prompt, max_new_tokens, sampling, eos_token_ids)
-            text = tokenizer.decode(out.tokens, skip_special_tokens=True)
-            record = {"id": conv.id, "category": conv.category, "turn": turn + 1, "prompt_tokens": len(prompt),
-                      "question": question, "output_ids": out.tokens, "output_text": text, "stats": out.stats.to_dict()}
-            if baseline and drafter is not None:
-                base = generate(target, None, prompt, max_new_tokens, sampling, eos_token_ids)
-                record["baseline_stats"] = base.stats.to_dict()
-                record["same_as_baseline"] = base.tokens == out.tokens
-            records.append(record)
-            messages.append({"role": "assistant", "content": text})
+    done = read_partial(partial)
+    if partial is not None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+    sink = open(partial, "a", encoding="utf-8") if partial is not None else None
+    try:
+        for index, conv in enumerate(tqdm(conversations, desc=desc, unit="q")):
+            records += run_turns(target, drafter, tokenizer, conv, index, prefill_tokens, sampling, max_new_tokens, eos_token_ids,
+                                 baseline, limit, done, sink)
+    finally:
+        if sink is not None:
+            sink.close()
+    return records
+
+
+def run_turns(target, drafter, tokenizer, conv: Conversation, index: int, prefill_tokens: int, sampling: SamplingConfig,
+              max_new_tokens: int, eos_token_ids, baseline: bool, limit: int, done: dict, sink) -> list[dict]:
+    """One conversation's turns; turn t's prompt holds the model's own answers to turns < t."""
+    records = []
+    messages = []
+    for turn, question in enumerate(conv.turns):
+        content = first_turn_content(tokenizer, question, prefill_tokens, offset=997 * index) if turn == 0 else question
+        messages.append({"role": "user", "content": content})
+        if (str(conv.id), turn + 1) in done:  # finished by an earlier run of this cell
+            records.append(done[(str(conv.id), turn + 1)])
+            messages.append({"role": "assistant", "content": records[-1]["output_text"]})
+            continue
+        prompt = chat_ids(tokenizer, messages)
+        if len(prompt) + max_new_tokens > limit:
+            raise ValueError(f"question {conv.id} turn {turn + 1}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
+                             f"target's max_position_embeddings={limit}; lower --prefill-tokens or --max-new-tokens")
+        out = generate(target, drafter, prompt, max_new_tokens, sampling, eos_token_ids)
+        text = tokenizer.decode(out.tokens, skip_special_tokens=True)
+        record = {"id": conv.id, "category": conv.category, "turn": turn + 1, "prompt_tokens": len(prompt),
+                  "question": question, "output_ids": out.tokens, "output_text": text, "stats": out.stats.to_dict()}
+        if baseline and drafter is not None:
+            base = generate(target, None, prompt, max_new_tokens, sampling, eos_token_ids)
+            record["baseline_stats"] = base.stats.to_dict()
+            record["same_as_baseline"] = base.tokens == out.tokens
+        records.append(record)
+        if sink is not None:
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+        messages.append({"role": "assistant", "content": text})
     return records
 
 

@@ -12,16 +12,15 @@ import argparse
 import json
 import sys
 
-from infer.generate import Generation, generate
-from infer.loading import eos_ids, load_models, parse_window, set_threads
-from infer.prompts import long_prompt_ids, mt_bench_questions
-from infer.sampling import SamplingConfig
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m infer", description=__doc__.splitlines()[0])
-    p.add_argument("--target", required=True, help="HF causal LM folder or id, or builtin:tiny-qwen3 / builtin:tiny-llama3")
-    p.add_argument("--drafter", help="exported DFlash or EAGLE-3 drafter folder; leave out for plain autoregressive decoding")
+    p = argparse.ArgumentParser(prog="python -m infer", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--target", help="HF causal LM folder or id, or builtin:tiny-qwen3 / builtin:tiny-llama3 "
+                                    "(default: the target recorded in --drafter's run folder)")
+    p.add_argument("--drafter", help="a training run folder (python -m train's output_dir), an exported DFlash or EAGLE-3 "
+                                     "drafter folder, or 'pld' (prompt lookup); leave out for plain autoregressive decoding")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the user message")
     src.add_argument("--question", type=int, help="an MT-Bench question_id (first turn), from the bundled copy")
@@ -36,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tree-topk", type=int, help="EAGLE-3: dynamic tree drafting, top-k children per node and nodes per depth (greedy only)")
     p.add_argument("--tree-tokens", type=int, help="EAGLE-3: dynamic tree drafting, nodes verified per step")
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1; batch-1 decoding of small models runs faster on one)")
     p.add_argument("--baseline", action="store_true", help="also run autoregressive decoding and report the speedup")
@@ -44,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def stats_table(name: str, gen: Generation) -> str:
+def stats_table(name: str, gen) -> str:
     s = gen.stats
     acc = " ".join(f"{a:.2f}" for a in s.acceptance_by_position) or "-"
     return "\n".join([
@@ -56,12 +55,33 @@ def stats_table(name: str, gen: Generation) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+def run(args: argparse.Namespace) -> int:
+    # heavy imports after argument parsing: --help and argument errors answer at once
+    from infer.generate import generate
+    from infer.loading import eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
+    from infer.prompts import long_prompt_ids, mt_bench_questions
+    from infer.sampling import SamplingConfig
+
+    args.device = resolve_device(args.device)
     set_threads(args.device, args.threads)
     try:
         window = parse_window(args.window)
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        target, drafter, tokenizer = load_models(args.target, args.drafter, args.device, args.dtype, window, args.backend,
+        target_path, drafter_path, _ = resolve_run(args.target, args.drafter)
+        if target_path is None:
+            raise ValueError("--target is required unless --drafter is a training run folder (which records its target)")
+        target, drafter, tokenizer = load_models(target_path, drafter_path, args.device, args.dtype, window, args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens)
+        warning = window_warning(drafter, window)
+        if warning:
+            print(warning, file=sys.stderr)
         if args.question is not None:
             by_id = {q["question_id"]: q for q in mt_bench_questions()}
             if args.question not in by_id:

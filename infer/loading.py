@@ -85,6 +85,46 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     return cached, drafter, target.tokenizer
 
 
+def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, str | None, str | None]:
+    """(target, drafter, run folder). ``drafter`` may be a training run's folder (``python -m train``'s
+    ``output_dir``, holding ``run.json``): its export is the drafter and, unless ``target`` is given, the
+    target it was trained on is the target."""
+    if drafter is None or drafter == PROMPT_LOOKUP or not (Path(drafter) / "run.json").is_file():
+        return target, drafter, None
+    record_file = Path(drafter) / "run.json"
+    try:
+        record = json.loads(record_file.read_text())
+        export, run_target = record.get("export"), record["target"]["path"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{record_file}: not a training run record ({e})") from None
+    if not export or not (Path(export) / "config.json").is_file():
+        raise ValueError(f"{record_file}: the run has no export (export={export!r}; interrupted, or trainer.export=false); "
+                         f"pass an exported drafter folder instead")
+    return target or run_target, export, drafter
+
+
+def window_warning(drafter, window) -> str | None:
+    """One line when the inference window differs from the trained one in a way training never saw."""
+    model = getattr(drafter, "model", None)
+    trained = getattr(getattr(model, "config", None), "sliding_window", None)
+    if model is None or trained is None or window == "trained" or "sliding_attention" not in (model.config.layer_types or []):
+        return None
+    if window is None:
+        return (f"warning: --window none runs a drafter trained with W={trained} with full attention; its τ measures "
+                "attention it was not trained with")
+    if window > trained:
+        return (f"warning: --window {window} is beyond the W={trained} this drafter was trained with; its τ measures "
+                "a window it never saw")
+    return None
+
+
+def resolve_device(name: str) -> str:
+    """``auto``: the GPU when there is one."""
+    if name != "auto":
+        return name
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def eos_ids(tokenizer, model) -> list[int]:
     """End-of-sequence ids: the generation config's (may be a list), else the tokenizer's."""
     ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -100,6 +100,22 @@ def test_cli_typo_fails_in_seconds_naming_the_key(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir()), "a failed start must not leave a run folder"
 
 
+@pytest.mark.parametrize("override", ["+trainer.max_step=10", "+data.regenerate.tempreature=1", "+foo=1"])
+def test_appended_key_the_schema_lacks_fails_naming_it(override: str) -> None:
+    """Hydra's own hint for a missing key is ``+key=value``; a typed node then takes any name in silence."""
+    name = override[1:].split("=")[0]
+    with pytest.raises(ValueError, match=rf"unknown config key {name}: not in the schema"):
+        to_train_config(compose_train(["experiment=dflash_swa_tiny", override]))
+
+
+def test_cli_unknown_key_leaves_no_run_folder(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "train", "experiment=dflash_swa_tiny", "+trainer.max_step=10",
+                           f"output_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown config key trainer.max_step" in proc.stdout + proc.stderr
+    assert not (tmp_path / "run").exists(), "a run that failed at start-up must not leave its folder behind"
+
+
 def test_cli_cross_field_error_is_one_line_and_nonzero(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "train", "drafter.num_hidden_layers=2", "drafter.layer_types=[full_attention]", f"output_dir={tmp_path / 'run'}"],

@@ -139,7 +139,8 @@ def test_blocks_labels_and_weights() -> None:
     assert stats.accepted_sum == 2 and stats.num_blocks == 2  # each block accepts exactly one draft
     summary = stats.summary("x")
     assert summary["x/acc_slot_1"] == 1.0 and summary["x/acc_slot_2"] == 0.0
-    assert summary["x/sim_tau"] == pytest.approx(2.0) and summary["x/block_tau"] == pytest.approx(2.0)
+    assert summary["x/sim_tau"] == pytest.approx(2.0) and summary["x/anchor_tau"] == pytest.approx(2.0)
+    assert "x/block_tau" not in summary  # random anchors: no replayed loop (evaluate_batch has one)
 
 
 def test_anchor_sampling_respects_loss_mask_and_cap() -> None:

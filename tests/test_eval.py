@@ -99,9 +99,53 @@ def test_sweep_writes_matrix_plot_and_resumes(runs_dir, tmp_path, monkeypatch) -
     assert "| none |" in table and "| 8 |" in table and (out / "tau_vs_context.png").stat().st_size > 1000
     (out / "cells" / "window-8_prefill-100.json").unlink()
     calls = []
-    import eval.__main__ as cli
+    import eval.runner as runner
 
-    real = cli.run_conversations
-    monkeypatch.setattr(cli, "run_conversations", lambda *a, **k: calls.append(k["prefill_tokens"]) or real(*a, **k))
+    real = runner.generate
+    monkeypatch.setattr(runner, "generate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     assert main(argv) == 0
-    assert calls == [100]  # only the missing cell ran again
+    assert calls == []  # the missing cell's turns were all in its partial file: nothing decoded again
+    assert "| prompt lookup |" in (out / "sweep.md").read_text()
+
+
+def test_run_folder_window_warning_and_prompt_lookup_beside(runs_dir, tmp_path, capsys) -> None:
+    out = tmp_path / "o"
+    assert main(["mtbench", "--drafter", str(runs_dir / "run1"), "--window", "128", "--num-questions", "2", "--max-new-tokens", "10",
+                 "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("--window 128 is beyond the W=64 this drafter was trained with") == 1
+    result = json.loads((out / "results.json").read_text())
+    assert result["config"]["target"] == "builtin:tiny-qwen3" and result["config"]["run"] == str(runs_dir / "run1")
+    pld = [json.loads(line) for line in (out / "partial" / "pld_prefill-0.jsonl").read_text().splitlines()]
+    # greedy decoding is lossless with either drafter: prompt lookup decoded the same tokens, its τ is its own
+    assert [r["output_ids"] for r in pld] == [r["output_ids"] for r in result["records"]]
+    steps = [a for r in pld for a in r["stats"]["accepted_per_step"]]
+    assert result["summary"]["prompt_lookup"]["tau"] == pytest.approx(sum(a + 1 for a in steps) / len(steps))
+    assert "| τ | prompt lookup τ |" in (out / "summary.md").read_text()
+
+
+def test_interrupt_keeps_finished_turns_and_the_same_command_resumes(runs_dir, tmp_path, monkeypatch, capsys) -> None:
+    argv = ["mtbench", "--runs-dir", str(runs_dir), "--num-questions", "2", "--max-new-tokens", "8", "--no-pld", "--no-baseline",
+            "--out", str(tmp_path / "o")]
+    import eval.runner as runner
+
+    real, calls = runner.generate, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "generate", interrupted)
+    assert main(argv) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("interrupted (Ctrl-C)")
+    assert not (tmp_path / "o" / "results.json").exists()
+    assert len((tmp_path / "o" / "partial" / "window-trained_prefill-0.jsonl").read_text().splitlines()) == 2
+    monkeypatch.setattr(runner, "generate", real)
+    assert main(argv) == 0
+    resumed = json.loads((tmp_path / "o" / "results.json").read_text())["records"]
+    assert main([*argv[:-1], str(tmp_path / "fresh")]) == 0
+    fresh = json.loads((tmp_path / "fresh" / "results.json").read_text())["records"]
+    assert [(r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"]) for r in resumed] == \
+        [(r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"]) for r in fresh]

@@ -73,3 +73,31 @@ def test_bad_options_are_one_line(reference_target_path, eagle3_dir, capsys, arg
     assert infer_main(base + argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
+
+
+def test_run_folder_gives_target_and_drafter_and_window_warns(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
+    """``--drafter RUN`` (python -m train's output_dir) needs no --target: run.json records it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"target": {"path": str(reference_target_path)}, "export": str(eagle3_dir)}))
+    assert infer_main(["--drafter", str(run), "--prompt", "Hi", "--max-new-tokens", "4", "--window", "16", "--device", "auto"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("--window 16 is beyond the W=8 this drafter was trained with") == 1 and "[speculative]" in err
+    (run / "run.json").write_text(json.dumps({"target": {"path": str(reference_target_path)}, "export": None}))
+    assert infer_main(["--drafter", str(run), "--prompt", "Hi"]) == 2
+    assert "the run has no export" in capsys.readouterr().err
+    assert infer_main(["--prompt", "Hi"]) == 2
+    assert "--target is required unless --drafter is a training run folder" in capsys.readouterr().err
+
+
+def test_prompt_lookup_drafter_is_lossless_and_drafts_from_the_context(reference_target_path, capsys) -> None:
+    from infer.prompt_lookup import PromptLookupDrafter
+
+    drafter = PromptLookupDrafter(num_draft_tokens=4, max_ngram=2)
+    # the most recent earlier occurrence of the longest suffix: [5, 6] last seen before position 7, followed by 9, 1
+    assert drafter.propose([5, 6, 7, 8, 5, 6, 9, 1, 5, 6]) == [9, 1, 5, 6]
+    assert drafter.propose([1, 2, 3, 4]) == [4, 4, 4, 4]  # no earlier match: copies of the last token
+    assert drafter.propose([3, 1, 2, 3]) == [1, 2, 3, 3]  # a 1-gram match, padded with its last token
+    assert infer_main(["--target", str(reference_target_path), "--drafter", "pld", "--question", "81", "--max-new-tokens", "24",
+                       "--baseline"]) == 0
+    assert "identical output: True" in capsys.readouterr().err

@@ -6,7 +6,9 @@ work itself is ``train.trainer.train(cfg)``, which tests call directly.
 
 import logging
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -25,7 +27,21 @@ def main(cfg: DictConfig) -> None:
         train(cfg)
     except ValueError as e:  # bad user input: one line naming what is wrong, non-zero exit
         log.error("%s", e)
+        remove_if_unstarted(cfg.get("output_dir"))
         sys.exit(2)
+    except KeyboardInterrupt:
+        log.error("interrupted (Ctrl-C); the same command resumes from the newest checkpoint in %s, if one was written",
+                  cfg.get("output_dir"))
+        sys.exit(130)
+
+
+def remove_if_unstarted(output_dir) -> None:
+    """A run that failed at start-up leaves no folder behind: removed while it holds only what Hydra wrote
+    (``.hydra``, the log), never once it has checkpoints, metrics or an export."""
+    path = Path(str(output_dir)) if output_dir else None
+    if path is not None and path.is_dir() and all(p.name in (".hydra", "__main__.log") for p in path.iterdir()):
+        logging.shutdown()  # close the log file first
+        shutil.rmtree(path, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ uninterrupted one exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -49,10 +50,29 @@ log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- set-up helpers
 
+def unknown_keys(node: DictConfig, path: str = "") -> list[str]:
+    """Keys the schema does not define. Hydra's ``+key=value`` appends to a typed node without a word
+    (``+trainer.max_step=10`` would otherwise train the default number of steps)."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return []
+    fields = {f.name for f in dataclasses.fields(schema)}
+    found = []
+    for key in node.keys():
+        if key not in fields:
+            found.append(f"{path}{key}")
+        elif isinstance(node._get_node(key), DictConfig):
+            found += unknown_keys(node[key], f"{path}{key}.")
+    return found
+
+
 def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
     """Composed Hydra config -> validated ``TrainConfig`` (runs every ``__post_init__`` check)."""
     if isinstance(cfg, TrainConfig):
         return cfg
+    unknown = unknown_keys(cfg)
+    if unknown:
+        raise ValueError(f"unknown config key {', '.join(unknown)}: not in the schema (train/config.py); check its spelling")
     return OmegaConf.to_object(cfg)
 
 
@@ -455,7 +475,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
             loop_note = (f", loop tau {eval_metrics['eval/loop_tau']:.3f} (prompt lookup {eval_metrics['eval/loop_pld_tau']:.3f})"
                          if loop_eval is not None else "")
             log.info("step %d: eval loss %.4f, acc %.3f, block_tau %.3f%s", step, eval_metrics["eval/loss"], eval_metrics["eval/acc"],
-                     eval_metrics["eval/block_tau"], loop_note)
+                     eval_metrics.get("eval/block_tau", eval_metrics["eval/anchor_tau"]), loop_note)
             if loop_eval is not None:
                 bar.set_postfix(loss=f"{eval_metrics['eval/loss']:.3f}", loop_tau=f"{eval_metrics['eval/loop_tau']:.2f}",
                                 pld_tau=f"{eval_metrics['eval/loop_pld_tau']:.2f}")
