@@ -1,6 +1,6 @@
 """``python -m eval``: acceptance length and speed of a drafter behind long prompts.
 
-    python -m eval mtbench --window 2048                    # the latest `python -m train` run, MT-Bench, both turns
+    python -m eval mtbench --num-questions 10               # the latest `python -m train` run, MT-Bench, both turns
     python -m eval mtbench --target T --drafter D --prefill-tokens 32768 --window none
     python -m eval prompts --prompts my.jsonl --window 512
     python -m eval sweep --windows none 2048 --prefills 0 4096 8192 16384 32768   # resumable

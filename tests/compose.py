@@ -1,8 +1,13 @@
-"""Compose ``configs/train.yaml`` the way ``python -m train`` does, for tests that call ``train(cfg)``."""
+"""Compose ``configs/train.yaml`` the way ``python -m train`` does, for tests that call ``train(cfg)``.
+
+The loop evaluation (``eval/loop_*``) is off unless a test asks for it: it decodes on every eval, and
+``tests/test_loop_eval.py`` and the quickstart CLI test are where it is tested."""
 
 from hydra import compose, initialize_config_module
 
 
 def compose_train(overrides: list[str]):
+    if not any(o.startswith("trainer.loop_eval") for o in overrides):
+        overrides = [*overrides, "trainer.loop_eval_prompts=0"]
     with initialize_config_module(config_module="configs", version_base="1.3"):
         return compose(config_name="train", overrides=overrides)

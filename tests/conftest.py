@@ -28,8 +28,15 @@ def single_cpu_thread():
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every test run builds and caches into its own folder, never the user's ~/.cache."""
+    """Every test run caches into its own folder, never the user's ~/.cache. The builtin tiny targets are
+    the exception: deterministic builds (seeded, keyed by their build version), they are kept between runs
+    in ``$SWA_TESTS_BUILD_CACHE`` (default ~/.cache/swa-drafters-tests) so the quick tier does not spend
+    two minutes rebuilding them; ``SWA_TESTS_FRESH_BUILD=1`` (set by .ci/run) builds them afresh."""
     cache = tmp_path_factory.mktemp("swa-cache")
+    if not os.environ.get("SWA_TESTS_FRESH_BUILD"):
+        kept = Path(os.environ.get("SWA_TESTS_BUILD_CACHE", Path.home() / ".cache" / "swa-drafters-tests")) / "builtin"
+        kept.mkdir(parents=True, exist_ok=True)
+        (cache / "builtin").symlink_to(kept, target_is_directory=True)
     os.environ["SWA_DRAFTERS_CACHE"] = str(cache)
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

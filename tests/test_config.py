@@ -116,6 +116,19 @@ def test_cli_unknown_key_leaves_no_run_folder(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists(), "a run that failed at start-up must not leave its folder behind"
 
 
+@pytest.mark.parametrize("override,message", [
+    ("data.path=/nonexistent/data.json", "data.path='/nonexistent/data.json': no such file or folder"),
+    ("target.path=./no-such-model", "target.path='./no-such-model': no such folder"),
+])
+def test_missing_paths_fail_before_the_target_loads(tmp_path: Path, override: str, message: str) -> None:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "train", "experiment=dflash_swa_tiny", override, f"output_dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stdout + proc.stderr
+    assert "target builtin" not in proc.stdout + proc.stderr  # failed before the target was loaded or built
+    assert time.perf_counter() - start < 30 and not (tmp_path / "run").exists()
+
+
 def test_cli_cross_field_error_is_one_line_and_nonzero(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "train", "drafter.num_hidden_layers=2", "drafter.layer_types=[full_attention]", f"output_dir={tmp_path / 'run'}"],

@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 COMMON = ["trainer.max_steps=6", "trainer.batch_size=2", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=2",
           "trainer.progress=false", "trainer.log_every=1", "data.max_records=60", "data.max_length=256"]
 
+pytestmark = pytest.mark.slow  # minutes of decoding or multi-process runs: the full suite only
+
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "export" / "model.safetensors")

@@ -23,6 +23,7 @@ def exported(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(run_dir / "export" / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_loss_falls_and_export_is_complete(tmp_path: Path) -> None:
     metrics = train(compose_fast(["trainer.max_steps=40", "trainer.eval_every=0", f"output_dir={tmp_path}"]))
     history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -264,6 +264,7 @@ def test_draft_vocabulary_keeps_the_most_frequent_tokens() -> None:
 FAST = ["experiment=eagle3_swa_tiny", "trainer.progress=false", "trainer.log_every=1", "data.num_eval=16", "data.max_length=192"]
 
 
+@pytest.mark.slow
 def test_training_learns_and_exports_windowed_layers(tmp_path: Path) -> None:
     metrics = train(compose_train(FAST + ["trainer.max_steps=40", "trainer.eval_every=0", "trainer.export_formats=[]", f"output_dir={tmp_path}"]))
     history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

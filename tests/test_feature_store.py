@@ -81,6 +81,7 @@ def tree_digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_a_killed_writer_resumes_to_the_store_two_processes_write(tmp_path: Path, tiny_qwen3_path: str) -> None:
     """SIGKILL a real ``python -m train.features`` mid-way, run it again: the same bytes as a clean
     run, here one of two processes under torchrun (each writes every other shard)."""

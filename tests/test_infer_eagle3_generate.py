@@ -29,7 +29,7 @@ STEPS = 4
 TREE = {"tree_topk": 4, "tree_tokens": 16}
 WINDOWS = [None, 4]  # inference-time window: none = full attention; 4 < the chain
 
-pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+pytestmark = [pytest.mark.usefixtures("single_cpu_thread"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

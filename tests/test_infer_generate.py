@@ -26,7 +26,7 @@ from train.models.dflash import DFlashDraftModel, make_dflash_config
 LAYERS = [1, 3, 5]
 WINDOWS = [None, 512, 2048]  # inference-time window: none = full attention
 
-pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+pytestmark = [pytest.mark.usefixtures("single_cpu_thread"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

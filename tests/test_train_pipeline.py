@@ -13,6 +13,7 @@ from compose import compose_train
 from train.trainer import train
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment,expected_ids", [("dflash_swa_tiny", [1, 5]), ("eagle3_swa_tiny", [1, 3, 4])])
 def test_tiny_experiments_run(experiment: str, expected_ids: list[int], tmp_path: Path) -> None:
     cfg = compose_train([f"experiment={experiment}", "trainer.max_steps=3", "trainer.progress=false", f"output_dir={tmp_path}"])
@@ -39,6 +40,7 @@ def test_regenerated_data_pipeline(tmp_path: Path) -> None:
     assert all(m["role"] in ("system", "user", "assistant") for r in rows for m in r["messages"])
 
 
+@pytest.mark.slow
 def test_wandb_offline_logging(tmp_path: Path) -> None:
     cfg = compose_train(["experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.log_every=1", "trainer.progress=false",
                          f"output_dir={tmp_path}", "logger=wandb", "logger.mode=offline"])
@@ -56,4 +58,10 @@ def test_quickstart_cli_from_another_directory(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads((out / "run.json").read_text())["metrics"]["steps"] == 5
+    metrics = json.loads((out / "run.json").read_text())["metrics"]
+    assert metrics["steps"] == 5 and metrics["eval/loop_steps"] > 0
+    # the closing summary: what was trained, the loop's τ beside prompt lookup's, where it went, what to run next
+    log = proc.stdout + proc.stderr
+    assert "done: DFlash drafter, 5 steps" in log
+    assert f"decoding loop: tau {metrics['eval/loop_tau']:.2f} on 4 held-out prompts, prompt lookup {metrics['eval/loop_pld_tau']:.2f}" in log
+    assert f"next: python -m eval mtbench --drafter {out}" in log

@@ -96,6 +96,19 @@ class LoopEval:
         log.info("loop eval: %d held-out prompts, %d greedy tokens, prompt lookup tau %.3f (%.1f s)",
                  len(prompts), sum(map(len, self.greedy)), self.pld["eval/loop_pld_tau"], time.perf_counter() - start)
 
+    def repetition(self, n: int = 4) -> float:
+        """Fraction of the greedy continuations' n-grams that repeat an earlier one of the same continuation
+        (a degenerate target loops; prompt lookup then wins by copying)."""
+        total = repeated = 0
+        for tokens in self.greedy:
+            seen = set()
+            for i in range(len(tokens) - n + 1):
+                gram = tuple(tokens[i:i + n])
+                repeated += gram in seen
+                seen.add(gram)
+                total += 1
+        return repeated / max(total, 1)
+
     def block_size(self) -> int:
         cfg = self.step_ctx.cfg.drafter
         return cfg.block_size if cfg.kind.value == "dflash" else cfg.ttt_length + 1

@@ -123,7 +123,9 @@ def pretrain(model, tokenizer, steps: int = 150, seq_len: int = 256, batch_size:
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=0.1)
     model.train()
     loss = torch.tensor(float("nan"))
-    for _ in range(steps):
+    from tqdm.auto import tqdm
+
+    for _ in tqdm(range(steps), desc="building the tiny target (first use only)", unit="step", leave=False):
         batch = data[torch.randint(len(data), (batch_size,), generator=generator)]
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
@@ -162,5 +164,9 @@ def resolve_target_path(path: str) -> str:
         raise ValueError(f"target.path={path!r}: unknown builtin target; expected one of {[BUILTIN_PREFIX + n for n in TINY_MODELS]}")
     out_dir = cache_root() / "builtin" / f"{name}-v{BUILD_VERSION}"
     if not (out_dir / "config.json").exists():
+        import logging
+
+        logging.getLogger(__name__).info("%s: first use, training it offline into %s (about a minute and a half on 2 cores)",
+                                         path, out_dir)
         build_tiny_target(name, out_dir)
     return str(out_dir)

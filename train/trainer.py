@@ -76,6 +76,18 @@ def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
     return OmegaConf.to_object(cfg)
 
 
+def check_paths(cfg: TrainConfig) -> None:
+    """Missing local paths fail in a second, before the target (or its first-use build) loads."""
+    from .data.dataset import resolve_source
+    from .data.readers import looks_local_but_missing
+
+    if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
+        raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
+    path = cfg.target.path
+    if not path.startswith("builtin:") and (Path(path).is_absolute() or path.startswith(".")) and not Path(path).is_dir():
+        raise ValueError(f"target.path={path!r}: no such folder")
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -334,6 +346,7 @@ def evaluate(step_ctx, eval_ds, pad_id: int, max_batches: int | None) -> dict[st
 def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     """Train the drafter described by ``cfg``; returns the final metrics (also in ``run.json``)."""
     cfg = to_train_config(cfg)
+    check_paths(cfg)
     tc = cfg.trainer
     ranks = ranks_from_env()  # torchrun / deepspeed launches: one process per GPU
     device = local_device(pick_device(tc.device), ranks)
@@ -525,4 +538,27 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         "history": history,
         "config": run_config,
     })
+    for line in closing_summary(cfg, final, output_dir, export_path, loop_eval, time.perf_counter() - run_start):
+        log.info("%s", line)
     return final
+
+
+def closing_summary(cfg: TrainConfig, final: dict, output_dir: Path, export_path: Path | None, loop_eval, seconds: float) -> list[str]:
+    """What was trained, how good it is in the loop beside prompt lookup, where it went, what to run next."""
+    kind = "DFlash" if cfg.drafter.kind.value == "dflash" else "EAGLE-3"
+    lines = [f"done: {kind} drafter, {final['steps']} steps, {final['drafter_params'] / 1e6:.2f}M parameters, {seconds / 60:.1f} min"]
+    if "eval/loop_tau" in final:
+        lines.append(f"  decoding loop: tau {final['eval/loop_tau']:.2f} on {len(loop_eval.prompts)} held-out prompts, prompt lookup "
+                     f"{final['eval/loop_pld_tau']:.2f} on the same prompts (tau = tokens per target pass; 1.0 = no gain)")
+        repeated = loop_eval.repetition()
+        if repeated > 0.5:
+            lines.append(f"  note: {100 * repeated:.0f}% of the target's greedy 4-grams on these prompts repeat earlier ones: "
+                         "tau here mostly measures copying, not prediction")
+    if "eval/block_tau" in final:
+        lines.append(f"  held-out replies: block_tau {final['eval/block_tau']:.2f} (the loop replayed), loss {final['eval/loss']:.3f}")
+    if final.get("interrupted"):
+        lines.append(f"  stopped early; the same command resumes from {output_dir}/checkpoints")
+    elif export_path is not None:
+        lines.append(f"  export: {export_path}")
+        lines.append(f"  next: python -m eval mtbench --drafter {output_dir}")
+    return lines

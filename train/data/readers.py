@@ -190,6 +190,13 @@ def iter_file(path: Path, stats: ReadStats, skip_bad_lines: bool) -> Iterator[tu
                         "expected a ShareGPT/messages JSON or JSONL file") from None
 
 
+def looks_local_but_missing(source: str | Path) -> bool:
+    """A path (a .json/.jsonl name, absolute, or relative with ./ or ../) that is not there; anything else
+    may be a hub dataset name. Checked at start-up, before the target loads."""
+    path = Path(source)
+    return not path.exists() and (str(source).endswith(JSON_SUFFIXES) or path.is_absolute() or str(source).startswith("."))
+
+
 def iter_hf_dataset(source: str, split: str) -> Iterator[tuple[str, Any]]:
     import datasets
 
@@ -225,7 +232,7 @@ def raw_records(source: str | Path, stats: ReadStats, *, split: str = "train", s
             raise DataError(f"{path}: folder holds no .json or .jsonl files")
         for file in files:
             yield from iter_file(file, stats, skip_bad_lines)
-    elif str(source).endswith(JSON_SUFFIXES) or path.is_absolute() or str(source).startswith("."):
+    elif looks_local_but_missing(source):
         raise DataError(f"data.path={str(source)!r}: no such file or folder")
     else:
         yield from iter_hf_dataset(str(source), split)
