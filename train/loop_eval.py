@@ -71,7 +71,7 @@ def pooled(accepted_runs: list[list[int]], block_size: int, prefix: str) -> dict
 
 
 class LoopEval:
-    """The loop on fixed held-out prompts; call it with the step context to get ``eval/loop_*`` metrics.
+    """The loop on fixed held-out prompts: built once at start-up, called at every eval for ``eval/loop_*``.
 
     Args:
         step_ctx: the run's ``DFlashStep`` or ``Eagle3Step`` (its target, drafter, layer ids, device).

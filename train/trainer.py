@@ -5,7 +5,8 @@
         step_ctx.forward()     target features -> drafter -> loss and stats
                                (DFlashStep below: anchors, blocks, decayed CE;
                                 Eagle3Step in eagle3_objective.py: the training-time-test unroll, soft CE)
-      evaluate()               held-out per-slot/per-step accuracy and simulated acceptance length
+      evaluate()               held-out loss, per-slot/per-step accuracy, block_tau (the loop replayed at every position)
+      LoopEval (loop_eval.py)  the real decoding loop on held-out prompts: eval/loop_tau beside prompt lookup
 
 The loss is normalised by the number of labels in the whole optimizer step (all micro-batches), so
 accumulation does not change the objective. Random choices (DFlash anchors) come from a generator
@@ -327,7 +328,6 @@ def train_step(step_ctx, micro_batches: list[dict[str, torch.Tensor]], step: int
 @torch.no_grad()
 def evaluate(step_ctx, eval_ds, pad_id: int, max_batches: int | None) -> dict[str, float]:
     step_ctx.drafter.eval()
-    generator = torch.Generator().manual_seed(step_ctx.cfg.trainer.seed + 7)  # same anchors at every eval
     total = None
     bs = step_ctx.cfg.trainer.batch_size
     for i, start in enumerate(range(0, len(eval_ds), bs)):
