@@ -54,3 +54,57 @@ def test_loop_tau_matches_teacher_forcing_after_an_on_policy_run(tmp_path: Path,
     # issue asks for 10%; the replay takes the loop's own steps, so only numerics (cached vs full forward) separate them
     assert abs(teacher_forced - loop) <= 0.02 * loop, (loop, teacher_forced)
     assert metrics["eval/block_tau"] > 1.0 and metrics["eval/loop_pld_tau"] >= 1.0
+
+
+def test_dflash_evaluation_replays_blocks_drafted_one_anchor_at_a_time(tiny_qwen3_path) -> None:
+    """``DFlashStep.evaluate_batch`` (blocks at every position, in chunks of num_anchors, then the walk) against
+    an independent reference: each anchor's block drafted alone, its leading correct drafts counted by hand, each
+    assistant turn walked by hand. The row has two turns; num_anchors=5 makes several chunks."""
+    from train.dflash_objective import build_blocks
+    from train.target import TargetModel
+    from train.trainer import DFlashStep, build_drafter, resolve_mask_token_id, to_train_config
+
+    cfg = to_train_config(compose_train(["experiment=dflash_swa_tiny", "drafter.num_anchors=5", "drafter.sliding_window=8"]))
+    target = TargetModel.from_pretrained(tiny_qwen3_path)
+    layer_ids = [1, 5]
+    drafter = build_drafter(cfg, target, layer_ids, resolve_mask_token_id(None, target)).eval()
+    step = DFlashStep(cfg, target, drafter, layer_ids, torch.device("cpu"))
+    torch.manual_seed(0)
+    ids = torch.randint(20, 200, (40,))
+    loss = torch.zeros(40, dtype=torch.bool)
+    loss[6:18] = loss[24:38] = True
+    batch = step.collate([{"input_ids": ids.tolist(), "loss_mask": loss.tolist()}], target.pad_id)
+    # the untrained drafter's favourite token fills the second turn: its blocks there are accepted, so the walk
+    # and the per-anchor mean differ and the test can tell them apart
+    blocks = build_blocks(batch["input_ids"], batch["loss_mask"], torch.tensor([[24]]), torch.tensor([[True]]), cfg.drafter.block_size,
+                          drafter.mask_token_id)
+    with torch.no_grad():
+        favourite = step.block_logits(batch, blocks, "sdpa")[0, 1:].argmax(-1).mode().values
+    ids[25:36] = favourite
+    batch = step.collate([{"input_ids": ids.tolist(), "loss_mask": loss.tolist()}], target.pad_id)
+    stats = step.evaluate_batch(batch)
+    _, by_position = step.dense_acceptance(batch)
+
+    b = cfg.drafter.block_size
+    accepted = {}
+    for a in range(39):
+        if not (loss[a] and loss[a + 1]):
+            continue
+        blocks = build_blocks(batch["input_ids"], batch["loss_mask"], torch.tensor([[a]]), torch.tensor([[True]]), b, drafter.mask_token_id)
+        with torch.no_grad():
+            drafts = step.block_logits(batch, blocks, "sdpa")[0, 1:].argmax(-1).tolist()
+        n = 0
+        while n < b - 1 and a + 1 + n < 40 and loss[a + 1 + n] and drafts[n] == int(ids[a + 1 + n]):
+            n += 1
+        accepted[a] = n
+    tokens = steps = 0
+    for start, end in ((6, 18), (24, 38)):  # each turn walked from its first token
+        i = start
+        while i < end:
+            steps, tokens, i = steps + 1, tokens + accepted.get(i, 0) + 1, i + accepted.get(i, 0) + 1
+    assert by_position[0].tolist() == [accepted.get(a, -1) for a in range(40)]
+    summary = stats.summary("x")
+    assert summary["x/block_tau"] == pytest.approx(tokens / steps)
+    assert summary["x/anchor_tau"] == pytest.approx(1 + sum(accepted.values()) / len(accepted))
+    assert stats.num_blocks == len(accepted) == 11 + 13
+    assert max(accepted.values()) >= 3 and summary["x/anchor_tau"] > summary["x/block_tau"] + 0.2, (accepted, summary)

@@ -250,10 +250,19 @@ class DFlashStep(TrainStep):
             logits = self.block_logits(batch, blocks, self.backend)
         return block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
 
-    @torch.no_grad()
     def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> BlockStats:
-        """Held-out stats with a block at every eligible position (the target runs once, the drafter once
-        per chunk of ``num_anchors``), and the loop replayed over each assistant turn: ``block_tau``."""
+        """Held-out stats with a block at every eligible position, and the loop replayed over each assistant
+        turn: ``block_tau``."""
+        total, accepted = self.dense_acceptance(batch)
+        tokens, steps = walk_segments(accepted, batch["loss_mask"])
+        total.walk_tokens += tokens
+        total.walk_steps += steps
+        return total
+
+    @torch.no_grad()
+    def dense_acceptance(self, batch: dict[str, torch.Tensor]) -> tuple[BlockStats, torch.Tensor]:
+        """Stats of blocks at every eligible position (the target runs once, the drafter once per chunk of
+        ``num_anchors``) and [Bsz, T] each position's leading correct drafts (-1: no block there)."""
         loss_mask = batch["loss_mask"]
         features = self.target_features(batch).features
         accepted = torch.full(loss_mask.shape, -1, dtype=torch.long)  # [Bsz, T] by anchor position
@@ -267,10 +276,7 @@ class DFlashStep(TrainStep):
             rows = torch.arange(anchors.shape[0])[:, None].expand_as(anchors)
             accepted[rows[valid.cpu()], anchors.cpu()[valid.cpu()]] = per_block.cpu()[valid.cpu()]
             total = stats if total is None else total + stats
-        tokens, steps = walk_segments(accepted, loss_mask)
-        total.walk_tokens += tokens
-        total.walk_steps += steps
-        return total
+        return total, accepted
 
     def block_logits(self, batch: dict[str, torch.Tensor], blocks, backend: str, features: torch.Tensor | None = None) -> torch.Tensor:
         """[Bsz, N*B, V] the drafter's logits for every block slot (blocks already on the device)."""
