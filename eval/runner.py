@@ -16,7 +16,7 @@ from tqdm import tqdm
 from eval.prompt_sets import Conversation
 from infer.drafter import DFlashDrafter
 from infer.eagle3_drafter import Eagle3Drafter
-from infer.generate import generate
+from infer.generate import generate, pooled_acceptance
 from infer.prompts import chat_ids, first_turn_content
 from infer.sampling import SamplingConfig
 from infer.target import CachedTarget
@@ -102,11 +102,12 @@ def summarize(records: list[dict]) -> dict:
     block = records[0]["stats"]["block_size"] if records else 1
     new_tokens = sum(r["stats"]["new_tokens"] for r in records)
     decode_s = sum(r["stats"]["decode_s"] for r in records)
+    tau, acceptance = pooled_acceptance(accepted, block)
     summary = {
         "turns": len(records),
         "steps": len(accepted),
-        "tau": sum(a + 1 for a in accepted) / max(len(accepted), 1),
-        "acceptance_by_position": [sum(a >= k for a in accepted) / max(len(accepted), 1) for k in range(1, block)],
+        "tau": tau,
+        "acceptance_by_position": acceptance,
         "new_tokens": new_tokens,
         "tokens_per_s": new_tokens / decode_s if decode_s else 0.0,
         "mean_prompt_tokens": sum(r["prompt_tokens"] for r in records) / max(len(records), 1),

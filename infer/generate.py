@@ -65,6 +65,14 @@ class PhaseTimer:
         return out
 
 
+def pooled_acceptance(accepted_per_step: list[int], block_size: int) -> tuple[float, list[float]]:
+    """τ (mean over verify steps of accepted drafts + 1) and, entry k-1, the fraction of steps that accepted
+    draft k (k = 1 .. block_size-1); one run's steps or many runs' pooled."""
+    n = max(len(accepted_per_step), 1)
+    return (sum(a + 1 for a in accepted_per_step) / n,
+            [sum(a >= k for a in accepted_per_step) / n for k in range(1, block_size)])
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int
@@ -84,12 +92,12 @@ class GenerationStats:
     @property
     def tau(self) -> float:
         """Mean over verify steps of (accepted drafts + 1)."""
-        return sum(a + 1 for a in self.accepted_per_step) / max(self.steps, 1)
+        return pooled_acceptance(self.accepted_per_step, self.block_size)[0]
 
     @property
     def acceptance_by_position(self) -> list[float]:
         """Entry k-1: fraction of steps that accepted draft k (k = 1 .. B-1)."""
-        return [sum(a >= k for a in self.accepted_per_step) / max(self.steps, 1) for k in range(1, self.block_size)]
+        return pooled_acceptance(self.accepted_per_step, self.block_size)[1]
 
     @property
     def tokens_per_s(self) -> float:

@@ -27,7 +27,7 @@ import torch
 
 from infer.drafter import DFlashDrafter
 from infer.eagle3_drafter import Eagle3Drafter
-from infer.generate import generate
+from infer.generate import generate, pooled_acceptance
 from infer.loading import eos_ids
 from infer.prompt_lookup import PromptLookupDrafter
 from infer.target import CachedTarget
@@ -64,10 +64,9 @@ def frozen_for_inference(model: torch.nn.Module):
 
 def pooled(accepted_runs: list[list[int]], block_size: int, prefix: str) -> dict[str, float]:
     steps = [a for run in accepted_runs for a in run]
-    n = max(len(steps), 1)
-    out = {f"{prefix}_tau": sum(a + 1 for a in steps) / n, f"{prefix}_steps": float(len(steps))}
-    out.update({f"{prefix}_acc_pos_{k}": sum(a >= k for a in steps) / n for k in range(1, block_size)})
-    return out
+    tau, acceptance = pooled_acceptance(steps, block_size)
+    return {f"{prefix}_tau": tau, f"{prefix}_steps": float(len(steps)),
+            **{f"{prefix}_acc_pos_{k + 1}": a for k, a in enumerate(acceptance)}}
 
 
 class LoopEval:
