@@ -2,7 +2,7 @@
 
     python benchmarks/dflash_fa4_varlen_forward.py --seq 32768 --window 2048 --anchors 512
 
-Feasibility measurement for the DFlash training mask (train/masks.py), not a trainer path. Query
+Feasibility measurement for the DFlash training mask (models/dflash.py), not a trainer path. Query
 slot i of a block anchored at a sees the context keys [a + i - W + 1, a - 1] (and its own block's
 keys, left out here). One varlen sequence per block: its 16 queries, and the context keys from
 max(0, a - W + 1) to a - 1 given as an offset into the shared key tensor (``cu_seqlens_k`` = start,
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import median_ms  # noqa: E402
 from kernels.attention import FLASH_KERNELS, attention  # noqa: E402
 from kernels.window_attention import fa4_available  # noqa: E402
-from train.masks import LayerMaskSpec, flex_packed_block_mask  # noqa: E402
+from models.dflash import LayerMaskSpec, flex_packed_block_mask  # noqa: E402
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ def rss_bytes() -> int:
 def measure(args: argparse.Namespace) -> dict:
     import torch
 
-    from train.target import TargetModel
+    from models.target import TargetModel
 
     device = torch.device(args.device)
     target = TargetModel.from_pretrained(args.target, device)

@@ -33,7 +33,7 @@ from train.data import prepare_data  # noqa: E402
 from train.data.dataset import collate_padded  # noqa: E402
 from train.features.store import FeatureStore  # noqa: E402
 from train.features.write import write_features  # noqa: E402
-from train.target import TargetModel  # noqa: E402
+from models.target import TargetModel  # noqa: E402
 
 
 def overrides(args, store: Path, compression: str) -> list[str]:

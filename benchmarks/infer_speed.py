@@ -27,12 +27,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infer.drafter import DFlashDrafter  # noqa: E402
+from models.dflash import DFlashDrafter  # noqa: E402
 from infer.generate import generate  # noqa: E402
 from infer.loading import eos_ids, load_models, parse_window  # noqa: E402
 from infer.prompts import long_prompt_ids, mt_bench_questions  # noqa: E402
-from infer.target import CachedTarget  # noqa: E402
-from train.models.dflash import DFlashDraftModel, make_dflash_config  # noqa: E402
+from models.target import CachedTarget  # noqa: E402
+from models.dflash import DFlashDraftModel, make_dflash_config  # noqa: E402
 
 SHAPES = {
     # Qwen3-8B's config.json (hidden 4096, 36 layers, 32 q / 8 kv heads of 128, MLP 12288, vocab 151936)

@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.infer_speed import SHAPES  # noqa: E402
-from infer.target import CachedTarget  # noqa: E402
+from models.target import CachedTarget  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--shape", default="qwen3-8b")

@@ -19,11 +19,11 @@ import types
 import torch
 
 from infer.generate import generate
-from infer.target import CachedTarget
+from models.target import CachedTarget
 from train.data.chat import ChatRenderer
 from train.data.readers import Conversation, read_conversations
 from train.data.regenerate import regenerate_conversations
-from train.target import TargetModel
+from models.target import TargetModel
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

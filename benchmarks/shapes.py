@@ -25,7 +25,7 @@ def random_target(shape: str, device: str = "cuda", seed: int = 0):
     """A ``TargetModel`` with ``shape``'s config and random bf16 weights, built on ``device``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from train.target import TargetModel
+    from models.target import TargetModel
 
     model_type, kwargs = TARGET_SHAPES[shape]
     config = AutoConfig.for_model(model_type, **kwargs)

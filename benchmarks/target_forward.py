@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import median_ms  # noqa: E402
 from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
-from train.target import TargetModel, default_layer_ids  # noqa: E402
+from models.target import TargetModel, default_layer_ids  # noqa: E402
 
 
 def forward_flops(target: TargetModel, tokens: int, layers_run: int, lm_head: bool) -> float:

@@ -6,11 +6,11 @@ Rows (bf16, one sequence, GQA as given):
   sdpa causal (full)            SDPA's own causal kernel, no mask: the dense-work reference
   sdpa dense window mask        SDPA with a boolean [T, T] sliding-window mask (skipped past --dense-max)
   flex window                   flex_attention, a plain sliding-window BlockMask (the issue's baseline)
-  flex eagle3 ttt step j        train/eagle3_masks.py at TTT step j: T queries over (j+1)*T keys, one mask
+  flex eagle3 ttt step j        train/eagle3.py at TTT step j: T queries over (j+1)*T keys, one mask
   ... context + diagonal (LSE)  a candidate, defined here: flex over the T step-0 keys returning its
                                 log-sum-exp, the j diagonal keys as elementwise dot products, merged
                                 (measured slower in eager PyTorch; the trainer keeps the single mask)
-  flex dflash blocks            train/masks.py: T context keys + N blocks of B queries (one sliding layer),
+  flex dflash blocks            models/dflash.py: T context keys + N blocks of B queries (one sliding layer),
                                 the dflash_swa recipe's 512 anchors, spread evenly or drawn at random
   flex dflash packed            the same mask with the queries packed by KV group (flex_packed_block_mask):
                                 the trainer's DFlash attention on the GPU
@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import count_pairs, median_ms  # noqa: E402
 from kernels.attention import FLASH_KERNELS, attention, compiled_flex_attention  # noqa: E402
 from kernels.window_attention import CUDNN, band_ops, cudnn_band_available, fa4_available, window_attention  # noqa: E402
-from train.eagle3_masks import ttt_flex_block_mask, ttt_visible  # noqa: E402
-from train.masks import LayerMaskSpec, dflash_visible, flex_block_mask, flex_packed_block_mask  # noqa: E402
+from train.eagle3 import ttt_flex_block_mask, ttt_visible  # noqa: E402
+from models.dflash import LayerMaskSpec, dflash_visible, flex_block_mask, flex_packed_block_mask  # noqa: E402
 from kernels.key_intervals import ctx_keys_for, dflash_key_intervals, key_interval_attention, plan_key_intervals  # noqa: E402
 
 

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import count_pairs, median_ms  # noqa: E402
 from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
-from train.eagle3_objective import Eagle3Step  # noqa: E402
-from train.masks import LayerMaskSpec, dflash_visible  # noqa: E402
-from train.trainer import DFlashStep, build_drafter, build_eagle3_drafter, target_layer_ids, train_step  # noqa: E402
+from train.dflash import DFlashStep  # noqa: E402
+from models.dflash import LayerMaskSpec, dflash_visible  # noqa: E402
+from train.trainer import build_step, target_layer_ids, train_step  # noqa: E402
 
 PEAK = 779e12
 
@@ -87,11 +87,11 @@ def attention_flops(step, plan, target, seq: int) -> float:
         w = window if layer_type == "sliding_attention" else None
         if is_dflash:
             spec = LayerMaskSpec.for_layer(layer_type, window, step.cfg.drafter.sliding_block_causal)
-            anchors = plan.anchors.to(step.device)
-            valid = torch.ones(1, seq, dtype=torch.bool, device=step.device)
+            anchors = plan.anchors.to(step.ctx.device)
+            valid = torch.ones(1, seq, dtype=torch.bool, device=step.ctx.device)
             q_len = anchors.shape[1] * step.block_size
             pairs = count_pairs(lambda b, q, kv: dflash_visible(b, q, kv, anchors, valid, step.block_size, spec), q_len, seq + q_len,
-                                step.device, chunk=512)
+                                step.ctx.device, chunk=512)
         else:
             pairs = 0
             for j in range(step.steps):
@@ -128,15 +128,13 @@ def main() -> None:
                 torch.manual_seed(0)
                 row = {"input_ids": torch.randint(100, target.vocab_size - 100, (seq,)).tolist(), "attention_mask": [1] * seq, "loss_mask": [1] * seq}
                 if kind == "dflash":
-                    drafter = build_drafter(cfg, target, layer_ids, mask_token_id=target.vocab_size - 1).to(device)
-                    step = DFlashStep(cfg, target, drafter, layer_ids, device)
-                else:
-                    drafter = build_eagle3_drafter(cfg, target, layer_ids, [row]).to(device)
-                    step = Eagle3Step(cfg, target, drafter, layer_ids, device)
+                    cfg.drafter.mask_token_id = target.vocab_size - 1
+                step = build_step(cfg, target, layer_ids, device, [row])
+                drafter = step.drafter
                 optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-5, fused=True)
                 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-                batch = step.collate([row], 0)
-                label = f"{kind} T={seq} window={window} ({step.backend}{', checkpointed steps' if args.checkpoint else ''})"
+                batch = step.ctx.collate([row], 0)
+                label = f"{kind} T={seq} window={window} ({step.ctx.backend}{', checkpointed steps' if args.checkpoint else ''})"
                 try:
                     # Linear FLOPs of one forward, target eager (hooks inside compiled code would not fire);
                     # the backward is weighted in, not counted, so recomputation is not credited

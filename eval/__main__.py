@@ -110,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
     from eval.runner import run_conversations, summarize
     from infer.loading import eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
     from infer.prompt_lookup import PromptLookupDrafter
-    from infer.sampling import SamplingConfig
-    from train.atomic import atomic_open
+    from models.sampling import SamplingConfig
+    from common.atomic import atomic_open
 
     def write_json(path: Path, obj) -> None:
         with atomic_open(path) as f:

@@ -70,7 +70,7 @@ def log_wandb(mode: str, project: str, name: str, config: dict, summary: dict | 
               cells: dict | None = None, plot: Path | None = None, out_dir: Path | None = None) -> None:
     import wandb
 
-    from train.metrics_logger import has_wandb_key
+    from common.metrics_logger import has_wandb_key
 
     if mode == "auto":
         mode = "online" if has_wandb_key() else "offline"

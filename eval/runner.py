@@ -14,12 +14,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from eval.prompt_sets import Conversation
-from infer.drafter import DFlashDrafter
-from infer.eagle3_drafter import Eagle3Drafter
+from models.dflash import DFlashDrafter
+from models.eagle3 import Eagle3Drafter
 from infer.generate import generate, pooled_acceptance
 from infer.prompts import chat_ids, first_turn_content
-from infer.sampling import SamplingConfig
-from infer.target import CachedTarget
+from models.sampling import SamplingConfig
+from models.target import CachedTarget
 
 
 def max_positions(target: CachedTarget) -> int:

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from infer.generate import generate
     from infer.loading import eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
     from infer.prompts import long_prompt_ids, mt_bench_questions
-    from infer.sampling import SamplingConfig
+    from models.sampling import SamplingConfig
 
     args.device = resolve_device(args.device)
     set_threads(args.device, args.threads)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         report["autoregressive"] = base.stats.to_dict()
         report["speedup"] = speedup
     if args.json:
-        from train.atomic import atomic_open
+        from common.atomic import atomic_open
 
         with atomic_open(args.json) as f:
             json.dump(report, f, indent=2)

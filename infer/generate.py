@@ -6,10 +6,10 @@
     stop:     an end-of-sequence token or the token budget
 
 Caches need no rollback: the target's next forward starts at the first unaccepted position and
-overwrites it (``infer/target.py``), and the drafter's context only ever receives accepted positions.
+overwrites it (``models/target.py``), and the drafter's context only ever receives accepted positions.
 One host sync per step (marked), reading the accepted count and the new tokens together.
 
-EAGLE-3 (``infer/eagle3_drafter.py``): the same loop with a chain of k drafts (block size k + 1):
+EAGLE-3 (``models/eagle3.py``): the same loop with a chain of k drafts (block size k + 1):
 the drafter runs step 0 over the newly accepted positions (index t = features of t + token t+1, so
 the last accepted position waits for the bonus token) and k - 1 chain steps, each fed the previous
 step's token and hidden state; chain keys are scratch, only accepted positions enter its context,
@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from infer.drafter import DFlashDrafter
-from infer.eagle3_drafter import Eagle3Drafter, accept_tree
+from models.dflash import DFlashDrafter
+from models.eagle3 import Eagle3Drafter, accept_tree
 from infer.prompt_lookup import PromptLookupDrafter
-from infer.sampling import SamplingConfig, choose, verify
-from infer.target import CachedTarget
+from models.sampling import SamplingConfig, choose, verify
+from models.target import CachedTarget
 
 
 class PhaseTimer:

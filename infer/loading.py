@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 
-from infer.drafter import DFlashDrafter
-from infer.eagle3_drafter import Eagle3Drafter
+from models.dflash import DFlashDrafter
+from models.eagle3 import Eagle3Drafter
 from infer.prompt_lookup import PromptLookupDrafter
-from infer.target import CachedTarget
-from train.models.dflash import DFlashDraftModel
-from train.models.eagle3 import Eagle3DraftModel
-from train.target import TargetModel
-from train.tiny_target import resolve_target_path
+from models.target import CachedTarget
+from models.dflash import DFlashDraftModel
+from models.eagle3 import Eagle3DraftModel
+from models.target import TargetModel
+from models.builtin_targets import resolve_target_path
 
 EAGLE3_ARCHITECTURES = ["Eagle3DraftModel"]
 PROMPT_LOOKUP = "pld"  # --drafter pld: prompt-lookup (n-gram) drafting, no trained model

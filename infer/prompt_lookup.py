@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from infer.sampling import SamplingConfig
+from models.sampling import SamplingConfig
 
 
 class PromptLookupDrafter:

@@ -1,7 +1,7 @@
 """Pure-PyTorch greedy speculative decoding with no caches: the oracle for ``infer/generate.py``.
 
 Every step recomputes everything from scratch with the Hugging Face target (``output_hidden_states``)
-and the drafter's *training* forward under the training masks (``train/masks.py``), so it shares
+and the drafter's *training* forward under the training masks (``models/dflash.py``), so it shares
 neither the KV caches, the sliding buffers, nor the aligned masks of the fast path. Slow (quadratic);
 for tests on small models.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from train.masks import LayerMaskSpec, dense_mask
-from train.models.dflash import DFlashDraftModel, sliding_block_causal
+from models.dflash import LayerMaskSpec, dense_mask
+from models.dflash import DFlashDraftModel, sliding_block_causal
 
 
 @torch.no_grad()

@@ -37,7 +37,7 @@ def ctx_keys_for(ctx_len: int) -> int:
 
 def dflash_key_intervals(anchors: torch.Tensor, ctx_len: torch.Tensor, block_size: int, window: int | None,
                          block_causal: bool, ctx_keys: int) -> torch.Tensor:
-    """[Bsz, N * B, 4] int32 intervals of DFlash's rule (``train.masks.dflash_visible``) over keys laid
+    """[Bsz, N * B, 4] int32 intervals of DFlash's rule (``models.dflash.dflash_visible``) over keys laid
     out as [context, padded to ``ctx_keys`` ; block n's B keys at ctx_keys + n * B].
 
     Args:
@@ -155,7 +155,7 @@ class KeyIntervalMask:
     plan: KeyIntervalPlan
     ctx_len: int  # context keys in the caller's K and V
     ctx_keys: int  # where the kernels read the block keys (ctx_len rounded up to a key tile)
-    group_major: bool = False  # q's heads come ordered g * Hkv + h (the model obliges: train/models/dflash.py)
+    group_major: bool = False  # q's heads come ordered g * Hkv + h (the model obliges: models/dflash.py)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
         """q [B, Hq, Q, D], k/v [B, Hkv, ctx_len + Q, D] (the models' [B, T, H, D] seen as [B, H, T, D])."""

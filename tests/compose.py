@@ -5,6 +5,8 @@ The loop evaluation (``eval/loop_*``) is off unless a test asks for it: it decod
 
 from hydra import compose, initialize_config_module
 
+import train.drafters  # noqa: F401  (registers each drafter's config schema with Hydra)
+
 
 def compose_train(overrides: list[str]):
     if not any(o.startswith("trainer.loop_eval") for o in overrides):

@@ -63,7 +63,7 @@ def tiny_llama3_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """builtin:tiny-llama3's tokenizer and model, without its minute of pretraining: its tests read the
     chat template and compare the loop's logits with Hugging Face's on the same weights, for which
     random weights serve (the pretraining itself is tested through tiny-qwen3, the same code)."""
-    from train.tiny_target import TINY_MODELS, build_model, build_tokenizer
+    from models.builtin_targets import TINY_MODELS, build_model, build_tokenizer
 
     style, arch = TINY_MODELS["tiny-llama3"]
     out = tmp_path_factory.mktemp("tiny-llama3-untrained")
@@ -75,6 +75,6 @@ def tiny_llama3_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_path(isolated_cache: Path) -> str:
-    from train.tiny_target import resolve_target_path
+    from models.builtin_targets import resolve_target_path
 
     return resolve_target_path("builtin:tiny-qwen3")

@@ -9,12 +9,12 @@ from collections import Counter
 
 import torch
 
-from infer.drafter import DFlashDrafter
-from infer.eagle3_drafter import Eagle3Drafter
-from train.eagle3_objective import ttt_loss, unroll
-from train.models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
-from train.dflash_objective import block_loss, build_blocks, layer_masks, sample_anchors
-from train.models.dflash import DFlashDraftModel, make_dflash_config
+from models.dflash import DFlashDrafter
+from models.eagle3 import Eagle3Drafter
+from train.eagle3 import ttt_loss, unroll
+from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
+from train.dflash import block_loss, build_blocks, layer_masks, sample_anchors
+from models.dflash import DFlashDraftModel, make_dflash_config
 
 
 def greedy_continuations(model, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from train.atomic import atomic_dir, atomic_open
+from common.atomic import atomic_dir, atomic_open
 
 
 def test_failed_write_leaves_nothing(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from compose import compose_train
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from train.config import DrafterKind, TrainConfig
+from train.config import TrainConfig
 from train.trainer import to_train_config
 
 import configs
@@ -30,7 +30,7 @@ def test_required_experiments_exist() -> None:
 def test_every_experiment_composes_and_validates(experiment: str) -> None:
     cfg = to_train_config(compose_train([f"experiment={experiment}", "output_dir=/tmp/x"]))
     assert isinstance(cfg, TrainConfig)
-    assert cfg.drafter.kind == (DrafterKind.dflash if experiment.startswith("dflash") else DrafterKind.eagle3)
+    assert cfg.drafter.kind == ("dflash" if experiment.startswith("dflash") else "eagle3")
     assert cfg.drafter.sliding_window is not None
     assert "sliding_attention" in cfg.drafter.resolved_layer_types()
 
@@ -84,6 +84,42 @@ def test_resolved_layer_types() -> None:
     assert cfg.drafter.resolved_layer_types() == ["sliding_attention"] * 3
     cfg = to_train_config(compose_train(["drafter.num_hidden_layers=2", "output_dir=/tmp/x"]))
     assert cfg.drafter.resolved_layer_types() == ["full_attention"] * 2
+
+
+@pytest.mark.parametrize("experiment,override,schema", [
+    ("dflash_swa_tiny", "drafter.ttt_length=3", "DFlashConfig"),
+    ("dflash_swa_tiny", "drafter.fc_norm=true", "DFlashConfig"),
+    ("eagle3_swa_tiny", "drafter.num_anchors=7", "Eagle3Config"),
+    ("eagle3_swa_tiny", "drafter.block_size=4", "Eagle3Config"),
+])
+def test_a_key_of_the_other_drafter_fails_at_composition_naming_it(experiment: str, override: str, schema: str) -> None:
+    """Each drafter has its own schema (train/dflash.py, train/eagle3.py): the issue's four examples were accepted in silence."""
+    key = override.split("=")[0].split(".")[1]
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_train([f"experiment={experiment}", override])
+    assert f"Key '{key}' not in '{schema}'" in f"{err.value} {err.value.__cause__}"
+    with pytest.raises(ValueError, match=rf"unknown config key drafter.{key}: not in the schema"):  # and appended with +
+        to_train_config(compose_train([f"experiment={experiment}", "+" + override]))
+
+
+def test_dead_keys_are_gone() -> None:
+    with pytest.raises(ConfigCompositionException, match="num_workers"):
+        compose_train(["trainer.num_workers=2"])
+
+
+def test_each_drafter_gets_its_own_schema() -> None:
+    from train.dflash import DFlashConfig
+    from train.eagle3 import Eagle3Config
+
+    assert type(to_train_config(compose_train(["experiment=dflash_swa_tiny", "output_dir=/x"])).drafter) is DFlashConfig
+    assert type(to_train_config(compose_train(["experiment=eagle3_swa_tiny", "output_dir=/x"])).drafter) is Eagle3Config
+
+
+def test_cli_other_drafters_key_fails_naming_it(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "train", "experiment=eagle3_swa_tiny", "drafter.block_size=4", f"output_dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "Key 'block_size' not in 'Eagle3Config'" in proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_cli_typo_fails_in_seconds_naming_the_key(tmp_path: Path) -> None:

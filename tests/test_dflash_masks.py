@@ -13,7 +13,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from kernels.attention import attention
-from train.masks import LayerMaskSpec, dense_mask, dflash_visible, flex_block_mask, flex_packed_block_mask
+from models.dflash import LayerMaskSpec, dense_mask, dflash_visible, flex_block_mask, flex_packed_block_mask
 
 
 def reference_mask(anchors: list[int], valid: list[bool], block_size: int, spec: LayerMaskSpec) -> torch.Tensor:

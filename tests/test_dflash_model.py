@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from train.dflash_objective import IGNORE, block_loss, build_blocks, layer_masks, sample_anchors
-from train.models.dflash import DFlashDraftModel, make_dflash_config
+from train.dflash import IGNORE, block_loss, build_blocks, layer_masks, sample_anchors
+from models.dflash import DFlashDraftModel, make_dflash_config
 
 
 def tiny_config(layer_types: list[str], window: int | None, block_size: int = 4, block_causal: bool = True) -> Qwen3Config:

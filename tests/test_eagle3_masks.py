@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.eagle3_masks import ttt_dense_mask, ttt_flex_block_mask, ttt_visible
+from train.eagle3 import ttt_dense_mask, ttt_flex_block_mask, ttt_visible
 
 
 def reference_mask(valid: list[bool], step: int, window: int | None) -> torch.Tensor:

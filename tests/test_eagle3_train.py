@@ -13,9 +13,9 @@ from compose import compose_train
 from safetensors.torch import load_file
 from transformers import LlamaConfig
 
-from train.eagle3_objective import STEP_DECAY, target_labels, ttt_loss, unroll
-from train.target import TargetModel
-from train.models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
+from train.eagle3 import STEP_DECAY, target_labels, ttt_loss, unroll
+from models.target import TargetModel
+from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from train.trainer import train
 
 # One intra-op thread: these small steps are dominated by OpenMP wake-ups on 2 cores (40x slower

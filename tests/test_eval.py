@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from eval.__main__ import main
 from infer.prompts import chat_ids, first_turn_content
-from train.models.dflash import DFlashDraftModel, make_dflash_config
+from models.dflash import DFlashDraftModel, make_dflash_config
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 

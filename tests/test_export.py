@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from train import engines
 from train.export import ExportError, draft_logits, export
-from train.models.dflash import DFlashDraftModel, make_dflash_config
-from train.target import TargetModel
+from models.dflash import DFlashDraftModel, make_dflash_config
+from models.target import TargetModel
 
 LAYER_IDS = [1, 3, 5]
 

@@ -16,7 +16,7 @@ from transformers import AutoConfig
 
 from train import engines
 from train.export import ExportError, eagle3_logits, export, from_sglang_name, sglang_eagle3_names, to_sglang_name
-from train.models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
+from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 
 LAYER_IDS = [1, 3, 5]
 DRAFT_VOCAB = 1000

@@ -21,7 +21,7 @@ from train.data.dataset import collate_padded
 from train.distributed import free_port
 from train.features.store import FeatureStore, StoreError, compress_tensor, decompress_tensor
 from train.features.write import write_features
-from train.target import TargetModel
+from models.target import TargetModel
 from train.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]

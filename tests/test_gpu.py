@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels.attention import attention
-from train.masks import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask
+from models.dflash import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -2,7 +2,7 @@
 
 One dense reference: the query at position p sees key j iff j <= p (causal) and p - W < j (window,
 W keys including itself); a non-causal window is the symmetric band |p - j| < W. The drafter's
-cached layout must give exactly the training masks of ``train/masks.py`` for one block.
+cached layout must give exactly the training masks of ``models/dflash.py`` for one block.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels.attention import aligned_mask, cached_attention
-from train.masks import LayerMaskSpec, dense_mask
+from models.dflash import LayerMaskSpec, dense_mask
 
 
 def reference_mask(q_len: int, k_len: int, causal: bool, window: int | None) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""The cached DFlash drafter (``infer/drafter.py``) against the training forward, and the sliding
+"""The cached DFlash drafter (``models/dflash.py``) against the training forward, and the sliding
 buffer against a full cache under the same windowed mask.
 
 Reference for a block anchored at a: ``DFlashDraftModel.forward`` (the training path) on the
-features of positions 0..a-1 with one anchor and the training masks of ``train/masks.py``.
+features of positions 0..a-1 with one anchor and the training masks of ``models/dflash.py``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from infer.drafter import ContextKV, DFlashDrafter
-from train.masks import LayerMaskSpec, dense_mask
-from train.models.dflash import DFlashDraftModel, make_dflash_config
+from models.dflash import DFlashDrafter
+from models.target import ContextKV
+from models.dflash import LayerMaskSpec, dense_mask
+from models.dflash import DFlashDraftModel, make_dflash_config
 
 VOCAB, HIDDEN = 96, 32
 

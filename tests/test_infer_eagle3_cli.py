@@ -12,9 +12,9 @@ from transformers import AutoConfig
 
 from eval.__main__ import main as eval_main
 from infer.__main__ import main as infer_main
-from infer.eagle3_drafter import Eagle3Drafter
+from models.eagle3 import Eagle3Drafter
 from infer.loading import load_models
-from train.models.eagle3 import Eagle3DraftModel, make_eagle3_config
+from models.eagle3 import Eagle3DraftModel, make_eagle3_config
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 

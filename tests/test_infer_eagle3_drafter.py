@@ -1,6 +1,6 @@
-"""The cached EAGLE-3 drafter (``infer/eagle3_drafter.py``) against the training forward.
+"""The cached EAGLE-3 drafter (``models/eagle3.py``) against the training forward.
 
-Oracle: ``train/eagle3_objective.unroll`` (the TTT forward, dense masks of ``train/eagle3_masks.py``)
+Oracle: ``train/eagle3.unroll`` (the TTT forward, dense masks of ``train/eagle3.py``)
 over the whole sequence. Step-0 outputs of a prefill-then-accept walk must equal unroll's step 0 at
 every index, and chain step j from index t, fed the teacher-forced tokens x_{t+1+j}, unroll's step j
 at index t; under trained, no, small (smaller than the chain) and W=1 windows, with sliding buffers
@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from infer.eagle3_drafter import DraftTree, Eagle3Drafter, accept_tree
-from infer.sampling import SamplingConfig
-from train.eagle3_objective import step_masks, unroll
-from train.models.eagle3 import Eagle3DraftModel, make_eagle3_config
+from models.eagle3 import DraftTree, Eagle3Drafter, accept_tree
+from models.sampling import SamplingConfig
+from train.eagle3 import step_masks, unroll
+from models.eagle3 import Eagle3DraftModel, make_eagle3_config
 
 VOCAB, HIDDEN, STEPS = 96, 32, 5
 

@@ -15,14 +15,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from infer.eagle3_drafter import Eagle3Drafter
+from models.eagle3 import Eagle3Drafter
 from infer.generate import generate
 from infer.prompts import long_prompt_ids, mt_bench_questions
-from infer.sampling import SamplingConfig
-from infer.target import CachedTarget
+from models.sampling import SamplingConfig
+from models.target import CachedTarget
 from infer_helpers import PartlyScriptedEagle3, greedy_continuations, overfit_eagle3_drafter
 from test_infer_generate import chi_square_p_value, exact_distribution, sampled_outputs
-from train.models.eagle3 import Eagle3DraftModel, make_eagle3_config
+from models.eagle3 import Eagle3DraftModel, make_eagle3_config
 
 LAYERS = [1, 3, 4]
 STEPS = 4

@@ -14,14 +14,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from infer.drafter import DFlashDrafter
+from models.dflash import DFlashDrafter
 from infer.generate import generate
 from infer.prompts import long_prompt_ids, mt_bench_questions
 from infer.reference import reference_speculative_greedy
-from infer.sampling import SamplingConfig
-from infer.target import CachedTarget
+from models.sampling import SamplingConfig
+from models.target import CachedTarget
 from infer_helpers import PartlyScripted, greedy_continuations, overfit_drafter
-from train.models.dflash import DFlashDraftModel, make_dflash_config
+from models.dflash import DFlashDraftModel, make_dflash_config
 
 LAYERS = [1, 3, 5]
 WINDOWS = [None, 512, 2048]  # inference-time window: none = full attention

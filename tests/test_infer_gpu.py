@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from infer.drafter import DFlashDrafter
+from models.dflash import DFlashDrafter
 from infer.generate import generate
 from infer.prompts import long_prompt_ids, mt_bench_questions
-from infer.target import CachedTarget
+from models.target import CachedTarget
 from infer_helpers import PartlyScripted, greedy_continuations, overfit_drafter
 from kernels.attention import cached_attention
 

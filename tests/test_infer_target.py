@@ -1,4 +1,4 @@
-"""The cached target forward (``infer/target.py``) against Hugging Face's own forward with no cache."""
+"""The cached target forward (``models/target.py``) against Hugging Face's own forward with no cache."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from infer.target import CachedTarget
+from models.target import CachedTarget
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 

@@ -1,5 +1,5 @@
 """DFlash's mask as per-row key intervals (``kernels.key_intervals``), on CPU: the intervals equal
-``train.masks.dense_mask`` element by element, the kernels' tile tables visit every visible pair and
+``models.dflash.dense_mask`` element by element, the kernels' tile tables visit every visible pair and
 leave unmasked only tiles that every row sees whole, and the trainer's ``key_interval_mask`` path
 through ``kernels.attention.attention`` equals dense SDPA (the FA4 kernels themselves:
 tests/test_key_intervals_gpu.py)."""
@@ -12,7 +12,7 @@ import torch
 from kernels.attention import attention
 from kernels.key_intervals import (FWD_TILE_M, TILE_N, backward_tables, ctx_keys_for, dense_mask_from_intervals,
                                    dflash_key_intervals, forward_tables)
-from train.masks import LayerMaskSpec, dense_mask, key_interval_mask
+from models.dflash import LayerMaskSpec, dense_mask, key_interval_mask
 
 SPECS = [LayerMaskSpec(2048, True), LayerMaskSpec(100, False), LayerMaskSpec(20, False), LayerMaskSpec(5, True),
          LayerMaskSpec(1, True), LayerMaskSpec(None, False), LayerMaskSpec(None, True)]

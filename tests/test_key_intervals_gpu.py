@@ -9,7 +9,7 @@ import torch
 
 from kernels.key_intervals import ctx_keys_for, dflash_key_intervals, key_interval_attention, plan_key_intervals, reference_attention
 from kernels.window_attention import fa4_available
-from train.masks import LayerMaskSpec, dense_mask
+from models.dflash import LayerMaskSpec, dense_mask
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fa4_available()
                                      and torch.cuda.get_device_capability()[0] == 9),
@@ -55,7 +55,7 @@ def test_fa4_key_intervals_equal_dense_reference(ctx_len, n, window, causal, hq,
         rel = float((a - b).norm() / b.norm())
         assert rel < 1e-2, f"{name}: relative difference {rel:.2e}"
 
-    # and the intervals are DFlash's mask: the reference on train.masks.dense_mask, keys re-laid out
+    # and the intervals are DFlash's mask: the reference on models.dflash.dense_mask, keys re-laid out
     ctx_valid = torch.arange(ctx_len, device="cuda")[None] < lengths[:, None]
     mask = dense_mask(anchors, ctx_valid, block, LayerMaskSpec(window, causal))
     pad = ctx_keys_for(ctx_len) - ctx_len

@@ -11,7 +11,7 @@ import torch
 from compose import compose_train
 
 from infer.prompts import mt_bench_questions
-from train.dflash_objective import tau_summaries, walk_segments, walk_tau
+from train.loop_eval import tau_summaries, walk_segments, walk_tau
 from train.trainer import train
 
 
@@ -60,20 +60,19 @@ def test_dflash_evaluation_replays_blocks_drafted_one_anchor_at_a_time(tiny_qwen
     """``DFlashStep.evaluate_batch`` (blocks at every position, in chunks of num_anchors, then the walk) against
     an independent reference: each anchor's block drafted alone, its leading correct drafts counted by hand, each
     assistant turn walked by hand. The row has two turns; num_anchors=5 makes several chunks."""
-    from train.dflash_objective import build_blocks
-    from train.target import TargetModel
-    from train.trainer import DFlashStep, build_drafter, resolve_mask_token_id, to_train_config
+    from train.dflash import build_blocks
+    from models.target import TargetModel
+    from train.trainer import build_step, to_train_config
 
     cfg = to_train_config(compose_train(["experiment=dflash_swa_tiny", "drafter.num_anchors=5", "drafter.sliding_window=8"]))
     target = TargetModel.from_pretrained(tiny_qwen3_path)
-    layer_ids = [1, 5]
-    drafter = build_drafter(cfg, target, layer_ids, resolve_mask_token_id(None, target)).eval()
-    step = DFlashStep(cfg, target, drafter, layer_ids, torch.device("cpu"))
+    step = build_step(cfg, target, [1, 5], torch.device("cpu"))
+    drafter = step.drafter.eval()
     torch.manual_seed(0)
     ids = torch.randint(20, 200, (40,))
     loss = torch.zeros(40, dtype=torch.bool)
     loss[6:18] = loss[24:38] = True
-    batch = step.collate([{"input_ids": ids.tolist(), "loss_mask": loss.tolist()}], target.pad_id)
+    batch = step.ctx.collate([{"input_ids": ids.tolist(), "loss_mask": loss.tolist()}], target.pad_id)
     # the untrained drafter's favourite token fills the second turn: its blocks there are accepted, so the walk
     # and the per-anchor mean differ and the test can tell them apart
     blocks = build_blocks(batch["input_ids"], batch["loss_mask"], torch.tensor([[24]]), torch.tensor([[True]]), cfg.drafter.block_size,
@@ -81,7 +80,7 @@ def test_dflash_evaluation_replays_blocks_drafted_one_anchor_at_a_time(tiny_qwen
     with torch.no_grad():
         favourite = step.block_logits(batch, blocks, "sdpa")[0, 1:].argmax(-1).mode().values
     ids[25:36] = favourite
-    batch = step.collate([{"input_ids": ids.tolist(), "loss_mask": loss.tolist()}], target.pad_id)
+    batch = step.ctx.collate([{"input_ids": ids.tolist(), "loss_mask": loss.tolist()}], target.pad_id)
     stats = step.evaluate_batch(batch)
     _, by_position = step.dense_acceptance(batch)
 

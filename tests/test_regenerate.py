@@ -8,7 +8,7 @@ from train.config import RegenerateConfig
 from train.data.chat import ChatRenderer
 from train.data.readers import Conversation
 from train.data.regenerate import regenerate_conversations
-from train.target import TargetModel
+from models.target import TargetModel
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ import torch
 from train.data.chat import ChatRenderer
 from train.data.readers import read_conversations
 from train.data.dataset import collate_padded, resolve_source
-from train.target import TargetModel, default_layer_ids
+from models.target import TargetModel, default_layer_ids
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels.window_attention import CUDNN, REFERENCE, REFERENCE_BAND, band_ops, cudnn_band_available, fa4_available, window_attention
-from train.eagle3_masks import ttt_dense_mask
+from train.eagle3 import ttt_dense_mask
 
 
 def dense_reference(q, k, v, window, diag_k=None, diag_v=None):
@@ -61,7 +61,7 @@ def test_equals_dense_mask(t: int, window: int | None, steps: int, ops) -> None:
 @pytest.mark.parametrize("step", [0, 1, 3])
 @pytest.mark.parametrize("window", [None, 4, 6])
 def test_is_the_eagle3_ttt_mask(step: int, window: int | None) -> None:
-    """TTT step j = a window of W - j over the step-0 keys + j diagonal keys (train/eagle3_masks.py)."""
+    """TTT step j = a window of W - j over the step-0 keys + j diagonal keys (train/eagle3.py)."""
     torch.manual_seed(step)
     b, hq, hkv, t, d = 1, 2, 1, 11, 4
     q = torch.randn(b, hq, t, d, dtype=torch.float64)

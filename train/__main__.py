@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from train import config as _schema  # noqa: F401  (registers train_schema in the ConfigStore)
+from train import config as _schema, drafters as _drafter_schemas  # noqa: F401  (register train_schema and each drafter's schema)
 from train.trainer import train
 
 log = logging.getLogger("train")

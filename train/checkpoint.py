@@ -1,4 +1,5 @@
-"""Checkpoints: one folder per step under ``<output_dir>/checkpoints``, written atomically.
+"""Checkpoints: one folder per step under ``<output_dir>/checkpoints``, written atomically, and the
+``Checkpointer`` that owns save and resume for the plain and the DeepSpeed paths.
 
 A checkpoint holds everything a resume needs under fixed keys: ``model``, ``optimizer``,
 ``lr_scheduler``, ``dataloader`` (epoch and position), ``train_state`` (step, token counts) and
@@ -8,6 +9,7 @@ always complete; resuming picks the newest one.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -15,7 +17,9 @@ from typing import Any
 
 import torch
 
-from .atomic import atomic_dir
+from common.atomic import atomic_dir
+
+log = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -108,3 +112,56 @@ def load_deepspeed_checkpoint(path: Path, engine) -> dict[str, Any]:
     if loaded is None:
         raise ValueError(f"trainer.resume: DeepSpeed could not load {path}")
     return state
+
+
+class Checkpointer:
+    """Save and resume for one run (torchtitan's ``CheckpointManager``): the objects it saves are fixed at
+    start-up, each through ``state_dict``/``load_state_dict`` under a fixed key. Under DeepSpeed the
+    engine holds the model, optimizer and scheduler (sharded under ZeRO); otherwise this does.
+
+    Args:
+        batches: the data order (``EpochBatches``): its position is saved and restored.
+        engine: the DeepSpeed engine, or None.
+        keep: checkpoints kept (0 = all).
+    """
+
+    def __init__(self, output_dir: Path, drafter: torch.nn.Module, optimizer, scheduler, batches, engine=None, keep: int = 2,
+                 world_size: int = 1, is_main: bool = True):
+        self.output_dir, self.drafter, self.optimizer, self.scheduler = Path(output_dir), drafter, optimizer, scheduler
+        self.batches, self.engine, self.keep, self.world_size, self.is_main = batches, engine, keep, world_size, is_main
+
+    def save(self, step: int, train_state: dict[str, Any]) -> Path:
+        common = {"dataloader": self.batches.state_dict(), "train_state": dict(train_state), "rng": rng_state(),
+                  "model_config": self.drafter.config.to_dict()}
+        if self.engine is not None:
+            return save_deepspeed_checkpoint(self.output_dir, step, self.engine, {**common, "world_size": self.world_size},
+                                             keep=self.keep, is_main=self.is_main)
+        return save_checkpoint(self.output_dir, step, {"model": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                                       "lr_scheduler": self.scheduler.state_dict(), **common}, keep=self.keep)
+
+    def resume(self, resume: str) -> dict[str, Any] | None:
+        """``trainer.resume``: auto (the newest checkpoint in the run folder, if any), never, or a checkpoint
+        folder. Restores everything and returns the saved ``train_state``; None when starting afresh."""
+        if resume == "never":
+            return None
+        if resume == "auto":
+            found = list_checkpoints(self.output_dir)
+            if not found:
+                return None
+            path = found[-1]
+        else:
+            path = Path(resume)
+        if self.engine is not None:
+            state = load_deepspeed_checkpoint(path, self.engine)
+        else:
+            state = load_checkpoint(path)
+            if state.get("deepspeed"):
+                raise ValueError(f"trainer.resume: {path} was written under DeepSpeed; resume it with trainer.deepspeed set "
+                                 "(or start over with trainer.resume=never)")
+            self.drafter.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["lr_scheduler"])
+        self.batches.load_state_dict(state["dataloader"])
+        set_rng_state(state["rng"])
+        log.info("resumed from %s at step %d", path, state["train_state"]["step"])
+        return state["train_state"]

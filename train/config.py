@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -22,14 +22,11 @@ from omegaconf import MISSING
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
-class DrafterKind(str, Enum):
-    dflash = "dflash"
-    eagle3 = "eagle3"
-
+DRAFTER_KINDS = ("dflash", "eagle3")  # train/drafters.py maps each to its training file
 
 # Engine formats per drafter kind (train/export.py): the defaults, and what each kind can write.
-EXPORT_FORMATS = {DrafterKind.dflash: ("dflash",), DrafterKind.eagle3: ("sglang", "speculators")}
-EXPORT_FORMATS_ALLOWED = {DrafterKind.dflash: ("dflash", "sglang", "speculators"), DrafterKind.eagle3: ("sglang", "speculators")}
+EXPORT_FORMATS = {"dflash": ("dflash",), "eagle3": ("sglang", "speculators")}
+EXPORT_FORMATS_ALLOWED = {"dflash": ("dflash", "sglang", "speculators"), "eagle3": ("sglang", "speculators")}
 
 
 class Overflow(str, Enum):
@@ -55,38 +52,34 @@ class TargetConfig:
 
 
 @dataclass
-class DrafterConfig:
-    kind: DrafterKind = MISSING
+class DrafterConfigBase:
+    """What every drafter's schema holds. Each drafter's own schema extends it in its training file
+    (``train/dflash.py::DFlashConfig``, ``train/eagle3.py::Eagle3Config``), and ``configs/drafter/<kind>.yaml``
+    starts from it: a key of the other drafter (``drafter.ttt_length`` on DFlash) fails at composition."""
+
+    kind: str = MISSING
     num_hidden_layers: int = 1
     # Target layers the drafter reads (id i = output of decoder layer i = HF hidden_states[i+1]);
-    # null = the drafter's default selection (train/target.py::default_layer_ids).
+    # null = the drafter's default selection (models/target.py::default_layer_ids).
     target_layer_ids: Optional[List[int]] = None
-    # DFlash: how many target layers to read when target_layer_ids is null (default: num_hidden_layers).
-    num_target_features: Optional[int] = None
     # One per drafter layer; null = all sliding_attention when sliding_window is set, else all full.
     layer_types: Optional[List[str]] = None
     # Keys visible to a query, itself included (HF convention); null = no sliding layers.
     sliding_window: Optional[int] = None
-    block_size: int = 16  # DFlash
-    mask_token_id: Optional[int] = None  # DFlash; null = the target tokenizer's first free special token
-    # DFlash: sliding layers causal inside the block (published checkpoints, vLLM); false = bidirectional.
-    sliding_block_causal: bool = True
-    num_anchors: int = 512  # DFlash: blocks per training sequence (capped by what it holds)
-    loss_gamma: Optional[float] = None  # DFlash slot-weight decay exp(-(k-1)/gamma); null = paper's (7 for B=16)
-    draft_vocab_size: int = 32000  # EAGLE-3: draft LM-head width (capped by the target's vocabulary)
-    ttt_length: int = 7  # EAGLE-3 training-time-test steps (and the default chain length when drafting)
-    fc_norm: bool = False  # EAGLE-3.1: RMSNorm each target feature before fc
-    norm_output: bool = False  # EAGLE-3.1: feed the final-normed hidden state to the next step
 
     def __post_init__(self) -> None:
+        if self.kind != MISSING and self.kind not in DRAFTER_KINDS:
+            raise ValueError(f"drafter.kind={self.kind!r}; expected one of {', '.join(DRAFTER_KINDS)}")
         if self.num_hidden_layers < 1:
             raise ValueError(f"drafter.num_hidden_layers={self.num_hidden_layers}; expected >= 1")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"drafter.sliding_window={self.sliding_window}; expected a positive number of keys or null")
+        if self.target_layer_ids is not None and len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            raise ValueError(f"drafter.target_layer_ids={self.target_layer_ids} has repeats")
         # Not filled in here: ConfigStore builds a default instance, and a filled-in default would
         # stop experiments from changing num_hidden_layers alone. See resolved_layer_types().
         if self.layer_types is None:
-            return self._check_ids_and_sizes()
+            return
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(
                 f"drafter.layer_types has {len(self.layer_types)} entries; expected one per layer "
@@ -97,23 +90,6 @@ class DrafterConfig:
                 raise ValueError(f"drafter.layer_types: {t!r} is not one of {LAYER_TYPES}")
         if "sliding_attention" in self.layer_types and self.sliding_window is None:
             raise ValueError("drafter.layer_types has sliding_attention layers but drafter.sliding_window is null")
-        self._check_ids_and_sizes()
-
-    def _check_ids_and_sizes(self) -> None:
-        if self.target_layer_ids is not None and len(set(self.target_layer_ids)) != len(self.target_layer_ids):
-            raise ValueError(f"drafter.target_layer_ids={self.target_layer_ids} has repeats")
-        if self.block_size < 2:
-            raise ValueError(f"drafter.block_size={self.block_size}; expected >= 2")
-        if self.num_anchors < 1:
-            raise ValueError(f"drafter.num_anchors={self.num_anchors}; expected >= 1")
-        if self.loss_gamma is not None and self.loss_gamma <= 0:
-            raise ValueError(f"drafter.loss_gamma={self.loss_gamma}; expected > 0 or null")
-        if self.mask_token_id is not None and self.mask_token_id < 0:
-            raise ValueError(f"drafter.mask_token_id={self.mask_token_id}; expected a token id >= 0 or null")
-        if self.ttt_length < 1:
-            raise ValueError(f"drafter.ttt_length={self.ttt_length}; expected >= 1")
-        if self.draft_vocab_size < 2:
-            raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2")
 
     def resolved_layer_types(self) -> list[str]:
         """``layer_types``, or all sliding (window set) / all full (no window) when it is null."""
@@ -198,7 +174,6 @@ class TrainerConfig:
     # JSON; null = zero2 when launched on several processes (torchrun / deepspeed), no DeepSpeed on one.
     deepspeed: Optional[str] = None
     seed: int = 0
-    num_workers: int = 0
     log_every: int = 10
     eval_every: int = 200  # 0 = only at the end
     eval_batches: Optional[int] = None  # cap on held-out batches per eval; null = all
@@ -281,7 +256,7 @@ class LoggerConfig:
 @dataclass
 class TrainConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
-    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    drafter: Any = MISSING  # a DrafterConfigBase subclass: the drafter group's schema (train/drafters.py)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -289,21 +264,21 @@ class TrainConfig:
     output_dir: str = MISSING
 
     def __post_init__(self) -> None:
-        kind = self.drafter.kind
-        if not isinstance(kind, DrafterKind):  # ConfigStore's default instance: kind not chosen yet
+        if not isinstance(self.drafter, DrafterConfigBase):  # ConfigStore's default instance: no drafter chosen yet
             return
+        kind = self.drafter.kind
         if self.trainer.export_formats is None:
             self.trainer.export_formats = list(EXPORT_FORMATS[kind])
         backend = self.trainer.attention_backend
-        if backend == "cudnn" and kind != DrafterKind.eagle3:
+        if backend == "cudnn" and kind != "eagle3":
             raise ValueError(f"trainer.attention_backend={backend} serves EAGLE-3's window + diagonal masks only; "
-                             f"drafter.kind={kind.value} trains with fa4, flex-flash, flex (GPU) or sdpa")
-        if backend == "flex-flash" and kind != DrafterKind.dflash:
+                             f"drafter.kind={kind} trains with fa4, flex-flash, flex (GPU) or sdpa")
+        if backend == "flex-flash" and kind != "dflash":
             raise ValueError("trainer.attention_backend=flex-flash serves DFlash's block masks (for EAGLE-3's TTT masks it "
                              "measured slower than Triton flex); use fa4, cudnn or flex")
         refused = [f for f in self.trainer.export_formats if f not in EXPORT_FORMATS_ALLOWED[kind]]
         if refused:
-            raise ValueError(f"trainer.export_formats: {refused[0]!r} is a DFlash layout; drafter.kind={kind.value} exports as "
+            raise ValueError(f"trainer.export_formats: {refused[0]!r} is a DFlash layout; drafter.kind={kind} exports as "
                              f"{' or '.join(EXPORT_FORMATS_ALLOWED[kind])}")
 
 

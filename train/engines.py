@@ -18,7 +18,7 @@ Target layer ids. Ours: id i = output of target decoder layer i = HF ``hidden_st
     ("for the ith layer, it takes the output of the (i-1)th layer") and ``LlamaModel.forward``
     appends ``hidden_states + residual`` *before* running layer i: config id c -> input of layer
     c + 1 = output of layer c = our id c. (Both engines' defaults, capture points 2, n//2, n-3,
-    are our ids 1, n//2 - 1, n - 4: train/target.py::default_layer_ids.)
+    are our ids 1, n//2 - 1, n - 4: models/target.py::default_layer_ids.)
 
 Windows. Ours (= Hugging Face ``sliding_window``): W keys visible, the query itself included.
   - z-lab DFlash and SGLang / vLLM read ``sliding_window`` from config.json with the same meaning

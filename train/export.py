@@ -17,7 +17,7 @@ checkpoint), an export folder (``config.json`` + ``model.safetensors``) or a che
   the legacy ``rope_theta`` / ``rope_scaling``; weights ``fc``, ``hidden_norm``, ``layers.*``,
   ``norm`` (no embedding, no LM head: the target's are used).
 
-EAGLE-3 drafters (config.json ``architectures: [Eagle3DraftModel]``, train/models/eagle3.py) export
+EAGLE-3 drafters (config.json ``architectures: [Eagle3DraftModel]``, models/eagle3.py) export
 as ``sglang`` (SGLang's ``LlamaForCausalLMEagle3`` layout: ``midlayer.*`` / ``additional_layers.*``,
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` = our ids) or ``speculators`` (vLLM speculators'
 Eagle3 layout: ``layers.*``, ``eagle_aux_hidden_state_layer_ids`` = our ids + 1); ``dflash`` is
@@ -41,10 +41,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.atomic import atomic_dir
+from models.dflash import DFlashDraftModel, sliding_block_causal
+
 from . import engines
-from .atomic import atomic_dir
 from .checkpoint import list_checkpoints, load_checkpoint
-from .models.dflash import DFlashDraftModel, sliding_block_causal
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def build_model(config_dict: dict[str, Any]) -> torch.nn.Module:
     from transformers import LlamaConfig, Qwen3Config
 
     if is_eagle3(config_dict):
-        from .models.eagle3 import Eagle3DraftModel
+        from models.eagle3 import Eagle3DraftModel
 
         return Eagle3DraftModel(LlamaConfig.from_dict(config_dict))
     if config_dict.get("architectures") != ["DFlashDraftModel"] or "dflash_config" not in config_dict:
@@ -185,7 +186,7 @@ def speculators_config_json(config: dict[str, Any], target_config: Any, target_n
 @torch.no_grad()
 def draft_logits(model: DFlashDraftModel, features: torch.Tensor, block_ids: torch.Tensor, embed: torch.nn.Module, head: torch.nn.Module) -> torch.Tensor:
     """One block anchored right after the context: [1, T, k*H] features, [1, B] ids -> [1, B, V]."""
-    from .masks import LayerMaskSpec, dense_mask
+    from models.dflash import LayerMaskSpec, dense_mask
 
     ctx_len, block = features.shape[1], block_ids.shape[1]
     anchors = torch.tensor([[ctx_len]], device=features.device)
@@ -223,7 +224,7 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     if fmt == "speculators" and target_path is None:
         raise ExportError("--format speculators needs the target (--target PATH): the checkpoint carries its embedding and LM head")
     if target_model is not None or target_path is not None:
-        from .target import TargetModel
+        from models.target import TargetModel
 
         tgt = target_model or TargetModel.from_pretrained(target_path, "cpu")
         embed, head = tgt.embed_tokens, tgt.lm_head
@@ -415,8 +416,8 @@ def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
 
 @torch.no_grad()
 def eagle3_logits(model: torch.nn.Module, features: torch.Tensor, input_ids: torch.Tensor, steps: int = EAGLE3_COMPARE_STEPS) -> torch.Tensor:
-    """``steps`` TTT drafting steps over every index (train/eagle3_objective.py ``unroll``) -> [S, B, T, Vd] logits."""
-    from .eagle3_objective import unroll
+    """``steps`` TTT drafting steps over every index (train/eagle3.py ``unroll``) -> [S, B, T, Vd] logits."""
+    from .eagle3 import unroll
 
     dtype = next(model.parameters()).dtype
     ctx_valid = torch.ones(input_ids.shape, dtype=torch.bool, device=input_ids.device)

@@ -1,8 +1,12 @@
-"""``eval/loop_*``: the real speculative-decoding loop on held-out prompts, during training.
+"""How τ is measured during training: the greedy loop replayed on teacher-forced acceptances
+(``walk_tau``, ``tau_summaries``: ``eval/block_tau``, both drafters) and run for real (``LoopEval``:
+``eval/loop_*``).
+
+``eval/loop_*``: the real speculative-decoding loop on held-out prompts, during training.
 
 Teacher-forced metrics answer "how often is each draft right at a uniformly drawn position"; the
-decoding loop answers "how many tokens per target pass", and the two differ (``tau_summaries`` in
-``dflash_objective.py``). So every ``trainer.eval_every`` steps the trainer also runs the loop that
+decoding loop answers "how many tokens per target pass", and the two differ (``tau_summaries``
+below). So every ``trainer.eval_every`` steps the trainer also runs the loop that
 serving runs (``infer.generate``: greedy, the drafter being trained, its trained window) on a fixed
 set of held-out prompts, the first user turns of the eval split, and logs beside it:
 
@@ -25,12 +29,12 @@ import time
 
 import torch
 
-from infer.drafter import DFlashDrafter
-from infer.eagle3_drafter import Eagle3Drafter
 from infer.generate import generate, pooled_acceptance
 from infer.loading import eos_ids
 from infer.prompt_lookup import PromptLookupDrafter
-from infer.target import CachedTarget
+from models.dflash import DFlashDrafter
+from models.eagle3 import Eagle3Drafter
+from models.target import CachedTarget
 
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,65 @@ def held_out_prompts(eval_ds, num_prompts: int) -> list[list[int]]:
             prompts.append(list(row["input_ids"][:first]))
     return prompts
 
+
+# ----------------------------------------------------------------------------- the loop replayed
+
+def tau_summaries(prefix: str, accepted_sum: torch.Tensor, count: torch.Tensor, walk_tokens: torch.Tensor,
+                  walk_steps: torch.Tensor) -> dict[str, float]:
+    """Acceptance length from teacher forcing, two ways (both drafters use this).
+
+    ``anchor_tau`` = 1 + mean over anchors of the leading correct drafts: every position weighs the
+    same. The decoding loop does not visit positions uniformly: a step that accepts a drafts moves
+    a + 1 positions on, so a run of easy positions (a repetition loop, a code block) is crossed in a
+    few steps while every hard position costs a whole step, and ``anchor_tau`` overstates the loop's
+    τ (BENCHMARKS.md "τ you can trust"). ``block_tau`` replays the loop instead (``walk_tau``) over
+    whole assistant turns with a block at every position, which evaluation computes
+    (``walk_tokens`` / ``walk_steps``; training batches draw random anchors and have no walk). On the
+    target's own greedy output the replay is the loop's τ exactly (``tests/test_loop_eval.py``).
+    """
+    out = {f"{prefix}/anchor_tau": float(1 + accepted_sum / count.clamp(min=1))}
+    if float(walk_steps) > 0:
+        out[f"{prefix}/block_tau"] = float(walk_tokens / walk_steps)
+    return out
+
+
+def walk_segments(accepted: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int, int]:
+    """``walk_tau`` over each assistant turn of each row: [Bsz, T] leading correct drafts of a block
+    anchored at every position (-1 where none) and [Bsz, T] the loss mask; a turn is a run of loss
+    positions and the loop's first step there is anchored at its first token. Returns (tokens, steps)."""
+    tokens = steps = 0
+    for acc_row, mask_row in zip(accepted.tolist(), loss_mask.tolist()):  # host sync: evaluation only
+        t = 0
+        while t < len(mask_row):
+            if not mask_row[t]:
+                t += 1
+                continue
+            end = t
+            while end < len(mask_row) and mask_row[end]:
+                end += 1
+            n, s = walk_tau([max(a, 0) for a in acc_row[t:end]])
+            tokens, steps, t = tokens + n, steps + s, end
+    return tokens, steps
+
+
+def leading_correct(correct: torch.Tensor) -> torch.Tensor:
+    """[..., S] bool (draft k right) -> [...] long: how many leading drafts a greedy verify accepts."""
+    return correct.long().cumprod(-1).sum(-1)
+
+
+def walk_tau(accepted: list[int], start: int = 0) -> tuple[int, int]:
+    """The greedy loop replayed on teacher-forced acceptances: from ``start``, a step at position i
+    accepts ``accepted[i]`` drafts and the next step starts at i + accepted[i] + 1 (``accepted[i]``
+    already capped at the block's drafts). Returns (tokens, steps); tau = tokens / steps."""
+    i, steps, tokens = start, 0, 0
+    while i < len(accepted):
+        steps += 1
+        tokens += accepted[i] + 1
+        i += accepted[i] + 1
+    return tokens, steps
+
+
+# ----------------------------------------------------------------------------- the loop run
 
 @contextlib.contextmanager
 def frozen_for_inference(model: torch.nn.Module):
@@ -73,18 +136,18 @@ class LoopEval:
     """The loop on fixed held-out prompts: built once at start-up, called at every eval for ``eval/loop_*``.
 
     Args:
-        step_ctx: the run's ``DFlashStep`` or ``Eagle3Step`` (its target, drafter, layer ids, device).
+        step: the run's ``DFlashStep`` or ``Eagle3Step`` (its drafter, and in ``step.ctx`` the target and layer ids).
         prompts: token ids of each prompt (``held_out_prompts``).
         max_new_tokens: the loop's budget per prompt.
     """
 
-    def __init__(self, step_ctx, prompts: list[list[int]], max_new_tokens: int):
+    def __init__(self, step, prompts: list[list[int]], max_new_tokens: int):
         if not prompts:
             raise ValueError("trainer.loop_eval_prompts: the eval split has no row with a prompt before its first loss token")
-        self.step_ctx, self.prompts, self.max_new_tokens = step_ctx, prompts, max_new_tokens
-        target = step_ctx.target
+        self.step, self.prompts, self.max_new_tokens = step, prompts, max_new_tokens
+        target = step.ctx.target
         self.eos = eos_ids(target.tokenizer, target.model)
-        self.cached = CachedTarget(target.model, step_ctx.layer_ids)
+        self.cached = CachedTarget(target.model, step.ctx.layer_ids)
         start = time.perf_counter()
         self.greedy = [generate(self.cached, None, p, max_new_tokens, eos_token_ids=self.eos).tokens for p in prompts]
         pld = PromptLookupDrafter(num_draft_tokens=self.block_size() - 1)
@@ -109,18 +172,18 @@ class LoopEval:
         return repeated / max(total, 1)
 
     def block_size(self) -> int:
-        cfg = self.step_ctx.cfg.drafter
-        return cfg.block_size if cfg.kind.value == "dflash" else cfg.ttt_length + 1
+        cfg = self.step.cfg.drafter
+        return cfg.block_size if cfg.kind == "dflash" else cfg.ttt_length + 1
 
     def inference_drafter(self):
-        model = self.step_ctx.drafter
-        if self.step_ctx.cfg.drafter.kind.value == "dflash":
-            return DFlashDrafter(model, self.step_ctx.target.embed_tokens, self.step_ctx.target.lm_head, window="trained")
+        model = self.step.drafter
+        if self.step.cfg.drafter.kind == "dflash":
+            return DFlashDrafter(model, self.step.ctx.target.embed_tokens, self.step.ctx.target.lm_head, window="trained")
         return Eagle3Drafter(model, window="trained")
 
     @torch.no_grad()
     def __call__(self) -> dict[str, float]:
-        model = self.step_ctx.drafter
+        model = self.step.drafter
         with frozen_for_inference(model):
             drafter = self.inference_drafter()
             runs = [generate(self.cached, drafter, p, self.max_new_tokens, eos_token_ids=self.eos) for p in self.prompts]
@@ -133,12 +196,12 @@ class LoopEval:
     def teacher_forced(self) -> dict[str, float]:
         """The training side's evaluation (``evaluate_batch``: a block at every position, the loop replayed)
         on the greedy continuations: prompt + output, the loss on the output, cut to ``data.max_length``."""
-        ctx = self.step_ctx
+        ctx = self.step.ctx
         total = None
         for prompt, continuation in zip(self.prompts, self.greedy):
             row = (prompt + continuation)[:ctx.cfg.data.max_length]
             batch = ctx.collate([{"input_ids": row, "loss_mask": [0] * len(prompt) + [1] * (len(row) - len(prompt))}], ctx.target.pad_id)
-            stats = ctx.evaluate_batch(batch)
+            stats = self.step.evaluate_batch(batch)
             total = stats if total is None else total + stats
         summary = total.summary("eval")
         return {"eval/loop_tf_block_tau": summary["eval/block_tau"], "eval/loop_tf_anchor_tau": summary["eval/anchor_tau"]}

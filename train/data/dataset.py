@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..atomic import atomic_dir
+from common.atomic import atomic_dir
 from .chat import ChatRenderer
 from .readers import Conversation, DataError, read_conversations, sharegpt_package_file
 

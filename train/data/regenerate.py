@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..atomic import atomic_open
+from common.atomic import atomic_open
 from .chat import ChatRenderer
 from .readers import Conversation
 

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from ..config import TrainConfig
-from ..target import TargetModel
+from models.target import TargetModel
 from .store import FeatureStore, StoreSpec, data_digest, target_digest
 
 log = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ MUST_MATCH = ("target", "layer_ids", "with_final_hidden", "dtype", "hidden_size"
 def store_spec(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], splits: dict[str, Any]) -> StoreSpec:
     """What a store made from these inputs holds (the trainer builds the same spec to check a store)."""
     return StoreSpec(
-        target=target_digest(target.model), layer_ids=list(layer_ids), with_final_hidden=cfg.drafter.kind.value == "eagle3",
+        target=target_digest(target.model), layer_ids=list(layer_ids), with_final_hidden=cfg.drafter.kind == "eagle3",
         dtype=str(target.embed_tokens.weight.dtype).removeprefix("torch."), hidden_size=target.hidden_size,
         max_length=cfg.data.max_length, batch_size=cfg.features.batch_size or cfg.trainer.batch_size,
         data={name: data_digest(ds) for name, ds in splits.items()}, rows={name: len(ds) for name, ds in splits.items()},

@@ -36,7 +36,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from ..atomic import atomic_open
+from common.atomic import atomic_open
 
 FORMAT_VERSION = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -287,7 +287,7 @@ class FeatureStore:
 
     def gather(self, split: str, rows: list[int], length: int, device: torch.device | str = "cpu"):
         """-> (features [B, length, k*H], final_hidden [B, length, H] or None), zeros past each row's end."""
-        from ..target import TargetFeatures
+        from models.target import TargetFeatures
 
         names = ["features"] + (["final_hidden"] if self.spec.with_final_hidden else [])
         out = {}

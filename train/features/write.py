@@ -24,8 +24,8 @@ from ..config import TrainConfig
 from ..data import prepare_data
 from ..data.dataset import collate_padded
 from ..distributed import barrier, init_process_group, local_device, rank0_first, ranks_from_env
-from ..target import TargetModel
-from ..tiny_target import resolve_target_path
+from models.target import TargetModel
+from models.builtin_targets import resolve_target_path
 from .spec import store_spec
 from .store import StoreSpec, StoreWriter
 

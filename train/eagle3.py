@@ -1,4 +1,5 @@
-"""EAGLE-3 training objective: the training-time test (TTT) unroll, soft cross-entropy, acceptance stats.
+"""EAGLE-3 training (``drafter.kind=eagle3``): its config schema, the drafter it builds, the
+training-time test (TTT) and its masks, and its step.
 
 Index t of a sequence holds the target's features at position t and, at step j, the ground-truth
 token x_{t+j+1} (teacher forcing); step 0 reads ``fc(features)``, step j > 0 the drafter's own
@@ -11,10 +12,27 @@ Statistics per step j: accuracy (the draft's argmax, mapped to a target id, equa
 argmax over its whole vocabulary, i.e. greedy acceptance) and the simulated acceptance length
 ``sim_tau`` = 1 + mean over start indices of the run of leading correct steps: with teacher forcing
 the drafter sees exactly what greedy chain drafting would feed it while it is right.
+
+TTT masks. Step j (0-based) of the unrolled drafter runs T queries, one per index t, and writes T new keys.
+Its queries see the keys of steps 0..j laid side by side:
+
+    keys     kv = s * T + u          step s, index u        (K = (j + 1) * T)
+    position index u at step s sits at RoPE position u + 1 + s (models/eagle3.py)
+
+A query (index t, step j, position p = t + 1 + j) sees
+    step-0 keys   u <= t (causal), u a real token or u == t          -- the context cache
+    step-s keys   u == t for 1 <= s <= j (the diagonal)               -- its own earlier drafts
+and in a sliding layer only keys at positions > p - W (W keys counting the query itself), the
+window the same query has at inference: the context cache's last positions and the draft chain.
+Every query sees itself (step j, index t), so no softmax row is empty (padding rows included).
+
+``ttt_visible`` uses tensor ops only: it fills a dense boolean mask for SDPA (CPU) and is the
+flex_attention ``mask_mod`` (GPU), whose block mask skips every tile the window rules out.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,11 +40,135 @@ import torch.nn.functional as F
 
 from kernels.attention import attention
 from kernels.window_attention import band_ops, cudnn_band_available, cudnn_ops, default_ops, fa4_available, window_attention
+from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
+from models.target import TargetModel, default_layer_ids
 
-from .dflash_objective import tau_summaries, walk_segments
-from .eagle3_masks import ttt_dense_mask, ttt_flex_block_mask
-from .models.eagle3 import Eagle3DraftModel
-from .step import TrainStep
+from .config import DrafterConfigBase, TrainConfig
+from .loop_eval import tau_summaries, walk_segments
+
+log = logging.getLogger(__name__)
+
+NAME = "EAGLE-3"
+
+# Legend: Bsz batch, T indices per step, j step, K = (j + 1) * T keys, H hidden, Vd draft vocabulary.
+
+
+@dataclass
+class Eagle3Config(DrafterConfigBase):
+    """``drafter.*`` for EAGLE-3 (configs/drafter/eagle3.yaml)."""
+
+    kind: str = "eagle3"
+    draft_vocab_size: int = 32000  # draft LM-head width (capped by the target's vocabulary)
+    ttt_length: int = 7  # training-time-test steps (and the default chain length when drafting)
+    fc_norm: bool = False  # EAGLE-3.1: RMSNorm each target feature before fc
+    norm_output: bool = False  # EAGLE-3.1: feed the final-normed hidden state to the next step
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ttt_length < 1:
+            raise ValueError(f"drafter.ttt_length={self.ttt_length}; expected >= 1")
+        if self.draft_vocab_size < 2:
+            raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2")
+
+
+def feature_layer_ids(d: Eagle3Config, num_layers: int) -> list[int]:
+    """The target layers read when ``drafter.target_layer_ids`` is null: low, mid, high."""
+    return default_layer_ids("eagle3", num_layers)
+
+
+def fastest_gpu_backend(cfg: TrainConfig, drafter: Eagle3DraftModel) -> str:
+    """What ``trainer.attention_backend=auto`` runs on the GPU.
+
+    The window in one kernel + the fused diagonal keys, over the whole TTT at 32K, W=2048 on the H100:
+    FlashAttention-4 1.9x, cuDNN's band 1.7x flex's attention (BENCHMARKS.md, issue 8); they need W >= TTT length."""
+    window = cfg.drafter.sliding_window
+    if window is not None and window < cfg.drafter.ttt_length:
+        return "flex"
+    if fa4_available():
+        return "fa4"
+    return "cudnn" if cudnn_band_available() else "flex"
+
+
+def loss_token_counts(rows, vocab_size: int) -> torch.Tensor:
+    """[V] how often each token id appears under the loss mask (the tokens a drafter must predict)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for row in rows:
+        ids = torch.as_tensor(row["input_ids"])[torch.as_tensor(row["loss_mask"], dtype=torch.bool)]
+        counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def build_drafter(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], train_ds) -> Eagle3DraftModel:
+    """EAGLE-3 drafter: draft vocabulary from the training data's loss-masked token counts, the
+    target's embedding (frozen) and its LM-head rows for the draft vocabulary as the head's start."""
+    d = cfg.drafter
+    config = make_eagle3_config(
+        target.config, num_hidden_layers=d.num_hidden_layers, target_layer_ids=layer_ids, layer_types=d.resolved_layer_types(),
+        sliding_window=d.sliding_window, draft_vocab_size=d.draft_vocab_size, ttt_length=d.ttt_length, fc_norm=d.fc_norm,
+        norm_output=d.norm_output,
+    )
+    torch.manual_seed(cfg.trainer.seed)
+    drafter = Eagle3DraftModel(config)
+    counts = loss_token_counts(train_ds, target.vocab_size)
+    d2t, t2d = build_draft_vocab({i: int(c) for i, c in enumerate(counts.tolist()) if c}, target.vocab_size, config.draft_vocab_size)
+    drafter.set_draft_vocab(d2t, t2d)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.embed_tokens.weight.float())
+        drafter.lm_head.weight.copy_(target.lm_head.weight.float()[drafter.draft_ids_in_target().to(target.lm_head.weight.device)].cpu())
+    kept = float(counts[t2d].sum() / counts.sum().clamp(min=1))
+    log.info("EAGLE-3 draft vocabulary: %d of %d target tokens, covering %.1f%% of loss-masked training tokens",
+             config.draft_vocab_size, target.vocab_size, 100 * kept)
+    return drafter
+
+
+# ----------------------------------------------------------------------------- the step
+
+class Eagle3Step:
+    """One EAGLE-3 training step's pieces, fixed at start-up: ``plan`` (nothing random), ``num_labels``,
+    ``forward`` (target features -> the TTT unroll -> soft CE and stats) and ``evaluate_batch``. ``ctx``
+    is the trainer's ``StepContext`` (device, attention backend, precision, target features)."""
+
+    def __init__(self, ctx, drafter: Eagle3DraftModel):
+        self.ctx, self.cfg, self.drafter = ctx, ctx.cfg, drafter
+        self.steps = self.cfg.drafter.ttt_length
+        window = self.cfg.drafter.sliding_window
+        if ctx.backend in WINDOW_BACKENDS and window is not None and window < self.steps:
+            raise ValueError(f"trainer.attention_backend={ctx.backend} needs drafter.sliding_window >= drafter.ttt_length "
+                             f"({window} < {self.steps}); use flex")
+
+    def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:
+        return None  # nothing random: every index is a start
+
+    def num_labels(self, batch: dict[str, torch.Tensor], plan) -> int:
+        return int(label_mask(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], 0).sum())
+
+    @torch.no_grad()
+    def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> TTTStats:
+        """Held-out stats and the loop replayed over each assistant turn (``block_tau``): the chain
+        started at index t is the loop's step anchored at position t + 1 (the bonus token there)."""
+        stats, per_start = self.forward(batch, per_start=True)
+        by_anchor = torch.full_like(per_start, -1)
+        by_anchor[:, 1:] = per_start[:, :-1]
+        tokens, steps = walk_segments(by_anchor.cpu(), batch["loss_mask"].cpu())
+        stats.walk_tokens += tokens
+        stats.walk_steps += steps
+        return stats
+
+    def forward(self, batch: dict[str, torch.Tensor], plan=None, per_start: bool = False):
+        input_ids = batch["input_ids"].to(self.ctx.device)
+        attention_mask = batch["attention_mask"].to(self.ctx.device)
+        loss_mask = batch["loss_mask"].to(self.ctx.device)
+        captured = self.ctx.target_features(batch, with_final_hidden=True)
+        labels = target_labels(self.drafter.draft_ids_in_target(), captured.final_hidden, self.ctx.target.lm_head)
+        features = captured.features
+        del captured  # the final hidden state is no longer needed
+        with self.ctx.autocast():
+            outputs = unroll(self.drafter, features, input_ids, attention_mask.bool(), self.steps, self.ctx.backend,
+                             checkpoint_steps=self.cfg.trainer.activation_checkpointing)
+            return ttt_loss(self.drafter, outputs, None, input_ids, loss_mask, attention_mask, labels=labels, per_start=per_start)
+
+
+# ----------------------------------------------------------------------------- the training-time test
 
 STEP_DECAY = 0.8
 
@@ -51,7 +193,7 @@ WINDOW_BACKENDS = ("fa4", "cudnn")
 
 
 def step_masks(ctx_valid: torch.Tensor, layer_types: list[str], sliding_window: int | None, steps: int, backend: str) -> list[dict]:
-    """Per step j, layer type -> mask over the keys of steps 0..j (``train/eagle3_masks.py``)."""
+    """Per step j, layer type -> mask over the keys of steps 0..j (the TTT masks below)."""
     build = ttt_flex_block_mask if backend == "flex" else ttt_dense_mask
     return [{t: build(ctx_valid, j, sliding_window if t == "sliding_attention" else None) for t in set(layer_types)}
             for j in range(steps)]
@@ -62,7 +204,7 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
     """The TTT forward: ``steps`` drafting steps over every index at once.
 
     With ``backend="fa4"`` or ``"cudnn"`` step j's attention is ``kernels.window_attention``: a window of W - j
-    over the step-0 keys plus the j diagonal keys, the rule of ``train/eagle3_masks.py`` for every
+    over the step-0 keys plus the j diagonal keys, the rule of the TTT masks below for every
     real row (right padding: a padding row may also see padding keys, which no real row sees, so
     real outputs and all gradients are unchanged).
 
@@ -236,54 +378,50 @@ def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits
     return (stats, torch.where(starts, accepted, -1)) if per_start else stats
 
 
-class Eagle3Step(TrainStep):
-    """What every EAGLE-3 training step needs, fixed at start-up (the DFlash twin is trainer.DFlashStep)."""
+# ----------------------------------------------------------------------------- TTT masks
 
-    def __init__(self, cfg, target, drafter: Eagle3DraftModel, layer_ids: list[int], device: torch.device, store=None):
-        super().__init__(cfg, target, drafter, layer_ids, device, store)
-        self.steps = cfg.drafter.ttt_length
-        window = cfg.drafter.sliding_window
-        if self.backend in WINDOW_BACKENDS and window is not None and window < self.steps:
-            raise ValueError(f"trainer.attention_backend={self.backend} needs drafter.sliding_window >= drafter.ttt_length "
-                             f"({window} < {self.steps}); use flex")
+def ttt_visible(b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor, step: int, ctx_valid: torch.Tensor,
+                window: int | None) -> torch.Tensor:
+    """True where query ``q_idx`` of step ``step`` may attend to key ``kv_idx`` (broadcasting).
 
-    def fastest_gpu_backend(self, cfg) -> str:
-        # the window in one kernel + the fused diagonal keys, over the whole TTT at 32K, W=2048 on the H100:
-        # FlashAttention-4 1.9x, cuDNN's band 1.7x flex's attention (BENCHMARKS.md, issue 8); they need W >= TTT length
-        window = cfg.drafter.sliding_window
-        if window is not None and window < cfg.drafter.ttt_length:
-            return "flex"
-        if fa4_available():
-            return "fa4"
-        return "cudnn" if cudnn_band_available() else "flex"
+    Args:
+        b, q_idx, kv_idx: integer tensors, broadcastable to each other.
+        step: j, the drafting step the queries belong to.
+        ctx_valid: [Bsz, T] bool, True on real tokens.
+        window: W keys visible counting the query itself, or None (full attention).
+    """
+    seq_len = ctx_valid.shape[1]
+    key_step = kv_idx // seq_len
+    u = kv_idx % seq_len
+    context = (key_step == 0) & (u <= q_idx) & (ctx_valid[b, u] | (u == q_idx))
+    diagonal = (key_step >= 1) & (key_step <= step) & (u == q_idx)
+    visible = context | diagonal
+    if window is not None:
+        query_pos = q_idx + step
+        key_pos = u + key_step
+        visible = visible & (key_pos > query_pos - window)
+    return visible
 
-    def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:
-        return None  # nothing random: every index is a start
 
-    def num_labels(self, batch: dict[str, torch.Tensor], plan) -> int:
-        return int(label_mask(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], 0).sum())
+def ttt_dense_mask(ctx_valid: torch.Tensor, step: int, window: int | None) -> torch.Tensor:
+    """Boolean SDPA mask [Bsz, 1, T, (step + 1) * T] (True = attend) from ``ttt_visible``."""
+    bsz, seq_len = ctx_valid.shape
+    device = ctx_valid.device
+    b = torch.arange(bsz, device=device)[:, None, None]
+    q = torch.arange(seq_len, device=device)[None, :, None]
+    kv = torch.arange((step + 1) * seq_len, device=device)[None, None, :]
+    return ttt_visible(b, q, kv, step, ctx_valid, window)[:, None]
 
-    @torch.no_grad()
-    def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> TTTStats:
-        """Held-out stats and the loop replayed over each assistant turn (``block_tau``): the chain
-        started at index t is the loop's step anchored at position t + 1 (the bonus token there)."""
-        stats, per_start = self.forward(batch, per_start=True)
-        by_anchor = torch.full_like(per_start, -1)
-        by_anchor[:, 1:] = per_start[:, :-1]
-        tokens, steps = walk_segments(by_anchor.cpu(), batch["loss_mask"].cpu())
-        stats.walk_tokens += tokens
-        stats.walk_steps += steps
-        return stats
 
-    def forward(self, batch: dict[str, torch.Tensor], plan=None, per_start: bool = False):
-        input_ids = batch["input_ids"].to(self.device)
-        attention_mask = batch["attention_mask"].to(self.device)
-        loss_mask = batch["loss_mask"].to(self.device)
-        captured = self.target_features(batch, with_final_hidden=True)
-        labels = target_labels(self.drafter.draft_ids_in_target(), captured.final_hidden, self.target.lm_head)
-        features = captured.features
-        del captured  # the final hidden state is no longer needed
-        with self.autocast():
-            outputs = unroll(self.drafter, features, input_ids, attention_mask.bool(), self.steps, self.backend,
-                             checkpoint_steps=self.cfg.trainer.activation_checkpointing)
-            return ttt_loss(self.drafter, outputs, None, input_ids, loss_mask, attention_mask, labels=labels, per_start=per_start)
+def ttt_flex_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int = 128):
+    """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    bsz, seq_len = ctx_valid.shape
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return ttt_visible(b, q_idx, kv_idx, step, ctx_valid, window)
+
+    # compiled on the GPU: built tile by tile, never the dense [T, (j+1)T] mask (7.5 GB at 32K, step 6)
+    return create_block_mask(mask_mod, B=bsz, H=None, Q_LEN=seq_len, KV_LEN=(step + 1) * seq_len,
+                             device=ctx_valid.device, BLOCK_SIZE=tile, _compile=ctx_valid.is_cuda)

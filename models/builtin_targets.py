@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_dir
+from common.atomic import atomic_dir
 
 BUILTIN_PREFIX = "builtin:"
-SAMPLE_DATA = Path(__file__).parent / "data" / "samples" / "sharegpt_sample.jsonl"
+# The bundled ShareGPT sample (package data of train/, read by path: no import of train/)
+SAMPLE_DATA = Path(__file__).parents[1] / "train" / "data" / "samples" / "sharegpt_sample.jsonl"
 BUILD_VERSION = 2
 
 CHATML_TEMPLATE = (
@@ -150,7 +151,7 @@ def build_tiny_target(name: str, out_dir: Path) -> Path:
         (tmp / "README.md").write_text(
             f"# {name}\n8-layer {arch} model (hidden 128) with a BPE tokenizer, both trained briefly on the embedded "
             f"ShareGPT sample ({style} chat template; final train loss {final_loss:.2f} nats). Built by swa-drafters "
-            f"(train/tiny_target.py, build v{BUILD_VERSION}).\n"
+            f"(models/builtin_targets.py, build v{BUILD_VERSION}).\n"
         )
     return out_dir
 

@@ -1,0 +1,541 @@
+"""DFlash block-diffusion drafter (z-lab, arXiv 2602.06036) with per-layer sliding windows: the
+model, its training masks and its cached drafting, one file for training and inference.
+
+A stack of Qwen3-style decoder layers (q/k RMSNorm, RoPE, SwiGLU) with no embedding or LM head of
+its own: block tokens are embedded and decoded by the target's (frozen) embedding and LM head.
+
+    context  = hidden_norm(fc(concat(target hidden states at target_layer_ids)))   [B, T, H]
+    block    = embed([last verified token, mask, ..., mask])                        [B, Q, H]
+    each layer: queries from the block; keys/values = [context ; block]
+    slot k of a block anchored at position a predicts the token at a + k.
+
+One ``DFlashDraftModel.forward`` serves both uses; the cache is an argument:
+- training (``train/dflash.py``): many blocks per sequence, the context keys computed from all the
+  target features in the pass, one mask per layer type (the masks section below);
+- drafting (``DFlashDrafter`` at the end): one block, the context keys read from each layer's
+  ``ContextKV`` (``models/target.py``), written once per accepted position by ``append_context``.
+
+The config is a ``Qwen3Config`` carrying the DFlash fields the published checkpoints carry
+(``architectures: [DFlashDraftModel]``, ``dflash_config: {target_layer_ids, block_size,
+mask_token_id}``, ``block_size``, ``num_target_layers``, ``layer_types``, ``sliding_window``), and
+weight names match theirs (``fc``, ``hidden_norm``, ``layers.*``, ``norm``). Attention runs through
+``kernels/attention.py`` (SDPA for a dense mask, flex / FlashAttention-4 on the GPU, FlashInfer or
+SDPA over caches).
+
+Training masks. Layout of one training sequence (T context positions, N anchors, block size B):
+
+    queries  q = n * B + k          block n, slot k, position anchors[n] + k       (Q = N * B)
+    keys     kv < T                  context position kv (projected target features)
+             kv = T + m * B + l      block m, slot l, position anchors[m] + l       (K = T + Q)
+
+A query at position p = a_n + k sees
+    context keys   j < a_n (strictly before its anchor), j a real (non-padding) token, and in a
+                   sliding layer only j >= p - W + 1 (the W-key window counts the query itself);
+    block keys     its own block only (blocks never see each other); causal (l <= k) in sliding
+                   layers unless ``block_causal=False``, bidirectional in full layers; in a sliding
+                   layer also a_n + l >= p - W + 1 (and, non-causal, a_n + l <= p + W - 1).
+Every query sees at least itself, so no softmax row is empty (padded anchor slots included).
+
+``dflash_visible`` is written with tensor ops only, so the same function fills a dense boolean
+mask for SDPA (CPU) and serves as a flex_attention ``mask_mod`` (GPU), whose block mask then skips
+every 128 x 128 tile the window rules out: sliding-layer cost grows with W, not with T.
+
+Grouped-query packing (``flex_packed_block_mask``): a block's B queries under the G query heads of
+one KV head all see nearly the same keys (one anchor), so flex runs with the rows packed as
+(block, head of the group, slot): a 128-row tile then holds 128 / (G B) whole blocks and one key
+range, not 128 / B blocks spread over 128 / B different anchors (fewer partially masked tiles).
+``kernels.attention.attention`` packs and unpacks around the kernel.
+
+Drafting. A block anchored at position a (slot 0 = the last verified token, slots 1..B-1 = mask
+tokens) attends to the cached context keys < a and to its own slots. Each layer's cache holds keys
+at consecutive positions and the block's keys/values are written just after them, so attention
+reads one contiguous slice whose last B keys are the block: the bottom-right-aligned layout of
+``kernels/attention.py``, where a block-causal sliding layer is exactly ``causal=True, window=W``
+(FlashInfer ``window_left = W - 1``) and a full layer is ``causal=False``. A sliding layer keeps only
+its last W - 1 context positions plus slack: memory is O(W) however long the prompt.
+``tests/test_infer_drafter.py`` checks this against a full cache under the windowed mask and
+against the training forward.
+
+Inference-time window (SGLang's ``--speculative-draft-window-size``): ``window="trained"`` keeps the
+checkpoint's ``sliding_window``; an int replaces it in every sliding layer; None removes it (full
+attention everywhere). In-block causality of sliding layers stays as trained.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+from kernels.attention import PackedQueryMask, attention, cached_attention
+from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
+from models.sampling import SamplingConfig, choose
+from models.target import ContextKV
+
+# Legend: B batch (Bsz in masks), T context length, N anchors, Q block queries, K keys, H hidden, Hq/Hkv heads,
+# D head dim, V vocab, C cache capacity.
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, heads, L, D]; cos/sin: [B, L, D]
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def make_dflash_config(target_config, *, num_hidden_layers: int, block_size: int, mask_token_id: int, target_layer_ids: list[int],
+                       layer_types: list[str], sliding_window: int | None, sliding_block_causal: bool = True) -> Qwen3Config:
+    """The drafter's config: the target's attention/MLP shape, DFlash fields on top."""
+    t = target_config.get_text_config()
+    rope = getattr(t, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(t, "rope_theta", 1e6)}
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    config = Qwen3Config(
+        vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads, head_dim=head_dim, rms_norm_eps=t.rms_norm_eps,
+        max_position_embeddings=t.max_position_embeddings, rope_parameters=dict(rope), attention_bias=False,
+        layer_types=list(layer_types), sliding_window=sliding_window,
+        use_sliding_window="sliding_attention" in layer_types, max_window_layers=num_hidden_layers,
+        tie_word_embeddings=False, architectures=["DFlashDraftModel"],
+    )
+    config.block_size = block_size
+    config.num_target_layers = t.num_hidden_layers
+    config.dflash_config = {"target_layer_ids": list(target_layer_ids), "block_size": block_size, "mask_token_id": mask_token_id}
+    config.sliding_block_causal = sliding_block_causal
+    return config
+
+
+def sliding_block_causal(config: Qwen3Config) -> bool:
+    """Whether sliding layers are causal inside the block: our key, else z-lab's ``is_causal``
+    (which, when set, applies to every layer; full layers are always bidirectional here)."""
+    if getattr(config, "sliding_block_causal", None) is not None:
+        return bool(config.sliding_block_causal)
+    is_causal = getattr(config, "is_causal", None)
+    if is_causal and "full_attention" in config.layer_types:
+        raise ValueError("config.json: is_causal=true with full_attention layers (causal full layers) is not supported")
+    return True if is_causal is None else bool(is_causal)
+
+
+# ----------------------------------------------------------------------------- masks (training)
+
+@dataclass(frozen=True)
+class LayerMaskSpec:
+    window: int | None  # keys visible counting the query itself; None = no window (full layer)
+    block_causal: bool  # causal inside the block
+
+    @staticmethod
+    def for_layer(layer_type: str, sliding_window: int | None, sliding_block_causal: bool = True) -> "LayerMaskSpec":
+        if layer_type == "sliding_attention":
+            return LayerMaskSpec(window=sliding_window, block_causal=sliding_block_causal)
+        if layer_type == "full_attention":
+            return LayerMaskSpec(window=None, block_causal=False)
+        raise ValueError(f"layer type {layer_type!r}; expected sliding_attention or full_attention")
+
+
+def dflash_visible(
+    b: torch.Tensor,
+    q_idx: torch.Tensor,
+    kv_idx: torch.Tensor,
+    anchors: torch.Tensor,
+    ctx_valid: torch.Tensor,
+    block_size: int,
+    spec: LayerMaskSpec,
+) -> torch.Tensor:
+    """True where query ``q_idx`` may attend to key ``kv_idx`` in sequence ``b`` (broadcasting).
+
+    Args:
+        b, q_idx, kv_idx: integer tensors, broadcastable to each other.
+        anchors: [Bsz, N] anchor positions (padded slots: 0).
+        ctx_valid: [Bsz, T] bool, True on real tokens.
+        block_size: B.
+        spec: the layer's window and in-block causality.
+    """
+    ctx_len = ctx_valid.shape[1]
+    n = q_idx // block_size
+    k = q_idx % block_size
+    anchor = anchors[b, n]
+    pos = anchor + k
+    is_ctx = kv_idx < ctx_len
+    # torch.where, not clamp: FlashAttention-4's flex lowering has no minimum/maximum
+    ctx_ok = (kv_idx < anchor) & ctx_valid[b, torch.where(is_ctx, kv_idx, ctx_len - 1)]
+    blk = torch.where(is_ctx, 0, kv_idx - ctx_len)
+    m = blk // block_size
+    l = blk % block_size
+    blk_ok = m == n
+    if spec.block_causal:
+        blk_ok = blk_ok & (l <= k)
+    if spec.window is not None:
+        ctx_ok = ctx_ok & (kv_idx > pos - spec.window)
+        blk_ok = blk_ok & (l > k - spec.window)
+        if not spec.block_causal:  # a non-causal window reaches W - 1 slots ahead too (z-lab's rule)
+            blk_ok = blk_ok & (l < k + spec.window)
+    return torch.where(is_ctx, ctx_ok, blk_ok)
+
+
+def dense_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec) -> torch.Tensor:
+    """Boolean SDPA mask [Bsz, 1, Q, K] (True = attend) from ``dflash_visible``."""
+    bsz, num_anchors = anchors.shape
+    q_len = num_anchors * block_size
+    kv_len = ctx_valid.shape[1] + q_len
+    device = anchors.device
+    b = torch.arange(bsz, device=device)[:, None, None]
+    q = torch.arange(q_len, device=device)[None, :, None]
+    kv = torch.arange(kv_len, device=device)[None, None, :]
+    return dflash_visible(b, q, kv, anchors, ctx_valid, block_size, spec)[:, None]
+
+
+def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, tile: int = 128):
+    """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    bsz, num_anchors = anchors.shape
+    q_len = num_anchors * block_size
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
+
+    return create_block_mask(
+        mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=ctx_valid.shape[1] + q_len, device=anchors.device, BLOCK_SIZE=tile
+    )  # eager: new anchors every step; compiled building (as the TTT masks do) ran minutes per step on the H100
+
+
+def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
+                           tile: int = 128, q_tile: int | None = None, kernel_options: dict | None = None):
+    """``flex_block_mask`` for queries packed by KV group (module docstring), or None when a tile
+    cannot hold whole blocks (``q_tile``, default ``tile``, not a multiple of ``groups * block_size``).
+    ``kernel_options`` travel with the mask to flex_attention (e.g. FlashAttention-4's kernels)."""
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+    rows_per_block = groups * block_size
+    q_tile = q_tile or tile
+    if groups < 2 or q_tile % rows_per_block:
+        return None
+    bsz, num_anchors = anchors.shape
+    q_len, kv_len = num_anchors * block_size, ctx_valid.shape[1] + num_anchors * block_size
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
+
+    def packed_mask_mod(b, h, row, kv_idx):  # row = (block n, head g, slot k) -> query n * B + k
+        return mask_mod(b, h, row // rows_per_block * block_size + row % block_size, kv_idx)
+
+    # A packed tile holds the same blocks as an unpacked tile of tile / G rows: the tile structure
+    # (skipped / partial / full) is the unpacked one at that height, built over Q rows, not G * Q.
+    unpacked = create_block_mask(mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=anchors.device,
+                                 BLOCK_SIZE=(q_tile // groups, tile))
+    block_mask = BlockMask.from_kv_blocks(unpacked.kv_num_blocks, unpacked.kv_indices, unpacked.full_kv_num_blocks,
+                                          unpacked.full_kv_indices, BLOCK_SIZE=(q_tile, tile), mask_mod=packed_mask_mod,
+                                          seq_lengths=(groups * q_len, kv_len))
+    return PackedQueryMask(block_mask, groups, block_size, kernel_options)
+
+
+def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
+                      head_dim: int = 128, group_major: bool = False) -> KeyIntervalMask:
+    """The same rule as per-row key intervals for FlashAttention-4's kernels (``kernels.key_intervals``):
+    query n * B + k sees the context [max(0, p - W + 1), a_n) and its own block's slots. The context must
+    be right-padded (``ctx_valid`` a prefix of each row), as the trainer's batches are; a device-side
+    assert checks it without a host sync. ``group_major``: the mask asks for q's heads in the order
+    g * Hkv + h (the DFlash drafter then permutes its q_proj rows and o_proj columns in the forward),
+    which spares the backward four regrouping copies of q, out, dout and dq."""
+    bsz, ctx_len = ctx_valid.shape
+    lengths = ctx_valid.sum(1)
+    torch._assert_async((ctx_valid == (torch.arange(ctx_len, device=ctx_valid.device) < lengths[:, None])).all(),
+                        "key_interval_mask: ctx_valid is not a prefix of each row (left padding or gaps)")
+    ctx_keys = ctx_keys_for(ctx_len)
+    rows = dflash_key_intervals(anchors, lengths, block_size, spec.window, spec.block_causal, ctx_keys)
+    return KeyIntervalMask(plan_key_intervals(rows, groups, ctx_keys + anchors.shape[1] * block_size, head_dim), ctx_len, ctx_keys,
+                           group_major)
+
+
+# ----------------------------------------------------------------------------- the model
+
+class HeadOrderLinear(nn.Linear):
+    """``nn.Linear`` whose head slices (rows: ``head_dim=0``, q_proj; columns: ``head_dim=1``, o_proj) can
+    be taken in group-major order: ``forward(x, group_major=True)`` uses the weight with head
+    h * G + g (Hugging Face's order: KV head h, its g-th query head) moved to g * Hkv + h, the order
+    FA4's key-interval kernels take without regrouping copies (``kernels.key_intervals``). A copy of
+    the weight per call, not of the activations; the parameters keep Hugging Face's order, and the
+    call goes through the module (forward hooks, DeepSpeed ZeRO-3's parameter gathering)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, heads: tuple[int, int, int], head_dim: int):
+        super().__init__(in_features, out_features, bias=bias)
+        self.heads, self.head_dim = heads, head_dim  # (Hkv, G, D); the weight's dimension holding them
+
+    def forward(self, x: torch.Tensor, group_major: bool = False) -> torch.Tensor:
+        if not group_major:
+            return super().forward(x)
+        weight = self.weight.unflatten(self.head_dim, self.heads).transpose(self.head_dim, self.head_dim + 1)
+        bias = self.bias
+        if bias is not None and self.head_dim == 0:
+            bias = bias.unflatten(0, self.heads).transpose(0, 1).flatten()
+        return F.linear(x, weight.flatten(self.head_dim, self.head_dim + 2), bias)
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: Qwen3Config, layer_idx: int):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.scaling = 1.0 / math.sqrt(self.head_dim)
+        heads = (self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
+        self.q_proj = HeadOrderLinear(config.hidden_size, self.num_heads * self.head_dim, config.attention_bias, heads, head_dim=0)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
+        self.o_proj = HeadOrderLinear(self.num_heads * self.head_dim, config.hidden_size, config.attention_bias, heads, head_dim=1)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [B, L, H] -> k, v: [B, Hkv, L, D] (k normed and rotated)
+        b, length, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(k, cos, sin), v
+
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, group_major: bool = False) -> torch.Tensor:
+        # x: [B, Q, H] -> q: [B, Hq, Q, D] (normed and rotated); group_major: heads ordered g * Hkv + h
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x, group_major=group_major).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        return apply_rope(q, cos, sin)
+
+    def output(self, out: torch.Tensor, group_major: bool = False) -> torch.Tensor:
+        # out: [B, Hq, Q, D] -> [B, Q, H]
+        b, _, q_len, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim), group_major=group_major)
+
+    def forward(self, x: torch.Tensor, rope_q: tuple, mask=None, context: torch.Tensor | None = None, rope_ctx: tuple | None = None,
+                cache: "LayerCache | None" = None) -> torch.Tensor:
+        # x: [B, Q, H] (normed block states); context: [B, T, H] (projected features, training);
+        # cache: this layer's cached context keys and attention rule (drafting; the block's keys go after them)
+        group_major = getattr(mask, "group_major", False)  # what the mask's kernels take (KeyIntervalMask)
+        q = self.query(x, *rope_q, group_major=group_major)
+        k_blk, v_blk = self.key_value(x, *rope_q)
+        if cache is not None:
+            return self.output(cache.attend(q, k_blk, v_blk, self.scaling))
+        k_ctx, v_ctx = self.key_value(context, *rope_ctx)
+        k = torch.cat([k_ctx, k_blk], dim=2)
+        v = torch.cat([v_ctx, v_blk], dim=2)
+        return self.output(attention(q, k, v, mask, scale=self.scaling), group_major)
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: Qwen3Config, layer_idx: int):
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer_idx)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope_q: tuple, mask=None, context: torch.Tensor | None = None, rope_ctx: tuple | None = None,
+                cache: "LayerCache | None" = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope_q, mask, context, rope_ctx, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(Qwen3PreTrainedModel):
+    config_class = Qwen3Config
+    base_model_prefix = ""
+    _no_split_modules = ["DFlashDecoderLayer"]
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__(config)
+        dflash = config.dflash_config
+        self.target_layer_ids = list(dflash["target_layer_ids"])
+        self.block_size = dflash["block_size"]
+        self.mask_token_id = dflash["mask_token_id"]
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.fc = nn.Linear(len(self.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.post_init()
+
+    @property
+    def layer_types(self) -> list[str]:
+        return list(self.config.layer_types)
+
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        # features: [B, T, k*H] target hidden states -> [B, T, H]
+        return self.hidden_norm(self.fc(features))
+
+    def forward(self, block_embeds: torch.Tensor, features: torch.Tensor | None, block_positions: torch.Tensor, masks: dict | None = None,
+                cache: "DraftCache | None" = None) -> torch.Tensor:
+        """Draft hidden states for every block slot.
+
+        Args:
+            block_embeds: [B, Q, H] target embeddings of the block tokens (last verified token, masks).
+            features: [B, T, k*H] target hidden states at ``target_layer_ids``, positions 0..T-1
+                (training); None with a cache.
+            block_positions: [B, Q] absolute position of each block slot.
+            masks: layer type -> mask over [context ; block] keys ([B, 1, Q, T+Q] bool, a flex
+                ``BlockMask`` or a ``KeyIntervalMask``; see the masks section); None with a cache.
+            cache: drafting (B = 1, one block): the context keys of every layer, already written by
+                ``DFlashDrafter.append_context``, and each layer's attention rule.
+
+        Returns:
+            [B, Q, H] final-normed hidden states; the target's LM head turns them into logits.
+        """
+        if cache is not None:
+            rope_q = self.rotary_emb(block_embeds, block_positions)
+            x = block_embeds
+            for i, layer in enumerate(self.layers):
+                x = layer(x, rope_q, cache=cache.layer(i))
+            return self.norm(x)
+        context = self.project_context(features)
+        ctx_positions = torch.arange(features.shape[1], device=features.device).expand(features.shape[0], -1)
+        rope_ctx = self.rotary_emb(block_embeds, ctx_positions)
+        rope_q = self.rotary_emb(block_embeds, block_positions)
+        x = block_embeds
+        for layer, layer_type in zip(self.layers, self.config.layer_types):
+            x = layer(x, rope_q, masks[layer_type], context, rope_ctx)
+        return self.norm(x)
+
+
+# ----------------------------------------------------------------------------- drafting (inference)
+
+@dataclass(frozen=True)
+class LayerAttention:
+    causal: bool  # causal inside the block (context keys are always before the block)
+    window: int | None  # W keys visible including the query; None = all
+
+
+def layer_attention(model: DFlashDraftModel, window="trained") -> list[LayerAttention]:
+    """Each draft layer's attention rule at inference, with the window override applied."""
+    config = model.config
+    if window == "trained":
+        window = config.sliding_window
+    elif window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window={window!r}; expected 'trained', None (full attention) or a positive int")
+    block_causal = sliding_block_causal(config)
+    rules = []
+    for layer_type in config.layer_types:
+        if layer_type == "sliding_attention":
+            rules.append(LayerAttention(causal=block_causal, window=window))
+        else:
+            rules.append(LayerAttention(causal=False, window=None))
+    return rules
+
+
+@dataclass
+class LayerCache:
+    """One layer's view of the drafting cache: its context keys, its attention rule, the block's anchor."""
+
+    context: ContextKV
+    rule: LayerAttention
+    anchor: int
+    backend: str
+
+    def attend(self, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor, scale: float) -> torch.Tensor:
+        """q [1, Hq, B, D], k_blk/v_blk [1, Hkv, B, D] -> [1, Hq, B, D]: the block over [cached context ; itself]."""
+        from_pos = 0 if self.rule.window is None else self.anchor - self.rule.window + 1
+        k, v = self.context.with_block(k_blk[0].transpose(0, 1), v_blk[0].transpose(0, 1), from_pos)  # [K, Hkv, D]
+        out = cached_attention(q[0].transpose(0, 1), k, v, causal=self.rule.causal, window=self.rule.window, scale=scale,
+                               backend=self.backend)  # [B, Hq, D]
+        return out.transpose(0, 1)[None]
+
+
+@dataclass
+class DraftCache:
+    """``DFlashDraftModel.forward``'s cache argument: every layer's ``ContextKV`` and rule, for a block at ``anchor``."""
+
+    contexts: list[ContextKV]
+    rules: list[LayerAttention]
+    anchor: int
+    backend: str = "sdpa"
+
+    def layer(self, i: int) -> LayerCache:
+        return LayerCache(self.contexts[i], self.rules[i], self.anchor, self.backend)
+
+
+class DFlashDrafter:
+    """Drafts a block of tokens from the target's features with a DFlash model.
+
+    Args:
+        model: the loaded ``DFlashDraftModel``.
+        embed_tokens, lm_head: the target's (shared, frozen) embedding and LM head.
+        window: inference-time window, see the module docstring.
+        attention_backend: ``sdpa`` or ``flashinfer``.
+        keep_slack: extra positions a sliding layer's buffer holds before it compacts.
+    """
+
+    def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained",
+                 attention_backend: str = "sdpa", keep_slack: int = 1024):
+        self.model = model.eval().requires_grad_(False)
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.block_size = model.block_size
+        self.mask_token_id = model.mask_token_id
+        self.target_layer_ids = model.target_layer_ids
+        self.rules = layer_attention(model, window)
+        self.attention_backend = attention_backend
+        self.keep_slack = keep_slack
+        self.window_arg = window
+        self.caches: list[ContextKV] = []
+
+    tree = False  # drafting protocol of infer/generate.py: chains (blocks) only
+
+    @property
+    def verify_tokens(self) -> int:
+        return self.block_size
+
+    def with_window(self, window) -> "DFlashDrafter":
+        """The same drafter under another inference window."""
+        return DFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.attention_backend, self.keep_slack)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
+    def reset(self, max_positions: int) -> None:
+        """Empty caches able to hold positions ``0 .. max_positions-1``."""
+        cfg = self.model.config
+        dtype = self.model.fc.weight.dtype
+        self.caches = []
+        for rule in self.rules:
+            # the slot-0 query at anchor a needs context a-W+1 .. a-1: W - 1 positions
+            keep = None if rule.window is None or rule.window - 1 >= max_positions else rule.window - 1
+            capacity = max_positions if keep is None else min(max_positions, keep + self.keep_slack)
+            self.caches.append(ContextKV(cfg.num_key_value_heads, cfg.head_dim, capacity, keep, self.block_size, dtype, self.device))
+
+    @torch.no_grad()
+    def append_context(self, features: torch.Tensor, start: int, token_ids: torch.Tensor | None = None) -> None:
+        """Project target features at positions ``start .. start+n-1`` into every layer's cache (DFlash ignores the tokens)."""
+        # features: [n, k*H]
+        assert all(c.end_pos == start for c in self.caches), "context positions must arrive in order"
+        context = self.model.project_context(features.to(self.model.fc.weight.dtype))[None]  # [1, n, H]
+        positions = torch.arange(start, start + features.shape[0], device=self.device)[None]
+        cos, sin = self.model.rotary_emb(context, positions)
+        for layer, cache in zip(self.model.layers, self.caches):
+            k, v = layer.self_attn.key_value(context, cos, sin)  # [1, Hkv, n, D]
+            cache.append(k[0].transpose(0, 1), v[0].transpose(0, 1))
+
+    @torch.no_grad()
+    def draft_logits(self, token: torch.Tensor, anchor: int) -> torch.Tensor:
+        """Logits for block slots 1..B-1 (the tokens at ``anchor+1 .. anchor+B-1``).
+
+        Args:
+            token: [] or [1] the last verified token, at position ``anchor`` (not yet in the context).
+            anchor: its position; the context must hold positions ``.. anchor-1``.
+
+        Returns:
+            [B-1, V] fp32 logits.
+        """
+        b = self.block_size
+        ids = torch.full((b,), self.mask_token_id, dtype=torch.long, device=self.device)
+        ids[0] = token.reshape(())
+        x = self.embed_tokens(ids)[None].to(self.model.fc.weight.dtype)  # [1, B, H]
+        positions = torch.arange(anchor, anchor + b, device=self.device)[None]
+        hidden = self.model(x, None, positions, cache=DraftCache(self.caches, self.rules, anchor, self.attention_backend))
+        hidden = hidden[0, 1:]  # slot 0 is the known token
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+
+    @torch.no_grad()
+    def draft(self, token: torch.Tensor, anchor: int, sampling: SamplingConfig,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft tokens [B-1] for ``anchor+1 ..`` and, when sampling, their distributions [B-1, V]."""
+        return choose(self.draft_logits(token, anchor), sampling, generator)

@@ -1,0 +1,440 @@
+"""The target model, for training and for decoding: one wrapper file.
+
+``TargetModel`` (training): the frozen Hugging Face model and the features a drafter reads from it.
+
+Layer-id convention (used everywhere in this project, and by DFlash and SpecForge):
+    layer id ``i`` = the output of decoder layer ``i`` (0-based) = HF ``hidden_states[i + 1]``
+    (``hidden_states[0]`` is the embedding output). Valid ids are ``0 .. num_layers - 2``: HF
+    reports the *normed* output of the last layer as ``hidden_states[-1]``, and no drafter reads it.
+
+Features are captured with forward hooks on the chosen decoder layers only, and unless logits are
+asked for the decoder stack runs only as deep as the deepest one (its layer list cut there, its
+final norm an identity, no LM head): the other layers, the final norm and the LM head (150K wide
+for Qwen3) are never computed or kept. ``benchmarks/feature_capture_memory.py`` measures the
+peak-memory difference against ``output_hidden_states=True``, ``benchmarks/target_forward.py``
+the speed. ``compile_layers`` puts each decoder layer's forward under ``torch.compile`` (hooks
+stay eager).
+
+``CachedTarget`` (decoding): the target's forward over a preallocated KV cache (after gpt-fast's
+``KVCache``), on the HF model's own weights.
+
+Why not Hugging Face's ``StaticCache``: its layers keep their own write offset, so a forward at a
+position the cache has already passed (what rejecting drafts needs) writes in the wrong place.
+Here the caller names the first position of every forward; a forward at ``start`` writes
+keys/values ``start .. start+n-1`` and reads keys ``0 .. start+n-1`` under a causal mask, so
+rejected positions need no rollback: the next forward writes over them before anything reads them.
+
+Supported: decoder-only models whose layers are ``input_layernorm -> self_attn(q/k/v/o_proj, optional
+q_norm/k_norm) -> post_attention_layernorm -> mlp`` with full attention (Llama 3.x, Qwen2/2.5,
+Qwen3, Mistral without a window). Anything else is refused at load time with the reason; HF's own
+model stays the reference in tests.
+
+Its features follow the same layer-id convention.
+
+``ContextKV``: a drafter layer's cache of context keys/values (DFlash and EAGLE-3 drafting), kept here
+beside the target's own KV cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from kernels.attention import cached_attention
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TargetFeatures:
+    # features: [B, T, k * H], the k selected layers concatenated in the order of layer_ids
+    features: torch.Tensor
+    # logits: [B, T, V] when asked for, else None
+    logits: torch.Tensor | None = None
+    # final_hidden: [B, T, H] the last layer's normed output (logits = lm_head(final_hidden)) when asked for
+    final_hidden: torch.Tensor | None = None
+
+
+def default_layer_ids(drafter: str, num_layers: int, num_features: int | None = None) -> list[int]:
+    """The layers a drafter reads when the config names none.
+
+    EAGLE-3: low / mid / high = ``[1, L//2 - 1, L - 4]`` (the EAGLE-3 paper's layers 2, L/2, L-3
+    counted in ``hidden_states``, as SpecForge and SGLang use them).
+    DFlash: ``num_features`` layers spaced evenly from layer 1 to layer L-3 (z-lab's
+    ``build_target_layer_ids``; one feature -> the middle layer).
+    """
+    if num_layers < 4:
+        raise ValueError(f"target has {num_layers} layers; at least 4 are needed to pick draft features")
+    if drafter == "eagle3":
+        return [1, num_layers // 2 - 1, num_layers - 4]
+    if drafter == "dflash":
+        k = num_features or 1
+        if k == 1:
+            return [num_layers // 2]
+        start, end = 1, num_layers - 3
+        return [int(round(start + i * (end - start) / (k - 1))) for i in range(k)]
+    raise ValueError(f"drafter={drafter!r}; expected 'dflash' or 'eagle3'")
+
+
+def decoder_stack(model: nn.Module) -> nn.Module:
+    """The module that owns the decoder layers of an HF causal LM (``model.model`` for Llama/Qwen/gpt-oss)."""
+    base = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
+    for owner in (base, getattr(base, "decoder", None), getattr(base, "language_model", None)):
+        if isinstance(getattr(owner, "layers", None), nn.ModuleList):
+            return owner
+    raise ValueError(f"{type(model).__name__}: cannot find its decoder layers (expected model.layers)")
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder-layer list of an HF causal LM (``model.model.layers`` for Llama/Qwen/gpt-oss)."""
+    return decoder_stack(model).layers
+
+
+class TargetModel:
+    """A frozen Hugging Face causal LM that returns hidden states at chosen layers.
+
+    Args:
+        model: the loaded ``AutoModelForCausalLM`` (put in eval mode, gradients off).
+        tokenizer: its tokenizer.
+        path: where it was loaded from (recorded in run metadata).
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any, path: str):
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.path = path
+        self.stack = decoder_stack(model)
+        self.layers = self.stack.layers
+
+    @classmethod
+    def from_pretrained(cls, path: str, device: str | torch.device = "cpu", dtype: str = "auto", attn_implementation: str = "sdpa") -> "TargetModel":
+        """Load from a local folder or a hub id; bf16 on GPU and fp32 on CPU unless ``dtype`` says."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = torch.device(device)
+        if dtype == "auto":
+            torch_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        else:
+            torch_dtype = getattr(torch, dtype)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+        except OSError as e:
+            raise ValueError(f"target.path={path!r}: cannot load a causal LM and tokenizer there ({e})") from None
+        return cls(model.to(device), tokenizer, path)
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.get_text_config().num_hidden_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.get_text_config().hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_input_embeddings().num_embeddings
+
+    @property
+    def pad_id(self) -> int:
+        """The id batches are padded with: the tokenizer's pad token, else its end-of-sequence token."""
+        t = self.tokenizer
+        return t.pad_token_id if t.pad_token_id is not None else t.eos_token_id
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def check_layer_ids(self, layer_ids: list[int], where: str = "drafter.target_layer_ids") -> None:
+        bad = [i for i in layer_ids if not 0 <= i <= self.num_layers - 2]
+        if bad or not layer_ids:
+            raise ValueError(
+                f"{where}={layer_ids}: ids must lie in 0..{self.num_layers - 2} "
+                f"(id i = output of decoder layer i; the target has {self.num_layers} layers)"
+            )
+
+    def compile_layers(self) -> None:
+        """Run each decoder layer's forward under ``torch.compile`` (fuses norms, RoPE and the MLP's
+        elementwise ops; the capture hooks stay outside the compiled code)."""
+        for layer in self.layers:
+            if "forward" not in vars(layer):
+                layer.forward = torch.compile(layer.forward)
+
+    def release_layers(self) -> None:
+        """Free the decoder layers (a run reading a feature store needs only the embedding, the LM
+        head and the config); ``capture`` refuses afterwards."""
+        self.stack.layers = self.layers = nn.ModuleList()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def uncompile_layers(self) -> None:
+        for layer in self.layers:
+            vars(layer).pop("forward", None)
+
+    @contextmanager
+    def _stack_cut_after(self, depth: int):
+        """The decoder stack with only its first ``depth`` layers and no final norm, for the duration."""
+        layers, norm = self.stack.layers, getattr(self.stack, "norm", None)
+        self.stack.layers = nn.ModuleList(list(layers)[:depth])
+        if norm is not None:
+            self.stack.norm = nn.Identity()
+        try:
+            yield self.stack
+        finally:
+            self.stack.layers = layers
+            if norm is not None:
+                self.stack.norm = norm
+
+    @torch.no_grad()
+    def capture(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask: torch.Tensor | None = None, with_logits: bool = False,
+                with_final_hidden: bool = False) -> TargetFeatures:
+        """Run the target and return the hidden states of ``layer_ids``.
+
+        Args:
+            input_ids: [B, T] token ids.
+            layer_ids: decoder-layer ids (see the module docstring), any order, no repeats.
+            attention_mask: [B, T], 1 on real tokens (right padding), or None.
+            with_logits: also run the remaining layers and the LM head and return ``logits``.
+            with_final_hidden: also run the remaining layers and the final norm, not the LM head, and
+                return ``final_hidden``: the caller applies ``lm_head`` a chunk of rows at a time (at 32K
+                tokens Qwen3's logits alone are 9.3 GiB in bf16).
+
+        Returns:
+            ``TargetFeatures`` with ``features [B, T, len(layer_ids) * H]`` in the model's dtype,
+            and ``logits [B, T, V]`` or None.
+        """
+        if not len(self.layers):
+            raise RuntimeError("the target's decoder layers were released (this run reads a feature store)")
+        self.check_layer_ids(layer_ids)
+        captured: dict[int, torch.Tensor] = {}
+        deepest = max(layer_ids)
+
+        def hook_for(layer_id: int):
+            def hook(module: nn.Module, args: Any, output: Any) -> None:
+                captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
+            return hook
+
+        handles = [self.layers[i].register_forward_hook(hook_for(i)) for i in set(layer_ids)]
+        logits = final_hidden = None
+        try:
+            if with_logits:
+                logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=0).logits
+            elif with_final_hidden:
+                final_hidden = self.stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+            else:
+                with self._stack_cut_after(deepest + 1) as stack:
+                    stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        features = torch.cat([captured[i] for i in layer_ids], dim=-1)
+        return TargetFeatures(features=features, logits=logits, final_hidden=final_hidden)
+
+
+# ----------------------------------------------------------------------------- decoding: the cached forward
+
+# Legend: n tokens in this forward, V vocab, L layers, C cache capacity (positions), Hkv kv heads, D head dim.
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise ValueError naming what the cached forward cannot run."""
+    config = model.config.get_text_config()
+    name = f"target {config.model_type!r}"
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"} or getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        raise ValueError(f"{name}: layer_types {sorted(types)}: the inference loop runs full-attention targets only (gpt-oss-style windows in the target are not supported yet)")
+    layer = decoder_layers(model)[0]
+    attn = getattr(layer, "self_attn", None)
+    needed = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    if attn is None or not all(hasattr(attn, n) for n in needed) or not hasattr(layer, "mlp"):
+        raise ValueError(f"{name}: decoder layer {type(layer).__name__} lacks self_attn.{{q,k,v,o}}_proj / mlp; expected a Llama/Qwen-style layer")
+    if hasattr(attn, "sinks") or getattr(config, "attn_logit_softcapping", None):
+        raise ValueError(f"{name}: attention sinks / logit soft-capping are not supported by the inference loop")
+
+
+class CachedTarget:
+    """The target LM with a static KV cache; returns logits and the drafter's feature layers.
+
+    Args:
+        model: a loaded HF causal LM (its modules are used in place, nothing is copied).
+        feature_layer_ids: layer ids whose outputs are returned as features (may be empty).
+        attention_backend: ``sdpa`` or ``flashinfer`` (see ``kernels/attention.py``).
+    """
+
+    def __init__(self, model: nn.Module, feature_layer_ids: list[int], attention_backend: str = "sdpa"):
+        check_supported(model)
+        self.model = model.eval().requires_grad_(False)
+        config = model.config.get_text_config()
+        base = model.model
+        self.layers = decoder_layers(model)
+        self.embed_tokens = model.get_input_embeddings()
+        self.norm = base.norm
+        self.lm_head = model.get_output_embeddings()
+        self.rotary_emb = base.rotary_emb
+        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scale = self.head_dim ** -0.5
+        self.feature_layer_ids = list(feature_layer_ids)
+        self.attention_backend = attention_backend
+        self.k_cache: torch.Tensor | None = None  # [L, C, Hkv, D]
+        self.v_cache: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.k_cache is None else self.k_cache.shape[1]
+
+    def allocate(self, capacity: int) -> None:
+        """Make room for positions ``0 .. capacity-1`` (reuses the buffers when they are big enough)."""
+        if self.capacity >= capacity:
+            return
+        shape = (len(self.layers), capacity, self.num_kv_heads, self.head_dim)
+        self.k_cache = self.v_cache = None  # free the old buffers first
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, start: int, last_logits_only: bool = False, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run tokens at positions ``start .. start+n-1`` against the cached keys ``0 .. start-1``.
+
+        Args:
+            input_ids: [n] token ids.
+            start: position of the first token; every position before it must be in the cache.
+            last_logits_only: return the last position's logits only (prefill).
+            positions: optional [n] RoPE positions (tree verification: ``start + depth``); the keys
+                are still written to cache slots ``start .. start+n-1``.
+            mask: optional [n, n] bool, which new tokens each new token sees (tree verification:
+                its ancestors and itself); every cached slot before ``start`` stays visible.
+
+        Returns:
+            logits [n, V] (or [1, V]) in fp32, and features [n, k*H] (None without feature layers).
+        """
+        n = input_ids.shape[0]
+        end = start + n
+        if end > self.capacity:
+            raise ValueError(f"forward to position {end} exceeds the KV cache capacity {self.capacity}; call allocate() first")
+        x = self.embed_tokens(input_ids)[None]  # [1, n, H]
+        if positions is None:
+            positions = torch.arange(start, end, device=self.device)
+        cos, sin = self.rotary_emb(x, positions.reshape(1, n))
+        if mask is not None:
+            mask = torch.cat([torch.ones(n, start, dtype=torch.bool, device=self.device), mask.to(self.device)], dim=1)  # [n, end]
+        features: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer, layer.input_layernorm(x), cos, sin, start, end, mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.feature_layer_ids:
+                features[i] = x[0]
+        if last_logits_only:
+            x = x[:, -1:]
+        logits = self.lm_head(self.norm(x))[0].float()
+        if not features:
+            return logits, None
+        return logits, torch.cat([features[i] for i in self.feature_layer_ids], dim=-1)
+
+    def move(self, slots: torch.Tensor, dest: int) -> None:
+        """Copy the keys/values of cache ``slots`` [m] to slots ``dest .. dest+m-1`` (an accepted tree path)."""
+        m = slots.shape[0]
+        self.k_cache[:, dest:dest + m] = self.k_cache[:, slots]  # advanced indexing copies first: overlaps are safe
+        self.v_cache[:, dest:dest + m] = self.v_cache[:, slots]
+
+    def _attention(self, i: int, layer: nn.Module, h: torch.Tensor, cos, sin, start: int, end: int,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+        # h: [1, n, H] -> [1, n, H]; writes this layer's keys/values at start..end-1
+        attn = layer.self_attn
+        n = h.shape[1]
+        q = attn.q_proj(h).view(1, n, self.num_heads, self.head_dim)
+        k = attn.k_proj(h).view(1, n, self.num_kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(1, n, self.num_kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        self.k_cache[i, start:end] = k[0].transpose(0, 1)
+        self.v_cache[i, start:end] = v[0]
+        out = cached_attention(q[0].transpose(0, 1), self.k_cache[i, :end], self.v_cache[i, :end],
+                               causal=True, window=None, scale=self.scale, backend=self.attention_backend, mask=mask)  # [n, Hq, D]
+        return attn.o_proj(out.reshape(1, n, self.num_heads * self.head_dim))
+
+
+class ContextKV:
+    """One draft layer's context keys/values at consecutive positions, plus B scratch slots for the block.
+
+    Args:
+        keep: None keeps every position (full layer); an int keeps at least the last ``keep`` positions.
+        capacity: context positions the buffer holds (for ``keep``: ``keep`` + slack, compacted when full).
+        block_size: scratch slots after the context for the block's own keys/values.
+    """
+
+    def __init__(self, num_kv_heads: int, head_dim: int, capacity: int, keep: int | None, block_size: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (capacity + block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [C + B, Hkv, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.keep = keep
+        self.block_size = block_size
+        self.first_pos = 0  # position held in slot 0
+        self.length = 0  # context slots in use
+
+    @property
+    def end_pos(self) -> int:
+        return self.first_pos + self.length
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        # k, v: [n, Hkv, D] for positions end_pos .. end_pos + n - 1
+        n = k.shape[0]
+        if self.keep is not None and self.length + n > self.capacity:
+            # compact: keep only what the last `keep` positions after this append still need
+            if n >= self.keep:
+                k, v = k[n - self.keep:], v[n - self.keep:]
+                tail = 0
+            else:
+                tail = min(self.keep - n, self.length)
+                self.k[:tail] = self.k[self.length - tail:self.length].clone()
+                self.v[:tail] = self.v[self.length - tail:self.length].clone()
+            self.first_pos = self.end_pos + n - k.shape[0] - tail
+            self.length = tail
+            n = k.shape[0]
+        if self.length + n > self.capacity:
+            raise ValueError(f"draft context cache full: {self.length + n} positions > capacity {self.capacity}")
+        self.k[self.length:self.length + n] = k
+        self.v[self.length:self.length + n] = v
+        self.length += n
+
+    def with_block(self, k_blk: torch.Tensor, v_blk: torch.Tensor, from_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the block's keys/values after the context; return [keys from ``from_pos`` ; block] views."""
+        # k_blk, v_blk: [B, Hkv, D] -> k, v: [K, Hkv, D]
+        b = k_blk.shape[0]
+        self.k[self.length:self.length + b] = k_blk
+        self.v[self.length:self.length + b] = v_blk
+        assert max(from_pos, 0) >= self.first_pos, "the window reaches positions the cache dropped"
+        lo = max(from_pos - self.first_pos, 0)
+        return self.k[lo:self.length + b], self.v[lo:self.length + b]

@@ -1,0 +1,333 @@
+"""DFlash training (``drafter.kind=dflash``): its config schema, the drafter it builds and its step.
+
+For every sequence, anchors are drawn at random (``num_anchors``, capped by what the sequence holds)
+among positions a whose token and next token are both in the loss mask. Block n is
+[token(a_n), mask x (B-1)]; slot k (1..B-1) is trained on the ground-truth token at a_n + k (when
+that position exists and is in the loss mask) with weight exp(-(k-1)/gamma): early slots decide
+acceptance, so they weigh most (the DFlash paper uses gamma 7 for B=16, 5 for B=10, 4 for B=8).
+
+    DFlashStep.plan       anchors and blocks (random, from the step's generator)
+    DFlashStep.forward    target features -> ``models/dflash.py`` (masks per layer type) -> target LM head
+                          -> ``block_loss``: decayed CE, per-slot accuracy, accepted drafts per block
+    evaluate_batch        a block at every position and the greedy loop replayed over each reply
+                          (``eval/block_tau``, ``train/loop_eval.py``)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention import FLASH_KERNELS
+from kernels.window_attention import fa4_available
+from models.dflash import (DFlashDraftModel, LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask, key_interval_mask,
+                           make_dflash_config)
+from models.target import TargetModel, default_layer_ids
+
+from .config import DrafterConfigBase, TrainConfig
+from .loop_eval import leading_correct, tau_summaries, walk_segments
+
+NAME = "DFlash"
+
+
+@dataclass
+class DFlashConfig(DrafterConfigBase):
+    """``drafter.*`` for DFlash (configs/drafter/dflash.yaml)."""
+
+    kind: str = "dflash"
+    # How many target layers to read when target_layer_ids is null (default: num_hidden_layers).
+    num_target_features: Optional[int] = None
+    block_size: int = 16
+    mask_token_id: Optional[int] = None  # null = the target tokenizer's first free special token
+    # Sliding layers causal inside the block (published checkpoints, vLLM); false = bidirectional.
+    sliding_block_causal: bool = True
+    num_anchors: int = 512  # blocks per training sequence (capped by what it holds)
+    loss_gamma: Optional[float] = None  # slot-weight decay exp(-(k-1)/gamma); null = the paper's (7 for B=16)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.block_size < 2:
+            raise ValueError(f"drafter.block_size={self.block_size}; expected >= 2")
+        if self.num_anchors < 1:
+            raise ValueError(f"drafter.num_anchors={self.num_anchors}; expected >= 1")
+        if self.loss_gamma is not None and self.loss_gamma <= 0:
+            raise ValueError(f"drafter.loss_gamma={self.loss_gamma}; expected > 0 or null")
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"drafter.mask_token_id={self.mask_token_id}; expected a token id >= 0 or null")
+
+
+def feature_layer_ids(d: DFlashConfig, num_layers: int) -> list[int]:
+    """The target layers read when ``drafter.target_layer_ids`` is null: z-lab's even spacing."""
+    return default_layer_ids("dflash", num_layers, d.num_target_features or d.num_hidden_layers)
+
+
+def fastest_gpu_backend(cfg: TrainConfig, drafter: DFlashDraftModel) -> str:
+    """What ``trainer.attention_backend=auto`` runs on the GPU.
+
+    At 32K, W=2048 (BENCHMARKS.md, issue 8): FA4 with key intervals 1.3-1.4x flex's block masks on FA4's
+    kernels, which are 1.3-1.5x Triton flex. The key-interval kernels are FA4's SM90 ones with 128-key
+    tiles: Hopper, head_dim <= 128."""
+    if fa4_available():
+        hopper = torch.cuda.get_device_capability()[0] == 9
+        return "fa4" if hopper and drafter.config.head_dim <= 128 else "flex-flash"
+    return "flex"
+
+
+def resolve_mask_token_id(configured: int | None, target: TargetModel) -> int:
+    """The DFlash mask token: the configured id, else an embedding row no text ever produces."""
+    vocab = target.vocab_size
+    if configured is not None:
+        if not 0 <= configured < vocab:
+            raise ValueError(f"drafter.mask_token_id={configured} is outside the target's vocabulary (0..{vocab - 1})")
+        return configured
+    tokenizer = target.tokenizer
+    if vocab > len(tokenizer):
+        return len(tokenizer)  # first embedding row with no token (z-lab's choice: 151669 for Qwen3)
+    used = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    template = tokenizer.chat_template or ""
+    for token_id, token in sorted(tokenizer.added_tokens_decoder.items()):
+        if token.special and token_id not in used and token.content not in template:
+            return token_id
+    raise ValueError("drafter.mask_token_id is null and the target has no unused special token; set drafter.mask_token_id")
+
+
+def build_drafter(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], train_ds=None) -> DFlashDraftModel:
+    """A fresh DFlash drafter with the target's attention/MLP shape, seeded by ``trainer.seed``."""
+    d = cfg.drafter
+    mask_token_id = resolve_mask_token_id(d.mask_token_id, target)
+    config = make_dflash_config(
+        target.config, num_hidden_layers=d.num_hidden_layers, block_size=d.block_size, mask_token_id=mask_token_id,
+        target_layer_ids=layer_ids, layer_types=d.resolved_layer_types(), sliding_window=d.sliding_window,
+        sliding_block_causal=d.sliding_block_causal,
+    )
+    torch.manual_seed(cfg.trainer.seed)
+    return DFlashDraftModel(config)
+
+
+# ----------------------------------------------------------------------------- the step
+
+class DFlashStep:
+    """One DFlash training step's pieces, fixed at start-up: ``plan`` (anchors, blocks), ``num_labels``,
+    ``forward`` (target features -> drafter -> loss and stats) and ``evaluate_batch``. ``ctx`` is the
+    trainer's ``StepContext`` (device, attention backend, precision, target features)."""
+
+    def __init__(self, ctx, drafter: DFlashDraftModel):
+        self.ctx, self.cfg, self.drafter = ctx, ctx.cfg, drafter
+        if ctx.backend == "fa4" and torch.cuda.get_device_capability(ctx.device)[0] != 9:
+            raise ValueError("trainer.attention_backend=fa4 trains DFlash with FlashAttention-4's SM90 kernels (key intervals): "
+                             "it needs a Hopper GPU; use flex-flash or flex")
+        self.block_size = self.cfg.drafter.block_size
+        self.gamma = self.cfg.drafter.loss_gamma or default_gamma(self.block_size)
+
+    def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
+        """The step's random choices for one micro-batch: anchors and their blocks."""
+        anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.ctx.static_shapes)
+        return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id)
+
+    def num_labels(self, batch: dict[str, torch.Tensor], blocks) -> int:
+        return int((blocks.labels != IGNORE).sum())
+
+    def forward(self, batch: dict[str, torch.Tensor], blocks) -> BlockStats:
+        """Target features -> drafter -> stats (loss_sum is differentiable)."""
+        blocks = type(blocks)(*(t.to(self.ctx.device) for t in vars(blocks).values()))
+        with self.ctx.autocast():
+            logits = self.block_logits(batch, blocks, self.ctx.backend)
+        return block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
+
+    def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> BlockStats:
+        """Held-out stats with a block at every eligible position, and the loop replayed over each assistant
+        turn: ``block_tau``."""
+        total, accepted = self.dense_acceptance(batch)
+        tokens, steps = walk_segments(accepted, batch["loss_mask"])
+        total.walk_tokens += tokens
+        total.walk_steps += steps
+        return total
+
+    @torch.no_grad()
+    def dense_acceptance(self, batch: dict[str, torch.Tensor]) -> tuple[BlockStats, torch.Tensor]:
+        """Stats of blocks at every eligible position (the target runs once, the drafter once per chunk of
+        ``num_anchors``) and [Bsz, T] each position's leading correct drafts (-1: no block there)."""
+        loss_mask = batch["loss_mask"]
+        features = self.ctx.target_features(batch).features
+        accepted = torch.full(loss_mask.shape, -1, dtype=torch.long)  # [Bsz, T] by anchor position
+        total = None
+        for anchors, valid in dense_anchor_chunks(loss_mask, self.cfg.drafter.num_anchors, self.ctx.static_shapes):
+            blocks = build_blocks(batch["input_ids"], loss_mask, anchors, valid, self.block_size, self.drafter.mask_token_id)
+            blocks = type(blocks)(*(t.to(self.ctx.device) for t in vars(blocks).values()))
+            with self.ctx.autocast():
+                logits = self.block_logits(batch, blocks, self.ctx.backend, features)
+            stats, per_block = block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma, per_block=True)
+            rows = torch.arange(anchors.shape[0])[:, None].expand_as(anchors)
+            accepted[rows[valid.cpu()], anchors.cpu()[valid.cpu()]] = per_block.cpu()[valid.cpu()]
+            total = stats if total is None else total + stats
+        return total, accepted
+
+    def block_logits(self, batch: dict[str, torch.Tensor], blocks, backend: str, features: torch.Tensor | None = None) -> torch.Tensor:
+        """[Bsz, N*B, V] the drafter's logits for every block slot (blocks already on the device)."""
+        attention_mask = batch["attention_mask"].to(self.ctx.device)  # [Bsz, T]
+        if features is None:
+            features = self.ctx.target_features(batch).features  # [Bsz, T, k*H]
+        d = self.cfg.drafter
+        heads = self.drafter.config
+        masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal,
+                            backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads, head_dim=heads.head_dim)
+        block_embeds = self.ctx.target.embed_tokens(blocks.block_ids).to(features.dtype)  # [Bsz, Q, H]
+        hidden = self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
+        return self.ctx.target.lm_head(hidden)  # [Bsz, Q, V]
+
+
+# ----------------------------------------------------------------------------- the objective
+
+IGNORE = -100
+PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def default_gamma(block_size: int) -> float:
+    return PAPER_GAMMA.get(block_size, block_size / 2.0)
+
+
+@dataclass
+class Blocks:
+    anchors: torch.Tensor  # [Bsz, N] long (padded slots: 0)
+    anchor_valid: torch.Tensor  # [Bsz, N] bool
+    block_ids: torch.Tensor  # [Bsz, N*B] tokens fed to the drafter
+    positions: torch.Tensor  # [Bsz, N*B] absolute positions
+    labels: torch.Tensor  # [Bsz, N*B] target token or IGNORE (slot 0 always IGNORE)
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator, pad_to_max: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random sorted anchors per row among positions whose token and next token carry loss.
+
+    Args:
+        loss_mask: [Bsz, T] bool.
+        pad_to_max: return N = num_anchors columns always (static shapes for compiled kernels).
+    Returns:
+        anchors [Bsz, N] long and valid [Bsz, N] bool, N = max anchors any row got (>= 1).
+    """
+    eligible = loss_mask[:, :-1] & loss_mask[:, 1:]
+    rows = []
+    for row in eligible:
+        candidates = row.nonzero().flatten().cpu()
+        pick = torch.randperm(len(candidates), generator=generator)[:num_anchors]
+        rows.append(candidates[pick].sort().values)
+    n = num_anchors if pad_to_max else max(1, max(len(r) for r in rows))
+    anchors = torch.zeros(len(rows), n, dtype=torch.long)
+    valid = torch.zeros(len(rows), n, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        anchors[i, : len(r)] = r
+        valid[i, : len(r)] = True
+    return anchors.to(loss_mask.device), valid.to(loss_mask.device)
+
+
+def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, mask_token_id: int) -> Blocks:
+    """Block inputs, positions and labels for anchors ([Bsz, T] ids and loss mask, [Bsz, N] anchors)."""
+    bsz, seq_len = input_ids.shape
+    offsets = torch.arange(block_size, device=input_ids.device)
+    positions = anchors[:, :, None] + offsets  # [Bsz, N, B]
+    in_range = positions < seq_len
+    gather_at = positions.clamp(max=seq_len - 1).flatten(1)
+    targets = input_ids.gather(1, gather_at).view_as(positions)
+    has_loss = loss_mask.gather(1, gather_at).view_as(positions) & in_range & anchor_valid[:, :, None]
+    has_loss[:, :, 0] = False
+    labels = torch.where(has_loss, targets, torch.full_like(targets, IGNORE))
+    block_ids = torch.full_like(targets, mask_token_id)
+    block_ids[:, :, 0] = input_ids.gather(1, anchors)
+    return Blocks(anchors, anchor_valid, block_ids.flatten(1), positions.flatten(1), labels.flatten(1))
+
+
+def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_types: list[str], sliding_window: int | None,
+                sliding_block_causal: bool, backend: str, query_groups: int = 1, head_dim: int = 128) -> dict:
+    """One mask per layer type present: dense bool for SDPA (``backend='sdpa'``), or for flex a
+    BlockMask over queries packed by KV group (``query_groups`` = query heads per KV head) where a
+    tile holds whole blocks, else a plain BlockMask. ``flex-flash``: the packed masks run on
+    FlashAttention-4's kernels (flex's BACKEND=FLASH); a plain BlockMask stays on Triton flex.
+    ``fa4``: per-row key intervals on FlashAttention-4's own kernels (``kernels.key_intervals``)."""
+
+    def build(spec: LayerMaskSpec):
+        if backend == "sdpa":
+            return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
+        if backend == "fa4":
+            return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, head_dim, group_major=True)
+        options = FLASH_KERNELS if backend == "flex-flash" else None
+        packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
+        return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)
+
+    return {t: build(LayerMaskSpec.for_layer(t, sliding_window, sliding_block_causal)) for t in set(layer_types)}
+
+
+@dataclass
+class BlockStats:
+    """Sums over a batch; add them up over batches, then call ``summary``."""
+
+    loss_sum: torch.Tensor  # weighted CE summed over labelled slots
+    num_labels: torch.Tensor  # labelled slots
+    slot_correct: torch.Tensor  # [B] argmax == label, per slot
+    slot_count: torch.Tensor  # [B] labelled, per slot
+    accepted_sum: torch.Tensor  # sum over valid blocks of leading correct slots
+    num_blocks: torch.Tensor
+    walk_tokens: torch.Tensor  # the loop replayed over whole assistant turns (evaluation only, else 0)
+    walk_steps: torch.Tensor
+
+    def __add__(self, other: "BlockStats") -> "BlockStats":
+        return BlockStats(*(a + b for a, b in zip(vars(self).values(), vars(other).values())))
+
+    def summary(self, prefix: str) -> dict[str, float]:
+        acc = (self.slot_correct[1:] / self.slot_count[1:].clamp(min=1)).tolist()
+        sim_tau = 1.0 + sum(math.prod(acc[: k + 1]) for k in range(len(acc)))
+        out = {
+            f"{prefix}/loss": float(self.loss_sum / self.num_labels.clamp(min=1)),
+            f"{prefix}/acc": float(self.slot_correct[1:].sum() / self.slot_count[1:].sum().clamp(min=1)),
+            f"{prefix}/sim_tau": sim_tau,  # 1 + sum_k prod_{j<=k} acc_j (per-slot accuracies)
+            **tau_summaries(prefix, self.accepted_sum, self.num_blocks, self.walk_tokens, self.walk_steps),
+        }
+        out.update({f"{prefix}/acc_slot_{k + 1}": a for k, a in enumerate(acc)})
+        return out
+
+
+def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, gamma: float,
+               per_block: bool = False) -> BlockStats | tuple[BlockStats, torch.Tensor]:
+    """Decayed CE and accuracy stats. logits [Bsz, Q, V], labels [Bsz, Q]; Q = N * B.
+    ``per_block``: also return [Bsz, N] each block's leading correct drafts."""
+    bsz, q_len, vocab = logits.shape
+    slot = torch.arange(q_len, device=labels.device) % block_size
+    weight = torch.exp(-(slot - 1).clamp(min=0).float() / gamma).expand(bsz, -1)
+    has_label = labels != IGNORE
+    ce = F.cross_entropy(logits.float().reshape(-1, vocab), labels.reshape(-1), ignore_index=IGNORE, reduction="none").view(bsz, q_len)
+    correct = (logits.argmax(-1) == labels) & has_label
+    slot_correct = torch.zeros(block_size, device=labels.device).index_add_(0, slot, correct.float().sum(0))
+    slot_count = torch.zeros(block_size, device=labels.device).index_add_(0, slot, has_label.float().sum(0))
+    # Accepted length in a block: leading slots 1.. that are labelled and correct.
+    accepted = leading_correct(correct.view(bsz, -1, block_size)[:, :, 1:])  # [Bsz, N]
+    stats = BlockStats(
+        loss_sum=(ce * weight * has_label).sum(),
+        num_labels=has_label.sum().float(),
+        slot_correct=slot_correct,
+        slot_count=slot_count,
+        accepted_sum=(accepted * anchor_valid).sum().float(),
+        num_blocks=anchor_valid.sum().float(),
+        walk_tokens=torch.zeros((), device=labels.device),
+        walk_steps=torch.zeros((), device=labels.device),
+    )
+    return (stats, accepted) if per_block else stats
+
+
+def dense_anchor_chunks(loss_mask: torch.Tensor, num_anchors: int, pad_to_max: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every eligible anchor of every row (``sample_anchors``' rule), in chunks of ``num_anchors``
+    per row: [(anchors [Bsz, N], valid [Bsz, N])]. Evaluation drafts a block at every position."""
+    eligible = loss_mask[:, :-1] & loss_mask[:, 1:]
+    rows = [r.nonzero().flatten().cpu() for r in eligible]
+    longest = max((len(r) for r in rows), default=0)
+    chunks = []
+    for start in range(0, max(longest, 1), num_anchors):
+        parts = [r[start:start + num_anchors] for r in rows]
+        n = num_anchors if pad_to_max else max(1, max(len(p) for p in parts))
+        anchors = torch.zeros(len(rows), n, dtype=torch.long)
+        valid = torch.zeros(len(rows), n, dtype=torch.bool)
+        for i, p in enumerate(parts):
+            anchors[i, :len(p)], valid[i, :len(p)] = p, True
+        chunks.append((anchors.to(loss_mask.device), valid.to(loss_mask.device)))
+    return chunks

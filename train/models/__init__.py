@@ -1,1 +1,0 @@
-"""Drafter modeling files (architecture only), shared by training and inference."""
