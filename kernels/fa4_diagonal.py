@@ -13,12 +13,13 @@ the diagonal keys' share of dQ instead of zero; FA4's main kernel and postproces
 are, and the postprocess's dQ holds both shares. The accumulator's tile is stored in the order of
 FA4's MMA fragments, not row-major: ``dq_accum_tile`` reads that order off FA4's own postprocess
 (an encoded tile converted once), so nothing here restates FA4's layout. Only the preprocess is
-swapped, for the length of one call (FA4's interface looks it up by name at each call).
+swapped, for the length of one call (FA4's interface looks it up by name at each call), through
+``kernels.fa4_adapter`` (version and signatures checked first); the replacement takes exactly the
+recorded parameters of FA4's preprocess and refuses what it does not implement.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -26,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .diagonal_keys import CONFIGS, _diagonal_grads, _program_rows, _row_offsets
+from .fa4_adapter import interface, replacement_preprocess, swapped
 
 
 @triton.autotune(CONFIGS, key=["S", "G", "D", "TM"])  # writes only: every config rewrites the same outputs
@@ -62,10 +64,9 @@ def dq_accum_tile(head_dim: int, dtype: torch.dtype, device: torch.device) -> tu
     (r, c) of a query tile inside that tile's stretch of its fp32 accumulator. Read off FA4's own
     postprocess: a tiny window backward records the postprocess's arguments, which then convert two
     tiles holding each element's index (in base-256 digits, exact in bf16)."""
-    from flash_attn.cute import interface
-
+    fa4 = interface("the fused diagonal backward")
     recorded = []
-    convert = interface._bwd_postprocess_convert
+    convert = fa4._bwd_postprocess_convert
 
     def record(*args, **kwargs):
         recorded.append((args, kwargs))
@@ -74,12 +75,9 @@ def dq_accum_tile(head_dim: int, dtype: torch.dtype, device: torch.device) -> tu
     record.compile_cache = convert.compile_cache  # FA4 reaches it through the module-level name
 
     x = torch.randn(3, 1, 128, 1, head_dim, device=device, dtype=dtype)
-    out, lse = interface._flash_attn_fwd(x[0], x[1], x[2], causal=True, window_size_left=63, return_lse=True)[:2]
-    interface._bwd_postprocess_convert = record
-    try:
-        interface._flash_attn_bwd(x[0], x[1], x[2], out, torch.randn_like(out), lse, causal=True, window_size_left=63)
-    finally:
-        interface._bwd_postprocess_convert = convert
+    out, lse = fa4._flash_attn_fwd(x[0], x[1], x[2], causal=True, window_size_left=63, return_lse=True)[:2]
+    with swapped("the fused diagonal backward", _bwd_postprocess_convert=record):
+        fa4._flash_attn_bwd(x[0], x[1], x[2], out, torch.randn_like(out), lse, causal=True, window_size_left=63)
     args, kwargs = recorded[0]  # the dQ conversion comes first
     tile_m = args[8]  # FA4's block_size argument: the query tile of the dQ accumulator
     size = tile_m * head_dim
@@ -106,18 +104,6 @@ def supported(q: torch.Tensor, diag_k: torch.Tensor) -> bool:
     return diagonal_supported(q, diag_k) and q.shape[-1] in (64, 128)
 
 
-@contextlib.contextmanager
-def _preprocess_replaced(preprocess):
-    from flash_attn.cute import interface
-
-    saved = interface._bwd_preprocess
-    interface._bwd_preprocess = preprocess
-    try:
-        yield interface
-    finally:
-        interface._bwd_preprocess = saved
-
-
 def window_backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, window_left: int | None, scale: float):
     """Gradients of the window (FA4, ``window_size_left``) + diagonal keys, given the merged output
     and log-sum-exp. q/out/dout [B, Hq, T, D] (any strides with dense rows), k/v [B, Hkv, T, D],
@@ -131,11 +117,7 @@ def window_backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, windo
     ddiag_k = torch.empty_like(diag_k, memory_format=torch.contiguous_format)
     ddiag_v = torch.empty_like(diag_v, memory_format=torch.contiguous_format)
 
-    def preprocess(out_, dout_, dpsum, lse_, lse_log2, dq_accum, cu_seqlens_q, seqused_q, dlse, dtype, head_dim, head_dim_v,
-                   m_block_size, *args, **kwargs):
-        if cu_seqlens_q is not None or seqused_q is not None or dlse is not None or m_block_size != tile_m:
-            raise RuntimeError(f"fused diagonal backward: FA4 asked for a preprocess it does not replace "
-                               f"(varlen or dlse, or tile {m_block_size} != {tile_m})")
+    def launch(dpsum, lse_log2, dq_accum):
         t_round = dpsum.shape[-1]
         assert dq_accum.shape[-1] == t_round * d and dpsum.is_contiguous() and lse_log2.is_contiguous()
         grid = lambda meta: (triton.cdiv(t_round, meta["BT"]), b * hkv)  # noqa: E731
@@ -144,7 +126,7 @@ def window_backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, windo
             *q.stride()[:3], *dout.stride()[:3], *out.stride()[:3], *lse.stride()[:2], *diag_k.stride()[:4], *diag_v.stride()[:4],
             *ddiag_k.stride()[:4], S=s, G=q.shape[1] // hkv, D=d, TM=tile_m)
 
-    with _preprocess_replaced(preprocess) as fa4:
+    with swapped("the fused diagonal backward", _bwd_preprocess=replacement_preprocess(launch, tile_m)) as fa4:
         dq, dk, dv = fa4._flash_attn_bwd(bshd(q), bshd(k), bshd(v), bshd(out), bshd(dout), lse, scale, causal=True,
                                          window_size_left=window_left)[:3]
     return (bshd(dq), bshd(dk), bshd(dv)), (ddiag_k, ddiag_v)

@@ -13,8 +13,10 @@ patched into copies of its two SM90 kernel files at import:
 - the backward skips the mask on a tile wholly inside every row's first interval.
 
 Everything else (pipelines, TMA, softmax, GQA packing in the forward, dQ/dK/dV accumulation) is
-FA4's. The patch is tied to the pinned flash-attn-4 version: a changed source fails at import with
-the line it expected.
+FA4's. The patch is tied to the pinned flash-attn-4 version: ``kernels.fa4_adapter`` checks the
+version and every FA4 internal used here (entry points' parameters, ``BlockInfo``/``AttentionMask``
+fields, the mask helpers) before this module imports any of them, and a changed source still fails
+at import with the line the patch expected.
 """
 
 from __future__ import annotations
@@ -29,15 +31,19 @@ import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-import cutlass
-import cutlass.cute as cute
-import torch
-import triton
-import triton.language as tl
-from cutlass import Float32, Int32, const_expr
-from flash_attn.cute.block_info import BlockInfo
-from flash_attn.cute.mask import AttentionMask, mask_r2p_lambda, r2p_bitmask_above, r2p_bitmask_below, sm90_col_to_r2p_idx
-from quack import layout_utils
+from .fa4_adapter import require, swapped
+
+require("FlashAttention-4 key-interval attention (trainer.attention_backend=fa4, DFlash)")  # before any FA4 import or patch
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from cutlass import Float32, Int32, const_expr  # noqa: E402
+from flash_attn.cute.block_info import BlockInfo  # noqa: E402
+from flash_attn.cute.mask import AttentionMask, mask_r2p_lambda, r2p_bitmask_above, r2p_bitmask_below, sm90_col_to_r2p_idx  # noqa: E402
+from quack import layout_utils  # noqa: E402
 
 # The aux tensors (kernels.key_intervals builds them; keep the two in step). Forward:
 # [rows, fwd_tiles], backward: [rows, bwd_key_tiles, bwd_query_tiles], all int32.
@@ -195,15 +201,9 @@ def _patched(module: str):
 @contextlib.contextmanager
 def _interval_kernels():
     """FA4's interface, for the duration, builds the patched SM90 classes."""
-    from flash_attn.cute import interface
-
-    saved = interface.FlashAttentionForwardSm90, interface.FlashAttentionBackwardSm90
-    interface.FlashAttentionForwardSm90 = _patched("flash_fwd_sm90").FlashAttentionForwardSm90
-    interface.FlashAttentionBackwardSm90 = _patched("flash_bwd_sm90").FlashAttentionBackwardSm90
-    try:
+    with swapped("FlashAttention-4 key-interval attention", FlashAttentionForwardSm90=_patched("flash_fwd_sm90").FlashAttentionForwardSm90,
+                 FlashAttentionBackwardSm90=_patched("flash_bwd_sm90").FlashAttentionBackwardSm90) as interface:
         yield interface
-    finally:
-        interface.FlashAttentionForwardSm90, interface.FlashAttentionBackwardSm90 = saved
 
 
 def _check_hopper(x: torch.Tensor) -> None:

@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from .attention import raise_recompile_limit
+from .fa4_adapter import available as fa4_available  # noqa: F401  (FlashAttention-4 on a Hopper+ GPU, version and signatures checked)
+from .fa4_adapter import interface
 
 NEG_INF = float("-inf")
 
@@ -164,8 +166,8 @@ def _cudnn_band_ops():
 def _fa4_band_ops():
     # FlashAttention-4's own entry points: its autograd function cannot take the merged output and
     # log-sum-exp the diagonal keys need in the backward (see the module docstring)
-    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
-
+    fa4 = interface("FlashAttention-4's window (trainer.attention_backend=fa4, EAGLE-3)")
+    _flash_attn_fwd, _flash_attn_bwd = fa4._flash_attn_fwd, fa4._flash_attn_bwd
     bshd = lambda x: x.transpose(1, 2)  # noqa: E731  (FA4's layout [B, T, H, D]; the models' projections are already)
 
     def left(window):
@@ -189,15 +191,6 @@ def _fa4_band_ops():
         return window_backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, left(window), scale)
 
     return BandOps("fa4-band", forward, backward, backward_with_diagonal)
-
-
-def fa4_available() -> bool:
-    """FlashAttention-4 (``flash-attn-4``, CuTe DSL) on a Hopper or newer GPU."""
-    try:
-        import flash_attn.cute.interface  # noqa: F401
-    except Exception:  # not installed, or its compiler libraries do not load
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
 def cudnn_band_available() -> bool:

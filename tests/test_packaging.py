@@ -60,4 +60,4 @@ def test_the_checks_see_a_pin() -> None:
 
 def test_readme_installs_the_pinning_packages_without_their_dependencies() -> None:
     readme = (ROOT / "README.md").read_text()
-    assert "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 dflash==0.1.0" in readme
+    assert "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 dflash==0.1.0 flash-attn-4==4.0.0b36" in readme

@@ -32,7 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.atomic import atomic_dir, atomic_open
 from common.metrics_logger import MetricsLogger
-from kernels.window_attention import fa4_available
+from kernels import fa4_adapter
+from kernels.fa4_adapter import available as fa4_available
 from models.builtin_targets import resolve_target_path
 from models.target import TargetModel
 
@@ -164,8 +165,8 @@ class StepContext:
         if backend != "sdpa" and device.type != "cuda":
             raise ValueError(f"trainer.attention_backend={backend} needs a GPU (trainer.device={device.type}); use sdpa")
         if backend in ("fa4", "flex-flash") and not fa4_available():
-            raise ValueError(f"trainer.attention_backend={backend} needs the flash-attn-4 package (pip install '.[fa4]') and a "
-                             "Hopper or newer GPU")
+            raise ValueError(f"trainer.attention_backend={backend} needs FlashAttention-4 {fa4_adapter.PINNED_VERSION} "
+                             f"(pip install '.[fa4]') on a Hopper or newer GPU: {fa4_adapter.check().reason}")
         self.backend = backend
         precision = cfg.trainer.precision
         self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
