@@ -38,11 +38,11 @@ def record_one(kind: str, args, out_dir: Path) -> dict:
     overrides = [f"experiment={experiment}", f"trainer.max_steps={args.steps}", "trainer.log_every=1", f"trainer.eval_every={args.steps // 2}",
                  "trainer.checkpoint_every=0", "trainer.progress=false", f"trainer.device={args.device}",
                  f"trainer.attention_backend={args.backend}", "trainer.loop_eval_prompts=2", "trainer.loop_eval_max_new_tokens=32",
-                 "data.num_eval=8", f"output_dir={out_dir}"]
+                 "data.num_eval=8", "logger=none", f"output_dir={out_dir}"]
     if args.target:
         overrides += [f"target.path={args.target}", f"data.path={args.data}", "data.max_records=200", "data.max_length=1024",
                       "target.compile_layers=false"]
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
     subprocess.run([sys.executable, "-m", "train", *overrides], check=True, env=env)
     history = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     losses = {str(h["step"]): h["train/loss"] for h in history if "train/loss" in h}
