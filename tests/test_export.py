@@ -166,5 +166,30 @@ def test_speculators_format_loads_with_speculators_config_classes(tmp_path: Path
     assert loaded.speculators_config.verifier.architectures == ["Qwen3ForCausalLM"]
     weights = load_file(tmp_path / "spec" / "model.safetensors")
     assert torch.equal(weights["lm_head.weight"], target.lm_head.weight) and "fc.weight" in weights
+    # vLLM 0.32's DFlash loader refuses parameters it does not have (it once failed on verifier_lm_head)
+    assert not any(k.startswith("verifier_") for k in weights)
     with pytest.raises(ExportError, match="--format speculators needs the target"):
         export(src, tmp_path / "spec2", fmt="speculators", dtype="float32")
+
+
+@pytest.mark.parametrize("layer_types,block_causal,expected", [
+    (["sliding_attention", "sliding_attention"], True, False),
+    (["sliding_attention", "sliding_attention"], False, True),
+    (["full_attention", "full_attention"], True, True),
+    (["sliding_attention", "full_attention"], False, True),
+    (["sliding_attention", "full_attention"], True, None),  # causal sliding + bidirectional full: one flag cannot say it
+])
+def test_speculators_causality_flag_per_drafter_shape(layer_types, block_causal, expected) -> None:
+    from train.export import speculators_non_causal
+
+    config = {"layer_types": layer_types, "sliding_block_causal": block_causal}
+    if expected is None:
+        with pytest.raises(ExportError, match="one causality flag for every layer.*export --format dflash"):
+            speculators_non_causal(config)
+        from compose import compose_train
+        from train.trainer import to_train_config
+
+        with pytest.raises(ValueError, match="trainer.export_formats=.*one causality flag"):  # refused at start-up, not after training
+            to_train_config(compose_train(["experiment=dflash_swa_tiny", "trainer.export_formats=[dflash,speculators]"]))
+    else:
+        assert speculators_non_causal(config) is expected

@@ -276,6 +276,11 @@ class TrainConfig:
         if backend == "flex-flash" and kind != "dflash":
             raise ValueError("trainer.attention_backend=flex-flash serves DFlash's block masks (for EAGLE-3's TTT masks it "
                              "measured slower than Triton flex); use fa4, cudnn or flex")
+        if kind == "dflash" and "speculators" in self.trainer.export_formats:
+            from .engines import SPECULATORS_MIXED_CAUSALITY, speculators_dflash_non_causal
+
+            if speculators_dflash_non_causal(self.drafter.resolved_layer_types(), self.drafter.sliding_block_causal) is None:
+                raise ValueError(f"trainer.export_formats={self.trainer.export_formats}: {SPECULATORS_MIXED_CAUSALITY}")
         refused = [f for f in self.trainer.export_formats if f not in EXPORT_FORMATS_ALLOWED[kind]]
         if refused:
             raise ValueError(f"trainer.export_formats: {refused[0]!r} is a DFlash layout; drafter.kind={kind} exports as "

@@ -81,3 +81,24 @@ def sglang_eagle3_command(target: str, draft: str, num_steps: int, sliding_windo
 def vllm_eagle3_command(target: str, draft: str, num_steps: int) -> str:
     spec = '{"method": "eagle3", "model": "%s", "num_speculative_tokens": %d}' % (draft, num_steps)
     return f"vllm serve {target} --speculative-config '{spec}'"
+
+
+SPECULATORS_MIXED_CAUSALITY = (
+    "--format speculators: this drafter has causal sliding layers and bidirectional full layers, and speculators' config has "
+    "one causality flag for every layer (vLLM: dflash_config.causal); export --format dflash, whose per-layer rule vLLM "
+    "follows (sliding causal, full non-causal)")
+
+
+def speculators_dflash_non_causal(layer_types: list[str], sliding_block_causal: bool) -> bool | None:
+    """speculators' DFlash ``sliding_window_non_causal`` for a drafter, or None when one flag cannot say it.
+
+    vLLM turns the flag into ``dflash_config.causal`` for *every* draft layer (``update_dflash``), while we
+    train sliding layers causal inside the block (``sliding_block_causal``, the default) and full layers
+    bidirectional. One flag expresses that only when all layers agree: all sliding (the flag is the
+    sliding layers' rule), all full (non-causal), or sliding layers trained bidirectional too."""
+    types = set(layer_types)
+    if types == {"full_attention"}:
+        return True
+    if types == {"sliding_attention"} or not sliding_block_causal:
+        return not sliding_block_causal
+    return None

@@ -8,8 +8,9 @@ checkpoint), an export folder (``config.json`` + ``model.safetensors``) or a che
 
 - ``speculators``: vLLM speculators' DFlash layout (``speculators_model_type: dflash``,
   ``transformer_layer_config`` with ``layer_types`` / ``sliding_window``, ``aux_hidden_state_layer_ids``
-  = our ids + 1, ``speculators_config`` with the verifier), weights plus the verifier's
-  ``embed_tokens`` / ``lm_head`` / ``verifier_lm_head`` / ``verifier_norm`` (needs the target).
+  = our ids + 1, ``speculators_config`` with the verifier, one ``sliding_window_non_causal`` flag:
+  drafters whose layers disagree on in-block causality are refused), weights plus the target's
+  ``embed_tokens`` / ``lm_head`` (needs the target), as vLLM's DFlash loader reads them.
 - ``dflash`` / ``sglang``: the z-lab DFlash layout that z-lab's loader and SGLang's DFLASH
   algorithm read: ``architectures: [DFlashDraftModel]``, ``model_type: qwen3``, ``dflash_config``
   {target_layer_ids, block_size, mask_token_id}, ``block_size``, ``num_target_layers``,
@@ -50,8 +51,10 @@ from .checkpoint import list_checkpoints, load_checkpoint
 log = logging.getLogger(__name__)
 
 FORMATS = ("dflash", "sglang", "speculators")
-# speculators' DFlash model carries the verifier's embedding, LM head and final norm too.
-SPECULATORS_VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+# The target's embedding and LM head travel with a speculators DFlash checkpoint (vLLM loads them as the draft's
+# embed_tokens / lm_head). Not the verifier_lm_head / verifier_norm of speculators' training class: vLLM 0.32's
+# DFlash loader has no such parameter and refuses the checkpoint ("no module or parameter named 'verifier_lm_head'").
+SPECULATORS_VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight")
 WEIGHTS = "model.safetensors"
 EAGLE3_ARCH = "Eagle3DraftModel"
 EAGLE3_FORMATS = ("sglang", "speculators")
@@ -155,6 +158,14 @@ def dflash_config_json(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def speculators_non_causal(config: dict[str, Any]) -> bool:
+    """speculators' one ``sliding_window_non_causal`` flag for this drafter (``engines.speculators_dflash_non_causal``)."""
+    flag = engines.speculators_dflash_non_causal(config["layer_types"], config.get("sliding_block_causal", True))
+    if flag is None:
+        raise ExportError(engines.SPECULATORS_MIXED_CAUSALITY)
+    return flag
+
+
 def speculators_config_json(config: dict[str, Any], target_config: Any, target_name: str) -> dict[str, Any]:
     """Our config -> vLLM speculators' DFlash config.json (``DFlashSpeculatorConfig`` schema)."""
     layer_config = dflash_config_json(config)
@@ -172,7 +183,7 @@ def speculators_config_json(config: dict[str, Any], target_config: Any, target_n
         "target_hidden_size": text.hidden_size,
         "aux_hidden_state_layer_ids": engines.engine_layer_ids(dflash["target_layer_ids"], "speculators"),
         "mask_token_id": dflash["mask_token_id"],
-        "sliding_window_non_causal": not config.get("sliding_block_causal", True),
+        "sliding_window_non_causal": speculators_non_causal(config),
         "sample_from_anchor": False,
         "speculators_config": {
             "algorithm": "dflash",
@@ -250,9 +261,7 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     with atomic_dir(output) as tmp:
         if fmt == "speculators":
             spec_config = speculators_config_json(config, tgt.config, serve_target)
-            final_norm = tgt.model.get_decoder().norm.weight if hasattr(tgt.model, "get_decoder") else tgt.model.model.norm.weight
-            verifier = {"embed_tokens.weight": embed.weight, "lm_head.weight": head.weight,
-                        "verifier_lm_head.weight": head.weight, "verifier_norm.weight": final_norm}
+            verifier = {"embed_tokens.weight": embed.weight, "lm_head.weight": head.weight}
             (tmp / "config.json").write_text(json.dumps(spec_config, indent=2))
             save_file({**tensors, **{k: v.detach().to("cpu", torch_dtype).contiguous().clone() for k, v in verifier.items()}}, str(tmp / WEIGHTS), metadata={"format": "pt"})
             draft_only = {k: v for k, v in load_file(tmp / WEIGHTS).items() if k not in SPECULATORS_VERIFIER_TENSORS}
