@@ -42,8 +42,11 @@ def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
 
 def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, tokenizer, conversations: list[Conversation], *,
                       prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, baseline: bool,
-                      desc: str = "eval", partial: Path | None = None) -> list[dict]:
+                      desc: str = "eval", partial: Path | None = None, engine=None) -> list[dict]:
     """One record per (conversation, turn) with the tokens, the accepted counts and the timings.
+
+    ``engine``: an ``eval.engines.VllmEngine`` decoding every turn in place of our loop (greedy; the
+    baseline, when asked for, stays our target alone: the lossless check).
 
     ``partial``: a JSONL file each finished turn is appended to as it ends (flushed); turns already there
     (a rerun after a kill or Ctrl-C) are read back instead of decoded again, their answers feeding the
@@ -57,7 +60,7 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
     try:
         for index, conv in enumerate(tqdm(conversations, desc=desc, unit="q")):
             records += run_turns(target, drafter, tokenizer, conv, index, prefill_tokens, sampling, max_new_tokens, eos_token_ids,
-                                 baseline, limit, done, sink)
+                                 baseline, limit, done, sink, engine)
     finally:
         if sink is not None:
             sink.close()
@@ -65,7 +68,7 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
 
 
 def run_turns(target, drafter, tokenizer, conv: Conversation, index: int, prefill_tokens: int, sampling: SamplingConfig,
-              max_new_tokens: int, eos_token_ids, baseline: bool, limit: int, done: dict, sink) -> list[dict]:
+              max_new_tokens: int, eos_token_ids, baseline: bool, limit: int, done: dict, sink, engine=None) -> list[dict]:
     """One conversation's turns; turn t's prompt holds the model's own answers to turns < t."""
     records = []
     messages = []
@@ -80,14 +83,18 @@ def run_turns(target, drafter, tokenizer, conv: Conversation, index: int, prefil
         if len(prompt) + max_new_tokens > limit:
             raise ValueError(f"question {conv.id} turn {turn + 1}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
                              f"target's max_position_embeddings={limit}; lower --prefill-tokens or --max-new-tokens")
-        out = generate(target, drafter, prompt, max_new_tokens, sampling, eos_token_ids)
-        text = tokenizer.decode(out.tokens, skip_special_tokens=True)
+        if engine is not None:
+            tokens, stats = engine.generate(prompt, max_new_tokens)
+        else:
+            out = generate(target, drafter, prompt, max_new_tokens, sampling, eos_token_ids)
+            tokens, stats = out.tokens, out.stats.to_dict()
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
         record = {"id": conv.id, "category": conv.category, "turn": turn + 1, "prompt_tokens": len(prompt),
-                  "question": question, "output_ids": out.tokens, "output_text": text, "stats": out.stats.to_dict()}
-        if baseline and drafter is not None:
+                  "question": question, "output_ids": tokens, "output_text": text, "stats": stats}
+        if baseline and (drafter is not None or engine is not None):
             base = generate(target, None, prompt, max_new_tokens, sampling, eos_token_ids)
             record["baseline_stats"] = base.stats.to_dict()
-            record["same_as_baseline"] = base.tokens == out.tokens
+            record["same_as_baseline"] = base.tokens == tokens
         records.append(record)
         if sink is not None:
             sink.write(json.dumps(record) + "\n")
@@ -116,7 +123,10 @@ def summarize(records: list[dict]) -> dict:
         "time_split": {k: sum(r["stats"][f"{k}_s"] for r in records) / decode_s if decode_s else 0.0 for k in ("draft", "verify", "other")},
     }
     base = [r["baseline_stats"] for r in records if "baseline_stats" in r]
-    if base:
+    summary["engine"] = records[0]["stats"].get("engine", "ours") if records else "ours"
+    if base and summary["engine"] != "ours":  # another engine's speed over our baseline's is no speedup: only the lossless check
+        summary["same_as_baseline"] = sum(r["same_as_baseline"] for r in records) / len(records)
+    elif base:
         base_tps = sum(b["new_tokens"] for b in base) / sum(b["decode_s"] for b in base)
         summary["baseline_tokens_per_s"] = base_tps
         summary["speedup"] = summary["tokens_per_s"] / base_tps
