@@ -54,10 +54,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--dtype", default="auto")
     common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1; batch-1 decoding of small models runs faster on one)")
     common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
-    common.add_argument("--engine", default="ours", choices=["ours", "vllm"],
-                        help="who decodes: our loop, or vLLM in its own environment (greedy, the export's window; tau from "
-                             "vLLM's own counters, tokens checked against our target alone)")
+    common.add_argument("--engine", default="ours", choices=["ours", "vllm", "server"],
+                        help="who decodes: our loop, vLLM in its own environment, or a running server (--server); another "
+                             "engine decodes greedily with the export's window, tau from its own counters, tokens checked "
+                             "against our target alone")
     common.add_argument("--vllm-python", help="--engine vllm: the vLLM environment's python (default: $SWA_VLLM_PYTHON)")
+    common.add_argument("--server", metavar="URL", help="a running OpenAI-compatible vLLM server serving --target with --drafter "
+                                                        "(generation by /v1/completions, acceptance from its /metrics)")
     common.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=None,
                         help="also decode autoregressively for the speedup (default: on, off in sweeps)")
     common.add_argument("--out", help="results folder (default: outputs/eval/<command>/<drafter>-<settings hash>; the same "
@@ -116,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from infer.prompt_lookup import PromptLookupDrafter
     from models.sampling import SamplingConfig
     from common.atomic import atomic_open
+    from eval.engines import check_engine_args, start_engine
 
     def write_json(path: Path, obj) -> None:
         with atomic_open(path) as f:
@@ -128,8 +132,7 @@ def run(args: argparse.Namespace) -> int:
         if args.prefill_tokens < 0 or any(p < 0 for p in getattr(args, "prefills", [])):
             raise ValueError("prefill tokens must be >= 0")
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        if args.engine == "vllm":
-            check_engine_args(args, windows)
+        check_engine_args(args, windows)
         conversations = conversations_for(args)
         if args.drafter is None:
             source = latest_run(Path(args.runs_dir))
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--drafter given without --target (a training run folder records its target; an export does not)")
             source = {"target": target_path, "drafter": drafter_path, **({"run": run_dir} if run_dir else {})}
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend)
-        engine = start_engine(args, source, target, drafter, tokenizer, windows) if args.engine == "vllm" else None
+        engine = start_engine(args, source, target, drafter, tokenizer) if args.engine != "ours" else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -221,33 +224,6 @@ def run(args: argparse.Namespace) -> int:
         if engine is not None:
             engine.close()
     return 0
-
-
-def check_engine_args(args, windows) -> None:
-    """What ``--engine vllm`` cannot do, refused before anything loads."""
-    if args.command == "sweep" or windows != ["trained"]:
-        raise ValueError("--engine vllm runs the window the export was trained with (vLLM reads it from the export): "
-                         "no --window override or sweep")
-    if args.temperature != 0:
-        raise ValueError("--engine vllm: greedy only (--temperature 0), so its tokens can be checked against the target alone")
-
-
-def start_engine(args, source: dict, target, drafter, tokenizer, windows):
-    """vLLM with the drafter's engine export, in its own process (``eval/engines.py``)."""
-    from eval.engines import VllmEngine, engine_drafter
-    from eval.runner import max_positions
-    from infer.loading import eos_ids
-    from infer.prompt_lookup import PromptLookupDrafter
-    from models.builtin_targets import resolve_target_path
-    from models.eagle3 import Eagle3Drafter
-
-    if drafter is None or isinstance(drafter, PromptLookupDrafter):
-        raise ValueError("--engine vllm needs a trained drafter (--drafter RUN or EXPORT)")
-    kind = "eagle3" if isinstance(drafter, Eagle3Drafter) else "dflash"
-    if kind == "dflash" and len(set(drafter.model.config.layer_types)) > 1:
-        print("note: vLLM runs a DFlash drafter mixing sliding and full layers only on its V2 model runner (GPU, Triton)", file=sys.stderr)
-    return VllmEngine(args.vllm_python, resolve_target_path(source["target"]), engine_drafter(source["drafter"], kind), kind,
-                      drafter.block_size - 1, eos_ids(tokenizer, target.model), max_positions(target))
 
 
 if __name__ == "__main__":

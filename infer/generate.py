@@ -84,6 +84,17 @@ class GenerationStats:
     verify_s: float = 0.0  # target forward on the block
     other_s: float = 0.0  # choosing, acceptance, bookkeeping, the per-step host sync
     decode_s: float = 0.0  # all decode steps (draft + verify + other)
+    # drafts the last step accepted past the budget or an end-of-sequence token: cut from the output, so not in
+    # accepted_per_step (vLLM's counters do count them: ``untrimmed_steps`` is what they compare with)
+    accepted_past_end: int = 0
+
+    @property
+    def untrimmed_steps(self) -> list[int]:
+        """Accepted drafts per step as an engine that also counts the last step's drafts past the end reports them."""
+        steps = list(self.accepted_per_step)
+        if steps:
+            steps[-1] += self.accepted_past_end
+        return steps
 
     @property
     def steps(self) -> int:
@@ -197,7 +208,9 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     # output, so they are not counted as accepted either (1 prefill token + sum of (accepted + 1) = output).
     excess = 1 + sum(a + 1 for a in stats.accepted_per_step) - len(out)
     if excess > 0 and stats.accepted_per_step:
-        stats.accepted_per_step[-1] = max(0, stats.accepted_per_step[-1] - excess)
+        kept = max(0, stats.accepted_per_step[-1] - excess)
+        stats.accepted_past_end = stats.accepted_per_step[-1] - kept
+        stats.accepted_per_step[-1] = kept
     totals = timer.totals()
     stats.prefill_s = totals.get("prefill", 0.0)
     stats.draft_s, stats.verify_s, stats.other_s = (totals.get(k, 0.0) for k in ("draft", "verify", "other"))

@@ -167,7 +167,12 @@ def resolve_target_path(path: str) -> str:
     if not (out_dir / "config.json").exists():
         import logging
 
-        logging.getLogger(__name__).info("%s: first use, training it offline into %s (about a minute and a half on 2 cores)",
-                                         path, out_dir)
-        build_tiny_target(name, out_dir)
+        from filelock import FileLock
+
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(out_dir) + ".lock"):  # processes starting together (test workers, several runs) build it once
+            if not (out_dir / "config.json").exists():
+                logging.getLogger(__name__).info("%s: first use, training it offline into %s (about a minute and a half on 2 cores)",
+                                                 path, out_dir)
+                build_tiny_target(name, out_dir)
     return str(out_dir)

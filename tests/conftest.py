@@ -9,6 +9,14 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# pytest-xdist (pyproject: -n 2 --dist loadfile): two worker processes on a 2-core machine, each on one intra-op
+# thread, so they do not fight over the cores (and subprocesses they start inherit the setting).
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
 # ../shared beside the checkout; SWA_REFERENCE_TARGET points elsewhere (the GPU machine gets a carried copy)
 REFERENCE_TARGET = Path(os.environ.get("SWA_REFERENCE_TARGET", REPO_ROOT.parent / "shared" / "targets" / "qwen3-27m-sharegpt"))
 
@@ -35,8 +43,10 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("swa-cache")
     if not os.environ.get("SWA_TESTS_FRESH_BUILD"):
         kept = Path(os.environ.get("SWA_TESTS_BUILD_CACHE", Path.home() / ".cache" / "swa-drafters-tests")) / "builtin"
-        kept.mkdir(parents=True, exist_ok=True)
-        (cache / "builtin").symlink_to(kept, target_is_directory=True)
+    else:  # fresh, but once per session: pytest-xdist's workers share their base folder's parent (builds are file-locked)
+        kept = tmp_path_factory.getbasetemp().parent / "swa-builtin" if WORKER else cache / "builtin-fresh"
+    kept.mkdir(parents=True, exist_ok=True)
+    (cache / "builtin").symlink_to(kept, target_is_directory=True)
     os.environ["SWA_DRAFTERS_CACHE"] = str(cache)
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

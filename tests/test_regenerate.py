@@ -1,13 +1,17 @@
-"""On-policy regeneration: batched, left-padded replies equal a plain greedy loop, turn by turn."""
+"""On-policy regeneration: every engine's replies equal a plain greedy loop, turn by turn; a killed run resumes."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 import torch
 
 from train.config import RegenerateConfig
 from train.data.chat import ChatRenderer
 from train.data.readers import Conversation
-from train.data.regenerate import regenerate_conversations
+from train.data.regenerate import OurReplies, read_partial, regenerate_conversations
 from models.target import TargetModel
 
 
@@ -25,19 +29,18 @@ def plain_greedy(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -
     return tokenizer.decode(new, skip_special_tokens=True)
 
 
-def test_greedy_regeneration_matches_plain_loop(reference_target_path) -> None:
-    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
-    renderer = ChatRenderer(target.tokenizer)
-    conversations = [
+def conversations_to_regenerate() -> list[Conversation]:
+    return [
         Conversation("a", [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "old"},
                            {"role": "user", "content": "And of Italy?"}, {"role": "assistant", "content": "old"}]),
         Conversation("b", [{"role": "system", "content": "You are a helpful assistant."},
                            {"role": "user", "content": "Write a haiku about the sea, please, with a title."}, {"role": "assistant", "content": "old"}]),
         Conversation("c", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"}]),
     ]
-    cfg = RegenerateConfig(enabled=True, max_new_tokens=12, batch_size=2)
-    out, stats = regenerate_conversations(conversations, target.model, renderer, cfg, max_length=1024, progress=False)
-    assert stats["turns_regenerated"] == 4
+
+
+def check_greedy_replies(target, renderer, conversations, out, max_new_tokens: int) -> None:
+    """Each reply is the plain greedy loop's on a prompt holding the earlier regenerated replies; user turns untouched."""
     assert [c.id for c in out] == ["a", "b", "c"]
     for new in out:
         messages = new.messages
@@ -46,12 +49,63 @@ def test_greedy_regeneration_matches_plain_loop(reference_target_path) -> None:
                 continue
             # The prompt holds the target's own earlier replies, as regenerated.
             prompt = target.tokenizer(renderer.render(messages[:i], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-            assert m["content"] == plain_greedy(target.model, target.tokenizer, prompt, 12), (new.id, i)
+            assert m["content"] == plain_greedy(target.model, target.tokenizer, prompt, max_new_tokens), (new.id, i)
             assert m["content"] != "old"
     # Roles and user turns are untouched.
     for old, new in zip(conversations, out):
         assert [m["role"] for m in old.messages] == [m["role"] for m in new.messages]
         assert [m["content"] for m in old.messages if m["role"] != "assistant"] == [m["content"] for m in new.messages if m["role"] != "assistant"]
+
+
+@pytest.mark.parametrize("engine", ["hf", "ours"])
+def test_greedy_regeneration_matches_plain_loop(reference_target_path, engine: str) -> None:
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    conversations = conversations_to_regenerate()
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=12, batch_size=2, engine=engine)
+    replies = target.model if engine == "hf" else OurReplies(target.model, target.tokenizer, cfg)
+    out, stats = regenerate_conversations(conversations, replies, renderer, cfg, max_length=1024, progress=False)
+    assert stats["turns_regenerated"] == 4
+    assert [c.id for c in out] == ["a", "b", "c"]
+    check_greedy_replies(target, renderer, conversations, out, 12)
+
+
+class KilledAfter:
+    """An engine that dies (as a kill would) after ``n`` replies, counting the prompts it was asked."""
+
+    def __init__(self, inner, n: int):
+        self.inner, self.n, self.asked = inner, n, 0
+
+    def replies(self, prompts, budgets):
+        self.asked += len(prompts)
+        for reply in self.inner.replies(prompts, budgets):
+            if self.n == 0:
+                raise KeyboardInterrupt
+            self.n -= 1
+            yield reply
+
+
+def test_a_killed_regeneration_resumes_where_it_stopped(reference_target_path, tmp_path: Path) -> None:
+    """The first run dies after 3 of 4 replies (turn 2 of conversation a still to do); the second asks only for the
+    missing one and its result equals an uninterrupted run's."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=8, engine="ours")
+    partial = tmp_path / "regen.partial.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        regenerate_conversations(conversations_to_regenerate(), KilledAfter(OurReplies(target.model, target.tokenizer, cfg), 3),
+                                 renderer, cfg, max_length=1024, progress=False, partial=partial)
+    assert len(read_partial(partial)) == 3
+    with partial.open("a") as f:
+        f.write('{"conversation": 0, "tu')  # the line a kill cut off is ignored
+    second = KilledAfter(OurReplies(target.model, target.tokenizer, cfg), 100)
+    out, stats = regenerate_conversations(conversations_to_regenerate(), second, renderer, cfg, max_length=1024, progress=False,
+                                          partial=partial)
+    assert second.asked == 1 and stats["turns_resumed"] == 3 and stats["turns_regenerated"] == 1
+    whole, _ = regenerate_conversations(conversations_to_regenerate(), OurReplies(target.model, target.tokenizer, cfg), renderer, cfg,
+                                        max_length=1024, progress=False)
+    assert [c.messages for c in out] == [c.messages for c in whole]
+    check_greedy_replies(target, renderer, conversations_to_regenerate(), out, 8)
 
 
 def test_too_long_prompt_cuts_the_conversation(reference_target_path) -> None:

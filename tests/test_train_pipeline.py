@@ -65,3 +65,33 @@ def test_quickstart_cli_from_another_directory(tmp_path: Path) -> None:
     assert "done: DFlash drafter, 5 steps" in log
     assert f"decoding loop: tau {metrics['eval/loop_tau']:.2f} on 4 held-out prompts, prompt lookup {metrics['eval/loop_pld_tau']:.2f}" in log
     assert f"next: python -m eval mtbench --drafter {out}" in log
+
+
+def test_regeneration_through_an_unreachable_server_fails_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    cache = tmp_path / "cache"
+    cfg = compose_train([
+        "experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.progress=false", f"output_dir={tmp_path / 'run'}",
+        "data.regenerate.enabled=true", "data.regenerate.engine=server", f"data.regenerate.server_url={url}",
+        "data.max_records=4", "data.num_eval=0", f"data.cache_dir={cache}",
+    ])
+    with pytest.raises(ValueError, match=rf"server {url}: unreachable") as e:
+        train(cfg)
+    assert "\n" not in str(e.value)
+    assert not list(cache.glob("regenerated/*")), "nothing cached for a run that never started"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("data.regenerate.engine=tgi", "data.regenerate.engine='tgi'; expected one of hf, ours, vllm, server"),
+    ("data.regenerate.engine=server", "data.regenerate.engine=server needs data.regenerate.server_url"),
+    ("data.regenerate.concurrency=0", "data.regenerate.concurrency=0; expected >= 1"),
+])
+def test_regeneration_settings_are_checked_at_start_up(override: str, message: str, tmp_path: Path) -> None:
+    from train.trainer import to_train_config
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        to_train_config(compose_train(["experiment=dflash_swa_tiny", override, f"output_dir={tmp_path}"]))

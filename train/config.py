@@ -99,6 +99,9 @@ class DrafterConfigBase:
         return [kind] * self.num_hidden_layers
 
 
+REGENERATE_ENGINES = ("hf", "ours", "vllm", "server")
+
+
 @dataclass
 class RegenerateConfig:
     """On-policy data: replace each assistant turn with the target's own reply before training."""
@@ -108,10 +111,22 @@ class RegenerateConfig:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
-    batch_size: int = 16
+    batch_size: int = 16  # engine=hf: prompts per generate call
     seed: int = 0
+    # hf (in process) | ours (our decoding loop) | vllm (its own environment: vllm_python or $SWA_VLLM_PYTHON)
+    # | server (a running OpenAI-compatible server at server_url); see train/data/regenerate.py
+    engine: str = "hf"
+    server_url: Optional[str] = None
+    concurrency: int = 16  # engine=vllm: prompts per request; engine=server: requests in flight
+    vllm_python: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.engine not in REGENERATE_ENGINES:
+            raise ValueError(f"data.regenerate.engine={self.engine!r}; expected one of {', '.join(REGENERATE_ENGINES)}")
+        if self.engine == "server" and not self.server_url:
+            raise ValueError("data.regenerate.engine=server needs data.regenerate.server_url (e.g. http://localhost:8000)")
+        if self.concurrency < 1:
+            raise ValueError(f"data.regenerate.concurrency={self.concurrency}; expected >= 1")
         if self.max_new_tokens < 1:
             raise ValueError(f"data.regenerate.max_new_tokens={self.max_new_tokens}; expected >= 1")
         if self.temperature < 0:

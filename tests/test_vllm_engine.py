@@ -1,0 +1,205 @@
+"""A real engine in the loop: vLLM (CPU build, its own environment) serves our exports.
+
+Drafters trained a few steps on the reference target, exported, served by vLLM: EAGLE-3
+(``--format speculators``) and an all-sliding DFlash (``--format dflash``) give exactly our loop's
+acceptance (the per-step histogram rebuilt from vLLM's counters equals ours) and our tokens, which equal
+the target's own greedy tokens; the DFlash ``--format speculators`` export loads and decodes losslessly;
+regeneration through vLLM (in process and through ``vllm serve``) equals the target's greedy replies;
+what vLLM refuses is one line.
+
+Needs vLLM's Python in ``SWA_VLLM_PYTHON`` (``.ci/vllm-env`` makes one); skipped without it unless
+``SWA_VLLM_REQUIRED=1`` (CI), where a missing vLLM fails. Marked slow: ``-m "not slow"`` skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from compose import compose_train
+
+from infer.generate import pooled_acceptance
+
+VLLM_PYTHON = os.environ.get("SWA_VLLM_PYTHON")
+if not (VLLM_PYTHON and Path(VLLM_PYTHON).exists()):
+    if os.environ.get("SWA_VLLM_REQUIRED") == "1":
+        raise RuntimeError(f"SWA_VLLM_REQUIRED=1 but SWA_VLLM_PYTHON={VLLM_PYTHON!r} is not vLLM's Python")
+    pytest.skip("vLLM's environment not set up (SWA_VLLM_PYTHON; see .ci/vllm-env)", allow_module_level=True)
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
+
+PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.", "Explain what a hash table is.",
+           "Give me three tips for learning to cook."]
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def drafters(reference_target_path, tmp_path_factory) -> dict[str, Path]:
+    """EAGLE-3 (one sliding layer) and DFlash (two sliding layers), 30 short steps each on the reference target."""
+    root = tmp_path_factory.mktemp("vllm_drafters")
+    common = ["target=qwen3_27m_sharegpt", f"target.path={reference_target_path}", "trainer.max_steps=30", "trainer.batch_size=2", "trainer.eval_every=1000",
+              "trainer.checkpoint_every=1000", "trainer.loop_eval_prompts=0", "trainer.progress=false", "data.max_length=256"]
+    from train.trainer import train
+
+    train(compose_train(["experiment=eagle3_swa_tiny", *common, "drafter.draft_vocab_size=2048", "trainer.export_formats=[speculators]",
+                         f"output_dir={root / 'eagle3'}"]))
+    train(compose_train(["experiment=dflash_swa_tiny", *common, "drafter.layer_types=[sliding_attention,sliding_attention]",
+                         "trainer.export_formats=[dflash,speculators]", f"output_dir={root / 'dflash'}"]))
+    return {"eagle3": root / "eagle3", "dflash": root / "dflash"}
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vllm_prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return path
+
+
+def run_eval(run: Path, prompts: Path, out: Path, *extra: str) -> dict:
+    from eval.__main__ import main
+
+    code = main(["prompts", "--prompts", str(prompts), "--drafter", str(run), "--max-new-tokens", str(NEW_TOKENS), "--no-pld",
+                 "--out", str(out), "--vllm-python", VLLM_PYTHON, *extra])
+    assert code == 0
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_vllm_gives_our_loops_acceptance_and_tokens(kind: str, drafters, prompts_file, tmp_path: Path) -> None:
+    ours = run_eval(drafters[kind], prompts_file, tmp_path / "ours", "--no-baseline")
+    vllm = run_eval(drafters[kind], prompts_file, tmp_path / "vllm", "--engine", "vllm", "--baseline")
+    assert vllm["config"]["engine_drafter"] == str(drafters[kind] / ("export_speculators" if kind == "eagle3" else "export_dflash"))
+    for a, b in zip(ours["records"], vllm["records"], strict=True):
+        assert a["output_ids"] == b["output_ids"], (kind, a["id"])
+        assert b["same_as_baseline"], (kind, a["id"])  # vLLM's tokens are the target's own greedy tokens
+        # the histogram of accepted drafts per verify step, rebuilt from vLLM's counters, is our loop's, counted as
+        # vLLM counts: it includes drafts the last step accepted past the token budget (we cut those from τ)
+        assert Counter(untrimmed(a)) == Counter(b["stats"]["accepted_per_step"]), (kind, a["id"])
+    pooled = pooled_acceptance([s for r in ours["records"] for s in untrimmed(r)], ours["summary"]["acceptance_by_position"].__len__() + 1)
+    assert pooled == pytest.approx((vllm["summary"]["tau"], vllm["summary"]["acceptance_by_position"]), abs=1e-12)
+    assert ours["summary"]["tau"] > 1.1  # drafts were accepted: the comparison exercised multi-token steps
+
+
+def untrimmed(record: dict) -> list[int]:
+    steps = list(record["stats"]["accepted_per_step"])
+    steps[-1] += record["stats"]["accepted_past_end"]
+    return steps
+
+
+def target_greedy(reference_target_path, prompts: list[list[int]], n: int) -> list[list[int]]:
+    from infer.generate import generate
+    from infer.loading import eos_ids
+    from models.target import CachedTarget, TargetModel
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    cached, eos = CachedTarget(target.model, []), eos_ids(target.tokenizer, target.model)
+    return [[t for t in generate(cached, None, p, n, eos_token_ids=eos).tokens if t not in eos] for p in prompts]
+
+
+def test_dflash_speculators_export_loads_and_is_lossless(drafters, reference_target_path, reference_tokenizer) -> None:
+    from infer.prompts import chat_ids
+    from infer.serving import VllmEngine
+
+    export = drafters["dflash"] / "export_speculators"
+    config = json.loads((export / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash" and "verifier_lm_head.weight" not in json.dumps(config)
+    prompts = [chat_ids(reference_tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS[:2]]
+    eos = [reference_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    with VllmEngine(VLLM_PYTHON, str(reference_target_path), str(export), "dflash", config["block_size"] - 1, eos, 2048) as engine:
+        got = [engine.generate(p, NEW_TOKENS) for p in prompts]
+    assert [tokens for tokens, _ in got] == target_greedy(reference_target_path, prompts, NEW_TOKENS)
+    assert all(stats["accepted_per_step"] for _, stats in got)  # it really speculated
+
+
+def test_vllm_refuses_a_broken_target_in_one_line(tmp_path: Path, reference_target_path) -> None:
+    from infer.serving import VllmEngine
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in Path(reference_target_path).iterdir():
+        if f.is_file() and f.name != "config.json":
+            (broken / f.name).symlink_to(f)
+    (broken / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["NoSuchForCausalLM"]}))
+    with pytest.raises(ValueError, match=rf"vLLM refused target {broken}: ") as e:
+        VllmEngine(VLLM_PYTHON, str(broken), None, None, 0, [], 512)
+    assert "\n" not in str(e.value)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def eagle3_server(drafters, reference_target_path):
+    """``vllm serve`` of the reference target with the EAGLE-3 export, as a user runs it."""
+    port = free_port()
+    spec = json.dumps({"method": "eagle3", "model": str(drafters["eagle3"] / "export_speculators"), "num_speculative_tokens": 3})
+    bin_dir = Path(VLLM_PYTHON).parent
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    log = open(drafters["eagle3"] / "vllm_serve.log", "w")
+    proc = subprocess.Popen([str(bin_dir / "vllm"), "serve", str(reference_target_path), "--port", str(port), "--dtype", "float32",
+                             "--max-model-len", "2048", "--enforce-eager", "--max-num-seqs", "1", "--seed", "0",
+                             "--speculative-config", spec], stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited {proc.returncode}: {(drafters['eagle3'] / 'vllm_serve.log').read_text()[-2000:]}")
+            try:
+                import urllib.request
+
+                urllib.request.urlopen(url + "/v1/models", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(2)
+        else:
+            raise RuntimeError("vllm serve did not answer within 600 s")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_server_mode_gives_the_in_process_engines_numbers(drafters, prompts_file, eagle3_server, tmp_path: Path) -> None:
+    vllm = run_eval(drafters["eagle3"], prompts_file, tmp_path / "vllm", "--engine", "vllm", "--no-baseline")
+    served = run_eval(drafters["eagle3"], prompts_file, tmp_path / "server", "--server", eagle3_server, "--baseline")
+    for a, b in zip(vllm["records"], served["records"], strict=True):
+        assert a["output_ids"] == b["output_ids"] and b["same_as_baseline"]
+        assert Counter(a["stats"]["accepted_per_step"]) == Counter(b["stats"]["accepted_per_step"])
+    assert served["summary"]["engine"] == "server"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "server"])
+def test_regeneration_through_vllm_equals_the_targets_greedy_replies(engine: str, reference_target_path, eagle3_server,
+                                                                     tmp_path: Path) -> None:
+    from test_regenerate import check_greedy_replies, conversations_to_regenerate
+
+    from models.target import TargetModel
+    from train.config import RegenerateConfig
+    from train.data.chat import ChatRenderer
+    from train.data.regenerate import reply_engine, regenerate_conversations
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=12, engine=engine, concurrency=2, vllm_python=VLLM_PYTHON,
+                           server_url=eagle3_server)
+    replies = reply_engine(cfg, target, 1024)
+    try:
+        out, stats = regenerate_conversations(conversations_to_regenerate(), replies, renderer, cfg, max_length=1024, progress=False)
+    finally:
+        replies.close()
+    assert stats["turns_regenerated"] == 4
+    check_greedy_replies(target, renderer, conversations_to_regenerate(), out, 12)
