@@ -5,17 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def fmt(value, spec: str, suffix: str = "") -> str:
+    """A number, or '-' where the run has none (no baseline, no prompt lookup, another engine's timings)."""
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
 def summary_table(summary: dict, title: str) -> str:
     acc = " ".join(f"{a:.2f}" for a in summary["acceptance_by_position"][:8]) or "-"
     split = summary["time_split"]
+    engine = summary.get("engine", "ours")
+    # another engine reports no phase split, and its speed over our baseline's is no speedup
+    split_text = f"{100 * split['draft']:.0f}% / {100 * split['verify']:.0f}% / {100 * split['other']:.0f}%" if engine == "ours" else "-"
+    same = summary.get("same_as_baseline")
     rows = [
-        f"### {title}", "",
-        "| turns | τ | prompt lookup τ | tok/s | AR tok/s | speedup | mean prompt | mean latency s | draft / verify / other | acceptance by position (1..8) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
-        f"| {summary['turns']} | {summary['tau']:.3f} | {summary.get('prompt_lookup', {}).get('tau', float('nan')):.3f} | {summary['tokens_per_s']:.1f} | "
-        f"{summary.get('baseline_tokens_per_s', float('nan')):.1f} | {summary.get('speedup', float('nan')):.2f}x | "
-        f"{summary['mean_prompt_tokens']:.0f} | {summary['mean_latency_s']:.2f} | "
-        f"{100 * split['draft']:.0f}% / {100 * split['verify']:.0f}% / {100 * split['other']:.0f}% | {acc} |",
+        f"### {title}" + ("" if engine == "ours" else f" (engine: {engine})"), "",
+        "| turns | τ | prompt lookup τ | tok/s | AR tok/s | speedup | tokens = target alone | mean prompt | mean latency s | "
+        "draft / verify / other | acceptance by position (1..8) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        f"| {summary['turns']} | {summary['tau']:.3f} | {fmt(summary.get('prompt_lookup', {}).get('tau'), '.3f')} | {summary['tokens_per_s']:.1f} | "
+        f"{fmt(summary.get('baseline_tokens_per_s'), '.1f')} | {fmt(summary.get('speedup'), '.2f', 'x')} | {fmt(same, '.0%')} | "
+        f"{summary['mean_prompt_tokens']:.0f} | {summary['mean_latency_s']:.2f} | {split_text} | {acc} |",
     ]
     cats = summary.get("tau_by_category", {})
     if len(cats) > 1:
