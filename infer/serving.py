@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -84,9 +85,11 @@ class VllmEngine:
         config = {"target": target, "drafter": drafter, "method": method, "num_speculative_tokens": num_speculative_tokens,
                   "eos": list(eos), "max_model_len": max_model_len, "dtype": dtype, "max_num_seqs": max_num_seqs}
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        # vLLM's log goes to a temporary file (the terminal with SWA_VLLM_VERBOSE=1): a refusal raised in its
+        # engine-core process reaches the worker as "initialization failed", the cause only in the log
+        self.log = None if os.environ.get("SWA_VLLM_VERBOSE") else tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([vllm_python(python), str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None if os.environ.get("SWA_VLLM_VERBOSE") else subprocess.DEVNULL,
-                                     text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         self.block_size = num_speculative_tokens + 1
         self.drafter = drafter
         self.eos = list(eos)
@@ -94,7 +97,7 @@ class VllmEngine:
         if "error" in ready:
             self.close()
             what = f"target {target}" + (f" with {method} drafter {drafter}" if drafter else "")
-            raise ValueError(f"vLLM refused {what}: {ready['error']}")
+            raise ValueError(f"vLLM refused {what}: {root_cause(self.log) or ready['error']}")
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -143,6 +146,19 @@ class VllmEngine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def root_cause(log) -> str | None:
+    """The last ``SomeError: message`` line of vLLM's log that is not its generic "initialization failed" wrapper."""
+    if log is None:
+        return None
+    log.seek(0)
+    causes = []
+    for line in log.read().splitlines():
+        line = re.sub(r"^\([^)]*\)\s*", "", line.strip())  # vLLM prefixes its processes' lines: "(EngineCore pid=1) "
+        if re.match(r"^[\w.]*(Error|Exception): ", line) and "initialization failed" not in line:
+            causes.append(line)
+    return causes[-1][:500] if causes else None
 
 
 METRIC = re.compile(r'^(vllm:spec_decode_num_drafts|vllm:spec_decode_num_accepted_tokens_per_pos)(?:_total)?(?:\{([^}]*)\})?\s+(\S+)')

@@ -37,8 +37,10 @@ def counters(llm) -> dict:
 
 
 def one_line(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".strip().splitlines()
-    return text[0] if len(text) == 1 else f"{text[0]} ... {text[-1]}"
+    """The error on one line: pydantic's multi-line validation errors keep their reason (the middle lines)."""
+    lines = [line.strip() for line in f"{type(error).__name__}: {error}".splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("For further information")]
+    return " | ".join(lines)[:800]
 
 
 def main() -> None:

@@ -233,3 +233,21 @@ def test_regeneration_through_vllm_equals_the_targets_greedy_replies(engine: str
         replies.close()
     assert stats["turns_regenerated"] == 4
     check_greedy_replies(target, renderer, conversations_to_regenerate(), out, 12)
+
+
+def test_a_drafter_shape_vllm_cannot_run_is_one_line(drafters, reference_target_path, tmp_path: Path) -> None:
+    """A DFlash drafter mixing sliding and full layers needs vLLM's V2 model runner (Triton: GPU only): on the CPU
+    build it is refused at start-up, and the refusal reaches the user as one line naming the drafter."""
+    from infer.serving import VllmEngine
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for f in (drafters["dflash"] / "export_dflash").iterdir():
+        if f.is_file() and f.name != "config.json":
+            (mixed / f.name).symlink_to(f)
+    config = json.loads((drafters["dflash"] / "export_dflash" / "config.json").read_text())
+    config["layer_types"] = ["sliding_attention", "full_attention"]
+    (mixed / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"vLLM refused target .* with dflash drafter {mixed}: .*mixed sliding/full dflash drafts") as e:
+        VllmEngine(VLLM_PYTHON, str(reference_target_path), str(mixed), "dflash", config["block_size"] - 1, [], 512)
+    assert "\n" not in str(e.value)
