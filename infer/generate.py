@@ -127,7 +127,8 @@ class Generation:
 
 @torch.no_grad()
 def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | PromptLookupDrafter | None, prompt_ids, max_new_tokens: int = 256,
-             sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096) -> Generation:
+             sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
+             accept_per_step: int | None = None) -> Generation:
     """Speculative decoding with ``drafter``, or plain autoregressive decoding when it is None.
 
     Args:
@@ -135,6 +136,9 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         max_new_tokens: budget of new tokens.
         eos_token_ids: ids that end the generation (kept in the output).
         prefill_chunk: prompt tokens per prefill forward (bounds activation memory on long prompts).
+        accept_per_step: speed benchmarks only (a random-weight target at a real shape, where nothing would be
+            accepted): every step accepts this many drafts whatever the verification says, and takes the target's
+            token after them; the work per step is the real loop's, the output is not the target's. Chains only.
     """
     device = target.device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
@@ -147,6 +151,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
     if drafter is not None and drafter.tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
+    if accept_per_step is not None and (drafter is None or drafter.tree or not 0 <= accept_per_step < drafter.block_size):
+        raise ValueError(f"accept_per_step={accept_per_step}: needs a chain drafter and 0 <= it < its block size")
     block = drafter.block_size if drafter is not None else 1
     verify_len = drafter.verify_tokens if drafter is not None else 1
     target.allocate(n + max_new_tokens + verify_len)
@@ -185,6 +191,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             logits, features = target.forward(block_ids, pos)
             timer.mark("verify")
             num_accepted, token = verify(draft_tokens, draft_probs, logits, sampling, generator)
+            if accept_per_step is not None:  # benchmark mode (see the docstring)
+                num_accepted, token = torch.tensor(accept_per_step, device=device), logits[accept_per_step].argmax()
             values = torch.cat([num_accepted[None], draft_tokens, token[None]]).tolist()  # host sync
             accepted = values[0]
             new = values[1:1 + accepted] + [values[-1]]

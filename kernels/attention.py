@@ -80,6 +80,37 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: fl
     return flex(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], kernel_options=kernel_options)
 
 
+def masked_softmax(scores: torch.Tensor, visible: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """softmax(scale * scores) over the visible keys: fp32 scores in, probabilities out in ``dtype`` (compiled, the
+    cast is fused: at 32K keys the fp32 probabilities' extra round trip was a third of a 16-token verify)."""
+    return torch.softmax((scores * scale).masked_fill(~visible, float("-inf")), dim=-1).to(dtype)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
+                      softmax=masked_softmax) -> torch.Tensor:
+    """Softmax attention of few queries over a long cache, as two batched matrix products (cuBLAS reads each key once).
+
+    q [B, Hkv, M, D] (the M query rows of one KV head's group), k/v [B, Hkv, C, D], visible [B, 1 or Hkv, M, C] bool.
+    Scores and softmax in fp32 (bf16 inputs: ``bmm(..., out_dtype=float32)``, fp32 accumulation as in flash kernels);
+    probabilities cast to the values' dtype for the second product. Every row must see at least one key.
+    Returns [B, Hkv, M, D] in q's dtype.
+    """
+    b, h, m, d = q.shape
+    c = k.shape[2]
+    q3, k3 = q.reshape(b * h, m, d), k.reshape(b * h, c, d)
+    if q.dtype == torch.float32:
+        scores = torch.bmm(q3, k3.transpose(1, 2))
+    elif q.is_cuda:
+        scores = torch.bmm(q3, k3.transpose(1, 2), out_dtype=torch.float32)
+    else:  # CPU low precision: no fp32-output bmm there
+        scores = torch.bmm(q3.float(), k3.float().transpose(1, 2))
+    probs = softmax(scores.view(b, h, m, c), visible, scale, v.dtype)
+    return torch.bmm(probs.view(b * h, m, c), v.reshape(b * h, c, d)).view(b, h, m, d)
+
+
+SMALL_QUERY = 64  # at most this many queries over a cache: the two-product path on CUDA (decode, verify, draft blocks)
+
+
 # --- Attention over a cache whose keys sit at consecutive positions (inference) -------------------
 #
 # Layout shared by the target's KV cache and the drafter's context cache: the keys are positions
@@ -137,6 +168,17 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     if backend != "sdpa":
         raise ValueError(f"attention backend {backend!r}; expected 'sdpa' or 'flashinfer'")
     q_len, k_len = q.shape[0], k.shape[0]
+    if q.is_cuda and q_len <= SMALL_QUERY:
+        # few queries over a long cache: SDPA's masked kernels tile over queries (a handful of blocks for one token)
+        # or copy the keys per query head; two products read each key once
+        hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+        groups = hq // hkv
+        if mask is None:
+            mask = aligned_mask(q_len, k_len, causal, window, q.device)
+        visible = torch.ones(1, 1, 1, k_len, dtype=torch.bool, device=q.device) if mask is None else mask.repeat(groups, 1)[None, None]
+        out = grouped_attention(q.permute(1, 0, 2).reshape(1, hkv, groups * q_len, d), k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                visible, scale)
+        return out[0].reshape(hq, q_len, d).transpose(0, 1)
     # a causal square without a window is SDPA's own is_causal (its fast kernels take no mask)
     square_causal = causal and q_len == k_len > 1 and (window is None or window >= k_len)
     if mask is None:

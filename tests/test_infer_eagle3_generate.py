@@ -19,7 +19,7 @@ from models.eagle3 import Eagle3Drafter
 from infer.generate import generate
 from infer.prompts import long_prompt_ids, mt_bench_questions
 from models.sampling import SamplingConfig
-from models.target import CachedTarget
+from models.static_target import StaticTarget
 from infer_helpers import PartlyScriptedEagle3, greedy_continuations, overfit_eagle3_drafter
 from test_infer_generate import chi_square_p_value, exact_distribution, sampled_outputs
 from models.eagle3 import Eagle3DraftModel, make_eagle3_config
@@ -40,7 +40,7 @@ def setup(reference_target_path):
     memorised = greedy_continuations(model, [long_prompt_ids(tokenizer, q) for q in questions[:2]], 64)
     drafter = overfit_eagle3_drafter(model, memorised, layer_types=["sliding_attention"], sliding_window=8, target_layer_ids=LAYERS,
                                      ttt_length=STEPS, draft_vocab_size=1024, steps=150)
-    return model, tokenizer, questions, drafter, CachedTarget(model, LAYERS)
+    return model, tokenizer, questions, drafter, StaticTarget(model, LAYERS)
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -102,7 +102,7 @@ def test_bad_inputs(setup) -> None:
     with pytest.raises(ValueError, match=r"tree drafting is greedy only \(temperature=0.7\)"):
         generate(target, Eagle3Drafter(drafter_model, **TREE), [5, 6, 7], max_new_tokens=4, sampling=SamplingConfig(temperature=0.7))
     with pytest.raises(ValueError, match=r"drafter reads target layers \[1, 3, 4\], the target captures \[2\]"):
-        generate(CachedTarget(model, [2]), Eagle3Drafter(drafter_model), [5, 6], max_new_tokens=4)
+        generate(StaticTarget(model, [2]), Eagle3Drafter(drafter_model), [5, 6], max_new_tokens=4)
     with pytest.raises(ValueError, match="window=0"):
         Eagle3Drafter(drafter_model, window=0)
 
@@ -127,7 +127,7 @@ def test_chain_sampling_follows_the_target_distribution(temperature, top_k, top_
     kept = torch.tensor([0, 1, 3, 4, 6, 7])  # ids 2 and 5 cannot be drafted: q = 0 there
     drafter_model.d2t.copy_(kept - torch.arange(6))
     drafter_model.t2d.zero_()[kept] = True
-    target = CachedTarget(model, [0, 2, 3])
+    target = StaticTarget(model, [0, 2, 3])
     drafter = Eagle3Drafter(drafter_model)
     prompt = [1, 4, 2, 6, 3]
     n = 3000

@@ -19,7 +19,7 @@ from infer.generate import generate
 from infer.prompts import long_prompt_ids, mt_bench_questions
 from infer.reference import reference_speculative_greedy
 from models.sampling import SamplingConfig
-from models.target import CachedTarget
+from models.static_target import StaticTarget
 from infer_helpers import PartlyScripted, greedy_continuations, overfit_drafter
 from models.dflash import DFlashDraftModel, make_dflash_config
 
@@ -37,7 +37,7 @@ def setup(reference_target_path):
     memorised = greedy_continuations(model, [long_prompt_ids(tokenizer, q) for q in questions[:2]], 64)
     drafter = overfit_drafter(model, memorised, layer_types=["sliding_attention", "full_attention"], sliding_window=16,
                               target_layer_ids=LAYERS, steps=200)
-    return model, tokenizer, questions, drafter, CachedTarget(model, LAYERS)
+    return model, tokenizer, questions, drafter, StaticTarget(model, LAYERS)
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -115,7 +115,7 @@ def test_bad_inputs(setup) -> None:
     with pytest.raises(ValueError, match="prompt is empty"):
         generate(target, drafter, [], max_new_tokens=4)
     with pytest.raises(ValueError, match=r"drafter reads target layers \[1, 3, 5\], the target captures \[2\]"):
-        generate(CachedTarget(model, [2]), drafter, [5, 6], max_new_tokens=4)
+        generate(StaticTarget(model, [2]), drafter, [5, 6], max_new_tokens=4)
     with pytest.raises(ValueError, match="top_p=0"):
         SamplingConfig(temperature=1.0, top_p=0)
 
@@ -199,7 +199,7 @@ def test_sampling_follows_the_target_distribution(temperature, top_k, top_p, dep
     drafter_model = DFlashDraftModel(draft_config).eval()
     for p in drafter_model.parameters():
         p.data.normal_(0, 0.25) if p.dim() > 1 else None
-    target = CachedTarget(model, [0, 2])
+    target = StaticTarget(model, [0, 2])
     drafter = DFlashDrafter(drafter_model, model.get_input_embeddings(), model.get_output_embeddings())
     prompt = [1, 4, 2, 6, 3]
     n = 10_000

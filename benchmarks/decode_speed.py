@@ -1,0 +1,169 @@
+"""Decode speed at a real shape: the static-cache, captured loop against today's eager loop, in one run.
+
+A random-init target of a real shape (default Qwen3-8B's, bf16) on one GPU. Prints:
+  1. the GPU's memory bandwidth as measured here (a device-to-device copy and a reduction; the larger);
+  2. autoregressive decoding, batch 1, at each context: tokens/s, ms per token, the fraction of the bandwidth
+     the step's bytes (weights + the keys/values it reads) make of it, the time outside the forwards, prefill s;
+     the eager loop (``CachedTarget``) beside it at the first and last context;
+  3. one captured forward of 1 and of ``--verify-tokens`` tokens at each context (median of CUDA-event timings);
+  4. speculative decoding with random drafters of the matching shape whose steps accept a given number of drafts
+     (``generate(..., accept_per_step=τ-1)``, the real loop's work per step): tokens/s and speedup over (2) at the
+     first context, τ = ``--taus``.
+
+    python benchmarks/decode_speed.py --shape qwen3-8b --contexts 1024 8192 32768 --out decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.infer_speed import SHAPES  # noqa: E402
+from infer.generate import generate  # noqa: E402
+from models.dflash import DFlashDrafter, DFlashDraftModel, make_dflash_config  # noqa: E402
+from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, make_eagle3_config  # noqa: E402
+from models.static_target import StaticTarget  # noqa: E402
+from models.target import CachedTarget  # noqa: E402
+
+
+def cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn()`` between CUDA events, each call from a synchronised start."""
+    times = []
+    for i in range(warmup + repeats):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def measured_bandwidth() -> dict:
+    n = 2 << 30  # 2 GiB per buffer
+    src = torch.empty(n // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    copy_ms = cuda_ms(lambda: dst.copy_(src))
+    sum_ms = cuda_ms(lambda: src.sum(dtype=torch.float32))
+    del src, dst
+    torch.cuda.empty_cache()
+    copy_bw, sum_bw = 2 * n / copy_ms / 1e9, n / sum_ms / 1e9  # TB/s
+    return {"copy_TBps": copy_bw, "read_TBps": sum_bw, "TBps": max(copy_bw, sum_bw)}
+
+
+def build(shape: str):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(**SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        torch.set_default_dtype(torch.bfloat16)
+        model = Qwen3ForCausalLM(config).eval().requires_grad_(False)
+        layers = config.num_hidden_layers
+        dflash_ids = [int(round(1 + i * (layers - 4) / 4)) for i in range(5)]  # z-lab's spacing of 5 features
+        dflash = DFlashDraftModel(make_dflash_config(config, num_hidden_layers=5, block_size=16, mask_token_id=151669,
+                                                     target_layer_ids=dflash_ids, layer_types=["sliding_attention"] * 4 + ["full_attention"],
+                                                     sliding_window=2048)).eval()
+        eagle3 = Eagle3DraftModel(make_eagle3_config(config, num_hidden_layers=1, target_layer_ids=[1, layers // 2 - 1, layers - 4],
+                                                     layer_types=["sliding_attention"], sliding_window=2048, draft_vocab_size=32000)).eval()
+        torch.set_default_dtype(torch.float32)
+    eagle3.embed_tokens.weight.data = model.get_input_embeddings().weight.data
+    return model, dflash, eagle3
+
+
+def kv_bytes(target: StaticTarget) -> int:
+    return 2 * target.k_cache[:, 0].numel() * target.k_cache.element_size()  # keys + values of one row, every layer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192, 32768])
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--verify-tokens", type=int, default=16)
+    p.add_argument("--taus", type=int, nargs="+", default=[2, 3, 4, 5])
+    p.add_argument("--compile", action="store_true", help="decoder layers under torch.compile inside the graphs")
+    p.add_argument("--eager-baseline", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--out")
+    args = p.parse_args()
+
+    gpu = torch.cuda.get_device_name()
+    result = {"gpu": gpu, "torch": torch.__version__, "shape": args.shape, "args": vars(args)}
+    bw = result["bandwidth"] = measured_bandwidth()
+    print(f"# {gpu} | torch {torch.__version__} | bandwidth: copy {bw['copy_TBps']:.2f} TB/s, read {bw['read_TBps']:.2f} TB/s", flush=True)
+    model, dflash_model, eagle3_model = build(args.shape)
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    result["weight_GB"] = weight_bytes / 1e9
+    prompt = lambda n: torch.randint(100, 100_000, (n,)).tolist()  # noqa: E731
+
+    rows = result["autoregressive"] = []
+    if args.eager_baseline:  # today's loop (HF modules, eager) before the static target fuses the weights
+        eager = CachedTarget(model, [])
+        for ctx in sorted({args.contexts[0], args.contexts[-1]}):
+            generate(eager, None, prompt(ctx), 4)
+            run = generate(eager, None, prompt(ctx), 32)
+            rows.append({"loop": "eager (CachedTarget)", "context": ctx, "tokens_per_s": run.stats.tokens_per_s, "prefill_s": run.stats.prefill_s,
+                         "outside_forward": run.stats.other_s / run.stats.decode_s})
+            print(f"eager loop  ctx {ctx}: {run.stats.tokens_per_s:.1f} tok/s", flush=True)
+        del eager
+    target = StaticTarget(model, [], compile_layers=args.compile)
+    steps = result["forward"] = []
+    print("loop | context | tok/s | ms/token | bandwidth % | outside forward % | prefill s", flush=True)
+    for ctx in args.contexts:
+        ids = prompt(ctx)
+        target.allocate(ctx + args.new_tokens + args.verify_tokens)  # one capacity for the warm-up and the timed runs
+        generate(target, None, ids, 8)  # captures the step
+        run = generate(target, None, ids, args.new_tokens)
+        ms = 1e3 / run.stats.tokens_per_s
+        moved = weight_bytes + kv_bytes(target)
+        row = {"loop": "static + CUDA graphs" + (" + compile" if args.compile else ""), "context": ctx, "capacity": target.capacity,
+               "tokens_per_s": run.stats.tokens_per_s, "ms_per_token": ms, "bandwidth_frac": moved / (ms / 1e3) / (bw["TBps"] * 1e12),
+               "outside_forward": run.stats.other_s / run.stats.decode_s, "prefill_s": run.stats.prefill_s}
+        rows.append(row)
+        print(f"{row['loop']} | {ctx} | {row['tokens_per_s']:.1f} | {ms:.2f} | {100 * row['bandwidth_frac']:.1f} | "
+              f"{100 * row['outside_forward']:.1f} | {row['prefill_s']:.2f}", flush=True)
+        pos = torch.tensor([ctx], device="cuda")
+        one = cuda_ms(lambda: target.step(torch.zeros(1, 1, dtype=torch.long, device="cuda"), pos))
+        many = cuda_ms(lambda: target.step(torch.zeros(1, args.verify_tokens, dtype=torch.long, device="cuda"), pos))
+        steps.append({"context": ctx, "capacity": target.capacity, "forward_1_ms": one, f"forward_{args.verify_tokens}_ms": many,
+                      "verify_over_decode": many / one, "bandwidth_frac_1": (weight_bytes + kv_bytes(target)) / (one / 1e3) / (bw["TBps"] * 1e12)})
+        print(f"    forward at {ctx}: 1 token {one:.2f} ms ({100 * steps[-1]['bandwidth_frac_1']:.1f}% of bandwidth), "
+              f"{args.verify_tokens} tokens {many:.2f} ms ({many / one:.2f}x)", flush=True)
+
+    base = next(r for r in rows if r["context"] == args.contexts[0] and r["loop"].startswith("static"))
+    spec = result["speculative"] = []
+    print(f"drafter | tau | drafts/step | tok/s | speedup over AR at {args.contexts[0]} | draft % | verify % | other %", flush=True)
+    for name in ("dflash", "eagle3"):
+        for tau in args.taus:
+            if name == "dflash":
+                drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
+            else:
+                drafter = Eagle3Drafter(eagle3_model, steps=tau)  # a chain one longer than what it accepts
+            target.set_feature_layers(drafter.target_layer_ids)
+            ids = prompt(args.contexts[0])
+            target.allocate(args.contexts[0] + args.new_tokens + args.verify_tokens)
+            generate(target, drafter, ids, 16, accept_per_step=tau - 1)
+            run = generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
+            s = run.stats
+            row = {"drafter": name, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
+                   "speedup": s.tokens_per_s / base["tokens_per_s"], "draft_frac": s.draft_s / s.decode_s,
+                   "verify_frac": s.verify_s / s.decode_s, "other_frac": s.other_s / s.decode_s, "ms_per_step": 1e3 * s.decode_s / s.steps}
+            spec.append(row)
+            print(f"{name} (block {drafter.block_size}) | {s.tau:.2f} | {drafter.block_size - 1} | {s.tokens_per_s:.1f} | {row['speedup']:.2f}x "
+                  f"({row['speedup'] / s.tau:.2f} of tau) | {100 * row['draft_frac']:.1f} | {100 * row['verify_frac']:.1f} | "
+                  f"{100 * row['other_frac']:.1f}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""The target for the fast decoding loop: static caches for a batch of rows, decode steps as CUDA graphs.
+
+After gpt-fast's ``model.py``/``generate.py``: the keys/values of every layer live in one buffer
+preallocated for the longest context, ``[L, B, Hkv, C, D]``, written by index from a position tensor;
+a decode step (``n`` = 1 token, or the ``k + 1`` tokens of a verify) is a fixed sequence of kernels over
+fixed buffers, so on a GPU it is captured once per ``(batch, n)`` as a CUDA graph and replayed: the host
+copies the new ids and positions in and launches one graph instead of ~15 kernels per layer.
+
+Conventions (shared with ``models/target.py``): row ``b`` runs tokens at positions ``pos[b] .. pos[b]+n-1``;
+they write cache slots at those positions and see every slot ``<=`` their own position, so rejected drafts
+need no rollback (the next step writes over them before anything reads them). Layer id ``i`` = the output
+of decoder layer ``i``.
+
+Decode attention is two matrix products per layer (scores in fp32, softmax, probabilities x values) over
+the cache up to its capacity, grouped by KV head so no key is read twice (grouped-query attention without
+copying the cache); a step's cost grows with the capacity, which ``allocate`` sizes to what a generation
+needs. Prefill chunks and tree verification run row by row through SDPA with a dense mask
+(``kernels.attention.cached_attention``), not captured.
+
+The weights are the Hugging Face model's own: q/k/v and gate/up are concatenated into one matrix each (the
+HF parameters become views of it, so memory is not doubled and the HF model still runs as the reference).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.attention import cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
+from models.target import check_supported, decoder_layers
+
+DECODE_MAX_TOKENS = 64  # a forward of more tokens per row is a prefill chunk (row by row, SDPA)
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    wqkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
+    bqkv: torch.Tensor | None
+    q_norm: torch.Tensor | None  # Qwen3's per-head RMSNorm weights [D]
+    k_norm: torch.Tensor | None
+    wo: torch.Tensor
+    bo: torch.Tensor | None
+    post_norm: torch.Tensor
+    w13: torch.Tensor  # gate and up, [2 I, H]
+    b13: torch.Tensor | None
+    w2: torch.Tensor
+    b2: torch.Tensor | None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's Llama/Qwen RMSNorm, step for step (fp32 statistics, the weight applied in the input dtype)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as Hugging Face applies it (``rotate_half``): x [..., D], cos/sin broadcastable to it."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linears of the same input; the linears' parameters become views of it."""
+    weight = torch.cat([lin.weight.data for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b.data if b is not None else weight.new_zeros(lin.out_features) for b, lin in zip(biases, linears)])
+    row = 0
+    for i, lin in enumerate(linears):
+        rows = lin.out_features
+        lin.weight.data = weight[row:row + rows]
+        if bias is not None and lin.bias is not None:
+            lin.bias.data = bias[row:row + rows]
+        row += rows
+    return weight, bias
+
+
+class StaticTarget:
+    """The target LM over static per-row caches; ``step`` is the captured decode/verify forward.
+
+    Args:
+        model: a loaded HF causal LM (Llama/Qwen-style full-attention layers; ``check_supported``).
+        feature_layer_ids: layer ids whose outputs are returned as features (may be empty).
+        capture: replay decode steps as CUDA graphs (default: on CUDA devices).
+        compile_layers: run the decoder layer under ``torch.compile`` inside the graphs (fuses the norms,
+            RoPE and the MLP's activation; compiles once per step shape).
+    """
+
+    def __init__(self, model: nn.Module, feature_layer_ids: list[int], capture: bool | None = None, compile_layers: bool = False):
+        check_supported(model)
+        self.model = model.eval().requires_grad_(False)
+        config = model.config.get_text_config()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scale = self.head_dim ** -0.5
+        self.eps = config.rms_norm_eps
+        self.embed_tokens = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.norm = model.model.norm
+        self.rotary_emb = model.model.rotary_emb
+        self.feature_layer_ids = list(feature_layer_ids)
+        self.weights = []
+        for layer in decoder_layers(model):
+            attn, mlp = layer.self_attn, layer.mlp
+            wqkv, bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            w13, b13 = _fuse([mlp.gate_proj, mlp.up_proj])
+            self.weights.append(LayerWeights(
+                layer.input_layernorm.weight, wqkv, bqkv,
+                attn.q_norm.weight if hasattr(attn, "q_norm") else None, attn.k_norm.weight if hasattr(attn, "k_norm") else None,
+                attn.o_proj.weight, attn.o_proj.bias, layer.post_attention_layernorm.weight, w13, b13,
+                mlp.down_proj.weight, mlp.down_proj.bias))
+        self.act = decoder_layers(model)[0].mlp.act_fn
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        if self.capture and self.device.type != "cuda":
+            raise ValueError(f"capture=True needs a CUDA device; the target is on {self.device}")
+        # compiled: the pieces around attention (norms, RoPE, activation fused into few kernels) and the masked softmax;
+        # the two attention products stay cuBLAS calls (inductor rewrote them into a kernel 30% slower at 32K)
+        if compile_layers:
+            raise_recompile_limit()  # one graph per step shape (n = 1, the verify block, EAGLE-3's chain lengths)
+        maybe_compile = (lambda f: torch.compile(f, dynamic=False)) if compile_layers else (lambda f: f)
+        self.pre_attention = maybe_compile(self._pre_attention)
+        self.post_attention = maybe_compile(self._post_attention)
+        self.masked_softmax = maybe_compile(masked_softmax)
+        self.k_cache: torch.Tensor | None = None  # [L, B, Hkv, C, D]
+        self.v_cache: torch.Tensor | None = None
+        self.cos = self.sin = None  # [C, D] RoPE tables, in the model's dtype (as HF casts them)
+        self.graphs: dict[tuple[int, int], CapturedStep] = {}  # (rows, tokens) -> the captured step
+        self.pool = None  # the graphs' shared memory pool
+
+    # ------------------------------------------------------------------------------------------ buffers
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.k_cache is None else self.k_cache.shape[3]
+
+    @property
+    def batch(self) -> int:
+        return 0 if self.k_cache is None else self.k_cache.shape[1]
+
+    def allocate(self, capacity: int, batch: int = 1) -> None:
+        """Room for positions ``0 .. capacity-1`` in ``batch`` rows. A decode step reads the whole capacity, so the
+        buffers (and the graphs captured on them) are kept only while they are at most twice (or 2048 positions
+        more than) what is asked; new ones are rounded up to a multiple of 256."""
+        if batch == self.batch and capacity <= self.capacity <= max(2 * capacity, capacity + 2048):
+            return
+        capacity = 256 * math.ceil(capacity / 256)
+        self.k_cache = self.v_cache = None
+        self.graphs.clear()
+        shape = (len(self.weights), batch, self.num_kv_heads, capacity, self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        positions = torch.arange(capacity, device=self.device)
+        cos, sin = self.rotary_emb(self.k_cache.new_zeros(1, 1, self.head_dim), positions[None])
+        self.cos, self.sin = cos[0], sin[0]
+
+    def set_feature_layers(self, layer_ids: list[int]) -> None:
+        """Return these layers' outputs as features from now on (the captured steps are captured again)."""
+        if list(layer_ids) != self.feature_layer_ids:
+            self.feature_layer_ids = list(layer_ids)
+            self.graphs.clear()
+
+    # ------------------------------------------------------------------------------------------ decode step
+
+    def _pre_attention(self, x, input_norm, wqkv, bqkv, q_norm, k_norm, cos, sin):
+        """[B, n, H] -> queries grouped by KV head [B, Hkv, G*n, D] (rows (g, t)), keys and values [B, Hkv, n, D]."""
+        b, n, _ = x.shape
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = F.linear(rms_norm(x, input_norm, self.eps), wqkv, bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = q.view(b, n, hq, d), k.view(b, n, hkv, d), v.view(b, n, hkv, d)
+        if q_norm is not None:
+            q, k = rms_norm(q, q_norm, self.eps), rms_norm(k, k_norm, self.eps)
+        q, k = rotate(q, cos[:, :, None], sin[:, :, None]), rotate(k, cos[:, :, None], sin[:, :, None])
+        return q.transpose(1, 2).reshape(b, hkv, (hq // hkv) * n, d), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _post_attention(self, x, out, wo, bo, post_norm, w13, b13, w2, b2):
+        """The attention output [B, Hkv, G*n, D] through o_proj and the MLP, residuals included: [B, n, H]."""
+        b, n, _ = x.shape
+        out = out.view(b, self.num_heads, n, self.head_dim).transpose(1, 2).reshape(b, n, -1)
+        x = x + F.linear(out, wo, bo)
+        gate, up = F.linear(rms_norm(x, post_norm, self.eps), w13, b13).chunk(2, dim=-1)
+        return x + F.linear(self.act(gate) * up, w2, b2)
+
+    def _layer(self, x, w: LayerWeights, k_cache, v_cache, cos, sin, index, visible):
+        """One decoder layer on rows [B, n, H]: writes its keys/values into ``k/v_cache`` [B, Hkv, C, D] at
+        ``index`` (the positions, expanded to [B, Hkv, n, D]) and attends over the whole capacity under
+        ``visible`` [B, 1, G*n, C]. Tensors go in as arguments so one compiled graph serves every layer."""
+        q, k, v = self.pre_attention(x, w.input_norm, w.wqkv, w.bqkv, w.q_norm, w.k_norm, cos, sin)
+        k_cache.scatter_(2, index, k)
+        v_cache.scatter_(2, index, v)
+        out = grouped_attention(q, k_cache, v_cache, visible, self.scale, softmax=self.masked_softmax)
+        return self.post_attention(x, out, w.wo, w.bo, w.post_norm, w.w13, w.b13, w.w2, w.b2)
+
+    def _step(self, input_ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, n = input_ids.shape
+        positions = pos[:, None] + torch.arange(n, device=pos.device)  # [B, n]
+        groups = self.num_heads // self.num_kv_heads
+        visible = (torch.arange(self.capacity, device=pos.device) <= positions[..., None])[:, None].repeat(1, 1, groups, 1)  # [B, 1, G*n, C]
+        index = positions[:, None, :, None].expand(b, self.num_kv_heads, n, self.head_dim)
+        cos, sin = self.cos[positions], self.sin[positions]  # [B, n, D]
+        x = self.embed_tokens(input_ids)
+        features = []
+        for i, w in enumerate(self.weights):
+            x = self._layer(x, w, self.k_cache[i], self.v_cache[i], cos, sin, index, visible)
+            if i in self.feature_layer_ids:
+                features.append((self.feature_layer_ids.index(i), x))
+        logits = self.lm_head(self.norm(x)).float()
+        if not features:
+            return logits, None
+        return logits, torch.cat([f for _, f in sorted(features, key=lambda t: t[0])], dim=-1)
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Decode/verify ``n`` tokens per row: ``input_ids`` [B, n] at positions ``pos[b] ..`` (``pos`` [B], on the device).
+
+        Returns logits [B, n, V] fp32 and features [B, n, k*H] (None without feature layers). On a GPU these are the
+        captured graph's output buffers: valid until the next ``step`` of the same shape.
+        """
+        b, n = input_ids.shape
+        if b != self.batch:
+            raise ValueError(f"step with {b} rows; the caches hold {self.batch} (allocate(capacity, batch={b}))")
+        if n > DECODE_MAX_TOKENS:
+            raise ValueError(f"step of {n} tokens per row; at most {DECODE_MAX_TOKENS} (longer runs are prefill chunks)")
+        if not self.capture:
+            return self._step(input_ids, pos)
+        graph = self.graphs.get((b, n))
+        if graph is None:
+            if not self.graphs:  # a fresh memory pool for each set of graphs (a pool outliving its graphs cannot be reused)
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = self.graphs[(b, n)] = CapturedStep(self._step, input_ids, pos, self.pool)
+        return graph(input_ids, pos)
+
+    # ------------------------------------------------------------------------------------------ prefill, trees
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, row: int, start: int, last_logits_only: bool = False,
+                positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Row ``row``'s tokens ``input_ids`` [n] at positions ``start ..`` (eager, SDPA): prompt chunks and tree verification.
+
+        ``positions`` [n] (RoPE positions, tree: ``start + depth``) and ``mask`` [n, n] (which new tokens each sees) are
+        as in ``CachedTarget.forward``. Returns logits [n, V] (or [1, V]) fp32 and features [n, k*H] or None.
+        """
+        n = input_ids.shape[0]
+        end = start + n
+        if end > self.capacity:
+            raise ValueError(f"forward to position {end} exceeds the KV cache capacity {self.capacity}; call allocate() first")
+        if positions is None:
+            positions = torch.arange(start, end, device=self.device)
+        if mask is not None:
+            mask = torch.cat([torch.ones(n, start, dtype=torch.bool, device=self.device), mask.to(self.device)], dim=1)
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [n, 1, D]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = self.embed_tokens(input_ids)  # [n, H]
+        features = {}
+        for i, w in enumerate(self.weights):
+            h = rms_norm(x, w.input_norm, self.eps)
+            q, k, v = F.linear(h, w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k, v = q.view(n, hq, d), k.view(n, hkv, d), v.view(n, hkv, d)
+            if w.q_norm is not None:
+                q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            self.k_cache[i, row, :, start:end] = k.transpose(0, 1)
+            self.v_cache[i, row, :, start:end] = v.transpose(0, 1)
+            out = cached_attention(q, self.k_cache[i, row, :, :end].transpose(0, 1), self.v_cache[i, row, :, :end].transpose(0, 1),
+                                   causal=True, window=None, scale=self.scale, mask=mask)
+            x = x + F.linear(out.reshape(n, hq * d), w.wo, w.bo)
+            h = rms_norm(x, w.post_norm, self.eps)
+            gate, up = F.linear(h, w.w13, w.b13).chunk(2, dim=-1)
+            x = x + F.linear(self.act(gate) * up, w.w2, w.b2)
+            if i in self.feature_layer_ids:
+                features[i] = x
+        if last_logits_only:
+            x = x[-1:]
+        logits = self.lm_head(self.norm(x)).float()
+        if not features:
+            return logits, None
+        return logits, torch.cat([features[i] for i in self.feature_layer_ids], dim=-1)
+
+    def move(self, slots: torch.Tensor, dest: int, row: int = 0) -> None:
+        """Copy row ``row``'s keys/values of cache ``slots`` [m] to slots ``dest .. dest+m-1`` (an accepted tree path)."""
+        m = slots.shape[0]
+        self.k_cache[:, row, :, dest:dest + m] = self.k_cache[:, row, :, slots]
+        self.v_cache[:, row, :, dest:dest + m] = self.v_cache[:, row, :, slots]
+
+    # ------------------------------------------------------------------------------------------ batch-1 loop interface
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, start: int, last_logits_only: bool = False, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``CachedTarget.forward`` for row 0 (what ``infer.generate.generate`` calls): short runs are captured steps."""
+        n = input_ids.shape[0]
+        if last_logits_only or positions is not None or mask is not None or n > DECODE_MAX_TOKENS or self.batch != 1:
+            return self.prefill(input_ids, 0, start, last_logits_only, positions, mask)
+        if start + n > self.capacity:
+            raise ValueError(f"forward to position {start + n} exceeds the KV cache capacity {self.capacity}; call allocate() first")
+        if self._pos is None or self._pos.device != self.device:
+            self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._pos.fill_(start)
+        logits, features = self.step(input_ids[None], self._pos)
+        return logits[0], None if features is None else features[0]
+
+    _pos: torch.Tensor | None = None
+
+
+class CapturedStep:
+    """One decode-step shape as a CUDA graph: static input buffers, warmed up on a side stream, then captured."""
+
+    def __init__(self, fn, input_ids: torch.Tensor, pos: torch.Tensor, pool, warmup: int = 2):
+        self.ids = input_ids.clone()
+        self.pos = pos.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):  # cuBLAS workspaces, compiled kernels, allocator pools: outside the capture
+                fn(self.ids, self.pos)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = fn(self.ids, self.pos)
+
+    def __call__(self, input_ids: torch.Tensor, pos: torch.Tensor):
+        self.ids.copy_(input_ids)
+        self.pos.copy_(pos)
+        self.graph.replay()
+        return self.out

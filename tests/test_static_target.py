@@ -1,0 +1,175 @@
+"""The static-cache target (``models/static_target.py``) against Hugging Face's own forward with no cache,
+its decode attention against a softmax written out element by element, its rows against each other, and
+the loop built on it against the eager ``CachedTarget`` loop. GPU tests (skipped without CUDA): a captured
+step equals the same step run eagerly, and the small-query attention path equals SDPA."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from infer.generate import generate
+from infer.prompt_lookup import PromptLookupDrafter
+from kernels.attention import cached_attention, grouped_attention
+from models.static_target import StaticTarget
+from models.target import CachedTarget
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+
+def load(path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+def reference_attention(q, k, v, visible, scale):
+    """q [M, D] of one KV head's group, k/v [C, D], visible [M, C]: softmax over the visible keys, one query at a time."""
+    out = torch.zeros_like(q)
+    for m in range(q.shape[0]):
+        keys = [c for c in range(k.shape[0]) if visible[m, c]]
+        weights = torch.softmax(torch.stack([scale * (q[m] @ k[c]) for c in keys]), dim=0)
+        out[m] = sum(w * v[c] for w, c in zip(weights, keys))
+    return out
+
+
+def test_grouped_attention_equals_a_softmax_written_out() -> None:
+    torch.manual_seed(0)
+    b, hkv, m, c, d = 2, 3, 5, 11, 4
+    q, k, v = torch.randn(b, hkv, m, d), torch.randn(b, hkv, c, d), torch.randn(b, hkv, c, d)
+    visible = torch.rand(b, 1, m, c) < 0.6
+    visible[..., 0] = True  # every row sees a key
+    got = grouped_attention(q, k, v, visible, scale=0.5)
+    for i in range(b):
+        for h in range(hkv):
+            torch.testing.assert_close(got[i, h], reference_attention(q[i, h], k[i, h], v[i, h], visible[i, 0], 0.5))
+
+
+@pytest.mark.parametrize("which", ["reference", "tiny_llama3"])
+def test_prefill_steps_and_overwritten_drafts_match_hf(which, reference_target_path, tiny_llama3_path) -> None:
+    model = load(reference_target_path if which == "reference" else tiny_llama3_path)
+    vocab = model.config.vocab_size
+    torch.manual_seed(0)
+    ids = torch.randint(3, vocab, (300,))
+    with torch.no_grad():
+        ref = model(ids[None], output_hidden_states=True)
+    target = StaticTarget(model, feature_layer_ids=[4, 1, 5])
+    target.allocate(320)
+    logits = [target.prefill(ids[:200], 0, 0)[0]]
+    pos = torch.tensor([200])
+    target.step(torch.randint(3, vocab, (1, 16)), pos)  # rejected drafts at 200..215 ...
+    for start in range(200, 300, 10):  # ... overwritten by the real tokens, ten at a time
+        out, features = target.step(ids[None, start:start + 10], torch.tensor([start]))
+        logits.append(out[0])
+    torch.testing.assert_close(torch.cat(logits), ref.logits[0], rtol=1e-4, atol=1e-4)
+    want_features = torch.cat([ref.hidden_states[i + 1][0, 290:] for i in [4, 1, 5]], dim=-1)
+    torch.testing.assert_close(features[0], want_features, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # the HF model still runs on the fused weights' views
+        torch.testing.assert_close(model(ids[None]).logits, ref.logits)
+
+
+def test_rows_at_different_positions_each_match_their_own_sequence(reference_target_path) -> None:
+    model = load(reference_target_path)
+    torch.manual_seed(1)
+    seqs = [torch.randint(3, 8192, (n,)) for n in (40, 57, 23)]
+    target = StaticTarget(model, feature_layer_ids=[2])
+    target.allocate(80, batch=3)
+    for row, seq in enumerate(seqs):
+        target.prefill(seq[:-4], row, 0)
+    logits, features = target.step(torch.stack([s[-4:] for s in seqs]), torch.tensor([len(s) - 4 for s in seqs]))
+    for row, seq in enumerate(seqs):
+        with torch.no_grad():
+            ref = model(seq[None], output_hidden_states=True)
+        torch.testing.assert_close(logits[row], ref.logits[0, -4:], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(features[row], ref.hidden_states[3][0, -4:], rtol=1e-4, atol=1e-4)
+
+
+def test_buffers_are_kept_while_the_size_fits_and_bad_steps_are_refused(reference_target_path) -> None:
+    target = StaticTarget(load(reference_target_path), feature_layer_ids=[])
+    target.allocate(1000)
+    assert target.capacity == 1024
+    buffer = target.k_cache
+    target.allocate(600)  # 1024 <= 600 + 2048: kept
+    assert target.k_cache is buffer
+    target.allocate(5000)
+    assert target.capacity == 5120
+    target.allocate(100)  # 5120 > max(200, 2148): a smaller buffer
+    assert target.capacity == 256
+    with pytest.raises(ValueError, match="step with 2 rows; the caches hold 1"):
+        target.step(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="step of 65 tokens per row; at most 64"):
+        target.step(torch.zeros(1, 65, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    with pytest.raises(ValueError, match="exceeds the KV cache capacity 256"):
+        target.forward(torch.zeros(2, dtype=torch.long), 255)
+
+
+def test_the_loop_on_the_static_target_equals_the_eager_loop(reference_target_path, reference_tokenizer) -> None:
+    """Greedy, the target alone and with prompt lookup: the same tokens and the same accepted counts per step."""
+    model = load(reference_target_path)
+    eager = CachedTarget(model, [])
+    static = StaticTarget(model, [])
+    eos = [reference_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    for question in ["Write a poem about the sea.", "Explain how a hash map works, step by step."]:
+        ids = reference_tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        for drafter in (None, PromptLookupDrafter(num_draft_tokens=8, vocab_size=8192)):
+            want = generate(eager, drafter, ids, 48, eos_token_ids=eos)
+            got = generate(static, drafter, ids, 48, eos_token_ids=eos)
+            assert got.tokens == want.tokens
+            assert got.stats.accepted_per_step == want.stats.accepted_per_step
+
+
+def test_accept_per_step_is_a_benchmark_mode_for_chains_only(reference_target_path) -> None:
+    target = StaticTarget(load(reference_target_path), [])
+    drafter = PromptLookupDrafter(num_draft_tokens=4, vocab_size=8192)
+    run = generate(target, drafter, list(range(5, 40)), 30, accept_per_step=2)
+    assert run.stats.accepted_per_step[:-1] == [2] * (len(run.stats.accepted_per_step) - 1)
+    with pytest.raises(ValueError, match="accept_per_step=5: needs a chain drafter and 0 <= it < its block size"):
+        generate(target, drafter, [5, 6], 4, accept_per_step=5)
+    with pytest.raises(ValueError, match="accept_per_step=1: needs a chain drafter"):
+        generate(target, None, [5, 6], 4, accept_per_step=1)
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@gpu
+@pytest.mark.parametrize("q_len,k_len,causal,window", [(1, 5000, True, None), (16, 5000, True, None), (16, 2063, True, 2048),
+                                                       (16, 300, False, None), (8, 40, True, 3)])
+def test_small_query_attention_on_cuda_equals_sdpa(q_len, k_len, causal, window) -> None:
+    from kernels.attention import aligned_mask
+
+    torch.manual_seed(0)
+    q = torch.randn(q_len, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(k_len, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    got = cached_attention(q, k, v, causal=causal, window=window, scale=128 ** -0.5)
+    mask = aligned_mask(q_len, k_len, causal, window, q.device)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None], v.float().transpose(0, 1)[None], attn_mask=mask,
+        scale=128 ** -0.5, enable_gqa=True)[0].transpose(0, 1)
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@pytest.mark.parametrize("compile_layers", [False, True])
+def test_a_captured_step_equals_the_eager_step(reference_target_path, compile_layers) -> None:
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.bfloat16).cuda().eval()
+    torch.manual_seed(0)
+    ids = torch.randint(3, 8192, (2, 300), device="cuda")
+    captured = StaticTarget(model, [3], capture=True, compile_layers=compile_layers)
+    captured.allocate(320, batch=2)
+    for row in range(2):
+        captured.prefill(ids[row, :280], row, 0)
+    pos = torch.tensor([280, 270], device="cuda")
+    block = torch.stack([ids[0, 280:296], ids[1, 270:286]])
+    eager_logits, eager_features = (t.clone() for t in captured._step(block, pos))
+    for _ in range(2):  # the capture, then a replay
+        logits, features = captured.step(block, pos)
+        atol = 0 if not compile_layers else 0.1
+        torch.testing.assert_close(logits, eager_logits, atol=atol, rtol=0 if not compile_layers else 0.05)
+        torch.testing.assert_close(features, eager_features, atol=atol, rtol=0 if not compile_layers else 0.05)
+    assert math.isfinite(logits.sum().item())
