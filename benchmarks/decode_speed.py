@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.infer_speed import SHAPES  # noqa: E402
 from infer.generate import generate  # noqa: E402
-from models.dflash import DFlashDrafter, DFlashDraftModel, make_dflash_config  # noqa: E402
+from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config  # noqa: E402
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, make_eagle3_config  # noqa: E402
 from models.static_target import StaticTarget  # noqa: E402
 from models.target import CachedTarget  # noqa: E402
@@ -142,9 +142,11 @@ def main() -> None:
     base = next(r for r in rows if r["context"] == args.contexts[0] and r["loop"].startswith("static"))
     spec = result["speculative"] = []
     print(f"drafter | tau | drafts/step | tok/s | speedup over AR at {args.contexts[0]} | draft % | verify % | other %", flush=True)
-    for name in ("dflash", "eagle3"):
-        for tau in args.taus:
-            if name == "dflash":
+    for name in ("dflash", "dflash-eager", "eagle3"):
+        for tau in args.taus if name != "dflash-eager" else args.taus[1:2]:
+            if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
+                drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
+            elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             else:
                 drafter = Eagle3Drafter(eagle3_model, steps=tau)  # a chain one longer than what it accepts

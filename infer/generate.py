@@ -198,7 +198,10 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             new = values[1:1 + accepted] + [values[-1]]
             stats.accepted_per_step.append(accepted)
             timer.mark("other")
-            drafter.append_context(None if features is None else features[:accepted + 1], pos, block_ids[:accepted + 1])
+            if getattr(drafter, "appends_whole_block", False):  # fixed shapes: the rejected tail is written over next step
+                drafter.append_context(features, pos, block_ids)
+            else:
+                drafter.append_context(None if features is None else features[:accepted + 1], pos, block_ids[:accepted + 1])
             timer.mark("draft")
         pos += len(new)
         out.extend(new)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from models.dflash import DFlashDrafter
+from models.dflash import DFlashDrafter, StaticDFlashDrafter
 from models.eagle3 import Eagle3Drafter
 from infer.prompt_lookup import PromptLookupDrafter
 from models.static_target import StaticTarget
@@ -48,7 +48,7 @@ def is_eagle3(config: dict) -> bool:
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
                 attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
-                tree_tokens: int | None = None) -> tuple[StaticTarget | CachedTarget, DFlashDrafter | Eagle3Drafter | None, object]:
+                tree_tokens: int | None = None) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | Eagle3Drafter | None, object]:
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
     drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
@@ -81,7 +81,10 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                                     attention_backend=attention_backend)
         else:
             model = DFlashDraftModel.from_pretrained(drafter_path, dtype=target.model.dtype).to(target.device)
-            drafter = DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend)
+            if attention_backend == "flashinfer":
+                drafter = DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend)
+            else:  # fixed-shape caches, captured on a GPU, beside the static target
+                drafter = StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window)
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
 
 

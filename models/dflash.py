@@ -72,7 +72,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
-from kernels.attention import PackedQueryMask, attention, cached_attention
+from kernels.attention import PackedQueryMask, attention, cached_attention, grouped_attention
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, choose
 from models.target import ContextKV
@@ -539,3 +539,181 @@ class DFlashDrafter:
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft tokens [B-1] for ``anchor+1 ..`` and, when sampling, their distributions [B-1, V]."""
         return choose(self.draft_logits(token, anchor), sampling, generator)
+
+
+# ----------------------------------------------------------------------------- drafting over static caches
+
+class StaticDFlashDrafter:
+    """DFlash drafting for the static loop: fixed-shape buffers for a batch of rows, so the block pass and the
+    context append are captured as CUDA graphs (``models.static_target.CapturedStep``) on a GPU.
+
+    Per layer: context keys/values ``[B, Hkv, S + block, D]`` and the position each slot holds, ``[B, S]``
+    (-1: empty). A full layer keeps every position (S = capacity); a sliding layer of window W is a ring of
+    S = W + block slots, position p in slot p mod S (the slack lets an append write a whole verify block, its
+    rejected tail included, without evicting a position the next anchor's window still needs). The last
+    ``block`` slots are scratch for the block's own keys. Which keys a block query sees comes from the slot
+    positions (``visible``), the rules of ``layer_attention`` and the window convention of the module docstring:
+    the same drafts as ``DFlashDrafter`` (``tests/test_static_drafters.py``).
+
+    Appends take whole verify blocks: positions after the accepted ones hold rejected tokens' features until the
+    next append (at the first unaccepted position) writes over them, and no block query sees them before that
+    (context keys must lie before the anchor).
+    """
+
+    appends_whole_block = True  # infer.generate passes every verified position's features, not the accepted ones only
+    tree = False
+
+    def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None):
+        self.model = model.eval().requires_grad_(False)
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.block_size = model.block_size
+        self.verify_tokens = model.block_size
+        self.mask_token_id = model.mask_token_id
+        self.target_layer_ids = model.target_layer_ids
+        self.rules = layer_attention(model, window)
+        self.window_arg = window
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.slot_pos: list[torch.Tensor] = []
+        self.capacity = self.batch = 0
+        self.graphs: dict = {}
+        self.pool = None
+        self._pos = None
+
+    def with_window(self, window) -> "StaticDFlashDrafter":
+        return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
+    def allocate(self, capacity: int, batch: int = 1) -> None:
+        """Empty caches for positions ``0 .. capacity-1`` in ``batch`` rows (buffers reused while the size fits)."""
+        if (capacity, batch) != (self.capacity, self.batch):
+            cfg, dtype = self.model.config, self.model.fc.weight.dtype
+            self.k, self.v, self.slot_pos, self.graphs = [], [], [], {}
+            for rule in self.rules:
+                slots = capacity if rule.window is None or rule.window + self.block_size >= capacity else rule.window + self.block_size
+                shape = (batch, cfg.num_key_value_heads, slots + self.block_size, cfg.head_dim)
+                self.k.append(torch.zeros(shape, dtype=dtype, device=self.device))
+                self.v.append(torch.zeros(shape, dtype=dtype, device=self.device))
+                self.slot_pos.append(torch.full((batch, slots), -1, dtype=torch.long, device=self.device))
+            positions = torch.arange(capacity + self.block_size, device=self.device)[None]
+            cos, sin = self.model.rotary_emb(self.k[0], positions)
+            self.cos, self.sin = cos[0], sin[0]  # [capacity + block, D]
+            self.capacity, self.batch = capacity, batch
+        for slot_pos in self.slot_pos:
+            slot_pos.fill_(-1)
+
+    def reset(self, max_positions: int) -> None:
+        """``infer.generate``'s batch-1 protocol."""
+        self.allocate(max_positions + self.block_size, 1)
+
+    def clear_row(self, row: int) -> None:
+        """Forget row ``row``'s context (a new prompt in that row of a batch)."""
+        for slot_pos in self.slot_pos:
+            slot_pos[row] = -1
+
+    # --------------------------------------------------------------------------------------- the two passes
+
+    def _append(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:
+        # features [B, m, k*H] at positions start[b] .. start[b]+m-1 (row given: [1, m, k*H] into that row only)
+        m = features.shape[1]
+        rows = slice(None) if row is None else slice(row, row + 1)
+        context = self.model.project_context(features.to(self.model.fc.weight.dtype))
+        positions = start[:, None] + torch.arange(m, device=start.device)  # [B, m]
+        cos, sin = self.cos[positions], self.sin[positions]
+        for layer, k_buf, v_buf, slot_pos in zip(self.model.layers, self.k, self.v, self.slot_pos):
+            k_buf, v_buf, slot_pos = k_buf[rows], v_buf[rows], slot_pos[rows]
+            slots = slot_pos.shape[1]
+            keep = min(m, slots)  # a ring keeps only the last `slots` positions of a long append
+            k, v = layer.self_attn.key_value(context[:, m - keep:], cos[:, m - keep:], sin[:, m - keep:])  # [B, Hkv, keep, D]
+            slot = positions[:, m - keep:] % slots
+            index = slot[:, None, :, None].expand_as(k)
+            k_buf.scatter_(2, index, k)
+            v_buf.scatter_(2, index, v)
+            slot_pos.scatter_(1, slot, positions[:, m - keep:])
+
+    def _block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # token [B] at anchor [B] -> logits [B, block-1, V] fp32 and their argmax [B, block-1]
+        bsz, b = token.shape[0], self.block_size
+        ids = torch.cat([token[:, None], torch.full((bsz, b - 1), self.mask_token_id, dtype=torch.long, device=token.device)], dim=1)
+        x = self.embed_tokens(ids).to(self.model.fc.weight.dtype)  # [B, b, H]
+        q_pos = anchor[:, None] + torch.arange(b, device=token.device)  # [B, b]
+        cos, sin = self.cos[q_pos], self.sin[q_pos]
+        slot_k = torch.arange(b, device=token.device)
+        for layer, rule, k_buf, v_buf, slot_pos in zip(self.model.layers, self.rules, self.k, self.v, self.slot_pos):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.query(h, cos, sin)  # [B, Hq, b, D]
+            k_blk, v_blk = attn.key_value(h, cos, sin)  # [B, Hkv, b, D]
+            slots = slot_pos.shape[1]
+            k_buf[:, :, slots:] = k_blk
+            v_buf[:, :, slots:] = v_blk
+            ctx = (slot_pos[:, None, :] >= 0) & (slot_pos[:, None, :] < anchor[:, None, None])  # [B, b, S]
+            blk = torch.ones(b, b, dtype=torch.bool, device=token.device)
+            if rule.causal:
+                blk = slot_k[None, :] <= slot_k[:, None]
+            if rule.window is not None:
+                ctx = ctx & (slot_pos[:, None, :] > q_pos[:, :, None] - rule.window)
+                blk = blk & (slot_k[None, :] > slot_k[:, None] - rule.window)
+                if not rule.causal:
+                    blk = blk & (slot_k[None, :] < slot_k[:, None] + rule.window)
+            visible = torch.cat([ctx.expand(bsz, b, slots), blk[None].expand(bsz, b, b)], dim=2)  # [B, b, S + b]
+            groups = attn.num_heads // attn.num_kv_heads
+            qg = q.reshape(bsz, attn.num_kv_heads, groups * b, attn.head_dim)  # rows (g, slot): heads h * G + g
+            out = grouped_attention(qg, k_buf, v_buf, visible[:, None].repeat(1, 1, groups, 1), attn.scaling)
+            x = x + attn.output(out.view(bsz, attn.num_heads, b, attn.head_dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        logits = self.lm_head(self.model.norm(x)[:, 1:].to(self.lm_head.weight.dtype)).float()
+        return logits, logits.argmax(dim=-1)
+
+    def _run(self, name: str, fn, *inputs):
+        if not self.capture:
+            return fn(*inputs)
+        key = (name,) + tuple(t.shape for t in inputs)
+        graph = self.graphs.get(key)
+        if graph is None:
+            from models.static_target import CapturedStep
+
+            if not self.graphs:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = self.graphs[key] = CapturedStep(fn, *inputs, pool=self.pool)
+        return graph(*inputs)
+
+    @torch.no_grad()
+    def append(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:
+        """Target features [B, m, k*H] of positions ``start[b] ..`` into every layer's context (``row``: features
+        [1, m, k*H] into that row alone, a prompt in a batch). Captured for whole-batch block appends; prompt chunks
+        run eagerly."""
+        if row is None and features.shape[1] == self.block_size:
+            self._run("append", self._append, features, start)
+        else:
+            self._append(features, start, row)
+
+    @torch.no_grad()
+    def block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, block-1, V] (fp32) for positions ``anchor+1 ..`` and the greedy drafts [B, block-1]. On a GPU
+        these are the captured graph's output buffers: valid until the next call."""
+        return self._run("block", self._block_logits, token, anchor)
+
+    # --------------------------------------------------------------------------------------- batch-1 protocol
+
+    def _position(self, value: int) -> torch.Tensor:
+        if self._pos is None:
+            self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._pos.fill_(value)
+        return self._pos
+
+    def append_context(self, features: torch.Tensor, start: int, token_ids: torch.Tensor | None = None) -> None:
+        self.append(features[None], self._position(start))
+
+    @torch.no_grad()
+    def draft(self, token: torch.Tensor, anchor: int, sampling: SamplingConfig,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits, greedy = self.block_logits(token.reshape(1), self._position(anchor))
+        if sampling.greedy:
+            return greedy[0].clone(), None
+        return choose(logits[0], sampling, generator)

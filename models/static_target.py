@@ -242,7 +242,7 @@ class StaticTarget:
         if graph is None:
             if not self.graphs:  # a fresh memory pool for each set of graphs (a pool outliving its graphs cannot be reused)
                 self.pool = torch.cuda.graph_pool_handle()
-            graph = self.graphs[(b, n)] = CapturedStep(self._step, input_ids, pos, self.pool)
+            graph = self.graphs[(b, n)] = CapturedStep(self._step, input_ids, pos, pool=self.pool)
         return graph(input_ids, pos)
 
     # ------------------------------------------------------------------------------------------ prefill, trees
@@ -318,23 +318,23 @@ class StaticTarget:
 
 
 class CapturedStep:
-    """One decode-step shape as a CUDA graph: static input buffers, warmed up on a side stream, then captured."""
+    """One step shape as a CUDA graph: static input buffers (copies of the first call's), warmed up on a side
+    stream, then captured; a call copies its inputs in and replays. Outputs are the graph's own buffers."""
 
-    def __init__(self, fn, input_ids: torch.Tensor, pos: torch.Tensor, pool, warmup: int = 2):
-        self.ids = input_ids.clone()
-        self.pos = pos.clone()
+    def __init__(self, fn, *inputs: torch.Tensor, pool, warmup: int = 2):
+        self.inputs = [t.clone() for t in inputs]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmup):  # cuBLAS workspaces, compiled kernels, allocator pools: outside the capture
-                fn(self.ids, self.pos)
+                fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.out = fn(self.ids, self.pos)
+            self.out = fn(*self.inputs)
 
-    def __call__(self, input_ids: torch.Tensor, pos: torch.Tensor):
-        self.ids.copy_(input_ids)
-        self.pos.copy_(pos)
+    def __call__(self, *inputs: torch.Tensor):
+        for buffer, t in zip(self.inputs, inputs):
+            buffer.copy_(t)
         self.graph.replay()
         return self.out

@@ -1,0 +1,142 @@
+"""The static-cache DFlash drafter (``StaticDFlashDrafter``: fixed-shape buffers, rings for sliding layers,
+whole-block appends) against the eager ``DFlashDrafter`` (consecutive context caches, accepted positions
+only), step by step: the same draft logits for every drafter shape, window override and acceptance pattern,
+each row of a batch as if alone, and the same generation in the loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import Qwen3Config
+
+from infer.generate import generate
+from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+SHAPES = {  # (layer types, trained window, causal sliding layers)
+    "sliding+full": (["sliding_attention", "full_attention"], 5, True),
+    "sliding non-causal": (["sliding_attention", "sliding_attention"], 3, False),
+    "full": (["full_attention"], None, True),
+}
+
+
+def tiny(shape: str, block: int = 4):
+    torch.manual_seed(0)
+    target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8)
+    types, window, causal = SHAPES[shape]
+    model = DFlashDraftModel(make_dflash_config(target, num_hidden_layers=len(types), block_size=block, mask_token_id=1,
+                                                target_layer_ids=[0, 2], layer_types=types, sliding_window=window,
+                                                sliding_block_causal=causal)).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.3) if p.dim() > 1 else None
+    return model, nn.Embedding(64, 32), nn.Linear(32, 64, bias=False)
+
+
+def run_both(model, embed, head, window, accepted, prompt_len=9, seed=0):
+    """Drive both drafters through a prompt and verify steps accepting ``accepted[i]`` drafts; yield both logits per step."""
+    g = torch.Generator().manual_seed(seed)
+    eager = DFlashDrafter(model, embed, head, window=window)
+    static = StaticDFlashDrafter(model, embed, head, window=window)
+    b, k_h = model.block_size, 2 * 32
+    eager.reset(200)
+    static.reset(200)
+    features = torch.randn(prompt_len, k_h, generator=g)
+    eager.append_context(features, 0)
+    static.append_context(features, 0)
+    pos = prompt_len
+    for acc in accepted:
+        token = torch.randint(2, 64, (), generator=g)
+        want = eager.draft_logits(token, pos)
+        got, greedy = static.block_logits(token.reshape(1), torch.tensor([pos]))
+        yield want, got[0], greedy[0]
+        block_features = torch.randn(b, k_h, generator=g)  # the verify pass's features; rows after acc are rejected tokens'
+        eager.append_context(block_features[:acc + 1], pos)
+        static.append_context(block_features, pos)
+        pos += acc + 1
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("window", ["trained", None, 2])
+def test_static_drafts_equal_the_eager_drafters(shape, window) -> None:
+    model, embed, head = tiny(shape)
+    accepted = [0, 3, 1, 2, 0, 0, 3, 3, 1] * 3  # past every ring's wrap-around (W + block slots)
+    for want, got, greedy in run_both(model, embed, head, window, accepted):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(greedy, want.argmax(-1))
+
+
+def test_a_long_prompt_chunk_into_a_ring_keeps_its_last_positions() -> None:
+    model, embed, head = tiny("sliding+full")
+    for want, got, _ in run_both(model, embed, head, "trained", [1, 2], prompt_len=50):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_each_row_of_a_batch_drafts_as_if_alone() -> None:
+    model, embed, head = tiny("sliding+full")
+    g = torch.Generator().manual_seed(3)
+    batch = StaticDFlashDrafter(model, embed, head)
+    batch.allocate(100, batch=2)
+    singles = [StaticDFlashDrafter(model, embed, head) for _ in range(2)]
+    for s in singles:
+        s.allocate(100, batch=1)
+    lengths = [7, 12]
+    for row, n in enumerate(lengths):  # prompts of different lengths, each into its own row
+        f = torch.randn(1, n, 64, generator=g)
+        singles[row].append(f, torch.tensor([0]))
+        batch.append(f, torch.tensor([0]), row=row)
+    for step in range(3):  # then batched verify appends, rows at their own positions, two accepted per step
+        tokens, anchors = torch.tensor([5 + step, 9]), torch.tensor(lengths)
+        logits, _ = batch.block_logits(tokens, anchors)
+        for row in range(2):
+            want, _ = singles[row].block_logits(tokens[row:row + 1], anchors[row:row + 1])
+            torch.testing.assert_close(logits[row], want[0], rtol=1e-5, atol=1e-5)
+        f = torch.randn(2, 4, 64, generator=g)
+        batch.append(f, anchors)
+        for row in range(2):
+            singles[row].append(f[row:row + 1], anchors[row:row + 1])
+        lengths = [n + 3 for n in lengths]
+
+
+def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
+                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
+    torch.manual_seed(0)
+    drafter_model = DFlashDraftModel(config).eval()
+    target = StaticTarget(model, [1, 3])
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    prompt = torch.randint(10, 8000, (40,)).tolist()
+    want = generate(target, DFlashDrafter(drafter_model, embed, head), prompt, 40)
+    got = generate(target, StaticDFlashDrafter(drafter_model, embed, head), prompt, 40)
+    assert got.tokens == want.tokens and got.stats.accepted_per_step == want.stats.accepted_per_step
+    forced = [generate(target, d, prompt, 40, accept_per_step=2).tokens  # the drafts themselves, two per step
+              for d in (DFlashDrafter(drafter_model, embed, head), StaticDFlashDrafter(drafter_model, embed, head))]
+    assert forced[0] == forced[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_captured_drafter_equals_the_uncaptured_one_on_cuda(shape) -> None:
+    model, embed, head = (m.cuda() for m in tiny(shape))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    drafters = [StaticDFlashDrafter(model, embed, head, capture=c) for c in (False, True)]
+    for d in drafters:
+        d.allocate(100, batch=2)
+        d.append(torch.randn(2, 9, 64, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)), torch.tensor([0, 0], device="cuda"))
+    pos = torch.tensor([9, 9], device="cuda")
+    for step in range(12):
+        token = torch.randint(2, 64, (2,), device="cuda", generator=g)
+        outs = [d.block_logits(token, pos) for d in drafters]
+        torch.testing.assert_close(outs[1][0], outs[0][0])
+        assert torch.equal(outs[1][1], outs[0][1])
+        features = torch.randn(2, 4, 64, device="cuda", generator=g)
+        for d in drafters:
+            d.append(features, pos)
+        pos = pos + torch.tensor([1 + step % 4, 4 - step % 4], device="cuda")
