@@ -52,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--num-questions", type=int, help="first N questions (default: all)")
     common.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
     common.add_argument("--dtype", default="auto")
+    common.add_argument("--batch-size", type=int, default=1,
+                        help="conversations decoded at once (DFlash, prompt lookup or the target alone; each row's tokens and "
+                             "acceptance are batch 1's)")
     common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1; batch-1 decoding of small models runs faster on one)")
     common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     common.add_argument("--engine", default="ours", choices=["ours", "vllm", "server"],
@@ -85,7 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def default_out(args, source: dict) -> Path:
     """The same command (same drafter, target, prompts and settings) gets the same folder: reruns resume."""
-    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "wandb", "wandb_project", "threads", "runs_dir")}
+    # batch size and threads change the speed, not the tokens: a rerun with another one resumes the same folder
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "wandb", "wandb_project", "threads", "runs_dir", "batch_size")}
     settings.update(source)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
     name = "pld" if source["drafter"] == "pld" else Path(source.get("run") or source["drafter"]).name
@@ -143,7 +147,13 @@ def run(args: argparse.Namespace) -> int:
             if target_path is None:
                 raise ValueError("--drafter given without --target (a training run folder records its target; an export does not)")
             source = {"target": target_path, "drafter": drafter_path, **({"run": run_dir} if run_dir else {})}
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend)
+        if args.engine == "ours":
+            from infer.batch import check_batchable
+
+            check_batchable(drafter, args.batch_size)
         engine = start_engine(args, source, target, drafter, tokenizer) if args.engine != "ours" else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -167,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         if prefill not in pld_summaries:
             pld = PromptLookupDrafter(num_draft_tokens=drafter.block_size - 1, vocab_size=target.lm_head.weight.shape[0])
             records = run_conversations(target, pld, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
-                                        max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False,
+                                        max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=args.batch_size,
                                         desc=f"prompt lookup, prefill {prefill}", partial=out / "partial" / f"pld_prefill-{prefill}.jsonl")
             pld_summaries[prefill] = summarize(records)
         return pld_summaries[prefill]
@@ -177,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         label = "none" if window is None else ("trained" if window == "trained" else str(window))
         records = run_conversations(target, cell_drafter, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
                                     max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=baseline,
-                                    desc=f"{args.engine}: window {label}, prefill {prefill}", engine=engine,
+                                    desc=f"{args.engine}: window {label}, prefill {prefill}", engine=engine, batch_size=args.batch_size,
                                     partial=out / "partial" / f"window-{label}_prefill-{prefill}{'_baseline' if baseline else ''}.jsonl")
         summary = summarize(records)
         pld = prompt_lookup(prefill)

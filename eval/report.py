@@ -26,6 +26,9 @@ def summary_table(summary: dict, title: str) -> str:
         f"{fmt(summary.get('baseline_tokens_per_s'), '.1f')} | {fmt(summary.get('speedup'), '.2f', 'x')} | {fmt(same, '.0%')} | "
         f"{summary['mean_prompt_tokens']:.0f} | {summary['mean_latency_s']:.2f} | {split_text} | {acc} |",
     ]
+    if summary.get("batch_size"):
+        rows += ["", f"Batched, {summary['batch_size']} conversations in flight: the rows' own tok/s above; the batch decoded "
+                     f"{summary['batch_tokens_per_s']:.1f} tokens/s."]
     cats = summary.get("tau_by_category", {})
     if len(cats) > 1:
         rows += ["", "| category | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats),

@@ -9,6 +9,7 @@ question i starts 997*i tokens into the bundled ShareGPT sample), identical for 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from tqdm import tqdm
@@ -42,7 +43,7 @@ def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
 
 def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, tokenizer, conversations: list[Conversation], *,
                       prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, baseline: bool,
-                      desc: str = "eval", partial: Path | None = None, engine=None) -> list[dict]:
+                      desc: str = "eval", partial: Path | None = None, engine=None, batch_size: int = 1) -> list[dict]:
     """One record per (conversation, turn) with the tokens, the accepted counts and the timings.
 
     ``engine``: an ``eval.engines.VllmEngine`` decoding every turn in place of our loop (greedy; the
@@ -51,6 +52,10 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
     ``partial``: a JSONL file each finished turn is appended to as it ends (flushed); turns already there
     (a rerun after a kill or Ctrl-C) are read back instead of decoded again, their answers feeding the
     later turns as before."""
+    if batch_size > 1 and engine is None:
+        return run_conversations_batched(target, drafter, tokenizer, conversations, prefill_tokens=prefill_tokens, sampling=sampling,
+                                         max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, baseline=baseline, desc=desc,
+                                         partial=partial, batch_size=batch_size)
     limit = max_positions(target)
     records = []
     done = read_partial(partial)
@@ -103,6 +108,92 @@ def run_turns(target, drafter, tokenizer, conv: Conversation, index: int, prefil
     return records
 
 
+def turn_prompt(tokenizer, conv: Conversation, index: int, turn: int, answers: list[str], prefill_tokens: int) -> list[int]:
+    """Turn ``turn``'s prompt (0-based): the user turns up to it, the model's ``answers`` to the earlier ones between."""
+    messages = []
+    for t in range(turn + 1):
+        question = conv.turns[t]
+        messages.append({"role": "user", "content": first_turn_content(tokenizer, question, prefill_tokens, offset=997 * index) if t == 0 else question})
+        if t < turn:
+            messages.append({"role": "assistant", "content": answers[t]})
+    return chat_ids(tokenizer, messages)
+
+
+def run_conversations_batched(target, drafter, tokenizer, conversations: list[Conversation], *, prefill_tokens: int, sampling: SamplingConfig,
+                              max_new_tokens: int, eos_token_ids, baseline: bool, desc: str, partial: Path | None, batch_size: int) -> list[dict]:
+    """``run_conversations`` with ``batch_size`` conversations in flight (``infer/batch.py``): each finished turn is written
+    to ``partial`` at once and its conversation's next turn enters the batch; the autoregressive baseline, when asked for,
+    runs batched afterwards over the same prompts (a record is written again with it; the last line of a turn counts)."""
+    from infer.batch import generate_batch, generate_streams
+
+    limit = max_positions(target)
+    done = read_partial(partial)
+    if partial is not None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+    sink = open(partial, "a", encoding="utf-8") if partial is not None else None
+    records: list[list[dict]] = [[] for _ in conversations]
+    prompts: dict[tuple[int, int], list[int]] = {}
+    bar = tqdm(total=len(conversations), desc=desc, unit="q")
+    verify_len = drafter.block_size if drafter is not None else 1
+    # the most positions a turn can need: every user turn and filler, plus room for each earlier answer (re-tokenised)
+    capacity = max(len(turn_prompt(tokenizer, c, i, len(c.turns) - 1, [""] * len(c.turns), prefill_tokens)) for i, c in enumerate(conversations))
+    capacity = min(capacity + max(len(c.turns) for c in conversations) * (max_new_tokens + 16) + verify_len, limit + verify_len)
+
+    def write(record: dict) -> None:
+        if sink is not None:
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+
+    def next_prompt(i: int, finished) -> list[int] | None:
+        conv = conversations[i]
+        if finished is not None:
+            turn = len(records[i])
+            text = tokenizer.decode(finished.tokens, skip_special_tokens=True)
+            record = {"id": conv.id, "category": conv.category, "turn": turn + 1, "prompt_tokens": len(prompts[(i, turn)]),
+                      "question": conv.turns[turn], "output_ids": finished.tokens, "output_text": text, "stats": finished.stats.to_dict()}
+            records[i].append(record)
+            write(record)
+        while len(records[i]) < len(conv.turns):
+            turn = len(records[i])
+            if (str(conv.id), turn + 1) in done:  # finished by an earlier run of this cell
+                records[i].append(done[(str(conv.id), turn + 1)])
+                continue
+            prompt = turn_prompt(tokenizer, conv, i, turn, [r["output_text"] for r in records[i]], prefill_tokens)
+            if len(prompt) + max_new_tokens > limit:
+                raise ValueError(f"question {conv.id} turn {turn + 1}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
+                                 f"target's max_position_embeddings={limit}; lower --prefill-tokens or --max-new-tokens")
+            prompts[(i, turn)] = prompt
+            return prompt
+        bar.update(1)
+        return None
+
+    try:
+        t0 = time.perf_counter()
+        generate_streams(target, drafter, next_prompt, len(conversations), batch_size=batch_size, capacity=capacity,
+                         max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids)
+        wall = time.perf_counter() - t0
+        bar.close()
+        flat = [r for conv_records in records for r in conv_records]
+        fresh = [r for r in flat if (str(r["id"]), r["turn"]) not in done]
+        for r in fresh:  # the rows' own decode times overlap: the pass's throughput is its tokens over its wall time
+            r["stats"]["batch"] = {"size": batch_size, "pass_s": wall, "pass_tokens": sum(x["stats"]["new_tokens"] for x in fresh)}
+        todo = [(i, r) for i, conv_records in enumerate(records) for r in conv_records
+                if baseline and drafter is not None and "baseline_stats" not in r]
+        if todo:
+            base_prompts = [prompts.get((i, r["turn"] - 1)) or turn_prompt(tokenizer, conversations[i], i, r["turn"] - 1,
+                                                                           [x["output_text"] for x in records[i]], prefill_tokens)
+                            for i, r in todo]
+            for (_, record), base in zip(todo, generate_batch(target, None, base_prompts, max_new_tokens, batch_size=batch_size,
+                                                              sampling=sampling, eos_token_ids=eos_token_ids)):
+                record["baseline_stats"] = base.stats.to_dict()
+                record["same_as_baseline"] = base.tokens == record["output_ids"]
+                write(record)
+    finally:
+        if sink is not None:
+            sink.close()
+    return flat
+
+
 def summarize(records: list[dict]) -> dict:
     """Pooled over every verify step of every turn: τ, acceptance by position, speed, latency, speedup."""
     accepted = [a for r in records for a in r["stats"]["accepted_per_step"]]
@@ -122,6 +213,10 @@ def summarize(records: list[dict]) -> dict:
         "mean_latency_s": sum(r["stats"]["prefill_s"] + r["stats"]["decode_s"] for r in records) / max(len(records), 1),
         "time_split": {k: sum(r["stats"][f"{k}_s"] for r in records) / decode_s if decode_s else 0.0 for k in ("draft", "verify", "other")},
     }
+    batched = [r["stats"]["batch"] for r in records if "batch" in r["stats"]]
+    if batched:  # batched decoding: per-row tokens/s above, the batch's throughput here
+        summary["batch_size"] = batched[0]["size"]
+        summary["batch_tokens_per_s"] = batched[0]["pass_tokens"] / batched[0]["pass_s"] if batched[0]["pass_s"] else 0.0
     base = [r["baseline_stats"] for r in records if "baseline_stats" in r]
     summary["engine"] = records[0]["stats"].get("engine", "ours") if records else "ours"
     if base and summary["engine"] != "ours":  # another engine's speed over our baseline's is no speedup: only the lossless check

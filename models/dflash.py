@@ -563,7 +563,8 @@ class StaticDFlashDrafter:
     appends_whole_block = True  # infer.generate passes every verified position's features, not the accepted ones only
     tree = False
 
-    def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None):
+    def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None,
+                 compile: bool | None = None):
         self.model = model.eval().requires_grad_(False)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
@@ -574,6 +575,13 @@ class StaticDFlashDrafter:
         self.rules = layer_attention(model, window)
         self.window_arg = window
         self.capture = self.device.type == "cuda" if capture is None else capture
+        self.compile = self.device.type == "cuda" if compile is None else compile
+        if self.compile:  # the block pass's norms, RoPE, masks and activations fused (one compiled graph per batch size)
+            from kernels.attention import raise_recompile_limit
+
+            raise_recompile_limit()
+        # dynamic=None: a second capacity recompiles once with that dimension symbolic, not once per capacity
+        self.block_fn = torch.compile(self._block_logits) if self.compile else self._block_logits
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.slot_pos: list[torch.Tensor] = []
@@ -583,7 +591,7 @@ class StaticDFlashDrafter:
         self._pos = None
 
     def with_window(self, window) -> "StaticDFlashDrafter":
-        return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture)
+        return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile)
 
     @property
     def device(self) -> torch.device:
@@ -591,7 +599,8 @@ class StaticDFlashDrafter:
 
     def allocate(self, capacity: int, batch: int = 1) -> None:
         """Empty caches for positions ``0 .. capacity-1`` in ``batch`` rows (buffers reused while the size fits)."""
-        if (capacity, batch) != (self.capacity, self.batch):
+        # buffers (and the graphs on them) kept while they fit and are at most twice (or 2048 positions more than) asked
+        if batch != self.batch or not capacity <= self.capacity <= max(2 * capacity, capacity + 2048):
             cfg, dtype = self.model.config, self.model.fc.weight.dtype
             self.k, self.v, self.slot_pos, self.graphs = [], [], [], {}
             for rule in self.rules:
@@ -697,7 +706,7 @@ class StaticDFlashDrafter:
     def block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, block-1, V] (fp32) for positions ``anchor+1 ..`` and the greedy drafts [B, block-1]. On a GPU
         these are the captured graph's output buffers: valid until the next call."""
-        return self._run("block", self._block_logits, token, anchor)
+        return self._run("block", self.block_fn, token, anchor)
 
     # --------------------------------------------------------------------------------------- batch-1 protocol
 

@@ -125,10 +125,10 @@ class StaticTarget:
         # the two attention products stay cuBLAS calls (inductor rewrote them into a kernel 30% slower at 32K)
         if compile_layers:
             raise_recompile_limit()  # one graph per step shape (n = 1, the verify block, EAGLE-3's chain lengths)
-        maybe_compile = (lambda f: torch.compile(f, dynamic=False)) if compile_layers else (lambda f: f)
-        self.pre_attention = maybe_compile(self._pre_attention)
-        self.post_attention = maybe_compile(self._post_attention)
-        self.masked_softmax = maybe_compile(masked_softmax)
+        maybe_compile = (lambda f, **kw: torch.compile(f, **kw)) if compile_layers else (lambda f, **kw: f)
+        self.pre_attention = maybe_compile(self._pre_attention, dynamic=False)
+        self.post_attention = maybe_compile(self._post_attention, dynamic=False)
+        self.masked_softmax = maybe_compile(masked_softmax)  # the capacity varies: symbolic after its first change
         self.k_cache: torch.Tensor | None = None  # [L, B, Hkv, C, D]
         self.v_cache: torch.Tensor | None = None
         self.cos = self.sin = None  # [C, D] RoPE tables, in the model's dtype (as HF casts them)

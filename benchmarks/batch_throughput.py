@@ -1,0 +1,79 @@
+"""Batched evaluation against batch 1: throughput (new tokens over the pass's wall time, prefills included) and
+whether every turn's tokens and accepted counts per step are the same.
+
+    python benchmarks/batch_throughput.py --target ../shared/targets/qwen3-27m-sharegpt --drafter EXPORT \
+        --questions 16 --max-new-tokens 128 --batch-sizes 1 8
+
+Runs MT-Bench's first ``--questions`` conversations (both turns) through ``eval.runner.run_conversations`` for the
+target alone, prompt lookup and the drafter (when given), once per batch size; prints one row per (drafter, batch size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eval.prompt_sets import mt_bench  # noqa: E402
+from eval.runner import run_conversations  # noqa: E402
+from infer.loading import eos_ids, load_models, resolve_device, set_threads  # noqa: E402
+from infer.prompt_lookup import PromptLookupDrafter  # noqa: E402
+from models.sampling import SamplingConfig  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter")
+    p.add_argument("--questions", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--out")
+    args = p.parse_args()
+    device = resolve_device(args.device)
+    set_threads(device, args.threads)
+    target, drafter, tokenizer = load_models(args.target, args.drafter, device)
+    eos = eos_ids(tokenizer, target.model)
+    conversations = mt_bench(args.questions)
+    drafters = {"target alone": None, "prompt lookup": PromptLookupDrafter(num_draft_tokens=(drafter.block_size - 1) if drafter else 7,
+                                                                            vocab_size=target.lm_head.weight.shape[0])}
+    if drafter is not None:
+        drafters[f"{type(drafter).__name__} (block {drafter.block_size})"] = drafter
+    device_name = torch.cuda.get_device_name() if device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    print(f"# {device_name} | {len(conversations)} conversations, {args.max_new_tokens} new tokens per turn, greedy")
+    print("drafter | batch | turns | new tokens | wall s | tokens/s | vs batch 1 | τ | same tokens and steps as batch 1")
+    rows = []
+    for name, d in drafters.items():
+        first = None
+        for bs in args.batch_sizes:
+            t0 = time.perf_counter()
+            records = run_conversations(target, d, tokenizer, conversations, prefill_tokens=0, sampling=SamplingConfig(),
+                                        max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=bs,
+                                        desc=f"{name}, batch {bs}")
+            wall = time.perf_counter() - t0
+            records = sorted(records, key=lambda r: (str(r["id"]), r["turn"]))
+            new = sum(r["stats"]["new_tokens"] for r in records)
+            steps = [a for r in records for a in r["stats"]["accepted_per_step"]]
+            outcome = [(r["output_ids"], r["stats"]["accepted_per_step"]) for r in records]
+            if first is None:
+                first = (new / wall, outcome)
+            same = sum(a == b for a, b in zip(outcome, first[1]))
+            row = {"drafter": name, "batch_size": bs, "turns": len(records), "new_tokens": new, "wall_s": wall, "tokens_per_s": new / wall,
+                   "vs_first": new / wall / first[0], "tau": sum(a + 1 for a in steps) / max(len(steps), 1), "same": f"{same}/{len(records)}"}
+            rows.append(row)
+            print(f"{name} | {bs} | {row['turns']} | {new} | {wall:.1f} | {row['tokens_per_s']:.1f} | {row['vs_first']:.2f}x | {row['tau']:.3f} | "
+                  f"{row['same']}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": device_name, "args": vars(args), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

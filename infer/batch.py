@@ -1,0 +1,226 @@
+"""Batched speculative decoding: many generations in flight, each row with its own positions, acceptance and caches.
+
+    rows:   B slots of the static target (``models/static_target.py``) and drafter; a finished row takes the next
+            request (its prompt prefilled into that row alone, from position 0: what the row held before is
+            never visible again, every key the new prompt sees is written first)
+    step:   draft every row's block -> verify all rows in one [B, k+1] target pass -> accept per row ->
+            append every row's verified block to the drafter (fixed shapes) -> one host sync for all rows
+
+Each row's output and accepted counts are the batch-1 loop's (``infer.generate.generate``): greedy acceptance is
+per row, and sampling draws from a generator per row seeded as ``generate`` seeds its own, in the same order
+(``tests/test_batch.py``). Requests come from a driver, so a conversation's next turn (whose prompt holds this
+turn's answer) enters as soon as the answer is out.
+
+Drafters: None (the target alone), ``StaticDFlashDrafter`` and prompt lookup (one copy per row). EAGLE-3's
+drafter keeps per-request state in Python and runs at batch size 1 (``generate``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from infer.generate import Generation, GenerationStats
+from infer.prompt_lookup import PromptLookupDrafter
+from models.dflash import StaticDFlashDrafter
+from models.sampling import SamplingConfig, choose, verify
+from models.static_target import StaticTarget
+
+# driver(stream, finished generation or None at the stream's start) -> the stream's next prompt, or None when done
+Driver = Callable[[int, Generation | None], list[int] | None]
+
+
+@dataclass
+class Row:
+    stream: int
+    prompt_len: int
+    out: list[int]
+    pos: int  # position of the newest token, which the target has not seen yet
+    stats: GenerationStats
+    generator: torch.Generator
+    drafter: PromptLookupDrafter | None = None  # prompt lookup keeps a copy per row
+    ended: bool = False  # an end-of-sequence token came out
+
+
+def check_batchable(drafter, batch_size: int) -> None:
+    if batch_size > 1 and drafter is not None and not isinstance(drafter, (StaticDFlashDrafter, PromptLookupDrafter)):
+        raise ValueError(f"--batch-size {batch_size}: batched decoding runs DFlash, prompt lookup or the target alone; "
+                         f"{type(drafter).__name__} runs at --batch-size 1")
+
+
+@torch.no_grad()
+def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams: int, *, batch_size: int, capacity: int,
+                     max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096) -> None:
+    """Run ``num_streams`` request streams through ``batch_size`` rows; every finished generation goes to ``driver``.
+
+    capacity: the most positions one request needs (prompt + ``max_new_tokens`` + a verify block); a longer request
+    is refused with its stream's number.
+    """
+    check_batchable(drafter, batch_size)
+    device = target.device
+    block = drafter.block_size if drafter is not None else 1
+    rows_n = min(batch_size, num_streams)
+    target.allocate(capacity, batch=rows_n)
+    if isinstance(drafter, StaticDFlashDrafter):
+        drafter.allocate(capacity + block, batch=rows_n)
+    eos = set(int(t) for t in eos_token_ids)
+    pending = iter(range(num_streams))
+    rows: list[Row | None] = [None] * rows_n
+    tokens = torch.zeros(rows_n, dtype=torch.long, device=device)  # each row's newest token
+    positions = torch.zeros(rows_n, dtype=torch.long, device=device)
+
+    def start(r: int, stream: int, prompt: list[int]) -> None:
+        t0 = time.perf_counter()
+        n = len(prompt)
+        if n == 0:
+            raise ValueError(f"request {stream}: empty prompt")
+        if n + max_new_tokens + block > capacity:
+            raise ValueError(f"request {stream}: {n} prompt + {max_new_tokens} new tokens exceed the batch's capacity {capacity}")
+        ids = torch.as_tensor(prompt, dtype=torch.long, device=device)
+        if isinstance(drafter, StaticDFlashDrafter):
+            drafter.clear_row(r)
+        for s in range(0, n, prefill_chunk):
+            logits, features = target.prefill(ids[s:s + prefill_chunk], r, s, last_logits_only=True)
+            if isinstance(drafter, StaticDFlashDrafter):
+                drafter.append(features[None], torch.tensor([s], device=device), row=r)
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        first = choose(logits, sampling, generator)[0][0]
+        row = Row(stream, n, [int(first)], n, GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block), generator)
+        row.ended = row.out[0] in eos
+        if isinstance(drafter, PromptLookupDrafter):
+            row.drafter = copy.copy(drafter)
+            row.drafter.reset(n + max_new_tokens + block)
+            row.drafter.append_context(None, 0, ids)
+        tokens[r], positions[r] = first, n
+        row.stats.prefill_s = time.perf_counter() - t0
+        rows[r] = row
+
+    def next_request(r: int, finished: Generation | None, stream: int | None) -> None:
+        """Give row ``r`` the next prompt of ``stream`` (after ``finished``), else of a new stream, else idle it."""
+        while True:
+            prompt = driver(stream, finished) if stream is not None else None
+            if prompt is not None:
+                return start(r, stream, prompt)
+            stream, finished = next(pending, None), None
+            if stream is None:
+                rows[r] = None
+                positions[r] = 0  # an idle row keeps stepping harmlessly at position 0
+                return
+
+    def settle() -> None:
+        """Finish every row whose request is done (budget or an end-of-sequence token), refilling it, until none is."""
+        done = True
+        while done:
+            done = False
+            for r, row in enumerate(rows):
+                if row is not None and (len(row.out) >= max_new_tokens or row.ended):
+                    finish(r, row, max_new_tokens, eos, next_request)
+                    done = True
+
+    for r in range(rows_n):
+        next_request(r, None, next(pending, None))
+    settle()
+
+    while any(row is not None for row in rows):
+        t0 = time.perf_counter()
+        if drafter is None:
+            ids = tokens[:, None]
+            draft_tokens = draft_probs = None
+        elif isinstance(drafter, StaticDFlashDrafter):
+            logits, greedy = drafter.block_logits(tokens, positions)
+            if sampling.greedy:
+                draft_tokens, draft_probs = greedy.clone(), None
+            else:
+                drawn = [choose(logits[r], sampling, row.generator) if row else choose(logits[r], SamplingConfig(), None)
+                         for r, row in enumerate(rows)]
+                draft_tokens = torch.stack([d[0] for d in drawn])
+                draft_probs = [d[1] for d in drawn]
+            ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
+        else:  # prompt lookup, one copy per row
+            drawn = [row.drafter.draft(tokens[r], row.pos, sampling, row.generator) if row else
+                     (torch.zeros(block - 1, dtype=torch.long, device=device), None) for r, row in enumerate(rows)]
+            draft_tokens = torch.stack([d[0] for d in drawn])
+            draft_probs = [d[1] for d in drawn]
+            ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
+        t1 = time.perf_counter()
+        logits, features = target.step(ids, positions)
+        t2 = time.perf_counter()
+        if drafter is None:
+            if sampling.greedy:
+                new_token = logits[:, 0].argmax(-1)
+            else:
+                new_token = torch.stack([choose(logits[r, :1], sampling, row.generator)[0][0] if row else logits.new_zeros((), dtype=torch.long)
+                                         for r, row in enumerate(rows)])
+            accepted = torch.zeros(rows_n, dtype=torch.long, device=device)
+        elif sampling.greedy:
+            target_tokens = logits.argmax(-1)  # [B, k+1]
+            accepted = (draft_tokens == target_tokens[:, :-1]).long().cumprod(1).sum(1)
+            new_token = target_tokens.gather(1, accepted[:, None])[:, 0]
+        else:
+            verified = [verify(draft_tokens[r], draft_probs[r], logits[r], sampling, row.generator) if row else
+                        (torch.zeros((), dtype=torch.long, device=device),) * 2 for r, row in enumerate(rows)]
+            accepted = torch.stack([v[0].long() for v in verified])
+            new_token = torch.stack([v[1].long() for v in verified])
+        if isinstance(drafter, StaticDFlashDrafter):
+            drafter.append(features, positions)
+        values = torch.cat([accepted[:, None], draft_tokens if draft_tokens is not None else accepted[:, None][:, :0],
+                            new_token[:, None]], dim=1).tolist()  # the step's one host sync
+        t3 = time.perf_counter()
+        for r, row in enumerate(rows):
+            if row is None:
+                continue
+            acc = values[r][0]
+            new = values[r][1:1 + acc] + [values[r][-1]]
+            row.stats.accepted_per_step.append(acc)
+            row.stats.draft_s += t1 - t0
+            row.stats.verify_s += t2 - t1
+            row.stats.other_s += t3 - t2
+            if row.drafter is not None:
+                row.drafter.append_context(None, row.pos, ids[r, :acc + 1])
+            row.pos += len(new)
+            row.out.extend(new)
+            row.ended = bool(eos.intersection(new))
+        tokens.copy_(new_token)
+        positions.copy_(torch.tensor([row.pos if row else 0 for row in rows]))
+        settle()
+
+
+def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request) -> None:
+    """Trim the row's output as ``generate`` does (first end-of-sequence token, the budget), hand it on, refill the row."""
+    out = row.out
+    for i, t in enumerate(out):
+        if t in eos:
+            out = out[:i + 1]
+            break
+    out = out[:max_new_tokens]
+    stats = row.stats
+    stats.new_tokens = len(out)
+    excess = 1 + sum(a + 1 for a in stats.accepted_per_step) - len(out)
+    if excess > 0 and stats.accepted_per_step:
+        kept = max(0, stats.accepted_per_step[-1] - excess)
+        stats.accepted_past_end = stats.accepted_per_step[-1] - kept
+        stats.accepted_per_step[-1] = kept
+    stats.decode_s = stats.draft_s + stats.verify_s + stats.other_s
+    next_request(r, Generation(tokens=out, stats=stats), row.stream)
+
+
+def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_new_tokens: int = 256, *, batch_size: int = 8,
+                   sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096) -> list[Generation]:
+    """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order."""
+    results: list[Generation | None] = [None] * len(prompts)
+
+    def driver(stream: int, finished: Generation | None):
+        if finished is None:
+            return list(prompts[stream])
+        results[stream] = finished
+        return None
+
+    verify_len = drafter.block_size if drafter is not None else 1
+    capacity = max(len(p) for p in prompts) + max_new_tokens + verify_len
+    generate_streams(target, drafter, driver, len(prompts), batch_size=batch_size, capacity=capacity, max_new_tokens=max_new_tokens,
+                     sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk)
+    return results

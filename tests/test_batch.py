@@ -1,0 +1,90 @@
+"""Batched decoding (``infer/batch.py``) against the batch-1 loop: every prompt's tokens and accepted counts per step are
+the same at batch size 3 (rows refilled as requests finish, prompts of different lengths), greedy and sampled, for the
+target alone, prompt lookup and the static DFlash drafter; the eval runner's batched path gives batch 1's records."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from infer.batch import check_batchable, generate_batch
+from infer.generate import generate
+from infer.prompt_lookup import PromptLookupDrafter
+from models.dflash import DFlashDraftModel, StaticDFlashDrafter, make_dflash_config
+from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, make_eagle3_config
+from models.sampling import SamplingConfig
+from models.static_target import StaticTarget
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+
+@pytest.fixture(scope="module")
+def setup(reference_target_path, reference_tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
+                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
+    torch.manual_seed(0)
+    dflash = DFlashDraftModel(config).eval()
+    questions = ["Write a haiku about rain.", "What is 2 + 2? Explain.", "Name three rivers in Europe and one fact about each.",
+                 "Tell me a story.", "How do I sort a list in Python?"]
+    prompts = []
+    for q in questions:
+        ids = reference_tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    eos = [reference_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return model, dflash, prompts, eos
+
+
+@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
+    model, dflash, prompts, eos = setup
+    target = StaticTarget(model, [1, 3])
+    drafter = {"none": None, "pld": PromptLookupDrafter(num_draft_tokens=3, vocab_size=8192),
+               "dflash": StaticDFlashDrafter(dflash, model.get_input_embeddings(), model.get_output_embeddings())}[drafter_kind]
+    sampling = SamplingConfig(temperature=temperature, seed=7)
+    want = [generate(target, drafter, p, 24, sampling, eos_token_ids=eos) for p in prompts]
+    got = generate_batch(target, drafter, prompts, 24, batch_size=3, sampling=sampling, eos_token_ids=eos)
+    for w, g in zip(want, got):
+        assert g.tokens == w.tokens
+        assert g.stats.accepted_per_step == w.stats.accepted_per_step
+        assert g.stats.accepted_past_end == w.stats.accepted_past_end
+
+
+def test_an_end_of_sequence_first_token_and_a_one_token_budget(setup) -> None:
+    model, _, prompts, eos = setup
+    target = StaticTarget(model, [])
+    first = generate(target, None, prompts[0], 1).tokens[0]
+    got = generate_batch(target, None, prompts[:3], 1, batch_size=2, eos_token_ids=[first])
+    assert [g.tokens for g in got] == [generate(target, None, p, 1).tokens for p in prompts[:3]]
+
+
+def test_eagle3_is_refused_at_batch_sizes_above_one(setup) -> None:
+    model = setup[0]
+    config = make_eagle3_config(model.config, num_hidden_layers=1, target_layer_ids=[1, 3, 4], layer_types=["full_attention"],
+                                sliding_window=None, draft_vocab_size=8192)
+    with pytest.raises(ValueError, match="--batch-size 4: batched decoding runs DFlash, prompt lookup or the target alone; "
+                                         "Eagle3Drafter runs at --batch-size 1"):
+        check_batchable(Eagle3Drafter(Eagle3DraftModel(config)), 4)
+
+
+def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_path) -> None:
+    from eval.prompt_sets import mt_bench
+    from eval.runner import run_conversations
+
+    model, dflash, _, eos = setup
+    target = StaticTarget(model, [1, 3])
+    drafter = StaticDFlashDrafter(dflash, model.get_input_embeddings(), model.get_output_embeddings())
+    conversations = mt_bench(3)
+    kwargs = dict(prefill_tokens=0, sampling=SamplingConfig(), max_new_tokens=16, eos_token_ids=eos, baseline=True)
+    want = run_conversations(target, drafter, reference_tokenizer, conversations, **kwargs)
+    got = run_conversations(target, drafter, reference_tokenizer, conversations, batch_size=2, partial=tmp_path / "p.jsonl", **kwargs)
+    key = lambda r: (r["id"], r["turn"])  # noqa: E731
+    want, got = sorted(want, key=key), sorted(got, key=key)
+    assert [(r["id"], r["turn"], r["prompt_tokens"], r["output_ids"], r["stats"]["accepted_per_step"], r["same_as_baseline"]) for r in got] == \
+           [(r["id"], r["turn"], r["prompt_tokens"], r["output_ids"], r["stats"]["accepted_per_step"], r["same_as_baseline"]) for r in want]
+    # a rerun reads every finished turn back (baseline included) and decodes nothing
+    again = run_conversations(target, None, reference_tokenizer, conversations, batch_size=2, partial=tmp_path / "p.jsonl",
+                              **{**kwargs, "baseline": False})
+    assert sorted((r["id"], r["turn"], r["output_ids"]) for r in again) == sorted((r["id"], r["turn"], r["output_ids"]) for r in got)
