@@ -188,6 +188,12 @@ class TrainerConfig:
     # DeepSpeed ZeRO (train/deepspeed_engine.py): zero2 | zero3 (configs/deepspeed/) or a path to a DeepSpeed
     # JSON; null = zero2 when launched on several processes (torchrun / deepspeed), no DeepSpeed on one.
     deepspeed: Optional[str] = None
+    # GPU static shapes (compiled flex, FlashAttention-4, cuDNN): pad each micro-batch to the next multiple of this
+    # (capped at data.max_length) instead of to data.max_length, and DFlash's anchors to the next multiple of
+    # drafter.num_anchors / 2: a few shapes (each compiled once) instead of one, and no padding-sized work on short
+    # conversations (the same rows, anchors and loss; BENCHMARKS.md, issue 25). 0 = pad to data.max_length
+    # (the offline feature store always does).
+    pad_multiple: int = 0
     seed: int = 0
     log_every: int = 10
     eval_every: int = 200  # 0 = only at the end
@@ -208,6 +214,8 @@ class TrainerConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if self.pad_multiple < 0:
+            raise ValueError(f"trainer.pad_multiple={self.pad_multiple}; expected >= 0 (0 = pad to data.max_length)")
         if self.max_steps is None and self.num_epochs is None:
             raise ValueError("trainer.max_steps and trainer.num_epochs are both null; set one")
         if self.max_steps is not None and self.max_steps < 1:

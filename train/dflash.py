@@ -122,10 +122,13 @@ class DFlashStep:
                              "it needs a Hopper GPU; use flex-flash or flex")
         self.block_size = self.cfg.drafter.block_size
         self.gamma = self.cfg.drafter.loss_gamma or default_gamma(self.block_size)
+        # trainer.pad_multiple: anchors padded to a multiple of half of num_anchors (two shapes), not always to num_anchors
+        self.anchor_multiple = max(1, self.cfg.drafter.num_anchors // 2) if ctx.pad_multiple else 0
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """The step's random choices for one micro-batch: anchors and their blocks."""
-        anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.ctx.static_shapes)
+        anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.ctx.static_shapes,
+                                        pad_multiple=self.anchor_multiple)
         return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id)
 
     def num_labels(self, batch: dict[str, torch.Tensor], blocks) -> int:
@@ -199,12 +202,15 @@ class Blocks:
     labels: torch.Tensor  # [Bsz, N*B] target token or IGNORE (slot 0 always IGNORE)
 
 
-def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator, pad_to_max: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator, pad_to_max: bool = False,
+                   pad_multiple: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random sorted anchors per row among positions whose token and next token carry loss.
 
     Args:
         loss_mask: [Bsz, T] bool.
-        pad_to_max: return N = num_anchors columns always (static shapes for compiled kernels).
+        pad_to_max: return N = num_anchors columns always (static shapes for compiled kernels); with
+            ``pad_multiple``, N = the most anchors a row got rounded up to a multiple of it (capped at num_anchors).
+            The anchors drawn are the same either way: only the padding columns differ.
     Returns:
         anchors [Bsz, N] long and valid [Bsz, N] bool, N = max anchors any row got (>= 1).
     """
@@ -214,7 +220,9 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
         candidates = row.nonzero().flatten().cpu()
         pick = torch.randperm(len(candidates), generator=generator)[:num_anchors]
         rows.append(candidates[pick].sort().values)
-    n = num_anchors if pad_to_max else max(1, max(len(r) for r in rows))
+    n = max(1, max(len(r) for r in rows))
+    if pad_to_max:
+        n = min(num_anchors, -(-n // pad_multiple) * pad_multiple) if pad_multiple else num_anchors
     anchors = torch.zeros(len(rows), n, dtype=torch.long)
     valid = torch.zeros(len(rows), n, dtype=torch.bool)
     for i, r in enumerate(rows):

@@ -174,11 +174,19 @@ class StepContext:
         # pad every batch to max_length (DFlash also pads its anchors to num_anchors).
         self.static_shapes = backend != "sdpa"
         self.pad_to = cfg.data.max_length if self.static_shapes else None
+        # trainer.pad_multiple: a few static shapes instead of one (the feature store's rows are max_length long)
+        self.pad_multiple = cfg.trainer.pad_multiple if self.static_shapes and store is None else 0
+
+    def padded_length(self, longest: int) -> int | None:
+        """The length a micro-batch whose longest row holds ``longest`` tokens is padded to (None: to that row)."""
+        if self.pad_to is None or not self.pad_multiple:
+            return self.pad_to
+        return min(self.pad_to, -(-longest // self.pad_multiple) * self.pad_multiple)
 
     def collate(self, rows: list[dict], pad_id: int, split: str | None = None, indices: list[int] | None = None) -> dict:
         """Padded tensors; with ``split`` and ``indices`` (the rows' places in their split) also
         ``split`` and ``rows``, which the feature store looks rows up by."""
-        batch = collate_padded(rows, pad_id, self.pad_to)
+        batch = collate_padded(rows, pad_id, self.padded_length(max(len(r["input_ids"]) for r in rows)))
         if split is not None:
             batch["split"], batch["rows"] = split, list(indices)
         return batch

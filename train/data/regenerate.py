@@ -6,7 +6,7 @@ order (turn k's prompt holds the target's own replies to turns < k), greedy or s
 four engines (``data.regenerate.engine``):
 
     hf      Hugging Face ``generate``, batches of ``batch_size`` left-padded prompts (in process)
-    ours    our decoding loop (``infer.generate``, static KV cache), the target alone, one prompt at a time
+    ours    our decoding loop on the target alone (static KV cache, captured steps on a GPU), ``batch_size`` in flight
     vllm    vLLM in its own environment (``SWA_VLLM_PYTHON``), ``concurrency`` prompts per request
     server  a running OpenAI-compatible server (``server_url``: ``vllm serve``, SGLang), ``concurrency`` in flight
 
@@ -69,21 +69,30 @@ class HFReplies:
 
 
 class OurReplies:
-    """Our decoding loop on the target alone (static KV cache), one prompt at a time."""
+    """Our decoding loop on the target alone: the static target (KV buffers written by position, captured steps on a
+    GPU) with ``batch_size`` prompts in flight (``infer.batch``), each row's tokens those of batch 1. Replies are handed
+    out per chunk of a few batches, so a kill loses at most the chunk in flight."""
 
     def __init__(self, model: Any, tokenizer: Any, cfg: Any):
-        from infer.generate import generate
+        from infer.batch import generate_batch
+        from infer.loading import decoding_target
         from models.sampling import SamplingConfig
-        from models.target import CachedTarget
 
-        self.generate = generate
-        self.target = CachedTarget(model, [])
+        self.generate_batch, self.batch_size = generate_batch, cfg.batch_size
+        self.target = decoding_target(model, [])
         self.eos = [tokenizer.eos_token_id]
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
 
     def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[tuple[int, list[int] | None, str | None]]:
-        for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
-            yield i, cut_at_eos(self.generate(self.target, None, prompt, budget, self.sampling, self.eos).tokens, self.eos), None
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a chunk: a smaller capacity
+        chunk = 4 * self.batch_size
+        for start in range(0, len(order), chunk):
+            part = order[start:start + chunk]
+            # one budget per chunk (the largest), each reply cut to its own: a longer run only extends a reply's tail
+            outs = self.generate_batch(self.target, None, [prompts[i] for i in part], max(budgets[i] for i in part),
+                                       batch_size=self.batch_size, sampling=self.sampling, eos_token_ids=self.eos)
+            for i, out in zip(part, outs):
+                yield i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None
 
 
 class EngineReplies:

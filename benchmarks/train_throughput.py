@@ -1,0 +1,100 @@
+"""The trainer's tokens/s on a real (small) target: the training loop's own build and step, timed.
+
+    python benchmarks/train_throughput.py experiment=dflash_swa target.path=TARGET data.path=DATA --steps 40 [--profile 3]
+
+Builds the run exactly as ``python -m train`` does (``train.trainer.build``: target, data, drafter,
+optimizer, the step of ``drafter.kind``), then runs ``--warmup`` untimed optimizer steps and ``--steps``
+timed ones through ``train.trainer.train_step`` with the loop's own batch collation, synchronising
+only at the end. Prints tokens/s (real tokens, padding excluded, as ``train/tokens_per_s``), the loss
+per step (to compare two implementations at the same global batch) and, with ``--profile N``, the
+top operators of N steps by host and by device time (where a host-bound step spends its time).
+``--json OUT`` writes the numbers. Any Hydra override of the training config is passed through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose, initialize_config_module
+
+    from train.trainer import to_train_config
+
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        return to_train_config(hydra_compose(config_name="train", overrides=["logger=none", "trainer.loop_eval_prompts=0",
+                                                                             "trainer.progress=false", *overrides]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the training config")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--profile", type=int, default=0, help="profile this many steps after the timed ones")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+
+    from train.trainer import build, train_step
+
+    cfg = compose([f"output_dir=/tmp/train_throughput/{time.time_ns()}", *args.overrides])
+    run = build(cfg)
+    step, pad_id = run.step, run.target.pad_id
+    sync = torch.cuda.synchronize if run.device.type == "cuda" else (lambda: None)
+
+    def one_step(n: int) -> tuple[float, int]:
+        micro = [step.ctx.collate([run.train_ds[i] for i in rows], pad_id, "train", rows)
+                 for rows in (run.batches.next() for _ in range(run.micro_per_step))]
+        stats, _ = train_step(step, micro, n, run.optimizer, run.scheduler, run.engine, run.ranks)
+        return stats, int(sum(b["attention_mask"].sum() for b in micro))
+
+    losses = []
+    for n in range(1, args.warmup + 1):
+        stats, _ = one_step(n)
+        losses.append(float(stats.loss_sum / stats.num_labels))
+    sync()
+    start, tokens, timed = time.perf_counter(), 0, []
+    for n in range(args.warmup + 1, args.warmup + args.steps + 1):
+        stats, t = one_step(n)
+        tokens += t
+        timed.append(stats)
+    sync()
+    seconds = time.perf_counter() - start
+    losses += [float(s.loss_sum / s.num_labels) for s in timed]
+    tc = cfg.trainer
+    result = {
+        "device": torch.cuda.get_device_name() if run.device.type == "cuda" else "cpu",
+        "drafter": cfg.drafter.kind, "attention": step.ctx.backend, "batch_size": tc.batch_size, "grad_accum": tc.grad_accum,
+        "max_length": cfg.data.max_length, "steps": args.steps, "seconds": seconds, "tokens": tokens,
+        "tokens_per_s": tokens / seconds, "ms_per_step": 1e3 * seconds / args.steps, "losses": losses,
+        "overrides": args.overrides,
+    }
+    print(f"{result['device']}: {cfg.drafter.kind} ({step.ctx.backend}), batch {tc.batch_size} x accum {tc.grad_accum} x "
+          f"{cfg.data.max_length} tokens: {result['tokens_per_s']:,.0f} tokens/s, {result['ms_per_step']:.1f} ms/step")
+    print("loss by step:", " ".join(f"{x:.4f}" for x in losses))
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for n in range(args.profile):
+                one_step(10_000 + n)
+            sync()
+        table = prof.key_averages()
+        print(table.table(sort_by="self_cpu_time_total", row_limit=25))
+        if run.device.type == "cuda":
+            print(table.table(sort_by="self_device_time_total", row_limit=20))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
