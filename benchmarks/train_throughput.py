@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps after the timed ones")
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
 
     from train.trainer import build, train_step
 

@@ -1,7 +1,8 @@
 """Compose ``configs/train.yaml`` the way ``python -m train`` does, for tests that call ``train(cfg)``.
 
-The loop evaluation (``eval/loop_*``) is off unless a test asks for it: it decodes on every eval, and
-``tests/test_loop_eval.py`` and the quickstart CLI test are where it is tested."""
+The loop evaluation (``eval/loop_*``) and the tiny experiments' on-policy regeneration are off unless a test
+asks for them: the first decodes on every eval, the second before training (``tests/test_loop_eval.py``,
+``tests/test_regenerate.py`` and the quickstart CLI test are where they are tested)."""
 
 from hydra import compose, initialize_config_module
 
@@ -11,5 +12,7 @@ import train.drafters  # noqa: F401  (registers each drafter's config schema wit
 def compose_train(overrides: list[str]):
     if not any(o.startswith("trainer.loop_eval") for o in overrides):
         overrides = [*overrides, "trainer.loop_eval_prompts=0"]
+    if not any(o.startswith("data.regenerate") for o in overrides):
+        overrides = [*overrides, "data.regenerate.enabled=false"]
     with initialize_config_module(config_module="configs", version_base="1.3"):
         return compose(config_name="train", overrides=overrides)

@@ -45,6 +45,10 @@ TRICKY = [
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "assistant"}, {"role": "assistant", "content": "assistant"}],
     [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Say hi"}, {"role": "user", "content": "again"}, {"role": "assistant", "content": "Say hi"}],
     [{"role": "user", "content": "x"}, {"role": "assistant", "content": "line one\n\nline two\n"}, {"role": "user", "content": "y"}, {"role": "assistant", "content": "ok"}],
+    # A reply whose untrimmed text appears only inside a later reply (a trimming template renders "Same\n\n" as
+    # "Same"): a target's own looping replies do this (found regenerating with the tiny Llama target).
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Same\n\n"}, {"role": "user", "content": "y"},
+     {"role": "assistant", "content": "Same\n\n\nSame again."}],
 ]
 
 

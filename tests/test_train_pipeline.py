@@ -63,7 +63,7 @@ def test_quickstart_cli_from_another_directory(tmp_path: Path) -> None:
     # the closing summary: what was trained, the loop's τ beside prompt lookup's, where it went, what to run next
     log = proc.stdout + proc.stderr
     assert "done: DFlash drafter, 5 steps" in log
-    assert f"decoding loop: tau {metrics['eval/loop_tau']:.2f} on 4 held-out prompts, prompt lookup {metrics['eval/loop_pld_tau']:.2f}" in log
+    assert f"decoding loop: tau {metrics['eval/loop_tau']:.2f} on 8 held-out prompts, prompt lookup {metrics['eval/loop_pld_tau']:.2f}" in log
     assert f"next: python -m eval mtbench --drafter {out}" in log
 
 

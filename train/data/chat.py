@@ -81,10 +81,13 @@ class ChatRenderer:
                 prefix = self.render(messages[:i], add_generation_prompt=True) if i else ""
                 if text.startswith(prefix):
                     start_at = max(start_at, len(prefix))
+            # Templates often trim message text: take whichever of the text and its trimmed form comes first. The
+            # untrimmed text alone can match later (a reply "A\n\n" trimmed here, repeated inside a later "A\n\nB").
             found = text.find(content, start_at)
-            if found < 0:  # templates often trim message text
-                content = content.strip()
-                found = text.find(content, start_at)
+            lead = len(content) - len(content.lstrip())
+            trimmed_at = text.find(content.strip(), start_at)
+            if trimmed_at >= 0 and (found < 0 or trimmed_at < found + lead):
+                content, found = content.strip(), trimmed_at
             if found < 0:
                 if message["role"] == "assistant":
                     raise DataError(
