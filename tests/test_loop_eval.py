@@ -107,3 +107,16 @@ def test_dflash_evaluation_replays_blocks_drafted_one_anchor_at_a_time(tiny_qwen
     assert summary["x/anchor_tau"] == pytest.approx(1 + sum(accepted.values()) / len(accepted))
     assert stats.num_blocks == len(accepted) == 11 + 13
     assert max(accepted.values()) >= 3 and summary["x/anchor_tau"] > summary["x/block_tau"] + 0.2, (accepted, summary)
+
+
+def test_repetition_counts_loops_and_copies_of_the_prompt() -> None:
+    """The closing summary's note: n-grams of a greedy continuation seen before in it or in its prompt."""
+    from train.loop_eval import LoopEval
+
+    loop = object.__new__(LoopEval)
+    loop.prompts = [[1, 2, 3, 4, 5], [9, 9]]
+    loop.greedy = [[1, 2, 3, 4, 7, 8, 6, 7, 8, 6, 7, 8], [10, 11, 12, 13]]
+    # continuation 1: 9 4-grams, (1,2,3,4) from the prompt and (7,8,6,7) (8,6,7,8) repeated; continuation 2: 1, fresh
+    assert loop.repetition() == 3 / 10
+    loop.prompts = [[], []]
+    assert loop.repetition() == 2 / 10

@@ -159,11 +159,12 @@ class LoopEval:
                  len(prompts), sum(map(len, self.greedy)), self.pld["eval/loop_pld_tau"], time.perf_counter() - start)
 
     def repetition(self, n: int = 4) -> float:
-        """Fraction of the greedy continuations' n-grams that repeat an earlier one of the same continuation
-        (a degenerate target loops; prompt lookup then wins by copying)."""
+        """Fraction of the greedy continuations' n-grams that repeat an earlier one of the same continuation or
+        of its prompt (a degenerate target loops or copies its prompt; prompt lookup then wins by copying)."""
         total = repeated = 0
-        for tokens in self.greedy:
-            seen = set()
+        for prompt, tokens in zip(self.prompts, self.greedy):
+            prompt = list(prompt)
+            seen = {tuple(prompt[i:i + n]) for i in range(len(prompt) - n + 1)}
             for i in range(len(tokens) - n + 1):
                 gram = tuple(tokens[i:i + n])
                 repeated += gram in seen

@@ -489,7 +489,7 @@ def closing_summary(cfg: TrainConfig, final: dict, output_dir: Path, export_path
                      f"{final['eval/loop_pld_tau']:.2f} on the same prompts (tau = tokens per target pass; 1.0 = no gain)")
         repeated = loop_eval.repetition()
         if repeated > 0.5:
-            lines.append(f"  note: {100 * repeated:.0f}% of the target's greedy 4-grams on these prompts repeat earlier ones: "
+            lines.append(f"  note: {100 * repeated:.0f}% of the target's greedy 4-grams on these prompts repeat earlier ones or the prompt's: "
                          "tau here mostly measures copying, not prediction")
     if "eval/block_tau" in final:
         lines.append(f"  held-out replies: block_tau {final['eval/block_tau']:.2f} (the loop replayed), loss {final['eval/loss']:.3f}")
