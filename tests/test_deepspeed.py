@@ -24,7 +24,8 @@ from train.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = ["trainer.max_steps=6", "trainer.batch_size=2", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=2",
-          "trainer.progress=false", "trainer.log_every=1", "data.max_records=60", "data.max_length=256"]
+          "trainer.progress=false", "trainer.log_every=1", "data.max_records=60", "data.max_length=256",
+          "data.regenerate.enabled=false"]  # the launched CLI runs too (the tiny experiments regenerate by default)
 
 pytestmark = pytest.mark.slow  # minutes of decoding or multi-process runs: the full suite only
 
