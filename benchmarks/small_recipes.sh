@@ -17,13 +17,13 @@ for kind in "${kinds[@]}"; do
   run="$out/run_$kind"
   start=$(date +%s)
   python -m train experiment=${kind}_swa_small logger=none target.path="$target" data.path="$data" trainer.progress=false \
-    output_dir="$run" "$@" 2>&1 | grep -v "it/s\]" > "$out/train_$kind.log"
+    output_dir="$run" "$@" 2>&1 | grep --line-buffered -v "it/s\]" > "$out/train_$kind.log"
   echo "$kind: train (with regeneration) $(( $(date +%s) - start )) s" | tee -a "$out/times.txt"
   start=$(date +%s)
   bs=16; nq=80; [ "$kind" = eagle3 ] && bs=1 && nq=40   # EAGLE-3 decodes at batch 1 (infer/batch.py)
   python -m eval mtbench --target "$target" --drafter "$run" --max-new-tokens 256 --batch-size $bs --num-questions $nq --device cuda \
-    --out "$out/mtbench_$kind" 2>&1 | grep -v "it/s\]" | tail -25 > "$out/mtbench_$kind.log"
+    --out "$out/mtbench_$kind" 2>&1 | grep --line-buffered -v "it/s\]" | tail -25 > "$out/mtbench_$kind.log"
   python -m eval prompts --prompts "$heldout" --target "$target" --drafter "$run" --max-new-tokens 256 --batch-size $bs \
-    --device cuda --no-baseline --out "$out/heldout_$kind" 2>&1 | grep -v "it/s\]" | tail -25 > "$out/heldout_$kind.log"
+    --device cuda --no-baseline --out "$out/heldout_$kind" 2>&1 | grep --line-buffered -v "it/s\]" | tail -25 > "$out/heldout_$kind.log"
   echo "$kind: eval $(( $(date +%s) - start )) s" | tee -a "$out/times.txt"
 done
