@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 25's on-policy recipes end to end on one GPU: experiment=dflash_swa_small and eagle3_swa_small
 # (regeneration through our batched loop, then training), each export through `python -m eval` on MT-Bench
-# (80 questions x 2 turns, 256 new tokens, prompt lookup and the target alone in the same run) and on held-out
-# ShareGPT prompts, then the window sweep behind a long prefill (W=2048 vs --window none).
+# (DFlash: 80 questions x 2 turns at batch 16; EAGLE-3, which decodes at batch 1: 40; 256 new tokens, prompt lookup
+# and the target alone in the same run) and on held-out ShareGPT prompts. (No long-prefill window sweep yet.)
 #
 #   bash benchmarks/small_recipes.sh TARGET PROMPTS HELDOUT OUT [dflash] [eagle3] -- [extra overrides...]
 #     PROMPTS: ShareGPT JSON/JSONL (its user turns are what the target answers); HELDOUT: eval prompts JSONL

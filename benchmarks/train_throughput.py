@@ -47,12 +47,12 @@ def main() -> None:
 
     cfg = compose([f"output_dir=/tmp/train_throughput/{time.time_ns()}", *args.overrides])
     run = build(cfg)
-    step, pad_id = run.step, run.target.pad_id
+    step = run.step
     sync = torch.cuda.synchronize if run.device.type == "cuda" else (lambda: None)
 
-    def one_step(n: int) -> tuple[float, int]:
-        micro = [step.ctx.collate([run.train_ds[i] for i in rows], pad_id, "train", rows)
-                 for rows in (run.batches.next() for _ in range(run.micro_per_step))]
+    def one_step(n: int):
+        """(the step's summed stats, its real tokens)"""
+        micro = run.next_micro_batches()
         stats, _ = train_step(step, micro, n, run.optimizer, run.scheduler, run.engine, run.ranks)
         return stats, int(sum(b["attention_mask"].sum() for b in micro))
 

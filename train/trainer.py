@@ -305,6 +305,12 @@ class Run:
     def drafter(self) -> torch.nn.Module:
         return self.step.drafter
 
+    def next_micro_batches(self) -> list[dict]:
+        """The next optimizer step's micro-batches (every rank's, in order), collated as the step's backend pads them."""
+        pad_id = self.target.pad_id
+        return [self.step.ctx.collate([self.train_ds[i] for i in rows], pad_id, "train", rows)
+                for rows in (self.batches.next() for _ in range(self.micro_per_step))]
+
 
 def build(cfg: TrainConfig) -> Run:
     """Set-up, every check before anything heavy: device (and DeepSpeed), target, data, drafter and its
@@ -385,8 +391,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     bar = tqdm(total=run.max_steps, initial=train_state["step"], desc="train", unit="step", disable=not (tc.progress and run.ranks.is_main))
     window_stats, window_tokens, window_start = None, 0, time.perf_counter()
     for n in range(train_state["step"] + 1, run.max_steps + 1):
-        micro = [step.ctx.collate([run.train_ds[i] for i in rows], pad_id, "train", rows)
-                 for rows in (run.batches.next() for _ in range(run.micro_per_step))]
+        micro = run.next_micro_batches()
         stats, grad_norm = train_step(step, micro, n, run.optimizer, run.scheduler, run.engine, run.ranks)
         tokens = int(sum(b["attention_mask"].sum() for b in micro))
         train_state.update(step=n, tokens=train_state["tokens"] + tokens)
