@@ -80,8 +80,11 @@ def build(shape: str):
     return model, dflash, eagle3
 
 
-def kv_bytes(target: StaticTarget) -> int:
-    return 2 * target.k_cache[:, 0].numel() * target.k_cache.element_size()  # keys + values of one row, every layer
+def kv_bytes(target: StaticTarget, positions: float) -> float:
+    """Keys + values of ``positions`` positions of one row, every layer: what a step must read of the cache (the
+    products path reads the whole capacity; only the visible part is counted, the stricter figure)."""
+    layers, _, hkv, _, d = target.k_cache.shape
+    return 2 * layers * hkv * d * target.k_cache.element_size() * positions
 
 
 def main() -> None:
@@ -93,6 +96,8 @@ def main() -> None:
     p.add_argument("--taus", type=int, nargs="+", default=[2, 3, 4, 5])
     p.add_argument("--compile", action="store_true", help="decoder layers under torch.compile inside the graphs")
     p.add_argument("--eager-baseline", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--attention", nargs="+", default=["products", "split_kv"], choices=["products", "split_kv"],
+                   help="decode attention paths timed in turn (StaticTarget's decode_attention); the last one runs the drafters")
     p.add_argument("--out")
     args = p.parse_args()
 
@@ -115,17 +120,21 @@ def main() -> None:
                          "outside_forward": run.stats.other_s / run.stats.decode_s})
             print(f"eager loop  ctx {ctx}: {run.stats.tokens_per_s:.1f} tok/s", flush=True)
         del eager
-    target = StaticTarget(model, [], compile_layers=args.compile)
+    target = StaticTarget(model, [], compile_layers=args.compile, decode_attention=args.attention[0])
     steps = result["forward"] = []
     print("loop | context | tok/s | ms/token | bandwidth % | outside forward % | prefill s", flush=True)
-    for ctx in args.contexts:
+    for attention, ctx in ((a, c) for a in args.attention for c in args.contexts):
+        if target.decode_attention != attention:
+            target.decode_attention = attention
+            target.graphs.clear()
+        loop = f"static + CUDA graphs{' + compile' if args.compile else ''}, {attention} attention"
         ids = prompt(ctx)
         target.allocate(ctx + args.new_tokens + args.verify_tokens)  # one capacity for the warm-up and the timed runs
         generate(target, None, ids, 8)  # captures the step
         run = generate(target, None, ids, args.new_tokens)
         ms = 1e3 / run.stats.tokens_per_s
-        moved = weight_bytes + kv_bytes(target)
-        row = {"loop": "static + CUDA graphs" + (" + compile" if args.compile else ""), "context": ctx, "capacity": target.capacity,
+        moved = weight_bytes + kv_bytes(target, ctx + args.new_tokens / 2)  # the mean context over the run
+        row = {"loop": loop, "attention": attention, "context": ctx, "capacity": target.capacity,
                "tokens_per_s": run.stats.tokens_per_s, "ms_per_token": ms, "bandwidth_frac": moved / (ms / 1e3) / (bw["TBps"] * 1e12),
                "outside_forward": run.stats.other_s / run.stats.decode_s, "prefill_s": run.stats.prefill_s}
         rows.append(row)
@@ -134,12 +143,13 @@ def main() -> None:
         pos = torch.tensor([ctx], device="cuda")
         one = cuda_ms(lambda: target.step(torch.zeros(1, 1, dtype=torch.long, device="cuda"), pos))
         many = cuda_ms(lambda: target.step(torch.zeros(1, args.verify_tokens, dtype=torch.long, device="cuda"), pos))
-        steps.append({"context": ctx, "capacity": target.capacity, "forward_1_ms": one, f"forward_{args.verify_tokens}_ms": many,
-                      "verify_over_decode": many / one, "bandwidth_frac_1": (weight_bytes + kv_bytes(target)) / (one / 1e3) / (bw["TBps"] * 1e12)})
+        steps.append({"attention": attention, "context": ctx, "capacity": target.capacity, "forward_1_ms": one,
+                      f"forward_{args.verify_tokens}_ms": many, "verify_over_decode": many / one,
+                      "bandwidth_frac_1": (weight_bytes + kv_bytes(target, ctx + 1)) / (one / 1e3) / (bw["TBps"] * 1e12)})
         print(f"    forward at {ctx}: 1 token {one:.2f} ms ({100 * steps[-1]['bandwidth_frac_1']:.1f}% of bandwidth), "
               f"{args.verify_tokens} tokens {many:.2f} ms ({many / one:.2f}x)", flush=True)
 
-    base = next(r for r in rows if r["context"] == args.contexts[0] and r["loop"].startswith("static"))
+    base = next(r for r in rows if r["context"] == args.contexts[0] and r.get("attention") == args.attention[-1])
     spec = result["speculative"] = []
     print(f"drafter | tau | drafts/step | tok/s | speedup over AR at {args.contexts[0]} | draft % | verify % | other %", flush=True)
     for name in ("dflash", "dflash-eager", "eagle3"):

@@ -11,10 +11,11 @@ they write cache slots at those positions and see every slot ``<=`` their own po
 need no rollback (the next step writes over them before anything reads them). Layer id ``i`` = the output
 of decoder layer ``i``.
 
-Decode attention is two matrix products per layer (scores in fp32, softmax, probabilities x values) over
-the cache up to its capacity, grouped by KV head so no key is read twice (grouped-query attention without
-copying the cache); a step's cost grows with the capacity, which ``allocate`` sizes to what a generation
-needs. Prefill chunks and tree verification run row by row through SDPA with a dense mask
+Decode attention on a GPU is split-KV (``kernels/decode_attention.py``, Triton flash-decoding): each KV head's
+query rows read each visible key once, splits past a row's newest position skip their keys, two kernels per layer.
+The fallback (CPU, no Triton) is two matrix products per layer (scores in fp32, softmax, probabilities x values)
+over the cache up to its capacity, grouped by KV head so no key is read twice; its cost grows with the capacity,
+which ``allocate`` sizes to what a generation needs. Prefill chunks and tree verification run row by row through SDPA with a dense mask
 (``kernels.attention.cached_attention``), not captured.
 
 The weights are the Hugging Face model's own: q/k/v and gate/up are concatenated into one matrix each (the
@@ -24,6 +25,7 @@ HF parameters become views of it, so memory is not doubled and the HF model stil
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
+from kernels.decode_attention import decode_attention as split_kv_attention
 from models.target import check_supported, decoder_layers
 
 DECODE_MAX_TOKENS = 64  # a forward of more tokens per row is a prefill chunk (row by row, SDPA)
@@ -91,9 +94,13 @@ class StaticTarget:
         capture: replay decode steps as CUDA graphs (default: on CUDA devices).
         compile_layers: run the decoder layer under ``torch.compile`` inside the graphs (fuses the norms,
             RoPE and the MLP's activation; compiles once per step shape).
+        decode_attention: ``split_kv`` (``kernels.decode_attention``, Triton: each visible key read once, splits past a
+            row's length skipped) or ``products`` (two cuBLAS products and a softmax over the whole capacity). Default:
+            ``split_kv`` on CUDA where Triton imports (else ``products``, said once), ``products`` on the CPU.
     """
 
-    def __init__(self, model: nn.Module, feature_layer_ids: list[int], capture: bool | None = None, compile_layers: bool = False):
+    def __init__(self, model: nn.Module, feature_layer_ids: list[int], capture: bool | None = None, compile_layers: bool = False,
+                 decode_attention: str | None = None):
         check_supported(model)
         self.model = model.eval().requires_grad_(False)
         config = model.config.get_text_config()
@@ -129,6 +136,7 @@ class StaticTarget:
         self.pre_attention = maybe_compile(self._pre_attention, dynamic=False)
         self.post_attention = maybe_compile(self._post_attention, dynamic=False)
         self.masked_softmax = maybe_compile(masked_softmax)  # the capacity varies: symbolic after its first change
+        self.decode_attention = choose_decode_attention(decode_attention, self.device)
         self.k_cache: torch.Tensor | None = None  # [L, B, Hkv, C, D]
         self.v_cache: torch.Tensor | None = None
         self.cos = self.sin = None  # [C, D] RoPE tables, in the model's dtype (as HF casts them)
@@ -196,27 +204,33 @@ class StaticTarget:
         gate, up = F.linear(rms_norm(x, post_norm, self.eps), w13, b13).chunk(2, dim=-1)
         return x + F.linear(self.act(gate) * up, w2, b2)
 
-    def _layer(self, x, w: LayerWeights, k_cache, v_cache, cos, sin, index, visible):
+    def _layer(self, x, w: LayerWeights, k_cache, v_cache, cos, sin, index, pos, visible):
         """One decoder layer on rows [B, n, H]: writes its keys/values into ``k/v_cache`` [B, Hkv, C, D] at
-        ``index`` (the positions, expanded to [B, Hkv, n, D]) and attends over the whole capacity under
-        ``visible`` [B, 1, G*n, C]. Tensors go in as arguments so one compiled graph serves every layer."""
+        ``index`` (the positions, expanded to [B, Hkv, n, D]) and attends over the cache: split-KV from the rows'
+        positions ``pos`` [B], or two products over the whole capacity under ``visible`` [B, 1, G*n, C]. Tensors go in
+        as arguments so one compiled graph serves every layer."""
         q, k, v = self.pre_attention(x, w.input_norm, w.wqkv, w.bqkv, w.q_norm, w.k_norm, cos, sin)
         k_cache.scatter_(2, index, k)
         v_cache.scatter_(2, index, v)
-        out = grouped_attention(q, k_cache, v_cache, visible, self.scale, softmax=self.masked_softmax)
+        if visible is None:
+            out = split_kv_attention(q, k_cache, v_cache, pos, x.shape[1], self.scale)
+        else:
+            out = grouped_attention(q, k_cache, v_cache, visible, self.scale, softmax=self.masked_softmax)
         return self.post_attention(x, out, w.wo, w.bo, w.post_norm, w.w13, w.b13, w.w2, w.b2)
 
     def _step(self, input_ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n = input_ids.shape
         positions = pos[:, None] + torch.arange(n, device=pos.device)  # [B, n]
         groups = self.num_heads // self.num_kv_heads
-        visible = (torch.arange(self.capacity, device=pos.device) <= positions[..., None])[:, None].repeat(1, 1, groups, 1)  # [B, 1, G*n, C]
+        visible = None
+        if self.decode_attention == "products":
+            visible = (torch.arange(self.capacity, device=pos.device) <= positions[..., None])[:, None].repeat(1, 1, groups, 1)  # [B, 1, G*n, C]
         index = positions[:, None, :, None].expand(b, self.num_kv_heads, n, self.head_dim)
         cos, sin = self.cos[positions], self.sin[positions]  # [B, n, D]
         x = self.embed_tokens(input_ids)
         features = []
         for i, w in enumerate(self.weights):
-            x = self._layer(x, w, self.k_cache[i], self.v_cache[i], cos, sin, index, visible)
+            x = self._layer(x, w, self.k_cache[i], self.v_cache[i], cos, sin, index, pos, visible)
             if i in self.feature_layer_ids:
                 features.append((self.feature_layer_ids.index(i), x))
         logits = self.lm_head(self.norm(x)).float()
@@ -315,6 +329,25 @@ class StaticTarget:
         return logits[0], None if features is None else features[0]
 
     _pos: torch.Tensor | None = None
+
+
+def choose_decode_attention(name: str | None, device: torch.device) -> str:
+    """``split_kv`` or ``products`` (see ``StaticTarget``); an explicit ``split_kv`` without Triton is an error."""
+    from kernels import decode_attention
+
+    if name not in (None, "split_kv", "products"):
+        raise ValueError(f"decode_attention={name!r}; expected 'split_kv' or 'products'")
+    if name == "split_kv" and not decode_attention.available():
+        raise ValueError("decode_attention='split_kv' needs Triton (pip install triton); use 'products'")
+    if name is not None:
+        return name
+    if device.type != "cuda":
+        return "products"
+    if not decode_attention.available():
+        warnings.warn("Triton is not importable: decode attention falls back to two products over the whole cache "
+                      "(slower at long contexts)", stacklevel=3)
+        return "products"
+    return "split_kv"
 
 
 class CapturedStep:

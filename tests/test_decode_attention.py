@@ -1,0 +1,116 @@
+"""The split-KV decode attention kernel (``kernels/decode_attention.py``) against a softmax written out element by
+element under the repo's one visibility rule (``kernels.attention.aligned_visible``), and the static target's step
+with it against the same step through the two-product path.
+
+On the CPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton compiles anything, so in
+a child process), fp32 only: the interpreter multiplies bf16 tiles as raw bits. bf16 is checked on a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.attention import aligned_visible
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TRITON = subprocess.run([sys.executable, "-c", "import triton"], capture_output=True).returncode == 0
+
+
+def reference(q, k, v, pos, n_tokens, scale, window):
+    """q [B, Hkv, G*n, D] (rows (g, t)), k/v [B, Hkv, C, D] (slot = position): each row's softmax, key by key, in fp64."""
+    b, h, rows, d = q.shape
+    out = torch.zeros(b, h, rows, d, dtype=torch.float64)
+    for i in range(b):
+        for r in range(rows):
+            q_pos = int(pos[i]) + r % n_tokens
+            keys = [c for c in range(k.shape[2]) if aligned_visible(torch.tensor(q_pos), torch.tensor(c), True, window)]
+            for j in range(h):
+                w = torch.softmax(torch.stack([scale * (q[i, j, r].double() @ k[i, j, c].double()) for c in keys]), 0)
+                out[i, j, r] = sum(wc * v[i, j, c].double() for wc, c in zip(w, keys))
+    return out
+
+
+CASES = [  # (rows B, KV heads, group G, tokens n, capacity C, head dim D, window)
+    (2, 2, 4, 1, 300, 16, None),  # decode; several splits, rows at position 0 and in the middle
+    (2, 1, 2, 5, 520, 32, None),  # a verify of 5 tokens, one row ending at the capacity
+    (3, 1, 4, 3, 700, 16, 100),  # a window: keys before it are skipped
+]
+
+
+def run_cases(device: str, dtype: torch.dtype) -> list[float]:
+    from kernels.decode_attention import decode_attention
+
+    errors = []
+    for b, h, g, n, c, d, window in CASES:
+        gen = torch.Generator().manual_seed(c)
+        q, k, v = (torch.randn(shape, generator=gen).to(dtype) for shape in [(b, h, g * n, d), (b, h, c, d), (b, h, c, d)])
+        pos = torch.tensor([0, 123, c - n][:b])
+        got = decode_attention(q.to(device), k.to(device), v.to(device), pos.to(device), n, d ** -0.5, window)
+        want = reference(q, k, v, pos, n, d ** -0.5, window)
+        errors.append((got.cpu().double() - want).abs().max().item())
+    return errors
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    sys.path.insert(0, {tests!r})
+    import torch
+    from test_decode_attention import run_cases, static_step_difference
+    print(max(run_cases("cpu", torch.float32)), static_step_difference("cpu"))
+""")
+
+
+@pytest.mark.slow  # ~25 s: the interpreter runs every program of the grid in Python
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CPU torch wheels come without it; [dev] installs it)")
+def test_split_kv_equals_a_softmax_written_out_in_the_interpreter(reference_target_path) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SWA_REFERENCE_TARGET": str(reference_target_path)}
+    proc = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"))],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kernel_error, step_error = map(float, proc.stdout.split()[-2:])
+    assert kernel_error < 1e-5
+    assert step_error < 1e-4
+
+
+def static_step_difference(device: str) -> float:
+    """The reference target's decode and verify steps, rows at different positions, split-KV against the products path:
+    the largest logit difference (fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(os.environ["SWA_REFERENCE_TARGET"], dtype=torch.float32).to(device).eval()
+    ids = torch.randint(3, model.config.vocab_size, (2, 90), generator=torch.Generator().manual_seed(0)).to(device)
+    worst = 0.0
+    outputs = {}
+    for attention in ("products", "split_kv"):
+        target = StaticTarget(model, [1], capture=False, decode_attention=attention)
+        target.allocate(100, batch=2)
+        target.prefill(ids[0, :40], 0, 0)
+        target.prefill(ids[1, :70], 1, 0)
+        pos = torch.tensor([40, 70], device=device)
+        outputs[attention] = [target.step(ids[:, 80:81], pos), target.step(ids[:, 80:86], pos + 1)]
+    for (a_logits, a_feat), (b_logits, b_feat) in zip(outputs["products"], outputs["split_kv"]):
+        worst = max(worst, (a_logits - b_logits).abs().max().item(), (a_feat - b_feat).abs().max().item())
+    return worst
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_kv_on_the_gpu(dtype) -> None:
+    assert max(run_cases("cuda", dtype)) < (1e-4 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_static_target_split_kv_on_the_gpu(reference_target_path, monkeypatch) -> None:
+    monkeypatch.setenv("SWA_REFERENCE_TARGET", str(reference_target_path))
+    assert static_step_difference("cuda") < 1e-3
