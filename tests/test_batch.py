@@ -88,3 +88,23 @@ def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_pa
     again = run_conversations(target, None, reference_tokenizer, conversations, batch_size=2, partial=tmp_path / "p.jsonl",
                               **{**kwargs, "baseline": False})
     assert sorted((r["id"], r["turn"], r["output_ids"]) for r in again) == sorted((r["id"], r["turn"], r["output_ids"]) for r in got)
+
+
+def test_prepacked_linears_give_the_plain_matrices_tokens(setup) -> None:
+    """The CPU default (oneDNN-prepacked copies of the linears, attention up to the furthest row only) against the plain
+    matrices: logits of a batched step agree to fp32 rounding, and every batched row's tokens are the same."""
+    model, _, prompts, eos = setup
+    packed, plain = StaticTarget(model, [1, 3]), StaticTarget(model, [1, 3], prepack=False)
+    assert packed.linear is not plain.linear  # the default on the CPU in fp32 is prepacked
+    for target in (packed, plain):
+        target.allocate(128, batch=3)
+        for row, p in enumerate(prompts[:3]):
+            target.prefill(torch.tensor(p), row, 0)
+    ids = torch.tensor([p[-4:] for p in prompts[:3]])
+    pos = torch.tensor([len(p) for p in prompts[:3]])
+    (got, got_features), (want, want_features) = packed.step(ids, pos), plain.step(ids, pos)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_features, want_features, rtol=1e-4, atol=1e-4)
+    got = generate_batch(packed, None, prompts, 24, batch_size=3, eos_token_ids=eos)
+    want = generate_batch(plain, None, prompts, 24, batch_size=3, eos_token_ids=eos)
+    assert [g.tokens for g in got] == [w.tokens for w in want]
