@@ -6,6 +6,8 @@ whether every turn's tokens and accepted counts per step are the same.
 
 Runs MT-Bench's first ``--questions`` conversations (both turns) through ``eval.runner.run_conversations`` for the
 target alone, prompt lookup and the drafter (when given), once per batch size; prints one row per (drafter, batch size).
+On a shared machine the wall time counts other processes' load: the CPU seconds of this process (one thread) and the
+tokens per CPU second beside it count only this process's work.
 """
 
 from __future__ import annotations
@@ -49,27 +51,30 @@ def main() -> None:
         drafters[f"{type(drafter).__name__} (block {drafter.block_size})"] = drafter
     device_name = torch.cuda.get_device_name() if device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(f"# {device_name} | {len(conversations)} conversations, {args.max_new_tokens} new tokens per turn, greedy")
-    print("drafter | batch | turns | new tokens | wall s | tokens/s | vs batch 1 | τ | same tokens and steps as batch 1")
+    print("drafter | batch | turns | new tokens | wall s | tokens/s | vs batch 1 | CPU s | tokens/CPU s | vs batch 1 | τ | "
+          "same tokens and steps as batch 1")
     rows = []
     for name, d in drafters.items():
         first = None
         for bs in args.batch_sizes:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             records = run_conversations(target, d, tokenizer, conversations, prefill_tokens=0, sampling=SamplingConfig(),
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=bs,
                                         desc=f"{name}, batch {bs}")
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             records = sorted(records, key=lambda r: (str(r["id"]), r["turn"]))
             new = sum(r["stats"]["new_tokens"] for r in records)
             steps = [a for r in records for a in r["stats"]["accepted_per_step"]]
             outcome = [(r["output_ids"], r["stats"]["accepted_per_step"]) for r in records]
             if first is None:
-                first = (new / wall, outcome)
+                first = (new / wall, outcome, new / cpu)
             same = sum(a == b for a, b in zip(outcome, first[1]))
             row = {"drafter": name, "batch_size": bs, "turns": len(records), "new_tokens": new, "wall_s": wall, "tokens_per_s": new / wall,
-                   "vs_first": new / wall / first[0], "tau": sum(a + 1 for a in steps) / max(len(steps), 1), "same": f"{same}/{len(records)}"}
+                   "vs_first": new / wall / first[0], "cpu_s": cpu, "tokens_per_cpu_s": new / cpu,
+                   "vs_first_cpu": new / cpu / first[2], "tau": sum(a + 1 for a in steps) / max(len(steps), 1), "same": f"{same}/{len(records)}"}
             rows.append(row)
-            print(f"{name} | {bs} | {row['turns']} | {new} | {wall:.1f} | {row['tokens_per_s']:.1f} | {row['vs_first']:.2f}x | {row['tau']:.3f} | "
+            print(f"{name} | {bs} | {row['turns']} | {new} | {wall:.1f} | {row['tokens_per_s']:.1f} | {row['vs_first']:.2f}x | {cpu:.1f} | "
+                  f"{row['tokens_per_cpu_s']:.1f} | {row['vs_first_cpu']:.2f}x | {row['tau']:.3f} | "
                   f"{row['same']}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device_name, "args": vars(args), "rows": rows}, indent=2))
