@@ -128,7 +128,7 @@ class Generation:
 @torch.no_grad()
 def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | PromptLookupDrafter | None, prompt_ids, max_new_tokens: int = 256,
              sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
-             accept_per_step: int | None = None) -> Generation:
+             accept_per_step: int | None = None, run_ahead: bool | None = None) -> Generation:
     """Speculative decoding with ``drafter``, or plain autoregressive decoding when it is None.
 
     Args:
@@ -139,6 +139,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         accept_per_step: speed benchmarks only (a random-weight target at a real shape, where nothing would be
             accepted): every step accepts this many drafts whatever the verification says, and takes the target's
             token after them; the work per step is the real loop's, the output is not the target's. Chains only.
+        run_ahead: the target alone: launch each step before reading the previous token on the host (default: on a GPU,
+            where the host's sync and launch would otherwise leave it idle; the output is the same either way).
     """
     device = target.device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
@@ -173,12 +175,21 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     out = [int(token)]  # host sync (once, after prefill)
     pos = n  # position of `token`, which the target has not seen yet
 
+    run_ahead = device.type == "cuda" if run_ahead is None else run_ahead
+    ahead = None  # run_ahead: the next token, its step launched before the host reads this one
     while len(out) < max_new_tokens and out[-1] not in eos:
         timer.mark("other")
         if drafter is None:
-            logits, _ = target.forward(token[None], pos)
+            if ahead is None:
+                logits, _ = target.forward(token[None], pos)
+                ahead = choose(logits, sampling, generator)[0][0]
+            token, ahead = ahead, None
+            if run_ahead and len(out) + 1 < max_new_tokens:
+                # one step queued ahead of the host sync below, so the GPU never idles while the host reads a token and
+                # launches the next step; after an end-of-sequence token the queued step is discarded (output unchanged)
+                logits, _ = target.forward(token[None], pos + 1)
+                ahead = choose(logits, sampling, generator)[0][0]
             timer.mark("verify")
-            token = choose(logits, sampling, generator)[0][0]
             new = [int(token)]  # host sync
             stats.accepted_per_step.append(0)
         elif drafter.tree:

@@ -173,3 +173,22 @@ def test_a_captured_step_equals_the_eager_step(reference_target_path, compile_la
         torch.testing.assert_close(logits, eager_logits, atol=atol, rtol=0 if not compile_layers else 0.05)
         torch.testing.assert_close(features, eager_features, atol=atol, rtol=0 if not compile_layers else 0.05)
     assert math.isfinite(logits.sum().item())
+
+
+def test_running_a_step_ahead_changes_no_token(reference_target_path) -> None:
+    """The target alone with each step launched before the host reads the previous token (the GPU default) gives the
+    tokens of the plain loop and of HF's greedy decoding, stops at an end-of-sequence token, and samples the same."""
+    from models.sampling import SamplingConfig
+
+    model = load(reference_target_path)
+    target = StaticTarget(model, [])
+    prompt = torch.randint(3, model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    want = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 40:].tolist()
+    for eos in ([], [want[9]]):
+        expected = want[:want.index(eos[0]) + 1] if eos else want
+        for ahead in (True, False):
+            got = generate(target, None, prompt, 24, eos_token_ids=eos, run_ahead=ahead)
+            assert got.tokens == expected and got.stats.steps == len(expected) - 1
+    sampled = [generate(target, None, prompt, 24, sampling=SamplingConfig(temperature=1.0, seed=3), run_ahead=ahead).tokens
+               for ahead in (True, False)]
+    assert sampled[0] == sampled[1]
