@@ -8,7 +8,8 @@ A random-init target of a real shape (default Qwen3-8B's, bf16) on one GPU. Prin
   3. one captured forward of 1 and of ``--verify-tokens`` tokens at each context (median of CUDA-event timings);
   4. speculative decoding with random drafters of the matching shape whose steps accept a given number of drafts
      (``generate(..., accept_per_step=τ-1)``, the real loop's work per step): tokens/s and speedup over (2) at the
-     first context, τ = ``--taus``.
+     first context, τ = ``--taus``: DFlash and EAGLE-3 chains (k = τ) as the loop runs them (static caches, the draft
+     captured), and each one's eager drafter, as it ran before its static one, at the second τ.
 
     python benchmarks/decode_speed.py --shape qwen3-8b --contexts 1024 8192 32768 --out decode.json
 """
@@ -28,9 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.infer_speed import SHAPES  # noqa: E402
 from infer.generate import generate  # noqa: E402
 from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config  # noqa: E402
-from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, make_eagle3_config  # noqa: E402
+from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config  # noqa: E402
 from models.static_target import StaticTarget  # noqa: E402
 from models.target import CachedTarget  # noqa: E402
+
+
+DRAFTERS = ("dflash", "dflash-eager", "eagle3", "eagle3-eager")  # "-eager": the drafter before its static one, at the second τ
 
 
 def cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
@@ -98,6 +102,7 @@ def main() -> None:
     p.add_argument("--eager-baseline", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--attention", nargs="+", default=["products", "split_kv"], choices=["products", "split_kv"],
                    help="decode attention paths timed in turn (StaticTarget's decode_attention); the last one runs the drafters")
+    p.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS, help="speculative rows timed (section 4)")
     p.add_argument("--out")
     args = p.parse_args()
 
@@ -152,18 +157,22 @@ def main() -> None:
     base = next(r for r in rows if r["context"] == args.contexts[0] and r.get("attention") == args.attention[-1])
     spec = result["speculative"] = []
     print(f"drafter | tau | drafts/step | tok/s | speedup over AR at {args.contexts[0]} | draft % | verify % | other %", flush=True)
-    for name in ("dflash", "dflash-eager", "eagle3"):
-        for tau in args.taus if name != "dflash-eager" else args.taus[1:2]:
+    for name in args.drafters:
+        for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
             if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
                 drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
-            else:
-                drafter = Eagle3Drafter(eagle3_model, steps=tau)  # a chain one longer than what it accepts
+            elif name == "eagle3":  # the loop's default for chains: fixed-shape caches, step 0 and the chain in one captured graph
+                drafter = StaticEagle3Drafter(eagle3_model, steps=tau)  # a chain one longer than what it accepts
+            else:  # before issue 24: Python-managed caches, eager
+                drafter = Eagle3Drafter(eagle3_model, steps=tau)
             target.set_feature_layers(drafter.target_layer_ids)
             ids = prompt(args.contexts[0])
             target.allocate(args.contexts[0] + args.new_tokens + args.verify_tokens)
-            generate(target, drafter, ids, 16, accept_per_step=tau - 1)
+            # warm-up at the timed run's capacity: a smaller one made the static drafters reallocate, recapture (and
+            # recompile) inside the timed run
+            generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             run = generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             s = run.stats
             row = {"drafter": name, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,

@@ -54,7 +54,7 @@ def start_engine(args, source: dict, target, drafter, tokenizer):
     from infer.prompt_lookup import PromptLookupDrafter
     from infer.serving import ServerEngine, VllmEngine
     from models.builtin_targets import resolve_target_path
-    from models.eagle3 import Eagle3Drafter
+    from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 
     if drafter is None or isinstance(drafter, PromptLookupDrafter):
         raise ValueError(f"--engine {args.engine} needs a trained drafter (--drafter RUN or EXPORT; with --server, the one it serves)")
@@ -65,7 +65,7 @@ def start_engine(args, source: dict, target, drafter, tokenizer):
             raise ValueError(f"server {args.server}: /metrics has no vllm:spec_decode_* counters (no speculative decoding, or not "
                              "vLLM's metric names): τ cannot be read")
         return engine
-    kind = "eagle3" if isinstance(drafter, Eagle3Drafter) else "dflash"
+    kind = "eagle3" if isinstance(drafter, (Eagle3Drafter, StaticEagle3Drafter)) else "dflash"
     if kind == "dflash" and len(set(drafter.model.config.layer_types)) > 1:
         print("note: vLLM runs a DFlash drafter mixing sliding and full layers only on its V2 model runner (GPU, Triton)", file=sys.stderr)
     return VllmEngine(args.vllm_python, resolve_target_path(source["target"]), engine_drafter(source["drafter"], kind), kind,

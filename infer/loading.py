@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from models.dflash import DFlashDrafter, StaticDFlashDrafter
-from models.eagle3 import Eagle3Drafter
+from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from infer.prompt_lookup import PromptLookupDrafter
 from models.static_target import StaticTarget
 from models.target import CachedTarget
@@ -48,7 +48,7 @@ def is_eagle3(config: dict) -> bool:
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
                 attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
-                tree_tokens: int | None = None) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | Eagle3Drafter | None, object]:
+                tree_tokens: int | None = None) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
     drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
@@ -77,8 +77,12 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                 raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
                                  f"{target.model.config.get_text_config().vocab_size}")
             model = Eagle3DraftModel.from_pretrained(drafter_path, dtype=target.model.dtype).to(target.device)
-            drafter = Eagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
-                                    attention_backend=attention_backend)
+            if tree_topk is None and tree_tokens is None and attention_backend != "flashinfer":
+                # chains: fixed-shape caches, the whole draft captured on a GPU, beside the static target
+                drafter = StaticEagle3Drafter(model, window=window, steps=draft_steps)
+            else:  # trees (and FlashInfer attention): the eager drafter
+                drafter = Eagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
+                                        attention_backend=attention_backend)
         else:
             model = DFlashDraftModel.from_pretrained(drafter_path, dtype=target.model.dtype).to(target.device)
             if attention_backend == "flashinfer":

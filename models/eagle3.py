@@ -27,6 +27,8 @@ forward serves the training-time test (``train/eagle3.py``: keys of earlier step
 drafting (``Eagle3Drafter`` below: the caches), the cache an argument of ``attend``.
 
 Drafting (``Eagle3Drafter``): per-layer draft KV caches, chain drafting and EAGLE-2 dynamic trees.
+``StaticEagle3Drafter`` (the loop's chains, captured as CUDA graphs on a GPU): the same chains over fixed-shape
+buffers, appending whole verify blocks; its docstring says why that stays exact.
 
 Index t of the drafter holds the target's features f_t and the next token x_{t+1} at RoPE position
 t + 1 (above), so an accepted position can only be processed once the token
@@ -52,6 +54,8 @@ sampling, probabilities are scattered into the target vocabulary (speculative sa
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -62,7 +66,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaPreTrainedModel, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
-from kernels.attention import cached_attention
+from kernels.attention import aligned_visible, cached_attention, grouped_attention
 from models.sampling import SamplingConfig, logits_to_probs, sample
 from models.target import ContextKV
 
@@ -603,3 +607,319 @@ def check_tree(topk, tokens, depth: int, draft_vocab: int) -> None:
     pool = topk + (depth - 1) * topk * topk
     if not isinstance(tokens, int) or isinstance(tokens, bool) or not 1 <= tokens <= pool:
         raise ValueError(f"tree tokens={tokens!r}; expected an int in 1 .. {pool} (topk {topk} at depth {depth} drafts {pool} candidates)")
+
+
+# ----------------------------------------------------------------------------- chain drafting over static caches
+
+class StaticEagle3Drafter:
+    """EAGLE-3 chain drafting for the static loop: fixed-shape buffers for a batch of rows, so a whole draft (step 0
+    over the last verify block, then the k - 1 chain steps) is one tensor program with positions as device tensors,
+    captured once per (batch, sampling settings) as a CUDA graph (``models.static_target.CapturedStep``) on a GPU and
+    replayed. Chains only; trees stay with ``Eagle3Drafter``, whose drafts these are (``tests/test_static_eagle3.py``).
+
+    Buffers (``allocate``), per layer: keys/values ``[B, Hkv, S + P, D]`` and the key position each of the first S
+    slots holds, ``[B, S]`` (-1: empty), P = k + 1 (a verify block). Index t's key sits at position t + 1 (module
+    docstring). A full layer has S = capacity; a sliding layer of window W is a ring of S = W + P slots, position p in
+    slot p mod S. The last P slots are scratch: step 0's own keys while it attends, then the chain's keys. Per row, the
+    pending block: target features ``[B, P, k*H]`` and tokens ``[B, P]`` of positions ``pending_start ..``.
+
+    One step of the loop (``appends_whole_block``: the verify block's every position, accepted or not):
+
+        append(f_a .. f_{a+k}, a, x_a .. x_{a+k})   the pending block (copies; nothing runs)
+        draft_chain(x_b, b)                         b = a + accepted + 1, x_b the bonus token. Step 0 over the P
+                                                    pending indices t = a .. a+k, index t reading token x_{t+1}: the
+                                                    block's next token, or x_b where t + 1 == b. Its output at index
+                                                    b - 1 (gathered by a device index) gives draft 1; chain steps
+                                                    j = 1 .. k-1 at position b + j, fed the previous draft and hidden
+                                                    state, give drafts 2 .. k; their keys go to scratch only.
+
+    Step 0 writes every pending index's key into the ring, at positions a+1 .. a+P: those of indices >= b hold
+    rejected drafts' features (or nothing, after a prompt), but context keys are read only up to the last context
+    position (a for step 0, b for the chain), and the next step 0 (at b) writes positions b+1 .. b+P over them before
+    anything could read them. A query at position q sees ring keys at p <= that position with q - W < p, and the
+    scratch keys of its own pass within the window: the masks of ``Eagle3Drafter``. The ring loses position a + P - S
+    = a - W at most, and the oldest position a later query needs is > b + 1 - W >= a + 2 - W.
+
+    Prompts (``prefill``, eager): step 0 over each chunk's indices whose next token is known, against the ring and
+    the chunk's own keys; the chunk's last index waits as row 0 of the pending block for the next chunk or the first
+    draft (its other rows hold nothing; their keys land past the anchor, as above).
+    """
+
+    appends_whole_block = True  # infer.generate passes every verified position's features, not the accepted ones only
+    tree = False
+
+    def __init__(self, model: Eagle3DraftModel, window="trained", steps: int | None = None, capture: bool | None = None,
+                 compile: bool | None = None, extend_chunk: int = 512):
+        self.model = model.eval().requires_grad_(False)
+        self.window_arg = window
+        self.windows = layer_windows(model, window)
+        self.steps = model.ttt_length if steps is None else steps
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
+            raise ValueError(f"draft steps={steps!r}; expected a positive int")
+        if extend_chunk < 1:
+            raise ValueError(f"extend_chunk={extend_chunk}; expected >= 1")
+        self.block_size = self.verify_tokens = self.steps + 1  # P: a verify block, the pending block, the scratch slots
+        self.target_layer_ids = model.target_layer_ids
+        self.extend_chunk = extend_chunk
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.compile = self.device.type == "cuda" if compile is None else compile
+        if self.compile:  # norms, RoPE, masks and the small products of every step fused (one compiled graph per batch size)
+            from kernels.attention import raise_recompile_limit
+
+            raise_recompile_limit()
+        self.draft_fn = torch.compile(self._draft_chain) if self.compile else self._draft_chain
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.slot_pos: list[torch.Tensor] = []
+        self.slots: list[int] = []
+        self.batch = 0
+        self.graphs: dict = {}
+        self.pool = None
+        self._pos = None
+        self._waiting: list[int | None] = []  # per row: the prompt index waiting in the pending block's row 0 (host)
+        self._pending_at: int | None = None  # batch-1 protocol: the pending block's first position (host)
+        self._drafted_at: int | None = None  # batch-1 protocol: the position of the last draft since an append (host)
+
+    def with_window(self, window) -> "StaticEagle3Drafter":
+        """The same drafter under another inference window."""
+        return StaticEagle3Drafter(self.model, window, self.steps, self.capture, self.compile, self.extend_chunk)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.fc.weight.dtype
+
+    def allocate(self, capacity: int, batch: int = 1) -> None:
+        """Empty caches for key positions ``0 .. capacity-1`` in ``batch`` rows (buffers, and the graphs on them, kept
+        while they fit and a full layer's is at most twice, or 2048 positions more than, what is asked)."""
+        p = self.block_size
+        slots = [capacity if w is None or w + p >= capacity else w + p for w in self.windows]
+        if batch != self.batch or not all(need <= have <= max(2 * need, need + 2048) for need, have in zip(slots, self.slots)):
+            cfg, dtype, device = self.model.config, self.dtype, self.device
+            self.k, self.v, self.slot_pos, self.graphs = [], [], [], {}
+            for s in slots:
+                shape = (batch, cfg.num_key_value_heads, s + p, cfg.head_dim)
+                self.k.append(torch.zeros(shape, dtype=dtype, device=device))
+                self.v.append(torch.zeros(shape, dtype=dtype, device=device))
+                self.slot_pos.append(torch.full((batch, s), -1, dtype=torch.long, device=device))
+            self.pending_features = torch.zeros(batch, p, self.model.fc.in_features, dtype=dtype, device=device)
+            self.pending_ids = torch.zeros(batch, p, dtype=torch.long, device=device)
+            self.pending_start = torch.zeros(batch, dtype=torch.long, device=device)
+            self.noise = torch.ones(batch, self.steps, cfg.draft_vocab_size, device=device)  # Exp(1) draws for sampling
+            self.slots, self.batch = slots, batch
+        for slot_pos in self.slot_pos:
+            slot_pos.fill_(-1)
+        self._waiting = [None] * batch
+        self._pending_at = self._drafted_at = None
+
+    def reset(self, max_positions: int) -> None:
+        """``infer.generate``'s batch-1 protocol: positions ``0 .. max_positions-1`` (keys one position later, and
+        rejected drafts' keys up to a block past the last position)."""
+        self.allocate(max_positions + self.block_size, 1)
+
+    def clear_row(self, row: int) -> None:
+        """Forget row ``row``'s context (a new prompt in that row of a batch)."""
+        for slot_pos in self.slot_pos:
+            slot_pos[row] = -1
+        self._waiting[row] = None
+
+    # --------------------------------------------------------------------------------------- prompts (eager)
+
+    @torch.no_grad()
+    def prefill(self, features: torch.Tensor, start: int, token_ids: torch.Tensor, row: int = 0) -> None:
+        """A prompt chunk into row ``row``: target features [m, k*H] and tokens [m] of positions ``start ..
+        start+m-1``, the chunks in order from position 0. Runs step 0 for every index whose next token is known
+        (the previous chunk's last index included); the last one waits in the pending block."""
+        if start == 0:
+            self.clear_row(row)
+        elif self._waiting[row] != start - 1:
+            expected = "0" if self._waiting[row] is None else str(self._waiting[row] + 1)
+            raise ValueError(f"prefill at position {start}; row {row} expects its prompt's position {expected} next")
+        feats = features.to(self.dtype)
+        ids = torch.as_tensor(token_ids, device=self.device).reshape(-1)
+        if start > 0:  # index start-1 has waited for this chunk's first token
+            feats = torch.cat([self.pending_features[row, :1], feats])
+            ids = torch.cat([self.pending_ids[row, :1], ids])
+        first = max(start - 1, 0)
+        n = feats.shape[0]
+        for c in range(0, n - 1, self.extend_chunk):
+            e = min(c + self.extend_chunk, n - 1)
+            self._context_pass(row, feats[c:e], ids[c + 1:e + 1], first + c)
+        self.pending_features[row, 0] = feats[-1]
+        self.pending_ids[row, 0] = ids[-1]
+        self.pending_start[row] = first + n - 1
+        self._waiting[row] = first + n - 1
+
+    def _context_pass(self, row: int, features: torch.Tensor, next_ids: torch.Tensor, first: int) -> None:
+        # step 0 at indices first .. first+L-1 of one row (features [L, k*H], next tokens [L]); their keys into the ring
+        length = features.shape[0]
+        hidden = self.model.project_features(features[None])  # [1, L, H]
+        positions = torch.arange(first + 1, first + 1 + length, device=self.device)[None]  # [1, L]
+        q_pos = positions[0]
+
+        def attend(i, q, k, v):
+            s, window = self.slots[i], self.windows[i]
+            held = self.slot_pos[i][row]  # [S]
+            ctx = (held >= 0) & (held <= first) & aligned_visible(q_pos[:, None], held[None], True, window)  # [L, S]
+            own = aligned_visible(q_pos[:, None], q_pos[None], True, window)  # [L, L]
+            keys = torch.cat([self.k[i][row, :, :s], k[0]], dim=1).transpose(0, 1)  # [S + L, Hkv, D]
+            values = torch.cat([self.v[i][row, :, :s], v[0]], dim=1).transpose(0, 1)
+            out = cached_attention(q[0].transpose(0, 1), keys, values, causal=True, window=None, mask=torch.cat([ctx, own], dim=1),
+                                   scale=self.model.layers[i].self_attn.scaling)
+            self._write_ring(i, k, v, positions, slice(row, row + 1))  # after attention: the ring may drop what it read
+            return out.transpose(0, 1)[None]
+
+        self.model(next_ids[None], hidden, positions, attend)
+
+    def _write_ring(self, i: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, rows=slice(None)) -> None:
+        # k/v [b, Hkv, L, D] of key positions [b, L] into layer i's ring (a ring keeps the last S of a longer pass)
+        s, length = self.slots[i], positions.shape[1]
+        keep = min(length, s)
+        k, v, positions = k[:, :, length - keep:], v[:, :, length - keep:], positions[:, length - keep:]
+        slot = positions % s
+        index = slot[:, None, :, None].expand_as(k)
+        self.k[i][rows].scatter_(2, index, k)
+        self.v[i][rows].scatter_(2, index, v)
+        self.slot_pos[i][rows].scatter_(1, slot, positions)
+
+    # --------------------------------------------------------------------------------------- the step (captured)
+
+    def _attend(self, i: int, q: torch.Tensor, ctx: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+        # q [B, Hq, L, D]; ctx [B, L, S] visible ring slots; own [L, P] visible scratch slots -> [B, Hq, L, D]
+        attn = self.model.layers[i].self_attn
+        bsz, _, length, d = q.shape
+        groups = attn.num_heads // attn.num_kv_heads
+        visible = torch.cat([ctx, own.expand(bsz, length, own.shape[1])], dim=2)  # [B, L, S + P]
+        qg = q.reshape(bsz, attn.num_kv_heads, groups * length, d)  # rows (g, query): heads h * G + g
+        out = grouped_attention(qg, self.k[i], self.v[i], visible[:, None].repeat(1, 1, groups, 1), attn.scaling)
+        return out.view(bsz, attn.num_heads, length, d)
+
+    def _draft_chain(self, token: torch.Tensor, pos: torch.Tensor, sampling: SamplingConfig):
+        # token [B] (target id) at pos [B] -> drafts [B, k] (target ids), logits [B, k, Vd] fp32, probs [B, k, V] or None
+        bsz, p, device = token.shape[0], self.block_size, token.device
+        start = self.pending_start  # [B]
+        scratch = torch.arange(p, device=device)
+        q_pos = start[:, None] + 1 + scratch  # [B, P]: index start + i sits at position start + i + 1
+        following = torch.cat([self.pending_ids[:, 1:], token[:, None]], dim=1)  # x_{t+1} within the block
+        next_ids = torch.where(q_pos == pos[:, None], token[:, None], following)  # the bonus token after index pos - 1
+
+        def attend0(i, q, k, v):
+            s, window = self.slots[i], self.windows[i]
+            self.k[i][:, :, s:] = k
+            self.v[i][:, :, s:] = v
+            held = self.slot_pos[i][:, None, :]  # [B, 1, S]
+            ctx = (held >= 0) & (held <= start[:, None, None]) & aligned_visible(q_pos[:, :, None], held, True, window)
+            out = self._attend(i, q, ctx, aligned_visible(scratch[:, None], scratch[None], True, window))
+            self._write_ring(i, k, v, q_pos)  # after attention: the ring may drop what it read
+            return out
+
+        h = self.model(next_ids, self.model.project_features(self.pending_features), q_pos, attend0)  # [B, P, H]
+        # index pos - 1 predicts pos + 1 (clamped: a batch's idle row, at any position, drafts garbage, not a device assert)
+        row = (pos - 1 - start).clamp(0, p - 1)
+        h = h.gather(1, row[:, None, None].expand(bsz, 1, h.shape[2]))
+        drafts, logits, probs = [], [], []
+        for j in range(self.steps):
+            if j > 0:  # chain step j at position pos + j, fed draft j and the last hidden state
+                def attend(i, q, k, v, j=j):
+                    s, window = self.slots[i], self.windows[i]
+                    self.k[i][:, :, s + j - 1:s + j] = k
+                    self.v[i][:, :, s + j - 1:s + j] = v
+                    held = self.slot_pos[i][:, None, :]
+                    ctx = (held >= 0) & (held <= pos[:, None, None]) & aligned_visible((pos + j)[:, None, None], held, True, window)
+                    # scratch slot l holds step l + 1's key (position pos + 1 + l): this chain's, up to this step
+                    return self._attend(i, q, ctx, aligned_visible(j - 1, scratch, True, window)[None])
+
+                h = self.model(drafts[-1][:, None], self.model.next_hidden(h), (pos + j)[:, None], attend)  # [B, 1, H]
+            step_logits = self.model.logits(h)[:, 0].float()  # [B, Vd]
+            if sampling.greedy:
+                ids = step_logits.argmax(dim=-1)
+            else:  # models.sampling.sample with its Exp(1) draws made outside (draft_chain): argmax(p / E)
+                step_probs = logits_to_probs(step_logits, sampling)
+                ids = (step_probs / self.noise[:, j]).argmax(dim=-1)
+                probs.append(step_probs)
+            drafts.append(self.model.draft_to_target(ids))
+            logits.append(step_logits)
+        full = None
+        if probs:  # into the target vocabulary; tokens outside the draft vocabulary: q = 0
+            probs = torch.stack(probs, dim=1)  # [B, k, Vd]
+            index = self.model.draft_ids_in_target().expand_as(probs)
+            full = probs.new_zeros(bsz, self.steps, self.model.config.vocab_size).scatter_(2, index, probs)
+        return torch.stack(drafts, dim=1), torch.stack(logits, dim=1), full
+
+    def _run(self, key: tuple, fn, *inputs):
+        if not self.capture:
+            return fn(*inputs)
+        key = key + tuple(t.shape for t in inputs)
+        graph = self.graphs.get(key)
+        if graph is None:
+            from models.static_target import CapturedStep
+
+            if not self.graphs:
+                self.pool = torch.cuda.graph_pool_handle()
+            # the warm-up runs repeat the step: step 0 rewrites the same ring positions with the same keys
+            graph = self.graphs[key] = CapturedStep(fn, *inputs, pool=self.pool)
+        return graph(*inputs)
+
+    @torch.no_grad()
+    def append(self, features: torch.Tensor, start: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """A verify block per row: target features [B, P, k*H] and tokens [B, P] of positions ``start[b] ..
+        start[b]+P-1`` (accepted or not), after a ``draft_chain`` at a position in ``start[b]+1 .. start[b]+P``."""
+        self.pending_features.copy_(features)
+        self.pending_ids.copy_(token_ids)
+        self.pending_start.copy_(start)
+        self._waiting = [None] * self.batch
+
+    @torch.no_grad()
+    def draft_chain(self, token: torch.Tensor, pos: torch.Tensor, sampling: SamplingConfig = SamplingConfig(),
+                    generator: torch.Generator | list[torch.Generator] | None = None):
+        """k drafts per row after the verified ``token`` [B] at ``pos`` [B] (``pos - 1`` in the pending block).
+
+        generator: for sampling, one for all rows or one per row (each draws its row's Exp(1) noise step by step,
+        as ``Eagle3Drafter`` draws it). Returns drafts [B, k] (target ids), their draft-vocabulary logits [B, k, Vd]
+        (fp32) and, when sampling, their distributions over the target vocabulary [B, k, V], else None. On a GPU
+        these are the captured graph's output buffers: valid until the next call.
+        """
+        if not sampling.greedy:
+            for j in range(self.steps):
+                if isinstance(generator, (list, tuple)):
+                    for r, g in enumerate(generator):
+                        self.noise[r, j].exponential_(1, generator=g)
+                else:
+                    self.noise[:, j].exponential_(1, generator=generator)
+        key = dataclasses.replace(sampling, seed=0)  # the seed lives in the generator, not in the graph
+        return self._run(("draft", key), functools.partial(self.draft_fn, sampling=key), token, pos)
+
+    # --------------------------------------------------------------------------------------- batch-1 protocol
+
+    def _position(self, value: int) -> torch.Tensor:
+        if self._pos is None:
+            self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._pos.fill_(value)
+        return self._pos
+
+    def append_context(self, features: torch.Tensor, start: int, token_ids: torch.Tensor) -> None:
+        """``infer.generate``: prompt chunks, then after each draft its whole verify block (``appends_whole_block``)."""
+        if self._drafted_at is None:
+            self.prefill(features, start, token_ids)
+            self._pending_at = self._waiting[0]
+            return
+        if start != self._drafted_at or features.shape[0] != self.block_size:
+            raise ValueError(f"append_context at {start} with {features.shape[0]} positions; after the draft at {self._drafted_at} "
+                             f"the drafter takes that step's whole verify block ({self.block_size} positions from {self._drafted_at})")
+        self.append(features[None], self._position(start), torch.as_tensor(token_ids, device=self.device)[None])
+        self._pending_at, self._drafted_at = start, None
+
+    @torch.no_grad()
+    def draft(self, token: torch.Tensor, pos: int, sampling: SamplingConfig,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``steps`` draft tokens [k] for positions ``pos+1 ..`` after the verified ``token`` at ``pos`` and, when
+        sampling, their distributions [k, V] over the target vocabulary."""
+        if self._pending_at is None or self._drafted_at is not None or not 0 <= pos - 1 - self._pending_at < self.block_size:
+            raise ValueError(f"draft at position {pos}: the features of positions up to {pos - 1} must be appended first "
+                             f"(and each draft's verify block before the next draft)")
+        drafts, _, probs = self.draft_chain(token.reshape(1), self._position(pos), sampling, generator)
+        self._drafted_at = pos
+        return drafts[0].clone(), None if probs is None else probs[0].clone()

@@ -12,7 +12,7 @@ from transformers import AutoConfig
 
 from eval.__main__ import main as eval_main
 from infer.__main__ import main as infer_main
-from models.eagle3 import Eagle3Drafter
+from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from infer.loading import load_models
 from models.eagle3 import Eagle3DraftModel, make_eagle3_config
 
@@ -39,6 +39,7 @@ def test_load_models_detects_eagle3(reference_target_path, eagle3_dir) -> None:
     assert torch.equal(drafter.model.d2t, torch.arange(1024) * 7 % 8192 - torch.arange(1024))
     _, chain, _ = load_models(str(reference_target_path), str(eagle3_dir))
     assert not chain.tree and chain.steps == 3 and chain.block_size == 4 and chain.windows == [8]
+    assert isinstance(chain, StaticEagle3Drafter)  # chains: the fixed-shape drafter (captured on a GPU)
 
 
 @pytest.mark.parametrize("flags", [[], ["--draft-steps", "2", "--tree-topk", "3", "--tree-tokens", "6"]])
