@@ -45,12 +45,12 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _split_kernel(Q, K, V, POS, OP, MP, LP,
-                      sq_b, sq_h, sq_m, sk_b, sk_h, sk_c, sv_b, sv_h, sv_c,
+    def _split_kernel(Q, K, V, KN, VN, POS, OP, MP, LP,
+                      sq_b, sq_h, sq_m, sk_b, sk_h, sk_c, sv_b, sv_h, sv_c, skn_b, skn_h, skn_t, svn_b, svn_h, svn_t,
                       so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s,
                       num_kv_heads, rows, n_tokens, capacity, window, qk_scale, split_size,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-                      HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):
+                      BLOCK_T: tl.constexpr, HAS_NEW: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):
         split = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // num_kv_heads
@@ -63,6 +63,15 @@ if triton is not None:
         start = split * split_size
         end = tl.minimum(tl.minimum(start + split_size, last + 1), capacity)
         q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_d[None, :], mask=offs_m[:, None] < rows, other=0.0)
+        if HAS_NEW:  # the new tokens' keys/values come as KN/VN: split 0 writes them into the cache, every split reads them
+            # from KN/VN (never from the cache slots being written), so no kernel of its own writes the cache first
+            if split == 0:
+                offs_t = tl.arange(0, BLOCK_T)
+                new = offs_t[:, None] < n_tokens
+                kn = tl.load(KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t + offs_d[None, :], mask=new, other=0.0)
+                vn = tl.load(VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t + offs_d[None, :], mask=new, other=0.0)
+                tl.store(K + b * sk_b + h * sk_h + (pos0 + offs_t)[:, None] * sk_c + offs_d[None, :], kn, mask=new)
+                tl.store(V + b * sv_b + h * sv_h + (pos0 + offs_t)[:, None] * sv_c + offs_d[None, :], vn, mask=new)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -74,8 +83,17 @@ if triton is not None:
             in_range = offs_n < end
             if HAS_WINDOW:
                 in_range = in_range & (offs_n > pos0 - window)
-            k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
-            v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
+            if HAS_NEW:
+                cached = (in_range & (offs_n < pos0))[:, None]
+                fresh = (in_range & (offs_n >= pos0))[:, None]
+                t = (offs_n - pos0)[:, None]
+                k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=cached, other=0.0) + \
+                    tl.load(KN + b * skn_b + h * skn_h + t * skn_t + offs_d[None, :], mask=fresh, other=0.0)
+                v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=cached, other=0.0) + \
+                    tl.load(VN + b * svn_b + h * svn_h + t * svn_t + offs_d[None, :], mask=fresh, other=0.0)
+            else:
+                k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
+                v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -135,15 +153,21 @@ def split_size(capacity: int, programs_per_split: int, device: torch.device) -> 
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, n_tokens: int,
-                     scale: float, window: int | None = None) -> torch.Tensor:
+                     scale: float, window: int | None = None, k_new: torch.Tensor | None = None,
+                     v_new: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``n_tokens`` new tokens per row over the cache, split over the keys.
 
-    q [B, Hkv, G*n, D] (rows (g, t), token t at position ``pos[b] + t``), k/v caches [B, Hkv, C, D] (slot = position,
-    the new tokens' keys already written), pos [B] int64 on the device. Returns [B, Hkv, G*n, D] in q's dtype.
+    q [B, Hkv, G*n, D] (rows (g, t), token t at position ``pos[b] + t``), k/v caches [B, Hkv, C, D] (slot = position),
+    pos [B] int64 on the device. The new tokens' keys/values are either already in the cache or given as ``k_new`` /
+    ``v_new`` [B, Hkv, n, D]: then the kernel writes them into the cache itself (two launches per layer fewer than
+    separate scatters). Returns [B, Hkv, G*n, D] in q's dtype.
     """
     b, hkv, rows, d = q.shape
     capacity = k_cache.shape[2]
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1:
+    has_new = k_new is not None
+    k_new = k_cache if k_new is None else k_new  # unused when not has_new (any tensor with strides)
+    v_new = v_cache if v_new is None else v_new
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1 or k_new.stride(-1) != 1 or v_new.stride(-1) != 1:
         raise ValueError("decode_attention: the head dimension must be contiguous in q and the caches")
     if d & (d - 1) or rows % n_tokens:
         raise ValueError(f"decode_attention: head_dim {d} (a power of two expected), {rows} query rows for {n_tokens} tokens")
@@ -155,12 +179,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     block_m = max(16, triton.next_power_of_2(rows))
     _split_kernel[(splits, b * hkv)](
-        q, k_cache, v_cache, pos, o_part, m_part, l_part,
+        q, k_cache, v_cache, k_new, v_new, pos, o_part, m_part, l_part,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2),
+        v_new.stride(0), v_new.stride(1), v_new.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
         hkv, rows, n_tokens, capacity, window or 0, scale * LOG2E, size,
-        D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, TILES=size // BLOCK_N, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32,
+        D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, TILES=size // BLOCK_N,
+        BLOCK_T=max(16, triton.next_power_of_2(n_tokens)), HAS_NEW=has_new, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32,
         num_warps=4, num_stages=2)
     _merge_kernel[(b * hkv, rows)](
         o_part, m_part, l_part, out, hkv, splits,

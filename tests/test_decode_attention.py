@@ -51,9 +51,21 @@ def run_cases(device: str, dtype: torch.dtype) -> list[float]:
         gen = torch.Generator().manual_seed(c)
         q, k, v = (torch.randn(shape, generator=gen).to(dtype) for shape in [(b, h, g * n, d), (b, h, c, d), (b, h, c, d)])
         pos = torch.tensor([0, 123, c - n][:b])
-        got = decode_attention(q.to(device), k.to(device), v.to(device), pos.to(device), n, d ** -0.5, window)
         want = reference(q, k, v, pos, n, d ** -0.5, window)
+        got = decode_attention(q.to(device), k.to(device), v.to(device), pos.to(device), n, d ** -0.5, window)
         errors.append((got.cpu().double() - want).abs().max().item())
+        # the new tokens' keys/values passed apart (the cache holds garbage there): the kernel writes them and reads them
+        slots = pos[:, None] + torch.arange(n)  # [B, n]
+        k_new = torch.stack([k[i, :, slots[i]] for i in range(b)])  # [B, Hkv, n, D]
+        v_new = torch.stack([v[i, :, slots[i]] for i in range(b)])
+        k_dev, v_dev = k.clone().to(device), v.clone().to(device)
+        for i in range(b):
+            k_dev[i, :, slots[i]] = 1e4
+            v_dev[i, :, slots[i]] = -1e4
+        got = decode_attention(q.to(device), k_dev, v_dev, pos.to(device), n, d ** -0.5, window,
+                               k_new=k_new.to(device), v_new=v_new.to(device))
+        errors.append((got.cpu().double() - want).abs().max().item())
+        errors.append(max((k_dev.cpu() - k).abs().max().item(), (v_dev.cpu() - v).abs().max().item()))  # written back exactly
     return errors
 
 
