@@ -24,6 +24,7 @@ HF parameters become views of it, so memory is not doubled and the HF model stil
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass, replace
@@ -93,6 +94,24 @@ def prepacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+@functools.cache
+def prepack_supported() -> bool:
+    """Whether torch's oneDNN prepacking ops (private: ``torch.ops.mkldnn._reorder_linear_weight`` and
+    ``_linear_pointwise``, checked with torch 2.13) exist here with the signature used and give ``F.linear``'s result on
+    a small matrix. Checked once; where not, the CPU target runs the plain matrices and says so once."""
+    try:
+        w, x, b = torch.randn(8, 16), torch.randn(3, 16), torch.randn(8)
+        got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, None), b, "none", [], "")
+        if torch.allclose(got, F.linear(x, w, b), atol=1e-4):
+            return True
+        reason = "a result different from F.linear"
+    except (AttributeError, RuntimeError, TypeError) as error:
+        reason = f"{type(error).__name__}: {error}"
+    warnings.warn(f"torch {torch.__version__}: oneDNN's prepacked linear (torch.ops.mkldnn private ops) unusable ({reason}); "
+                  "the CPU target runs its plain matrices (batched decoding is slower)", stacklevel=2)
+    return False
+
+
 def prepack_layer(w: LayerWeights) -> LayerWeights:
     """The layer's four matrices prepacked for ``prepacked_linear`` (copies; norms and biases as they are)."""
     pack = lambda m: torch.ops.mkldnn._reorder_linear_weight(m, None)  # noqa: E731
@@ -155,7 +174,10 @@ class StaticTarget:
         self.decode_attention = choose_decode_attention(decode_attention, self.device)
         self.linear, self.head_weight = F.linear, self.lm_head.weight  # the logits: linear(norm(x), head_weight, lm_head.bias)
         if prepack is None:
-            prepack = self.device.type == "cpu" and self.dtype == torch.float32 and not compile_layers and torch.backends.mkldnn.is_available()
+            prepack = (self.device.type == "cpu" and self.dtype == torch.float32 and not compile_layers and torch.backends.mkldnn.is_available()
+                       and prepack_supported())
+        elif prepack and not prepack_supported():
+            raise ValueError(f"prepack=True: oneDNN's prepacked linear is not usable with torch {torch.__version__}; use prepack=False")
         if prepack:
             self.weights = [prepack_layer(w) for w in self.weights]
             self.linear, self.head_weight = prepacked_linear, torch.ops.mkldnn._reorder_linear_weight(self.head_weight, None)

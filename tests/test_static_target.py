@@ -192,3 +192,16 @@ def test_running_a_step_ahead_changes_no_token(reference_target_path) -> None:
     sampled = [generate(target, None, prompt, 24, sampling=SamplingConfig(temperature=1.0, seed=3), run_ahead=ahead).tokens
                for ahead in (True, False)]
     assert sampled[0] == sampled[1]
+
+
+def test_without_onednn_prepacking_the_plain_matrices_run(reference_target_path, monkeypatch) -> None:
+    """Where torch's private prepacking ops are unusable the CPU default runs the plain matrices; asking for them fails."""
+    import torch.nn.functional as F
+
+    import models.static_target as static_target
+
+    monkeypatch.setattr(static_target, "prepack_supported", lambda: False)
+    model = load(reference_target_path)
+    assert StaticTarget(model, []).linear is F.linear
+    with pytest.raises(ValueError, match="prepack=True"):
+        StaticTarget(model, [], prepack=True)
