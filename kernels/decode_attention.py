@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -38,6 +39,18 @@ LOG2E = 1.4426950408889634
 BLOCK_N = 64  # keys per tile
 
 
+@dataclass(frozen=True)
+class Rope:
+    """What the kernel applies to raw q/k projections: RoPE tables cos/sin [C, D] (row = position, Hugging Face's
+    rotate_half layout, in the model's dtype), Qwen3's per-head RMSNorm weights [D] (None: Llama, no norm) and its eps."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    eps: float
+
+
 def available() -> bool:
     return triton is not None
 
@@ -45,12 +58,24 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _split_kernel(Q, K, V, KN, VN, POS, OP, MP, LP,
-                      sq_b, sq_h, sq_m, sk_b, sk_h, sk_c, sv_b, sv_h, sv_c, skn_b, skn_h, skn_t, svn_b, svn_h, svn_t,
-                      so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s,
-                      num_kv_heads, rows, n_tokens, capacity, window, qk_scale, split_size,
+    def _norm_rope(x, partner, w, w_partner, cos, sin, sign, eps, D: tl.constexpr, HAS_NORM: tl.constexpr, DTYPE: tl.constexpr):
+        """Rows x [R, D] (fp32) -> Qwen3's per-head RMSNorm (if any) then RoPE, as Hugging Face rounds them: the normed
+        value and its product with the weight in the model's dtype, the rotation in fp32 rounded once. ``partner`` holds
+        x[(d + D/2) % D] (rotate_half's other half), ``sign`` -1 for the first half, +1 for the second."""
+        if HAS_NORM:
+            r = tl.math.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None]
+            x = ((x * r).to(DTYPE).to(tl.float32) * w).to(DTYPE).to(tl.float32)
+            partner = ((partner * r).to(DTYPE).to(tl.float32) * w_partner).to(DTYPE).to(tl.float32)
+        return (x * cos + sign * partner * sin).to(DTYPE)
+
+    @triton.jit
+    def _split_kernel(Q, K, V, KN, VN, POS, OP, MP, LP, COS, SIN, QW, KW,
+                      sq_b, sq_h, sq_g, sq_t, sk_b, sk_h, sk_c, sv_b, sv_h, sv_c, skn_b, skn_h, skn_t, svn_b, svn_h, svn_t,
+                      so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s, s_cos,
+                      num_kv_heads, rows, n_tokens, capacity, window, qk_scale, split_size, eps,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-                      BLOCK_T: tl.constexpr, HAS_NEW: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):
+                      BLOCK_T: tl.constexpr, HAS_NEW: tl.constexpr, ROTATE: tl.constexpr, HAS_NORM: tl.constexpr,
+                      HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):
         split = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // num_kv_heads
@@ -58,17 +83,39 @@ if triton is not None:
         pos0 = tl.load(POS + b)
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
-        q_pos = pos0 + offs_m % n_tokens  # [M] each row's own position
+        half = (offs_d + D // 2) % D  # rotate_half's partner of each element
+        sign = tl.where(offs_d < D // 2, -1.0, 1.0)[None, :]
+        DTYPE = Q.dtype.element_ty
+        q_t = offs_m % n_tokens  # row m = (head in group g, token t)
+        q_pos = pos0 + q_t  # [M] each row's own position
         last = pos0 + n_tokens - 1  # the newest key any row sees
         start = split * split_size
         end = tl.minimum(tl.minimum(start + split_size, last + 1), capacity)
-        q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_d[None, :], mask=offs_m[:, None] < rows, other=0.0)
+        live = offs_m[:, None] < rows
+        q_row = Q + b * sq_b + h * sq_h + (offs_m // n_tokens)[:, None] * sq_g + q_t[:, None] * sq_t
+        q = tl.load(q_row + offs_d[None, :], mask=live, other=0.0)
+        if ROTATE:  # raw projections in: the norm and RoPE here (no kernel of their own before this one)
+            q_cos = tl.load(COS + q_pos[:, None] * s_cos + offs_d[None, :], mask=live, other=0.0).to(tl.float32)
+            q_sin = tl.load(SIN + q_pos[:, None] * s_cos + offs_d[None, :], mask=live, other=0.0).to(tl.float32)
+            q_half = tl.load(q_row + half[None, :], mask=live, other=0.0).to(tl.float32)
+            qw = tl.load(QW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
+            qw_half = tl.load(QW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
+            q = _norm_rope(q.to(tl.float32), q_half, qw, qw_half, q_cos, q_sin, sign, eps, D, HAS_NORM, DTYPE)
+        if ROTATE:
+            kw = tl.load(KW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
+            kw_half = tl.load(KW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
         if HAS_NEW:  # the new tokens' keys/values come as KN/VN: split 0 writes them into the cache, every split reads them
             # from KN/VN (never from the cache slots being written), so no kernel of its own writes the cache first
             if split == 0:
                 offs_t = tl.arange(0, BLOCK_T)
                 new = offs_t[:, None] < n_tokens
-                kn = tl.load(KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t + offs_d[None, :], mask=new, other=0.0)
+                kn_row = KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t
+                kn = tl.load(kn_row + offs_d[None, :], mask=new, other=0.0)
+                if ROTATE:
+                    t_cos = tl.load(COS + (pos0 + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new, other=0.0).to(tl.float32)
+                    t_sin = tl.load(SIN + (pos0 + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new, other=0.0).to(tl.float32)
+                    kn_half = tl.load(kn_row + half[None, :], mask=new, other=0.0).to(tl.float32)
+                    kn = _norm_rope(kn.to(tl.float32), kn_half, kw, kw_half, t_cos, t_sin, sign, eps, D, HAS_NORM, DTYPE)
                 vn = tl.load(VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t + offs_d[None, :], mask=new, other=0.0)
                 tl.store(K + b * sk_b + h * sk_h + (pos0 + offs_t)[:, None] * sk_c + offs_d[None, :], kn, mask=new)
                 tl.store(V + b * sv_b + h * sv_h + (pos0 + offs_t)[:, None] * sv_c + offs_d[None, :], vn, mask=new)
@@ -86,11 +133,17 @@ if triton is not None:
             if HAS_NEW:
                 cached = (in_range & (offs_n < pos0))[:, None]
                 fresh = (in_range & (offs_n >= pos0))[:, None]
-                t = (offs_n - pos0)[:, None]
-                k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=cached, other=0.0) + \
-                    tl.load(KN + b * skn_b + h * skn_h + t * skn_t + offs_d[None, :], mask=fresh, other=0.0)
+                kn_row = KN + b * skn_b + h * skn_h + (offs_n - pos0)[:, None] * skn_t
+                k_fresh = tl.load(kn_row + offs_d[None, :], mask=fresh, other=0.0)
+                if ROTATE:
+                    n_cos = tl.load(COS + offs_n[:, None] * s_cos + offs_d[None, :], mask=fresh, other=0.0).to(tl.float32)
+                    n_sin = tl.load(SIN + offs_n[:, None] * s_cos + offs_d[None, :], mask=fresh, other=0.0).to(tl.float32)
+                    k_half = tl.load(kn_row + half[None, :], mask=fresh, other=0.0).to(tl.float32)
+                    k_fresh = tl.where(fresh, _norm_rope(k_fresh.to(tl.float32), k_half, kw, kw_half, n_cos, n_sin, sign, eps, D,
+                                                         HAS_NORM, DTYPE), 0.0)
+                k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=cached, other=0.0) + k_fresh
                 v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=cached, other=0.0) + \
-                    tl.load(VN + b * svn_b + h * svn_h + t * svn_t + offs_d[None, :], mask=fresh, other=0.0)
+                    tl.load(VN + b * svn_b + h * svn_h + (offs_n - pos0)[:, None] * svn_t + offs_d[None, :], mask=fresh, other=0.0)
             else:
                 k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
                 v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
@@ -114,7 +167,7 @@ if triton is not None:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         base = b * so_b + h * so_h + split * so_s
-        tl.store(OP + base + offs_m[:, None] * so_m + offs_d[None, :], acc, mask=offs_m[:, None] < rows)
+        tl.store(OP + base + offs_m[:, None] * so_m + offs_d[None, :], acc, mask=live)
         stat = b * sm_b + h * sm_h + split * sm_s + offs_m
         tl.store(MP + stat, m_i, mask=offs_m < rows)
         tl.store(LP + stat, l_i, mask=offs_m < rows)
@@ -154,40 +207,58 @@ def split_size(capacity: int, programs_per_split: int, device: torch.device) -> 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, n_tokens: int,
                      scale: float, window: int | None = None, k_new: torch.Tensor | None = None,
-                     v_new: torch.Tensor | None = None) -> torch.Tensor:
+                     v_new: torch.Tensor | None = None, rope: Rope | None = None) -> torch.Tensor:
     """Attention of ``n_tokens`` new tokens per row over the cache, split over the keys.
 
-    q [B, Hkv, G*n, D] (rows (g, t), token t at position ``pos[b] + t``), k/v caches [B, Hkv, C, D] (slot = position),
-    pos [B] int64 on the device. The new tokens' keys/values are either already in the cache or given as ``k_new`` /
-    ``v_new`` [B, Hkv, n, D]: then the kernel writes them into the cache itself (two launches per layer fewer than
-    separate scatters). Returns [B, Hkv, G*n, D] in q's dtype.
+    k/v caches [B, Hkv, C, D] (slot = position), pos [B] int64 on the device; token t of row b sits at ``pos[b] + t``.
+    Without ``rope``: q [B, Hkv, G*n, D] (rows (g, t)), normed and rotated; the new tokens' keys/values either already in
+    the cache or given as ``k_new`` / ``v_new`` [B, Hkv, n, D], which the kernel writes into the cache itself (two
+    launches per layer fewer than separate scatters).
+    With ``rope``: the projections as they come out of the fused q/k/v matrix, q [B, n, Hq, D] and ``k_new`` / ``v_new``
+    [B, n, Hkv, D] (views are fine); the kernel applies the per-head norm and RoPE (``Rope``) to q and the new keys,
+    and writes the keys rotated.
+    Returns [B, Hkv, G*n, D] (rows (g, t)) in q's dtype.
     """
-    b, hkv, rows, d = q.shape
     capacity = k_cache.shape[2]
+    b, hkv, d = k_cache.shape[0], k_cache.shape[1], k_cache.shape[3]
     has_new = k_new is not None
+    if rope is not None:
+        if not has_new or v_new is None:
+            raise ValueError("decode_attention: rope needs the new keys and values (k_new, v_new)")
+        groups = q.shape[2] // hkv
+        # q [B, n, Hq, D]: head h * G + g; k_new/v_new [B, n, Hkv, D] -> strides as [B, Hkv, n, D]
+        q_strides = (q.stride(0), groups * q.stride(2), q.stride(2), q.stride(1))
+        k_new, v_new = k_new.transpose(1, 2), v_new.transpose(1, 2)
+    else:
+        groups = q.shape[2] // n_tokens
+        q_strides = (q.stride(0), q.stride(1), n_tokens * q.stride(2), q.stride(2))
+    rows = groups * n_tokens
     k_new = k_cache if k_new is None else k_new  # unused when not has_new (any tensor with strides)
     v_new = v_cache if v_new is None else v_new
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1 or k_new.stride(-1) != 1 or v_new.stride(-1) != 1:
         raise ValueError("decode_attention: the head dimension must be contiguous in q and the caches")
-    if d & (d - 1) or rows % n_tokens:
-        raise ValueError(f"decode_attention: head_dim {d} (a power of two expected), {rows} query rows for {n_tokens} tokens")
+    if d & (d - 1):
+        raise ValueError(f"decode_attention: head_dim {d}; a power of two expected")
     size = split_size(capacity, b * hkv, q.device)
     splits = math.ceil(capacity / size)
     o_part = torch.empty(b, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
     m_part = torch.empty(b, hkv, splits, rows, dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
-    out = torch.empty_like(q)
+    out = torch.empty(b, hkv, rows, d, dtype=q.dtype, device=q.device)
     block_m = max(16, triton.next_power_of_2(rows))
+    cos, sin = (rope.cos, rope.sin) if rope is not None else (q, q)  # unused without rope
+    has_norm = rope is not None and rope.q_norm is not None
+    q_w, k_w = (rope.q_norm, rope.k_norm) if has_norm else (q, q)
     _split_kernel[(splits, b * hkv)](
-        q, k_cache, v_cache, k_new, v_new, pos, o_part, m_part, l_part,
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q, k_cache, v_cache, k_new, v_new, pos, o_part, m_part, l_part, cos, sin, q_w, k_w,
+        *q_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2),
         v_new.stride(0), v_new.stride(1), v_new.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
-        hkv, rows, n_tokens, capacity, window or 0, scale * LOG2E, size,
-        D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, TILES=size // BLOCK_N,
-        BLOCK_T=max(16, triton.next_power_of_2(n_tokens)), HAS_NEW=has_new, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32,
-        num_warps=4, num_stages=2)
+        cos.stride(0), hkv, rows, n_tokens, capacity, window or 0, scale * LOG2E, size, rope.eps if rope is not None else 0.0,
+        D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, TILES=size // BLOCK_N, BLOCK_T=max(16, triton.next_power_of_2(n_tokens)),
+        HAS_NEW=has_new, ROTATE=rope is not None, HAS_NORM=has_norm, HAS_WINDOW=window is not None,
+        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
     _merge_kernel[(b * hkv, rows)](
         o_part, m_part, l_part, out, hkv, splits,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),

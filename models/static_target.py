@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
+from kernels.decode_attention import Rope
 from kernels.decode_attention import decode_attention as split_kv_attention
 from models.target import check_supported, decoder_layers
 
@@ -170,6 +171,7 @@ class StaticTarget:
         maybe_compile = (lambda f, **kw: torch.compile(f, **kw)) if compile_layers else (lambda f, **kw: f)
         self.pre_attention = maybe_compile(self._pre_attention, dynamic=False)
         self.post_attention = maybe_compile(self._post_attention, dynamic=False)
+        self.input_norm = maybe_compile(lambda x, weight: rms_norm(x, weight, self.eps), dynamic=False)  # layer 0's
         self.masked_softmax = maybe_compile(masked_softmax)  # the capacity varies: symbolic after its first change
         self.decode_attention = choose_decode_attention(decode_attention, self.device)
         self.linear, self.head_weight = F.linear, self.lm_head.weight  # the logits: linear(norm(x), head_weight, lm_head.bias)
@@ -229,39 +231,47 @@ class StaticTarget:
 
     # ------------------------------------------------------------------------------------------ decode step
 
-    def _pre_attention(self, x, input_norm, wqkv, bqkv, q_norm, k_norm, cos, sin):
-        """[B, n, H] -> queries grouped by KV head [B, Hkv, G*n, D] (rows (g, t)), keys and values [B, Hkv, n, D].
-        (Writing the cache in here, compiled, made inductor copy the cache: 32K decode 8.6 -> 15 ms per token.)"""
-        b, n, _ = x.shape
+    def _pre_attention(self, h, wqkv, bqkv, q_norm, k_norm, cos, sin):
+        """The products path: normed rows h [B, n, H] -> queries grouped by KV head [B, Hkv, G*n, D] (rows (g, t)), keys
+        and values [B, Hkv, n, D], normed and rotated. (Writing the cache in here, compiled, made inductor copy the
+        cache: 32K decode 8.6 -> 15 ms per token.)"""
+        b, n, _ = h.shape
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.linear(rms_norm(x, input_norm, self.eps), wqkv, bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = self.linear(h, wqkv, bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
         q, k, v = q.view(b, n, hq, d), k.view(b, n, hkv, d), v.view(b, n, hkv, d)
         if q_norm is not None:
             q, k = rms_norm(q, q_norm, self.eps), rms_norm(k, k_norm, self.eps)
         q, k = rotate(q, cos[:, :, None], sin[:, :, None]), rotate(k, cos[:, :, None], sin[:, :, None])
         return q.transpose(1, 2).reshape(b, hkv, (hq // hkv) * n, d), k.transpose(1, 2), v.transpose(1, 2)
 
-    def _post_attention(self, x, out, wo, bo, post_norm, w13, b13, w2, b2):
-        """The attention output [B, Hkv, G*n, D] through o_proj and the MLP, residuals included: [B, n, H]."""
+    def _post_attention(self, x, out, wo, bo, post_norm, w13, b13, w2, b2, next_norm):
+        """The attention output [B, Hkv, G*n, D] through o_proj and the MLP, residuals included: the layer's output
+        x [B, n, H] and ``next_norm`` applied to it (the next layer's input norm, or the final norm), in one kernel."""
         b, n, _ = x.shape
         out = out.view(b, self.num_heads, n, self.head_dim).transpose(1, 2).reshape(b, n, -1)
         x = x + self.linear(out, wo, bo)
         gate, up = self.linear(rms_norm(x, post_norm, self.eps), w13, b13).chunk(2, dim=-1)
-        return x + self.linear(self.act(gate) * up, w2, b2)
+        x = x + self.linear(self.act(gate) * up, w2, b2)
+        return x, rms_norm(x, next_norm, self.eps)
 
-    def _layer(self, x, w: LayerWeights, k_cache, v_cache, cos, sin, index, pos, visible):
-        """One decoder layer on rows [B, n, H]: writes its keys/values into ``k/v_cache`` [B, Hkv, C, D] at
-        ``index`` (the positions, expanded to [B, Hkv, n, D]) and attends over the cache: split-KV from the rows'
-        positions ``pos`` [B], or two products over the whole capacity under ``visible`` [B, 1, G*n, C]. Tensors go in
+    def _layer(self, x, h, w: LayerWeights, next_norm, k_cache, v_cache, cos, sin, index, pos, visible):
+        """One decoder layer on rows x [B, n, H] whose input norm is h: attends over ``k/v_cache`` [B, Hkv, C, D] and
+        writes its keys/values there (slot = position). Split-KV (``visible`` None): the raw q/k/v projections go to the
+        kernel, which norms, rotates and writes; products: normed and rotated here, scattered at ``index`` (the
+        positions, [B, Hkv, n, D]), attended under ``visible`` [B, 1, G*n, C]. Returns (x, next_norm(x)). Tensors go in
         as arguments so one compiled graph serves every layer."""
-        q, k, v = self.pre_attention(x, w.input_norm, w.wqkv, w.bqkv, w.q_norm, w.k_norm, cos, sin)
-        if visible is None:  # the kernel writes k/v into the cache itself
-            out = split_kv_attention(q, k_cache, v_cache, pos, x.shape[1], self.scale, k_new=k, v_new=v)
+        if visible is None:
+            b, n, _ = x.shape
+            qkv = self.linear(h, w.wqkv, w.bqkv).view(b, n, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+            q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
+            rope = Rope(self.cos, self.sin, w.q_norm, w.k_norm, self.eps)
+            out = split_kv_attention(q, k_cache, v_cache, pos, n, self.scale, k_new=k, v_new=v, rope=rope)
         else:
+            q, k, v = self.pre_attention(h, w.wqkv, w.bqkv, w.q_norm, w.k_norm, cos, sin)
             k_cache.scatter_(2, index, k)
             v_cache.scatter_(2, index, v)
             out = grouped_attention(q, k_cache, v_cache, visible, self.scale, softmax=self.masked_softmax)
-        return self.post_attention(x, out, w.wo, w.bo, w.post_norm, w.w13, w.b13, w.w2, w.b2)
+        return self.post_attention(x, out, w.wo, w.bo, w.post_norm, w.w13, w.b13, w.w2, w.b2, next_norm)
 
     def _step(self, input_ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n = input_ids.shape
@@ -276,12 +286,14 @@ class StaticTarget:
         index = positions[:, None, :, None].expand(b, self.num_kv_heads, n, self.head_dim)
         cos, sin = self.cos[positions], self.sin[positions]  # [B, n, D]
         x = self.embed_tokens(input_ids)
+        h = self.input_norm(x, self.weights[0].input_norm)
         features = []
         for i, w in enumerate(self.weights):
-            x = self._layer(x, w, self.k_cache[i, :, :, :keys], self.v_cache[i, :, :, :keys], cos, sin, index, pos, visible)
+            next_norm = self.weights[i + 1].input_norm if i + 1 < len(self.weights) else self.norm.weight
+            x, h = self._layer(x, h, w, next_norm, self.k_cache[i, :, :, :keys], self.v_cache[i, :, :, :keys], cos, sin, index, pos, visible)
             if i in self.feature_layer_ids:
                 features.append((self.feature_layer_ids.index(i), x))
-        logits = self.linear(self.norm(x), self.head_weight, self.lm_head.bias).float()
+        logits = self.linear(h, self.head_weight, self.lm_head.bias).float()  # h: the final norm of the last layer's output
         if not features:
             return logits, None
         return logits, torch.cat([f for _, f in sorted(features, key=lambda t: t[0])], dim=-1)

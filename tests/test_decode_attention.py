@@ -75,30 +75,31 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import torch
     from test_decode_attention import run_cases, static_step_difference
-    print(max(run_cases("cpu", torch.float32)), static_step_difference("cpu"))
+    print(max(run_cases("cpu", torch.float32)), static_step_difference("cpu", {qwen!r}), static_step_difference("cpu", {llama!r}))
 """)
 
 
 @pytest.mark.slow  # ~25 s: the interpreter runs every program of the grid in Python
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CPU torch wheels come without it; [dev] installs it)")
-def test_split_kv_equals_a_softmax_written_out_in_the_interpreter(reference_target_path) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "SWA_REFERENCE_TARGET": str(reference_target_path)}
-    proc = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"))],
-                          capture_output=True, text=True, env=env, timeout=300)
+def test_split_kv_equals_a_softmax_written_out_in_the_interpreter(reference_target_path, tiny_llama3_path) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    child = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"), qwen=str(reference_target_path), llama=str(tiny_llama3_path))
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    kernel_error, step_error = map(float, proc.stdout.split()[-2:])
+    kernel_error, qwen_error, llama_error = map(float, proc.stdout.split()[-3:])
     assert kernel_error < 1e-5
-    assert step_error < 1e-4
+    assert qwen_error < 1e-4  # q/k norms and RoPE inside the kernel (Qwen3)
+    assert llama_error < 1e-4  # RoPE only (Llama)
 
 
-def static_step_difference(device: str) -> float:
-    """The reference target's decode and verify steps, rows at different positions, split-KV against the products path:
-    the largest logit difference (fp32)."""
+def static_step_difference(device: str, path: str) -> float:
+    """A target's decode and verify steps, rows at different positions, split-KV (raw projections in: norms, RoPE and
+    the cache writes in the kernel) against the products path: the largest logit or feature difference (fp32)."""
     from transformers import AutoModelForCausalLM
 
     from models.static_target import StaticTarget
 
-    model = AutoModelForCausalLM.from_pretrained(os.environ["SWA_REFERENCE_TARGET"], dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 90), generator=torch.Generator().manual_seed(0)).to(device)
     worst = 0.0
     outputs = {}
@@ -123,6 +124,6 @@ def test_split_kv_on_the_gpu(dtype) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_static_target_split_kv_on_the_gpu(reference_target_path, monkeypatch) -> None:
-    monkeypatch.setenv("SWA_REFERENCE_TARGET", str(reference_target_path))
-    assert static_step_difference("cuda") < 1e-3
+def test_static_target_split_kv_on_the_gpu(reference_target_path, tiny_llama3_path) -> None:
+    assert static_step_difference("cuda", str(reference_target_path)) < 1e-3
+    assert static_step_difference("cuda", tiny_llama3_path) < 1e-3
