@@ -69,6 +69,25 @@ if triton is not None:
         return (x * cos + sign * partner * sin).to(DTYPE)
 
     @triton.jit
+    def _attend(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
+        """One tile of keys into the online softmax of the rows (scores in the log2 domain, fp32 statistics)."""
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet stays at zero
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
     def _split_kernel(Q, K, V, KN, VN, POS, OP, MP, LP, COS, SIN, QW, KW,
                       sq_b, sq_h, sq_g, sq_t, sk_b, sk_h, sk_c, sv_b, sv_h, sv_c, skn_b, skn_h, skn_t, svn_b, svn_h, svn_t,
                       so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s, s_cos,
@@ -88,9 +107,11 @@ if triton is not None:
         DTYPE = Q.dtype.element_ty
         q_t = offs_m % n_tokens  # row m = (head in group g, token t)
         q_pos = pos0 + q_t  # [M] each row's own position
-        last = pos0 + n_tokens - 1  # the newest key any row sees
         start = split * split_size
-        end = tl.minimum(tl.minimum(start + split_size, last + 1), capacity)
+        # the keys this split reads from the cache: with the new keys passed apart, those before pos0 (split 0 takes the
+        # new ones below); else every key up to the newest row's position
+        end = tl.minimum(start + split_size, capacity)
+        end = tl.minimum(end, pos0) if HAS_NEW else tl.minimum(end, pos0 + n_tokens)
         live = offs_m[:, None] < rows
         q_row = Q + b * sq_b + h * sq_h + (offs_m // n_tokens)[:, None] * sq_g + q_t[:, None] * sq_t
         q = tl.load(q_row + offs_d[None, :], mask=live, other=0.0)
@@ -101,24 +122,6 @@ if triton is not None:
             qw = tl.load(QW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
             qw_half = tl.load(QW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
             q = _norm_rope(q.to(tl.float32), q_half, qw, qw_half, q_cos, q_sin, sign, eps, D, HAS_NORM, DTYPE)
-        if ROTATE:
-            kw = tl.load(KW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
-            kw_half = tl.load(KW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
-        if HAS_NEW:  # the new tokens' keys/values come as KN/VN: split 0 writes them into the cache, every split reads them
-            # from KN/VN (never from the cache slots being written), so no kernel of its own writes the cache first
-            if split == 0:
-                offs_t = tl.arange(0, BLOCK_T)
-                new = offs_t[:, None] < n_tokens
-                kn_row = KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t
-                kn = tl.load(kn_row + offs_d[None, :], mask=new, other=0.0)
-                if ROTATE:
-                    t_cos = tl.load(COS + (pos0 + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new, other=0.0).to(tl.float32)
-                    t_sin = tl.load(SIN + (pos0 + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new, other=0.0).to(tl.float32)
-                    kn_half = tl.load(kn_row + half[None, :], mask=new, other=0.0).to(tl.float32)
-                    kn = _norm_rope(kn.to(tl.float32), kn_half, kw, kw_half, t_cos, t_sin, sign, eps, D, HAS_NORM, DTYPE)
-                vn = tl.load(VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t + offs_d[None, :], mask=new, other=0.0)
-                tl.store(K + b * sk_b + h * sk_h + (pos0 + offs_t)[:, None] * sk_c + offs_d[None, :], kn, mask=new)
-                tl.store(V + b * sv_b + h * sv_h + (pos0 + offs_t)[:, None] * sv_c + offs_d[None, :], vn, mask=new)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -130,42 +133,34 @@ if triton is not None:
             in_range = offs_n < end
             if HAS_WINDOW:
                 in_range = in_range & (offs_n > pos0 - window)
-            if HAS_NEW:
-                cached = (in_range & (offs_n < pos0))[:, None]
-                fresh = (in_range & (offs_n >= pos0))[:, None]
-                kn_row = KN + b * skn_b + h * skn_h + (offs_n - pos0)[:, None] * skn_t
-                k_fresh = tl.load(kn_row + offs_d[None, :], mask=fresh, other=0.0)
-                if ROTATE:
-                    n_cos = tl.load(COS + offs_n[:, None] * s_cos + offs_d[None, :], mask=fresh, other=0.0).to(tl.float32)
-                    n_sin = tl.load(SIN + offs_n[:, None] * s_cos + offs_d[None, :], mask=fresh, other=0.0).to(tl.float32)
-                    k_half = tl.load(kn_row + half[None, :], mask=fresh, other=0.0).to(tl.float32)
-                    k_fresh = tl.where(fresh, _norm_rope(k_fresh.to(tl.float32), k_half, kw, kw_half, n_cos, n_sin, sign, eps, D,
-                                                         HAS_NORM, DTYPE), 0.0)
-                k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=cached, other=0.0) + k_fresh
-                v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=cached, other=0.0) + \
-                    tl.load(VN + b * svn_b + h * svn_h + (offs_n - pos0)[:, None] * svn_t + offs_d[None, :], mask=fresh, other=0.0)
-            else:
-                k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
-                v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * qk_scale  # log2 domain: softmax via exp2
+            k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
+            v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=in_range[:, None], other=0.0)
             visible = in_range[None, :] & (offs_n[None, :] <= q_pos[:, None])
             if HAS_WINDOW:
                 visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet stays at zero
-            p = tl.math.exp2(s - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
+        if HAS_NEW:  # the new tokens' keys/values come as KN/VN: split 0 (normed and rotated with ROTATE) writes them into
+            # the cache and attends to them; no split reads those cache slots, so no kernel of its own writes them first
+            if split == 0:
+                offs_t = tl.arange(0, BLOCK_T)
+                new = offs_t < n_tokens
+                kn_row = KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t
+                kn = tl.load(kn_row + offs_d[None, :], mask=new[:, None], other=0.0)
+                if ROTATE:
+                    kw = tl.load(KW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
+                    kw_half = tl.load(KW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
+                    t_cos = tl.load(COS + (pos0 + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
+                    t_sin = tl.load(SIN + (pos0 + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
+                    kn_half = tl.load(kn_row + half[None, :], mask=new[:, None], other=0.0).to(tl.float32)
+                    kn = tl.where(new[:, None], _norm_rope(kn.to(tl.float32), kn_half, kw, kw_half, t_cos, t_sin, sign, eps, D,
+                                                           HAS_NORM, DTYPE), 0.0).to(DTYPE)
+                vn = tl.load(VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t + offs_d[None, :], mask=new[:, None], other=0.0)
+                tl.store(K + b * sk_b + h * sk_h + (pos0 + offs_t)[:, None] * sk_c + offs_d[None, :], kn, mask=new[:, None])
+                tl.store(V + b * sv_b + h * sv_h + (pos0 + offs_t)[:, None] * sv_c + offs_d[None, :], vn, mask=new[:, None])
+                visible = new[None, :] & (offs_t[None, :] <= q_t[:, None])  # causal among the new tokens
+                if HAS_WINDOW:
+                    visible = visible & (offs_t[None, :] > q_t[:, None] - window)
+                m_i, l_i, acc = _attend(q, kn, vn, visible, m_i, l_i, acc, qk_scale, IEEE)
         base = b * so_b + h * so_h + split * so_s
         tl.store(OP + base + offs_m[:, None] * so_m + offs_d[None, :], acc, mask=live)
         stat = b * sm_b + h * sm_h + split * sm_s + offs_m

@@ -40,6 +40,7 @@ CASES = [  # (rows B, KV heads, group G, tokens n, capacity C, head dim D, windo
     (2, 2, 4, 1, 300, 16, None),  # decode; several splits, rows at position 0 and in the middle
     (2, 1, 2, 5, 520, 32, None),  # a verify of 5 tokens, one row ending at the capacity
     (3, 1, 4, 3, 700, 16, 100),  # a window: keys before it are skipped
+    (2, 1, 2, 6, 200, 16, 4),  # a window narrower than the new tokens
 ]
 
 
