@@ -582,6 +582,8 @@ class StaticDFlashDrafter:
             raise_recompile_limit()
         # dynamic=None: a second capacity recompiles once with that dimension symbolic, not once per capacity
         self.block_fn = torch.compile(self._block_logits) if self.compile else self._block_logits
+        # the block append too (fc, norms, k/v projections, RoPE, ring writes: ~60 small kernels eager)
+        self.append_fn = torch.compile(self._append) if self.compile else self._append
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.slot_pos: list[torch.Tensor] = []
@@ -698,7 +700,7 @@ class StaticDFlashDrafter:
         [1, m, k*H] into that row alone, a prompt in a batch). Captured for whole-batch block appends; prompt chunks
         run eagerly."""
         if row is None and features.shape[1] == self.block_size:
-            self._run("append", self._append, features, start)
+            self._run("append", self.append_fn, features, start)
         else:
             self._append(features, start, row)
 

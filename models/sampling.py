@@ -86,7 +86,7 @@ def verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_
     if sampling.greedy:
         target_tokens = target_logits.argmax(dim=-1)  # [B]
         num_accepted = (draft_tokens == target_tokens[:-1]).int().cumprod(0).sum()
-        return num_accepted, target_tokens[num_accepted]
+        return num_accepted, target_tokens.gather(0, num_accepted[None])[0]  # no host sync (a 0-d tensor index is .item())
     target_probs = logits_to_probs(target_logits, sampling)  # [B, V]
     rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
     p = target_probs[rows, draft_tokens]
@@ -96,5 +96,5 @@ def verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_
     residual = (target_probs[:-1] - draft_probs).clamp(min=0)  # [B-1, V]
     # p == q row (nothing left over): a rejection there has probability 0; fall back to p for safety
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_probs[:-1])
-    next_dist = torch.cat([residual, target_probs[-1:]])[num_accepted]
-    return num_accepted, sample(next_dist[None], generator)[0]
+    next_dist = torch.cat([residual, target_probs[-1:]]).index_select(0, num_accepted[None])  # [1, V], no host sync
+    return num_accepted, sample(next_dist, generator)[0]
