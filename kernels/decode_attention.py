@@ -9,8 +9,14 @@ and write fp32 scores between them; this reads each visible key once, in one pas
             output, running max and sum, in fp32.
     pass 2 (grid: B*Hkv x M):      merges the splits of each row.
 
-Splits past a row's newest position exit at once, so a step costs what the row's length needs, not the capacity.
-The grid depends only on (B, Hkv, C): one CUDA graph per step shape keeps working as lengths grow.
+Tiles past a row's newest position load nothing (masked loads issue no reads), so a step reads what the row's
+length needs, not the capacity. The grid depends only on (B, Hkv, C): one CUDA graph per step shape keeps working as
+lengths grow.
+
+The new tokens' keys/values may come apart from the cache (``k_new``/``v_new``): split 0 writes them into the cache
+and attends to them after its own tiles, no split reads those slots, so no separate scatter kernel runs first. With
+``rope`` the projections come raw, as the fused q/k/v matrix writes them: Qwen3's per-head RMSNorm (if any) and RoPE
+are applied here, to q in every program and to the new keys in split 0 (two kernels per layer fewer).
 
 Visibility (the repo's one convention, ``kernels.attention.aligned_visible``): row b's token t sits at position
 ``pos[b] + t`` and sees the keys at positions ``<=`` its own and, with a window W, ``> pos - W`` (W keys, itself

@@ -12,7 +12,9 @@ need no rollback (the next step writes over them before anything reads them). La
 of decoder layer ``i``.
 
 Decode attention on a GPU is split-KV (``kernels/decode_attention.py``, Triton flash-decoding): each KV head's
-query rows read each visible key once, splits past a row's newest position skip their keys, two kernels per layer.
+query rows read each visible key once, tiles past a row's newest position read nothing, and the kernel takes the raw
+q/k/v projections (per-head norms, RoPE and the cache write inside it). Each layer's residual add is fused with the
+next layer's input norm (the last one's with the final norm).
 The fallback (CPU, no Triton) is two matrix products per layer (scores in fp32, softmax, probabilities x values)
 over the cache up to its capacity, grouped by KV head so no key is read twice; its cost grows with the capacity,
 which ``allocate`` sizes to what a generation needs. Prefill chunks and tree verification run row by row through SDPA with a dense mask
