@@ -11,8 +11,10 @@ per row, and sampling draws from a generator per row seeded as ``generate`` seed
 (``tests/test_batch.py``). Requests come from a driver, so a conversation's next turn (whose prompt holds this
 turn's answer) enters as soon as the answer is out.
 
-Drafters: None (the target alone), ``StaticDFlashDrafter`` and prompt lookup (one copy per row). EAGLE-3's
-drafter keeps per-request state in Python and runs at batch size 1 (``generate``).
+Drafters: None (the target alone), ``StaticDFlashDrafter``, ``StaticEagle3Drafter`` (chains: each row drafts from its
+own pending verify block, ``models/eagle3.py``) and prompt lookup (one copy per row). EAGLE-3 trees and the eager
+drafters (``Eagle3Drafter``, ``DFlashDrafter``: FlashInfer attention) keep per-request state and run at batch size 1
+(``generate``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from infer.generate import Generation, GenerationStats
 from infer.prompt_lookup import PromptLookupDrafter
 from models.dflash import StaticDFlashDrafter
+from models.eagle3 import StaticEagle3Drafter
 from models.sampling import SamplingConfig, choose, verify
 from models.static_target import StaticTarget
 
@@ -47,9 +50,10 @@ class Row:
 
 
 def check_batchable(drafter, batch_size: int) -> None:
-    if batch_size > 1 and drafter is not None and not isinstance(drafter, (StaticDFlashDrafter, PromptLookupDrafter)):
-        raise ValueError(f"--batch-size {batch_size}: batched decoding runs DFlash, prompt lookup or the target alone; "
-                         f"{type(drafter).__name__} runs at --batch-size 1")
+    if batch_size > 1 and drafter is not None and not isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter, PromptLookupDrafter)):
+        what = "EAGLE-3 tree drafting (--tree-topk/--tree-tokens)" if getattr(drafter, "tree", False) else type(drafter).__name__
+        raise ValueError(f"--batch-size {batch_size}: batched decoding runs DFlash, EAGLE-3 chains, prompt lookup or the target alone; "
+                         f"{what} runs at --batch-size 1")
 
 
 @torch.no_grad()
@@ -65,8 +69,9 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     block = drafter.block_size if drafter is not None else 1
     rows_n = min(batch_size, num_streams)
     target.allocate(capacity, batch=rows_n)
-    if isinstance(drafter, StaticDFlashDrafter):
-        drafter.allocate(capacity + block, batch=rows_n)
+    if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
+        drafter.allocate(capacity + block, batch=rows_n)  # keys of rejected drafts land up to a block past the last position
+    idle_generator = torch.Generator(device=device)  # an idle row's sampled drafts (discarded) draw from this, not the global one
     eos = set(int(t) for t in eos_token_ids)
     pending = iter(range(num_streams))
     rows: list[Row | None] = [None] * rows_n
@@ -81,12 +86,14 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         if n + max_new_tokens + block > capacity:
             raise ValueError(f"request {stream}: {n} prompt + {max_new_tokens} new tokens exceed the batch's capacity {capacity}")
         ids = torch.as_tensor(prompt, dtype=torch.long, device=device)
-        if isinstance(drafter, StaticDFlashDrafter):
+        if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
             drafter.clear_row(r)
         for s in range(0, n, prefill_chunk):
             logits, features = target.prefill(ids[s:s + prefill_chunk], r, s, last_logits_only=True)
             if isinstance(drafter, StaticDFlashDrafter):
                 drafter.append(features[None], torch.tensor([s], device=device), row=r)
+            elif isinstance(drafter, StaticEagle3Drafter):  # step 0 over the chunk; its last index waits for the next token
+                drafter.prefill(features, s, ids[s:s + prefill_chunk], row=r)
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         first = choose(logits, sampling, generator)[0][0]
         row = Row(stream, n, [int(first)], n, GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block), generator)
@@ -140,6 +147,13 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
                 draft_tokens = torch.stack([d[0] for d in drawn])
                 draft_probs = [d[1] for d in drawn]
             ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
+        elif isinstance(drafter, StaticEagle3Drafter):
+            # each row's Exp(1) noise from its own generator, step by step, as batch 1 draws it (idle rows: a throwaway one)
+            generators = None if sampling.greedy else [row.generator if row else idle_generator for row in rows]
+            # drafts [B, k], probs [B, k, V] or None: on a GPU the captured graph's buffers, read (verify) before the next draft
+            drafted, _, draft_probs = drafter.draft_chain(tokens, positions, sampling, generators)
+            draft_tokens = drafted.clone()
+            ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
         else:  # prompt lookup, one copy per row
             drawn = [row.drafter.draft(tokens[r], row.pos, sampling, row.generator) if row else
                      (torch.zeros(block - 1, dtype=torch.long, device=device), None) for r, row in enumerate(rows)]
@@ -167,6 +181,8 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             new_token = torch.stack([v[1].long() for v in verified])
         if isinstance(drafter, StaticDFlashDrafter):
             drafter.append(features, positions)
+        elif isinstance(drafter, StaticEagle3Drafter):  # the whole verify block (appends_whole_block), the next draft reads it
+            drafter.append(features, positions, ids)
         values = torch.cat([accepted[:, None], draft_tokens if draft_tokens is not None else accepted[:, None][:, :0],
                             new_token[:, None]], dim=1).tolist()  # the step's one host sync
         t3 = time.perf_counter()

@@ -1,6 +1,7 @@
 """Batched decoding (``infer/batch.py``) against the batch-1 loop: every prompt's tokens and accepted counts per step are
 the same at batch size 3 (rows refilled as requests finish, prompts of different lengths), greedy and sampled, for the
-target alone, prompt lookup and the static DFlash drafter; the eval runner's batched path gives batch 1's records."""
+target alone, prompt lookup, the static DFlash drafter and static EAGLE-3 chains; the eval runner's batched path gives
+batch 1's records."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from infer.batch import check_batchable, generate_batch
 from infer.generate import generate
 from infer.prompt_lookup import PromptLookupDrafter
 from models.dflash import DFlashDraftModel, StaticDFlashDrafter, make_dflash_config
-from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, make_eagle3_config
+from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config
 from models.sampling import SamplingConfig
 from models.static_target import StaticTarget
 
@@ -33,16 +34,59 @@ def setup(reference_target_path, reference_tokenizer):
         ids = reference_tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     eos = [reference_tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    return model, dflash, prompts, eos
+    return model, dflash, prompts, eos, bigram_eagle3(model, prompts)
 
 
-@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash"])
+def bigram_eagle3(model, prompts: list[list[int]], draft_vocab_size: int = 256) -> Eagle3DraftModel:
+    """An EAGLE-3 drafter (a ring layer and a full layer) whose drafts are often accepted without training: its first
+    layer (window 1) turns the input token's embedding into the hidden state and its head holds a bigram table read off
+    the target's greedy replies, so draft 1 (a chain's later drafts less often) is the target's next token; the target's
+    features (a random projection) and the full layer (random, amplified) over the context move the logits enough that
+    a row drafting from another row's pending tokens or features changes the greedy outcome (checked by hand). Greedy
+    τ ~2 (acceptances 0 .. k, rows at different offsets of their pending blocks)."""
+    target = StaticTarget(model, [])
+    table = {}
+    for p in prompts:
+        seq = p + generate(target, None, p, 24).tokens
+        table.update(zip(seq, seq[1:]))
+    drafted = sorted(set(table.values()))
+    kept = torch.tensor(sorted(drafted + [i for i in range(0, 8192, 31) if i not in drafted][:draft_vocab_size - len(drafted)]))
+    config = make_eagle3_config(model.config, num_hidden_layers=2, target_layer_ids=[1, 3, 4], sliding_window=1, ttt_length=3,
+                                layer_types=["sliding_attention", "full_attention"], draft_vocab_size=draft_vocab_size)
+    torch.manual_seed(0)
+    eagle3 = Eagle3DraftModel(config).eval().requires_grad_(False)
+    eagle3.set_draft_vocab(kept - torch.arange(draft_vocab_size), torch.zeros(8192, dtype=torch.bool).index_fill_(0, kept, True))
+    eagle3.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
+    eagle3.fc.weight.normal_(0, 0.02)  # step 0's hidden state: a small part of the logits
+    first, d = eagle3.layers[0], config.head_dim  # 2 kv heads of 64, 4 query heads each
+    first.self_attn.v_proj.weight.zero_()[:, :2 * d] = torch.eye(2 * d)  # v: the normed embedding's first 128 features
+    first.self_attn.o_proj.weight.zero_()[:2 * d, [*range(d), *range(4 * d, 5 * d)]] = torch.eye(2 * d)  # query heads 0 and 4
+    first.mlp.down_proj.weight.zero_()
+    eagle3.layers[1].self_attn.o_proj.weight.mul_(10)
+    eagle3.layers[1].mlp.down_proj.weight.mul_(10)
+    code = torch.nn.functional.normalize(first.input_layernorm(eagle3.embed_tokens.weight)[:, :2 * d], dim=-1)
+    row = {int(t): i for i, t in enumerate(kept)}
+    head = eagle3.lm_head.weight.zero_()
+    for a, b in table.items():
+        head[row[b], :2 * d] += 10 * code[a]
+    return eagle3
+
+
+def make_drafter(setup, kind: str):
+    """(target, drafter) of a kind, the target capturing the layers the drafter reads."""
+    model, dflash, _, _, eagle3 = setup
+    if kind == "eagle3":
+        return StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(eagle3)
+    drafter = {"none": None, "pld": PromptLookupDrafter(num_draft_tokens=3, vocab_size=8192),
+               "dflash": StaticDFlashDrafter(dflash, model.get_input_embeddings(), model.get_output_embeddings())}[kind]
+    return StaticTarget(model, [1, 3]), drafter
+
+
+@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash", "eagle3"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
-    model, dflash, prompts, eos = setup
-    target = StaticTarget(model, [1, 3])
-    drafter = {"none": None, "pld": PromptLookupDrafter(num_draft_tokens=3, vocab_size=8192),
-               "dflash": StaticDFlashDrafter(dflash, model.get_input_embeddings(), model.get_output_embeddings())}[drafter_kind]
+    prompts, eos = setup[2], setup[3]
+    target, drafter = make_drafter(setup, drafter_kind)
     sampling = SamplingConfig(temperature=temperature, seed=7)
     want = [generate(target, drafter, p, 24, sampling, eos_token_ids=eos) for p in prompts]
     got = generate_batch(target, drafter, prompts, 24, batch_size=3, sampling=sampling, eos_token_ids=eos)
@@ -50,32 +94,38 @@ def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
         assert g.tokens == w.tokens
         assert g.stats.accepted_per_step == w.stats.accepted_per_step
         assert g.stats.accepted_past_end == w.stats.accepted_past_end
+        assert g.stats.tau == w.stats.tau
+    if drafter_kind == "eagle3" and temperature > 0:  # rows at different offsets in their pending blocks were drafted together
+        assert any(a > 0 for w in want for a in w.stats.accepted_per_step)
 
 
 def test_an_end_of_sequence_first_token_and_a_one_token_budget(setup) -> None:
-    model, _, prompts, eos = setup
+    model, _, prompts, eos, _ = setup
     target = StaticTarget(model, [])
     first = generate(target, None, prompts[0], 1).tokens[0]
     got = generate_batch(target, None, prompts[:3], 1, batch_size=2, eos_token_ids=[first])
     assert [g.tokens for g in got] == [generate(target, None, p, 1).tokens for p in prompts[:3]]
 
 
-def test_eagle3_is_refused_at_batch_sizes_above_one(setup) -> None:
+def test_eager_eagle3_and_trees_are_refused_at_batch_sizes_above_one(setup) -> None:
     model = setup[0]
     config = make_eagle3_config(model.config, num_hidden_layers=1, target_layer_ids=[1, 3, 4], layer_types=["full_attention"],
                                 sliding_window=None, draft_vocab_size=8192)
-    with pytest.raises(ValueError, match="--batch-size 4: batched decoding runs DFlash, prompt lookup or the target alone; "
-                                         "Eagle3Drafter runs at --batch-size 1"):
-        check_batchable(Eagle3Drafter(Eagle3DraftModel(config)), 4)
+    runs = "--batch-size 4: batched decoding runs DFlash, EAGLE-3 chains, prompt lookup or the target alone; "
+    with pytest.raises(ValueError, match=runs + "Eagle3Drafter runs at --batch-size 1"):
+        check_batchable(Eagle3Drafter(Eagle3DraftModel(config)), 4)  # the eager chain drafter (FlashInfer attention)
+    with pytest.raises(ValueError, match=runs + r"EAGLE-3 tree drafting \(--tree-topk/--tree-tokens\) runs at --batch-size 1"):
+        check_batchable(Eagle3Drafter(Eagle3DraftModel(config), tree_topk=2, tree_tokens=4), 4)
+    check_batchable(StaticEagle3Drafter(Eagle3DraftModel(config)), 4)
 
 
-def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_path) -> None:
+@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
+def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_path, drafter_kind) -> None:
     from eval.prompt_sets import mt_bench
     from eval.runner import run_conversations
 
-    model, dflash, _, eos = setup
-    target = StaticTarget(model, [1, 3])
-    drafter = StaticDFlashDrafter(dflash, model.get_input_embeddings(), model.get_output_embeddings())
+    eos = setup[3]
+    target, drafter = make_drafter(setup, drafter_kind)
     conversations = mt_bench(3)
     kwargs = dict(prefill_tokens=0, sampling=SamplingConfig(), max_new_tokens=16, eos_token_ids=eos, baseline=True)
     want = run_conversations(target, drafter, reference_tokenizer, conversations, **kwargs)
@@ -93,7 +143,7 @@ def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_pa
 def test_prepacked_linears_give_the_plain_matrices_tokens(setup) -> None:
     """The CPU default (oneDNN-prepacked copies of the linears, attention up to the furthest row only) against the plain
     matrices: logits of a batched step agree to fp32 rounding, and every batched row's tokens are the same."""
-    model, _, prompts, eos = setup
+    model, _, prompts, eos, _ = setup
     packed, plain = StaticTarget(model, [1, 3]), StaticTarget(model, [1, 3], prepack=False)
     assert packed.linear is not plain.linear  # the default on the CPU in fp32 is prepacked
     for target in (packed, plain):

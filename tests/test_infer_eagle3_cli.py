@@ -1,5 +1,5 @@
 """An EAGLE-3 drafter folder (``Eagle3DraftModel.save_pretrained``) through ``load_models``, ``python -m infer``
-(chain and tree flags) and ``python -m eval`` unchanged; bad options are one clear line."""
+(chain and tree flags) and ``python -m eval`` unchanged (chains batched too); bad options are one clear line."""
 
 from __future__ import annotations
 
@@ -53,10 +53,11 @@ def test_cli_chain_and_tree(reference_target_path, eagle3_dir, tmp_path, capsys,
     assert stats["block_size"] == (3 if flags else 4) and stats["new_tokens"] == 8
 
 
-def test_eval_mtbench_runs_eagle3_unchanged(reference_target_path, eagle3_dir, tmp_path) -> None:
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_eval_mtbench_runs_eagle3_unchanged(reference_target_path, eagle3_dir, tmp_path, batch_size) -> None:
     out = tmp_path / "mt"
-    rc = eval_main(["mtbench", "--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--window", "4", "--num-questions", "1",
-                    "--max-new-tokens", "8", "--out", str(out)])
+    rc = eval_main(["mtbench", "--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--window", "4", "--num-questions",
+                    str(batch_size), "--max-new-tokens", "8", "--batch-size", str(batch_size), "--out", str(out)])
     assert rc == 0
     result = json.loads((out / "results.json").read_text())
     assert result["summary"]["same_as_baseline"] == 1.0 and len(result["summary"]["acceptance_by_position"]) == 3
