@@ -20,9 +20,8 @@ nodes are verified in one target forward under a tree mask at positions ``pos + 
 longest path that matches the target's argmax is accepted, its keys/values move to consecutive
 cache slots and its features go to the drafter. Trees are greedy only (temperature > 0 is refused).
 
-Batching (not done here): per-request positions and accepted counts differ, so batched steps need
-paged or per-row caches (FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper``), a ragged verify and
-per-row context appends; the drafting and the verification rule are already written per row.
+Batching is ``infer/batch.py``: the same step for many rows over per-row static caches, each row's output and
+accepted counts this loop's.
 """
 
 from __future__ import annotations
