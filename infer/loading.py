@@ -1,7 +1,8 @@
 """Load a Hugging Face target and an exported drafter for the inference loop, checking that they belong
 together: a DFlash drafter (``python -m train.export --format dflash`` or a training run's ``export/``)
 or an EAGLE-3 drafter (our own layout, ``Eagle3DraftModel.save_pretrained``: config.json with
-``architectures == ["Eagle3DraftModel"]``)."""
+``architectures == ["Eagle3DraftModel"]``), or either trained by vLLM speculators (``speculators_model_type``
+in config.json, or its trainer's ``--save-path`` folder: ``infer/speculators_checkpoint.py``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from models.dflash import DFlashDraftModel
 from models.eagle3 import Eagle3DraftModel
 from models.target import TargetModel
 from models.builtin_targets import resolve_target_path
+from infer import speculators_checkpoint
 
 EAGLE3_ARCHITECTURES = ["Eagle3DraftModel"]
 PROMPT_LOOKUP = "pld"  # --drafter pld: prompt-lookup (n-gram) drafting, no trained model
@@ -32,6 +34,8 @@ def read_drafter_config(path: str | Path) -> dict:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_file}: not valid JSON ({e.msg})") from None
+    if speculators_checkpoint.is_speculators_config(config):  # mapped to our config; the weights by load_drafter_model
+        return speculators_checkpoint.read_config(path)
     if config.get("architectures") == EAGLE3_ARCHITECTURES:
         if "target_layer_ids" not in config:
             raise ValueError(f"{config_file}: an Eagle3DraftModel config without 'target_layer_ids'")
@@ -44,6 +48,14 @@ def read_drafter_config(path: str | Path) -> dict:
 
 def is_eagle3(config: dict) -> bool:
     return config.get("architectures") == EAGLE3_ARCHITECTURES
+
+
+def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DFlashDraftModel | Eagle3DraftModel:
+    """The drafter's model in ``dtype`` (on the CPU), from our layout or a speculators checkpoint."""
+    if speculators_checkpoint.is_speculators_config(json.loads((Path(path) / "config.json").read_text())):
+        return speculators_checkpoint.load_model(path, config, dtype)
+    model_class = Eagle3DraftModel if is_eagle3(config) else DFlashDraftModel
+    return model_class.from_pretrained(path, dtype=dtype)
 
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
@@ -76,7 +88,7 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
             if config.get("vocab_size") != target.model.config.get_text_config().vocab_size:
                 raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
                                  f"{target.model.config.get_text_config().vocab_size}")
-            model = Eagle3DraftModel.from_pretrained(drafter_path, dtype=target.model.dtype).to(target.device)
+            model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
             if tree_topk is None and tree_tokens is None and attention_backend != "flashinfer":
                 # chains: fixed-shape caches, the whole draft captured on a GPU, beside the static target
                 drafter = StaticEagle3Drafter(model, window=window, steps=draft_steps)
@@ -84,7 +96,7 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                 drafter = Eagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
                                         attention_backend=attention_backend)
         else:
-            model = DFlashDraftModel.from_pretrained(drafter_path, dtype=target.model.dtype).to(target.device)
+            model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
             if attention_backend == "flashinfer":
                 drafter = DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend)
             else:  # fixed-shape caches, captured on a GPU, beside the static target
@@ -103,9 +115,13 @@ def decoding_target(model, layer_ids: list[int], attention_backend: str = "sdpa"
 def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, str | None, str | None]:
     """(target, drafter, run folder). ``drafter`` may be a training run's folder (``python -m train``'s
     ``output_dir``, holding ``run.json``): its export is the drafter and, unless ``target`` is given, the
-    target it was trained on is the target."""
-    if drafter is None or drafter == PROMPT_LOOKUP or not (Path(drafter) / "run.json").is_file():
+    target it was trained on is the target. A speculators ``--save-path`` folder resolves to its best (else newest)
+    checkpoint, so every engine (ours, vLLM) reads the same one."""
+    if drafter is None or drafter == PROMPT_LOOKUP:
         return target, drafter, None
+    if not (Path(drafter) / "run.json").is_file():
+        checkpoint = speculators_checkpoint.resolve_checkpoint(drafter)
+        return target or speculators_checkpoint.verifier_path(checkpoint), drafter if checkpoint == Path(drafter) else str(checkpoint), None
     record_file = Path(drafter) / "run.json"
     try:
         record = json.loads(record_file.read_text())
