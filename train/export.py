@@ -43,6 +43,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.atomic import atomic_dir
+from infer.speculators_checkpoint import eagle3_config as speculators_eagle3_config
 from models.dflash import DFlashDraftModel, sliding_block_causal
 
 from . import engines
@@ -404,16 +405,6 @@ def eagle3_speculators_config_json(config: dict[str, Any], verifier_name: str, v
     }
 
 
-def eagle3_from_speculators_config(out: dict[str, Any]) -> dict[str, Any]:
-    config = {k: v for k, v in out["transformer_layer_config"].items() if k not in ("rope_theta", "rope_scaling")}
-    config["architectures"] = [EAGLE3_ARCH]
-    for key in ("draft_vocab_size", "target_hidden_size", "fc_norm", "norm_output", "norm_before_residual"):
-        config[key] = out[key]
-    config["target_layer_ids"] = [i - engines.LAYER_ID_OFFSET["eagle3_vllm"] for i in out["eagle_aux_hidden_state_layer_ids"]]
-    config["ttt_length"] = out["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-    return config
-
-
 def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
     """d2t and t2d must name the same target ids (engines read one or the other: SGLang d2t, speculators t2d)."""
     kept = t2d.nonzero().flatten()
@@ -484,7 +475,7 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
             raise ExportError("--format speculators needs the target (--target PATH): speculators_config names the verifier")
         out_config = eagle3_speculators_config_json(config, serve_target, verifier_architectures, num_steps)
         rename = unrename = lambda name: name  # noqa: E731 - our names are speculators' names
-        reload_config = eagle3_from_speculators_config
+        reload_config = lambda c: speculators_eagle3_config(c, f"{output}/config.json")  # noqa: E731 - the loader's own mapping
         layer_ids = out_config["eagle_aux_hidden_state_layer_ids"]
         commands = {"vllm": engines.vllm_eagle3_command(serve_target, str(output), num_steps)}
         if len(config["target_layer_ids"]) != 3:

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from common.atomic import atomic_open
+from train.engines import engine_layer_ids
 
 from .readers import DataError
 
@@ -66,12 +67,11 @@ ROWS_FILE = "rows.jsonl"
 MANIFEST_FILE = "export.json"
 PREPARED_DIR = "prepared"  # prepare-data's --output, as the printed commands name it
 HIDDEN_STATES_DIR = "hidden_states"  # speculators' default: <data-path>/hidden_states (hs_connectors FileBackend)
-LAYER_ID_OFFSET = 1  # speculators id = ours + 1 (train/engines.py LAYER_ID_OFFSET["speculators"])
 
 
 def to_speculators_layer_ids(layer_ids: list[int]) -> list[int]:
     """Our ids (output of layer i = HF hidden_states[i + 1]) -> vLLM's / speculators' (input of layer k = HF hidden_states[k])."""
-    return [i + LAYER_ID_OFFSET for i in layer_ids]
+    return engine_layer_ids(layer_ids, "speculators")  # the one offset table: train/engines.py
 
 
 def hidden_state_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
