@@ -75,6 +75,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedMo
 from kernels.attention import PackedQueryMask, attention, cached_attention, grouped_attention
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, choose
+from models.static_target import CapturedSteps
 from models.target import ContextKV
 
 # Legend: B batch (Bsz in masks), T context length, N anchors, Q block queries, K keys, H hidden, Hq/Hkv heads,
@@ -588,8 +589,7 @@ class StaticDFlashDrafter:
         self.v: list[torch.Tensor] = []
         self.slot_pos: list[torch.Tensor] = []
         self.capacity = self.batch = 0
-        self.graphs: dict = {}
-        self.pool = None
+        self.graphs = CapturedSteps()
         self._pos = None
 
     def with_window(self, window) -> "StaticDFlashDrafter":
@@ -604,7 +604,8 @@ class StaticDFlashDrafter:
         # buffers (and the graphs on them) kept while they fit and are at most twice (or 2048 positions more than) asked
         if batch != self.batch or not capacity <= self.capacity <= max(2 * capacity, capacity + 2048):
             cfg, dtype = self.model.config, self.model.fc.weight.dtype
-            self.k, self.v, self.slot_pos, self.graphs = [], [], [], {}
+            self.k, self.v, self.slot_pos = [], [], []
+            self.graphs.clear()
             for rule in self.rules:
                 slots = capacity if rule.window is None or rule.window + self.block_size >= capacity else rule.window + self.block_size
                 shape = (batch, cfg.num_key_value_heads, slots + self.block_size, cfg.head_dim)
@@ -682,17 +683,7 @@ class StaticDFlashDrafter:
         return logits, logits.argmax(dim=-1)
 
     def _run(self, name: str, fn, *inputs):
-        if not self.capture:
-            return fn(*inputs)
-        key = (name,) + tuple(t.shape for t in inputs)
-        graph = self.graphs.get(key)
-        if graph is None:
-            from models.static_target import CapturedStep
-
-            if not self.graphs:
-                self.pool = torch.cuda.graph_pool_handle()
-            graph = self.graphs[key] = CapturedStep(fn, *inputs, pool=self.pool)
-        return graph(*inputs)
+        return self.graphs(name, fn, *inputs) if self.capture else fn(*inputs)
 
     @torch.no_grad()
     def append(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:

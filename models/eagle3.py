@@ -68,6 +68,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaPreTrainedMo
 
 from kernels.attention import aligned_visible, cached_attention, grouped_attention
 from models.sampling import SamplingConfig, logits_to_probs, sample
+from models.static_target import CapturedSteps
 from models.target import ContextKV
 
 # Legend: B batch, L positions in this pass, H hidden, Hq/Hkv heads, D head dim, Vd draft vocabulary.
@@ -673,8 +674,7 @@ class StaticEagle3Drafter:
         self.slot_pos: list[torch.Tensor] = []
         self.slots: list[int] = []
         self.batch = 0
-        self.graphs: dict = {}
-        self.pool = None
+        self.graphs = CapturedSteps()
         self._pos = None
         self._waiting: list[int | None] = []  # per row: the prompt index waiting in the pending block's row 0 (host)
         self._pending_at: int | None = None  # batch-1 protocol: the pending block's first position (host)
@@ -699,7 +699,8 @@ class StaticEagle3Drafter:
         slots = [capacity if w is None or w + p >= capacity else w + p for w in self.windows]
         if batch != self.batch or not all(need <= have <= max(2 * need, need + 2048) for need, have in zip(slots, self.slots)):
             cfg, dtype, device = self.model.config, self.dtype, self.device
-            self.k, self.v, self.slot_pos, self.graphs = [], [], [], {}
+            self.k, self.v, self.slot_pos = [], [], []
+            self.graphs.clear()
             for s in slots:
                 shape = (batch, cfg.num_key_value_heads, s + p, cfg.head_dim)
                 self.k.append(torch.zeros(shape, dtype=dtype, device=device))
@@ -850,18 +851,8 @@ class StaticEagle3Drafter:
         return torch.stack(drafts, dim=1), torch.stack(logits, dim=1), full
 
     def _run(self, key: tuple, fn, *inputs):
-        if not self.capture:
-            return fn(*inputs)
-        key = key + tuple(t.shape for t in inputs)
-        graph = self.graphs.get(key)
-        if graph is None:
-            from models.static_target import CapturedStep
-
-            if not self.graphs:
-                self.pool = torch.cuda.graph_pool_handle()
-            # the warm-up runs repeat the step: step 0 rewrites the same ring positions with the same keys
-            graph = self.graphs[key] = CapturedStep(fn, *inputs, pool=self.pool)
-        return graph(*inputs)
+        # the capture's warm-up runs repeat the step: step 0 rewrites the same ring positions with the same keys
+        return self.graphs(key, fn, *inputs) if self.capture else fn(*inputs)
 
     @torch.no_grad()
     def append(self, features: torch.Tensor, start: torch.Tensor, token_ids: torch.Tensor) -> None:

@@ -188,8 +188,7 @@ class StaticTarget:
         self.k_cache: torch.Tensor | None = None  # [L, B, Hkv, C, D]
         self.v_cache: torch.Tensor | None = None
         self.cos = self.sin = None  # [C, D] RoPE tables, in the model's dtype (as HF casts them)
-        self.graphs: dict[tuple[int, int], CapturedStep] = {}  # (rows, tokens) -> the captured step
-        self.pool = None  # the graphs' shared memory pool
+        self.graphs = CapturedSteps()  # one per (rows, tokens)
 
     # ------------------------------------------------------------------------------------------ buffers
 
@@ -314,12 +313,7 @@ class StaticTarget:
             raise ValueError(f"step of {n} tokens per row; at most {DECODE_MAX_TOKENS} (longer runs are prefill chunks)")
         if not self.capture:
             return self._step(input_ids, pos)
-        graph = self.graphs.get((b, n))
-        if graph is None:
-            if not self.graphs:  # a fresh memory pool for each set of graphs (a pool outliving its graphs cannot be reused)
-                self.pool = torch.cuda.graph_pool_handle()
-            graph = self.graphs[(b, n)] = CapturedStep(self._step, input_ids, pos, pool=self.pool)
-        return graph(input_ids, pos)
+        return self.graphs("step", self._step, input_ids, pos)
 
     # ------------------------------------------------------------------------------------------ prefill, trees
 
@@ -410,6 +404,29 @@ def choose_decode_attention(name: str | None, device: torch.device) -> str:
                       "(slower at long contexts)", stacklevel=3)
         return "products"
     return "split_kv"
+
+
+class CapturedSteps:
+    """Step functions captured as CUDA graphs on first use and replayed after: one graph per key (a name and the
+    inputs' shapes), all in one memory pool. ``clear`` when the buffers they were captured on are replaced; the next
+    capture starts a fresh pool (a pool outliving its graphs cannot be reused). Used by the target and the static
+    drafters."""
+
+    def __init__(self):
+        self.graphs: dict[tuple, CapturedStep] = {}
+        self.pool = None
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
+    def __call__(self, name, fn, *inputs: torch.Tensor):
+        key = (name,) + tuple(t.shape for t in inputs)
+        graph = self.graphs.get(key)
+        if graph is None:
+            if not self.graphs:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = self.graphs[key] = CapturedStep(fn, *inputs, pool=self.pool)
+        return graph(*inputs)
 
 
 class CapturedStep:

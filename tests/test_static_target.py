@@ -205,3 +205,38 @@ def test_without_onednn_prepacking_the_plain_matrices_run(reference_target_path,
     assert StaticTarget(model, []).linear is F.linear
     with pytest.raises(ValueError, match="prepack=True"):
         StaticTarget(model, [], prepack=True)
+
+
+def test_captured_steps_capture_once_per_name_and_shape(monkeypatch) -> None:
+    """The capture cache the target and the static drafters share (CUDA-only graphs replaced by a recorder here): one
+    capture per (name, input shapes), replays after it, all in one pool until ``clear``."""
+    import models.static_target as static_target
+
+    captured, pools = [], iter(range(100))
+
+    class Recorder:
+        def __init__(self, fn, *inputs, pool):
+            captured.append((fn.__name__, tuple(t.shape for t in inputs), pool))
+            self.fn = fn
+
+        def __call__(self, *inputs):
+            return self.fn(*inputs)
+
+    monkeypatch.setattr(static_target, "CapturedStep", Recorder)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(pools))
+    steps = static_target.CapturedSteps()
+
+    def double(x):
+        return 2 * x
+
+    def triple(x):
+        return 3 * x
+
+    assert steps("a", double, torch.ones(2)).tolist() == [2, 2]
+    assert steps("a", double, torch.full((2,), 5.0)).tolist() == [10, 10]  # replayed, not captured again
+    steps("a", double, torch.ones(3))  # another shape
+    steps("b", triple, torch.ones(2))  # another name
+    assert captured == [("double", ((2,),), 0), ("double", ((3,),), 0), ("triple", ((2,),), 0)]
+    steps.clear()
+    steps("a", double, torch.ones(2))
+    assert captured[-1] == ("double", ((2,),), 1)  # captured again, in a fresh pool
