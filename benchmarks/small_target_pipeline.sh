@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 25 on one GPU in one go: regenerate the data once with the target, train the DFlash and the EAGLE-3
+# small recipes side by side (both trainers are host-bound on a small target, so they share the GPU at little
+# cost), then evaluate each export with prompt lookup's tau on the same prompts beside it:
+#   MT-Bench (80 questions x 2 turns, 256 new tokens), the held-out ShareGPT prompts, and a long-prompt sweep
+#   (prefill 0 and LONG filler tokens, the trained window and --window none).
+#
+#   bash benchmarks/small_target_pipeline.sh TARGET PROMPTS HELDOUT OUT LONG -- [overrides for both runs]
+#   e.g. bash benchmarks/small_target_pipeline.sh builtin:smollm2-135m-instruct sharegpt_prompts.jsonl \
+#          sharegpt_heldout_prompts.jsonl /tmp/res 8192 -- data.max_records=6000
+#
+# Per-drafter overrides: DFLASH_ARGS / EAGLE3_ARGS (environment, space-separated); EVAL_TOKENS, EVAL_QUESTIONS,
+# SWEEP_QUESTIONS shrink the evaluation (a CPU smoke run). A run stopped by
+# trainer.time_limit_minutes is finished at the step it reached (resumed with trainer.max_steps = that step) so
+# that it exports. Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
+set -uo pipefail
+target=$1 prompts=$2 heldout=$3 out=$4 long=$5
+shift 5
+[ "${1:-}" = "--" ] && shift
+mkdir -p "$out"
+stamp() { echo "$(date +%H:%M:%S) $*" >> "$out/times.txt"; }
+
+common=(logger=none target.path="$target" data.path="$prompts" trainer.progress=false "$@")
+
+# 1. regenerate once (the DFlash and EAGLE-3 small recipes share the data settings, hence the cache key): a
+#    one-step run, whose only lasting output is the cached regenerated data and tokenized dataset
+stamp "regenerate: start"
+python -m train experiment=dflash_swa_small "${common[@]}" trainer.max_steps=1 trainer.export=false trainer.eval_every=0 \
+  trainer.loop_eval_prompts=0 trainer.checkpoint_every=0 output_dir="$out/regen_run" > "$out/regen.log" 2>&1
+stamp "regenerate: done ($(grep -o 'regenerated [0-9]* turns' "$out/regen.log" || echo 'from cache'))"
+
+train_and_eval() {
+  local kind=$1; shift
+  local run="$out/run_$kind" log="$out/train_$kind.log"
+  stamp "$kind: train start"
+  python -m train experiment=${kind}_swa_small "${common[@]}" "$@" output_dir="$run" > "$log" 2>&1
+  if [ ! -f "$run/export/config.json" ]; then  # stopped by the time limit: finish at the step reached
+    local step
+    step=$(ls -d "$run"/checkpoints/step_* 2>/dev/null | sed 's/.*step_0*//' | sort -n | tail -1)
+    stamp "$kind: no export after training (last checkpoint step ${step:-none}); finishing at that step"
+    [ -n "$step" ] && python -m train experiment=${kind}_swa_small "${common[@]}" "$@" trainer.max_steps="$step" \
+      output_dir="$run" >> "$log" 2>&1
+  fi
+  stamp "$kind: train done"
+  local resolved
+  resolved=$(python - "$run" <<'EOF'
+import json, sys
+print(json.load(open(f"{sys.argv[1]}/run.json"))["target"]["path"])
+EOF
+)
+  python -m eval mtbench --target "$resolved" --drafter "$run" --max-new-tokens "$tokens" --batch-size 16 --no-baseline \
+    ${questions:+--num-questions $questions} --out "$out/mtbench_$kind" > "$out/mtbench_$kind.log" 2>&1 || stamp "$kind: mtbench failed (see mtbench_$kind.log)"
+  stamp "$kind: mtbench done"
+  python -m eval prompts --prompts "$heldout" --target "$resolved" --drafter "$run" --max-new-tokens "$tokens" --batch-size 16 \
+    --no-baseline --out "$out/heldout_$kind" > "$out/heldout_$kind.log" 2>&1 || stamp "$kind: heldout failed"
+  stamp "$kind: heldout done"
+  python -m eval sweep --target "$resolved" --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
+    --max-new-tokens "$tokens" --batch-size 16 --out "$out/sweep_$kind" > "$out/sweep_$kind.log" 2>&1 || stamp "$kind: sweep failed"
+  stamp "$kind: sweep done"
+}
+
+tokens=${EVAL_TOKENS:-256} questions=${EVAL_QUESTIONS:-}  # smaller for a CPU smoke run
+read -r -a dflash_args <<< "${DFLASH_ARGS:-}"
+read -r -a eagle3_args <<< "${EAGLE3_ARGS:-}"
+train_and_eval dflash "${dflash_args[@]}" &
+train_and_eval eagle3 "${eagle3_args[@]}" &
+wait
+stamp "all done"
+touch "$out/DONE"
