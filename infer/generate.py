@@ -6,8 +6,10 @@
     stop:     an end-of-sequence token or the token budget
 
 Caches need no rollback: the target's next forward starts at the first unaccepted position and
-overwrites it (``models/target.py``), and the drafter's context only ever receives accepted positions.
-One host sync per step (marked), reading the accepted count and the new tokens together.
+overwrites it (``models/target.py``), and the drafter's context only ever receives accepted positions
+(static drafters, ``appends_whole_block``: the whole verify block, queued before the host sync; a block query
+never sees the rejected tail, which the next append writes over). One host sync per step (marked), reading the
+accepted count and the new tokens together.
 
 EAGLE-3 (``models/eagle3.py``): the same loop with a chain of k drafts (block size k + 1):
 the drafter runs step 0 over the newly accepted positions (index t = features of t + token t+1, so
@@ -138,8 +140,9 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         accept_per_step: speed benchmarks only (a random-weight target at a real shape, where nothing would be
             accepted): every step accepts this many drafts whatever the verification says, and takes the target's
             token after them; the work per step is the real loop's, the output is not the target's. Chains only.
-        run_ahead: the target alone: launch each step before reading the previous token on the host (default: on a GPU,
-            where the host's sync and launch would otherwise leave it idle; the output is the same either way).
+        run_ahead: launch work before the host reads the previous step's result (default: on a GPU, where the host's
+            sync and launch would otherwise leave it idle; the output is the same either way): the target alone, each
+            step; with a drafter that takes a device anchor (``draft_at``, the static DFlash drafter), the next block.
     """
     device = target.device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
@@ -176,7 +179,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
 
     run_ahead = device.type == "cuda" if run_ahead is None else run_ahead
     forced_accept = None if accept_per_step is None else torch.tensor(accept_per_step, device=device)
-    ahead = None  # run_ahead: the next token, its step launched before the host reads this one
+    ahead = None  # run_ahead: the next token (or the next drafts), launched before the host reads this step's result
     while len(out) < max_new_tokens and out[-1] not in eos:
         timer.mark("other")
         if drafter is None:
@@ -196,24 +199,30 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             new, token = tree_step(target, drafter, token, pos, timer)
             stats.accepted_per_step.append(len(new) - 1)
         else:
-            draft_tokens, draft_probs = drafter.draft(token, pos, sampling, generator)
+            draft_tokens, draft_probs = drafter.draft(token, pos, sampling, generator) if ahead is None else ahead
+            ahead = None
             timer.mark("draft")
             block_ids = torch.cat([token[None], draft_tokens])
             logits, features = target.forward(block_ids, pos)
             timer.mark("verify")
+            whole_block = getattr(drafter, "appends_whole_block", False)  # fixed shapes: the rejected tail is written over next step
+            if whole_block:  # needs nothing the host sync reads: queued before it, the GPU runs it while the host waits
+                drafter.append_context(features, pos, block_ids)  # (launched after it, the GPU sat idle through the launch)
+                timer.mark("draft")
             num_accepted, token = verify(draft_tokens, draft_probs, logits, sampling, generator)
             if accept_per_step is not None:  # benchmark mode (see the docstring); the count made once, no copy per step
                 num_accepted, token = forced_accept, logits[accept_per_step].argmax()
+            if run_ahead and hasattr(drafter, "draft_at"):  # the next block at pos + accepted + 1, before the host knows it
+                ahead = drafter.draft_at(token, num_accepted + (pos + 1), sampling, generator)  # (same generator order)
+                timer.mark("draft")
             values = torch.cat([num_accepted[None], draft_tokens, token[None]]).tolist()  # host sync
             accepted = values[0]
             new = values[1:1 + accepted] + [values[-1]]
             stats.accepted_per_step.append(accepted)
             timer.mark("other")
-            if getattr(drafter, "appends_whole_block", False):  # fixed shapes: the rejected tail is written over next step
-                drafter.append_context(features, pos, block_ids)
-            else:
+            if not whole_block:
                 drafter.append_context(None if features is None else features[:accepted + 1], pos, block_ids[:accepted + 1])
-            timer.mark("draft")
+                timer.mark("draft")
         pos += len(new)
         out.extend(new)
         if eos.intersection(new):  # an end-of-sequence token inside the accepted block ends the generation too

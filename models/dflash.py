@@ -72,10 +72,10 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
-from kernels.attention import PackedQueryMask, attention, cached_attention, grouped_attention
+from kernels.attention import PackedQueryMask, aligned_visible, attention, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, choose
-from models.static_target import CapturedSteps
+from models.static_target import CapturedSteps, concat_linears, rotate
 from models.target import ContextKV
 
 # Legend: B batch (Bsz in masks), T context length, N anchors, Q block queries, K keys, H hidden, Hq/Hkv heads,
@@ -544,6 +544,63 @@ class DFlashDrafter:
 
 # ----------------------------------------------------------------------------- drafting over static caches
 
+@dataclass
+class FusedLayer:
+    """One layer's projections that share an input, concatenated (``models.static_target.concat_linears``)."""
+
+    wqkv: torch.Tensor  # q | k | v rows, [(Hq + 2 Hkv) D, H]
+    bqkv: torch.Tensor | None
+    w13: torch.Tensor  # gate | up rows, [2 I, H]
+    b13: torch.Tensor | None
+
+
+@dataclass
+class FusedWeights:
+    """``StaticDFlashDrafter``'s fused matrices: copies, made once (the model's parameters are not touched)."""
+
+    layers: list[FusedLayer]
+    wkv: torch.Tensor  # every layer's k | v rows, layer after layer: [L * 2 Hkv D, H] (an append's one product)
+    bkv: torch.Tensor | None
+
+    @staticmethod
+    @torch.no_grad()
+    def of(model: DFlashDraftModel) -> "FusedWeights":
+        layers = []
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            layers.append(FusedLayer(*concat_linears([attn.q_proj, attn.k_proj, attn.v_proj]),
+                                     *concat_linears([mlp.gate_proj, mlp.up_proj])))
+        wkv, bkv = concat_linears([lin for layer in model.layers for lin in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
+        return FusedWeights(layers, wkv, bkv)
+
+
+def block_visible(slot_pos: torch.Tensor, anchor: torch.Tensor, block_size: int, rule: LayerAttention) -> torch.Tensor:
+    """Which keys each block query sees, over a static cache of context slots followed by the block's own.
+
+    Args:
+        slot_pos: [B, S] the position each context slot holds (-1: empty).
+        anchor: [B] the block's anchor a; query (and block key) k is at position a + k.
+        block_size: b.
+        rule: the layer's in-block causality and window.
+
+    Returns:
+        [B, b, S + b] bool: context slots holding a position in [0, a) (later ones are rejected drafts not yet
+        written over), then the block's slots, both under ``aligned_visible`` (positions, the window counting the
+        query itself).
+    """
+    q_pos = anchor[:, None] + torch.arange(block_size, device=anchor.device)  # [B, b]
+    key_pos = torch.cat([slot_pos, q_pos], dim=1)  # [B, S + b]
+    filled = torch.cat([(slot_pos >= 0) & (slot_pos < anchor[:, None]), torch.ones_like(q_pos, dtype=torch.bool)], dim=1)
+    return aligned_visible(q_pos[:, :, None], key_pos[:, None, :], rule.causal, rule.window) & filled[:, None, :]
+
+
+def _softmax_over_slots(scores: torch.Tensor, visible: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``masked_softmax`` for rows (g, slot) under a mask of the slots alone: scores [B, Hkv, G*b, K], visible
+    [B, 1, 1, b, K] broadcast over g (no per-layer copy of the mask for every query head)."""
+    b, h, rows, keys = scores.shape
+    return masked_softmax(scores.view(b, h, -1, visible.shape[-2], keys), visible, scale, dtype).view(b, h, rows, keys)
+
+
 class StaticDFlashDrafter:
     """DFlash drafting for the static loop: fixed-shape buffers for a batch of rows, so the block pass and the
     context append are captured as CUDA graphs (``models.static_target.CapturedStep``) on a GPU.
@@ -559,14 +616,23 @@ class StaticDFlashDrafter:
     Appends take whole verify blocks: positions after the accepted ones hold rejected tokens' features until the
     next append (at the first unaccepted position) writes over them, and no block query sees them before that
     (context keys must lie before the anchor).
+
+    Fewer, larger kernels (at the 8B shape the block pass's weights take ~1.1 ms to read and its ~0.8 ms more was
+    launches and small kernels): each layer's q|k|v and gate|up projections are one matrix each (``FusedLayer``), an
+    append projects every layer's keys and values in one product (``wkv``), and the visibility mask is built once per
+    step for each distinct rule (layers of one rule share their slot positions), broadcast over the query heads.
+    These matrices are inference-only copies made at construction (the ``DFlashDraftModel`` is left as it is, so it
+    still trains and runs as the reference): weights loaded into the model afterwards are not seen; ``with_window``
+    shares them.
     """
 
     appends_whole_block = True  # infer.generate passes every verified position's features, not the accepted ones only
     tree = False
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None,
-                 compile: bool | None = None):
+                 compile: bool | None = None, fused: "FusedWeights | None" = None):
         self.model = model.eval().requires_grad_(False)
+        self.fused = fused or FusedWeights.of(model)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         self.block_size = model.block_size
@@ -587,13 +653,13 @@ class StaticDFlashDrafter:
         self.append_fn = torch.compile(self._append) if self.compile else self._append
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
-        self.slot_pos: list[torch.Tensor] = []
+        self.slot_pos: dict[LayerAttention, torch.Tensor] = {}  # per distinct rule: its layers' slots hold the same positions
         self.capacity = self.batch = 0
         self.graphs = CapturedSteps()
         self._pos = None
 
     def with_window(self, window) -> "StaticDFlashDrafter":
-        return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile)
+        return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused)
 
     @property
     def device(self) -> torch.device:
@@ -604,19 +670,20 @@ class StaticDFlashDrafter:
         # buffers (and the graphs on them) kept while they fit and are at most twice (or 2048 positions more than) asked
         if batch != self.batch or not capacity <= self.capacity <= max(2 * capacity, capacity + 2048):
             cfg, dtype = self.model.config, self.model.fc.weight.dtype
-            self.k, self.v, self.slot_pos = [], [], []
+            self.k, self.v, self.slot_pos = [], [], {}
             self.graphs.clear()
             for rule in self.rules:
                 slots = capacity if rule.window is None or rule.window + self.block_size >= capacity else rule.window + self.block_size
                 shape = (batch, cfg.num_key_value_heads, slots + self.block_size, cfg.head_dim)
                 self.k.append(torch.zeros(shape, dtype=dtype, device=self.device))
                 self.v.append(torch.zeros(shape, dtype=dtype, device=self.device))
-                self.slot_pos.append(torch.full((batch, slots), -1, dtype=torch.long, device=self.device))
+                if rule not in self.slot_pos:
+                    self.slot_pos[rule] = torch.full((batch, slots), -1, dtype=torch.long, device=self.device)
             positions = torch.arange(capacity + self.block_size, device=self.device)[None]
             cos, sin = self.model.rotary_emb(self.k[0], positions)
             self.cos, self.sin = cos[0], sin[0]  # [capacity + block, D]
             self.capacity, self.batch = capacity, batch
-        for slot_pos in self.slot_pos:
+        for slot_pos in self.slot_pos.values():
             slot_pos.fill_(-1)
 
     def reset(self, max_positions: int) -> None:
@@ -625,60 +692,55 @@ class StaticDFlashDrafter:
 
     def clear_row(self, row: int) -> None:
         """Forget row ``row``'s context (a new prompt in that row of a batch)."""
-        for slot_pos in self.slot_pos:
+        for slot_pos in self.slot_pos.values():
             slot_pos[row] = -1
 
     # --------------------------------------------------------------------------------------- the two passes
 
     def _append(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:
         # features [B, m, k*H] at positions start[b] .. start[b]+m-1 (row given: [1, m, k*H] into that row only)
-        m = features.shape[1]
+        bsz, m, _ = features.shape
+        hkv, d = self.model.config.num_key_value_heads, self.model.config.head_dim
         rows = slice(None) if row is None else slice(row, row + 1)
-        context = self.model.project_context(features.to(self.model.fc.weight.dtype))
+        context = self.model.project_context(features.to(self.model.fc.weight.dtype))  # [B, m, H]
         positions = start[:, None] + torch.arange(m, device=start.device)  # [B, m]
-        cos, sin = self.cos[positions], self.sin[positions]
-        for layer, k_buf, v_buf, slot_pos in zip(self.model.layers, self.k, self.v, self.slot_pos):
-            k_buf, v_buf, slot_pos = k_buf[rows], v_buf[rows], slot_pos[rows]
-            slots = slot_pos.shape[1]
+        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [B, m, 1, D]
+        kv = F.linear(context, self.fused.wkv, self.fused.bkv).view(bsz, m, len(self.rules), 2, hkv, d)  # every layer's, one product
+        for i, (layer, k_buf, v_buf) in enumerate(zip(self.model.layers, self.k, self.v)):
+            slots = k_buf.shape[2] - self.block_size
             keep = min(m, slots)  # a ring keeps only the last `slots` positions of a long append
-            k, v = layer.self_attn.key_value(context[:, m - keep:], cos[:, m - keep:], sin[:, m - keep:])  # [B, Hkv, keep, D]
-            slot = positions[:, m - keep:] % slots
-            index = slot[:, None, :, None].expand_as(k)
-            k_buf.scatter_(2, index, k)
-            v_buf.scatter_(2, index, v)
-            slot_pos.scatter_(1, slot, positions[:, m - keep:])
+            k = rotate(layer.self_attn.k_norm(kv[:, m - keep:, i, 0]), cos[:, m - keep:], sin[:, m - keep:])  # [B, keep, Hkv, D]
+            index = (positions[:, m - keep:] % slots)[:, None, :, None].expand(bsz, hkv, keep, d)
+            k_buf[rows].scatter_(2, index, k.transpose(1, 2))
+            v_buf[rows].scatter_(2, index, kv[:, m - keep:, i, 1].transpose(1, 2))
+        for slot_pos in self.slot_pos.values():
+            keep = min(m, slot_pos.shape[1])
+            slot_pos[rows].scatter_(1, positions[:, m - keep:] % slot_pos.shape[1], positions[:, m - keep:])
 
     def _block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # token [B] at anchor [B] -> logits [B, block-1, V] fp32 and their argmax [B, block-1]
         bsz, b = token.shape[0], self.block_size
-        ids = torch.cat([token[:, None], torch.full((bsz, b - 1), self.mask_token_id, dtype=torch.long, device=token.device)], dim=1)
-        x = self.embed_tokens(ids).to(self.model.fc.weight.dtype)  # [B, b, H]
-        q_pos = anchor[:, None] + torch.arange(b, device=token.device)  # [B, b]
-        cos, sin = self.cos[q_pos], self.sin[q_pos]
+        hq, hkv, d = self.model.config.num_attention_heads, self.model.config.num_key_value_heads, self.model.config.head_dim
         slot_k = torch.arange(b, device=token.device)
-        for layer, rule, k_buf, v_buf, slot_pos in zip(self.model.layers, self.rules, self.k, self.v, self.slot_pos):
+        ids = torch.where(slot_k == 0, token[:, None], self.mask_token_id)  # [B, b]: the token, then mask tokens
+        x = self.embed_tokens(ids).to(self.model.fc.weight.dtype)  # [B, b, H]
+        q_pos = anchor[:, None] + slot_k  # [B, b]
+        cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, b, 1, D]
+        # [B, 1, 1, b, S + b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot))
+        visible = {rule: block_visible(slot_pos, anchor, b, rule)[:, None, None] for rule, slot_pos in self.slot_pos.items()}
+        for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.query(h, cos, sin)  # [B, Hq, b, D]
-            k_blk, v_blk = attn.key_value(h, cos, sin)  # [B, Hkv, b, D]
-            slots = slot_pos.shape[1]
-            k_buf[:, :, slots:] = k_blk
-            v_buf[:, :, slots:] = v_blk
-            ctx = (slot_pos[:, None, :] >= 0) & (slot_pos[:, None, :] < anchor[:, None, None])  # [B, b, S]
-            blk = torch.ones(b, b, dtype=torch.bool, device=token.device)
-            if rule.causal:
-                blk = slot_k[None, :] <= slot_k[:, None]
-            if rule.window is not None:
-                ctx = ctx & (slot_pos[:, None, :] > q_pos[:, :, None] - rule.window)
-                blk = blk & (slot_k[None, :] > slot_k[:, None] - rule.window)
-                if not rule.causal:
-                    blk = blk & (slot_k[None, :] < slot_k[:, None] + rule.window)
-            visible = torch.cat([ctx.expand(bsz, b, slots), blk[None].expand(bsz, b, b)], dim=2)  # [B, b, S + b]
-            groups = attn.num_heads // attn.num_kv_heads
-            qg = q.reshape(bsz, attn.num_kv_heads, groups * b, attn.head_dim)  # rows (g, slot): heads h * G + g
-            out = grouped_attention(qg, k_buf, v_buf, visible[:, None].repeat(1, 1, groups, 1), attn.scaling)
-            x = x + attn.output(out.view(bsz, attn.num_heads, b, attn.head_dim))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            q, k, v = F.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
+            q = rotate(attn.q_norm(q.view(bsz, b, hq, d)), cos, sin)  # [B, b, Hq, D]
+            k = rotate(attn.k_norm(k.view(bsz, b, hkv, d)), cos, sin)
+            slots = k_buf.shape[2] - b  # the last b slots: the block's own keys
+            k_buf[:, :, slots:] = k.transpose(1, 2)
+            v_buf[:, :, slots:] = v.view(bsz, b, hkv, d).transpose(1, 2)
+            qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * b, d)  # rows (g, slot): heads h * G + g
+            out = grouped_attention(qg, k_buf, v_buf, visible[rule], attn.scaling, softmax=_softmax_over_slots)
+            x = x + attn.o_proj(out.view(bsz, hq, b, d).transpose(1, 2).reshape(bsz, b, hq * d))
+            gate, up = F.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
         logits = self.lm_head(self.model.norm(x)[:, 1:].to(self.lm_head.weight.dtype)).float()
         return logits, logits.argmax(dim=-1)
 
@@ -715,7 +777,14 @@ class StaticDFlashDrafter:
     @torch.no_grad()
     def draft(self, token: torch.Tensor, anchor: int, sampling: SamplingConfig,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logits, greedy = self.block_logits(token.reshape(1), self._position(anchor))
+        return self.draft_at(token, self._position(anchor), sampling, generator)
+
+    @torch.no_grad()
+    def draft_at(self, token: torch.Tensor, anchor: torch.Tensor, sampling: SamplingConfig,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``draft`` with the anchor a device tensor ([] or [1]): ``infer.generate`` launches the next block before the
+        host has read how many drafts were accepted."""
+        logits, greedy = self.block_logits(token.reshape(1), anchor.reshape(1))
         if sampling.greedy:
             return greedy[0].clone(), None
         return choose(logits[0], sampling, generator)

@@ -73,12 +73,19 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) for several linears of the same input; the linears' parameters become views of it."""
+def concat_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight [sum of out_features, in] (and bias, zeros where a linear has none; None if none has one) for several
+    linears of the same input: ``F.linear(x, weight, bias)`` is their outputs concatenated on the last dimension. Copies."""
     weight = torch.cat([lin.weight.data for lin in linears])
     biases = [lin.bias for lin in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.data if b is not None else weight.new_zeros(lin.out_features) for b, lin in zip(biases, linears)])
+    return weight, bias
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``concat_linears``, the linears' parameters then made views of the result (memory not doubled)."""
+    weight, bias = concat_linears(linears)
     row = 0
     for i, lin in enumerate(linears):
         rows = lin.out_features

@@ -11,7 +11,9 @@ from torch import nn
 from transformers import Qwen3Config
 
 from infer.generate import generate
-from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config
+from models.dflash import (DFlashDrafter, DFlashDraftModel, LayerAttention, StaticDFlashDrafter, block_visible,
+                           make_dflash_config)
+from models.static_target import concat_linears
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 
@@ -119,6 +121,55 @@ def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_
     forced = [generate(target, d, prompt, 40, accept_per_step=2).tokens  # the drafts themselves, two per step
               for d in (DFlashDrafter(drafter_model, embed, head), StaticDFlashDrafter(drafter_model, embed, head))]
     assert forced[0] == forced[1]
+
+
+def test_drafting_the_next_block_ahead_of_the_host_sync_changes_no_token(reference_target_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from models.sampling import SamplingConfig
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
+                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
+    torch.manual_seed(0)
+    drafter = StaticDFlashDrafter(DFlashDraftModel(config).eval(), model.get_input_embeddings(), model.get_output_embeddings())
+    target = StaticTarget(model, [1, 3])
+    prompt = torch.randint(10, 8000, (30,)).tolist()
+    for kwargs in ({}, {"accept_per_step": 2}, {"sampling": SamplingConfig(temperature=1.0, seed=3)}):
+        runs = [generate(target, drafter, prompt, 30, run_ahead=ahead, **kwargs) for ahead in (False, True)]
+        assert runs[0].tokens == runs[1].tokens and runs[0].stats.accepted_per_step == runs[1].stats.accepted_per_step
+    eos = generate(target, drafter, prompt, 30).tokens[7]  # a stop inside the run: the block drafted ahead is dropped
+    runs = [generate(target, drafter, prompt, 30, eos_token_ids=[eos], run_ahead=ahead).tokens for ahead in (False, True)]
+    assert runs[0] == runs[1] and runs[0][-1] == eos
+
+
+@pytest.mark.parametrize("rule", [LayerAttention(True, None), LayerAttention(True, 3), LayerAttention(False, None),
+                                  LayerAttention(False, 2), LayerAttention(False, 5)])
+def test_block_visibility_follows_the_rule_key_by_key(rule) -> None:
+    b = 4
+    slot_pos = torch.tensor([[5, -1, 9, 3, 10, 7, 8], [0, 1, 2, -1, -1, -1, -1]])  # a ring: 9 and 10 are past anchor 9
+    anchor = torch.tensor([9, 3])
+    got = block_visible(slot_pos, anchor, b, rule)
+    for row in range(2):
+        a = int(anchor[row])
+        for k in range(b):
+            p = a + k
+            for s, key in enumerate(slot_pos[row].tolist()):  # context: filled, before the anchor, inside the window
+                assert got[row, k, s] == (0 <= key < a and (rule.window is None or key > p - rule.window))
+            for slot in range(b):  # the block's own slots: causal or not, a window (symmetric when not causal)
+                want = (slot <= k or not rule.causal) and (rule.window is None or (slot > k - rule.window and
+                                                                                   (rule.causal or slot < k + rule.window)))
+                assert got[row, k, slot_pos.shape[1] + slot] == want
+
+
+def test_concatenated_linears_give_the_linears_outputs_side_by_side() -> None:
+    torch.manual_seed(0)
+    linears = [nn.Linear(6, 3, bias=False), nn.Linear(6, 5, bias=True), nn.Linear(6, 2, bias=False)]
+    x = torch.randn(4, 6)
+    weight, bias = concat_linears(linears)
+    torch.testing.assert_close(nn.functional.linear(x, weight, bias), torch.cat([lin(x) for lin in linears], dim=-1))
+    assert concat_linears(linears[:1])[1] is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
