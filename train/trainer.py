@@ -368,7 +368,8 @@ def build(cfg: TrainConfig) -> Run:
         if store is not None:
             log.warning("trainer.loop_eval_prompts=%d skipped: features.path frees the target's layers the loop needs", tc.loop_eval_prompts)
         else:
-            loop_eval = LoopEval(step, held_out_prompts(eval_ds, tc.loop_eval_prompts), tc.loop_eval_max_new_tokens)
+            loop_eval = LoopEval(step, held_out_prompts(eval_ds, tc.loop_eval_prompts), tc.loop_eval_max_new_tokens,
+                                 tc.loop_eval_static_target)
     return Run(cfg, ranks, device, output_dir, target, target_path, layer_ids, train_ds, eval_ds, data_summary, step, optimizer,
                scheduler, engine, batches, checkpointer, logger, loop_eval, max_steps, steps_per_epoch, micro_per_step, num_params,
                run_config)
