@@ -10,7 +10,7 @@
 #          sharegpt_heldout_prompts.jsonl /tmp/res 8192 -- data.max_records=6000
 #
 # Per-drafter overrides: DFLASH_ARGS / EAGLE3_ARGS (environment, space-separated); EVAL_TOKENS, EVAL_QUESTIONS,
-# SWEEP_QUESTIONS shrink the evaluation (a CPU smoke run). A run stopped by
+# SWEEP_QUESTIONS shrink the evaluation (a CPU smoke run); KINDS="dflash" trains one drafter only. A run stopped by
 # trainer.time_limit_minutes is finished at the step it reached (resumed with trainer.max_steps = that step) so
 # that it exports. Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
 set -uo pipefail
@@ -24,10 +24,12 @@ common=(logger=none target.path="$target" data.path="$prompts" trainer.progress=
 
 # 1. regenerate once (the DFlash and EAGLE-3 small recipes share the data settings, hence the cache key): a
 #    one-step run, whose only lasting output is the cached regenerated data and tokenized dataset
-stamp "regenerate: start"
-python -m train experiment=dflash_swa_small "${common[@]}" trainer.max_steps=1 trainer.export=false trainer.eval_every=0 \
-  trainer.loop_eval_prompts=0 trainer.checkpoint_every=0 output_dir="$out/regen_run" > "$out/regen.log" 2>&1
-stamp "regenerate: done ($(grep -o 'regenerated [0-9]* turns' "$out/regen.log" || echo 'from cache'))"
+if [ -z "${SKIP_REGEN:-}" ]; then  # SKIP_REGEN=1: the data is cached already (a restarted pipeline)
+  stamp "regenerate: start"
+  python -m train experiment=dflash_swa_small "${common[@]}" trainer.max_steps=1 trainer.export=false trainer.eval_every=0 \
+    trainer.loop_eval_prompts=0 trainer.checkpoint_every=0 output_dir="$out/regen_run" > "$out/regen.log" 2>&1
+  stamp "regenerate: done ($(grep -o 'regenerated [0-9]* turns' "$out/regen.log" || echo 'from cache'))"
+fi
 
 train_and_eval() {
   local kind=$1; shift
@@ -62,8 +64,9 @@ EOF
 tokens=${EVAL_TOKENS:-256} questions=${EVAL_QUESTIONS:-}  # smaller for a CPU smoke run
 read -r -a dflash_args <<< "${DFLASH_ARGS:-}"
 read -r -a eagle3_args <<< "${EAGLE3_ARGS:-}"
-train_and_eval dflash "${dflash_args[@]}" &
-train_and_eval eagle3 "${eagle3_args[@]}" &
+for kind in ${KINDS:-dflash eagle3}; do
+  if [ "$kind" = dflash ]; then train_and_eval dflash "${dflash_args[@]}" & else train_and_eval eagle3 "${eagle3_args[@]}" & fi
+done
 wait
 stamp "all done"
 touch "$out/DONE"
