@@ -6,8 +6,9 @@ whether every turn's tokens and accepted counts per step are the same.
 
 Runs MT-Bench's first ``--questions`` conversations (both turns) through ``eval.runner.run_conversations`` for the
 target alone, prompt lookup and the drafter (when given), once per batch size; prints one row per (drafter, batch size).
-On a shared machine the wall time counts other processes' load: the CPU seconds of this process (one thread) and the
-tokens per CPU second beside it count only this process's work.
+Each batch size runs on eval's default CPU threads for it (1 at batch 1, one per core when batched) unless ``--threads``
+fixes one count for all. On a shared machine the wall time counts other processes' load: the CPU seconds of this
+process (all its threads) and the tokens per CPU second beside it count only this process's work.
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=int, help="CPU threads for every batch size (default: eval's, 1 at batch 1, one per core above)")
     p.add_argument("--out")
     args = p.parse_args()
     device = resolve_device(args.device)
-    set_threads(device, args.threads)
     target, drafter, tokenizer = load_models(args.target, args.drafter, device)
     eos = eos_ids(tokenizer, target.model)
     conversations = mt_bench(args.questions)
@@ -49,7 +49,11 @@ def main() -> None:
                                                                             vocab_size=target.lm_head.weight.shape[0])}
     if drafter is not None:
         drafters[f"{type(drafter).__name__} (block {drafter.block_size})"] = drafter
-    device_name = torch.cuda.get_device_name() if device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    threads = {}  # eval's default per batch size (infer.loading.set_threads) unless --threads says
+    for bs in args.batch_sizes:
+        set_threads(device, args.threads, bs)
+        threads[bs] = torch.get_num_threads()
+    device_name = torch.cuda.get_device_name() if device == "cuda" else f"cpu (threads per batch size: {threads})"
     print(f"# {device_name} | {len(conversations)} conversations, {args.max_new_tokens} new tokens per turn, greedy")
     print("drafter | batch | turns | new tokens | wall s | tokens/s | vs batch 1 | CPU s | tokens/CPU s | vs batch 1 | τ | "
           "same tokens and steps as batch 1")
@@ -57,6 +61,7 @@ def main() -> None:
     for name, d in drafters.items():
         first = None
         for bs in args.batch_sizes:
+            set_threads(device, args.threads, bs)
             t0, c0 = time.perf_counter(), time.process_time()
             records = run_conversations(target, d, tokenizer, conversations, prefill_tokens=0, sampling=SamplingConfig(),
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=bs,

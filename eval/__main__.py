@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--batch-size", type=int, default=1,
                         help="conversations decoded at once (DFlash, prompt lookup or the target alone; each row's tokens and "
                              "acceptance are batch 1's)")
-    common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1; batch-1 decoding of small models runs faster on one)")
+    common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1 at --batch-size 1, where decoding small models runs "
+                                                    "faster on one; one per core when batched)")
     common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     common.add_argument("--engine", default="ours", choices=["ours", "vllm", "server"],
                         help="who decodes: our loop, vLLM in its own environment, or a running server (--server); another "
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             json.dump(obj, f, indent=1)
 
     args.device = resolve_device(args.device)
-    set_threads(args.device, args.threads)
+    set_threads(args.device, args.threads, args.batch_size)
     try:
         windows = [parse_window(w) for w in (args.windows if args.command == "sweep" else [args.window])]
         if args.prefill_tokens < 0 or any(p < 0 for p in getattr(args, "prefills", [])):

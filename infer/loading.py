@@ -185,11 +185,16 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def set_threads(device: str, threads: int | None) -> None:
-    """CPU intra-op threads. Default 1 on CPU: on 2-core machines each OpenMP parallel region was
-    measured to cost ~16 ms of wake-up, and batch-1 decoding of a small model is a chain of tiny
-    matmuls (the tiny target's MT-Bench run: 150 tok/s on 1 thread, 32 on 2)."""
+DEFAULT_THREADS = torch.get_num_threads()  # torch's default (one per core): the CLIs import this module before setting any
+
+
+def set_threads(device: str, threads: int | None, batch_size: int = 1) -> None:
+    """CPU intra-op threads. Default on CPU: 1 at batch size 1, where decoding a small model is a chain of tiny matmuls
+    and each OpenMP parallel region was measured to cost ~16 ms of wake-up on 2-core machines (the tiny target's
+    MT-Bench run: 150 tok/s on 1 thread, 32 on 2); one per core when batched, where a verify's rows x tokens make
+    matmuls large enough to split (the reference target at batch 8 on 2 cores: 2 threads 1.6-1.8x one; BENCHMARKS.md,
+    issue 24). Threads change speed only: batched rows on 2 threads give batch 1's tokens (tests/test_batch.py)."""
     if threads is not None and threads < 1:
         raise SystemExit(f"error: --threads {threads}; expected >= 1")
     if threads is not None or str(device).startswith("cpu"):
-        torch.set_num_threads(threads or 1)
+        torch.set_num_threads(threads or (1 if batch_size == 1 else DEFAULT_THREADS))

@@ -158,3 +158,37 @@ def test_prepacked_linears_give_the_plain_matrices_tokens(setup) -> None:
     got = generate_batch(packed, None, prompts, 24, batch_size=3, eos_token_ids=eos)
     want = generate_batch(plain, None, prompts, 24, batch_size=3, eos_token_ids=eos)
     assert [g.tokens for g in got] == [w.tokens for w in want]
+
+
+@pytest.mark.parametrize("drafter_kind", ["pld", "dflash", "eagle3"])
+def test_batched_rows_on_two_threads_equal_batch_one_on_one(setup, drafter_kind) -> None:
+    """eval's CPU default (infer.loading.set_threads): 1 thread at batch 1, one per core when batched. The thread count
+    changes speed, not tokens: batched rows on 2 threads against batch 1 on 1 (greedy, tokens and accepted counts)."""
+    from infer.loading import set_threads
+
+    prompts, eos = setup[2], setup[3]
+    target, drafter = make_drafter(setup, drafter_kind)
+    set_threads("cpu", None, batch_size=1)
+    assert torch.get_num_threads() == 1
+    want = [generate(target, drafter, p, 24, eos_token_ids=eos) for p in prompts]
+    torch.set_num_threads(2)
+    try:
+        got = generate_batch(target, drafter, prompts, 24, batch_size=3, eos_token_ids=eos)
+    finally:
+        torch.set_num_threads(1)
+    assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
+
+
+def test_eval_threads_default_to_one_at_batch_one_and_one_per_core_when_batched() -> None:
+    from infer.loading import DEFAULT_THREADS, set_threads
+
+    before = torch.get_num_threads()
+    try:
+        set_threads("cpu", None, batch_size=8)
+        assert torch.get_num_threads() == DEFAULT_THREADS
+        set_threads("cpu", None, batch_size=1)
+        assert torch.get_num_threads() == 1
+        set_threads("cpu", 3, batch_size=1)  # --threads wins
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
