@@ -4,6 +4,7 @@ Examples:
     python -m infer --target ../shared/targets/qwen3-27m-sharegpt --drafter outputs/run/export --question 81 --prefill-tokens 8192
     python -m infer --target builtin:tiny-qwen3 --drafter outputs/tiny/export --prompt "Hello" --baseline --window none
     python -m infer --target ../shared/targets/qwen3-27m-sharegpt --drafter outputs/e3/export --question 81 --tree-topk 8 --tree-tokens 48
+    python -m infer --drafter outputs/run --prompts my.jsonl --batch-size 16    # many prompts in flight (first user turns)
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the user message")
     src.add_argument("--question", type=int, help="an MT-Bench question_id (first turn), from the bundled copy")
+    src.add_argument("--prompts", help="a JSONL file of prompts ({prompt} / {turns} / {messages}: each record's first user turn)")
+    p.add_argument("--batch-size", type=int, default=1, help="--prompts: prompts decoded at once (each row's tokens and acceptance "
+                                                             "are batch 1's; DFlash, EAGLE-3 chains, prompt lookup or the target alone)")
     p.add_argument("--prefill-tokens", type=int, default=0, help="filler tokens placed before the question (long-context runs)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -70,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     from models.sampling import SamplingConfig
 
     args.device = resolve_device(args.device)
-    set_threads(args.device, args.threads)
+    if args.batch_size < 1 or (args.batch_size > 1 and args.prompts is None):
+        print(f"error: --batch-size {args.batch_size}; expected >= 1, and above 1 only with --prompts FILE", file=sys.stderr)
+        return 2
+    set_threads(args.device, args.threads, args.batch_size if args.prompts else 1)
     try:
         window = parse_window(args.window)
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -82,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         warning = window_warning(drafter, window)
         if warning:
             print(warning, file=sys.stderr)
+        if args.prompts is not None:
+            return run_many(args, target, drafter, tokenizer, sampling)
         if args.question is not None:
             by_id = {q["question_id"]: q for q in mt_bench_questions()}
             if args.question not in by_id:
@@ -108,6 +117,47 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from common.atomic import atomic_open
 
+        with atomic_open(args.json) as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def run_many(args: argparse.Namespace, target, drafter, tokenizer, sampling) -> int:
+    """``--prompts``: every record's first user turn, ``--batch-size`` in flight; each output, then the pooled numbers."""
+    import time
+
+    from eval.prompt_sets import prompts_file
+    from infer.batch import generate_batch
+    from infer.generate import generate
+    from infer.loading import eos_ids
+    from infer.prompts import long_prompt_ids
+    from models.static_target import StaticTarget
+
+    conversations = prompts_file(args.prompts)
+    prompts = [long_prompt_ids(tokenizer, c.turns[0], args.prefill_tokens) for c in conversations]
+    eos = eos_ids(tokenizer, target.model)
+    start = time.perf_counter()
+    if args.batch_size == 1:  # any target and drafter (FlashInfer attention, EAGLE-3 trees), one prompt after another
+        results = [generate(target, drafter, p, args.max_new_tokens, sampling, eos) for p in prompts]
+    elif not isinstance(target, StaticTarget):
+        raise ValueError(f"--batch-size {args.batch_size}: batched decoding runs on the static target; --backend flashinfer "
+                         "decodes at --batch-size 1")
+    else:
+        results = generate_batch(target, drafter, prompts, args.max_new_tokens, batch_size=args.batch_size, sampling=sampling,
+                                 eos_token_ids=eos)
+    seconds = time.perf_counter() - start
+    for conversation, result in zip(conversations, results):
+        print(f"### {conversation.id}\n{tokenizer.decode(result.tokens)}")
+    new = sum(len(r.tokens) for r in results)
+    steps = [a for r in results for a in r.stats.accepted_per_step]
+    tau = sum(a + 1 for a in steps) / max(len(steps), 1)
+    print(f"{len(results)} prompts, batch size {args.batch_size} | new {new} tok in {seconds:.2f}s: {new / seconds:.1f} tok/s | "
+          f"tau {tau:.3f} over {len(steps)} steps", file=sys.stderr)
+    if args.json:
+        from common.atomic import atomic_open
+
+        report = {"prompts": len(results), "batch_size": args.batch_size, "new_tokens": new, "seconds": seconds, "tau": tau,
+                  "per_prompt": [{"id": c.id, **r.stats.to_dict()} for c, r in zip(conversations, results)]}
         with atomic_open(args.json) as f:
             json.dump(report, f, indent=2)
     return 0

@@ -103,3 +103,33 @@ def test_prompt_lookup_drafter_is_lossless_and_drafts_from_the_context(reference
     assert infer_main(["--target", str(reference_target_path), "--drafter", "pld", "--question", "81", "--max-new-tokens", "24",
                        "--baseline"]) == 0
     assert "identical output: True" in capsys.readouterr().err
+
+
+def test_cli_prompts_file_batched_equals_one_prompt_at_a_time(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
+    """``python -m infer --prompts F --batch-size 2``: each prompt's text and acceptance are those of ``--prompt`` alone."""
+    questions = ["Write a haiku about rain.", "Name three rivers in Europe.", "How do I sort a list in Python?"]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in questions))
+    common = ["--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--max-new-tokens", "12", "--threads", "1"]
+    singles = []
+    for q in questions:
+        out = tmp_path / "one.json"
+        assert infer_main([*common, "--prompt", q, "--json", str(out)]) == 0
+        singles.append((capsys.readouterr().out.strip(), json.loads(out.read_text())["speculative"]["accepted_per_step"]))
+    out = tmp_path / "many.json"
+    assert infer_main([*common, "--prompts", str(prompts), "--batch-size", "2", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().split("### ")[1:]
+    report = json.loads(out.read_text())
+    assert report["prompts"] == 3 and report["batch_size"] == 2
+    assert [(text.split("\n", 1)[1].strip(), p["accepted_per_step"]) for text, p in zip(printed, report["per_prompt"])] == singles
+
+
+def test_cli_batch_size_mistakes_are_one_line(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hi"}) + "\n")
+    common = ["--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--max-new-tokens", "4", "--threads", "1"]
+    assert infer_main([*common, "--prompt", "Hi", "--batch-size", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --batch-size 2; expected >= 1, and above 1 only with --prompts FILE"
+    assert infer_main([*common, "--prompts", str(prompts), "--batch-size", "2", "--tree-topk", "2", "--tree-tokens", "4"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # (after the weights' loading bar)
+    assert last.startswith("error: --batch-size 2: batched decoding runs") and last.endswith("runs at --batch-size 1")
