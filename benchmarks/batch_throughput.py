@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eval.prompt_sets import mt_bench  # noqa: E402
+from infer.prompts import mt_bench  # noqa: E402
 from eval.runner import run_conversations  # noqa: E402
 from infer.loading import eos_ids, load_models, resolve_device, set_threads  # noqa: E402
 from infer.prompt_lookup import PromptLookupDrafter  # noqa: E402

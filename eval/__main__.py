@@ -98,7 +98,7 @@ def default_out(args, source: dict) -> Path:
 
 
 def conversations_for(args):
-    from eval.prompt_sets import mt_bench, prompts_file
+    from infer.prompts import mt_bench, prompts_file
 
     if args.num_questions is not None and args.num_questions < 1:
         raise ValueError(f"--num-questions {args.num_questions}; expected >= 1")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from eval.prompt_sets import Conversation
+from infer.prompts import Conversation
 from models.dflash import DFlashDrafter
 from models.eagle3 import Eagle3Drafter
 from infer.generate import generate, pooled_acceptance

@@ -126,11 +126,10 @@ def run_many(args: argparse.Namespace, target, drafter, tokenizer, sampling) -> 
     """``--prompts``: every record's first user turn, ``--batch-size`` in flight; each output, then the pooled numbers."""
     import time
 
-    from eval.prompt_sets import prompts_file
     from infer.batch import generate_batch
     from infer.generate import generate
     from infer.loading import eos_ids
-    from infer.prompts import long_prompt_ids
+    from infer.prompts import long_prompt_ids, prompts_file
     from models.static_target import StaticTarget
 
     conversations = prompts_file(args.prompts)

@@ -4,12 +4,20 @@ A long-prefill prompt is one user turn: a filler document of exactly ``prefill_t
 (ShareGPT conversations from the bundled sample, as plain text), a blank line, then the question,
 rendered with the target's chat template and its generation prompt. The filler is deterministic
 (``offset`` picks where in the sample it starts), so every run and every engine sees the same text.
+
+Prompt sets (``python -m eval``, ``python -m infer --prompts``): MT-Bench (bundled, both turns) and any JSONL file of
+conversations, one record per line, any of
+    {"prompt": "..."}                     one user turn
+    {"turns": ["...", "..."]}             user turns; each later turn follows the model's own answer
+    {"messages": [{"role": "user", "content": "..."}, ...]}   the user messages are the turns
+with optional "id" and "category".
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -85,3 +93,49 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
 def long_prompt_ids(tokenizer, question: str, prefill_tokens: int = 0, offset: int = 0) -> list[int]:
     """Chat-templated ids of [filler document of ``prefill_tokens`` tokens, question] + generation prompt."""
     return chat_ids(tokenizer, [{"role": "user", "content": first_turn_content(tokenizer, question, prefill_tokens, offset)}])
+
+
+# ----------------------------------------------------------------------------- prompt sets
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    category: str
+    turns: tuple[str, ...]  # user messages
+
+
+def mt_bench(num_questions: int | None = None) -> list[Conversation]:
+    records = mt_bench_questions(MT_BENCH)
+    return [Conversation(str(r["question_id"]), r.get("category", ""), tuple(r["turns"])) for r in records[:num_questions]]
+
+
+def prompts_file(path: str | Path, num_questions: int | None = None) -> list[Conversation]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--prompts {path}: no such file")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object with 'prompt', 'turns' or 'messages'")
+            if "prompt" in record:
+                turns = [record["prompt"]]
+            elif "turns" in record:
+                turns = record["turns"]
+            elif "messages" in record:
+                turns = [m.get("content") for m in record["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+            else:
+                raise ValueError(f"{where}: expected a field 'prompt', 'turns' or 'messages'")
+            if not turns or not all(isinstance(t, str) and t for t in turns):
+                raise ValueError(f"{where}: the user turns must be non-empty strings")
+            out.append(Conversation(str(record.get("id", line_no)), str(record.get("category", "")), tuple(turns)))
+    if not out:
+        raise ValueError(f"--prompts {path}: no records")
+    return out[:num_questions]

@@ -121,7 +121,7 @@ def test_eager_eagle3_and_trees_are_refused_at_batch_sizes_above_one(setup) -> N
 
 @pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
 def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_path, drafter_kind) -> None:
-    from eval.prompt_sets import mt_bench
+    from infer.prompts import mt_bench
     from eval.runner import run_conversations
 
     eos = setup[3]
