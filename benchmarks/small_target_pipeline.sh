@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25 on one GPU in one go: regenerate the data once with the target, train the DFlash and the EAGLE-3
+# Issue 25's small recipes on one GPU in one go (the run folder names its target, which eval reads): regenerate the data once with the target, train the DFlash and the EAGLE-3
 # small recipes side by side (both trainers are host-bound on a small target, so they share the GPU at little
 # cost), then evaluate each export with prompt lookup's tau on the same prompts beside it:
 #   MT-Bench (80 questions x 2 turns, 256 new tokens), the held-out ShareGPT prompts, and a long-prompt sweep
@@ -44,19 +44,13 @@ train_and_eval() {
       output_dir="$run" >> "$log" 2>&1
   fi
   stamp "$kind: train done"
-  local resolved
-  resolved=$(python - "$run" <<'EOF'
-import json, sys
-print(json.load(open(f"{sys.argv[1]}/run.json"))["target"]["path"])
-EOF
-)
-  python -m eval mtbench --target "$resolved" --drafter "$run" --max-new-tokens "$tokens" --batch-size 16 --no-baseline \
+  python -m eval mtbench --drafter "$run" --max-new-tokens "$tokens" --batch-size 16 --no-baseline \
     ${questions:+--num-questions $questions} --out "$out/mtbench_$kind" > "$out/mtbench_$kind.log" 2>&1 || stamp "$kind: mtbench failed (see mtbench_$kind.log)"
   stamp "$kind: mtbench done"
-  python -m eval prompts --prompts "$heldout" --target "$resolved" --drafter "$run" --max-new-tokens "$tokens" --batch-size 16 \
+  python -m eval prompts --prompts "$heldout" --drafter "$run" --max-new-tokens "$tokens" --batch-size 16 \
     --no-baseline --out "$out/heldout_$kind" > "$out/heldout_$kind.log" 2>&1 || stamp "$kind: heldout failed"
   stamp "$kind: heldout done"
-  python -m eval sweep --target "$resolved" --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
+  python -m eval sweep --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
     --max-new-tokens "$tokens" --batch-size 16 --out "$out/sweep_$kind" > "$out/sweep_$kind.log" 2>&1 || stamp "$kind: sweep failed"
   stamp "$kind: sweep done"
 }
