@@ -49,19 +49,16 @@ def main() -> None:
                                                                             vocab_size=target.lm_head.weight.shape[0])}
     if drafter is not None:
         drafters[f"{type(drafter).__name__} (block {drafter.block_size})"] = drafter
-    threads = {}  # eval's default per batch size (infer.loading.set_threads) unless --threads says
-    for bs in args.batch_sizes:
-        set_threads(device, args.threads, bs)
-        threads[bs] = torch.get_num_threads()
-    device_name = torch.cuda.get_device_name() if device == "cuda" else f"cpu (threads per batch size: {threads})"
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (threads: each row's)"
     print(f"# {device_name} | {len(conversations)} conversations, {args.max_new_tokens} new tokens per turn, greedy")
-    print("drafter | batch | turns | new tokens | wall s | tokens/s | vs batch 1 | CPU s | tokens/CPU s | vs batch 1 | τ | "
+    print("drafter | batch | threads | turns | new tokens | wall s | tokens/s | vs batch 1 | CPU s | tokens/CPU s | vs batch 1 | τ | "
           "same tokens and steps as batch 1")
     rows = []
     for name, d in drafters.items():
         first = None
         for bs in args.batch_sizes:
-            set_threads(device, args.threads, bs)
+            set_threads(device, args.threads, bs)  # eval's default for this batch size unless --threads says
+            threads = torch.get_num_threads()
             t0, c0 = time.perf_counter(), time.process_time()
             records = run_conversations(target, d, tokenizer, conversations, prefill_tokens=0, sampling=SamplingConfig(),
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=bs,
@@ -76,9 +73,9 @@ def main() -> None:
             same = sum(a == b for a, b in zip(outcome, first[1]))
             row = {"drafter": name, "batch_size": bs, "turns": len(records), "new_tokens": new, "wall_s": wall, "tokens_per_s": new / wall,
                    "vs_first": new / wall / first[0], "cpu_s": cpu, "tokens_per_cpu_s": new / cpu,
-                   "vs_first_cpu": new / cpu / first[2], "tau": sum(a + 1 for a in steps) / max(len(steps), 1), "same": f"{same}/{len(records)}"}
+                   "vs_first_cpu": new / cpu / first[2], "threads": threads, "tau": sum(a + 1 for a in steps) / max(len(steps), 1), "same": f"{same}/{len(records)}"}
             rows.append(row)
-            print(f"{name} | {bs} | {row['turns']} | {new} | {wall:.1f} | {row['tokens_per_s']:.1f} | {row['vs_first']:.2f}x | {cpu:.1f} | "
+            print(f"{name} | {bs} | {threads} | {row['turns']} | {new} | {wall:.1f} | {row['tokens_per_s']:.1f} | {row['vs_first']:.2f}x | {cpu:.1f} | "
                   f"{row['tokens_per_cpu_s']:.1f} | {row['vs_first_cpu']:.2f}x | {row['tau']:.3f} | "
                   f"{row['same']}", flush=True)
     if args.out:
