@@ -40,9 +40,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps after the timed ones")
+    parser.add_argument("--cprofile", type=int, default=0, help="cProfile this many steps: the host's Python time by function")
+    parser.add_argument("--stack-every", type=float, default=0, help="print every thread's stack this often (seconds): where a stall is")
     parser.add_argument("--json", default=None)
     args = parser.parse_intermixed_args()
 
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `timeout -s USR1 ...` prints where a stalled step is
+    if args.stack_every:
+        faulthandler.dump_traceback_later(args.stack_every, repeat=True)
     from train.trainer import build, train_step
 
     cfg = compose([f"output_dir=/tmp/train_throughput/{time.time_ns()}", *args.overrides])
@@ -92,6 +100,17 @@ def main() -> None:
         print(table.table(sort_by="self_cpu_time_total", row_limit=25))
         if run.device.type == "cuda":
             print(table.table(sort_by="self_device_time_total", row_limit=20))
+    if args.cprofile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for n in range(args.cprofile):
+            one_step(20_000 + n)
+        sync()
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
 

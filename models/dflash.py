@@ -188,6 +188,63 @@ def dense_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, 
     return dflash_visible(b, q, kv, anchors, ctx_valid, block_size, spec)[:, None]
 
 
+def dflash_tile_structure(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, q_rows: int,
+                          kv_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which (query tile, key tile) pairs of ``dflash_visible`` hold a visible pair (kept) and which hold only
+    visible pairs (full), from the anchors alone: [Bsz, Q / q_rows, K / kv_tile] bool each, no [Q, K] mask built
+    (16 rows x 4096 queries x 6144 keys is 400M evaluations of the rule per layer type and step on the GPU).
+
+    Exact for right-padded rows (``ctx_valid`` a prefix of each row, the trainer's batches): block n's queries see,
+    together, the context [max(0, a_n - W + 1), min(a_n, length)) and all B keys of their own block (each slot sees
+    itself). With gaps inside the context a kept tile may hold only padding keys (still correct: flex applies the
+    rule inside kept tiles); a full tile is a pure-context tile whose keys are all real and lie in every block's
+    common visible range [a_n + B - W, a_n) of the tile's blocks. Block-key tiles are never marked full (at the
+    trainer's sizes a key tile spans several blocks, which never see each other). ``q_rows`` must hold whole blocks.
+    """
+    if q_rows % block_size:
+        raise ValueError(f"q_rows={q_rows} must be a multiple of block_size={block_size}")
+    bsz, n = anchors.shape
+    ctx_len = ctx_valid.shape[1]
+    kv_len = ctx_len + n * block_size
+    per_tile = q_rows // block_size
+    q_tiles, kv_tiles = -(-n // per_tile), -(-kv_len // kv_tile)
+    device = anchors.device
+    ctx_valid = ctx_valid.to(device)
+    # one past the last real key (with gaps inside the context, kept tiles are then a superset)
+    lengths = (ctx_valid * torch.arange(1, ctx_len + 1, device=device)).amax(1, keepdim=True)  # [Bsz, 1]
+    lo = torch.zeros_like(anchors) if spec.window is None else (anchors - spec.window + 1).clamp(min=0)
+    hi = torch.minimum(anchors, lengths)
+    start = torch.arange(kv_tiles, device=device) * kv_tile  # [Kt]
+    end = (start + kv_tile).clamp(max=kv_len)
+    ctx_end = end.clamp(max=ctx_len)
+    sees_ctx = torch.maximum(start, lo[..., None]) < torch.minimum(ctx_end, hi[..., None])  # [Bsz, N, Kt]
+    blk_start = ctx_len + torch.arange(n, device=device) * block_size  # [N]
+    sees_blk = torch.maximum(start, blk_start[:, None]) < torch.minimum(end, blk_start[:, None] + block_size)  # [N, Kt]
+    kept = sees_ctx | sees_blk
+    # full: a pure-context tile of real keys inside every block's common range
+    tile_real = F.pad(ctx_valid, (0, kv_tiles * kv_tile - ctx_len)).view(bsz, kv_tiles, kv_tile).all(-1)  # [Bsz, Kt]
+    common_lo = torch.zeros_like(anchors) if spec.window is None else anchors + block_size - spec.window
+    full = (end <= ctx_len) & tile_real[:, None] & (start >= common_lo[..., None]) & (end <= anchors[..., None])  # [Bsz, N, Kt]
+    pad = q_tiles * per_tile - n  # blocks past the last: no queries (kept: nothing; full: no condition)
+    kept = F.pad(kept, (0, 0, 0, pad), value=False).view(bsz, q_tiles, per_tile, kv_tiles).any(2)
+    full = F.pad(full, (0, 0, 0, pad), value=True).view(bsz, q_tiles, per_tile, kv_tiles).all(2)
+    return kept, full & kept
+
+
+def block_mask_from_tiles(kept: torch.Tensor, full: torch.Tensor, mask_mod, q_len: int, kv_len: int, q_rows: int, kv_tile: int):
+    """A flex ``BlockMask`` from [Bsz, Qt, Kt] kept / full tiles: partial tiles run ``mask_mod``, full ones skip it."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    def as_lists(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        count = tiles.sum(-1, dtype=torch.int32)[:, None]  # [Bsz, 1, Qt]
+        order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)[:, None]  # kept tiles first, in order
+        return count, order
+
+    partial = kept & ~full
+    return BlockMask.from_kv_blocks(*as_lists(partial), *as_lists(full), BLOCK_SIZE=(q_rows, kv_tile), mask_mod=mask_mod,
+                                    seq_lengths=(q_len, kv_len))
+
+
 def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, tile: int = 128):
     """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -198,8 +255,12 @@ def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: 
     def mask_mod(b, h, q_idx, kv_idx):
         return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
 
+    kv_len = ctx_valid.shape[1] + q_len
+    if tile % block_size == 0:  # tiles from the anchors (``dflash_tile_structure``), no dense evaluation of the rule
+        kept, full = dflash_tile_structure(anchors, ctx_valid, block_size, spec, tile, tile)
+        return block_mask_from_tiles(kept, full, mask_mod, q_len, kv_len, tile, tile)
     return create_block_mask(
-        mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=ctx_valid.shape[1] + q_len, device=anchors.device, BLOCK_SIZE=tile
+        mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=anchors.device, BLOCK_SIZE=tile
     )  # eager: new anchors every step; compiled building (as the TTT masks do) ran minutes per step on the H100
 
 
@@ -208,8 +269,6 @@ def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block
     """``flex_block_mask`` for queries packed by KV group (module docstring), or None when a tile
     cannot hold whole blocks (``q_tile``, default ``tile``, not a multiple of ``groups * block_size``).
     ``kernel_options`` travel with the mask to flex_attention (e.g. FlashAttention-4's kernels)."""
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
-
     rows_per_block = groups * block_size
     q_tile = q_tile or tile
     if groups < 2 or q_tile % rows_per_block:
@@ -217,19 +276,13 @@ def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block
     bsz, num_anchors = anchors.shape
     q_len, kv_len = num_anchors * block_size, ctx_valid.shape[1] + num_anchors * block_size
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
-
     def packed_mask_mod(b, h, row, kv_idx):  # row = (block n, head g, slot k) -> query n * B + k
-        return mask_mod(b, h, row // rows_per_block * block_size + row % block_size, kv_idx)
+        return dflash_visible(b, row // rows_per_block * block_size + row % block_size, kv_idx, anchors, ctx_valid, block_size, spec)
 
     # A packed tile holds the same blocks as an unpacked tile of tile / G rows: the tile structure
-    # (skipped / partial / full) is the unpacked one at that height, built over Q rows, not G * Q.
-    unpacked = create_block_mask(mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=anchors.device,
-                                 BLOCK_SIZE=(q_tile // groups, tile))
-    block_mask = BlockMask.from_kv_blocks(unpacked.kv_num_blocks, unpacked.kv_indices, unpacked.full_kv_num_blocks,
-                                          unpacked.full_kv_indices, BLOCK_SIZE=(q_tile, tile), mask_mod=packed_mask_mod,
-                                          seq_lengths=(groups * q_len, kv_len))
+    # (skipped / partial / full) is the unpacked one at that height, over Q rows, not G * Q.
+    kept, full = dflash_tile_structure(anchors, ctx_valid, block_size, spec, q_tile // groups, tile)
+    block_mask = block_mask_from_tiles(kept, full, packed_mask_mod, groups * q_len, kv_len, q_tile, tile)
     return PackedQueryMask(block_mask, groups, block_size, kernel_options)
 
 
@@ -332,10 +385,31 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope_q: tuple, mask=None, context: torch.Tensor | None = None, rope_ctx: tuple | None = None,
-                cache: "LayerCache | None" = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope_q, mask, context, rope_ctx, cache)
+    # The training forward in three parts: attention_inputs and attention_output_and_mlp hold every small op
+    # (norms, rotary, SiLU, casts, residuals) around the projections; DFlashDraftModel.compile_regions compiles
+    # them (fused kernels, a few launches each), and the attention between them takes any mask type.
+    def attention_inputs(self, x: torch.Tensor, rope_q: tuple, context: torch.Tensor, rope_ctx: tuple,
+                         group_major: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, Q, H] block states, context [B, T, H] -> q [B, Hq, Q, D], k/v [B, Hkv, T + Q, D] ([context ; block])."""
+        h = self.input_layernorm(x)
+        q = self.self_attn.query(h, *rope_q, group_major=group_major)
+        k_blk, v_blk = self.self_attn.key_value(h, *rope_q)
+        k_ctx, v_ctx = self.self_attn.key_value(context, *rope_ctx)
+        return q, torch.cat([k_ctx, k_blk], dim=2), torch.cat([v_ctx, v_blk], dim=2)
+
+    def attention_output_and_mlp(self, x: torch.Tensor, out: torch.Tensor, group_major: bool = False) -> torch.Tensor:
+        x = x + self.self_attn.output(out, group_major)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward(self, x: torch.Tensor, rope_q: tuple, mask=None, context: torch.Tensor | None = None, rope_ctx: tuple | None = None,
+                cache: "LayerCache | None" = None, regions: tuple | None = None) -> torch.Tensor:
+        if cache is not None:
+            x = x + self.self_attn(self.input_layernorm(x), rope_q, cache=cache)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        inputs, output_and_mlp = regions or (self.attention_inputs, self.attention_output_and_mlp)
+        group_major = getattr(mask, "group_major", False)  # what the mask's kernels take (KeyIntervalMask)
+        q, k, v = inputs(x, rope_q, context, rope_ctx, group_major)
+        return output_and_mlp(x, attention(q, k, v, mask, scale=self.self_attn.scaling), group_major)
 
 
 class DFlashDraftModel(Qwen3PreTrainedModel):
@@ -359,6 +433,18 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     @property
     def layer_types(self) -> list[str]:
         return list(self.config.layer_types)
+
+    def compile_regions(self) -> None:
+        """Compile the training forward's regions around attention (``DFlashDecoderLayer.attention_inputs`` and
+        ``attention_output_and_mlp``, ``project_context``): one compiled code for every layer (their parameters
+        are inputs), one per shape. Eager, these ran ~700 small kernels a step on the reference target, half the
+        GPU's time. Not saved, not used by drafting (``cache=``)."""
+        from kernels.attention import raise_recompile_limit
+
+        raise_recompile_limit()
+        self._regions = [(torch.compile(layer.attention_inputs, dynamic=False), torch.compile(layer.attention_output_and_mlp, dynamic=False))
+                         for layer in self.layers]
+        self._project_context = torch.compile(self.project_context, dynamic=False)
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         # features: [B, T, k*H] target hidden states -> [B, T, H]
@@ -387,13 +473,14 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             for i, layer in enumerate(self.layers):
                 x = layer(x, rope_q, cache=cache.layer(i))
             return self.norm(x)
-        context = self.project_context(features)
+        regions = getattr(self, "_regions", None)
+        context = (self._project_context if regions else self.project_context)(features)
         ctx_positions = torch.arange(features.shape[1], device=features.device).expand(features.shape[0], -1)
         rope_ctx = self.rotary_emb(block_embeds, ctx_positions)
         rope_q = self.rotary_emb(block_embeds, block_positions)
         x = block_embeds
-        for layer, layer_type in zip(self.layers, self.config.layer_types):
-            x = layer(x, rope_q, masks[layer_type], context, rope_ctx)
+        for i, (layer, layer_type) in enumerate(zip(self.layers, self.config.layer_types)):
+            x = layer(x, rope_q, masks[layer_type], context, rope_ctx, regions=regions[i] if regions else None)
         return self.norm(x)
 
 

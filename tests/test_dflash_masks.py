@@ -13,7 +13,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from kernels.attention import attention
-from models.dflash import LayerMaskSpec, dense_mask, dflash_visible, flex_block_mask, flex_packed_block_mask
+from models.dflash import LayerMaskSpec, dense_mask, dflash_tile_structure, dflash_visible, flex_block_mask, flex_packed_block_mask
 
 
 def reference_mask(anchors: list[int], valid: list[bool], block_size: int, spec: LayerMaskSpec) -> torch.Tensor:
@@ -160,3 +160,28 @@ def test_sliding_tiles_do_not_grow_with_context() -> None:
     full = LayerMaskSpec(window=None, block_causal=False)
     assert tiles(2048, sliding) == tiles(8192, sliding)
     assert tiles(8192, full) > 3 * tiles(2048, sliding)
+
+
+@pytest.mark.parametrize("spec_name", list(SPECS))
+@pytest.mark.parametrize("q_rows,kv_tile", [(8, 8), (16, 32), (24, 16)])
+def test_tile_structure_equals_the_dense_masks_tiles(spec_name: str, q_rows: int, kv_tile: int) -> None:
+    """Random sorted anchors, right-padded rows and padded anchor slots: the kept and full tiles computed from the
+    anchors are exactly those of the element-by-element mask (any / all visible pairs per tile)."""
+    spec, block = SPECS[spec_name], 4
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(5):
+        lengths = torch.randint(10, 60, (3,), generator=generator)
+        ctx_valid = torch.arange(60)[None, :] < lengths[:, None]
+        anchors = torch.zeros(3, 9, dtype=torch.long)
+        for row, length in enumerate(lengths.tolist()):
+            count = int(torch.randint(1, 10, (), generator=generator))
+            picked = torch.randperm(length - 1, generator=generator)[:count].sort().values
+            anchors[row, :len(picked)] = picked
+        kept, full = dflash_tile_structure(anchors, ctx_valid, block, spec, q_rows, kv_tile)
+        dense = dense_mask(anchors, ctx_valid, block, spec)[:, 0]  # [3, 36, 96]
+        q_tiles, kv_tiles = kept.shape[1:]
+        tiles = torch.nn.functional.pad(dense.float(), (0, kv_tiles * kv_tile - 96, 0, q_tiles * q_rows - 36), value=-1)
+        tiles = tiles.view(3, q_tiles, q_rows, kv_tiles, kv_tile).transpose(2, 3).flatten(3)  # -1: past the ends
+        real = tiles >= 0
+        assert torch.equal(kept, (tiles == 1).any(-1))
+        assert torch.equal(full, ((tiles == 1) | ~real).all(-1) & (tiles == 1).any(-1))

@@ -185,6 +185,9 @@ class TrainerConfig:
     # EAGLE-3: recompute each TTT step's layers in the backward instead of keeping their activations
     # (a 32K-token step at the 8B shape: 108 GiB peak without, see BENCHMARKS.md)
     activation_checkpointing: bool = False
+    # GPU only: the drafter's small ops compiled (DFlash: the regions around attention and the LM head's loss;
+    # fused kernels instead of hundreds of launches per step on small targets). false = eager, the reference
+    compile_drafter: bool = True
     # DeepSpeed ZeRO (train/deepspeed_engine.py): zero2 | zero3 (configs/deepspeed/) or a path to a DeepSpeed
     # JSON; null = zero2 when launched on several processes (torchrun / deepspeed), no DeepSpeed on one.
     deepspeed: Optional[str] = None

@@ -122,24 +122,31 @@ class DFlashStep:
                              "it needs a Hopper GPU; use flex-flash or flex")
         self.block_size = self.cfg.drafter.block_size
         self.gamma = self.cfg.drafter.loss_gamma or default_gamma(self.block_size)
-        # trainer.pad_multiple: anchors padded to a multiple of half of num_anchors (two shapes), not always to num_anchors
-        self.anchor_multiple = max(1, self.cfg.drafter.num_anchors // 2) if ctx.pad_multiple else 0
+        # trainer.pad_multiple: anchors padded to a multiple of half of num_anchors (two shapes), not always to
+        # num_anchors; not on the GPU, where counting them would sync the host every micro-batch (and a batch's
+        # longest row nearly always holds num_anchors anchors)
+        self.anchor_multiple = max(1, self.cfg.drafter.num_anchors // 2) if ctx.pad_multiple and ctx.device.type != "cuda" else 0
+        self.head_and_loss = head_and_loss
+        if self.cfg.trainer.compile_drafter and ctx.device.type == "cuda":
+            drafter.compile_regions()
+            self.head_and_loss = torch.compile(head_and_loss, dynamic=False)  # logits, fp32 CE and stats fused around the product
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """The step's random choices for one micro-batch: anchors and their blocks."""
         anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.ctx.static_shapes,
-                                        pad_multiple=self.anchor_multiple)
+                                        pad_multiple=self.anchor_multiple, key_width=self.cfg.data.max_length)
         return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id)
 
-    def num_labels(self, batch: dict[str, torch.Tensor], blocks) -> int:
-        return int((blocks.labels != IGNORE).sum())
+    def num_labels(self, batch: dict[str, torch.Tensor], blocks) -> torch.Tensor:
+        return (blocks.labels != IGNORE).sum()  # a tensor: no host sync on the GPU
 
     def forward(self, batch: dict[str, torch.Tensor], blocks) -> BlockStats:
         """Target features -> drafter -> stats (loss_sum is differentiable)."""
         blocks = type(blocks)(*(t.to(self.ctx.device) for t in vars(blocks).values()))
         with self.ctx.autocast():
-            logits = self.block_logits(batch, blocks, self.ctx.backend)
-        return block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
+            hidden = self.block_hidden(batch, blocks, self.ctx.backend)
+            head = self.ctx.target.lm_head
+            return self.head_and_loss(hidden, head.weight, head.bias, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
 
     def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> BlockStats:
         """Held-out stats with a block at every eligible position, and the loop replayed over each assistant
@@ -171,16 +178,21 @@ class DFlashStep:
 
     def block_logits(self, batch: dict[str, torch.Tensor], blocks, backend: str, features: torch.Tensor | None = None) -> torch.Tensor:
         """[Bsz, N*B, V] the drafter's logits for every block slot (blocks already on the device)."""
+        return self.ctx.target.lm_head(self.block_hidden(batch, blocks, backend, features))
+
+    def block_hidden(self, batch: dict[str, torch.Tensor], blocks, backend: str, features: torch.Tensor | None = None) -> torch.Tensor:
+        """[Bsz, N*B, H] the drafter's final hidden states for every block slot (blocks already on the device)."""
         attention_mask = batch["attention_mask"].to(self.ctx.device)  # [Bsz, T]
         if features is None:
             features = self.ctx.target_features(batch).features  # [Bsz, T, k*H]
+        if not self.ctx.bf16:  # fp32 training of a drafter on a bf16 target's features
+            features = features.to(self.drafter.fc.weight.dtype)
         d = self.cfg.drafter
         heads = self.drafter.config
         masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal,
                             backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads, head_dim=heads.head_dim)
         block_embeds = self.ctx.target.embed_tokens(blocks.block_ids).to(features.dtype)  # [Bsz, Q, H]
-        hidden = self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
-        return self.ctx.target.lm_head(hidden)  # [Bsz, Q, V]
+        return self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
 
 
 # ----------------------------------------------------------------------------- the objective
@@ -203,32 +215,42 @@ class Blocks:
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator, pad_to_max: bool = False,
-                   pad_multiple: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random sorted anchors per row among positions whose token and next token carry loss.
+                   pad_multiple: int = 0, key_width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random sorted anchors per row among positions whose token and next token carry loss: a uniform
+    random subset of min(num_anchors, eligible) positions, vectorised on ``loss_mask``'s device (one random
+    key per position from ``generator``, drawn on the CPU so a run's anchors do not depend on the device).
+    Each row draws ``max(key_width, T - 1)`` keys: with ``key_width`` = the longest a row can be padded to,
+    a row's anchors depend neither on how far its micro-batch is padded nor on how the step's rows are split
+    into micro-batches.
 
     Args:
         loss_mask: [Bsz, T] bool.
-        pad_to_max: return N = num_anchors columns always (static shapes for compiled kernels); with
-            ``pad_multiple``, N = the most anchors a row got rounded up to a multiple of it (capped at num_anchors).
-            The anchors drawn are the same either way: only the padding columns differ.
+        pad_to_max: return N = num_anchors columns always (static shapes for compiled kernels; no host sync
+            on the GPU); with ``pad_multiple``, N = the most anchors a row got rounded up to a multiple of it
+            (capped at num_anchors). The anchors drawn are the same either way: only the padding columns differ.
     Returns:
-        anchors [Bsz, N] long and valid [Bsz, N] bool, N = max anchors any row got (>= 1).
+        anchors [Bsz, N] long and valid [Bsz, N] bool (padding columns: anchor 0, not valid), N = max anchors
+        any row got (>= 1) unless padded.
     """
-    eligible = loss_mask[:, :-1] & loss_mask[:, 1:]
-    rows = []
-    for row in eligible:
-        candidates = row.nonzero().flatten().cpu()
-        pick = torch.randperm(len(candidates), generator=generator)[:num_anchors]
-        rows.append(candidates[pick].sort().values)
-    n = max(1, max(len(r) for r in rows))
-    if pad_to_max:
-        n = min(num_anchors, -(-n // pad_multiple) * pad_multiple) if pad_multiple else num_anchors
-    anchors = torch.zeros(len(rows), n, dtype=torch.long)
-    valid = torch.zeros(len(rows), n, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        anchors[i, : len(r)] = r
-        valid[i, : len(r)] = True
-    return anchors.to(loss_mask.device), valid.to(loss_mask.device)
+    eligible = loss_mask[:, :-1] & loss_mask[:, 1:]  # [Bsz, T-1]
+    width = eligible.shape[1]
+    keys = torch.rand(eligible.shape[0], max(key_width, width), generator=generator)[:, :width]
+    keys = keys.to(eligible.device, non_blocking=True)
+    keys = torch.where(eligible, keys, -1.0)
+    top = keys.topk(min(num_anchors, keys.shape[1]), dim=1)
+    chosen = torch.where(top.values >= 0, top.indices, keys.shape[1])  # not eligible: sorts last
+    chosen = chosen.sort(dim=1).values
+    valid = chosen < keys.shape[1]
+    anchors = torch.where(valid, chosen, 0)
+    if pad_to_max and not pad_multiple:
+        n = num_anchors
+    else:
+        n = max(1, int(valid.sum(1).max()))  # a host sync: bucketed or unpadded shapes need the count
+        if pad_to_max:
+            n = min(num_anchors, -(-n // pad_multiple) * pad_multiple)
+    if n > anchors.shape[1]:
+        anchors, valid = F.pad(anchors, (0, n - anchors.shape[1])), F.pad(valid, (0, n - valid.shape[1]))
+    return anchors[:, :n].contiguous(), valid[:, :n].contiguous()
 
 
 def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, mask_token_id: int) -> Blocks:
@@ -294,6 +316,12 @@ class BlockStats:
         }
         out.update({f"{prefix}/acc_slot_{k + 1}": a for k, a in enumerate(acc)})
         return out
+
+
+def head_and_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor, lm_head_bias: torch.Tensor | None, labels: torch.Tensor,
+                  anchor_valid: torch.Tensor, block_size: int, gamma: float) -> BlockStats:
+    """``block_loss`` of the target's (frozen) LM head on ``hidden``: compiled as one region in training."""
+    return block_loss(F.linear(hidden, lm_head_weight, lm_head_bias), labels, anchor_valid, block_size, gamma)
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, gamma: float,

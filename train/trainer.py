@@ -191,6 +191,10 @@ class StepContext:
             batch["split"], batch["rows"] = split, list(indices)
         return batch
 
+    def to_device(self, batch: dict) -> dict:
+        """The batch's tensors on the device (copies queued, no host sync); other entries as they are."""
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
     def target_features(self, batch: dict, with_final_hidden: bool = False):
         """The target's features for a batch: from the store when there is one, else a target forward."""
         input_ids = batch["input_ids"]
@@ -217,16 +221,20 @@ def build_step(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], devi
 # ----------------------------------------------------------------------------- one step, one evaluation
 
 def train_step(step, micro_batches: list[dict[str, torch.Tensor]], step_num: int, optimizer, scheduler, engine=None,
-               ranks: Ranks = Ranks()) -> tuple[Any, float]:
+               ranks: Ranks = Ranks()) -> tuple[Any, torch.Tensor | float]:
     """One optimizer step over the global step's micro-batches (every rank's, in order); this rank runs
-    its own consecutive share. Returns the stats summed over all ranks and the pre-clip gradient norm.
+    its own consecutive share. Returns the stats summed over all ranks and the pre-clip gradient norm
+    (a tensor on the plain path: nothing here waits for the GPU, so the host queues the next step meanwhile).
 
     Every rank plans the whole step, so the anchors and the label count (the loss's denominator) are
     those a single process would draw for the same micro-batches, with no communication.
     """
     generator = torch.Generator().manual_seed(step.cfg.trainer.seed * 1_000_003 + step_num)
+    micro_batches = [step.ctx.to_device(b) for b in micro_batches]
     plans = [step.plan(b, generator) for b in micro_batches]
-    num_labels = max(1, sum(step.num_labels(b, p) for b, p in zip(micro_batches, plans)))  # global count for the step
+    num_labels = sum(step.num_labels(b, p) for b, p in zip(micro_batches, plans))  # global count for the step
+    # a device tensor (no host sync) or an int
+    num_labels = num_labels.clamp(min=1) if isinstance(num_labels, torch.Tensor) else max(1, num_labels)
     per_rank = len(micro_batches) // ranks.world_size
     mine = slice(ranks.rank * per_rank, (ranks.rank + 1) * per_rank)
     total = None
@@ -243,7 +251,7 @@ def train_step(step, micro_batches: list[dict[str, torch.Tensor]], step_num: int
     if engine is None:
         clip = step.cfg.trainer.grad_clip
         trainable = [p for p in step.drafter.parameters() if p.requires_grad]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, clip if clip > 0 else float("inf")))
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, clip if clip > 0 else float("inf"))  # a tensor: read when logged
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -351,7 +359,9 @@ def build(cfg: TrainConfig) -> Run:
 
     step = build_step(cfg, target, layer_ids, device, train_ds, store)
     trainable = [p for p in step.drafter.parameters() if p.requires_grad]  # EAGLE-3's embedding is the target's, frozen
-    optimizer = torch.optim.AdamW(trainable, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
+    # fused: one kernel for every parameter's update on the GPU (DeepSpeed brings its own)
+    optimizer = torch.optim.AdamW(trainable, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay,
+                                  fused=device.type == "cuda" and ds_config is None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(int(tc.warmup_ratio * max_steps), max_steps, tc.min_lr_ratio))
     engine = None if ds_config is None else deepspeed_engine.initialize(step.drafter, optimizer, scheduler, ds_config, device, ranks)
     checkpointer = Checkpointer(output_dir, step.drafter, optimizer, scheduler, batches, engine, tc.keep_checkpoints,
@@ -401,7 +411,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         bar.update(1)
         if n % tc.log_every == 0 or n == run.max_steps:
             elapsed = time.perf_counter() - window_start
-            metrics = {**window_stats.summary("train"), "train/lr": run.scheduler.get_last_lr()[0], "train/grad_norm": grad_norm,
+            metrics = {**window_stats.summary("train"), "train/lr": run.scheduler.get_last_lr()[0], "train/grad_norm": float(grad_norm),
                        "train/tokens_per_s": window_tokens / elapsed, "train/tokens": train_state["tokens"],
                        "train/epoch": n / run.steps_per_epoch}
             if run.device.type == "cuda":
