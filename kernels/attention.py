@@ -60,6 +60,28 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def block_mask_from_tiles(kept: torch.Tensor, full: torch.Tensor, mask_mod, q_len: int, kv_len: int, q_rows: int, kv_tile: int):
+    """A flex ``BlockMask`` from [Bsz, Qt, Kt] kept / full tiles: partial tiles run ``mask_mod``, full ones skip it."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    def as_lists(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        count = tiles.sum(-1, dtype=torch.int32)[:, None]  # [Bsz, 1, Qt]
+        order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)[:, None]  # kept tiles first, in order
+        return count, order
+
+    partial = kept & ~full
+    return BlockMask.from_kv_blocks(*as_lists(partial), *as_lists(full), BLOCK_SIZE=(q_rows, kv_tile), mask_mod=mask_mod,
+                                    seq_lengths=(q_len, kv_len))
+
+
+def triton_flex_options(head_dim: int) -> dict | None:
+    """flex_attention's Triton tile sizes for the trainers' masks. At head_dim 64 (the reference target) the default
+    forward ran 7.6 ms per layer against 0.78 ms with 64 x 64 tiles, and forward + backward 10.6 against 3.2 ms
+    (benchmarks/probe_flex_dflash.py, H100, 16 rows x 2048 tokens, 256 anchors; BENCHMARKS.md). EAGLE-3's
+    TTT masks take the same (measured in training throughput). Larger heads keep flex's defaults (not measured here)."""
+    return {"BLOCK_M": 64, "BLOCK_N": 64} if head_dim <= 64 else None
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None,
               kernel_options: dict | None = None) -> torch.Tensor:
     """Masked attention; ``mask`` is a flex ``BlockMask``, a ``PackedQueryMask``, or a bool tensor

@@ -72,7 +72,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
-from kernels.attention import PackedQueryMask, aligned_visible, attention, cached_attention, grouped_attention, masked_softmax
+from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, choose
 from models.static_target import CapturedSteps, concat_linears, rotate
@@ -229,20 +229,6 @@ def dflash_tile_structure(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_
     kept = F.pad(kept, (0, 0, 0, pad), value=False).view(bsz, q_tiles, per_tile, kv_tiles).any(2)
     full = F.pad(full, (0, 0, 0, pad), value=True).view(bsz, q_tiles, per_tile, kv_tiles).all(2)
     return kept, full & kept
-
-
-def block_mask_from_tiles(kept: torch.Tensor, full: torch.Tensor, mask_mod, q_len: int, kv_len: int, q_rows: int, kv_tile: int):
-    """A flex ``BlockMask`` from [Bsz, Qt, Kt] kept / full tiles: partial tiles run ``mask_mod``, full ones skip it."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    def as_lists(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        count = tiles.sum(-1, dtype=torch.int32)[:, None]  # [Bsz, 1, Qt]
-        order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)[:, None]  # kept tiles first, in order
-        return count, order
-
-    partial = kept & ~full
-    return BlockMask.from_kv_blocks(*as_lists(partial), *as_lists(full), BLOCK_SIZE=(q_rows, kv_tile), mask_mod=mask_mod,
-                                    seq_lengths=(q_len, kv_len))
 
 
 def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, tile: int = 128):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.eagle3 import ttt_dense_mask, ttt_flex_block_mask, ttt_visible
+from train.eagle3 import ttt_dense_mask, ttt_flex_block_mask, ttt_tile_structure, ttt_visible
 
 
 def reference_mask(valid: list[bool], step: int, window: int | None) -> torch.Tensor:
@@ -77,3 +77,21 @@ def test_visible_broadcasts_like_a_mask_mod() -> None:
     assert not bool(ttt_visible(b, torch.tensor(3), torch.tensor(4), 0, ctx_valid, None))
     assert bool(ttt_visible(b, torch.tensor(3), torch.tensor(6 + 3), 1, ctx_valid, None))
     assert not bool(ttt_visible(b, torch.tensor(3), torch.tensor(6 + 2), 1, ctx_valid, None))
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 5, 40])
+@pytest.mark.parametrize("tile", [3, 4, 8])
+def test_tile_structure_equals_the_dense_masks_tiles(window: int | None, tile: int) -> None:
+    """Right-padded rows of several lengths, T not a multiple of the tile (key tiles straddle TTT steps), windows
+    shorter than the step: the kept and full tiles from ``ttt_tile_structure`` are exactly those of the
+    element-by-element mask (any / all visible pairs per tile)."""
+    seq_len = 13
+    ctx_valid = torch.arange(seq_len)[None, :] < torch.tensor([[13], [9], [1]])
+    for step in range(4):
+        kept, full = ttt_tile_structure(ctx_valid, step, window, tile)
+        dense = ttt_dense_mask(ctx_valid, step, window)[:, 0].float()  # [3, T, (step + 1) T]
+        q_tiles, kv_tiles = kept.shape[1:]
+        padded = torch.nn.functional.pad(dense, (0, kv_tiles * tile - dense.shape[2], 0, q_tiles * tile - seq_len), value=-1)
+        tiles = padded.view(3, q_tiles, tile, kv_tiles, tile).transpose(2, 3).flatten(3)  # -1: past the ends
+        assert torch.equal(kept, (tiles == 1).any(-1)), (step, window, tile)
+        assert torch.equal(full, ((tiles == 1) | (tiles < 0)).all(-1) & (tiles == 1).any(-1)), (step, window, tile)

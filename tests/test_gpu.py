@@ -54,31 +54,45 @@ def test_packed_flex_equals_dense_sdpa_with_gradients(spec: LayerMaskSpec) -> No
         assert rel < 1e-2, f"{name}: relative error {rel:.2e}"
 
 
-@pytest.mark.parametrize("kind", ["dflash"])
-def test_compiled_training_step_equals_eager(kind: str, tmp_path) -> None:
-    """trainer.compile_drafter (compiled regions and loss, fp32) against the eager drafter: the same loss, stats and
-    gradients for the same micro-batches and plan, on the GPU's flex backend."""
+def training_step_results(overrides: list[str], tmp_path) -> tuple:
+    """One training step's stats and gradients for the first 4 rows of a tiny experiment on the GPU (fp32)."""
     from compose import compose_train
 
     from train.trainer import build, to_train_config
 
-    results = []
-    for compiled in (False, True):
-        cfg = to_train_config(compose_train([f"experiment={kind}_swa_tiny", "trainer.progress=false", "data.num_eval=0",
-                                             "trainer.loop_eval_prompts=0", "trainer.device=cuda", "trainer.precision=fp32", "target.dtype=float32",
-                                             "trainer.attention_backend=flex", f"trainer.compile_drafter={str(compiled).lower()}",
-                                             f"output_dir={tmp_path / str(compiled)}"]))
-        run = build(cfg)
-        step = run.step
-        batch = step.ctx.to_device(step.ctx.collate([run.train_ds[i] for i in range(4)], run.target.pad_id))
-        plan = step.plan(batch, torch.Generator().manual_seed(0))
-        stats = step.forward(batch, plan)
-        (stats.loss_sum / stats.num_labels).backward()
-        grads = {n: p.grad.detach().clone() for n, p in step.drafter.named_parameters() if p.grad is not None}
-        results.append((stats, grads))
-    (eager, eager_grads), (compiled, compiled_grads) = results
-    assert float(compiled.num_labels) == float(eager.num_labels)
-    torch.testing.assert_close(compiled.loss_sum.detach(), eager.loss_sum.detach(), rtol=1e-4, atol=1e-3)
-    assert eager_grads.keys() == compiled_grads.keys() and eager_grads
-    for name, g in eager_grads.items():
-        torch.testing.assert_close(compiled_grads[name], g, rtol=1e-3, atol=1e-5, msg=name)
+    cfg = to_train_config(compose_train(["trainer.progress=false", "data.num_eval=0", "trainer.loop_eval_prompts=0", "trainer.device=cuda",
+                                         "trainer.precision=fp32", "target.dtype=float32", f"output_dir={tmp_path}", *overrides]))
+    run = build(cfg)
+    step = run.step
+    batch = step.ctx.to_device(step.ctx.collate([run.train_ds[i] for i in range(4)], run.target.pad_id))
+    plan = step.plan(batch, torch.Generator().manual_seed(0))
+    stats = step.forward(batch, plan)
+    (stats.loss_sum / stats.num_labels).backward()
+    grads = {n: p.grad.detach().clone() for n, p in step.drafter.named_parameters() if p.grad is not None}
+    return stats, grads
+
+
+def assert_same_step(a: tuple, b: tuple, rtol: float = 1e-3) -> None:
+    (stats_a, grads_a), (stats_b, grads_b) = a, b
+    assert float(stats_a.num_labels) == float(stats_b.num_labels)
+    torch.testing.assert_close(stats_b.loss_sum.detach(), stats_a.loss_sum.detach(), rtol=1e-4, atol=1e-3)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name, g in grads_a.items():
+        torch.testing.assert_close(grads_b[name], g, rtol=rtol, atol=1e-5, msg=name)
+
+
+def test_compiled_training_step_equals_eager(tmp_path) -> None:
+    """trainer.compile_drafter (DFlash: compiled regions and loss) against the eager drafter: the same loss, stats and
+    gradients for the same micro-batches and plan, on the GPU's flex backend."""
+    common = ["experiment=dflash_swa_tiny", "trainer.attention_backend=flex"]
+    assert_same_step(training_step_results([*common, "trainer.compile_drafter=false"], tmp_path / "eager"),
+                     training_step_results([*common, "trainer.compile_drafter=true"], tmp_path / "compiled"))
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_flex_training_step_equals_dense_masks(kind: str, tmp_path) -> None:
+    """The trainers' flex path (tile structures from the anchors / the TTT rule, the Triton tile options) against
+    SDPA with the element-by-element masks, on the GPU: the same loss and gradients."""
+    common = [f"experiment={kind}_swa_tiny", "trainer.compile_drafter=false"]
+    assert_same_step(training_step_results([*common, "trainer.attention_backend=sdpa"], tmp_path / "sdpa"),
+                     training_step_results([*common, "trainer.attention_backend=flex"], tmp_path / "flex"), rtol=2e-3)

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import FLASH_KERNELS
+from kernels.attention import FLASH_KERNELS, triton_flex_options
 from kernels.window_attention import fa4_available
 from models.dflash import (DFlashDraftModel, LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask, key_interval_mask,
                            make_dflash_config)
@@ -282,7 +282,7 @@ def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_
             return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
         if backend == "fa4":
             return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, head_dim, group_major=True)
-        options = FLASH_KERNELS if backend == "flex-flash" else None
+        options = FLASH_KERNELS if backend == "flex-flash" else triton_flex_options(head_dim)
         packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
         return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)
 

@@ -32,7 +32,6 @@ flex_attention ``mask_mod`` (GPU), whose block mask skips every tile the window 
 
 from __future__ import annotations
 
-import functools
 
 import logging
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import attention
+from kernels.attention import attention, block_mask_from_tiles, triton_flex_options
 from kernels.window_attention import band_ops, cudnn_band_available, cudnn_ops, default_ops, fa4_available, window_attention
 from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from models.target import TargetModel, default_layer_ids
@@ -227,6 +226,7 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
         masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, backend)
     layer_types = model.layer_types
     scale = model.layers[0].self_attn.scaling
+    flex_options = triton_flex_options(model.config.head_dim) if backend == "flex" else None
     keys: list[list[torch.Tensor]] = [[] for _ in model.layers]
     values: list[list[torch.Tensor]] = [[] for _ in model.layers]
     hidden = model.project_features(features)
@@ -244,7 +244,8 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
                 diag_k, diag_v = (torch.stack(step_keys[1:]), torch.stack(step_values[1:])) if j else (None, None)
                 return window_attention(q, step_keys[0], step_values[0], None if window is None else window - j, scale, diag_k, diag_v,
                                         ops=kernels)
-            return attention(q, torch.cat(step_keys, dim=2), torch.cat(step_values, dim=2), masks[j][layer_types[i]], scale=scale)
+            return attention(q, torch.cat(step_keys, dim=2), torch.cat(step_values, dim=2), masks[j][layer_types[i]], scale=scale,
+                             kernel_options=flex_options)
 
         ids = shift_left(input_ids, j + 1, 0)  # x_{t+j+1}
         positions = (torch.arange(seq_len, device=input_ids.device) + 1 + j).expand(bsz, -1)
@@ -415,28 +416,58 @@ def ttt_dense_mask(ctx_valid: torch.Tensor, step: int, window: int | None) -> to
     return ttt_visible(b, q, kv, step, ctx_valid, window)[:, None]
 
 
-def ttt_flex_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int = 128):
-    """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+def ttt_tile_structure(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which (query tile, key tile) pairs of ``ttt_visible`` at ``step`` hold a visible pair (kept) and which hold only
+    visible pairs (full), [Bsz, T / tile, (step + 1) T / tile] bool each, from the rule's shape alone: step 0's keys are
+    a causal band [q + step - W + 1, q] over real keys (and the query's own, real or not), each later step's keys the
+    diagonal u = q (when step - s < W). Exact for right-padded rows (``ctx_valid`` a prefix); with gaps, kept tiles are a
+    superset (flex still applies the rule inside them). No [T, (step + 1) T] mask is evaluated, and nothing is compiled:
+    compiling flex's ``create_block_mask`` took ~50 s per key length at 16 x 2048 tokens on the H100."""
     bsz, seq_len = ctx_valid.shape
+    device = ctx_valid.device
+    kv_len = (step + 1) * seq_len
+    q0 = torch.arange(0, seq_len, tile, device=device)[:, None]  # [Qt, 1]
+    q1 = (q0 + tile).clamp(max=seq_len)
+    k0 = torch.arange(0, kv_len, tile, device=device)  # [Kt]
+    k1 = (k0 + tile).clamp(max=kv_len)
+    last = (ctx_valid * torch.arange(1, seq_len + 1, device=device)).amax(1)[:, None, None]  # one past the last real key
+    invalid_before = F.pad(torch.cumsum(~ctx_valid, 1), (1, 0))  # [Bsz, T + 1]: padding keys before each index
+    band = None if window is None else step - window + 1  # step 0: u >= q + band (band <= 0 unless W <= step)
+    kept = torch.zeros(bsz, len(q0), len(k0), dtype=torch.bool, device=device)
+    full = torch.ones_like(kept)
+    for s in range(step + 1):
+        ua, ub = (k0 - s * seq_len).clamp(0, seq_len), (k1 - s * seq_len).clamp(0, seq_len)  # this step's keys u in the tile
+        present = ua < ub  # [Kt]
+        diagonal = present & (torch.maximum(ua, q0) < torch.minimum(ub, q1))  # [Qt, Kt]: some u == q
+        if s == 0:
+            if band is not None and band > 0:  # the window ends before the query: no context key at all
+                seg_kept = seg_full = torch.zeros_like(kept)
+            else:
+                low = torch.zeros_like(q0) if band is None else q0 + band  # the u some q of the tile sees: [low, q1 - 1]
+                u_high = torch.minimum(ub - 1, last - 1)  # real keys only
+                seg_kept = diagonal | (torch.maximum(ua, low) <= torch.minimum(u_high, q1 - 1))
+                padding = (invalid_before[:, ub] - invalid_before[:, ua])[:, None, :]  # [Bsz, 1, Kt]
+                # a one-query tile also sees its own key when that is padding
+                own = ((q1 - q0 == 1) & (ua <= q0) & (q0 < ub)) & ~ctx_valid[:, q0[:, 0]][:, :, None]  # [Bsz, Qt, Kt]
+                all_real = padding - own.long() == 0
+                above = True if band is None else ua >= q1 - 1 + band
+                seg_full = present & (ub - 1 <= q0) & above & all_real
+        else:
+            seen = window is None or s >= step - window + 1
+            seg_kept = (diagonal & seen).expand_as(kept)
+            seg_full = (diagonal & seen & (q1 - q0 == 1) & (ub - ua == 1)).expand_as(kept)
+        kept = kept | (present & seg_kept)
+        full = full & (~present | seg_full)
+    return kept, full & kept
+
+
+def ttt_flex_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int = 128):
+    """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped
+    (``ttt_tile_structure``: never the dense [T, (j+1)T] mask, 7.5 GB at 32K, step 6)."""
+    seq_len = ctx_valid.shape[1]
 
     def mask_mod(b, h, q_idx, kv_idx):
         return ttt_visible(b, q_idx, kv_idx, step, ctx_valid, window)
 
-    # compiled on the GPU: built tile by tile, never the dense [T, (j+1)T] mask (7.5 GB at 32K, step 6)
-    build = compiled_create_block_mask() if ctx_valid.is_cuda else create_block_mask
-    return build(mask_mod, B=bsz, H=None, Q_LEN=seq_len, KV_LEN=(step + 1) * seq_len, device=ctx_valid.device, BLOCK_SIZE=tile)
-
-
-@functools.cache
-def compiled_create_block_mask():
-    """flex's ``create_block_mask`` compiled once per process (one compiled code per step and window, guarded
-    on the closure's constants). Its own ``_compile=True`` wraps a fresh ``torch.compile`` every call: 7 ms of
-    host time each (a copy of inductor's config), 112 calls per EAGLE-3 step of 16 micro-batches on the H100."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    from kernels.attention import raise_recompile_limit
-
-    raise_recompile_limit()
-    return torch.compile(create_block_mask, dynamic=False)
+    kept, full = ttt_tile_structure(ctx_valid, step, window, tile)
+    return block_mask_from_tiles(kept, full, mask_mod, seq_len, (step + 1) * seq_len, tile, tile)
