@@ -78,7 +78,7 @@ def attention_flops(step, plan, target, seq: int) -> float:
     tcfg = target.config
     per_pair_t = 4 * tcfg.head_dim * tcfg.num_attention_heads
     is_dflash = isinstance(step, DFlashStep)
-    layers_run = max(step.layer_ids) + 1 if is_dflash else target.num_layers
+    layers_run = max(step.ctx.layer_ids) + 1 if is_dflash else target.num_layers
     flops = layers_run * per_pair_t * seq * (seq + 1) / 2
     dcfg = step.drafter.config
     per_pair_d = 4 * getattr(dcfg, "head_dim", dcfg.hidden_size // dcfg.num_attention_heads) * dcfg.num_attention_heads * 3.5

@@ -80,13 +80,13 @@ def test_visible_broadcasts_like_a_mask_mod() -> None:
 
 
 @pytest.mark.parametrize("window", [None, 1, 3, 5, 40])
-@pytest.mark.parametrize("tile", [3, 4, 8])
-def test_tile_structure_equals_the_dense_masks_tiles(window: int | None, tile: int) -> None:
-    """Right-padded rows of several lengths, T not a multiple of the tile (key tiles straddle TTT steps), windows
+@pytest.mark.parametrize("tile", [1, 3, 4, 8])
+@pytest.mark.parametrize("seq_len", [12, 13])
+def test_tile_structure_equals_the_dense_masks_tiles(window: int | None, tile: int, seq_len: int) -> None:
+    """Right-padded rows of several lengths, T a multiple of the tile or not (key tiles straddle TTT steps), windows
     shorter than the step: the kept and full tiles from ``ttt_tile_structure`` are exactly those of the
     element-by-element mask (any / all visible pairs per tile)."""
-    seq_len = 13
-    ctx_valid = torch.arange(seq_len)[None, :] < torch.tensor([[13], [9], [1]])
+    ctx_valid = torch.arange(seq_len)[None, :] < torch.tensor([[seq_len], [9], [1]])
     for step in range(4):
         kept, full = ttt_tile_structure(ctx_valid, step, window, tile)
         dense = ttt_dense_mask(ctx_valid, step, window)[:, 0].float()  # [3, T, (step + 1) T]
