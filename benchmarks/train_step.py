@@ -19,6 +19,7 @@ forward + backward convention), visible pairs counted from the masks' own rules.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -141,7 +142,8 @@ def main() -> None:
                     target.uncompile_layers()
                     plan = step.plan(batch, torch.Generator().manual_seed(0))
                     counter = LinearFlops(target.model, drafter)
-                    stats = step.forward(batch, plan)
+                    with step.eager() if hasattr(step, "eager") else contextlib.nullcontext():  # hooks do not fire in compiled code
+                        stats = step.forward(batch, plan)
                     counter.remove()
                     stats.loss_sum.backward()
                     drafter.zero_grad(set_to_none=True)

@@ -173,3 +173,34 @@ def test_save_and_reload_round_trip(tmp_path) -> None:
         keys = set(f.keys())
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight", "layers.1.mlp.down_proj.weight"} <= keys
     assert not any("embed" in k or "lm_head" in k for k in keys)
+
+
+@pytest.mark.slow
+def test_compiled_regions_equal_the_eager_forward() -> None:
+    """``compile_regions`` (trainer.compile_drafter on the GPU; inductor's CPU code here): the same hidden states and
+    parameter gradients as the eager layers, and the compiled LM-head loss the same loss and input gradient."""
+    from train.dflash import head_and_loss
+
+    torch.manual_seed(0)
+    model = DFlashDraftModel(tiny_config(["sliding_attention", "full_attention"], 6))
+    embed = torch.nn.Embedding(64, 32)
+    input_ids = torch.randint(0, 60, (2, 40))
+    loss_mask = torch.zeros(2, 40, dtype=torch.bool)
+    loss_mask[:, 10:] = True
+    features = torch.randn(2, 40, 64)
+    anchors, valid = sample_anchors(loss_mask, 5, torch.Generator().manual_seed(0), pad_to_max=True)
+    ctx_valid = torch.ones(2, 40, dtype=torch.bool)
+    eager, blocks = run(model, embed, features, input_ids, loss_mask, anchors, valid, ctx_valid)
+    eager_grads = torch.autograd.grad(eager.square().sum(), list(model.parameters()))
+    model.compile_regions()
+    compiled, _ = run(model, embed, features, input_ids, loss_mask, anchors, valid, ctx_valid)
+    compiled_grads = torch.autograd.grad(compiled.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+    for a, b in zip(eager_grads, compiled_grads):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    head = torch.nn.Linear(32, 64, bias=False).requires_grad_(False)
+    hidden = eager.detach().requires_grad_(True)
+    want = head_and_loss(hidden, head, blocks.labels, valid, model.block_size, 7.0)
+    got = torch.compile(head_and_loss, dynamic=False)(hidden, head, blocks.labels, valid, model.block_size, 7.0)
+    torch.testing.assert_close(got.loss_sum, want.loss_sum)
+    torch.testing.assert_close(torch.autograd.grad(got.loss_sum, hidden)[0], torch.autograd.grad(want.loss_sum, hidden)[0])

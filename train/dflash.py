@@ -15,6 +15,7 @@ acceptance, so they weigh most (the DFlash paper uses gamma 7 for B=16, 5 for B=
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -131,6 +132,16 @@ class DFlashStep:
             drafter.compile_regions()
             self.head_and_loss = torch.compile(head_and_loss, dynamic=False)  # logits, fp32 CE and stats fused around the product
 
+    @contextlib.contextmanager
+    def eager(self):
+        """The step with ``trainer.compile_drafter``'s compiled pieces off (module hooks fire: FLOP counting)."""
+        compiled = self.head_and_loss, getattr(self.drafter, "_regions", None)
+        self.head_and_loss, self.drafter._regions = head_and_loss, None
+        try:
+            yield self
+        finally:
+            self.head_and_loss, self.drafter._regions = compiled
+
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """The step's random choices for one micro-batch: anchors and their blocks."""
         anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.ctx.static_shapes,
@@ -145,8 +156,7 @@ class DFlashStep:
         blocks = type(blocks)(*(t.to(self.ctx.device) for t in vars(blocks).values()))
         with self.ctx.autocast():
             hidden = self.block_hidden(batch, blocks, self.ctx.backend)
-            head = self.ctx.target.lm_head
-            return self.head_and_loss(hidden, head.weight, head.bias, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
+            return self.head_and_loss(hidden, self.ctx.target.lm_head, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
 
     def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> BlockStats:
         """Held-out stats with a block at every eligible position, and the loop replayed over each assistant
@@ -318,10 +328,10 @@ class BlockStats:
         return out
 
 
-def head_and_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor, lm_head_bias: torch.Tensor | None, labels: torch.Tensor,
-                  anchor_valid: torch.Tensor, block_size: int, gamma: float) -> BlockStats:
+def head_and_loss(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int,
+                  gamma: float) -> BlockStats:
     """``block_loss`` of the target's (frozen) LM head on ``hidden``: compiled as one region in training."""
-    return block_loss(F.linear(hidden, lm_head_weight, lm_head_bias), labels, anchor_valid, block_size, gamma)
+    return block_loss(lm_head(hidden), labels, anchor_valid, block_size, gamma)
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, gamma: float,
