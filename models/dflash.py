@@ -348,19 +348,12 @@ class DFlashAttention(nn.Module):
         b, _, q_len, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim), group_major=group_major)
 
-    def forward(self, x: torch.Tensor, rope_q: tuple, mask=None, context: torch.Tensor | None = None, rope_ctx: tuple | None = None,
-                cache: "LayerCache | None" = None) -> torch.Tensor:
-        # x: [B, Q, H] (normed block states); context: [B, T, H] (projected features, training);
-        # cache: this layer's cached context keys and attention rule (drafting; the block's keys go after them)
-        group_major = getattr(mask, "group_major", False)  # what the mask's kernels take (KeyIntervalMask)
-        q = self.query(x, *rope_q, group_major=group_major)
+    def forward(self, x: torch.Tensor, rope_q: tuple, cache: "LayerCache") -> torch.Tensor:
+        # drafting: x [B, Q, H] (normed block states); cache: this layer's cached context keys and attention rule (the
+        # block's keys go after them). Training runs DFlashDecoderLayer.attention_inputs / attention_output_and_mlp.
+        q = self.query(x, *rope_q)
         k_blk, v_blk = self.key_value(x, *rope_q)
-        if cache is not None:
-            return self.output(cache.attend(q, k_blk, v_blk, self.scaling))
-        k_ctx, v_ctx = self.key_value(context, *rope_ctx)
-        k = torch.cat([k_ctx, k_blk], dim=2)
-        v = torch.cat([v_ctx, v_blk], dim=2)
-        return self.output(attention(q, k, v, mask, scale=self.scaling), group_major)
+        return self.output(cache.attend(q, k_blk, v_blk, self.scaling))
 
 
 class DFlashDecoderLayer(nn.Module):
