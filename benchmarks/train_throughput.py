@@ -41,7 +41,6 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps after the timed ones")
     parser.add_argument("--cprofile", type=int, default=0, help="cProfile this many steps: the host's Python time by function")
-    parser.add_argument("--stack-every", type=float, default=0, help="print every thread's stack this often (seconds): where a stall is")
     parser.add_argument("--json", default=None)
     args = parser.parse_intermixed_args()
 
@@ -49,8 +48,6 @@ def main() -> None:
     import signal
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `timeout -s USR1 ...` prints where a stalled step is
-    if args.stack_every:
-        faulthandler.dump_traceback_later(args.stack_every, repeat=True)
     from train.trainer import build, train_step
 
     cfg = compose([f"output_dir=/tmp/train_throughput/{time.time_ns()}", *args.overrides])

@@ -191,63 +191,45 @@ def dense_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, 
 def dflash_tile_structure(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, q_rows: int,
                           kv_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Which (query tile, key tile) pairs of ``dflash_visible`` hold a visible pair (kept) and which hold only
-    visible pairs (full), from the anchors alone: [Bsz, Q / q_rows, K / kv_tile] bool each, no [Q, K] mask built
+    visible pairs (full), [Bsz, Q / q_rows, K / kv_tile] bool each, from each query's two key intervals
+    (``kernels.key_intervals.dflash_key_intervals``, the rule FlashAttention-4's kernels run), not from a [Q, K] mask
     (16 rows x 4096 queries x 6144 keys is 400M evaluations of the rule per layer type and step on the GPU).
 
-    Exact for right-padded rows (``ctx_valid`` a prefix of each row, the trainer's batches): block n's queries see,
-    together, the context [max(0, a_n - W + 1), min(a_n, length)) and all B keys of their own block (each slot sees
-    itself). With gaps inside the context a kept tile may hold only padding keys (still correct: flex applies the
-    rule inside kept tiles); a full tile is a pure-context tile whose keys are all real and lie in every block's
-    common visible range [a_n + B - W, a_n) of the tile's blocks. Block-key tiles are never marked full (at the
-    trainer's sizes a key tile spans several blocks, which never see each other). ``q_rows`` must hold whole blocks.
+    Exact for right-padded rows (``ctx_valid`` a prefix of each row, the trainer's batches). With gaps inside the
+    context the intervals run to the last real key, so a kept tile may hold only padding keys (still correct: flex
+    applies the rule inside kept tiles), and a context tile is full only if all its keys are real. Block-key tiles are
+    never marked full.
     """
-    if q_rows % block_size:
-        raise ValueError(f"q_rows={q_rows} must be a multiple of block_size={block_size}")
     bsz, n = anchors.shape
     ctx_len = ctx_valid.shape[1]
-    kv_len = ctx_len + n * block_size
-    per_tile = q_rows // block_size
-    q_tiles, kv_tiles = -(-n // per_tile), -(-kv_len // kv_tile)
+    q_len, kv_len = n * block_size, ctx_len + n * block_size
+    q_tiles, kv_tiles = -(-q_len // q_rows), -(-kv_len // kv_tile)
     device = anchors.device
     ctx_valid = ctx_valid.to(device)
-    # one past the last real key (with gaps inside the context, kept tiles are then a superset)
-    lengths = (ctx_valid * torch.arange(1, ctx_len + 1, device=device)).amax(1, keepdim=True)  # [Bsz, 1]
-    lo = torch.zeros_like(anchors) if spec.window is None else (anchors - spec.window + 1).clamp(min=0)
-    hi = torch.minimum(anchors, lengths)
+    last_real = (ctx_valid * torch.arange(1, ctx_len + 1, device=device)).amax(1)  # [Bsz] one past the last real key
+    rows = dflash_key_intervals(anchors, last_real, block_size, spec.window, spec.block_causal, ctx_len).long()  # [Bsz, Q, 4]
+    lo1, hi1, lo2, hi2 = (rows[..., i, None] for i in range(4))  # [Bsz, Q, 1]: context, own block
     start = torch.arange(kv_tiles, device=device) * kv_tile  # [Kt]
     end = (start + kv_tile).clamp(max=kv_len)
-    ctx_end = end.clamp(max=ctx_len)
-    sees_ctx = torch.maximum(start, lo[..., None]) < torch.minimum(ctx_end, hi[..., None])  # [Bsz, N, Kt]
-    blk_start = ctx_len + torch.arange(n, device=device) * block_size  # [N]
-    sees_blk = torch.maximum(start, blk_start[:, None]) < torch.minimum(end, blk_start[:, None] + block_size)  # [N, Kt]
-    kept = sees_ctx | sees_blk
-    # full: a pure-context tile of real keys inside every block's common range
-    tile_real = F.pad(ctx_valid, (0, kv_tiles * kv_tile - ctx_len)).view(bsz, kv_tiles, kv_tile).all(-1)  # [Bsz, Kt]
-    common_lo = torch.zeros_like(anchors) if spec.window is None else anchors + block_size - spec.window
-    full = (end <= ctx_len) & tile_real[:, None] & (start >= common_lo[..., None]) & (end <= anchors[..., None])  # [Bsz, N, Kt]
-    pad = q_tiles * per_tile - n  # blocks past the last: no queries (kept: nothing; full: no condition)
-    kept = F.pad(kept, (0, 0, 0, pad), value=False).view(bsz, q_tiles, per_tile, kv_tiles).any(2)
-    full = F.pad(full, (0, 0, 0, pad), value=True).view(bsz, q_tiles, per_tile, kv_tiles).all(2)
+    kept = (torch.maximum(start, lo1) < torch.minimum(end, hi1)) | (torch.maximum(start, lo2) < torch.minimum(end, hi2))
+    tile_real = F.pad(ctx_valid, (0, kv_tiles * kv_tile - ctx_len)).view(bsz, kv_tiles, kv_tile).all(-1)[:, None]  # [Bsz, 1, Kt]
+    # full: context tiles only (a key tile spans several blocks at the trainer's sizes, and blocks never see each other)
+    full = (lo1 <= start) & (end <= hi1) & tile_real  # [Bsz, Q, Kt]
+    pad = q_tiles * q_rows - q_len  # rows past the last query: none (kept: nothing; full: no condition)
+    kept = F.pad(kept, (0, 0, 0, pad), value=False).view(bsz, q_tiles, q_rows, kv_tiles).any(2)
+    full = F.pad(full, (0, 0, 0, pad), value=True).view(bsz, q_tiles, q_rows, kv_tiles).all(2)
     return kept, full & kept
 
 
 def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, tile: int = 128):
     """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    bsz, num_anchors = anchors.shape
-    q_len = num_anchors * block_size
+    q_len = anchors.shape[1] * block_size
 
     def mask_mod(b, h, q_idx, kv_idx):
         return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
 
-    kv_len = ctx_valid.shape[1] + q_len
-    if tile % block_size == 0:  # tiles from the anchors (``dflash_tile_structure``), no dense evaluation of the rule
-        kept, full = dflash_tile_structure(anchors, ctx_valid, block_size, spec, tile, tile)
-        return block_mask_from_tiles(kept, full, mask_mod, q_len, kv_len, tile, tile)
-    return create_block_mask(
-        mask_mod, B=bsz, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=anchors.device, BLOCK_SIZE=tile
-    )  # eager: new anchors every step; compiled building (as the TTT masks do) ran minutes per step on the H100
+    kept, full = dflash_tile_structure(anchors, ctx_valid, block_size, spec, tile, tile)
+    return block_mask_from_tiles(kept, full, mask_mod, q_len, ctx_valid.shape[1] + q_len, tile, tile)
 
 
 def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
