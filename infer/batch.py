@@ -58,11 +58,15 @@ def check_batchable(drafter, batch_size: int) -> None:
 
 @torch.no_grad()
 def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams: int, *, batch_size: int, capacity: int,
-                     max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096) -> None:
+                     max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
+                     refill_wave: int | None = None) -> None:
     """Run ``num_streams`` request streams through ``batch_size`` rows; every finished generation goes to ``driver``.
 
     capacity: the most positions one request needs (prompt + ``max_new_tokens`` + a verify block); a longer request
     is refused with its stream's number.
+    refill_wave: rows whose request finished wait (stepping idle) until this many are waiting, or as many as rows still
+        decode, and are then prefilled together (``StaticTarget.prefill_rows``): one prefill per row was what bounded
+        regeneration on small targets (default: an eighth of the rows). A row's tokens do not depend on when it starts.
     """
     check_batchable(drafter, batch_size)
     device = target.device
@@ -78,61 +82,102 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     tokens = torch.zeros(rows_n, dtype=torch.long, device=device)  # each row's newest token
     positions = torch.zeros(rows_n, dtype=torch.long, device=device)
 
-    def start(r: int, stream: int, prompt: list[int]) -> None:
-        t0 = time.perf_counter()
-        n = len(prompt)
-        if n == 0:
+    def check(stream: int, prompt: list[int]) -> None:
+        if not prompt:
             raise ValueError(f"request {stream}: empty prompt")
-        if n + max_new_tokens + block > capacity:
-            raise ValueError(f"request {stream}: {n} prompt + {max_new_tokens} new tokens exceed the batch's capacity {capacity}")
-        ids = torch.as_tensor(prompt, dtype=torch.long, device=device)
-        if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
-            drafter.clear_row(r)
-        for s in range(0, n, prefill_chunk):
+        if len(prompt) + max_new_tokens + block > capacity:
+            raise ValueError(f"request {stream}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the batch's capacity {capacity}")
+
+    def prefill_alone(r: int, ids: torch.Tensor) -> torch.Tensor:
+        """A long prompt, chunk by chunk into row ``r`` (the drafter's context with it): the last token's logits [1, V]."""
+        for s in range(0, ids.shape[0], prefill_chunk):
             logits, features = target.prefill(ids[s:s + prefill_chunk], r, s, last_logits_only=True)
-            if isinstance(drafter, StaticDFlashDrafter):
-                drafter.append(features[None], torch.tensor([s], device=device), row=r)
-            elif isinstance(drafter, StaticEagle3Drafter):  # step 0 over the chunk; its last index waits for the next token
-                drafter.prefill(features, s, ids[s:s + prefill_chunk], row=r)
-        generator = torch.Generator(device=device).manual_seed(sampling.seed)
-        first = choose(logits, sampling, generator)[0][0]
-        row = Row(stream, n, [int(first)], n, GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block), generator)
-        row.ended = row.out[0] in eos
-        if isinstance(drafter, PromptLookupDrafter):
-            row.drafter = copy.copy(drafter)
-            row.drafter.reset(n + max_new_tokens + block)
-            row.drafter.append_context(None, 0, ids)
-        tokens[r], positions[r] = first, n
-        row.stats.prefill_s = time.perf_counter() - t0
-        rows[r] = row
+            feed_drafter(r, s, ids[s:s + prefill_chunk], features)
+        return logits
+
+    def feed_drafter(r: int, s: int, ids: torch.Tensor, features: torch.Tensor | None) -> None:
+        if isinstance(drafter, StaticDFlashDrafter):
+            drafter.append(features[None], torch.tensor([s], device=device), row=r)
+        elif isinstance(drafter, StaticEagle3Drafter):  # step 0 over the chunk; its last index waits for the next token
+            drafter.prefill(features, s, ids, row=r)
+
+    def start_wave() -> None:
+        """Prefill every waiting request: prompts up to ``prefill_chunk`` tokens in forwards of several rows (at most
+        ``prefill_chunk`` padded tokens each, similar lengths together), longer ones alone."""
+        t0 = time.perf_counter()
+        entries = sorted(waiting, key=lambda e: len(e[2]))
+        waiting.clear()
+        ids = {r: torch.as_tensor(prompt, dtype=torch.long, device=device) for r, _, prompt in entries}
+        for r, _, _ in entries:
+            if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
+                drafter.clear_row(r)
+        last_logits, groups, group = {}, [], []
+        for entry in entries:
+            n = len(entry[2])
+            if n > prefill_chunk:
+                last_logits[entry[0]] = prefill_alone(entry[0], ids[entry[0]])
+            elif group and (len(group) + 1) * n > prefill_chunk:  # sorted: n is the group's longest
+                groups, group = groups + [group], [entry]
+            else:
+                group.append(entry)
+        for group in groups + ([group] if group else []):
+            logits, features = target.prefill_rows([ids[r] for r, _, _ in group], [r for r, _, _ in group])
+            for j, (r, _, prompt) in enumerate(group):
+                last_logits[r] = logits[j:j + 1]
+                if features is not None:
+                    feed_drafter(r, 0, ids[r], features[j, :len(prompt)])
+        firsts = {}
+        for r, stream, prompt in entries:
+            generator = torch.Generator(device=device).manual_seed(sampling.seed)
+            firsts[r] = (choose(last_logits[r], sampling, generator)[0][0], generator)
+        first_tokens = torch.stack([firsts[r][0] for r, _, _ in entries]).tolist()  # one sync for the wave
+        total = sum(len(prompt) for _, _, prompt in entries)
+        elapsed = time.perf_counter() - t0
+        for (r, stream, prompt), first in zip(entries, first_tokens):
+            n = len(prompt)
+            row = Row(stream, n, [first], n, GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block), firsts[r][1])
+            row.ended = first in eos
+            if isinstance(drafter, PromptLookupDrafter):
+                row.drafter = copy.copy(drafter)
+                row.drafter.reset(n + max_new_tokens + block)
+                row.drafter.append_context(None, 0, ids[r])
+            tokens[r], positions[r] = first, n
+            row.stats.prefill_s = elapsed * n / total  # the wave's time, shared by prompt tokens
+            rows[r] = row
 
     def next_request(r: int, finished: Generation | None, stream: int | None) -> None:
-        """Give row ``r`` the next prompt of ``stream`` (after ``finished``), else of a new stream, else idle it."""
+        """Queue row ``r`` for the next prompt of ``stream`` (after ``finished``), else of a new stream, else idle it."""
+        rows[r] = None
+        positions[r] = 0  # a waiting or idle row keeps stepping harmlessly at position 0 (its prefill rewrites from 0)
         while True:
             prompt = driver(stream, finished) if stream is not None else None
             if prompt is not None:
-                return start(r, stream, prompt)
+                check(stream, prompt)
+                waiting.append((r, stream, list(prompt)))
+                return
             stream, finished = next(pending, None), None
             if stream is None:
-                rows[r] = None
-                positions[r] = 0  # an idle row keeps stepping harmlessly at position 0
                 return
 
     def settle() -> None:
-        """Finish every row whose request is done (budget or an end-of-sequence token), refilling it, until none is."""
-        done = True
-        while done:
-            done = False
+        """Finish every row whose request is done (budget or an end-of-sequence token) and queue its row for the next
+        prompt; start the queued rows together once there are ``wave`` of them or as many as rows still decoding."""
+        while True:
             for r, row in enumerate(rows):
                 if row is not None and (len(row.out) >= max_new_tokens or row.ended):
                     finish(r, row, max_new_tokens, eos, next_request)
-                    done = True
+            decoding = sum(row is not None for row in rows)
+            if not waiting or (len(waiting) < wave and len(waiting) < decoding):
+                return
+            start_wave()
 
+    waiting: list[tuple[int, int, list[int]]] = []  # (row, stream, prompt) queued for the next wave of prefills
+    wave = max(1, rows_n // 8) if refill_wave is None else refill_wave
     for r in range(rows_n):
         next_request(r, None, next(pending, None))
     settle()
 
-    while any(row is not None for row in rows):
+    while any(row is not None for row in rows):  # settle leaves no request waiting without a row decoding
         t0 = time.perf_counter()
         if drafter is None:
             ids = tokens[:, None]
@@ -225,7 +270,8 @@ def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request) -> Non
 
 
 def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_new_tokens: int = 256, *, batch_size: int = 8,
-                   sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096) -> list[Generation]:
+                   sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
+                   refill_wave: int | None = None) -> list[Generation]:
     """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order."""
     results: list[Generation | None] = [None] * len(prompts)
 
@@ -238,5 +284,5 @@ def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_
     verify_len = drafter.block_size if drafter is not None else 1
     capacity = max(len(p) for p in prompts) + max_new_tokens + verify_len
     generate_streams(target, drafter, driver, len(prompts), batch_size=batch_size, capacity=capacity, max_new_tokens=max_new_tokens,
-                     sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk)
+                     sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk, refill_wave=refill_wave)
     return results

@@ -368,6 +368,54 @@ class StaticTarget:
             return logits, None
         return logits, torch.cat([features[i] for i in self.feature_layer_ids], dim=-1)
 
+    @torch.no_grad()
+    def prefill_rows(self, prompts: list[torch.Tensor], rows: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Whole prompts into several rows from position 0 in one forward (eager, SDPA): ``prompts[j]`` [n_j] into row
+        ``rows[j]``. The prompts are right-padded to the longest; a row's padded positions write keys past its prompt,
+        which no query sees before the row's own decoding writes them (a step writes its keys before attending).
+
+        One forward for m prompts launches the kernels of one: a small target's prefill is launch-bound, so batching
+        the rows that start together is what keeps many rows in flight fast (``infer.batch``).
+
+        Returns the last prompt token's logits [m, V] fp32 and features [m, L, k*H] (row j's first n_j valid) or None.
+        """
+        m, lengths = len(prompts), [int(p.shape[0]) for p in prompts]
+        length = max(lengths)
+        if length > self.capacity:
+            raise ValueError(f"prefill of {length} tokens exceeds the KV cache capacity {self.capacity}; call allocate() first")
+        ids = torch.zeros(m, length, dtype=torch.long, device=self.device)
+        for j, p in enumerate(prompts):
+            ids[j, :lengths[j]] = p
+        row_index = torch.as_tensor(rows, device=self.device)
+        cos, sin = self.cos[:length][:, None], self.sin[:length][:, None]  # [L, 1, D]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = self.embed_tokens(ids)  # [m, L, H]
+        features = {}
+        for i, w in enumerate(self.weights):
+            h = rms_norm(x, w.input_norm, self.eps)
+            q, k, v = self.linear(h, w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k, v = q.view(m, length, hq, d), k.view(m, length, hkv, d), v.view(m, length, hkv, d)
+            if w.q_norm is not None:
+                q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
+            q, k = rotate(q, cos, sin).transpose(1, 2), rotate(k, cos, sin).transpose(1, 2)  # [m, heads, L, D]
+            v = v.transpose(1, 2)
+            self.k_cache[i, row_index, :, :length] = k
+            self.v_cache[i, row_index, :, :length] = v
+            groups = hq // hkv
+            out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
+                                                 is_causal=True, scale=self.scale)  # right padding: causal is exact for real queries
+            x = x + self.linear(out.transpose(1, 2).reshape(m, length, hq * d), w.wo, w.bo)
+            h = rms_norm(x, w.post_norm, self.eps)
+            gate, up = self.linear(h, w.w13, w.b13).chunk(2, dim=-1)
+            x = x + self.linear(self.act(gate) * up, w.w2, w.b2)
+            if i in self.feature_layer_ids:
+                features[i] = x
+        last = x[torch.arange(m, device=self.device), torch.as_tensor(lengths, device=self.device) - 1]  # [m, H]
+        logits = self.linear(self.norm(last), self.head_weight, self.lm_head.bias).float()
+        if not features:
+            return logits, None
+        return logits, torch.cat([features[i] for i in self.feature_layer_ids], dim=-1)
+
     def move(self, slots: torch.Tensor, dest: int, row: int = 0) -> None:
         """Copy row ``row``'s keys/values of cache ``slots`` [m] to slots ``dest .. dest+m-1`` (an accepted tree path)."""
         m = slots.shape[0]

@@ -99,6 +99,40 @@ def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
         assert any(a > 0 for w in want for a in w.stats.accepted_per_step)
 
 
+def test_prefilling_several_rows_at_once_equals_one_row_at_a_time(setup) -> None:
+    """``prefill_rows`` (prompts of different lengths right-padded into one forward) against ``prefill`` per row: the
+    last token's logits, the features of every prompt token, and every cached key and value of the prompts (fp32)."""
+    model, _, prompts, _, _ = setup
+    batched, alone = StaticTarget(model, [1, 3]), StaticTarget(model, [1, 3])
+    for target in (batched, alone):
+        target.allocate(128, batch=4)
+    rows = [2, 0, 3]
+    logits, features = batched.prefill_rows([torch.tensor(prompts[j]) for j in range(3)], rows)
+    for j, r in enumerate(rows):
+        n = len(prompts[j])
+        want_logits, want_features = alone.prefill(torch.tensor(prompts[j]), r, 0, last_logits_only=True)
+        torch.testing.assert_close(logits[j:j + 1], want_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(features[j, :n], want_features, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(batched.k_cache[:, r, :, :n], alone.k_cache[:, r, :, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batched.v_cache[:, r, :, :n], alone.v_cache[:, r, :, :n], rtol=1e-5, atol=1e-5)
+    assert batched.k_cache[:, 1].abs().sum() == 0  # the row not named is untouched
+
+
+@pytest.mark.parametrize("drafter_kind", ["none", "dflash", "eagle3"])
+def test_rows_refilled_in_waves_equal_batch_one(setup, drafter_kind, monkeypatch) -> None:
+    """Finished rows wait for a wave of two before their prompts are prefilled together (rows idle meanwhile): every
+    prompt's tokens and accepted counts are batch 1's, and the prefills did run several rows at once."""
+    prompts, eos = setup[2] * 2, setup[3]
+    target, drafter = make_drafter(setup, drafter_kind)
+    want = [generate(target, drafter, p, 24, eos_token_ids=eos) for p in prompts]
+    calls = []
+    prefill_rows = target.prefill_rows
+    monkeypatch.setattr(target, "prefill_rows", lambda ps, rows: calls.append(len(rows)) or prefill_rows(ps, rows))
+    got = generate_batch(target, drafter, prompts, 24, batch_size=4, eos_token_ids=eos, refill_wave=2)
+    assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
+    assert sum(calls) == len(prompts) and calls[0] == 4 and max(calls[1:]) >= 2
+
+
 def test_an_end_of_sequence_first_token_and_a_one_token_budget(setup) -> None:
     model, _, prompts, eos, _ = setup
     target = StaticTarget(model, [])

@@ -70,8 +70,9 @@ class HFReplies:
 
 class OurReplies:
     """Our decoding loop on the target alone: the static target (KV buffers written by position, captured steps on a
-    GPU) with ``batch_size`` prompts in flight (``infer.batch``), each row's tokens those of batch 1. Replies are handed
-    out per chunk of a few batches, so a kill loses at most the chunk in flight."""
+    GPU) with ``batch_size`` prompts in flight (``infer.batch``: finished rows refilled in waves of prefills), each row's
+    tokens those of batch 1. Replies are handed out per chunk of 16 batches' prompts (a chunk ends with its rows
+    draining), so a kill loses at most the chunk in flight."""
 
     def __init__(self, model: Any, tokenizer: Any, cfg: Any):
         from infer.batch import generate_batch
@@ -85,7 +86,7 @@ class OurReplies:
 
     def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[tuple[int, list[int] | None, str | None]]:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a chunk: a smaller capacity
-        chunk = 4 * self.batch_size
+        chunk = 16 * self.batch_size
         for start in range(0, len(order), chunk):
             part = order[start:start + chunk]
             # one budget per chunk (the largest), each reply cut to its own: a longer run only extends a reply's tail
