@@ -99,18 +99,22 @@ def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
         assert any(a > 0 for w in want for a in w.stats.accepted_per_step)
 
 
-def test_prefilling_several_rows_at_once_equals_one_row_at_a_time(setup) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_prefilling_several_rows_at_once_equals_one_row_at_a_time(setup, device) -> None:
     """``prefill_rows`` (prompts of different lengths right-padded into one forward) against ``prefill`` per row: the
     last token's logits, the features of every prompt token, and every cached key and value of the prompts (fp32)."""
+    import copy
+
     model, _, prompts, _, _ = setup
+    model = model if device == "cpu" else copy.deepcopy(model).to(device)
     batched, alone = StaticTarget(model, [1, 3]), StaticTarget(model, [1, 3])
     for target in (batched, alone):
         target.allocate(128, batch=4)
     rows = [2, 0, 3]
-    logits, features = batched.prefill_rows([torch.tensor(prompts[j]) for j in range(3)], rows)
+    logits, features = batched.prefill_rows([torch.tensor(prompts[j], device=device) for j in range(3)], rows)
     for j, r in enumerate(rows):
         n = len(prompts[j])
-        want_logits, want_features = alone.prefill(torch.tensor(prompts[j]), r, 0, last_logits_only=True)
+        want_logits, want_features = alone.prefill(torch.tensor(prompts[j], device=device), r, 0, last_logits_only=True)
         torch.testing.assert_close(logits[j:j + 1], want_logits, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(features[j, :n], want_features, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(batched.k_cache[:, r, :, :n], alone.k_cache[:, r, :, :n], rtol=1e-5, atol=1e-5)
