@@ -1,8 +1,8 @@
 """Batched speculative decoding: many generations in flight, each row with its own positions, acceptance and caches.
 
     rows:   B slots of the static target (``models/static_target.py``) and drafter; a finished row takes the next
-            request (its prompt prefilled into that row alone, from position 0: what the row held before is
-            never visible again, every key the new prompt sees is written first)
+            request once a wave of rows is free (their prompts prefilled together, each from position 0 of its own
+            row: what the row held before is never visible again, every key the new prompt sees is written first)
     step:   draft every row's block -> verify all rows in one [B, k+1] target pass -> accept per row ->
             append every row's verified block to the drafter (fixed shapes) -> one host sync for all rows
 
