@@ -324,6 +324,23 @@ class StaticTarget:
 
     # ------------------------------------------------------------------------------------------ prefill, trees
 
+    def _eager_layer(self, i: int, x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+        """Decoder layer ``i`` in eager ops for prompt runs (``prefill``, ``prefill_rows``): x [..., n, H] -> [..., n, H].
+        ``attend(i, q, k, v)`` gets the queries, keys and values [..., n, heads, D] (normed and rotated), writes the
+        layer's cache and returns the attention output [..., n, Hq, D]."""
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        lead = x.shape[:-1]
+        h = rms_norm(x, w.input_norm, self.eps)
+        q, k, v = self.linear(h, w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = q.view(*lead, hq, d), k.view(*lead, hkv, d), v.view(*lead, hkv, d)
+        if w.q_norm is not None:
+            q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
+        out = attend(i, rotate(q, cos, sin), rotate(k, cos, sin), v)
+        x = x + self.linear(out.reshape(*lead, hq * d), w.wo, w.bo)
+        h = rms_norm(x, w.post_norm, self.eps)
+        gate, up = self.linear(h, w.w13, w.b13).chunk(2, dim=-1)
+        return x + self.linear(self.act(gate) * up, w.w2, w.b2)
+
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, row: int, start: int, last_logits_only: bool = False,
                 positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -341,24 +358,17 @@ class StaticTarget:
         if mask is not None:
             mask = torch.cat([torch.ones(n, start, dtype=torch.bool, device=self.device), mask.to(self.device)], dim=1)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [n, 1, D]
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+
+        def attend(i, q, k, v):  # q/k/v [n, heads, D]
+            self.k_cache[i, row, :, start:end] = k.transpose(0, 1)
+            self.v_cache[i, row, :, start:end] = v.transpose(0, 1)
+            return cached_attention(q, self.k_cache[i, row, :, :end].transpose(0, 1), self.v_cache[i, row, :, :end].transpose(0, 1),
+                                    causal=True, window=None, scale=self.scale, mask=mask)
+
         x = self.embed_tokens(input_ids)  # [n, H]
         features = {}
         for i, w in enumerate(self.weights):
-            h = rms_norm(x, w.input_norm, self.eps)
-            q, k, v = self.linear(h, w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
-            q, k, v = q.view(n, hq, d), k.view(n, hkv, d), v.view(n, hkv, d)
-            if w.q_norm is not None:
-                q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            self.k_cache[i, row, :, start:end] = k.transpose(0, 1)
-            self.v_cache[i, row, :, start:end] = v.transpose(0, 1)
-            out = cached_attention(q, self.k_cache[i, row, :, :end].transpose(0, 1), self.v_cache[i, row, :, :end].transpose(0, 1),
-                                   causal=True, window=None, scale=self.scale, mask=mask)
-            x = x + self.linear(out.reshape(n, hq * d), w.wo, w.bo)
-            h = rms_norm(x, w.post_norm, self.eps)
-            gate, up = self.linear(h, w.w13, w.b13).chunk(2, dim=-1)
-            x = x + self.linear(self.act(gate) * up, w.w2, w.b2)
+            x = self._eager_layer(i, x, w, cos, sin, attend)
             if i in self.feature_layer_ids:
                 features[i] = x
         if last_logits_only:
@@ -388,26 +398,20 @@ class StaticTarget:
             ids[j, :lengths[j]] = p
         row_index = torch.as_tensor(rows, device=self.device)
         cos, sin = self.cos[:length][:, None], self.sin[:length][:, None]  # [L, 1, D]
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        groups = self.num_heads // self.num_kv_heads
+
+        def attend(i, q, k, v):  # q/k/v [m, L, heads, D]
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [m, heads, L, D]
+            self.k_cache[i, row_index, :, :length] = k
+            self.v_cache[i, row_index, :, :length] = v
+            out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
+                                                 is_causal=True, scale=self.scale)  # right padding: causal is exact for real queries
+            return out.transpose(1, 2)
+
         x = self.embed_tokens(ids)  # [m, L, H]
         features = {}
         for i, w in enumerate(self.weights):
-            h = rms_norm(x, w.input_norm, self.eps)
-            q, k, v = self.linear(h, w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
-            q, k, v = q.view(m, length, hq, d), k.view(m, length, hkv, d), v.view(m, length, hkv, d)
-            if w.q_norm is not None:
-                q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
-            q, k = rotate(q, cos, sin).transpose(1, 2), rotate(k, cos, sin).transpose(1, 2)  # [m, heads, L, D]
-            v = v.transpose(1, 2)
-            self.k_cache[i, row_index, :, :length] = k
-            self.v_cache[i, row_index, :, :length] = v
-            groups = hq // hkv
-            out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
-                                                 is_causal=True, scale=self.scale)  # right padding: causal is exact for real queries
-            x = x + self.linear(out.transpose(1, 2).reshape(m, length, hq * d), w.wo, w.bo)
-            h = rms_norm(x, w.post_norm, self.eps)
-            gate, up = self.linear(h, w.w13, w.b13).chunk(2, dim=-1)
-            x = x + self.linear(self.act(gate) * up, w.w2, w.b2)
+            x = self._eager_layer(i, x, w, cos, sin, attend)
             if i in self.feature_layer_ids:
                 features[i] = x
         last = x[torch.arange(m, device=self.device), torch.as_tensor(lengths, device=self.device) - 1]  # [m, H]
