@@ -125,15 +125,14 @@ def dflash_config(config: dict, where: str) -> dict[str, Any]:
 def eagle3_config(config: dict, where: str) -> dict[str, Any]:
     """speculators' ``Eagle3SpeculatorConfig`` -> our ``Eagle3DraftModel`` config (``models/eagle3.py``)."""
     out = _common(config, where, "EAGLE-3", "llama")
-    if config.get("norm_before_fc"):
-        raise _refuse(where, "norm_before_fc", True, "our EAGLE-3 has per-layer fc_norm, not one norm over the concatenation")
     ids = config.get("eagle_aux_hidden_state_layer_ids")
     if not ids or min(ids) < LAYER_ID_OFFSET:  # None: speculators resolves defaults from the verifier at load time
         raise _refuse(where, "eagle_aux_hidden_state_layer_ids", ids, "expected the ids written out (>= 1)")
     proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     out.update(architectures=["Eagle3DraftModel"], draft_vocab_size=int(config["draft_vocab_size"]),
                target_hidden_size=out["hidden_size"], target_layer_ids=[i - LAYER_ID_OFFSET for i in ids],
-               fc_norm=bool(config.get("fc_norm", False)), norm_output=bool(config.get("norm_output", False)),
+               fc_norm=bool(config.get("fc_norm", False)), norm_before_fc=bool(config.get("norm_before_fc", False)),
+               norm_output=bool(config.get("norm_output", False)),
                norm_before_residual=bool(config.get("norm_before_residual", False)),
                ttt_length=int(proposals[0].get("speculative_tokens") or 7))
     if "sliding_attention" not in out["layer_types"]:

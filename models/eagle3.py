@@ -1,7 +1,8 @@
 """EAGLE-3 drafter (Li et al., arXiv 2503.01840) with per-layer sliding windows.
 
     features = concat(target hidden states at target_layer_ids: low, mid, high)   [B, T, 3H]
-    h0       = fc(features)              (EAGLE-3.1 ``fc_norm``: RMSNorm each part first)
+    h0       = fc(features)              (EAGLE-3.1 ``fc_norm``: RMSNorm each part first; ``norm_before_fc``,
+                                          speculators' default: one RMSNorm over the concatenation first)
     layer 0  : attention input [input_layernorm(embed(token)) ; hidden_norm(h)]  (2H -> q/k/v)
                residual = h; then post_attention_layernorm -> SwiGLU MLP, as Llama
     layer i>0: a plain Llama decoder layer
@@ -17,9 +18,9 @@ a draft id (``build_draft_vocab``). The token embedding is the target's, frozen.
 
 The config is a ``LlamaConfig`` (the decoder layers are Llama layers whatever the target) carrying
 ``draft_vocab_size``, ``target_hidden_size``, ``target_layer_ids`` (ours, see models/target.py),
-``layer_types``, ``sliding_window``, ``fc_norm``, ``norm_output``, ``norm_before_residual`` and
-``ttt_length``. Weight names follow vLLM speculators (``layers.{i}``, ``layers.0.hidden_norm``,
-``fc``, ``fc_norm.{k}``, ``norm``, ``lm_head``, ``embed_tokens``, ``d2t``, ``t2d``);
+``layer_types``, ``sliding_window``, ``fc_norm``, ``norm_before_fc``, ``norm_output``, ``norm_before_residual``
+and ``ttt_length``. Weight names follow vLLM speculators (``layers.{i}``, ``layers.0.hidden_norm``,
+``fc``, ``fc_norm.{k}``, ``input_norm``, ``norm``, ``lm_head``, ``embed_tokens``, ``d2t``, ``t2d``);
 ``train/export.py`` renames them for SGLang.
 
 Attention is the caller's: every layer asks ``attend(layer_idx, q, k, v)`` for its output, so one
@@ -83,8 +84,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def make_eagle3_config(target_config, *, num_hidden_layers: int, target_layer_ids: list[int], layer_types: list[str],
                        sliding_window: int | None, draft_vocab_size: int, ttt_length: int = 7, fc_norm: bool = False,
-                       norm_output: bool = False, norm_before_residual: bool = False) -> LlamaConfig:
+                       norm_output: bool = False, norm_before_residual: bool = False, norm_before_fc: bool = False) -> LlamaConfig:
     """The drafter's config: the target's attention/MLP shape, EAGLE-3 fields on top."""
+    if fc_norm and norm_before_fc:
+        raise ValueError("EAGLE-3: fc_norm (one RMSNorm per target feature) and norm_before_fc (one over their concatenation) "
+                         "are alternatives; set one")
     t = target_config.get_text_config()
     rope = getattr(t, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(t, "rope_theta", 5e5)}
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
@@ -104,6 +108,7 @@ def make_eagle3_config(target_config, *, num_hidden_layers: int, target_layer_id
     config.fc_norm = fc_norm
     config.norm_output = norm_output
     config.norm_before_residual = norm_before_residual
+    config.norm_before_fc = norm_before_fc
     return config
 
 
@@ -191,6 +196,8 @@ class Eagle3DraftModel(LlamaPreTrainedModel):
         self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
         if getattr(config, "fc_norm", False):
             self.fc_norm = nn.ModuleList(LlamaRMSNorm(target_h, eps=config.rms_norm_eps) for _ in range(num_features))
+        if getattr(config, "norm_before_fc", False):  # speculators' EAGLE-3 default (gpt-oss style): one norm over the concatenation
+            self.input_norm = LlamaRMSNorm(num_features * target_h, eps=config.rms_norm_eps)
         self.fc = nn.Linear(num_features * target_h, h, bias=False)
         self.layers = nn.ModuleList(Eagle3DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
@@ -228,6 +235,8 @@ class Eagle3DraftModel(LlamaPreTrainedModel):
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         # features: [B, L, k*H_target] -> [B, L, H]
+        if hasattr(self, "input_norm"):
+            features = self.input_norm(features)
         if hasattr(self, "fc_norm"):
             parts = features.chunk(len(self.fc_norm), dim=-1)
             features = torch.cat([norm(p) for norm, p in zip(self.fc_norm, parts)], dim=-1)

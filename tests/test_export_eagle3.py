@@ -106,16 +106,22 @@ def test_no_window_and_sglang_refusals(tmp_path: Path, target_config, reference_
     with pytest.raises(ExportError, match="fc_norm=true .* SGLang"):
         export(src31, tmp_path / "sg31", fmt="sglang", dtype="float32")
     assert not (tmp_path / "sg31").exists()
+    src_nbf = make_source(tmp_path, target_config, 1, name="src_nbf", norm_before_fc=True)
+    with pytest.raises(ExportError, match="norm_before_fc=true .* SGLang"):
+        export(src_nbf, tmp_path / "sg_nbf", fmt="sglang", dtype="float32")
+    with pytest.raises(ValueError, match="fc_norm .* norm_before_fc .* set one"):
+        make_source(tmp_path, target_config, 1, name="both", fc_norm=True, norm_before_fc=True)
     with pytest.raises(ExportError, match="EAGLE-3 drafter; its formats are sglang and speculators"):
         export(src, tmp_path / "df", fmt="dflash", dtype="float32")
 
 
-def test_speculators_format_with_speculators_classes(tmp_path: Path, target_config, reference_target_path) -> None:
+@pytest.mark.parametrize("fc_norm", [True, False], ids=["fc_norm", "norm_before_fc"])
+def test_speculators_format_with_speculators_classes(tmp_path: Path, target_config, reference_target_path, fc_norm: bool) -> None:
     from speculators import SpeculatorModelConfig  # installed --no-deps by the test command
     from speculators.models.eagle3 import Eagle3DraftModel as SpecEagle3
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
 
-    src = make_source(tmp_path, target_config, 2, fc_norm=True, norm_output=True)
+    src = make_source(tmp_path, target_config, 2, fc_norm=fc_norm, norm_before_fc=not fc_norm, norm_output=True)
     report = export(src, tmp_path / "spec", fmt="speculators", target=str(reference_target_path), dtype="float32")
     assert report["max_abs_logit_diff"] == 0.0 and report["target_layer_ids"] == [i + 1 for i in LAYER_IDS]
     assert '"method": "eagle3"' in report["commands"]["vllm"] and '"num_speculative_tokens": 3' in report["commands"]["vllm"]
@@ -124,7 +130,7 @@ def test_speculators_format_with_speculators_classes(tmp_path: Path, target_conf
     assert isinstance(loaded, Eagle3SpeculatorConfig)
     assert loaded.eagle_aux_hidden_state_layer_ids == [2, 4, 6]
     assert loaded.draft_vocab_size == DRAFT_VOCAB and loaded.target_hidden_size == 512
-    assert loaded.fc_norm is True and loaded.norm_output is True and loaded.norm_before_residual is False and loaded.norm_before_fc is False
+    assert loaded.fc_norm is fc_norm and loaded.norm_before_fc is not fc_norm and loaded.norm_output is True and loaded.norm_before_residual is False
     layer = loaded.transformer_layer_config
     assert layer.model_type == "llama" and layer.layer_types == ["sliding_attention", "full_attention"] and layer.sliding_window == 16
     assert layer.vocab_size == 8192 and layer.num_hidden_layers == 2

@@ -127,7 +127,9 @@ def test_dflash_checkpoint_matches_speculators_forward(tmp_path: Path, target: T
     assert torch.equal(drafts, expected[0].view(-1, BLOCK, got.shape[-1]).argmax(-1)[:, 1:])
 
 
-@pytest.mark.parametrize("flags", [{}, {"fc_norm": True, "norm_output": True, "norm_before_residual": True}], ids=["eagle3", "eagle3.1"])
+@pytest.mark.parametrize("flags", [{}, {"fc_norm": True, "norm_output": True, "norm_before_residual": True},
+                                   {"norm_before_fc": True, "norm_output": True, "norm_before_residual": True}],
+                         ids=["eagle3", "eagle3.1", "speculators-train-defaults"])
 def test_eagle3_checkpoint_matches_speculators_forward(tmp_path: Path, target: TargetModel, reference_target_path, flags: dict) -> None:
     from train.eagle3 import shift_left
     from train.export import eagle3_logits
@@ -137,7 +139,7 @@ def test_eagle3_checkpoint_matches_speculators_forward(tmp_path: Path, target: T
     ours = load_ours(path)
     assert ours.target_layer_ids == [1, 3, 5] and ours.ttt_length == STEPS and ours.config.sliding_window == WINDOW
     assert torch.equal(ours.d2t, spec.d2t) and torch.equal(ours.t2d, spec.t2d)
-    for flag in ("fc_norm", "norm_output", "norm_before_residual"):
+    for flag in ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual"):
         assert bool(getattr(ours.config, flag)) is flags.get(flag, False)
 
     features, ids = inputs(target.vocab_size)
@@ -200,7 +202,6 @@ def test_our_speculators_export_reads_back_to_our_logits(tmp_path: Path, target:
     ("dflash", "sample_from_anchor", True, "sample_from_anchor=True"),
     ("dflash", "draft_vocab_size", 1000, "draft_vocab_size=1000"),
     ("dflash", "mask_token_id", None, "mask_token_id=None"),
-    ("eagle3", "norm_before_fc", True, "norm_before_fc=True"),
     ("eagle3", "eagle_aux_hidden_state_layer_ids", None, "eagle_aux_hidden_state_layer_ids=None"),
     ("eagle3", "transformer_layer_config.model_type", "qwen3", "transformer_layer_config.model_type='qwen3'"),
     ("eagle3", "speculators_model_type", "mtp", "speculators_model_type='mtp'"),

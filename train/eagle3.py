@@ -63,6 +63,7 @@ class Eagle3Config(DrafterConfigBase):
     ttt_length: int = 7  # training-time-test steps (and the default chain length when drafting)
     fc_norm: bool = False  # EAGLE-3.1: RMSNorm each target feature before fc
     norm_output: bool = False  # EAGLE-3.1: feed the final-normed hidden state to the next step
+    norm_before_fc: bool = False  # speculators' default: one RMSNorm over the concatenated features before fc
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,7 +107,7 @@ def build_drafter(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], t
     config = make_eagle3_config(
         target.config, num_hidden_layers=d.num_hidden_layers, target_layer_ids=layer_ids, layer_types=d.resolved_layer_types(),
         sliding_window=d.sliding_window, draft_vocab_size=d.draft_vocab_size, ttt_length=d.ttt_length, fc_norm=d.fc_norm,
-        norm_output=d.norm_output,
+        norm_output=d.norm_output, norm_before_fc=d.norm_before_fc,
     )
     torch.manual_seed(cfg.trainer.seed)
     drafter = Eagle3DraftModel(config)

@@ -341,9 +341,9 @@ def _window(config: dict[str, Any]) -> int | None:
 
 def eagle3_sglang_refusal(config: dict[str, Any]) -> str | None:
     """Why SGLang's LlamaForCausalLMEagle3 cannot run this drafter as trained, or None."""
-    for flag in ("fc_norm", "norm_output", "norm_before_residual"):
+    for flag in ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual"):
         if config.get(flag):
-            return (f"--format sglang: the drafter has {flag}=true (EAGLE-3.1), which SGLang's LlamaForCausalLMEagle3 "
+            return (f"--format sglang: the drafter has {flag}=true (EAGLE-3.1 / speculators), which SGLang's LlamaForCausalLMEagle3 "
                     f"does not implement (models/llama_eagle3.py); export --format speculators instead")
     ids = config["target_layer_ids"]
     if len(ids) != 3:
@@ -373,7 +373,7 @@ def eagle3_from_sglang_config(out: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-_EAGLE3_KEYS = ("draft_vocab_size", "target_hidden_size", "target_layer_ids", "fc_norm", "norm_output", "norm_before_residual", "ttt_length")
+_EAGLE3_KEYS = ("draft_vocab_size", "target_hidden_size", "target_layer_ids", "fc_norm", "norm_before_fc", "norm_output", "norm_before_residual", "ttt_length")
 
 
 def eagle3_speculators_config_json(config: dict[str, Any], verifier_name: str, verifier_architectures: list[str], num_steps: int) -> dict[str, Any]:
@@ -390,7 +390,7 @@ def eagle3_speculators_config_json(config: dict[str, Any], verifier_name: str, v
         "draft_vocab_size": config["draft_vocab_size"],
         # vLLM's speculators adapter defaults a missing norm_before_residual to True: always write it.
         "norm_before_residual": bool(config.get("norm_before_residual", False)),
-        "norm_before_fc": False,
+        "norm_before_fc": bool(config.get("norm_before_fc", False)),
         "fc_norm": bool(config.get("fc_norm", False)),
         "norm_output": bool(config.get("norm_output", False)),
         "embed_requires_grad": False,

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Issue 25, item 4: our trainer against vLLM speculators' own trainer (0.9.0) on the same target, the same
+# regenerated rows and the same number of samples, both drafters then evaluated by `python -m eval` with prompt
+# lookup's tau on the same prompts beside them (docs/speculators_parity.md says how the settings map).
+#
+#   bash benchmarks/speculators_parity.sh TARGET PROMPTS HELDOUT OUT -- [overrides for both trainers]
+#   e.g. bash benchmarks/speculators_parity.sh .target/qwen3-27m-sharegpt prompts.jsonl heldout.jsonl /tmp/parity -- \
+#          data.max_records=2000 trainer.max_steps=1000
+#
+# Per kind (KINDS="dflash eagle3", side by side): ours `python -m train experiment=KIND_swa_small`; beside it the
+# export of the same rows (`python -m train.data.speculators_export rows`), speculators' `prepare-data`, the
+# hidden states of every prepared row, then `speculators train` with the command the export printed; then
+# `python -m eval mtbench` and `python -m eval prompts HELDOUT` for both. The overrides go to our run and to the
+# export alike, so the export's epochs are our samples / our train rows.
+# Environment: SPECULATORS (default "python -m speculators"), SPEC_TRAIN_EXTRA (flags appended to speculators
+# train, e.g. --dry-run for a CPU smoke run), SPEC_TIME_LIMIT (seconds, default 1500), EVAL_TOKENS,
+# EVAL_QUESTIONS (a smaller evaluation), SKIP_REGEN=1 (the regenerated data is cached already).
+# Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
+set -uo pipefail
+target=$1 prompts=$2 heldout=$3 out=$4
+shift 4
+[ "${1:-}" = "--" ] && shift
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+stamp() { echo "$(date +%H:%M:%S) $*" >> "$out/times.txt"; }
+speculators=${SPECULATORS:-python -m speculators}
+common=(logger=none target.path="$target" data.path="$prompts" trainer.progress=false "$@")
+tokens=${EVAL_TOKENS:-256} questions=${EVAL_QUESTIONS:-}
+
+# 1. regenerate once, a one-step run (both kinds and the exports share the data settings, hence the cache key)
+if [ -z "${SKIP_REGEN:-}" ]; then
+  stamp "regenerate: start"
+  python -m train experiment=dflash_swa_small "${common[@]}" trainer.max_steps=1 trainer.export=false trainer.eval_every=0 \
+    trainer.loop_eval_prompts=0 trainer.checkpoint_every=0 output_dir="$out/regen_run" > "$out/regen.log" 2>&1
+  stamp "regenerate: done ($(grep -o 'regenerated [0-9]* turns' "$out/regen.log" || echo 'from cache'))"
+fi
+
+evaluate() {  # name drafter-folder: MT-Bench and the held-out prompts, prompt lookup beside (eval's default)
+  local name=$1 drafter=$2
+  python -m eval mtbench --target "$target" --drafter "$drafter" --max-new-tokens "$tokens" --batch-size 16 --no-baseline \
+    ${questions:+--num-questions $questions} --out "$out/mtbench_$name" > "$out/mtbench_$name.log" 2>&1 || stamp "$name: mtbench failed"
+  python -m eval prompts --prompts "$heldout" --target "$target" --drafter "$drafter" --max-new-tokens "$tokens" --batch-size 16 \
+    --no-baseline --out "$out/heldout_$name" > "$out/heldout_$name.log" 2>&1 || stamp "$name: heldout failed"
+  stamp "$name: evaluated"
+}
+
+ours() {
+  local kind=$1
+  stamp "ours $kind: train start"
+  python -m train experiment=${kind}_swa_small "${common[@]}" output_dir="$out/ours_$kind" > "$out/train_ours_$kind.log" 2>&1 \
+    || stamp "ours $kind: train failed"
+  stamp "ours $kind: train done"
+  evaluate "ours_$kind" "$out/ours_$kind"
+}
+
+peer() {
+  local kind=$1 spec="$out/spec_$kind" log="$out/spec_$kind.log"
+  stamp "speculators $kind: export start"
+  python -m train.data.speculators_export rows "$spec" experiment=${kind}_swa_small "${common[@]}" > "$log" 2>&1 \
+    || { stamp "speculators $kind: rows failed"; return; }
+  local prepare train
+  prepare=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['commands']['prepare_data'])" "$spec/export.json")
+  train=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['commands']['train'].replace('\\\\\n', ' '))" "$spec/export.json")
+  eval "$speculators ${prepare#speculators }" >> "$log" 2>&1 || { stamp "speculators $kind: prepare-data failed"; return; }
+  python -m train.data.speculators_export hidden-states "$spec" experiment=${kind}_swa_small "${common[@]}" >> "$log" 2>&1 \
+    || { stamp "speculators $kind: hidden states failed"; return; }
+  stamp "speculators $kind: train start ($(du -sh "$spec/prepared" | cut -f1) prepared)"
+  eval "timeout ${SPEC_TIME_LIMIT:-1500} $speculators ${train#speculators } --logger '' ${SPEC_TRAIN_EXTRA:-}" > "$out/train_spec_$kind.log" 2>&1 \
+    || stamp "speculators $kind: train exited $?"
+  stamp "speculators $kind: train done"
+  rm -rf "$spec/prepared/hidden_states"  # tens of GB; prepare-data's rows and the export stay
+  evaluate "spec_$kind" "$spec/speculators_$kind"
+}
+
+for kind in ${KINDS:-dflash eagle3}; do
+  ours "$kind" &
+  peer "$kind" &
+done
+wait
+stamp "all done"
+touch "$out/DONE"
