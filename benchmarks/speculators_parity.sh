@@ -7,14 +7,16 @@
 #   e.g. bash benchmarks/speculators_parity.sh .target/qwen3-27m-sharegpt prompts.jsonl heldout.jsonl /tmp/parity -- \
 #          data.max_records=2000 trainer.max_steps=1000
 #
-# Per kind (KINDS="dflash eagle3", side by side): ours `python -m train experiment=KIND_swa_small`; beside it the
-# export of the same rows (`python -m train.data.speculators_export rows`), speculators' `prepare-data`, the
-# hidden states of every prepared row, then `speculators train` with the command the export printed; then
-# `python -m eval mtbench` and `python -m eval prompts HELDOUT` for both. The overrides go to our run and to the
-# export alike, so the export's epochs are our samples / our train rows.
+# Side by side: our runs (OURS, default "dflash:dflash;eagle3:eagle3": NAME:KIND[:more overrides] entries, each
+# `python -m train experiment=KIND_swa_small ...`) and, per kind in PEER_KINDS (default "dflash eagle3"; empty: no
+# peer run), the export of the same rows (`python -m train.data.speculators_export rows`), speculators'
+# `prepare-data`, the hidden states of every prepared row, then `speculators train` with the command the export
+# printed; then `python -m eval mtbench` and `python -m eval prompts HELDOUT` for each drafter. The overrides go to
+# our runs and to the exports alike, so the export's epochs are our samples / our train rows.
 # Environment: SPECULATORS (default "python -m speculators"), SPEC_TRAIN_EXTRA (flags appended to speculators
-# train, e.g. --dry-run for a CPU smoke run), SPEC_TIME_LIMIT (seconds, default 1500), EVAL_TOKENS,
-# EVAL_QUESTIONS (a smaller evaluation), SKIP_REGEN=1 (the regenerated data is cached already).
+# train: --dry-run for a CPU smoke run; --loss-implementation eager where its fused Triton losses fail to compile,
+# as on the H100 with torch 2.11), SPEC_TIME_LIMIT (seconds, default 1500), EVAL_TOKENS, EVAL_QUESTIONS (a smaller
+# evaluation), SKIP_REGEN=1 (the regenerated data is cached already).
 # Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
 set -uo pipefail
 target=$1 prompts=$2 heldout=$3 out=$4
@@ -44,13 +46,14 @@ evaluate() {  # name drafter-folder: MT-Bench and the held-out prompts, prompt l
   stamp "$name: evaluated"
 }
 
-ours() {
-  local kind=$1
-  stamp "ours $kind: train start"
-  python -m train experiment=${kind}_swa_small "${common[@]}" output_dir="$out/ours_$kind" > "$out/train_ours_$kind.log" 2>&1 \
-    || stamp "ours $kind: train failed"
-  stamp "ours $kind: train done"
-  evaluate "ours_$kind" "$out/ours_$kind"
+ours() {  # name kind [overrides...]
+  local name=$1 kind=$2
+  shift 2
+  stamp "ours $name: train start"
+  python -m train experiment=${kind}_swa_small "${common[@]}" "$@" output_dir="$out/ours_$name" > "$out/train_ours_$name.log" 2>&1 \
+    || stamp "ours $name: train failed"
+  stamp "ours $name: train done"
+  evaluate "ours_$name" "$out/ours_$name"
 }
 
 peer() {
@@ -72,8 +75,13 @@ peer() {
   evaluate "spec_$kind" "$spec/speculators_$kind"
 }
 
-for kind in ${KINDS:-dflash eagle3}; do
-  ours "$kind" &
+IFS=';' read -r -a runs <<< "${OURS-dflash:dflash;eagle3:eagle3}"
+for run in "${runs[@]}"; do
+  IFS=':' read -r name kind extra <<< "$run"
+  read -r -a extra <<< "$extra"
+  ours "$name" "$kind" "${extra[@]}" &
+done
+for kind in ${PEER_KINDS-dflash eagle3}; do
   peer "$kind" &
 done
 wait

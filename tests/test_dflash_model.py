@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from train.dflash import IGNORE, block_loss, build_blocks, layer_masks, sample_anchors
+from train.dflash import IGNORE, block_loss, build_blocks, dpace_weights, layer_masks, sample_anchors
 from models.dflash import DFlashDraftModel, make_dflash_config
 
 
@@ -141,6 +141,42 @@ def test_blocks_labels_and_weights() -> None:
     assert summary["x/acc_slot_1"] == 1.0 and summary["x/acc_slot_2"] == 0.0
     assert summary["x/sim_tau"] == pytest.approx(2.0) and summary["x/anchor_tau"] == pytest.approx(2.0)
     assert "x/block_tau" not in summary  # random anchors: no replayed loop (evaluate_batch has one)
+
+
+def test_dpace_weights_against_a_loop_over_slots() -> None:
+    """D-PACE slot weights, written out slot by slot: w_k = sum_{j >= k, labelled} prod_{i <= j, labelled} s_i."""
+    g = torch.Generator().manual_seed(0)
+    bsz, blocks, b, vocab, alpha = 2, 3, 5, 11, 0.3
+    logits = torch.randn(bsz, blocks * b, vocab, generator=g)
+    labels = torch.randint(0, vocab, (bsz, blocks * b), generator=g)
+    labels[:, ::b] = IGNORE  # slot 0 is the anchor
+    labels[0, 3] = IGNORE  # an unlabelled slot inside a block
+    labels[1, 2 * b + 2:] = IGNORE  # the block runs past the end of the loss mask
+    has_label = labels != IGNORE
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1), ignore_index=IGNORE,
+                                           reduction="none").view(bsz, -1)
+    want = torch.zeros(bsz, blocks * b)
+    for r in range(bsz):
+        for n in range(blocks):
+            for k in range(b):
+                if not has_label[r, n * b + k]:
+                    continue
+                for j in range(k, b):
+                    if has_label[r, n * b + j]:
+                        prod = 1.0
+                        for i in range(j + 1):
+                            if has_label[r, n * b + i]:
+                                prod *= (1 - alpha) * float(torch.exp(-ce[r, n * b + i])) + alpha
+                        want[r, n * b + k] += prod
+    torch.testing.assert_close(dpace_weights(ce, has_label, b, alpha), want)
+    # block_loss with D-PACE: the CE weighted by these, no gradient through the weights
+    logits.requires_grad_(True)
+    stats = block_loss(logits, labels, torch.ones(bsz, blocks, dtype=torch.bool), b, gamma=7.0, dpace_alpha=alpha)
+    torch.testing.assert_close(stats.loss_sum, (ce * want).sum())
+    stats.loss_sum.backward()
+    ce_grad = torch.autograd.grad((torch.nn.functional.cross_entropy(
+        logits.reshape(-1, vocab), labels.reshape(-1), ignore_index=IGNORE, reduction="none").view(bsz, -1) * want).sum(), logits)[0]
+    torch.testing.assert_close(logits.grad, ce_grad)
 
 
 def test_anchor_sampling_respects_loss_mask_and_cap() -> None:

@@ -172,6 +172,11 @@ class TrainerConfig:
     warmup_ratio: float = 0.04  # linear warmup over this fraction of the steps, then cosine to min_lr_ratio * lr
     min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
+    # adamw | muon: torch.optim.Muon on the drafter's hidden matrices, AdamW on norms and heads (train/optim.py;
+    # vLLM speculators' --optimizer muon, its default). Not with DeepSpeed.
+    optimizer: str = "adamw"
+    muon_lr: Optional[float] = None  # null = lr (Muon's update is scaled to AdamW's RMS)
+    muon_weight_decay: float = 0.1
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     device: str = "auto"  # auto = cuda when available, else cpu
     precision: str = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU; or bf16 / fp32
@@ -235,6 +240,10 @@ class TrainerConfig:
             raise ValueError(f"trainer.warmup_ratio={self.warmup_ratio}; expected in [0, 1)")
         if self.lr <= 0:
             raise ValueError(f"trainer.lr={self.lr}; expected > 0")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError(f"trainer.optimizer={self.optimizer!r}; expected adamw or muon")
+        if self.muon_lr is not None and self.muon_lr <= 0:
+            raise ValueError(f"trainer.muon_lr={self.muon_lr}; expected > 0 or null (= trainer.lr)")
         if self.loop_eval_prompts < 0:
             raise ValueError(f"trainer.loop_eval_prompts={self.loop_eval_prompts}; expected >= 0 (0 = off)")
         if self.loop_eval_max_new_tokens < 1:

@@ -48,6 +48,10 @@ class DFlashConfig(DrafterConfigBase):
     sliding_block_causal: bool = True
     num_anchors: int = 512  # blocks per training sequence (capped by what it holds)
     loss_gamma: Optional[float] = None  # slot-weight decay exp(-(k-1)/gamma); null = the paper's (7 for B=16)
+    # exp: the paper's fixed decay above; dpace: D-PACE (vLLM speculators' DFlash default), each slot weighted by the
+    # expected accepted drafts that pass through it, from the drafter's own current confidence (``dpace_weights``)
+    loss_weighting: str = "exp"
+    dpace_alpha: float = 0.5  # D-PACE's confidence smoothing, in (0, 1]
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -57,6 +61,10 @@ class DFlashConfig(DrafterConfigBase):
             raise ValueError(f"drafter.num_anchors={self.num_anchors}; expected >= 1")
         if self.loss_gamma is not None and self.loss_gamma <= 0:
             raise ValueError(f"drafter.loss_gamma={self.loss_gamma}; expected > 0 or null")
+        if self.loss_weighting not in ("exp", "dpace"):
+            raise ValueError(f"drafter.loss_weighting={self.loss_weighting!r}; expected exp or dpace")
+        if not 0 < self.dpace_alpha <= 1:
+            raise ValueError(f"drafter.dpace_alpha={self.dpace_alpha}; expected in (0, 1]")
         if self.mask_token_id is not None and self.mask_token_id < 0:
             raise ValueError(f"drafter.mask_token_id={self.mask_token_id}; expected a token id >= 0 or null")
 
@@ -123,6 +131,7 @@ class DFlashStep:
                              "it needs a Hopper GPU; use flex-flash or flex")
         self.block_size = self.cfg.drafter.block_size
         self.gamma = self.cfg.drafter.loss_gamma or default_gamma(self.block_size)
+        self.dpace_alpha = self.cfg.drafter.dpace_alpha if self.cfg.drafter.loss_weighting == "dpace" else None
         # trainer.pad_multiple: anchors padded to a multiple of half of num_anchors (two shapes), not always to
         # num_anchors; not on the GPU, where counting them would sync the host every micro-batch (and a batch's
         # longest row nearly always holds num_anchors anchors)
@@ -156,7 +165,8 @@ class DFlashStep:
         blocks = type(blocks)(*(t.to(self.ctx.device) for t in vars(blocks).values()))
         with self.ctx.autocast():
             hidden = self.block_hidden(batch, blocks, self.ctx.backend)
-            return self.head_and_loss(hidden, self.ctx.target.lm_head, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma)
+            return self.head_and_loss(hidden, self.ctx.target.lm_head, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma,
+                                      self.dpace_alpha)
 
     def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> BlockStats:
         """Held-out stats with a block at every eligible position, and the loop replayed over each assistant
@@ -180,7 +190,8 @@ class DFlashStep:
             blocks = type(blocks)(*(t.to(self.ctx.device) for t in vars(blocks).values()))
             with self.ctx.autocast():
                 logits = self.block_logits(batch, blocks, self.ctx.backend, features)
-            stats, per_block = block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma, per_block=True)
+            stats, per_block = block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma, self.dpace_alpha,
+                                          per_block=True)
             rows = torch.arange(anchors.shape[0])[:, None].expand_as(anchors)
             accepted[rows[valid.cpu()], anchors.cpu()[valid.cpu()]] = per_block.cpu()[valid.cpu()]
             total = stats if total is None else total + stats
@@ -329,20 +340,37 @@ class BlockStats:
 
 
 def head_and_loss(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int,
-                  gamma: float) -> BlockStats:
+                  gamma: float, dpace_alpha: float | None = None) -> BlockStats:
     """``block_loss`` of the target's (frozen) LM head on ``hidden``: compiled as one region in training."""
-    return block_loss(lm_head(hidden), labels, anchor_valid, block_size, gamma)
+    return block_loss(lm_head(hidden), labels, anchor_valid, block_size, gamma, dpace_alpha)
+
+
+def dpace_weights(ce: torch.Tensor, has_label: torch.Tensor, block_size: int, alpha: float) -> torch.Tensor:
+    """D-PACE slot weights [Bsz, Q] (vLLM speculators 0.9.0, losses/utils.py ``dpace_loss_decay``, read for this):
+    slot k of a block weighs sum_{j >= k} prod_{i <= j} s_i over labelled slots, s_i = (1 - alpha) q_i + alpha with
+    q_i = exp(-CE_i) the drafter's probability of slot i's label: the expected accepted drafts that need slot k
+    right, so early slots weigh most while the drafter is unsure and later ones gain as it improves. No gradient."""
+    bsz, q_len = ce.shape
+    q = torch.exp(-ce.detach()).view(bsz, -1, block_size)
+    mask = has_label.view(bsz, -1, block_size).float()
+    smooth = torch.where(mask > 0, (1 - alpha) * q + alpha, torch.ones_like(q))
+    weight = (torch.cumprod(smooth, -1) * mask).flip(-1).cumsum(-1).flip(-1) * mask
+    return weight.view(bsz, q_len)
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, gamma: float,
-               per_block: bool = False) -> BlockStats | tuple[BlockStats, torch.Tensor]:
-    """Decayed CE and accuracy stats. logits [Bsz, Q, V], labels [Bsz, Q]; Q = N * B.
+               dpace_alpha: float | None = None, per_block: bool = False) -> BlockStats | tuple[BlockStats, torch.Tensor]:
+    """Weighted CE and accuracy stats. logits [Bsz, Q, V], labels [Bsz, Q]; Q = N * B. Slot weights: exp(-(k-1)/gamma),
+    or D-PACE's (``dpace_weights``) when ``dpace_alpha`` is given.
     ``per_block``: also return [Bsz, N] each block's leading correct drafts."""
     bsz, q_len, vocab = logits.shape
     slot = torch.arange(q_len, device=labels.device) % block_size
-    weight = torch.exp(-(slot - 1).clamp(min=0).float() / gamma).expand(bsz, -1)
     has_label = labels != IGNORE
     ce = F.cross_entropy(logits.float().reshape(-1, vocab), labels.reshape(-1), ignore_index=IGNORE, reduction="none").view(bsz, q_len)
+    if dpace_alpha is None:
+        weight = torch.exp(-(slot - 1).clamp(min=0).float() / gamma).expand(bsz, -1)
+    else:
+        weight = dpace_weights(ce, has_label, block_size, dpace_alpha)
     correct = (logits.argmax(-1) == labels) & has_label
     slot_correct = torch.zeros(block_size, device=labels.device).index_add_(0, slot, correct.float().sum(0))
     slot_count = torch.zeros(block_size, device=labels.device).index_add_(0, slot, has_label.float().sum(0))

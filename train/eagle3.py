@@ -71,6 +71,9 @@ class Eagle3Config(DrafterConfigBase):
             raise ValueError(f"drafter.ttt_length={self.ttt_length}; expected >= 1")
         if self.draft_vocab_size < 2:
             raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2")
+        if self.fc_norm and self.norm_before_fc:
+            raise ValueError("drafter.fc_norm and drafter.norm_before_fc are both true: one RMSNorm per target feature, or one "
+                             "over their concatenation; set one")
 
 
 def feature_layer_ids(d: Eagle3Config, num_layers: int) -> list[int]:

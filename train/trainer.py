@@ -46,6 +46,7 @@ from .distributed import Ranks, barrier, init_process_group, local_device, rank0
 from .drafters import DRAFTERS, Drafter
 from .features.spec import open_store
 from .loop_eval import LoopEval, held_out_prompts
+from .optim import build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +331,8 @@ def build(cfg: TrainConfig) -> Run:
     ds_config = None
     if tc.deepspeed is not None or ranks.distributed:
         ds_config = deepspeed_engine.deepspeed_config(tc.deepspeed or "zero2", tc.batch_size, tc.grad_accum, tc.grad_clip, ranks.world_size)
+        if tc.optimizer == "muon":
+            raise ValueError("trainer.optimizer=muon runs without DeepSpeed (one process); DeepSpeed brings its own AdamW")
         init_process_group(device, ranks, single_process=True)
     torch.manual_seed(tc.seed)
     output_dir = Path(cfg.output_dir)
@@ -360,8 +363,7 @@ def build(cfg: TrainConfig) -> Run:
     step = build_step(cfg, target, layer_ids, device, train_ds, store)
     trainable = [p for p in step.drafter.parameters() if p.requires_grad]  # EAGLE-3's embedding is the target's, frozen
     # fused: one kernel for every parameter's update on the GPU (DeepSpeed brings its own)
-    optimizer = torch.optim.AdamW(trainable, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay,
-                                  fused=device.type == "cuda" and ds_config is None)
+    optimizer = build_optimizer(cfg, step.drafter, fused=device.type == "cuda" and ds_config is None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(int(tc.warmup_ratio * max_steps), max_steps, tc.min_lr_ratio))
     engine = None if ds_config is None else deepspeed_engine.initialize(step.drafter, optimizer, scheduler, ds_config, device, ranks)
     checkpointer = Checkpointer(output_dir, step.drafter, optimizer, scheduler, batches, engine, tc.keep_checkpoints,

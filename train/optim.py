@@ -1,0 +1,72 @@
+"""The trainer's optimizer: AdamW (the default) or Muon on the drafter's hidden matrices with AdamW on the rest.
+
+``trainer.optimizer=muon`` is vLLM speculators' ``--optimizer muon`` (speculators 0.9.0, train/optimizers.py, read for
+this module): ``torch.optim.Muon`` over every trainable 2-D matrix with both sides > 1 except embeddings and LM heads,
+``torch.optim.AdamW`` over the rest (norms, and EAGLE-3's draft LM head). Both are torch's own optimizers; this module
+only splits the parameters and steps the two as one ``torch.optim.Optimizer``: one ``param_groups`` list (the
+inner optimizers' own group dicts, so the learning-rate schedule scales both) and one state dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+ADAMW_NAME_HINTS = ("embed_tokens", "lm_head")  # 2-D but vocabulary-shaped: AdamW, as in Keller Jordan's Muon
+
+
+def split_for_muon(named_params: Iterable[tuple[str, torch.nn.Parameter]]) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """(Muon's, AdamW's) trainable parameters."""
+    muon, adamw = [], []
+    for name, p in named_params:
+        if not p.requires_grad:
+            continue
+        is_matrix = p.ndim == 2 and min(p.shape) > 1 and not any(h in name for h in ADAMW_NAME_HINTS)
+        (muon if is_matrix else adamw).append(p)
+    return muon, adamw
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """``torch.optim.Muon`` on the hidden matrices and ``torch.optim.AdamW`` on the rest, stepped together."""
+
+    def __init__(self, named_params: Iterable[tuple[str, torch.nn.Parameter]], *, lr: float, muon_lr: float, betas: tuple[float, float],
+                 weight_decay: float, muon_weight_decay: float, fused: bool = False):
+        muon_params, adamw_params = split_for_muon(named_params)
+        if not muon_params:
+            raise ValueError("trainer.optimizer=muon: the drafter has no trainable 2-D hidden matrix for Muon; use trainer.optimizer=adamw")
+        # match_rms_adamw: Muon's update scaled to AdamW's RMS, so one learning rate serves both (speculators' default)
+        self.muon = torch.optim.Muon(muon_params, lr=muon_lr, weight_decay=muon_weight_decay, adjust_lr_fn="match_rms_adamw")
+        self.adamw = torch.optim.AdamW(adamw_params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused) if adamw_params else None
+        inner = [self.muon] + ([self.adamw] if self.adamw is not None else [])
+        super().__init__([g for opt in inner for g in opt.param_groups], {})  # the same group dicts: a schedule scales both
+        self.inner = inner
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("MuonWithAdamW.step takes no closure")
+        for opt in self.inner:
+            opt.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict() if self.adamw is not None else None}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if set(state_dict) != {"muon", "adamw"}:
+            raise ValueError(f"trainer.optimizer=muon: the checkpoint's optimizer state has keys {sorted(state_dict)}; "
+                             "expected muon and adamw (was it saved with trainer.optimizer=adamw?)")
+        self.muon.load_state_dict(state_dict["muon"])
+        if self.adamw is not None:
+            self.adamw.load_state_dict(state_dict["adamw"])
+
+
+def build_optimizer(cfg: Any, drafter: torch.nn.Module, fused: bool) -> torch.optim.Optimizer:
+    """``trainer.optimizer`` over the drafter's trainable parameters (EAGLE-3's embedding is the target's, frozen)."""
+    tc = cfg.trainer
+    betas = (0.9, 0.95)
+    if tc.optimizer == "muon":
+        return MuonWithAdamW(drafter.named_parameters(), lr=tc.lr, muon_lr=tc.muon_lr or tc.lr, betas=betas,
+                             weight_decay=tc.weight_decay, muon_weight_decay=tc.muon_weight_decay, fused=fused)
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    return torch.optim.AdamW(trainable, lr=tc.lr, betas=betas, weight_decay=tc.weight_decay, fused=fused)
