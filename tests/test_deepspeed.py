@@ -25,7 +25,8 @@ from train.trainer import train
 REPO = Path(__file__).resolve().parents[1]
 COMMON = ["trainer.max_steps=6", "trainer.batch_size=2", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=2",
           "trainer.progress=false", "trainer.log_every=1", "data.max_records=60", "data.max_length=256",
-          "data.regenerate.enabled=false"]  # the launched CLI runs too (the tiny experiments regenerate by default)
+          "data.regenerate.enabled=false",  # the launched CLI runs too (the tiny experiments regenerate by default)
+          "trainer.optimizer=adamw"]  # DeepSpeed brings AdamW; the plain trainer's must be the same to compare
 
 pytestmark = pytest.mark.slow  # minutes of decoding or multi-process runs: the full suite only
 
@@ -87,6 +88,9 @@ def test_config_fills_the_trainers_batch_and_refuses_conflicts(tmp_path: Path) -
         deepspeed_config(str(bad), 2, 1, 1.0, 1)
     with pytest.raises(ValueError, match=r"trainer.deepspeed='zero9': no such DeepSpeed config \(shipped: zero2, zero3"):
         deepspeed_config("zero9", 2, 1, 1.0, 1)
+    with pytest.raises(ValueError, match=r"trainer.optimizer=muon runs without DeepSpeed"):  # at start-up, before any data
+        train(compose_train(["experiment=dflash_swa_tiny", *COMMON, "trainer.optimizer=muon", "trainer.deepspeed=zero2",
+                             f"output_dir={tmp_path / 'muon'}"]))
 
 
 def test_one_process_under_deepspeed_equals_the_plain_trainer(tmp_path: Path, plain_run: Path) -> None:

@@ -67,26 +67,36 @@ def test_steps_equal_the_two_torch_optimizers_by_hand() -> None:
 
 
 def test_resume_from_state_dict_continues_exactly() -> None:
+    """Optimizer and schedule saved mid-run and loaded into fresh ones: the same weights after two more steps (the
+    schedule still reaches the inner optimizers, whose group dicts loading replaces)."""
     torch.manual_seed(0)
     model = Tiny()
     opt = MuonWithAdamW(model.named_parameters(), lr=1e-2, muon_lr=1e-2, betas=(0.9, 0.95), weight_decay=0.0, muon_weight_decay=0.1)
+    sched = schedule(opt)
     for step in range(2):
         loss_of(model, step).backward()
         opt.step()
+        sched.step()
         opt.zero_grad()
     saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    saved_sched = copy.deepcopy(sched.state_dict())
     for step in range(2, 4):
         loss_of(model, step).backward()
         opt.step()
+        sched.step()
         opt.zero_grad()
     resumed = Tiny()
     resumed.load_state_dict(saved_model)
     opt2 = MuonWithAdamW(resumed.named_parameters(), lr=1e-2, muon_lr=1e-2, betas=(0.9, 0.95), weight_decay=0.0, muon_weight_decay=0.1)
+    sched2 = schedule(opt2)
     opt2.load_state_dict(saved_opt)
+    sched2.load_state_dict(saved_sched)
     for step in range(2, 4):
         loss_of(resumed, step).backward()
         opt2.step()
+        sched2.step()
         opt2.zero_grad()
+    assert [g["lr"] for g in opt2.inner[0].param_groups + opt2.inner[1].param_groups] == [g["lr"] for g in opt.param_groups]
     for p, q in zip(model.parameters(), resumed.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
     with pytest.raises(ValueError, match="keys .*state.*expected muon and adamw"):

@@ -1,7 +1,7 @@
 """A real engine in the loop: vLLM (CPU build, its own environment) serves our exports.
 
 Drafters trained a few steps on the reference target, exported, served by vLLM: EAGLE-3
-(``--format speculators``) and an all-sliding DFlash (``--format dflash``) give exactly our loop's
+(``--format speculators``, with speculators' ``norm_before_fc`` and ``norm_output``) and an all-sliding DFlash (``--format dflash``) give exactly our loop's
 acceptance (the per-step histogram rebuilt from vLLM's counters equals ours) and our tokens, which equal
 the target's own greedy tokens; the DFlash ``--format speculators`` export loads and decodes losslessly;
 regeneration through vLLM (in process and through ``vllm serve``) equals the target's greedy replies;
@@ -54,7 +54,10 @@ def drafters(reference_target_path, tmp_path_factory) -> dict[str, Path]:
               "trainer.progress=false", "trainer.lr=3e-3", "trainer.warmup_ratio=0.05"]
     from train.trainer import train
 
+    # EAGLE-3 in the small recipes' shape (speculators' defaults): one norm over the concatenated features, the normed
+    # state fed to the next step; vLLM reads both from the export's config (input_norm, norm_output)
     train(compose_train(["experiment=eagle3_swa_tiny", *common, "trainer.max_steps=60", "drafter.draft_vocab_size=1024",
+                         "drafter.norm_before_fc=true", "drafter.norm_output=true",
                          "trainer.export_formats=[speculators]", f"output_dir={root / 'eagle3'}"]))
     train(compose_train(["experiment=dflash_swa_tiny", *common, "trainer.max_steps=80", "drafter.layer_types=[sliding_attention,sliding_attention]",
                          "trainer.export_formats=[dflash,speculators]", f"output_dir={root / 'dflash'}"]))

@@ -59,6 +59,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.muon.load_state_dict(state_dict["muon"])
         if self.adamw is not None:
             self.adamw.load_state_dict(state_dict["adamw"])
+        # torch's load_state_dict gives each inner optimizer new group dicts: point ours (which the schedule
+        # scales) at them again, in place, as a scheduler holds this list through the optimizer
+        self.param_groups[:] = [g for opt in self.inner for g in opt.param_groups]
 
 
 def build_optimizer(cfg: Any, drafter: torch.nn.Module, fused: bool) -> torch.optim.Optimizer:
