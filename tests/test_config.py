@@ -76,6 +76,8 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["drafter.loss_weighting=linear"], "drafter.loss_weighting='linear'; expected exp or dpace"),
         (["drafter.loss_weighting=dpace", "drafter.dpace_alpha=0"], "drafter.dpace_alpha=0"),
         (["experiment=eagle3_swa_tiny", "drafter.fc_norm=true", "drafter.norm_before_fc=true"], "drafter.fc_norm and drafter.norm_before_fc are both true"),
+        (["experiment=eagle3_swa_tiny", "drafter.norm_before_fc=true"], "drafter.norm_before_fc=true, which SGLang's"),
+        (["experiment=eagle3_swa_tiny", "drafter.norm_output=true", "trainer.export_formats=[sglang]"], "drafter.norm_output=true"),
     ],
 )
 def test_cross_field_checks_name_the_field(overrides: list[str], message: str) -> None:
