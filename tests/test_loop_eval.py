@@ -46,6 +46,9 @@ def test_loop_tau_matches_teacher_forcing_after_an_on_policy_run(tmp_path: Path,
         "drafter.num_hidden_layers=1", "drafter.layer_types=[sliding_attention]", "drafter.sliding_window=32", "drafter.num_anchors=48",
         "trainer.max_steps=120", "trainer.lr=3e-3", "trainer.eval_every=0", "trainer.progress=false", "trainer.export=false",
         "trainer.loop_eval_prompts=8", "trainer.loop_eval_max_new_tokens=48", f"output_dir={tmp_path / 'run'}",
+        # AdamW and the paper's decay, as this test was sized on: the tiny recipe's Muon + D-PACE memorises these
+        # replies to a τ of 7.8-8.0 of 8, where one near-tie draft (cached against full forward) is past the 2% below
+        "trainer.optimizer=adamw", "drafter.loss_weighting=exp",
     ]))
     loop, teacher_forced = metrics["eval/loop_tau"], metrics["eval/loop_tf_block_tau"]
     assert loop > 1.5, metrics  # the drafter is accepted: agreement is not the trivial 1.0 == 1.0
