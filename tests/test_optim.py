@@ -106,3 +106,9 @@ def test_resume_from_state_dict_continues_exactly() -> None:
 def test_no_matrix_for_muon_fails_in_one_line() -> None:
     with pytest.raises(ValueError, match="no trainable 2-D hidden matrix"):
         MuonWithAdamW(torch.nn.LayerNorm(4).named_parameters(), lr=1e-3, muon_lr=1e-3, betas=(0.9, 0.95), weight_decay=0, muon_weight_decay=0)
+
+
+def test_a_torch_without_muon_fails_in_one_line(monkeypatch) -> None:
+    monkeypatch.delattr(torch.optim, "Muon")
+    with pytest.raises(ValueError, match=r"trainer.optimizer=muon needs torch >= 2.9 \(torch.optim.Muon\); this is torch "):
+        MuonWithAdamW(Tiny().named_parameters(), lr=1e-3, muon_lr=1e-3, betas=(0.9, 0.95), weight_decay=0, muon_weight_decay=0)

@@ -32,6 +32,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     def __init__(self, named_params: Iterable[tuple[str, torch.nn.Parameter]], *, lr: float, muon_lr: float, betas: tuple[float, float],
                  weight_decay: float, muon_weight_decay: float, fused: bool = False):
+        if not hasattr(torch.optim, "Muon"):  # torch.optim.Muon (with adjust_lr_fn) is in torch >= 2.9
+            raise ValueError(f"trainer.optimizer=muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}: "
+                             "upgrade or use trainer.optimizer=adamw")
         muon_params, adamw_params = split_for_muon(named_params)
         if not muon_params:
             raise ValueError("trainer.optimizer=muon: the drafter has no trainable 2-D hidden matrix for Muon; use trainer.optimizer=adamw")
