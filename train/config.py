@@ -320,7 +320,9 @@ class TrainConfig:
             if speculators_dflash_non_causal(self.drafter.resolved_layer_types(), self.drafter.sliding_block_causal) is None:
                 raise ValueError(f"trainer.export_formats={self.trainer.export_formats}: {SPECULATORS_MIXED_CAUSALITY}")
         if kind == "eagle3" and "sglang" in self.trainer.export_formats:  # at start-up, not after the training
-            norms = [f for f in ("fc_norm", "norm_before_fc", "norm_output") if getattr(self.drafter, f)]
+            from .engines import SGLANG_EAGLE3_UNSUPPORTED_FLAGS
+
+            norms = [f for f in SGLANG_EAGLE3_UNSUPPORTED_FLAGS if getattr(self.drafter, f, False)]
             if norms:
                 raise ValueError(f"trainer.export_formats={self.trainer.export_formats}: drafter.{norms[0]}=true, which SGLang's "
                                  "LlamaForCausalLMEagle3 does not implement; set trainer.export_formats=[speculators] (vLLM serves it)")

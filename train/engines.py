@@ -83,6 +83,10 @@ def vllm_eagle3_command(target: str, draft: str, num_steps: int) -> str:
     return f"vllm serve {target} --speculative-config '{spec}'"
 
 
+# EAGLE-3 options SGLang's LlamaForCausalLMEagle3 (models/llama_eagle3.py) does not implement; vLLM reads them all
+SGLANG_EAGLE3_UNSUPPORTED_FLAGS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual")
+
+
 SPECULATORS_MIXED_CAUSALITY = (
     "--format speculators: this drafter has causal sliding layers and bidirectional full layers, and speculators' config has "
     "one causality flag for every layer (vLLM: dflash_config.causal); export --format dflash, whose per-layer rule vLLM "

@@ -341,7 +341,7 @@ def _window(config: dict[str, Any]) -> int | None:
 
 def eagle3_sglang_refusal(config: dict[str, Any]) -> str | None:
     """Why SGLang's LlamaForCausalLMEagle3 cannot run this drafter as trained, or None."""
-    for flag in ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual"):
+    for flag in engines.SGLANG_EAGLE3_UNSUPPORTED_FLAGS:
         if config.get(flag):
             return (f"--format sglang: the drafter has {flag}=true (EAGLE-3.1 / speculators), which SGLang's LlamaForCausalLMEagle3 "
                     f"does not implement (models/llama_eagle3.py); export --format speculators instead")
