@@ -18,18 +18,11 @@ target=$1 prompts=$2 heldout=$3 out=$4 long=$5
 shift 5
 [ "${1:-}" = "--" ] && shift
 mkdir -p "$out"
-stamp() { echo "$(date +%H:%M:%S) $*" >> "$out/times.txt"; }
 
 common=(logger=none target.path="$target" data.path="$prompts" trainer.progress=false "$@")
 
-# 1. regenerate once (the DFlash and EAGLE-3 small recipes share the data settings, hence the cache key): a
-#    one-step run, whose only lasting output is the cached regenerated data and tokenized dataset
-if [ -z "${SKIP_REGEN:-}" ]; then  # SKIP_REGEN=1: the data is cached already (a restarted pipeline)
-  stamp "regenerate: start"
-  python -m train experiment=dflash_swa_small "${common[@]}" trainer.max_steps=1 trainer.export=false trainer.eval_every=0 \
-    trainer.loop_eval_prompts=0 trainer.checkpoint_every=0 output_dir="$out/regen_run" > "$out/regen.log" 2>&1
-  stamp "regenerate: done ($(grep -o 'regenerated [0-9]* turns' "$out/regen.log" || echo 'from cache'))"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/small_target_lib.sh"
+regenerate_once
 
 train_and_eval() {
   local kind=$1; shift
@@ -44,12 +37,7 @@ train_and_eval() {
       output_dir="$run" >> "$log" 2>&1
   fi
   stamp "$kind: train done"
-  python -m eval mtbench --drafter "$run" --max-new-tokens "$tokens" --batch-size 16 --no-baseline \
-    ${questions:+--num-questions $questions} --out "$out/mtbench_$kind" > "$out/mtbench_$kind.log" 2>&1 || stamp "$kind: mtbench failed (see mtbench_$kind.log)"
-  stamp "$kind: mtbench done"
-  python -m eval prompts --prompts "$heldout" --drafter "$run" --max-new-tokens "$tokens" --batch-size 16 \
-    --no-baseline --out "$out/heldout_$kind" > "$out/heldout_$kind.log" 2>&1 || stamp "$kind: heldout failed"
-  stamp "$kind: heldout done"
+  evaluate "$kind" "$run"
   python -m eval sweep --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
     --max-new-tokens "$tokens" --batch-size 16 --out "$out/sweep_$kind" > "$out/sweep_$kind.log" 2>&1 || stamp "$kind: sweep failed"
   stamp "$kind: sweep done"

@@ -24,27 +24,12 @@ shift 4
 [ "${1:-}" = "--" ] && shift
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-stamp() { echo "$(date +%H:%M:%S) $*" >> "$out/times.txt"; }
 speculators=${SPECULATORS:-python -m speculators}
 common=(logger=none target.path="$target" data.path="$prompts" trainer.progress=false "$@")
 tokens=${EVAL_TOKENS:-256} questions=${EVAL_QUESTIONS:-}
 
-# 1. regenerate once, a one-step run (both kinds and the exports share the data settings, hence the cache key)
-if [ -z "${SKIP_REGEN:-}" ]; then
-  stamp "regenerate: start"
-  python -m train experiment=dflash_swa_small "${common[@]}" trainer.max_steps=1 trainer.export=false trainer.eval_every=0 \
-    trainer.loop_eval_prompts=0 trainer.checkpoint_every=0 output_dir="$out/regen_run" > "$out/regen.log" 2>&1
-  stamp "regenerate: done ($(grep -o 'regenerated [0-9]* turns' "$out/regen.log" || echo 'from cache'))"
-fi
-
-evaluate() {  # name drafter-folder: MT-Bench and the held-out prompts, prompt lookup beside (eval's default)
-  local name=$1 drafter=$2
-  python -m eval mtbench --target "$target" --drafter "$drafter" --max-new-tokens "$tokens" --batch-size 16 --no-baseline \
-    ${questions:+--num-questions $questions} --out "$out/mtbench_$name" > "$out/mtbench_$name.log" 2>&1 || stamp "$name: mtbench failed"
-  python -m eval prompts --prompts "$heldout" --target "$target" --drafter "$drafter" --max-new-tokens "$tokens" --batch-size 16 \
-    --no-baseline --out "$out/heldout_$name" > "$out/heldout_$name.log" 2>&1 || stamp "$name: heldout failed"
-  stamp "$name: evaluated"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/small_target_lib.sh"
+regenerate_once
 
 ours() {  # name kind [overrides...]
   local name=$1 kind=$2
