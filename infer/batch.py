@@ -171,6 +171,20 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
                 return
             start_wave()
 
+    def pack() -> int:
+        """How many rows step: the first m, m past the last live row. Where rows hold no drafter caches and the target
+        is not captured (the CPU), live rows move down into finished ones while no request waits for a row, so a batch
+        draining at its end stops paying for rows that have nothing to decode (a CPU verify costs per row)."""
+        if packable and not waiting:
+            live = [r for r, row in enumerate(rows) if row is not None]
+            holes = [r for r in range(len(live)) if rows[r] is None]
+            for dst, src in zip(holes, [r for r in live if r >= len(live)]):
+                target.move_row(src, dst, rows[src].pos)
+                rows[dst], rows[src] = rows[src], None
+                tokens[dst], positions[dst], positions[src] = tokens[src], positions[src], 0
+        return max(r for r, row in enumerate(rows) if row is not None) + 1
+
+    packable = not target.capture and (drafter is None or isinstance(drafter, PromptLookupDrafter))
     waiting: list[tuple[int, int, list[int]]] = []  # (row, stream, prompt) queued for the next wave of prefills
     wave = max(1, rows_n // 8) if refill_wave is None else refill_wave
     for r in range(rows_n):
@@ -179,8 +193,9 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
 
     while any(row is not None for row in rows):  # settle leaves no request waiting without a row decoding
         t0 = time.perf_counter()
+        m = pack() if packable else rows_n
         if drafter is None:
-            ids = tokens[:, None]
+            ids = tokens[:m, None]
             draft_tokens = draft_probs = None
         elif isinstance(drafter, StaticDFlashDrafter):
             logits, greedy = drafter.block_logits(tokens, positions)
@@ -201,27 +216,27 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
         else:  # prompt lookup, one copy per row
             drawn = [row.drafter.draft(tokens[r], row.pos, sampling, row.generator) if row else
-                     (torch.zeros(block - 1, dtype=torch.long, device=device), None) for r, row in enumerate(rows)]
+                     (torch.zeros(block - 1, dtype=torch.long, device=device), None) for r, row in enumerate(rows[:m])]
             draft_tokens = torch.stack([d[0] for d in drawn])
             draft_probs = [d[1] for d in drawn]
-            ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
+            ids = torch.cat([tokens[:m, None], draft_tokens], dim=1)
         t1 = time.perf_counter()
-        logits, features = target.step(ids, positions)
+        logits, features = target.step(ids, positions[:m])
         t2 = time.perf_counter()
         if drafter is None:
             if sampling.greedy:
                 new_token = logits[:, 0].argmax(-1)
             else:
                 new_token = torch.stack([choose(logits[r, :1], sampling, row.generator)[0][0] if row else logits.new_zeros((), dtype=torch.long)
-                                         for r, row in enumerate(rows)])
-            accepted = torch.zeros(rows_n, dtype=torch.long, device=device)
+                                         for r, row in enumerate(rows[:m])])
+            accepted = torch.zeros(m, dtype=torch.long, device=device)
         elif sampling.greedy:
             target_tokens = logits.argmax(-1)  # [B, k+1]
             accepted = (draft_tokens == target_tokens[:, :-1]).long().cumprod(1).sum(1)
             new_token = target_tokens.gather(1, accepted[:, None])[:, 0]
         else:
             verified = [verify(draft_tokens[r], draft_probs[r], logits[r], sampling, row.generator) if row else
-                        (torch.zeros((), dtype=torch.long, device=device),) * 2 for r, row in enumerate(rows)]
+                        (torch.zeros((), dtype=torch.long, device=device),) * 2 for r, row in enumerate(rows[:m])]
             accepted = torch.stack([v[0].long() for v in verified])
             new_token = torch.stack([v[1].long() for v in verified])
         if isinstance(drafter, StaticDFlashDrafter):
@@ -231,7 +246,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         values = torch.cat([accepted[:, None], draft_tokens if draft_tokens is not None else accepted[:, None][:, :0],
                             new_token[:, None]], dim=1).tolist()  # the step's one host sync
         t3 = time.perf_counter()
-        for r, row in enumerate(rows):
+        for r, row in enumerate(rows[:m]):
             if row is None:
                 continue
             acc = values[r][0]
@@ -245,7 +260,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             row.pos += len(new)
             row.out.extend(new)
             row.ended = bool(eos.intersection(new))
-        tokens.copy_(new_token)
+        tokens[:m].copy_(new_token)
         positions.copy_(torch.tensor([row.pos if row else 0 for row in rows]))
         settle()
 

@@ -298,7 +298,7 @@ class StaticTarget:
         features = []
         for i, w in enumerate(self.weights):
             next_norm = self.weights[i + 1].input_norm if i + 1 < len(self.weights) else self.norm.weight
-            x, h = self._layer(x, h, w, next_norm, self.k_cache[i, :, :, :keys], self.v_cache[i, :, :, :keys], cos, sin, index, pos, visible)
+            x, h = self._layer(x, h, w, next_norm, self.k_cache[i, :b, :, :keys], self.v_cache[i, :b, :, :keys], cos, sin, index, pos, visible)
             if i in self.feature_layer_ids:
                 features.append((self.feature_layer_ids.index(i), x))
         logits = self.linear(h, self.head_weight, self.lm_head.bias).float()  # h: the final norm of the last layer's output
@@ -310,17 +310,24 @@ class StaticTarget:
     def step(self, input_ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decode/verify ``n`` tokens per row: ``input_ids`` [B, n] at positions ``pos[b] ..`` (``pos`` [B], on the device).
 
+        Uncaptured, B may be fewer than the caches' rows: the first B rows step (batched decoding packs its live rows
+        there, ``move_row``, rather than stepping finished ones). Captured, B is every row (one graph per shape).
         Returns logits [B, n, V] fp32 and features [B, n, k*H] (None without feature layers). On a GPU these are the
         captured graph's output buffers: valid until the next ``step`` of the same shape.
         """
         b, n = input_ids.shape
-        if b != self.batch:
-            raise ValueError(f"step with {b} rows; the caches hold {self.batch} (allocate(capacity, batch={b}))")
+        if b != self.batch and (self.capture or not 0 < b < self.batch):
+            raise ValueError(f"step with {b} rows; the caches hold {self.batch} (allocate(capacity, batch={b}); fewer only uncaptured)")
         if n > DECODE_MAX_TOKENS:
             raise ValueError(f"step of {n} tokens per row; at most {DECODE_MAX_TOKENS} (longer runs are prefill chunks)")
         if not self.capture:
             return self._step(input_ids, pos)
         return self.graphs("step", self._step, input_ids, pos)
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Row ``src``'s cached keys and values at positions ``< length`` into row ``dst`` (what ``dst`` held is gone)."""
+        self.k_cache[:, dst, :, :length] = self.k_cache[:, src, :, :length]
+        self.v_cache[:, dst, :, :length] = self.v_cache[:, src, :, :length]
 
     # ------------------------------------------------------------------------------------------ prefill, trees
 

@@ -137,6 +137,29 @@ def test_rows_refilled_in_waves_equal_batch_one(setup, drafter_kind, monkeypatch
     assert sum(calls) == len(prompts) and calls[0] == 4 and max(calls[1:]) >= 2
 
 
+@pytest.mark.parametrize("drafter_kind", ["none", "pld"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_draining_batch_steps_only_its_live_rows(setup, drafter_kind, temperature, monkeypatch) -> None:
+    """Once no request waits, live rows move down into finished ones and only the rows up to the last live one step
+    (the CPU, no drafter caches): every prompt's tokens and accepted counts are still batch 1's, and rows did move
+    and steps did shrink. A token of row 0's reply that the other replies lack is made an end-of-sequence token, so
+    row 0 finishes first and leaves a hole below live rows."""
+    prompts = setup[2][:4]
+    target, drafter = make_drafter(setup, drafter_kind)
+    sampling = SamplingConfig(temperature=temperature, seed=3)
+    replies = [generate(target, drafter, p, 24, sampling, eos_token_ids=setup[3]).tokens for p in prompts]
+    eos = setup[3] + [next(t for t in replies[0][:12] if all(t not in r for r in replies[1:]))]
+    want = [generate(target, drafter, p, 24, sampling, eos_token_ids=eos) for p in prompts]
+    moves, widths = [], []
+    move_row, step = target.move_row, target.step
+    monkeypatch.setattr(target, "move_row", lambda src, dst, n: moves.append((src, dst)) or move_row(src, dst, n))
+    monkeypatch.setattr(target, "step", lambda ids, pos: widths.append(ids.shape[0]) or step(ids, pos))
+    got = generate_batch(target, drafter, prompts, 24, batch_size=4, sampling=sampling, eos_token_ids=eos)
+    assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
+    assert moves and all(src > dst for src, dst in moves)
+    assert widths[0] == 4 and min(widths) < 4
+
+
 def test_an_end_of_sequence_first_token_and_a_one_token_budget(setup) -> None:
     model, _, prompts, eos, _ = setup
     target = StaticTarget(model, [])

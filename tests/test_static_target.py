@@ -85,6 +85,26 @@ def test_rows_at_different_positions_each_match_their_own_sequence(reference_tar
         torch.testing.assert_close(features[row], ref.hidden_states[3][0, -4:], rtol=1e-4, atol=1e-4)
 
 
+def test_a_row_moved_down_and_a_step_of_the_first_rows_match_their_own_sequences(reference_target_path) -> None:
+    """Batched decoding packs live rows to the front as a batch drains (``move_row``) and steps only those (uncaptured):
+    row 2's cache moved into row 0, then a step of the first two rows, each against HF's forward of its own sequence."""
+    model = load(reference_target_path)
+    torch.manual_seed(2)
+    seqs = [torch.randint(3, 8192, (n,)) for n in (30, 45, 52)]
+    target = StaticTarget(model, feature_layer_ids=[])
+    target.allocate(80, batch=3)
+    for row, seq in enumerate(seqs):
+        target.prefill(seq[:-4], row, 0)
+    target.move_row(2, 0, len(seqs[2]) - 4)
+    moved = [seqs[2], seqs[1]]
+    logits, _ = target.step(torch.stack([s[-4:] for s in moved]), torch.tensor([len(s) - 4 for s in moved]))
+    assert logits.shape[0] == 2
+    for row, seq in enumerate(moved):
+        with torch.no_grad():
+            ref = model(seq[None]).logits[0, -4:]
+        torch.testing.assert_close(logits[row], ref, rtol=1e-4, atol=1e-4)
+
+
 def test_buffers_are_kept_while_the_size_fits_and_bad_steps_are_refused(reference_target_path) -> None:
     target = StaticTarget(load(reference_target_path), feature_layer_ids=[])
     target.allocate(1000)
