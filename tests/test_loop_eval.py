@@ -123,3 +123,32 @@ def test_repetition_counts_loops_and_copies_of_the_prompt() -> None:
     assert loop.repetition() == 3 / 10
     loop.prompts = [[], []]
     assert loop.repetition() == 2 / 10
+
+
+def test_dflash_evaluation_in_row_chunks_equals_all_rows_at_once(tiny_qwen3_path, monkeypatch) -> None:
+    """Evaluation computes the drafter's logits a few rows at a time (``EVAL_LOGITS_BYTES``: a 49K-128K vocabulary
+    over 16 rows of 4,096 slots is tens of GB at once): one row at a time gives the statistics and per-position
+    acceptances of every row at once, on three rows of different lengths and turns."""
+    import train.dflash as dflash
+    from models.target import TargetModel
+    from train.trainer import build_step, to_train_config
+
+    cfg = to_train_config(compose_train(["experiment=dflash_swa_tiny", "drafter.num_anchors=5", "drafter.sliding_window=8"]))
+    target = TargetModel.from_pretrained(tiny_qwen3_path)
+    step = build_step(cfg, target, [1, 5], torch.device("cpu"))
+    step.drafter.eval()
+    torch.manual_seed(1)
+    records = []
+    for n, turns in ((40, ((6, 18), (24, 38))), (31, ((3, 30),)), (25, ((10, 20),))):
+        loss = torch.zeros(n, dtype=torch.bool)
+        for a, b in turns:
+            loss[a:b] = True
+        records.append({"input_ids": torch.randint(20, 200, (n,)).tolist(), "loss_mask": loss.tolist()})
+    batch = step.ctx.collate(records, target.pad_id)
+    monkeypatch.setattr(dflash, "EVAL_LOGITS_BYTES", 1 << 40)
+    whole, whole_positions = step.dense_acceptance(batch)
+    monkeypatch.setattr(dflash, "EVAL_LOGITS_BYTES", 1)
+    chunked, chunked_positions = step.dense_acceptance(batch)
+    assert torch.equal(chunked_positions, whole_positions) and (whole_positions >= 0).sum() > 30
+    for got, want in zip(vars(chunked).values(), vars(whole).values()):
+        torch.testing.assert_close(got, want)

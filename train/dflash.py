@@ -189,9 +189,19 @@ class DFlashStep:
             blocks = build_blocks(batch["input_ids"], loss_mask, anchors, valid, self.block_size, self.drafter.mask_token_id)
             blocks = type(blocks)(*(t.to(self.ctx.device) for t in vars(blocks).values()))
             with self.ctx.autocast():
-                logits = self.block_logits(batch, blocks, self.ctx.backend, features)
-            stats, per_block = block_loss(logits, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma, self.dpace_alpha,
-                                          per_block=True)
+                hidden = self.block_hidden(batch, blocks, self.ctx.backend, features)
+            # the logits a few rows at a time: [Bsz, N*B, V] at once is 13 GB in fp32 for 16 rows of 4,096 slots over
+            # SmolLM2's 49K vocabulary (34 GB over Llama-3's 128K), before cross-entropy's copies
+            rows_at_once = max(1, EVAL_LOGITS_BYTES // (hidden.shape[1] * self.ctx.target.lm_head.weight.shape[0] * 4))
+            per_block = []
+            for r in range(0, hidden.shape[0], rows_at_once):
+                with self.ctx.autocast():
+                    logits = self.ctx.target.lm_head(hidden[r:r + rows_at_once])
+                part, part_blocks = block_loss(logits, blocks.labels[r:r + rows_at_once], blocks.anchor_valid[r:r + rows_at_once],
+                                               self.block_size, self.gamma, self.dpace_alpha, per_block=True)
+                stats = part if r == 0 else stats + part
+                per_block.append(part_blocks)
+            per_block = torch.cat(per_block)
             rows = torch.arange(anchors.shape[0])[:, None].expand_as(anchors)
             accepted[rows[valid.cpu()], anchors.cpu()[valid.cpu()]] = per_block.cpu()[valid.cpu()]
             total = stats if total is None else total + stats
@@ -337,6 +347,9 @@ class BlockStats:
         }
         out.update({f"{prefix}/acc_slot_{k + 1}": a for k, a in enumerate(acc)})
         return out
+
+
+EVAL_LOGITS_BYTES = 2 << 30  # evaluation computes the drafter's fp32 logits in row chunks of about this size
 
 
 def head_and_loss(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int,
