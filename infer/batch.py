@@ -5,6 +5,8 @@
             row: what the row held before is never visible again, every key the new prompt sees is written first)
     step:   draft every row's block -> verify all rows in one [B, k+1] target pass -> accept per row ->
             append every row's verified block to the drafter (fixed shapes) -> one host sync for all rows
+    drain:  once no request waits, an uncaptured target with no drafter caches (the CPU; the target alone or prompt
+            lookup) moves its live rows to the front and steps only those
 
 Each row's output and accepted counts are the batch-1 loop's (``infer.generate.generate``): greedy acceptance is
 per row, and sampling draws from a generator per row seeded as ``generate`` seeds its own, in the same order
