@@ -21,6 +21,15 @@ if WORKER:
 REFERENCE_TARGET = Path(os.environ.get("SWA_REFERENCE_TARGET", REPO_ROOT.parent / "shared" / "targets" / "qwen3-27m-sharegpt"))
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """Every test skipped without a GPU also carries the ``gpu`` marker, so ``pytest -m gpu`` on a GPU machine runs all
+    of them (the skip conditions name CUDA or a GPU in their reasons; a few tests carry the marker by hand)."""
+    for item in items:
+        reasons = [str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif")]
+        if any("CUDA" in reason or "GPU" in reason for reason in reasons):
+            item.add_marker(pytest.mark.gpu)
+
+
 @pytest.fixture(scope="module")
 def single_cpu_thread():
     """One intra-op thread for the inference-loop tests (batch-1 decoding: chains of tiny matmuls). On
