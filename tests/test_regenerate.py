@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,38 @@ def test_too_long_prompt_cuts_the_conversation(reference_target_path) -> None:
     out, stats = regenerate_conversations(conversations, target.model, renderer, RegenerateConfig(max_new_tokens=4), max_length=64, progress=False)
     assert stats["conversations_cut"] == 1
     assert len(out[0].messages) == 2 and out[0].messages[1]["content"] != "old"
+
+
+def test_runs_started_together_regenerate_the_data_once(tiny_qwen3_path, tmp_path: Path, monkeypatch) -> None:
+    """Two trainings on the same data at once (the small-target pipeline starts DFlash and EAGLE-3 side by side): one
+    regenerates, the other waits for it and reads the cache; both get the same conversations. Without the lock both
+    started an engine and appended to one partial file."""
+    import threading
+
+    import train.data as data
+    from compose import compose_train
+
+    source = tmp_path / "data.jsonl"
+    source.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in conversations_to_regenerate()))
+    cfg = compose_train(["experiment=dflash_swa_tiny", f"target.path={tiny_qwen3_path}", f"data.path={source}", "data.num_eval=0",
+                         f"data.cache_dir={tmp_path / 'cache'}", "data.regenerate.max_new_tokens=4"])
+    target = TargetModel.from_pretrained(str(tiny_qwen3_path), "cpu")
+    started = []
+    reply_engine = data.reply_engine
+
+    def slow_engine(*args):  # the first run holds the data long enough for the second to arrive
+        started.append(threading.current_thread().name)
+        time.sleep(1.0)
+        return reply_engine(*args)
+
+    monkeypatch.setattr(data, "reply_engine", slow_engine)
+    results = {}
+    runs = [threading.Thread(target=lambda n=n: results.update({n: data.prepare_data(cfg.data, target, progress=False)}), name=f"run{n}")
+            for n in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert len(started) == 1
+    assert [r["input_ids"] for r in results[0][0]] == [r["input_ids"] for r in results[1][0]]
+    assert results[0][2]["regenerated_from"] == results[1][2]["regenerated_from"]

@@ -7,6 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from .chat import ChatRenderer
 from .dataset import cache_key, load_tokenized, resolve_source, source_fingerprint, split_train_eval
 from .readers import Conversation, DataError, read_conversations
@@ -45,23 +47,27 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
             "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen),
         }
         path = cache_dir / "regenerated" / f"{cache_key(key_parts)}.jsonl"
-        if path.exists():
-            conversations, _ = read_conversations(path)
-            log.info("regenerated conversations from cache %s", path)
-        else:
-            source_conversations, _ = read_conversations(
-                source, split=data_cfg.split, skip_bad_lines=data_cfg.skip_bad_lines, max_records=data_cfg.max_records
-            )
-            partial = path.with_suffix(".partial.jsonl")
-            engine = reply_engine(regen, target, data_cfg.max_length)
-            try:
-                conversations, stats = regenerate_conversations(source_conversations, engine, renderer, regen, data_cfg.max_length,
-                                                                progress, partial=partial)
-            finally:
-                getattr(engine, "close", lambda: None)()
-            write_jsonl_atomic(conversations, path)
-            partial.unlink(missing_ok=True)
-            log.info("regenerated %d turns with the target -> %s (%s)", stats["turns_regenerated"], path, stats)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # runs started together on the same data (the DFlash and EAGLE-3 recipes side by side) regenerate it once: the
+        # others wait here and read the cache (unlocked, both appended to one partial file and did the work twice)
+        with FileLock(str(path) + ".lock"):
+            if path.exists():
+                conversations, _ = read_conversations(path)
+                log.info("regenerated conversations from cache %s", path)
+            else:
+                source_conversations, _ = read_conversations(
+                    source, split=data_cfg.split, skip_bad_lines=data_cfg.skip_bad_lines, max_records=data_cfg.max_records
+                )
+                partial = path.with_suffix(".partial.jsonl")
+                engine = reply_engine(regen, target, data_cfg.max_length)
+                try:
+                    conversations, stats = regenerate_conversations(source_conversations, engine, renderer, regen, data_cfg.max_length,
+                                                                    progress, partial=partial)
+                finally:
+                    getattr(engine, "close", lambda: None)()
+                write_jsonl_atomic(conversations, path)
+                partial.unlink(missing_ok=True)
+                log.info("regenerated %d turns with the target -> %s (%s)", stats["turns_regenerated"], path, stats)
         ds, summary = load_tokenized(data_cfg, target.tokenizer, cache_dir / "tokenized", conversations=conversations, extra_key={"regenerated": str(path)})
         summary["regenerated_from"] = str(path)
     train_ds, eval_ds = split_train_eval(ds, data_cfg.num_eval, seed)
