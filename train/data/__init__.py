@@ -47,10 +47,11 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
             "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen),
         }
         path = cache_dir / "regenerated" / f"{cache_key(key_parts)}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = cache_dir / "locks" / f"regenerated-{path.stem}.lock"  # apart: regenerated/ holds only finished data
+        lock.parent.mkdir(parents=True, exist_ok=True)
         # runs started together on the same data (the DFlash and EAGLE-3 recipes side by side) regenerate it once: the
         # others wait here and read the cache (unlocked, both appended to one partial file and did the work twice)
-        with FileLock(str(path) + ".lock"):
+        with FileLock(str(lock)):
             if path.exists():
                 conversations, _ = read_conversations(path)
                 log.info("regenerated conversations from cache %s", path)
