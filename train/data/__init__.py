@@ -47,31 +47,41 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
             "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen),
         }
         path = cache_dir / "regenerated" / f"{cache_key(key_parts)}.jsonl"
-        lock = cache_dir / "locks" / f"regenerated-{path.stem}.lock"  # apart: regenerated/ holds only finished data
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        # runs started together on the same data (the DFlash and EAGLE-3 recipes side by side) regenerate it once: the
-        # others wait here and read the cache (unlocked, both appended to one partial file and did the work twice)
-        with FileLock(str(lock)):
-            if path.exists():
-                conversations, _ = read_conversations(path)
-                log.info("regenerated conversations from cache %s", path)
-            else:
-                source_conversations, _ = read_conversations(
-                    source, split=data_cfg.split, skip_bad_lines=data_cfg.skip_bad_lines, max_records=data_cfg.max_records
-                )
-                partial = path.with_suffix(".partial.jsonl")
-                engine = reply_engine(regen, target, data_cfg.max_length)
-                try:
-                    conversations, stats = regenerate_conversations(source_conversations, engine, renderer, regen, data_cfg.max_length,
-                                                                    progress, partial=partial)
-                finally:
-                    getattr(engine, "close", lambda: None)()
-                write_jsonl_atomic(conversations, path)
-                partial.unlink(missing_ok=True)
-                log.info("regenerated %d turns with the target -> %s (%s)", stats["turns_regenerated"], path, stats)
+        conversations = regenerated(path, cache_dir / "locks", source, data_cfg, target, renderer, progress)
         ds, summary = load_tokenized(data_cfg, target.tokenizer, cache_dir / "tokenized", conversations=conversations, extra_key={"regenerated": str(path)})
         summary["regenerated_from"] = str(path)
     train_ds, eval_ds = split_train_eval(ds, data_cfg.num_eval, seed)
     summary["train_conversations"] = len(train_ds)
     summary["eval_conversations"] = 0 if eval_ds is None else len(eval_ds)
     return train_ds, eval_ds, summary
+
+
+def regenerated(path: Path, locks: Path, source: Any, data_cfg: Any, target: Any, renderer: ChatRenderer,
+                progress: bool) -> list[Conversation]:
+    """The conversations with the target's own replies: read from ``path``, or regenerated and written there.
+
+    Runs started together on the same data (the DFlash and EAGLE-3 recipes side by side) regenerate it once: the
+    others wait on the lock and read the cache (unlocked, both appended to one partial file and did the work twice).
+    The lock lives in ``locks``, apart: ``regenerated/`` holds only finished data."""
+    regen = data_cfg.regenerate
+    lock = locks / f"regenerated-{path.stem}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock)):
+        if path.exists():
+            conversations, _ = read_conversations(path)
+            log.info("regenerated conversations from cache %s", path)
+            return conversations
+        source_conversations, _ = read_conversations(
+            source, split=data_cfg.split, skip_bad_lines=data_cfg.skip_bad_lines, max_records=data_cfg.max_records
+        )
+        partial = path.with_suffix(".partial.jsonl")
+        engine = reply_engine(regen, target, data_cfg.max_length)
+        try:
+            conversations, stats = regenerate_conversations(source_conversations, engine, renderer, regen, data_cfg.max_length,
+                                                            progress, partial=partial)
+        finally:
+            getattr(engine, "close", lambda: None)()
+        write_jsonl_atomic(conversations, path)
+        partial.unlink(missing_ok=True)
+        log.info("regenerated %d turns with the target -> %s (%s)", stats["turns_regenerated"], path, stats)
+        return conversations
