@@ -22,8 +22,8 @@ REFERENCE_TARGET = Path(os.environ.get("SWA_REFERENCE_TARGET", REPO_ROOT.parent 
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Every test skipped without a GPU also carries the ``gpu`` marker, so ``pytest -m gpu`` on a GPU machine runs all
-    of them (the skip conditions name CUDA or a GPU in their reasons; a few tests carry the marker by hand)."""
+    """Every test skipped without a GPU carries the ``gpu`` marker, so ``pytest -m gpu`` on a GPU machine runs all of
+    them: the one place the marker is given (the skip conditions name CUDA or a GPU in their reasons)."""
     for item in items:
         reasons = [str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif")]
         if any("CUDA" in reason or "GPU" in reason for reason in reasons):

@@ -116,14 +116,12 @@ def static_step_difference(device: str, path: str) -> float:
     return worst
 
 
-@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_kv_on_the_gpu(dtype) -> None:
     assert max(run_cases("cuda", dtype)) < (1e-4 if dtype == torch.float32 else 2e-2)
 
 
-@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_static_target_split_kv_on_the_gpu(reference_target_path, tiny_llama3_path) -> None:
     assert static_step_difference("cuda", str(reference_target_path)) < 1e-3
