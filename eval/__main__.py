@@ -58,10 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1 at --batch-size 1, where decoding small models runs "
                                                     "faster on one; one per core when batched)")
     common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
-    common.add_argument("--engine", default="ours", choices=["ours", "vllm", "server"],
-                        help="who decodes: our loop, vLLM in its own environment, or a running server (--server); another "
-                             "engine decodes greedily with the export's window, tau from its own counters, tokens checked "
-                             "against our target alone")
+    common.add_argument("--engine", default="ours", choices=["ours", "vllm", "server", "zlab"],
+                        help="who decodes: our loop, vLLM in its own environment, a running server (--server), or z-lab's "
+                             "reference DFlash loop (PyPI dflash, in this process, DFlash only); another engine decodes "
+                             "greedily with the export's window, tau from its own counters, tokens checked against our target alone")
     common.add_argument("--vllm-python", help="--engine vllm: the vLLM environment's python (default: $SWA_VLLM_PYTHON)")
     common.add_argument("--server", metavar="URL", help="a running OpenAI-compatible vLLM server serving --target with --drafter "
                                                         "(generation by /v1/completions, acceptance from its /metrics)")

@@ -1,6 +1,6 @@
 """Which engine decodes ``python -m eval``'s prompts: ours (``infer.generate``), vLLM in its own environment,
-or a running server (``--server URL``). The clients live in ``infer/serving.py``; here: what each engine can
-be asked, and which drafter folder it loads.
+a running server (``--server URL``) or z-lab's reference DFlash loop (``infer/zlab_engine.py``). The clients live in
+``infer/serving.py``; here: what each engine can be asked, and which drafter folder it loads.
 
 Another engine decodes greedily with the window the export was trained with (the engine reads it from the
 export): τ and per-position acceptance come from the engine's own counters, tokens are checked against our
@@ -48,7 +48,7 @@ def check_engine_args(args, windows) -> None:
 
 
 def start_engine(args, source: dict, target, drafter, tokenizer):
-    """vLLM with the drafter's engine export in its own process, or the client of a running server."""
+    """vLLM with the drafter's engine export in its own process, the client of a running server, or z-lab's loop."""
     from eval.runner import max_positions
     from infer.loading import eos_ids
     from infer.prompt_lookup import PromptLookupDrafter
@@ -59,6 +59,13 @@ def start_engine(args, source: dict, target, drafter, tokenizer):
     if drafter is None or isinstance(drafter, PromptLookupDrafter):
         raise ValueError(f"--engine {args.engine} needs a trained drafter (--drafter RUN or EXPORT; with --server, the one it serves)")
     eos = eos_ids(tokenizer, target.model)
+    if args.engine == "zlab":
+        from infer.zlab_engine import ZlabEngine
+        from models.dflash import DFlashDrafter, StaticDFlashDrafter
+
+        if not isinstance(drafter, (DFlashDrafter, StaticDFlashDrafter)):
+            raise ValueError(f"--engine zlab runs z-lab's DFlash loop; {source['drafter']} is a {type(drafter).__name__}")
+        return ZlabEngine(target.model, source["drafter"], eos)
     if args.engine == "server":
         engine = ServerEngine(args.server, eos)
         if engine.metrics() is None:
