@@ -52,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--num-questions", type=int, help="first N questions (default: all)")
     common.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
     common.add_argument("--dtype", default="auto")
+    common.add_argument("--draft-steps", type=int,
+                        help="EAGLE-3: drafts per step, the chain's length (default: the TTT steps it was trained with); prompt "
+                             "lookup beside it drafts as many. With --drafter pld: its drafts per step (default 15)")
     common.add_argument("--batch-size", type=int, default=1,
                         help="conversations decoded at once (DFlash, prompt lookup or the target alone; each row's tokens and "
                              "acceptance are batch 1's)")
@@ -150,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
             source = {"target": target_path, "drafter": drafter_path, **({"run": run_dir} if run_dir else {})}
         if args.batch_size < 1:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
-        target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend)
+        target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
+                                                 draft_steps=args.draft_steps)
         if args.engine == "ours":
             from infer.batch import check_batchable
 

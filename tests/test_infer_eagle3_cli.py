@@ -63,6 +63,18 @@ def test_eval_mtbench_runs_eagle3_unchanged(reference_target_path, eagle3_dir, t
     assert result["summary"]["same_as_baseline"] == 1.0 and len(result["summary"]["acceptance_by_position"]) == 3
 
 
+def test_eval_draft_steps_sets_the_chain_and_prompt_lookups_drafts(reference_target_path, eagle3_dir, tmp_path) -> None:
+    """``--draft-steps 5`` on a drafter trained with 3 TTT steps: chains of 5 (batched too), prompt lookup beside with 5."""
+    out = tmp_path / "mt"
+    rc = eval_main(["mtbench", "--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--num-questions", "2",
+                    "--max-new-tokens", "8", "--batch-size", "2", "--draft-steps", "5", "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "results.json").read_text())
+    assert {r["stats"]["block_size"] for r in result["records"]} == {6}
+    assert len(result["summary"]["acceptance_by_position"]) == 5 and len(result["summary"]["prompt_lookup"]["acceptance_by_position"]) == 5
+    assert result["summary"]["same_as_baseline"] == 1.0
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--tree-topk", "0"], "tree topk=0"),
     (["--tree-topk", "2", "--tree-tokens", "500"], "tree tokens=500"),
