@@ -190,6 +190,7 @@ def test_speculators_causality_flag_per_drafter_shape(layer_types, block_causal,
         from train.trainer import to_train_config
 
         with pytest.raises(ValueError, match="trainer.export_formats=.*one causality flag"):  # refused at start-up, not after training
-            to_train_config(compose_train(["experiment=dflash_swa_tiny", "trainer.export_formats=[dflash,speculators]"]))
+            to_train_config(compose_train(["experiment=dflash_swa_tiny", "drafter.layer_types=[sliding_attention,full_attention]",
+                                          "trainer.export_formats=[dflash,speculators]"]))
     else:
         assert speculators_non_causal(config) is expected

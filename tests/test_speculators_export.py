@@ -151,7 +151,7 @@ def test_speculators_train_accepts_the_command(tmp_path: Path, reference_target_
     assert layers["sliding_window"] == 2048
     if kind == "dflash":
         assert config["aux_hidden_state_layer_ids"] == manifest["speculators_layer_ids"] == [2, 3, 4, 5, 6]
-        assert layers["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+        assert layers["layer_types"] == ["sliding_attention"] * 5  # experiment=dflash_swa_small
         assert config["block_size"] == 16 and config["mask_token_id"] == manifest["mask_token_id"]
         assert config["sliding_window_non_causal"] is False  # sliding layers causal in the block, as ours
     else:
