@@ -33,7 +33,7 @@ def test_loss_falls_and_export_is_complete(tmp_path: Path) -> None:
     assert {"eval/loss", "eval/sim_tau", "eval/block_tau", "eval/acc_slot_1"} <= set(metrics)
     assert metrics["eval/sim_tau"] >= 1.0
     config = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert config["layer_types"] == ["sliding_attention", "full_attention"]
+    assert config["layer_types"] == ["sliding_attention", "sliding_attention"]  # experiment=dflash_swa_tiny
     assert config["sliding_window"] == 64 and config["use_sliding_window"] is True
     assert config["dflash_config"] == {"target_layer_ids": [1, 5], "block_size": 8, "mask_token_id": 3}
     assert config["block_size"] == 8 and config["num_target_layers"] == 8

@@ -157,7 +157,7 @@ def test_speculators_train_accepts_the_command(tmp_path: Path, reference_target_
     else:
         assert config["eagle_aux_hidden_state_layer_ids"] == manifest["speculators_layer_ids"] == [2, 4, 5]
         assert config["draft_vocab_size"] == manifest["draft_vocab_size"] == 8192
-        assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 7  # --ttt-steps
+        assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 10  # --ttt-steps (the recipe's TTT 10)
 
 
 def test_sample_count_follows_the_trainer_schedule() -> None:
