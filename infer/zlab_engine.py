@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def load_zlab():
                          f"{SPEC_GENERATE_PARAMS} (checked with dflash {', '.join(TESTED_VERSIONS)})")
     if version not in TESTED_VERSIONS:
         print(f"note: --engine zlab was checked with dflash {', '.join(TESTED_VERSIONS)}; {version} is installed "
-              "(spec_generate's signature matches)")
+              "(spec_generate's signature matches)", file=sys.stderr)
     return zlab
 
 

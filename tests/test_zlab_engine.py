@@ -77,7 +77,9 @@ def test_zlab_loop_accepts_what_ours_accepts(setup) -> None:
             # an end-of-sequence token inside a step: both loops stop after it and count the same steps
             eos = want[17]
             stop = want.index(eos) + 1
-            tokens, stats = ZlabEngine(model, str(root / "export_dflash"), eos=[eos]).generate(prompt, 40)
+            stopping = ZlabEngine(model, str(root / "export_dflash"), eos=[eos])
+            tokens, stats = stopping.generate(prompt, 40)
+            stopping.close()  # its hook off the target
             mine = generate(target, ours, prompt, max_new_tokens=40, eos_token_ids=[eos])
             assert tokens == want[:stop] == mine.tokens
             assert stats["accepted_per_step"] == mine.stats.accepted_per_step
