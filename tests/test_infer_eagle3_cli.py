@@ -75,6 +75,20 @@ def test_eval_draft_steps_sets_the_chain_and_prompt_lookups_drafts(reference_tar
     assert result["summary"]["same_as_baseline"] == 1.0
 
 
+def test_eval_tree_drafting_is_lossless_and_batch_one_only(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
+    """``--tree-topk/--tree-tokens`` in eval: every turn equals the target alone, steps as deep as the tree; batched, one line."""
+    base = ["mtbench", "--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--num-questions", "1",
+            "--max-new-tokens", "12", "--draft-steps", "2", "--tree-topk", "3", "--tree-tokens", "6"]
+    assert eval_main(base + ["--out", str(tmp_path / "tree")]) == 0
+    result = json.loads((tmp_path / "tree" / "results.json").read_text())
+    assert result["summary"]["same_as_baseline"] == 1.0
+    assert {r["stats"]["block_size"] for r in result["records"]} == {3} and max(a for r in result["records"] for a in r["stats"]["accepted_per_step"]) <= 2
+    assert len(result["summary"]["prompt_lookup"]["acceptance_by_position"]) == 2
+    assert eval_main(base + ["--batch-size", "2", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "EAGLE-3 tree drafting (--tree-topk/--tree-tokens) runs at --batch-size 1" in err and err.count("error:") == 1
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--tree-topk", "0"], "tree topk=0"),
     (["--tree-topk", "2", "--tree-tokens", "500"], "tree tokens=500"),
