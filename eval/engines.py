@@ -15,18 +15,22 @@ import sys
 from pathlib import Path
 
 
-def engine_drafter(drafter_dir: str, kind: str) -> str:
-    """The folder vLLM loads for a drafter: an engine export (``python -m train.export --format ...``), or the
-    one a training run wrote beside its own export (``export_speculators`` for EAGLE-3, ``export_dflash``)."""
+def engine_drafter(drafter_dir: str, kind: str, engine: str = "vllm") -> str:
+    """The folder another engine loads for a drafter: an engine export (``python -m train.export --format ...``), or
+    the one a training run wrote beside its own export (``export_speculators`` for EAGLE-3, ``export_dflash``). A DFlash
+    engine export is z-lab's layout (vLLM and z-lab's loop read it): ``dflash_config`` without our layout's
+    ``sliding_block_causal``."""
     path = Path(drafter_dir)
     fmt = "speculators" if kind == "eagle3" else "dflash"
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
-    if "speculators_model_type" in config or (kind == "dflash" and "auto_map" in config):
+    zlab_layout = "dflash_config" in config and "sliding_block_causal" not in config
+    if "speculators_model_type" in config or (kind == "dflash" and ("auto_map" in config or zlab_layout)):
         return str(path)
     sibling = path.parent / f"export_{fmt}"
     if (sibling / "config.json").exists():
         return str(sibling)
-    raise ValueError(f"--engine vllm: {path} is our own layout and no {sibling} exists; export it for vLLM first: "
+    what = "an EAGLE-3 export in speculators' layout" if kind == "eagle3" else "a DFlash export in z-lab's layout"
+    raise ValueError(f"--engine {engine}: {path} is not {what} and no {sibling} exists; export it first: "
                      f"python -m train.export {path} {sibling} --format {fmt} --target TARGET")
 
 
@@ -65,7 +69,7 @@ def start_engine(args, source: dict, target, drafter, tokenizer):
 
         if not isinstance(drafter, (DFlashDrafter, StaticDFlashDrafter)):
             raise ValueError(f"--engine zlab runs z-lab's DFlash loop; {source['drafter']} is a {type(drafter).__name__}")
-        return ZlabEngine(target.model, source["drafter"], eos)
+        return ZlabEngine(target.model, engine_drafter(source["drafter"], "dflash", "zlab"), eos)
     if args.engine == "server":
         engine = ServerEngine(args.server, eos)
         if engine.metrics() is None:

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -26,20 +24,6 @@ from infer.generate import GenerationStats
 
 TESTED_VERSIONS = ("0.1.0",)  # dflash releases whose spec_generate this engine was checked against (tests/test_zlab_engine.py)
 SPEC_GENERATE_PARAMS = ("target", "input_ids", "max_new_tokens", "stop_token_ids", "temperature")
-
-
-def zlab_drafter_dir(drafter_dir: str) -> Path:
-    """The z-lab-layout folder for a drafter: the folder itself when it is one (a ``--format dflash`` export: no
-    ``sliding_block_causal``, our layout's key), else the ``export_dflash`` a training run wrote beside its export."""
-    path = Path(drafter_dir)
-    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
-    if "dflash_config" in config and "sliding_block_causal" not in config:
-        return path
-    sibling = path.parent / "export_dflash"
-    if (sibling / "config.json").is_file():
-        return sibling
-    raise ValueError(f"--engine zlab: {path} is not a DFlash export in z-lab's layout and no {sibling} exists; export it first: "
-                     f"python -m train.export {path} {sibling} --format dflash --target TARGET")
 
 
 def load_zlab():
@@ -71,14 +55,14 @@ class ZlabEngine:
 
     Args:
         target_model: the Hugging Face causal LM (our ``StaticTarget.model``: the same weights our loop runs).
-        drafter_dir: an export in z-lab's layout or a run's export beside ``export_dflash`` (``zlab_drafter_dir``).
+        drafter_dir: an export in z-lab's layout (``eval.engines.engine_drafter`` finds a run's ``export_dflash``).
         eos: token ids that end a reply (z-lab's ``stop_token_ids``).
     """
 
     def __init__(self, target_model: torch.nn.Module, drafter_dir: str, eos: list[int]):
         zlab = load_zlab()
         self.target = target_model
-        self.drafter = str(zlab_drafter_dir(drafter_dir))
+        self.drafter = str(drafter_dir)
         dtype = next(target_model.parameters()).dtype
         self.model = zlab.DFlashDraftModel.from_pretrained(self.drafter, dtype=dtype).to(target_model.device).eval()
         self.block_size = int(self.model.block_size)

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from infer.generate import generate
 from infer.prompts import long_prompt_ids, mt_bench_questions
-from infer.zlab_engine import ZlabEngine, steps_from_anchors, zlab_drafter_dir
+from eval.engines import engine_drafter
+from infer.zlab_engine import ZlabEngine, steps_from_anchors
 from models.dflash import DFlashDrafter
 from models.static_target import StaticTarget
 from train.export import export
@@ -35,10 +36,10 @@ def test_our_layout_without_a_zlab_export_is_refused(tmp_path: Path) -> None:
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "config.json").write_text(json.dumps({"dflash_config": {}, "sliding_block_causal": True}))
     with pytest.raises(ValueError, match=r"not a DFlash export in z-lab's layout.*--format dflash"):
-        zlab_drafter_dir(str(tmp_path / "export"))
+        engine_drafter(str(tmp_path / "export"), "dflash", "zlab")
     (tmp_path / "export_dflash").mkdir()
     (tmp_path / "export_dflash" / "config.json").write_text(json.dumps({"dflash_config": {}}))
-    assert zlab_drafter_dir(str(tmp_path / "export")) == tmp_path / "export_dflash"
+    assert engine_drafter(str(tmp_path / "export"), "dflash", "zlab") == str(tmp_path / "export_dflash")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def setup(reference_target_path, tmp_path_factory):
 @pytest.mark.slow
 def test_zlab_loop_accepts_what_ours_accepts(setup) -> None:
     model, prompts, drafter_model, root = setup
-    engine = ZlabEngine(model, str(root / "ours"), eos=[])  # our layout: the run's export_dflash beside it is what z-lab loads
+    engine = ZlabEngine(model, engine_drafter(str(root / "ours"), "dflash", "zlab"), eos=[])  # our layout: the run's export_dflash beside it
     assert engine.drafter == str(root / "export_dflash")
     target = StaticTarget(model, LAYERS, compile_layers=False)
     ours = DFlashDrafter(drafter_model, model.get_input_embeddings(), model.get_output_embeddings())
