@@ -3,6 +3,9 @@ whether each engine's greedy replies equal HF ``generate``'s.
 
     python benchmarks/regen_engines.py --target ../shared/targets/qwen3-27m-sharegpt --num 32 --max-new-tokens 64 \
         --engines hf ours vllm [--server-url http://localhost:8000] [--concurrency 16]
+    # ours alone, rows in flight x decode steps per host sync (1 = a sync after every step, the loop before run_steps)
+    python benchmarks/regen_engines.py --target TARGET --data prompts.jsonl --num 300 --max-new-tokens 512 \
+        --engines ours --batch-size 128 256 --run-steps 1 8 16 --device cuda
 
 Every engine regenerates the first ``--num`` multi-turn conversations of the bundled ShareGPT sample (all
 assistant turns, in order), greedy; vLLM needs ``SWA_VLLM_PYTHON``. Time counts from the engine's first
@@ -30,7 +33,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-length", type=int, default=2048)
     p.add_argument("--engines", nargs="+", default=["hf", "ours", "vllm"])
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, nargs="+", default=[16], help="hf: prompts per call; ours: rows in flight (each a row)")
+    p.add_argument("--run-steps", type=int, nargs="+", default=[8], help="ours: decode steps between host syncs (each a row)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--server-url")
     p.add_argument("--device", default="cpu")
@@ -40,10 +44,12 @@ def main() -> None:
     renderer = ChatRenderer(target.tokenizer)
     conversations, _ = read_conversations(resolve_source(args.data), max_records=args.num)
     rows, reference = [], None
-    for name in args.engines:
+    runs = [(name, b, k) for name in args.engines for b in args.batch_size
+            for k in (args.run_steps if name == "ours" else [None])]
+    for name, batch_size, run_steps in runs:
         cfg = types.SimpleNamespace(engine=name, max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, top_k=0,
-                                    batch_size=args.batch_size, seed=0, concurrency=args.concurrency, vllm_python=None,
-                                    server_url=args.server_url)
+                                    batch_size=batch_size, run_steps=run_steps, seed=0, concurrency=args.concurrency,
+                                    vllm_python=None, server_url=args.server_url)
         start = time.perf_counter()
         engine = reply_engine(cfg, target, args.max_length)
         startup = time.perf_counter() - start
@@ -54,11 +60,13 @@ def main() -> None:
         replies = [m["content"] for c in out for m in c.messages if m["role"] == "assistant"]
         reference = reference if reference is not None else replies
         same = sum(a == b for a, b in zip(replies, reference))
-        rows.append((name, stats["turns_regenerated"], seconds, stats["turns_regenerated"] / seconds, startup, same, len(reference)))
-    print(f"| engine | turns | seconds | turns/s | start-up s | replies equal to {args.engines[0]}'s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, turns, seconds, rate, startup, same, n in rows:
-        print(f"| {name} | {turns} | {seconds:.1f} | {rate:.2f} | {startup:.1f} | {same}/{n} |")
+        label = name if run_steps is None else f"{name}, {run_steps} steps per sync"
+        rows.append((label, batch_size, stats["turns_regenerated"], seconds, stats["turns_regenerated"] / seconds, startup, same,
+                     len(reference)))
+    print(f"| engine | batch | turns | seconds | turns/s | start-up s | replies equal to the first row's |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, batch_size, turns, seconds, rate, startup, same, n in rows:
+        print(f"| {name} | {batch_size} | {turns} | {seconds:.1f} | {rate:.2f} | {startup:.1f} | {same}/{n} |")
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def check_batchable(drafter, batch_size: int) -> None:
 @torch.no_grad()
 def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams: int, *, batch_size: int, capacity: int,
                      max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
-                     refill_wave: int | None = None) -> None:
+                     refill_wave: int | None = None, run_steps: int = 8) -> None:
     """Run ``num_streams`` request streams through ``batch_size`` rows; every finished generation goes to ``driver``.
 
     capacity: the most positions one request needs (prompt + ``max_new_tokens`` + a verify block); a longer request
@@ -69,12 +69,15 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     refill_wave: rows whose request finished wait (stepping idle) until this many are waiting, or as many as rows still
         decode, and are then prefilled together (``StaticTarget.prefill_rows``): one prefill per row was what bounded
         regeneration on small targets (default: an eighth of the rows). A row's tokens do not depend on when it starts.
+    run_steps: the target alone, greedy, steps this many times between host syncs (``decode_alone``): per-row host
+        bookkeeping after every step bounded regeneration on small targets, not the GPU. 1: a sync every step.
     """
     check_batchable(drafter, batch_size)
     device = target.device
     block = drafter.block_size if drafter is not None else 1
     rows_n = min(batch_size, num_streams)
-    target.allocate(capacity, batch=rows_n)
+    alone = drafter is None and sampling.greedy and run_steps > 1  # no per-step host work: runs of run_steps steps
+    target.allocate(capacity + (run_steps if alone else 0), batch=rows_n)
     if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
         drafter.allocate(capacity + block, batch=rows_n)  # keys of rejected drafts land up to a block past the last position
     idle_generator = torch.Generator(device=device)  # an idle row's sampled drafts (discarded) draw from this, not the global one
@@ -193,7 +196,38 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         next_request(r, None, next(pending, None))
     settle()
 
+    def decode_alone(m: int) -> None:
+        """``run_steps`` greedy one-token steps of the first ``m`` rows with no host work between them: the tokens
+        stay on the device and come back in one copy. A row whose request ends inside the run (an end-of-sequence
+        token, its budget) steps on to the run's end: ``finish`` trims what it made after, its stats count only the
+        steps before, and the caches hold ``run_steps`` positions of room past ``capacity`` for it."""
+        t0 = time.perf_counter()
+        made = []
+        for _ in range(run_steps):
+            logits, _ = target.step(tokens[:m, None], positions[:m])
+            tokens[:m] = logits[:, 0].argmax(-1)
+            positions[:m] += 1
+            made.append(tokens[:m].clone())
+        values = torch.stack(made, dim=1).tolist()  # the run's one host sync
+        elapsed = time.perf_counter() - t0
+        for r, row in enumerate(rows[:m]):
+            if row is None:
+                continue
+            new = values[r]
+            ends = [i for i, t in enumerate(new) if t in eos]
+            kept = min([run_steps, max_new_tokens - len(row.out)] + [i + 1 for i in ends[:1]])
+            row.stats.accepted_per_step.extend([0] * kept)
+            row.stats.verify_s += elapsed * kept / run_steps
+            row.pos += run_steps
+            row.out.extend(new)
+            row.ended = bool(ends)
+        positions.copy_(torch.tensor([row.pos if row else 0 for row in rows]))
+        settle()
+
     while any(row is not None for row in rows):  # settle leaves no request waiting without a row decoding
+        if alone:
+            decode_alone(pack() if packable else rows_n)
+            continue
         t0 = time.perf_counter()
         m = pack() if packable else rows_n
         if drafter is None:
@@ -288,7 +322,7 @@ def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request) -> Non
 
 def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_new_tokens: int = 256, *, batch_size: int = 8,
                    sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
-                   refill_wave: int | None = None) -> list[Generation]:
+                   refill_wave: int | None = None, run_steps: int = 8) -> list[Generation]:
     """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order."""
     results: list[Generation | None] = [None] * len(prompts)
 
@@ -301,5 +335,6 @@ def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_
     verify_len = drafter.block_size if drafter is not None else 1
     capacity = max(len(p) for p in prompts) + max_new_tokens + verify_len
     generate_streams(target, drafter, driver, len(prompts), batch_size=batch_size, capacity=capacity, max_new_tokens=max_new_tokens,
-                     sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk, refill_wave=refill_wave)
+                     sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk, refill_wave=refill_wave,
+                     run_steps=run_steps)
     return results

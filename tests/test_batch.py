@@ -160,6 +160,29 @@ def test_a_draining_batch_steps_only_its_live_rows(setup, drafter_kind, temperat
     assert widths[0] == 4 and min(widths) < 4
 
 
+@pytest.mark.parametrize("run_steps", [3, 8])
+def test_the_target_alone_steps_in_runs_without_host_syncs(setup, run_steps, monkeypatch) -> None:
+    """The target alone, greedy, steps ``run_steps`` times between host syncs: requests that end inside a run (an
+    end-of-sequence token mid-run, a budget that is no multiple of the run) give batch 1's tokens and step counts,
+    and the host looked at the rows once per run, not once per step."""
+    prompts = setup[2]
+    target = StaticTarget(setup[0], [])
+    replies = [generate(target, None, p, 23, eos_token_ids=setup[3]).tokens for p in prompts]
+    stop = next(t for t in replies[0][4:14] if t not in replies[0][:4])  # ends row 0 inside a run, maybe others too
+    eos = setup[3] + [stop]
+    want = [generate(target, None, p, 23, eos_token_ids=eos) for p in prompts]
+    assert len(want[0].tokens) < 15 and any(len(w.tokens) == 23 for w in want)
+    steps, syncs = [], []
+    step, tensor = target.step, torch.tensor
+    monkeypatch.setattr(target, "step", lambda ids, pos: steps.append(len(syncs)) or step(ids, pos))
+    # the host's positions go back to the device once per sync (torch.tensor of a list of row positions)
+    monkeypatch.setattr(torch, "tensor", lambda data, *a, **k: (syncs.append(1) if isinstance(data, list) else None) or tensor(data, *a, **k))
+    got = generate_batch(target, None, prompts, 23, batch_size=3, eos_token_ids=eos, run_steps=run_steps)
+    assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
+    runs = [steps.count(k) for k in sorted(set(steps))]  # steps between two syncs
+    assert runs and all(n == run_steps for n in runs)
+
+
 def test_an_end_of_sequence_first_token_and_a_one_token_budget(setup) -> None:
     model, _, prompts, eos, _ = setup
     target = StaticTarget(model, [])

@@ -89,6 +89,7 @@ def test_regeneration_through_an_unreachable_server_fails_in_one_line(tmp_path: 
     ("data.regenerate.engine=tgi", "data.regenerate.engine='tgi'; expected one of hf, ours, vllm, server"),
     ("data.regenerate.engine=server", "data.regenerate.engine=server needs data.regenerate.server_url"),
     ("data.regenerate.concurrency=0", "data.regenerate.concurrency=0; expected >= 1"),
+    ("data.regenerate.run_steps=0", "data.regenerate.run_steps=0; expected >= 1"),
 ])
 def test_regeneration_settings_are_checked_at_start_up(override: str, message: str, tmp_path: Path) -> None:
     from train.trainer import to_train_config

@@ -111,7 +111,8 @@ class RegenerateConfig:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
-    batch_size: int = 16  # engine=hf: prompts per generate call
+    batch_size: int = 16  # engine=hf: prompts per generate call; engine=ours: prompts in flight
+    run_steps: int = 8  # engine=ours, greedy: decode steps between host syncs (infer.batch.generate_streams)
     seed: int = 0
     # hf (in process) | ours (our decoding loop) | vllm (its own environment: vllm_python or $SWA_VLLM_PYTHON)
     # | server (a running OpenAI-compatible server at server_url); see train/data/regenerate.py
@@ -135,6 +136,8 @@ class RegenerateConfig:
             raise ValueError(f"data.regenerate.top_p={self.top_p}; expected in (0, 1]")
         if self.batch_size < 1:
             raise ValueError(f"data.regenerate.batch_size={self.batch_size}; expected >= 1")
+        if self.run_steps < 1:
+            raise ValueError(f"data.regenerate.run_steps={self.run_steps}; expected >= 1")
 
 
 @dataclass

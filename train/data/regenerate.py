@@ -79,7 +79,7 @@ class OurReplies:
         from infer.loading import decoding_target
         from models.sampling import SamplingConfig
 
-        self.generate_batch, self.batch_size = generate_batch, cfg.batch_size
+        self.generate_batch, self.batch_size, self.run_steps = generate_batch, cfg.batch_size, cfg.run_steps
         self.target = decoding_target(model, [])
         self.eos = [tokenizer.eos_token_id]
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
@@ -91,7 +91,8 @@ class OurReplies:
             part = order[start:start + chunk]
             # one budget per chunk (the largest), each reply cut to its own: a longer run only extends a reply's tail
             outs = self.generate_batch(self.target, None, [prompts[i] for i in part], max(budgets[i] for i in part),
-                                       batch_size=self.batch_size, sampling=self.sampling, eos_token_ids=self.eos)
+                                       batch_size=self.batch_size, sampling=self.sampling, eos_token_ids=self.eos,
+                                       run_steps=self.run_steps)
             for i, out in zip(part, outs):
                 yield i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None
 
