@@ -7,6 +7,11 @@ between the first kernel's start and the last one's end that no kernel covers (G
 
     python benchmarks/profile_decode_loop.py --context 1024 --tokens 128
     python benchmarks/profile_decode_loop.py --drafter dflash --tau 3     # a speculative loop forced to accept τ-1
+    python benchmarks/profile_decode_loop.py --dflash-block               # the DFlash block pass alone, against its floors
+
+``--dflash-block`` times the captured block pass and the captured append alone (CUDA events, median of 50) beside two
+floors: reading the drafter's weights and the LM head once at the bandwidth measured here, and the same matrix products
+at the same row count (16) captured alone; then the kernels of 20 replays by GPU time.
 """
 
 from __future__ import annotations
@@ -32,8 +37,11 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--drafter", choices=["none", "dflash", "eagle3"], default="none")
     p.add_argument("--tau", type=int, default=3, help="with a drafter: every step accepts τ-1 drafts")
+    p.add_argument("--dflash-block", action="store_true", help="profile the DFlash block pass alone (see the docstring)")
     args = p.parse_args()
     model, dflash_model, eagle3_model = build(args.shape)
+    if args.dflash_block:
+        return dflash_block(model, dflash_model, args.context)
     target = StaticTarget(model, [], compile_layers=True)
     ids = torch.randint(100, 100_000, (args.context,)).tolist()
     target.allocate(args.context + args.tokens + 16)
@@ -75,6 +83,44 @@ def main() -> None:
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
     report_idle(prof, args.tokens, "token")
+
+
+def dflash_block(model, dflash_model, context: int) -> None:
+    from benchmarks.decode_speed import cuda_ms, measured_bandwidth
+    from models.dflash import StaticDFlashDrafter
+    from models.static_target import CapturedSteps
+
+    bandwidth = measured_bandwidth()["TBps"]
+    target = StaticTarget(model, [], compile_layers=True)
+    drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
+    b, width = drafter.block_size, dflash_model.fc.weight.shape[1]
+    drafter.allocate(context + 256, batch=1)
+    features = torch.randn(1, context, width, device="cuda", dtype=torch.bfloat16)
+    drafter.append(features, torch.zeros(1, dtype=torch.long, device="cuda"))  # the prompt's context, eager
+    token, anchor = torch.tensor([7], device="cuda"), torch.tensor([context], device="cuda")
+    block_features = torch.randn(1, b, width, device="cuda", dtype=torch.bfloat16)
+    block_ms = cuda_ms(lambda: drafter.block_logits(token, anchor), repeats=50)
+    append_ms = cuda_ms(lambda: drafter.append(block_features, anchor), repeats=50)
+    weights = [w for layer in drafter.fused.layers for w in (layer.wqkv, layer.w13)]
+    weights += [layer.self_attn.o_proj.weight for layer in dflash_model.layers] + [layer.mlp.down_proj.weight for layer in dflash_model.layers]
+    weights.append(target.lm_head.weight)
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    x = {w.shape[1]: torch.randn(b, w.shape[1], device="cuda", dtype=torch.bfloat16) for w in weights}
+    graphs = CapturedSteps()
+    products = lambda: [torch.nn.functional.linear(x[w.shape[1]], w) for w in weights]  # noqa: E731
+    gemm_ms = cuda_ms(lambda: graphs("gemms", products), repeats=50)
+    print(f"DFlash block pass at context {context} (5 layers + the LM head, {b} rows), captured: {block_ms:.3f} ms; append of {b} "
+          f"positions {append_ms:.3f} ms")
+    print(f"  floors: weights read once at {bandwidth:.2f} TB/s {weight_bytes / bandwidth / 1e9:.3f} ms ({weight_bytes / 1e9:.2f} GB); "
+          f"the {len(weights)} products alone, captured {gemm_ms:.3f} ms ({weight_bytes / gemm_ms / 1e9:.2f} TB/s)")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            drafter.block_logits(token, anchor)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90))
+    report_idle(prof, 20, "block pass")
 
 
 def report_idle(prof, units: int, unit: str) -> None:

@@ -144,6 +144,41 @@ def test_drafting_the_next_block_ahead_of_the_host_sync_changes_no_token(referen
     assert runs[0] == runs[1] and runs[0][-1] == eos
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_steps_end_where_the_target_alone_ends(reference_target_path, device) -> None:
+    """Drafting the next block before the host sync (``run_ahead``) or after it: at every budget, with forced acceptances
+    that jump across it, and with an end-of-sequence token at each offset of the first blocks, the output is the target's
+    own greedy output, both ways take the same steps, and the steps account for every output token."""
+    from transformers import AutoModelForCausalLM
+
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval().to(device)
+    config = make_dflash_config(model.config, num_hidden_layers=1, block_size=4, mask_token_id=5, target_layer_ids=[1],
+                                layer_types=["sliding_attention"], sliding_window=8)
+    torch.manual_seed(0)
+    drafter = StaticDFlashDrafter(DFlashDraftModel(config).eval().to(device), model.get_input_embeddings(), model.get_output_embeddings())
+    target = StaticTarget(model, [1])
+    prompt = torch.randint(10, 8000, (12,)).tolist()
+    alone = generate(target, None, prompt, 24).tokens
+    for budget in (1, 2, 3, 4, 5, 9, 24):
+        for forced in (None, 1, 3):  # forced: every step accepts that many (the drafts themselves, not the target's)
+            runs = [generate(target, drafter, prompt, budget, accept_per_step=forced, run_ahead=ahead) for ahead in (True, False)]
+            assert runs[0].tokens == runs[1].tokens and runs[0].stats.accepted_per_step == runs[1].stats.accepted_per_step
+            assert len(runs[0].tokens) == budget
+            if forced is None:
+                assert runs[0].tokens == alone[:budget]
+    for forced in (None, 3):  # the stop token at every offset of the first steps' blocks (forced: inside a block too)
+        free = generate(target, drafter, prompt, 24, accept_per_step=forced).tokens
+        for stop in range(1, 9):
+            eos = free[stop]
+            want = free[:free.index(eos) + 1]
+            for ahead in (True, False):
+                got = generate(target, drafter, prompt, 24, eos_token_ids=[eos], accept_per_step=forced, run_ahead=ahead)
+                assert got.tokens == want and 1 + sum(a + 1 for a in got.stats.accepted_per_step) == len(want)
+                assert forced is not None or got.tokens == alone[:len(want)]
+
+
 @pytest.mark.parametrize("rule", [LayerAttention(True, None), LayerAttention(True, 3), LayerAttention(False, None),
                                   LayerAttention(False, 2), LayerAttention(False, 5)])
 def test_block_visibility_follows_the_rule_key_by_key(rule) -> None:

@@ -1,0 +1,116 @@
+"""Where regeneration's time goes (``data.regenerate.engine=ours``): the captured decode step alone at several batch
+sizes and positions, then a real regeneration with each phase timed.
+
+    python benchmarks/profile_regen.py --target TARGET --data prompts.jsonl --num 1000 --batch-size 256 --run-steps 8 --device cuda
+
+Part 1 times the target's captured one-token step (CUDA events, median of 30) with every row at the same position.
+Part 2 regenerates the first ``--num`` conversations (every assistant turn, greedy, ``--max-new-tokens``) with
+``target.step`` and ``target.prefill_rows`` wrapped in timers that synchronise the device: the sums say how much of the
+wall time is decode steps, prefill waves and everything else (rendering, tokenizing, the loop's host work). The
+synchronising timers remove the overlap of host and device, so part 2's wall time is an upper bound of a plain run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import types
+
+import torch
+
+from infer.loading import decoding_target
+from models.target import TargetModel
+from train.data.chat import ChatRenderer
+from train.data.dataset import resolve_source
+from train.data.readers import read_conversations
+from train.data.regenerate import OurReplies, regenerate_conversations
+
+
+def time_steps(target, batch: int, capacity: int, positions: list[int], repeats: int = 30) -> list[tuple[int, float]]:
+    target.allocate(capacity, batch=batch)
+    ids = torch.zeros(batch, 1, dtype=torch.long, device=target.device)
+    out = []
+    for p in positions:
+        pos = torch.full((batch,), p, dtype=torch.long, device=target.device)
+        for _ in range(3):
+            target.step(ids, pos)
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            target.step(ids, pos)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        out.append((p, statistics.median(times)))
+    return out
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class Timed:
+    """Wraps a method with a device-synchronising timer."""
+
+    def __init__(self, fn):
+        self.fn, self.calls, self.seconds = fn, 0, 0.0
+
+    def __call__(self, *args, **kwargs):
+        sync()
+        t0 = time.perf_counter()
+        out = self.fn(*args, **kwargs)
+        sync()
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--num", type=int, default=1000)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--run-steps", type=int, default=8)
+    p.add_argument("--step-batches", type=int, nargs="*", default=[128, 256, 512])
+    p.add_argument("--step-positions", type=int, nargs="*", default=[256, 1024, 2048])
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args()
+
+    target = TargetModel.from_pretrained(args.target, device=args.device)
+    static = decoding_target(target.model, [])
+    capacity = args.max_length + args.max_new_tokens + 1 + args.run_steps
+    print(f"| rows | position | captured step ms | ms per row |\n|---:|---:|---:|---:|")
+    for b in args.step_batches if static.capture else []:
+        for pos, ms in time_steps(static, b, capacity, args.step_positions):
+            print(f"| {b} | {pos} | {ms:.3f} | {ms / b * 1000:.2f} µs |")
+
+    cfg = types.SimpleNamespace(engine="ours", max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, top_k=0,
+                                batch_size=args.batch_size, run_steps=args.run_steps, seed=0)
+    engine = OurReplies(target.model, target.tokenizer, cfg)
+    engine.target.step = step = Timed(engine.target.step)
+    engine.target.prefill_rows = prefill = Timed(engine.target.prefill_rows)
+    conversations, _ = read_conversations(resolve_source(args.data), max_records=args.num)
+    start = time.perf_counter()
+    out, stats = regenerate_conversations(conversations, engine, ChatRenderer(target.tokenizer), cfg, args.max_length, progress=False)
+    wall = time.perf_counter() - start
+    replies = [m["content"] for c in out for m in c.messages if m["role"] == "assistant"]
+    new_tokens = sum(len(target.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies)
+    print(f"\n{stats['turns_regenerated']} turns, ~{new_tokens} reply tokens (re-tokenized), {wall:.1f} s wall "
+          f"({stats['turns_regenerated'] / wall:.1f} turns/s, ~{new_tokens / wall:.0f} tokens/s), {args.batch_size} rows, "
+          f"{args.run_steps} steps per sync")
+    print("| phase | calls | seconds | share of wall | per call ms |\n|---|---:|---:|---:|---:|")
+    for name, t in (("decode steps (target.step)", step), ("prefill waves (target.prefill_rows)", prefill)):
+        print(f"| {name} | {t.calls} | {t.seconds:.1f} | {t.seconds / wall:.0%} | {t.seconds / max(t.calls, 1) * 1000:.2f} |")
+    rest = wall - step.seconds - prefill.seconds
+    print(f"| everything else (host: loop, rendering, tokenizing) | - | {rest:.1f} | {rest / wall:.0%} | - |")
+    print(f"reply tokens per decode step and row: {new_tokens / max(step.calls, 1) / args.batch_size:.2f} (1 = every row busy)")
+
+
+if __name__ == "__main__":
+    main()
