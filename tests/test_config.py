@@ -73,6 +73,7 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["trainer.attention_backend=cudnn"], "trainer.attention_backend=cudnn serves EAGLE-3"),
         (["trainer.optimizer=sgd"], "trainer.optimizer='sgd'; expected adamw or muon"),
         (["trainer.optimizer=muon", "trainer.muon_lr=0"], "trainer.muon_lr=0"),
+        (["trainer.optimizer=muon", "trainer.muon_ns_dtype=fp16"], "trainer.muon_ns_dtype='fp16'; expected auto, bfloat16 or float32"),
         (["drafter.loss_weighting=linear"], "drafter.loss_weighting='linear'; expected exp or dpace"),
         (["drafter.loss_weighting=dpace", "drafter.dpace_alpha=0"], "drafter.dpace_alpha=0"),
         (["experiment=eagle3_swa_tiny", "drafter.fc_norm=true", "drafter.norm_before_fc=true"], "drafter.fc_norm and drafter.norm_before_fc are both true"),

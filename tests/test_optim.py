@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from train.optim import MuonWithAdamW, split_for_muon
+from train.optim import Muon, MuonWithAdamW, newton_schulz, newton_schulz_dtype, split_for_muon
 
 
 class Tiny(torch.nn.Module):
@@ -112,3 +112,49 @@ def test_a_torch_without_muon_fails_in_one_line(monkeypatch) -> None:
     monkeypatch.delattr(torch.optim, "Muon")
     with pytest.raises(ValueError, match=r"trainer.optimizer=muon needs torch >= 2.9 \(torch.optim.Muon\); this is torch "):
         MuonWithAdamW(Tiny().named_parameters(), lr=1e-3, muon_lr=1e-3, betas=(0.9, 0.95), weight_decay=0, muon_weight_decay=0)
+
+
+@pytest.mark.parametrize("adjust_lr_fn", ["match_rms_adamw", "original"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_in_bf16_is_torchs_muon_bit_for_bit(adjust_lr_fn, nesterov) -> None:
+    """``train.optim.Muon`` with its Newton-Schulz in bf16 against ``torch.optim.Muon`` (tall and wide matrices)."""
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(12, 5)), torch.nn.Parameter(torch.randn(4, 9))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    kwargs = dict(lr=3e-2, weight_decay=0.1, nesterov=nesterov, adjust_lr_fn=adjust_lr_fn)
+    opts = [Muon(ours, ns_dtype=torch.bfloat16, **kwargs), torch.optim.Muon(theirs, **kwargs)]
+    for step in range(3):
+        grads = [torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * step + i)) for i, p in enumerate(ours)]
+        for params, opt in zip((ours, theirs), opts):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            opt.step()
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert opts[0].state_dict()["state"].keys() == opts[1].state_dict()["state"].keys()
+    opts[1].load_state_dict(opts[0].state_dict())  # checkpoints load into either
+
+
+def test_newton_schulz_in_fp32_follows_a_float64_reference() -> None:
+    """fp32 is the float64 iteration to fp32 rounding; bf16 (torch's) only to bf16's, a few percent."""
+    update = torch.randn(48, 20, generator=torch.Generator().manual_seed(0))
+    coefficients = (3.4445, -4.7750, 2.0315)
+    reference = newton_schulz(update.double(), coefficients, 5, 1e-7, torch.float64)
+    fp32, bf16 = (newton_schulz(update, coefficients, 5, 1e-7, dtype) for dtype in (torch.float32, torch.bfloat16))
+    assert fp32.dtype == torch.float32 and fp32.shape == update.shape
+    torch.testing.assert_close(fp32.double(), reference, rtol=1e-5, atol=1e-5)
+    error = (bf16.double() - reference).norm() / reference.norm()
+    assert 1e-4 < error < 0.05
+    singular = torch.linalg.svdvals(reference)  # orthogonalised: the spread Keller Jordan's coefficients leave
+    assert singular.min() > 0.3 and singular.max() < 1.3
+
+
+def test_auto_ns_dtype_is_fp32_only_on_a_cpu_without_bf16_hardware(monkeypatch) -> None:
+    import train.optim as optim
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(optim, "cpu_has_bf16_matmul", lambda: False)
+    assert [newton_schulz_dtype("auto", cpu), newton_schulz_dtype("auto", gpu)] == [torch.float32, torch.bfloat16]
+    assert [newton_schulz_dtype(c, cpu) for c in ("bfloat16", "float32")] == [torch.bfloat16, torch.float32]
+    monkeypatch.setattr(optim, "cpu_has_bf16_matmul", lambda: True)
+    assert newton_schulz_dtype("auto", cpu) == torch.bfloat16

@@ -180,6 +180,9 @@ class TrainerConfig:
     optimizer: str = "adamw"
     muon_lr: Optional[float] = None  # null = lr (Muon's update is scaled to AdamW's RMS)
     muon_weight_decay: float = 0.1
+    # dtype of Muon's Newton-Schulz iteration: auto = bf16 as torch's Muon, except fp32 on a CPU without bf16 hardware
+    # (emulated bf16 products there are ~8x slower than fp32; train/optim.py) | bfloat16 | float32
+    muon_ns_dtype: str = "auto"
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     device: str = "auto"  # auto = cuda when available, else cpu
     precision: str = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU; or bf16 / fp32
@@ -245,6 +248,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.lr={self.lr}; expected > 0")
         if self.optimizer not in ("adamw", "muon"):
             raise ValueError(f"trainer.optimizer={self.optimizer!r}; expected adamw or muon")
+        if self.muon_ns_dtype not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"trainer.muon_ns_dtype={self.muon_ns_dtype!r}; expected auto, bfloat16 or float32")
         if self.muon_lr is not None and self.muon_lr <= 0:
             raise ValueError(f"trainer.muon_lr={self.muon_lr}; expected > 0 or null (= trainer.lr)")
         if self.loop_eval_prompts < 0:
