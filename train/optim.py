@@ -57,7 +57,8 @@ def newton_schulz(update: torch.Tensor, coefficients: tuple[float, float, float]
     return x.T if tall else x
 
 
-class Muon(torch.optim.Muon):
+# torch < 2.9 has no Muon: the module still imports (AdamW runs), MuonWithAdamW refuses in one line
+class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
     """``torch.optim.Muon`` (its arguments, parameter groups and state, so checkpoints load into either) whose
     Newton-Schulz iteration runs in ``ns_dtype``: with bf16 its steps are torch's own, bit for bit (a test)."""
 
