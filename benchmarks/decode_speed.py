@@ -17,6 +17,7 @@ A random-init target of a real shape (default Qwen3-8B's, bf16) on one GPU. Prin
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -34,7 +35,9 @@ from models.static_target import StaticTarget  # noqa: E402
 from models.target import CachedTarget  # noqa: E402
 
 
-DRAFTERS = ("dflash", "dflash-eager", "eagle3", "eagle3-eager")  # "-eager": the drafter before its static one, at the second τ
+# "-eager": the drafter before its static one, at the second τ; "dflash-vocab": DFlash with a draft vocabulary of
+# --draft-vocab ids (its head the target's rows of them), the same layers
+DRAFTERS = ("dflash", "dflash-vocab", "dflash-eager", "eagle3", "eagle3-eager")
 
 
 def cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
@@ -62,6 +65,21 @@ def measured_bandwidth() -> dict:
     torch.cuda.empty_cache()
     copy_bw, sum_bw = 2 * n / copy_ms / 1e9, n / sum_ms / 1e9  # TB/s
     return {"copy_TBps": copy_bw, "read_TBps": sum_bw, "TBps": max(copy_bw, sum_bw)}
+
+
+def with_draft_vocab(dflash: DFlashDraftModel, target_head: torch.nn.Module, size: int) -> DFlashDraftModel:
+    """The same drafter with a draft vocabulary of ``size`` ids (random counts: which ids does not change the speed)."""
+    from models.eagle3 import build_draft_vocab
+
+    config = copy.deepcopy(dflash.config)
+    config.draft_vocab_size = size
+    with torch.device(target_head.weight.device):
+        reduced = DFlashDraftModel(config).to(target_head.weight.dtype).eval().requires_grad_(False)
+    reduced.load_state_dict(dflash.state_dict(), strict=False)
+    counts = torch.randint(1, 1000, (config.vocab_size,), generator=torch.Generator().manual_seed(0))
+    reduced.set_draft_vocab(*(t.to(target_head.weight.device) for t in build_draft_vocab(dict(enumerate(counts.tolist())), config.vocab_size, size)),
+                            target_head.weight)
+    return reduced
 
 
 def build(shape: str):
@@ -103,6 +121,7 @@ def main() -> None:
     p.add_argument("--attention", nargs="+", default=["products", "split_kv"], choices=["products", "split_kv"],
                    help="decode attention paths timed in turn (StaticTarget's decode_attention); the last one runs the drafters")
     p.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS, help="speculative rows timed (section 4)")
+    p.add_argument("--draft-vocab", type=int, default=32000, help="dflash-vocab's draft vocabulary (EAGLE-3's here: 32000)")
     p.add_argument("--out")
     args = p.parse_args()
 
@@ -161,6 +180,8 @@ def main() -> None:
         for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
             if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
                 drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
+            elif name == "dflash-vocab":  # the same layers, the head the target's rows of --draft-vocab ids
+                drafter = StaticDFlashDrafter(with_draft_vocab(dflash_model, target.lm_head, args.draft_vocab), target.embed_tokens, target.lm_head)
             elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             elif name == "eagle3":  # the loop's default for chains: fixed-shape caches, step 0 and the chain in one captured graph

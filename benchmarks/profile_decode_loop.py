@@ -8,8 +8,9 @@ between the first kernel's start and the last one's end that no kernel covers (G
     python benchmarks/profile_decode_loop.py --context 1024 --tokens 128
     python benchmarks/profile_decode_loop.py --drafter dflash --tau 3     # a speculative loop forced to accept τ-1
     python benchmarks/profile_decode_loop.py --dflash-block               # the DFlash block pass alone, against its floors
+    python benchmarks/profile_decode_loop.py --verify-split 16            # a 16-token forward against a 1-token one, kernel by kernel
 
-``--dflash-block`` times the captured block pass and the captured append alone (CUDA events, median of 50) beside two
+``--dflash-block [--draft-vocab N ...]`` times the captured block pass and the captured append alone (CUDA events, median of 50) beside two
 floors: reading the drafter's weights and the LM head once at the bandwidth measured here, and the same matrix products
 at the same row count (16) captured alone; then the kernels of 20 replays by GPU time.
 """
@@ -38,10 +39,21 @@ def main() -> None:
     p.add_argument("--drafter", choices=["none", "dflash", "eagle3"], default="none")
     p.add_argument("--tau", type=int, default=3, help="with a drafter: every step accepts τ-1 drafts")
     p.add_argument("--dflash-block", action="store_true", help="profile the DFlash block pass alone (see the docstring)")
+    p.add_argument("--draft-vocab", type=int, nargs="*", default=[], help="--dflash-block: also with draft vocabularies of these sizes")
+    p.add_argument("--verify-split", type=int, default=0, metavar="N",
+                   help="the captured forward of 1 token against N tokens, kernel by kernel (where a verify's extra time goes)")
     args = p.parse_args()
     model, dflash_model, eagle3_model = build(args.shape)
+    if args.verify_split:
+        return verify_split(model, args.context, args.verify_split)
     if args.dflash_block:
-        return dflash_block(model, dflash_model, args.context)
+        from benchmarks.decode_speed import with_draft_vocab
+
+        dflash_block(model, dflash_model, args.context)
+        for size in args.draft_vocab:
+            print(f"\n--- the same drafter with a draft vocabulary of {size} ids")
+            dflash_block(model, with_draft_vocab(dflash_model, model.get_output_embeddings(), size), args.context)
+        return
     target = StaticTarget(model, [], compile_layers=True)
     ids = torch.randint(100, 100_000, (args.context,)).tolist()
     target.allocate(args.context + args.tokens + 16)
@@ -103,7 +115,7 @@ def dflash_block(model, dflash_model, context: int) -> None:
     append_ms = cuda_ms(lambda: drafter.append(block_features, anchor), repeats=50)
     weights = [w for layer in drafter.fused.layers for w in (layer.wqkv, layer.w13)]
     weights += [layer.self_attn.o_proj.weight for layer in dflash_model.layers] + [layer.mlp.down_proj.weight for layer in dflash_model.layers]
-    weights.append(target.lm_head.weight)
+    weights.append(drafter.head.weight)  # the target's LM head, or a draft vocabulary's rows of it
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     x = {w.shape[1]: torch.randn(b, w.shape[1], device="cuda", dtype=torch.bfloat16) for w in weights}
     graphs = CapturedSteps()
@@ -121,6 +133,35 @@ def dflash_block(model, dflash_model, context: int) -> None:
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90))
     report_idle(prof, 20, "block pass")
+
+
+def verify_split(model, context: int, tokens: int) -> None:
+    """Kernel time per name of one captured forward of 1 token and of ``tokens`` tokens at ``context`` (20 replays each)."""
+    from benchmarks.decode_speed import cuda_ms
+    from torch.profiler import ProfilerActivity, profile
+
+    target = StaticTarget(model, [], compile_layers=True)
+    target.allocate(context + 256)
+    pos = torch.tensor([context], device="cuda")
+    per_kernel = {}
+    for n in (1, tokens):
+        ids = torch.zeros(1, n, dtype=torch.long, device="cuda")
+        ms = cuda_ms(lambda: target.step(ids, pos))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                target.step(ids, pos)
+            torch.cuda.synchronize()
+        totals = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0:
+                totals[e.name] = totals.get(e.name, 0.0) + e.time_range.elapsed_us() / 20
+        per_kernel[n] = totals
+        print(f"forward of {n} token(s) at {context}: {ms:.3f} ms (CUDA events), kernel time {sum(totals.values()) / 1e3:.3f} ms")
+    names = sorted(set(per_kernel[1]) | set(per_kernel[tokens]), key=lambda k: -(per_kernel[tokens].get(k, 0) - per_kernel[1].get(k, 0)))
+    print(f"us per forward | 1 token | {tokens} tokens | difference | kernel")
+    for name in names[:25]:
+        a, b = per_kernel[1].get(name, 0.0), per_kernel[tokens].get(name, 0.0)
+        print(f"{a:9.1f} | {b:9.1f} | {b - a:+9.1f} | {name[:100]}")
 
 
 def report_idle(prof, units: int, unit: str) -> None:

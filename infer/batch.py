@@ -238,7 +238,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             if sampling.greedy:
                 draft_tokens, draft_probs = greedy.clone(), None
             else:
-                drawn = [choose(logits[r], sampling, row.generator) if row else choose(logits[r], SamplingConfig(), None)
+                drawn = [drafter.choose(logits[r], sampling, row.generator) if row else drafter.choose(logits[r], SamplingConfig(), None)
                          for r, row in enumerate(rows)]
                 draft_tokens = torch.stack([d[0] for d in drawn])
                 draft_probs = [d[1] for d in drawn]

@@ -106,9 +106,11 @@ def dflash_config(config: dict, where: str) -> dict[str, Any]:
         raise _refuse(where, "sample_from_anchor", True, "our DFlash drafts from the mask slots only (slot 0 is the last verified token)")
     if config.get("mask_token_id") is None:
         raise _refuse(where, "mask_token_id", None, "the block's mask token is needed")
-    if config.get("draft_vocab_size") != out["vocab_size"]:
-        raise _refuse(where, "draft_vocab_size", config.get("draft_vocab_size"),
-                      f"our DFlash drafts over the target's whole vocabulary ({out['vocab_size']}) through its LM head")
+    draft_vocab = config.get("draft_vocab_size")
+    if not isinstance(draft_vocab, int) or not 2 <= draft_vocab <= out["vocab_size"]:
+        raise _refuse(where, "draft_vocab_size", draft_vocab, f"expected 2 .. the target's vocabulary ({out['vocab_size']})")
+    if draft_vocab < out["vocab_size"]:
+        out["draft_vocab_size"] = draft_vocab  # the checkpoint's lm_head [Vd, H], d2t, t2d (models/dflash.py)
     ids = config.get("aux_hidden_state_layer_ids")
     if not ids or min(ids) < LAYER_ID_OFFSET:
         raise _refuse(where, "aux_hidden_state_layer_ids", ids, "expected ids >= 1 (speculators' id k = the input of layer k)")
@@ -162,10 +164,9 @@ def read_weights(path: str | Path, ours: dict[str, Any], vocab_size: int) -> dic
         raise ValueError(f"{path}: no {WEIGHTS}")
     weights = {k: v for k, v in load_file(file).items() if k not in TRAINING_ONLY}
     if ours["architectures"] == ["DFlashDraftModel"]:
-        if "d2t" in weights:  # dflash_config() refuses the config first; a hand-edited one ends here
-            raise ValueError(f"{file}: tensor 'd2t': a reduced draft vocabulary, which our DFlash does not have")
-        weights.pop("embed_tokens.weight", None)  # our DFlash embeds and decodes with the target's own
-        weights.pop("lm_head.weight", None)
+        weights.pop("embed_tokens.weight", None)  # our DFlash embeds with the target's own
+        if "draft_vocab_size" not in ours:  # and decodes with it, unless the drafter has a draft vocabulary
+            weights.pop("lm_head.weight", None)
     elif ours["draft_vocab_size"] == vocab_size and "d2t" not in weights:
         weights["d2t"] = torch.zeros(vocab_size, dtype=torch.long)
         weights["t2d"] = torch.ones(vocab_size, dtype=torch.bool)

@@ -2,7 +2,10 @@
 model, its training masks and its cached drafting, one file for training and inference.
 
 A stack of Qwen3-style decoder layers (q/k RMSNorm, RoPE, SwiGLU) with no embedding or LM head of
-its own: block tokens are embedded and decoded by the target's (frozen) embedding and LM head.
+its own: block tokens are embedded and decoded by the target's (frozen) embedding and LM head. With a
+draft vocabulary (``config.draft_vocab_size`` < the target's, vLLM speculators' DFlash option) it
+decodes with the target's LM-head rows of those ids only (``lm_head`` [Vd, H], frozen; ``d2t``: draft
+id i is target id i + d2t[i]; ``t2d``: which target ids it has), so a block pass reads Vd rows, not V.
 
     context  = hidden_norm(fc(concat(target hidden states at target_layer_ids)))   [B, T, H]
     block    = embed([last verified token, mask, ..., mask])                        [B, Q, H]
@@ -88,8 +91,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def make_dflash_config(target_config, *, num_hidden_layers: int, block_size: int, mask_token_id: int, target_layer_ids: list[int],
-                       layer_types: list[str], sliding_window: int | None, sliding_block_causal: bool = True) -> Qwen3Config:
-    """The drafter's config: the target's attention/MLP shape, DFlash fields on top."""
+                       layer_types: list[str], sliding_window: int | None, sliding_block_causal: bool = True,
+                       draft_vocab_size: int | None = None) -> Qwen3Config:
+    """The drafter's config: the target's attention/MLP shape, DFlash fields on top. ``draft_vocab_size`` below the
+    target's vocabulary gives the drafter a reduced head (see ``DFlashDraftModel``); else (z-lab's layout) none."""
     t = target_config.get_text_config()
     rope = getattr(t, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(t, "rope_theta", 1e6)}
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
@@ -106,7 +111,18 @@ def make_dflash_config(target_config, *, num_hidden_layers: int, block_size: int
     config.num_target_layers = t.num_hidden_layers
     config.dflash_config = {"target_layer_ids": list(target_layer_ids), "block_size": block_size, "mask_token_id": mask_token_id}
     config.sliding_block_causal = sliding_block_causal
+    if draft_vocab_size is not None:
+        if draft_vocab_size < 2:
+            raise ValueError(f"draft_vocab_size={draft_vocab_size}; expected >= 2 or null (the target's vocabulary)")
+        if draft_vocab_size < t.vocab_size:
+            config.draft_vocab_size = draft_vocab_size
     return config
+
+
+def draft_vocab_size(config) -> int | None:
+    """The reduced head's width, or None: the drafter decodes with the target's whole LM head."""
+    size = getattr(config, "draft_vocab_size", None)
+    return size if size is not None and size < config.vocab_size else None
 
 
 def sliding_block_causal(config: Qwen3Config) -> bool:
@@ -389,11 +405,59 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
+        vd = draft_vocab_size(config)
+        if vd is not None:  # the reduced head: the target's LM-head rows of the draft ids, frozen (speculators' DFlash)
+            self.lm_head = nn.Linear(config.hidden_size, vd, bias=False)
+            self.lm_head.weight.requires_grad_(False)
+            self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))  # draft id i is target id i + d2t[i]
+            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))  # target id j in the draft vocabulary
         self.post_init()
 
     @property
     def layer_types(self) -> list[str]:
         return list(self.config.layer_types)
+
+    @property
+    def has_draft_vocab(self) -> bool:
+        return hasattr(self, "d2t")
+
+    @torch.no_grad()
+    def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor, target_lm_head_weight: torch.Tensor) -> None:
+        """The draft vocabulary (``models.eagle3.build_draft_vocab``) and the head's rows, copied from the target's."""
+        if not self.has_draft_vocab:
+            raise ValueError("set_draft_vocab: this DFlash drafter has no draft vocabulary (config.draft_vocab_size unset)")
+        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise ValueError(f"draft vocabulary: d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)}, expected "
+                             f"{tuple(self.d2t.shape)} / {tuple(self.t2d.shape)}")
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+        rows = self.draft_ids_in_target().to(target_lm_head_weight.device)
+        self.lm_head.weight.copy_(target_lm_head_weight[rows].to(self.lm_head.weight))
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids] if self.has_draft_vocab else draft_ids
+
+    def draft_ids_in_target(self) -> torch.Tensor:
+        """[Vd] the target id of every draft id."""
+        return self.draft_to_target(torch.arange(self.d2t.shape[0], device=self.d2t.device))
+
+    def target_to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Each target id's draft id, -1 where the draft vocabulary lacks it (labels the head cannot predict)."""
+        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        index[self.draft_ids_in_target()] = torch.arange(self.d2t.shape[0], device=self.d2t.device)
+        return torch.where(target_ids >= 0, index[target_ids.clamp(min=0)], -1)
+
+    def head(self, target_lm_head: nn.Module) -> nn.Module:
+        """The LM head drafting decodes with: the reduced one, else the target's."""
+        return self.lm_head if self.has_draft_vocab else target_lm_head
+
+    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., Vd] -> [..., V]: -inf outside the draft vocabulary, so softmax and argmax over the target's ids equal
+        theirs over the draft ids (sampling stays exact)."""
+        if not self.has_draft_vocab:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_ids_in_target(), logits)
 
     def compile_regions(self) -> None:
         """Compile the training forward's regions around attention (``DFlashDecoderLayer.attention_inputs`` and
@@ -506,7 +570,8 @@ class DFlashDrafter:
 
     Args:
         model: the loaded ``DFlashDraftModel``.
-        embed_tokens, lm_head: the target's (shared, frozen) embedding and LM head.
+        embed_tokens, lm_head: the target's (shared, frozen) embedding and LM head (a drafter with a draft
+            vocabulary decodes with its own reduced head instead, its logits spread over the target's ids).
         window: inference-time window, see the module docstring.
         attention_backend: ``sdpa`` or ``flashinfer``.
         keep_slack: extra positions a sliding layer's buffer holds before it compacts.
@@ -572,7 +637,7 @@ class DFlashDrafter:
             anchor: its position; the context must hold positions ``.. anchor-1``.
 
         Returns:
-            [B-1, V] fp32 logits.
+            [B-1, V] fp32 logits (-inf outside a draft vocabulary).
         """
         b = self.block_size
         ids = torch.full((b,), self.mask_token_id, dtype=torch.long, device=self.device)
@@ -581,7 +646,8 @@ class DFlashDrafter:
         positions = torch.arange(anchor, anchor + b, device=self.device)[None]
         hidden = self.model(x, None, positions, cache=DraftCache(self.caches, self.rules, anchor, self.attention_backend))
         hidden = hidden[0, 1:]  # slot 0 is the known token
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+        head = self.model.head(self.lm_head)
+        return self.model.to_target_logits(head(hidden.to(head.weight.dtype)).float())
 
     @torch.no_grad()
     def draft(self, token: torch.Tensor, anchor: int, sampling: SamplingConfig,
@@ -683,6 +749,7 @@ class StaticDFlashDrafter:
         self.fused = fused or FusedWeights.of(model)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
+        self.head = model.head(lm_head)  # a draft vocabulary's reduced head reads Vd rows, not the target's V
         self.block_size = model.block_size
         self.verify_tokens = model.block_size
         self.mask_token_id = model.mask_token_id
@@ -766,7 +833,8 @@ class StaticDFlashDrafter:
             slot_pos[rows].scatter_(1, positions[:, m - keep:] % slot_pos.shape[1], positions[:, m - keep:])
 
     def _block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # token [B] at anchor [B] -> logits [B, block-1, V] fp32 and their argmax [B, block-1]
+        # token [B] at anchor [B] -> logits [B, block-1, Vd] fp32 (Vd = V without a draft vocabulary) and the greedy
+        # drafts [B, block-1] as target ids
         bsz, b = token.shape[0], self.block_size
         hq, hkv, d = self.model.config.num_attention_heads, self.model.config.num_key_value_heads, self.model.config.head_dim
         slot_k = torch.arange(b, device=token.device)
@@ -789,8 +857,8 @@ class StaticDFlashDrafter:
             x = x + attn.o_proj(out.view(bsz, hq, b, d).transpose(1, 2).reshape(bsz, b, hq * d))
             gate, up = F.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        logits = self.lm_head(self.model.norm(x)[:, 1:].to(self.lm_head.weight.dtype)).float()
-        return logits, logits.argmax(dim=-1)
+        logits = self.head(self.model.norm(x)[:, 1:].to(self.head.weight.dtype)).float()
+        return logits, self.model.draft_to_target(logits.argmax(dim=-1))
 
     def _run(self, name: str, fn, *inputs):
         return self.graphs(name, fn, *inputs) if self.capture else fn(*inputs)
@@ -807,9 +875,15 @@ class StaticDFlashDrafter:
 
     @torch.no_grad()
     def block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [B, block-1, V] (fp32) for positions ``anchor+1 ..`` and the greedy drafts [B, block-1]. On a GPU
-        these are the captured graph's output buffers: valid until the next call."""
+        """Logits [B, block-1, Vd] (fp32, over the draft vocabulary if the drafter has one: ``choose`` reads them) for
+        positions ``anchor+1 ..`` and the greedy drafts [B, block-1] (target ids). On a GPU these are the captured
+        graph's output buffers: valid until the next call."""
         return self._run("block", self.block_fn, token, anchor)
+
+    def choose(self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None):
+        """``models.sampling.choose`` over one row's block logits [block-1, Vd]: target ids, and their distributions
+        over the target's vocabulary."""
+        return choose(self.model.to_target_logits(logits), sampling, generator)
 
     # --------------------------------------------------------------------------------------- batch-1 protocol
 
@@ -835,4 +909,4 @@ class StaticDFlashDrafter:
         logits, greedy = self.block_logits(token.reshape(1), anchor.reshape(1))
         if sampling.greedy:
             return greedy[0].clone(), None
-        return choose(logits[0], sampling, generator)
+        return self.choose(logits[0], sampling, generator)

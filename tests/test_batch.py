@@ -122,6 +122,7 @@ def test_prefilling_several_rows_at_once_equals_one_row_at_a_time(setup, device)
     assert batched.k_cache[:, 1].abs().sum() == 0  # the row not named is untouched
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 @pytest.mark.parametrize("drafter_kind", ["none", "dflash", "eagle3"])
 def test_rows_refilled_in_waves_equal_batch_one(setup, drafter_kind, monkeypatch) -> None:
     """Finished rows wait for a wave of two before their prompts are prefilled together (rows idle meanwhile): every
@@ -203,6 +204,7 @@ def test_eager_eagle3_and_trees_are_refused_at_batch_sizes_above_one(setup) -> N
     check_batchable(StaticEagle3Drafter(Eagle3DraftModel(config)), 4)
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 @pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
 def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_path, drafter_kind) -> None:
     from infer.prompts import mt_bench
@@ -244,6 +246,7 @@ def test_prepacked_linears_give_the_plain_matrices_tokens(setup) -> None:
     assert [g.tokens for g in got] == [w.tokens for w in want]
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 @pytest.mark.parametrize("drafter_kind", ["pld", "dflash", "eagle3"])
 def test_batched_rows_on_two_threads_equal_batch_one_on_one(setup, drafter_kind) -> None:
     """eval's CPU default (infer.loading.set_threads): 1 thread at batch 1, one per core when batched. The thread count

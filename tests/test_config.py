@@ -152,6 +152,7 @@ def test_appended_key_the_schema_lacks_fails_naming_it(override: str) -> None:
         to_train_config(compose_train(["experiment=dflash_swa_tiny", override]))
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_cli_unknown_key_leaves_no_run_folder(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "train", "experiment=dflash_swa_tiny", "+trainer.max_step=10",
                            f"output_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True, timeout=60)

@@ -128,6 +128,7 @@ def test_refuses_a_misshaped_tensor(tmp_path: Path, target: TargetModel) -> None
         export(src, tmp_path / "out", dtype="float32")
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_cli_from_a_run_checkpoint_and_bad_input(tmp_path: Path) -> None:
     from compose import compose_train
 

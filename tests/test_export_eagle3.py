@@ -175,6 +175,7 @@ def test_refuses_an_unbuilt_draft_vocabulary(tmp_path: Path, target_config) -> N
         export(src, tmp_path / "out", fmt="sglang", dtype="float32")
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_cli(tmp_path: Path, target_config, reference_target_path, capsys) -> None:
     from train.export import main
 

@@ -160,6 +160,7 @@ def test_store_refusals_name_the_problem(tmp_path: Path, tiny_store: Path) -> No
     unchecked.gather("train", [0, 1], 128)
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_features_command_without_a_path_exits_with_one_line(tmp_path: Path, tiny_qwen3_path: str) -> None:
     result = subprocess.run([sys.executable, "-m", "train.features", "experiment=dflash_swa_tiny", f"output_dir={tmp_path}"],
                             env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, cwd=tmp_path)

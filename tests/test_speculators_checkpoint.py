@@ -49,14 +49,22 @@ def spec_layer_config(target_path: Path, arch: str):
                                            sliding_window=WINDOW, full_attention_indices=[1])
 
 
-def spec_dflash(target_path: Path, non_causal: bool):
+def spec_draft_vocab(vocab_size: int):
+    g = torch.Generator().manual_seed(0)
+    ids, counts = torch.randint(0, vocab_size, (4000,), generator=g), torch.randint(1, 100, (4000,), generator=g)
+    return build_draft_vocab(Counter(dict(zip(ids.tolist(), counts.tolist()))), vocab_size, DRAFT_VOCAB)
+
+
+def spec_dflash(target_path: Path, non_causal: bool, draft_vocab: bool = False):
     from speculators.models.dflash import DFlashDraftModel as SpecDFlash
 
     layers = spec_layer_config(target_path, "qwen3")
+    d2t, t2d = spec_draft_vocab(layers.vocab_size) if draft_vocab else (None, None)
     torch.manual_seed(0)
-    model = SpecDFlash.from_training_args(layers, verifier_name_or_path=str(target_path), target_layer_ids=SPEC_IDS, block_size=BLOCK,
-                                          mask_token_id=MASK, draft_vocab_size=layers.vocab_size, sliding_window_non_causal=non_causal,
-                                          draft_attn_impl="eager")
+    model = SpecDFlash.from_training_args(layers, t2d=t2d, d2t=d2t, verifier_name_or_path=str(target_path), target_layer_ids=SPEC_IDS,
+                                          block_size=BLOCK, mask_token_id=MASK,
+                                          draft_vocab_size=DRAFT_VOCAB if draft_vocab else layers.vocab_size,
+                                          sliding_window_non_causal=non_causal, draft_attn_impl="eager")
     return perturbed_and_bf16(model)
 
 
@@ -64,9 +72,7 @@ def spec_eagle3(target_path: Path, **flags):
     from speculators.models.eagle3 import Eagle3DraftModel as SpecEagle3
 
     layers = spec_layer_config(target_path, "llama")
-    g = torch.Generator().manual_seed(0)
-    ids, counts = torch.randint(0, layers.vocab_size, (4000,), generator=g), torch.randint(1, 100, (4000,), generator=g)
-    d2t, t2d = build_draft_vocab(Counter(dict(zip(ids.tolist(), counts.tolist()))), layers.vocab_size, DRAFT_VOCAB)
+    d2t, t2d = spec_draft_vocab(layers.vocab_size)
     torch.manual_seed(0)
     model = SpecEagle3.from_training_args(layers, t2d=t2d, d2t=d2t, verifier_name_or_path=str(target_path), target_layer_ids=SPEC_IDS,
                                           draft_vocab_size=DRAFT_VOCAB, ttt_steps=STEPS, draft_attn_impl="eager",
@@ -94,7 +100,7 @@ def load_ours(path: Path) -> torch.nn.Module:
 
 @torch.no_grad()
 def our_dflash_logits(model: DFlashDraftModel, target: TargetModel, features, ids) -> torch.Tensor:
-    """Every block anchored at 0 .. T - B - 1 at once (training layout) -> [N * B, V]."""
+    """Every block anchored at 0 .. T - B - 1 at once (training layout) -> [N * B, V] (Vd with a draft vocabulary)."""
     anchors = torch.arange(T - BLOCK)[None]
     ctx_valid = torch.ones(1, T, dtype=torch.bool)
     cfg = model.config
@@ -103,12 +109,13 @@ def our_dflash_logits(model: DFlashDraftModel, target: TargetModel, features, id
     block_ids = torch.full((1, anchors.numel() * BLOCK), MASK)
     block_ids[:, ::BLOCK] = ids[:, anchors[0]]
     positions = (anchors[0, :, None] + torch.arange(BLOCK)).reshape(1, -1)
-    return target.lm_head(model(target.embed_tokens(block_ids), features, positions, masks))[0]
+    return model.head(target.lm_head)(model(target.embed_tokens(block_ids), features, positions, masks))[0]
 
 
-@pytest.mark.parametrize("non_causal", [False, True])
-def test_dflash_checkpoint_matches_speculators_forward(tmp_path: Path, target: TargetModel, reference_target_path, non_causal: bool) -> None:
-    spec = spec_dflash(reference_target_path, non_causal)
+@pytest.mark.parametrize("non_causal, draft_vocab", [(False, False), (True, False), (False, True)])
+def test_dflash_checkpoint_matches_speculators_forward(tmp_path: Path, target: TargetModel, reference_target_path, non_causal: bool,
+                                                      draft_vocab: bool) -> None:
+    spec = spec_dflash(reference_target_path, non_causal, draft_vocab)
     path = trainer_save(spec, tmp_path / "save")
     saved = json.loads((path / "config.json").read_text())
     assert saved["speculators_model_type"] == "dflash" and saved["sliding_window_non_causal"] is non_causal
@@ -116,6 +123,10 @@ def test_dflash_checkpoint_matches_speculators_forward(tmp_path: Path, target: T
     assert ours.target_layer_ids == [1, 3, 5] and ours.block_size == BLOCK and ours.mask_token_id == MASK
     assert ours.config.layer_types == ["sliding_attention", "full_attention"] and ours.config.sliding_window == WINDOW
     assert sliding_block_causal(ours.config) is not non_causal
+    assert ours.has_draft_vocab is draft_vocab
+    if draft_vocab:  # speculators' reduced head: the verifier's rows of the draft ids, as ours builds it
+        assert torch.equal(ours.d2t, spec.d2t) and torch.equal(ours.t2d, spec.t2d)
+        torch.testing.assert_close(ours.lm_head.weight, target.lm_head.weight[ours.draft_ids_in_target()].to(torch.bfloat16).float())
 
     features, ids = inputs(target.vocab_size)
     with torch.no_grad():  # every valid position an anchor (max_anchors = T - B), so select_anchors' draw is the identity
@@ -200,7 +211,8 @@ def test_our_speculators_export_reads_back_to_our_logits(tmp_path: Path, target:
 
 @pytest.mark.parametrize("kind, field, value, message", [
     ("dflash", "sample_from_anchor", True, "sample_from_anchor=True"),
-    ("dflash", "draft_vocab_size", 1000, "draft_vocab_size=1000"),
+    ("dflash", "draft_vocab_size", 1, "draft_vocab_size=1"),
+    ("dflash", "draft_vocab_size", 200000, "draft_vocab_size=200000"),
     ("dflash", "mask_token_id", None, "mask_token_id=None"),
     ("eagle3", "eagle_aux_hidden_state_layer_ids", None, "eagle_aux_hidden_state_layer_ids=None"),
     ("eagle3", "transformer_layer_config.model_type", "qwen3", "transformer_layer_config.model_type='qwen3'"),

@@ -123,6 +123,7 @@ def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_
     assert forced[0] == forced[1]
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_drafting_the_next_block_ahead_of_the_host_sync_changes_no_token(reference_target_path) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -144,6 +145,7 @@ def test_drafting_the_next_block_ahead_of_the_host_sync_changes_no_token(referen
     assert runs[0] == runs[1] and runs[0][-1] == eos
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))])
 def test_steps_end_where_the_target_alone_ends(reference_target_path, device) -> None:
     """Drafting the next block before the host sync (``run_ahead``) or after it: at every budget, with forced acceptances

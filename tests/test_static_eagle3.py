@@ -166,6 +166,7 @@ def test_protocol_mistakes_are_one_clear_error() -> None:
         StaticEagle3Drafter(tiny("sliding"), steps=0)
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -124,6 +124,7 @@ def test_buffers_are_kept_while_the_size_fits_and_bad_steps_are_refused(referenc
         target.forward(torch.zeros(2, dtype=torch.long), 255)
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_the_loop_on_the_static_target_equals_the_eager_loop(reference_target_path, reference_tokenizer) -> None:
     """Greedy, the target alone and with prompt lookup: the same tokens and the same accepted counts per step."""
     model = load(reference_target_path)

@@ -313,8 +313,13 @@ class TrainConfig:
         if not isinstance(self.drafter, DrafterConfigBase):  # ConfigStore's default instance: no drafter chosen yet
             return
         kind = self.drafter.kind
-        if self.trainer.export_formats is None:
-            self.trainer.export_formats = list(EXPORT_FORMATS[kind])
+        draft_vocab = getattr(self.drafter, "draft_vocab_size", None) if kind == "dflash" else None
+        if self.trainer.export_formats is None:  # a DFlash draft vocabulary travels in speculators' layout only
+            self.trainer.export_formats = ["speculators"] if draft_vocab is not None else list(EXPORT_FORMATS[kind])
+        zlab = [f for f in self.trainer.export_formats if f in ("dflash", "sglang")]
+        if draft_vocab is not None and zlab:
+            raise ValueError(f"trainer.export_formats: {zlab[0]!r} is z-lab's DFlash layout, which has no draft vocabulary "
+                             f"(drafter.draft_vocab_size={draft_vocab}); set trainer.export_formats=[speculators]")
         backend = self.trainer.attention_backend
         if backend == "cudnn" and kind != "eagle3":
             raise ValueError(f"trainer.attention_backend={backend} serves EAGLE-3's window + diagonal masks only; "

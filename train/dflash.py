@@ -8,6 +8,7 @@ acceptance, so they weigh most (the DFlash paper uses gamma 7 for B=16, 5 for B=
 
     DFlashStep.plan       anchors and blocks (random, from the step's generator)
     DFlashStep.forward    target features -> ``models/dflash.py`` (masks per layer type) -> target LM head
+                          (or its rows of a draft vocabulary, ``drafter.draft_vocab_size``)
                           -> ``block_loss``: decayed CE, per-slot accuracy, accepted drafts per block
     evaluate_batch        a block at every position and the greedy loop replayed over each reply
                           (``eval/block_tau``, ``train/loop_eval.py``)
@@ -16,6 +17,7 @@ acceptance, so they weigh most (the DFlash paper uses gamma 7 for B=16, 5 for B=
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -31,6 +33,8 @@ from models.target import TargetModel, default_layer_ids
 
 from .config import DrafterConfigBase, TrainConfig
 from .loop_eval import leading_correct, tau_summaries, walk_segments
+
+log = logging.getLogger(__name__)
 
 NAME = "DFlash"
 
@@ -52,6 +56,11 @@ class DFlashConfig(DrafterConfigBase):
     # expected accepted drafts that pass through it, from the drafter's own current confidence (``dpace_weights``)
     loss_weighting: str = "exp"
     dpace_alpha: float = 0.5  # D-PACE's confidence smoothing, in (0, 1]
+    # null: decode with the target's whole LM head (z-lab's layout). N: a draft vocabulary of the N most frequent
+    # loss-masked training tokens, the head the target's rows of them, frozen (speculators' DFlash draft_vocab_size):
+    # the block pass reads N rows instead of the target's V (Qwen3: 152K, 1.24 GB at the 8B shape); labels outside it
+    # count as wrong drafts
+    draft_vocab_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -65,6 +74,8 @@ class DFlashConfig(DrafterConfigBase):
             raise ValueError(f"drafter.loss_weighting={self.loss_weighting!r}; expected exp or dpace")
         if not 0 < self.dpace_alpha <= 1:
             raise ValueError(f"drafter.dpace_alpha={self.dpace_alpha}; expected in (0, 1]")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
+            raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2 or null (the target's whole head)")
         if self.mask_token_id is not None and self.mask_token_id < 0:
             raise ValueError(f"drafter.mask_token_id={self.mask_token_id}; expected a token id >= 0 or null")
 
@@ -105,16 +116,30 @@ def resolve_mask_token_id(configured: int | None, target: TargetModel) -> int:
 
 
 def build_drafter(cfg: TrainConfig, target: TargetModel, layer_ids: list[int], train_ds=None) -> DFlashDraftModel:
-    """A fresh DFlash drafter with the target's attention/MLP shape, seeded by ``trainer.seed``."""
+    """A fresh DFlash drafter with the target's attention/MLP shape, seeded by ``trainer.seed``; with
+    ``drafter.draft_vocab_size``, its draft vocabulary from the training data's loss-masked token counts (as EAGLE-3's)."""
     d = cfg.drafter
     mask_token_id = resolve_mask_token_id(d.mask_token_id, target)
     config = make_dflash_config(
         target.config, num_hidden_layers=d.num_hidden_layers, block_size=d.block_size, mask_token_id=mask_token_id,
         target_layer_ids=layer_ids, layer_types=d.resolved_layer_types(), sliding_window=d.sliding_window,
-        sliding_block_causal=d.sliding_block_causal,
+        sliding_block_causal=d.sliding_block_causal, draft_vocab_size=d.draft_vocab_size,
     )
     torch.manual_seed(cfg.trainer.seed)
-    return DFlashDraftModel(config)
+    drafter = DFlashDraftModel(config)
+    if drafter.has_draft_vocab:
+        from models.eagle3 import build_draft_vocab
+
+        from .eagle3 import loss_token_counts
+
+        if train_ds is None:
+            raise ValueError("drafter.draft_vocab_size: the draft vocabulary is counted from the training data, and none was given")
+        counts = loss_token_counts(train_ds, target.vocab_size)
+        d2t, t2d = build_draft_vocab({i: int(c) for i, c in enumerate(counts.tolist()) if c}, target.vocab_size, config.draft_vocab_size)
+        drafter.set_draft_vocab(d2t, t2d, target.lm_head.weight.float().cpu())
+        log.info("DFlash draft vocabulary: %d of %d target tokens, covering %.1f%% of loss-masked training tokens",
+                 config.draft_vocab_size, target.vocab_size, 100 * float(counts[t2d].sum() / counts.sum().clamp(min=1)))
+    return drafter
 
 
 # ----------------------------------------------------------------------------- the step
@@ -137,6 +162,11 @@ class DFlashStep:
         # longest row nearly always holds num_anchors anchors)
         self.anchor_multiple = max(1, self.cfg.drafter.num_anchors // 2) if ctx.pad_multiple and ctx.device.type != "cuda" else 0
         self.head_and_loss = head_and_loss
+        # the head the loop decodes with, and each target id's row in it (-1: outside a draft vocabulary)
+        self.head = drafter.head(ctx.target.lm_head)
+        if drafter.has_draft_vocab:
+            drafter.lm_head.weight.requires_grad_(False)  # the target's rows: frozen however the drafter was loaded
+        self.head_index = drafter.target_to_draft(torch.arange(drafter.config.vocab_size)).to(ctx.device) if drafter.has_draft_vocab else None
         if self.cfg.trainer.compile_drafter and ctx.device.type == "cuda":
             drafter.compile_regions()
             self.head_and_loss = torch.compile(head_and_loss, dynamic=False)  # logits, fp32 CE and stats fused around the product
@@ -165,8 +195,15 @@ class DFlashStep:
         blocks = type(blocks)(*(t.to(self.ctx.device) for t in vars(blocks).values()))
         with self.ctx.autocast():
             hidden = self.block_hidden(batch, blocks, self.ctx.backend)
-            return self.head_and_loss(hidden, self.ctx.target.lm_head, blocks.labels, blocks.anchor_valid, self.block_size, self.gamma,
+            return self.head_and_loss(hidden, self.head, self.head_labels(blocks.labels), blocks.anchor_valid, self.block_size, self.gamma,
                                       self.dpace_alpha)
+
+    def head_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Labels as rows of the head: target ids, or a draft vocabulary's ids with ``OUTSIDE`` where it lacks the
+        label (still a labelled slot: a draft there is wrong)."""
+        if self.head_index is None:
+            return labels
+        return torch.where(labels == IGNORE, IGNORE, self.head_index[labels.clamp(min=0)])
 
     def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> BlockStats:
         """Held-out stats with a block at every eligible position, and the loop replayed over each assistant
@@ -192,12 +229,13 @@ class DFlashStep:
                 hidden = self.block_hidden(batch, blocks, self.ctx.backend, features)
             # the logits a few rows at a time: [Bsz, N*B, V] at once is 13 GB in fp32 for 16 rows of 4,096 slots over
             # SmolLM2's 49K vocabulary (34 GB over Llama-3's 128K), before cross-entropy's copies
-            rows_at_once = max(1, EVAL_LOGITS_BYTES // (hidden.shape[1] * self.ctx.target.lm_head.weight.shape[0] * 4))
+            rows_at_once = max(1, EVAL_LOGITS_BYTES // (hidden.shape[1] * self.head.weight.shape[0] * 4))
+            labels = self.head_labels(blocks.labels)
             per_block = []
             for r in range(0, hidden.shape[0], rows_at_once):
                 with self.ctx.autocast():
-                    logits = self.ctx.target.lm_head(hidden[r:r + rows_at_once])
-                part, part_blocks = block_loss(logits, blocks.labels[r:r + rows_at_once], blocks.anchor_valid[r:r + rows_at_once],
+                    logits = self.head(hidden[r:r + rows_at_once])
+                part, part_blocks = block_loss(logits, labels[r:r + rows_at_once], blocks.anchor_valid[r:r + rows_at_once],
                                                self.block_size, self.gamma, self.dpace_alpha, per_block=True)
                 stats = part if r == 0 else stats + part
                 per_block.append(part_blocks)
@@ -208,8 +246,9 @@ class DFlashStep:
         return total, accepted
 
     def block_logits(self, batch: dict[str, torch.Tensor], blocks, backend: str, features: torch.Tensor | None = None) -> torch.Tensor:
-        """[Bsz, N*B, V] the drafter's logits for every block slot (blocks already on the device)."""
-        return self.ctx.target.lm_head(self.block_hidden(batch, blocks, backend, features))
+        """[Bsz, N*B, V] the drafter's logits for every block slot (blocks already on the device; -inf outside a draft
+        vocabulary)."""
+        return self.drafter.to_target_logits(self.head(self.block_hidden(batch, blocks, backend, features)))
 
     def block_hidden(self, batch: dict[str, torch.Tensor], blocks, backend: str, features: torch.Tensor | None = None) -> torch.Tensor:
         """[Bsz, N*B, H] the drafter's final hidden states for every block slot (blocks already on the device)."""
@@ -229,6 +268,7 @@ class DFlashStep:
 # ----------------------------------------------------------------------------- the objective
 
 IGNORE = -100
+OUTSIDE = -1  # a labelled slot whose label the head cannot produce (outside a draft vocabulary): no CE term, never correct
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
@@ -354,7 +394,8 @@ EVAL_LOGITS_BYTES = 2 << 30  # evaluation computes the drafter's fp32 logits in 
 
 def head_and_loss(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int,
                   gamma: float, dpace_alpha: float | None = None) -> BlockStats:
-    """``block_loss`` of the target's (frozen) LM head on ``hidden``: compiled as one region in training."""
+    """``block_loss`` of the (frozen) head on ``hidden``, the target's or a draft vocabulary's rows of it, labels in
+    its ids: compiled as one region in training."""
     return block_loss(lm_head(hidden), labels, anchor_valid, block_size, gamma, dpace_alpha)
 
 
@@ -373,13 +414,15 @@ def dpace_weights(ce: torch.Tensor, has_label: torch.Tensor, block_size: int, al
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, gamma: float,
                dpace_alpha: float | None = None, per_block: bool = False) -> BlockStats | tuple[BlockStats, torch.Tensor]:
-    """Weighted CE and accuracy stats. logits [Bsz, Q, V], labels [Bsz, Q]; Q = N * B. Slot weights: exp(-(k-1)/gamma),
+    """Weighted CE and accuracy stats. logits [Bsz, Q, V], labels [Bsz, Q] (IGNORE: unlabelled; OUTSIDE: labelled, not in
+    the head's vocabulary); Q = N * B. Slot weights: exp(-(k-1)/gamma),
     or D-PACE's (``dpace_weights``) when ``dpace_alpha`` is given.
     ``per_block``: also return [Bsz, N] each block's leading correct drafts."""
     bsz, q_len, vocab = logits.shape
     slot = torch.arange(q_len, device=labels.device) % block_size
     has_label = labels != IGNORE
-    ce = F.cross_entropy(logits.float().reshape(-1, vocab), labels.reshape(-1), ignore_index=IGNORE, reduction="none").view(bsz, q_len)
+    ce_labels = torch.where(labels == OUTSIDE, IGNORE, labels)
+    ce = F.cross_entropy(logits.float().reshape(-1, vocab), ce_labels.reshape(-1), ignore_index=IGNORE, reduction="none").view(bsz, q_len)
     if dpace_alpha is None:
         weight = torch.exp(-(slot - 1).clamp(min=0).float() / gamma).expand(bsz, -1)
     else:

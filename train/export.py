@@ -52,10 +52,6 @@ from .checkpoint import list_checkpoints, load_checkpoint
 log = logging.getLogger(__name__)
 
 FORMATS = ("dflash", "sglang", "speculators")
-# The target's embedding and LM head travel with a speculators DFlash checkpoint (vLLM loads them as the draft's
-# embed_tokens / lm_head). Not the verifier_lm_head / verifier_norm of speculators' training class: vLLM 0.32's
-# DFlash loader has no such parameter and refuses the checkpoint ("no module or parameter named 'verifier_lm_head'").
-SPECULATORS_VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight")
 WEIGHTS = "model.safetensors"
 EAGLE3_ARCH = "Eagle3DraftModel"
 EAGLE3_FORMATS = ("sglang", "speculators")
@@ -179,7 +175,7 @@ def speculators_config_json(config: dict[str, Any], target_config: Any, target_n
         "architectures": ["DFlashSpeculator"],
         "speculators_model_type": "dflash",
         "transformer_layer_config": layer_config,
-        "draft_vocab_size": config["vocab_size"],
+        "draft_vocab_size": config.get("draft_vocab_size") or config["vocab_size"],
         "block_size": block_size,
         "target_hidden_size": text.hidden_size,
         "aux_hidden_state_layer_ids": engines.engine_layer_ids(dflash["target_layer_ids"], "speculators"),
@@ -209,6 +205,7 @@ def draft_logits(model: DFlashDraftModel, features: torch.Tensor, block_ids: tor
     positions = torch.arange(ctx_len, ctx_len + block, device=features.device)[None]
     dtype = next(model.parameters()).dtype
     hidden = model(embed(block_ids).to(dtype), features.to(dtype), positions, masks)
+    head = model.head(head)  # a draft vocabulary's own rows: [1, B, Vd]
     return head(hidden.to(head.weight.dtype)).float()
 
 
@@ -223,13 +220,16 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
         raise ExportError(f"--format {fmt!r}; expected one of {FORMATS}")
     config, weights, run_record = load_source(source)
     if fmt is None:  # the CLI without --format: each drafter's first format
-        fmt = EAGLE3_FORMATS[0] if is_eagle3(config) else "dflash"
+        fmt = EAGLE3_FORMATS[0] if is_eagle3(config) else "speculators" if config.get("draft_vocab_size") else "dflash"
     if is_eagle3(config):
         return export_eagle3(config, weights, run_record, Path(source), Path(output), fmt, target, dtype, target_model)
     model = build_model(config)
     check_weights(model, weights, str(source))
     model.load_state_dict(weights)
     model.eval()
+    if model.has_draft_vocab and fmt in ("dflash", "sglang"):
+        raise ExportError(f"--format {fmt}: z-lab's DFlash layout has no draft vocabulary (config.json draft_vocab_size="
+                          f"{config['draft_vocab_size']}); use --format speculators")
     torch_dtype = getattr(torch, dtype)
 
     target_path = target or (run_record or {}).get("target", {}).get("resolved_path")
@@ -262,10 +262,15 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     with atomic_dir(output) as tmp:
         if fmt == "speculators":
             spec_config = speculators_config_json(config, tgt.config, serve_target)
-            verifier = {"embed_tokens.weight": embed.weight, "lm_head.weight": head.weight}
+            # The target's embedding and LM head travel with a speculators DFlash checkpoint (vLLM loads them as the
+            # draft's embed_tokens / lm_head); a draft vocabulary's head is the drafter's own (lm_head [Vd, H], d2t, t2d:
+            # speculators' names and meaning). Not the verifier_lm_head / verifier_norm of speculators' training class:
+            # vLLM 0.32's DFlash loader has no such parameter and refuses the checkpoint ("no module or parameter named
+            # 'verifier_lm_head'").
+            verifier = {"embed_tokens.weight": embed.weight, **({} if model.has_draft_vocab else {"lm_head.weight": head.weight})}
             (tmp / "config.json").write_text(json.dumps(spec_config, indent=2))
             save_file({**tensors, **{k: v.detach().to("cpu", torch_dtype).contiguous().clone() for k, v in verifier.items()}}, str(tmp / WEIGHTS), metadata={"format": "pt"})
-            draft_only = {k: v for k, v in load_file(tmp / WEIGHTS).items() if k not in SPECULATORS_VERIFIER_TENSORS}
+            draft_only = {k: v for k, v in load_file(tmp / WEIGHTS).items() if k not in verifier}
             # The config is checked by speculators' own classes (tests); here the weights read back.
             reloaded = build_model(config).to(torch_dtype)
             check_weights(reloaded, draft_only, str(tmp))

@@ -237,7 +237,8 @@ def speculators_commands(cfg: Any, manifest: dict[str, Any], out: Path) -> dict[
         f"--lr {tc.lr!r} --scheduler-type cosine --scheduler-warmup-ratio {tc.warmup_ratio!r}",
     ]
     if kind == "dflash":
-        train.append(f"--block-size {d.block_size} --max-anchors {d.num_anchors * tc.batch_size * tc.grad_accum}")
+        train.append(f"--block-size {d.block_size} --max-anchors {d.num_anchors * tc.batch_size * tc.grad_accum}"
+                     + (f" --draft-vocab-size {manifest['draft_vocab_size']}" if d.draft_vocab_size else ""))
     else:
         train.append(f"--ttt-steps {d.ttt_length} --draft-vocab-size {manifest['draft_vocab_size']}")
     train.append(f"--save-path {out / ('speculators_' + kind)}")

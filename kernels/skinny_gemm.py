@@ -1,0 +1,91 @@
+"""Products of a few rows with a large weight matrix (``y = x @ w.T``, x ``[M <= 16, K]``), in Triton: the shapes of a
+speculative step (a 16-token verify, a DFlash block pass), which read every weight once and do almost no arithmetic.
+
+cuBLAS runs these at 2.3-2.7 TB/s on an H100 (``benchmarks/profile_decode_loop.py``: q|k|v 2.3, o_proj 2.3,
+gate|up 2.7, down 2.6), where a plain device copy reaches 3.0. This kernel streams the weight in
+``[BLOCK_N, BLOCK_K]`` tiles (``num_stages`` in flight), multiplies them with the 16 (padded) rows on the tensor
+cores and, where ``N / BLOCK_N`` programs would not fill the GPU, splits K over ``splits`` programs whose fp32
+partial sums a second (tiny) reduction adds: deterministic, no atomics, so a row's result does not depend on the
+others'. ``Config`` picks the tiling; ``benchmarks/skinny_gemm.py`` measures the choices against cuBLAS.
+
+Triton is public API here (``triton.jit``, ``triton.language``); ``available`` says whether it imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU wheels of torch come without Triton
+    triton = None
+
+available = triton is not None
+MAX_ROWS = 16  # tl.dot's smallest M: fewer rows are padded (masked loads, no reads)
+
+
+@dataclass(frozen=True)
+class Config:
+    block_n: int = 64
+    block_k: int = 256
+    splits: int = 1  # K split over this many programs (K must divide into splits * block_k)
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+if available:
+
+    @triton.jit
+    def _skinny_mm(x_ptr, w_ptr, out_ptr, M, N, K_PER_SPLIT, stride_xm, stride_wn, stride_os, stride_om,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        k_start = pid_s * K_PER_SPLIT
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_start + offs_k)[None, :]
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_start + offs_k)[None, :]
+        row_ok = offs_m[:, None] < M
+        col_ok = offs_n[:, None] < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for _ in range(0, K_PER_SPLIT, BLOCK_K):
+            x = tl.load(x_ptrs, mask=row_ok, other=0.0)
+            w = tl.load(w_ptrs, mask=col_ok, other=0.0, eviction_policy="evict_first")  # read once: keep it out of L2
+            acc += tl.dot(x, tl.trans(w))
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        out = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok & (offs_n[None, :] < N))
+
+
+def check(x: torch.Tensor, w: torch.Tensor, config: Config) -> None:
+    m, k = x.shape
+    if m > MAX_ROWS:
+        raise ValueError(f"skinny_gemm: {m} rows; at most {MAX_ROWS}")
+    if w.shape[1] != k or not w.is_contiguous() or x.stride(1) != 1:
+        raise ValueError(f"skinny_gemm: x {tuple(x.shape)} and a contiguous w [N, {k}] expected, got w {tuple(w.shape)}")
+    if k % (config.splits * config.block_k):
+        raise ValueError(f"skinny_gemm: K={k} does not divide into {config.splits} splits of {config.block_k}-wide tiles")
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, config: Config = Config()) -> torch.Tensor:
+    """``F.linear(x, w)`` for x ``[..., K]`` of at most 16 rows in all, w ``[N, K]`` (no bias), in x's dtype."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    check(x2, w, config)
+    m, k = x2.shape
+    n = w.shape[0]
+    if config.splits == 1:
+        out = torch.empty(1, m, n, dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty(config.splits, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, config.block_n), config.splits)
+    _skinny_mm[grid](x2, w, out, m, n, k // config.splits, x2.stride(0), w.stride(0), out.stride(0), out.stride(1),
+                     BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                     num_warps=config.num_warps, num_stages=config.num_stages)
+    y = out[0] if config.splits == 1 else out.sum(0).to(x.dtype)
+    return y.view(*lead, n)
