@@ -168,7 +168,8 @@ if triton is not None:
                     visible = visible & (offs_t[None, :] > q_t[:, None] - window)
                 m_i, l_i, acc = _attend(q, kn, vn, visible, m_i, l_i, acc, qk_scale, IEEE)
         base = b * so_b + h * so_h + split * so_s
-        tl.store(OP + base + offs_m[:, None] * so_m + offs_d[None, :], acc, mask=live)
+        seen = m_i > float("-inf")  # a row that saw no key here writes no partial (the merge weighs it 0 and reads none)
+        tl.store(OP + base + offs_m[:, None] * so_m + offs_d[None, :], acc, mask=live & seen[:, None])
         stat = b * sm_b + h * sm_h + split * sm_s + offs_m
         tl.store(MP + stat, m_i, mask=offs_m < rows)
         tl.store(LP + stat, l_i, mask=offs_m < rows)
@@ -189,7 +190,8 @@ if triton is not None:
         l = tl.load(LP + stat, mask=used, other=0.0)
         m_max = tl.max(m, 0)  # finite: every row sees at least its own key
         w = tl.math.exp2(m - m_max)  # 0 for splits the row saw nothing of
-        o = tl.load(OP + b * so_b + h * so_h + offs_s[:, None] * so_s + row * so_m + offs_d[None, :], mask=used[:, None], other=0.0)
+        seen = used & (m > float("-inf"))  # splits past the row's position wrote nothing: read nothing
+        o = tl.load(OP + b * so_b + h * so_h + offs_s[:, None] * so_s + row * so_m + offs_d[None, :], mask=seen[:, None], other=0.0)
         out = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
         tl.store(OUT + b * sout_b + h * sout_h + row * sout_m + offs_d, out.to(OUT.dtype.element_ty))
 
@@ -199,11 +201,21 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count if torch.cuda.is_available() else 16
 
 
-def split_size(capacity: int, programs_per_split: int, device: torch.device) -> int:
-    """Keys per split: enough splits for about four programs per SM (at most 128 splits), whole tiles."""
+KEYS_PER_ROW = 8  # a split reads up to this many keys per query row it writes partials for (benchmarks/attention_splits.py)
+
+
+def split_size(capacity: int, programs_per_split: int, device: torch.device, rows: int = 1) -> int:
+    """Keys per split: enough splits for about four programs per SM (at most 128 splits), whole tiles; and, for many
+    query rows, up to ``KEYS_PER_ROW * rows`` keys as long as the programs still fill the SMs once. Every split writes
+    ``rows x D`` fp32 partials that the merge reads back: a 16-token verify has 64 query rows per KV head (Qwen3-8B),
+    whose partials over 64-key splits moved twice the bytes of the keys. H100, one call at 1K / 8K / 32K: 9.7 / 27.0 /
+    66.6 µs with the splits by capacity alone, 9.1 / 22.9 / 66.4 with this rule; a one-token step (4 rows) keeps its
+    splits."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 16
     splits = max(1, min(128, math.ceil(4 * sms / programs_per_split)))
-    return BLOCK_N * max(1, math.ceil(capacity / splits / BLOCK_N))
+    one_wave = capacity / max(1, math.ceil(sms / programs_per_split))  # keys per split when the programs fill the SMs once
+    keys = max(math.ceil(capacity / splits), min(KEYS_PER_ROW * rows, one_wave))
+    return BLOCK_N * max(1, math.ceil(keys / BLOCK_N))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, n_tokens: int,
@@ -240,7 +252,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("decode_attention: the head dimension must be contiguous in q and the caches")
     if d & (d - 1):
         raise ValueError(f"decode_attention: head_dim {d}; a power of two expected")
-    size = split_size(capacity, b * hkv, q.device)
+    size = split_size(capacity, b * hkv, q.device, rows)
     splits = math.ceil(capacity / size)
     o_part = torch.empty(b, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
     m_part = torch.empty(b, hkv, splits, rows, dtype=torch.float32, device=q.device)

@@ -41,6 +41,7 @@ CASES = [  # (rows B, KV heads, group G, tokens n, capacity C, head dim D, windo
     (2, 1, 2, 5, 520, 32, None),  # a verify of 5 tokens, one row ending at the capacity
     (3, 1, 4, 3, 700, 16, 100),  # a window: keys before it are skipped
     (2, 1, 2, 6, 200, 16, 4),  # a window narrower than the new tokens
+    (1, 2, 4, 16, 700, 16, None),  # 64 query rows: longer splits (KEYS_PER_ROW), the last ones past the row, empty
 ]
 
 
