@@ -201,6 +201,9 @@ def test_training_with_a_draft_vocabulary_exports_in_speculators_layout(tmp_path
     assert spec_config["draft_vocab_size"] == 300 and spec_config["speculators_model_type"] == "dflash"
     reloaded = load_model(spec, read_drafter_config(spec)).float()
     assert reloaded.has_draft_vocab and torch.equal(reloaded.t2d, weights["t2d"])
+    assert weights["d2t"].max() > 256  # offsets bf16 cannot hold exactly: an export once cast d2t to --dtype
+    assert torch.equal(reloaded.d2t, weights["d2t"])
+    assert torch.equal(reloaded.lm_head.weight, weights["lm_head.weight"].to(torch.bfloat16).float())  # exported in bf16
     with pytest.raises(ExportError, match="z-lab's DFlash layout has no draft vocabulary") as error:
         export(tmp_path / "run", tmp_path / "zlab", fmt="dflash")
     assert "\n" not in str(error.value) and not (tmp_path / "zlab").exists()

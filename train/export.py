@@ -258,7 +258,8 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     serve_target = serve_target_name(target, run_record, target_path)
     out_config = dflash_config_json(config)
     out_config["dtype"] = dtype
-    tensors = {k: v.to("cpu", torch_dtype).contiguous() for k, v in model.state_dict().items()}
+    # the weights in --dtype; a draft vocabulary's d2t / t2d keep their integer / bool types (bf16 rounds ids past 256)
+    tensors = {k: (v.to("cpu", torch_dtype) if v.is_floating_point() else v.to("cpu")).contiguous() for k, v in model.state_dict().items()}
     with atomic_dir(output) as tmp:
         if fmt == "speculators":
             spec_config = speculators_config_json(config, tgt.config, serve_target)
@@ -283,6 +284,8 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
             check_weights(reloaded, load_file(tmp / WEIGHTS), str(tmp))
         max_diff = float((draft_logits(reloaded, features, block_ids, embed, head) - reference).abs().max())
         check_reload(max_diff, torch_dtype, output)
+        if model.has_draft_vocab and not torch.equal(reloaded.draft_ids_in_target().cpu(), model.draft_ids_in_target().cpu()):
+            raise ExportError(f"{output}: the reloaded d2t maps draft ids to other target ids than the drafter's")
 
     report = {
         "format": fmt, "output": str(output), "dtype": dtype, "max_abs_logit_diff": max_diff,
