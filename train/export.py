@@ -16,7 +16,9 @@ checkpoint), an export folder (``config.json`` + ``model.safetensors``) or a che
   {target_layer_ids, block_size, mask_token_id}, ``block_size``, ``num_target_layers``,
   ``layer_types``, ``sliding_window``, ``use_sliding_window``, RoPE in ``rope_parameters`` and
   the legacy ``rope_theta`` / ``rope_scaling``; weights ``fc``, ``hidden_norm``, ``layers.*``,
-  ``norm`` (no embedding, no LM head: the target's are used).
+  ``norm`` (no embedding, no LM head: the target's are used). A DFlash drafter with a draft
+  vocabulary (``draft_vocab_size``: its own head, ``d2t``, ``t2d``) has no place in this layout: it
+  exports as ``speculators`` (its default), and ``dflash`` / ``sglang`` are refused in one line.
 
 EAGLE-3 drafters (config.json ``architectures: [Eagle3DraftModel]``, models/eagle3.py) export
 as ``sglang`` (SGLang's ``LlamaForCausalLMEagle3`` layout: ``midlayer.*`` / ``additional_layers.*``,
