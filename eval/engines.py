@@ -21,15 +21,20 @@ def engine_drafter(drafter_dir: str, kind: str, engine: str = "vllm") -> str:
     engine export is z-lab's layout (vLLM and z-lab's loop read it): ``dflash_config`` without our layout's
     ``sliding_block_causal``."""
     path = Path(drafter_dir)
-    fmt = "speculators" if kind == "eagle3" else "dflash"
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
+    draft_vocab = kind == "dflash" and config.get("draft_vocab_size") and "dflash_config" in config
+    if draft_vocab and engine == "zlab":
+        raise ValueError(f"--engine zlab: {path} is a DFlash drafter with a draft vocabulary (draft_vocab_size="
+                         f"{config['draft_vocab_size']}); z-lab's loop decodes with the target's whole head; use --engine ours or vllm")
+    fmt = "speculators" if kind == "eagle3" or draft_vocab else "dflash"  # a DFlash draft vocabulary: speculators' layout only
     zlab_layout = "dflash_config" in config and "sliding_block_causal" not in config
     if "speculators_model_type" in config or (kind == "dflash" and ("auto_map" in config or zlab_layout)):
         return str(path)
     sibling = path.parent / f"export_{fmt}"
     if (sibling / "config.json").exists():
         return str(sibling)
-    what = "an EAGLE-3 export in speculators' layout" if kind == "eagle3" else "a DFlash export in z-lab's layout"
+    what = "an EAGLE-3 export in speculators' layout" if kind == "eagle3" else (
+        "a DFlash export in speculators' layout" if draft_vocab else "a DFlash export in z-lab's layout")
     raise ValueError(f"--engine {engine}: {path} is not {what} and no {sibling} exists; export it first: "
                      f"python -m train.export {path} {sibling} --format {fmt} --target TARGET")
 

@@ -42,6 +42,19 @@ def test_our_layout_without_a_zlab_export_is_refused(tmp_path: Path) -> None:
     assert engine_drafter(str(tmp_path / "export"), "dflash", "zlab") == str(tmp_path / "export_dflash")
 
 
+def test_a_draft_vocabulary_goes_to_vllm_in_speculators_layout_and_not_to_zlab(tmp_path: Path) -> None:
+    (tmp_path / "export").mkdir()
+    config = {"dflash_config": {}, "sliding_block_causal": True, "draft_vocab_size": 300}
+    (tmp_path / "export" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="draft_vocab_size=300.*use --engine ours or vllm"):
+        engine_drafter(str(tmp_path / "export"), "dflash", "zlab")
+    with pytest.raises(ValueError, match=r"not a DFlash export in speculators' layout.*--format speculators"):
+        engine_drafter(str(tmp_path / "export"), "dflash", "vllm")
+    (tmp_path / "export_speculators").mkdir()
+    (tmp_path / "export_speculators" / "config.json").write_text(json.dumps({"speculators_model_type": "dflash"}))
+    assert engine_drafter(str(tmp_path / "export"), "dflash", "vllm") == str(tmp_path / "export_speculators")
+
+
 @pytest.fixture(scope="module")
 def setup(reference_target_path, tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
