@@ -5,26 +5,38 @@ capacity alone, the rule before it).
 
     python benchmarks/attention_splits.py
 """
-import sys, torch
-sys.path.insert(0, ".")
-from kernels import decode_attention as da
-from benchmarks.decode_speed import cuda_ms
-print(f"# {torch.cuda.get_device_name()} | µs per call")
-hkv, g, d = 8, 4, 128
-for cap, pos in ((1296, 1024), (8464, 8192), (33040, 32768)):
-    k = torch.randn(1, hkv, cap, d, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
-    p = torch.tensor([pos], device="cuda")
-    for n in (1, 16):
-        q = torch.randn(1, hkv, g * n, d, device="cuda", dtype=torch.bfloat16)
-        row = []
-        for kpr in (0, 2, 4, 8, 16):
-            da.KEYS_PER_ROW = kpr
-            fn = lambda: da.decode_attention(q, k, v, p, n, 0.088)
-            fn(); torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(36):
-                    fn()
-            us = 1e3 * cuda_ms(graph.replay, repeats=10) / 36
-            row.append(f"kpr {kpr}: {us:.1f}")
-        print(f"context {pos} tokens {n}: " + " | ".join(row), flush=True)
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.measure import captured_us  # noqa: E402
+from kernels import decode_attention  # noqa: E402
+
+KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
+
+
+def main() -> None:
+    print(f"# {torch.cuda.get_device_name()} | µs per call")
+    default = decode_attention.KEYS_PER_ROW
+    for capacity, pos in ((1296, 1024), (8464, 8192), (33040, 32768)):
+        k = torch.randn(1, KV_HEADS, capacity, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        p = torch.tensor([pos], device="cuda")
+        for n in (1, 16):
+            q = torch.randn(1, KV_HEADS, GROUP * n, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+            row = []
+            for keys_per_row in (0, 2, 4, 8, 16):
+                decode_attention.KEYS_PER_ROW = keys_per_row  # read by split_size at each call
+                us = captured_us(lambda: decode_attention.decode_attention(q, k, v, p, n, 0.088), LAYERS)
+                row.append(f"kpr {keys_per_row}: {us:.1f}")
+            print(f"context {pos} tokens {n}: " + " | ".join(row), flush=True)
+    decode_attention.KEYS_PER_ROW = default
+
+
+if __name__ == "__main__":
+    main()

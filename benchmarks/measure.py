@@ -41,6 +41,18 @@ def median_ms(fn, warmup: int = 3, repeats: int = 10, queued: bool = False) -> f
 _SLEEP_CYCLES = 40_000_000  # ~20 ms at the H100's ~1.98 GHz
 
 
+def captured_us(fn, calls: int = 20) -> float:
+    """Microseconds per call of ``fn()`` with ``calls`` calls captured in one CUDA graph (no launch gaps between them),
+    the graph's median replay (``median_ms``) divided by ``calls``; one call first, outside the capture (compile)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return 1e3 * median_ms(graph.replay) / calls
+
+
 def count_pairs(visible, q_len: int, kv_len: int, device: torch.device | str = "cuda", chunk: int = 1024) -> int:
     """Visible (query, key) pairs of a mask rule ``visible(b, q_idx, kv_idx)`` for sequence 0, ``chunk`` query rows at a time."""
     total = 0

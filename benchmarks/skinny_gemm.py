@@ -17,23 +17,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.decode_speed import cuda_ms  # noqa: E402
+from benchmarks.measure import captured_us  # noqa: E402
 from kernels import skinny_gemm  # noqa: E402
 
 # Qwen3-8B's target matrices (q|k|v and gate|up fused) and a DFlash drafter's (fc over 5 features, a 32K draft head)
 SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w13": (24576, 4096), "w2": (4096, 12288), "lm_head": (151936, 4096),
           "dflash_fc": (4096, 20480), "draft_head_32k": (32000, 4096)}
 CALLS = 20
-
-
-def graph_us(fn) -> float:
-    fn()  # compile / warm up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    return 1e3 * cuda_ms(graph.replay, repeats=10) / CALLS
 
 
 def configs(n: int, k: int, sms: int):
@@ -63,7 +53,7 @@ def main() -> None:
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, w)
-            cublas = graph_us(lambda: F.linear(x, w))
+            cublas = captured_us(lambda: F.linear(x, w), CALLS)
             best, tried = None, 0
             for config in configs(n, k, sms):
                 tried += 1
@@ -73,7 +63,7 @@ def main() -> None:
                     print(f"  skipped {config}: {type(error).__name__}", flush=True)
                     continue
                 torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-1)
-                us = graph_us(lambda: skinny_gemm.linear(x, w, config))
+                us = captured_us(lambda: skinny_gemm.linear(x, w, config), CALLS)
                 if best is None or us < best[0]:
                     best = (us, config)
             row = {"matrix": name, "rows": rows, "n": n, "k": k, "cublas_us": cublas, "cublas_TBps": gb / cublas * 1e3,
