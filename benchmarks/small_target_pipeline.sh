@@ -10,7 +10,9 @@
 #          sharegpt_heldout_prompts.jsonl /tmp/res 8192 -- data.max_records=6000
 #
 # Per-drafter overrides: DFLASH_ARGS / EAGLE3_ARGS (environment, space-separated); EVAL_TOKENS, EVAL_QUESTIONS,
-# SWEEP_QUESTIONS shrink the evaluation (a CPU smoke run); KINDS="dflash" trains one drafter only. A run stopped by
+# SWEEP_QUESTIONS shrink the evaluation (a CPU smoke run); KINDS="dflash" trains one drafter only; EAGLE3_CHAINS="10 15"
+# also evaluates EAGLE-3 at those chain lengths (--draft-steps; prompt lookup with as many drafts); SKIP_SWEEP=1 skips
+# the long-prompt sweep. A run stopped by
 # trainer.time_limit_minutes is finished at the step it reached (resumed with trainer.max_steps = that step) so
 # that it exports. Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
 set -uo pipefail
@@ -38,6 +40,10 @@ train_and_eval() {
   fi
   stamp "$kind: train done"
   evaluate "$kind" "$run"
+  if [ "$kind" = eagle3 ]; then
+    for k in ${EAGLE3_CHAINS:-}; do evaluate "eagle3_k$k" "$run" --draft-steps "$k"; done
+  fi
+  [ -n "${SKIP_SWEEP:-}" ] && return
   python -m eval sweep --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
     --max-new-tokens "$tokens" --batch-size 16 --out "$out/sweep_$kind" > "$out/sweep_$kind.log" 2>&1 || stamp "$kind: sweep failed"
   stamp "$kind: sweep done"
