@@ -47,7 +47,7 @@ def test_round_trip_same_logits(tmp_path: Path, target: TargetModel, reference_t
     assert sglang["max_abs_logit_diff"] == 0.0  # SGLang's DFLASH reads the z-lab layout: same files
     assert (tmp_path / "sglang" / "config.json").read_text() == (tmp_path / "out32" / "config.json").read_text()
     report16 = export(src, tmp_path / "out16", target=str(reference_target_path), dtype="bfloat16")
-    assert 0 < report16["max_abs_logit_diff"] < 0.5
+    assert report16["max_abs_logit_diff"] <= 1e-2 and 0 < report16["max_abs_logit_diff_vs_fp32"] < 0.5
     ours = DFlashDraftModel.from_pretrained(src).eval()
     reloaded = DFlashDraftModel.from_pretrained(tmp_path / "out32").eval()
     features = torch.randn(1, 40, 3 * 512)
