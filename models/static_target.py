@@ -17,7 +17,9 @@ q/k/v projections (per-head norms, RoPE and the cache write inside it). Each lay
 next layer's input norm (the last one's with the final norm).
 The fallback (CPU, no Triton) is two matrix products per layer (scores in fp32, softmax, probabilities x values)
 over the cache up to its capacity, grouped by KV head so no key is read twice; its cost grows with the capacity,
-which ``allocate`` sizes to what a generation needs. Prefill chunks and tree verification run row by row through SDPA with a dense mask
+which ``allocate`` sizes to what a generation needs. There, a step whose rows hold fewer real tokens than its width
+(prompt lookup's shorter drafts, ``step``'s ``lengths``) runs only the real ones through the linears (``_packed_step``).
+Prefill chunks and tree verification run row by row through SDPA with a dense mask
 (``kernels.attention.cached_attention``), not captured.
 
 The weights are the Hugging Face model's own: q/k/v and gate/up are concatenated into one matrix each (the
@@ -351,7 +353,8 @@ class StaticTarget:
         return logits, packed.new_zeros(b * n, packed.shape[-1]).index_copy_(0, real, packed).view(b, n, -1)
 
     @torch.no_grad()
-    def step(self, input_ids: torch.Tensor, pos: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def step(self, input_ids: torch.Tensor, pos: torch.Tensor,
+             lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decode/verify ``n`` tokens per row: ``input_ids`` [B, n] at positions ``pos[b] ..`` (``pos`` [B], on the device).
 
         Uncaptured, B may be fewer than the caches' rows: the first B rows step (batched decoding packs its live rows

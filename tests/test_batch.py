@@ -111,7 +111,8 @@ def test_prompt_lookup_rows_with_short_and_empty_proposals_equal_batch_one(setup
     if temperature == 0:
         assert [w.tokens for w in want] == [generate(target, None, p, 32, eos_token_ids=eos).tokens for p in prompts]
     steps, step = [], target.step
-    monkeypatch.setattr(target, "step", lambda ids, pos, lengths=None: steps.append((ids.shape[1], lengths.tolist())) or step(ids, pos, lengths))
+    monkeypatch.setattr(target, "step",
+                        lambda ids, pos, lengths=None: steps.append((ids.shape[1], lengths.tolist())) or step(ids, pos, lengths))
     got = generate_batch(target, drafter, prompts, 32, batch_size=5, sampling=sampling, eos_token_ids=eos)
     assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
     assert all(width == max(lengths) for width, lengths in steps)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from infer.prompt_lookup import PromptLookupDrafter
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 
 
 def reference_proposal(sequence: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
