@@ -5,6 +5,8 @@
             row: what the row held before is never visible again, every key the new prompt sees is written first)
     step:   draft every row's block -> verify all rows in one [B, k+1] target pass -> accept per row ->
             append every row's verified block to the drafter (fixed shapes) -> one host sync for all rows
+            (prompt lookup: each row's real drafts, 0 .. k, padded to the longest row's; uncaptured, the padding skips
+            the target's linears, and a row accepts at most its real drafts, as at batch 1)
     drain:  once no request waits, an uncaptured target with no drafter caches (the CPU; the target alone or prompt
             lookup) moves its live rows to the front and steps only those
 
@@ -230,6 +232,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             continue
         t0 = time.perf_counter()
         m = pack() if packable else rows_n
+        num_drafts, lengths = None, None  # prompt lookup: each row's real drafts, and + 1 the tokens it verifies
         if drafter is None:
             ids = tokens[:m, None]
             draft_tokens = draft_probs = None
@@ -250,14 +253,17 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             drafted, _, draft_probs = drafter.draft_chain(tokens, positions, sampling, generators)
             draft_tokens = drafted.clone()
             ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
-        else:  # prompt lookup, one copy per row
+        else:  # prompt lookup, one copy per row: each row's real drafts (0 .. k), padded to the longest (captured: to k)
             drawn = [row.drafter.draft(tokens[r], row.pos, sampling, row.generator) if row else
-                     (torch.zeros(block - 1, dtype=torch.long, device=device), None) for r, row in enumerate(rows[:m])]
-            draft_tokens = torch.stack([d[0] for d in drawn])
+                     (tokens.new_zeros(0), None) for r, row in enumerate(rows[:m])]
+            num_drafts = [d[0].shape[0] for d in drawn]
+            width = block - 1 if target.capture else max(num_drafts)
+            draft_tokens = torch.stack([torch.cat([d[0], d[0].new_zeros(width - d[0].shape[0])]) for d in drawn])  # [m, width]
             draft_probs = [d[1] for d in drawn]
             ids = torch.cat([tokens[:m, None], draft_tokens], dim=1)
+            lengths = torch.tensor(num_drafts, device=device) + 1  # the padding's work is skipped uncaptured (StaticTarget.step)
         t1 = time.perf_counter()
-        logits, features = target.step(ids, positions[:m])
+        logits, features = target.step(ids, positions[:m], lengths)
         t2 = time.perf_counter()
         if drafter is None:
             if sampling.greedy:
@@ -269,9 +275,12 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         elif sampling.greedy:
             target_tokens = logits.argmax(-1)  # [B, k+1]
             accepted = (draft_tokens == target_tokens[:, :-1]).long().cumprod(1).sum(1)
+            if lengths is not None:  # at most the real drafts, whatever the padding matched (batch 1 verifies only those)
+                accepted = torch.minimum(accepted, lengths - 1)
             new_token = target_tokens.gather(1, accepted[:, None])[:, 0]
-        else:
-            verified = [verify(draft_tokens[r], draft_probs[r], logits[r], sampling, row.generator) if row else
+        else:  # each row's real drafts only (prompt lookup: the first num_drafts[r]; the others: all k)
+            real = num_drafts or [draft_tokens.shape[1]] * draft_tokens.shape[0]
+            verified = [verify(draft_tokens[r, :real[r]], draft_probs[r], logits[r, :real[r] + 1], sampling, row.generator) if row else
                         (torch.zeros((), dtype=torch.long, device=device),) * 2 for r, row in enumerate(rows[:m])]
             accepted = torch.stack([v[0].long() for v in verified])
             new_token = torch.stack([v[1].long() for v in verified])

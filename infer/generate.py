@@ -1,8 +1,8 @@
 """The speculative-decoding loop (batch size 1) and its autoregressive baseline.
 
     prefill:  the prompt in chunks through the target; each chunk's features go to the drafter's caches
-    step:     draft B-1 tokens in one drafter pass -> verify [last token, drafts] in one target pass
-              -> accept a prefix + one target token -> append the accepted positions' features
+    step:     draft B-1 tokens in one drafter pass (prompt lookup: 0 .. B-1, what it found) -> verify [last token,
+              drafts] in one target pass -> accept a prefix + one target token -> append the accepted positions' features
     stop:     an end-of-sequence token or the token budget
 
 Caches need no rollback: the target's next forward starts at the first unaccepted position and
@@ -179,6 +179,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
 
     run_ahead = device.type == "cuda" if run_ahead is None else run_ahead
     forced_accept = None if accept_per_step is None else torch.tensor(accept_per_step, device=device)
+    fixed_shapes = getattr(target, "capture", False)  # captured steps: a shorter draft is padded to the full block
     ahead = None  # run_ahead: the next token (or the next drafts), launched before the host reads this step's result
     while len(out) < max_new_tokens and out[-1] not in eos:
         timer.mark("other")
@@ -202,16 +203,22 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             draft_tokens, draft_probs = drafter.draft(token, pos, sampling, generator) if ahead is None else ahead
             ahead = None
             timer.mark("draft")
+            num_drafts = draft_tokens.shape[0]  # k; prompt lookup: 0 .. k, what it found
             block_ids = torch.cat([token[None], draft_tokens])
+            if num_drafts < block - 1 and (fixed_shapes or accept_per_step is not None):
+                # a captured target replays one graph per block length, and the benchmark mode accepts a fixed count:
+                # the block padded to its full length (copies of its last token); only its real part is verified
+                block_ids = torch.cat([block_ids, block_ids[-1:].expand(block - 1 - num_drafts)])
             logits, features = target.forward(block_ids, pos)
             timer.mark("verify")
             whole_block = getattr(drafter, "appends_whole_block", False)  # fixed shapes: the rejected tail is written over next step
             if whole_block:  # needs nothing the host sync reads: queued before it, the GPU runs it while the host waits
                 drafter.append_context(features, pos, block_ids)  # (launched after it, the GPU sat idle through the launch)
                 timer.mark("draft")
-            num_accepted, token = verify(draft_tokens, draft_probs, logits, sampling, generator)
+            # the real drafts only: the accepted count is at most their number, whatever a padded block's tail matched
+            num_accepted, token = verify(draft_tokens, draft_probs, logits[:num_drafts + 1], sampling, generator)
             if accept_per_step is not None:  # benchmark mode (see the docstring); the count made once, no copy per step
-                num_accepted, token = forced_accept, logits[accept_per_step].argmax()
+                num_accepted, token, draft_tokens = forced_accept, logits[accept_per_step].argmax(), block_ids[1:]
             if run_ahead and hasattr(drafter, "draft_at"):  # the next block at pos + accepted + 1, before the host knows it
                 ahead = drafter.draft_at(token, num_accepted + (pos + 1), sampling, generator)  # (same generator order)
                 timer.mark("draft")

@@ -17,7 +17,9 @@ q/k/v projections (per-head norms, RoPE and the cache write inside it). Each lay
 next layer's input norm (the last one's with the final norm).
 The fallback (CPU, no Triton) is two matrix products per layer (scores in fp32, softmax, probabilities x values)
 over the cache up to its capacity, grouped by KV head so no key is read twice; its cost grows with the capacity,
-which ``allocate`` sizes to what a generation needs. Prefill chunks and tree verification run row by row through SDPA with a dense mask
+which ``allocate`` sizes to what a generation needs. There, a step whose rows hold fewer real tokens than its width
+(prompt lookup's shorter drafts, ``step``'s ``lengths``) runs only the real ones through the linears (``_packed_step``).
+Prefill chunks and tree verification run row by row through SDPA with a dense mask
 (``kernels.attention.cached_attention``), not captured.
 
 The weights are the Hugging Face model's own: q/k/v and gate/up are concatenated into one matrix each (the
@@ -306,12 +308,61 @@ class StaticTarget:
             return logits, None
         return logits, torch.cat([f for _, f in sorted(features, key=lambda t: t[0])], dim=-1)
 
+    def _packed_step(self, input_ids: torch.Tensor, pos: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``_step`` (products, uncaptured) where row ``b`` holds ``lengths[b]`` real tokens and padding after them: the
+        real tokens are packed into N rows for everything but attention (the linears are most of a CPU step: a batch of
+        prompt-lookup blocks is about a third padding), attention runs over the padded [B, n] layout. The padding's
+        queries, keys and values are zeros; its keys are written to the cache at positions past the row's last real
+        token, which no real query sees (it attends to positions <= its own) and which the row's next step writes
+        before any query at or past them reads them, as it does over rejected drafts. Padding's logits are zeros."""
+        # input_ids: [B, n], pos: [B], lengths: [B] (1 .. n)
+        b, n = input_ids.shape
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        groups = hq // hkv
+        steps = torch.arange(n, device=pos.device)
+        positions = pos[:, None] + steps  # [B, n]
+        real = (steps < lengths[:, None]).reshape(-1).nonzero()[:, 0]  # [N] indices of the real tokens in the B*n block
+        keys = int(pos.max()) + n
+        visible = (torch.arange(keys, device=pos.device) <= positions[..., None])[:, None].repeat(1, 1, groups, 1)  # [B, 1, G*n, keys]
+        index = positions[:, None, :, None].expand(b, hkv, n, d)
+        real_positions = positions.reshape(-1)[real]  # [N]
+        cos, sin = self.cos[real_positions][:, None], self.sin[real_positions][:, None]  # [N, 1, D]
+
+        def unpack(t):  # [N, heads, D] -> [B, heads, n, D], zeros at the padding
+            return t.new_zeros(b * n, *t.shape[1:]).index_copy_(0, real, t).view(b, n, *t.shape[1:]).transpose(1, 2)
+
+        def attend(i, q, k, v):  # q [N, Hq, D], k/v [N, Hkv, D] normed and rotated -> the attention output [N, Hq, D]
+            k_cache, v_cache = self.k_cache[i, :b, :, :keys], self.v_cache[i, :b, :, :keys]
+            k_cache.scatter_(2, index, unpack(k))
+            v_cache.scatter_(2, index, unpack(v))
+            q = unpack(q).reshape(b, hkv, groups * n, d)  # rows (g, t) per KV head, as ``_pre_attention`` groups them
+            out = grouped_attention(q, k_cache, v_cache, visible, self.scale, softmax=self.masked_softmax)  # [B, Hkv, G*n, D]
+            return out.view(b, hq, n, d).transpose(1, 2).reshape(b * n, hq, d)[real]
+
+        x = self.embed_tokens(input_ids.reshape(-1)[real])  # [N, H]
+        features = []
+        for i, w in enumerate(self.weights):
+            x = self._eager_layer(i, x, w, cos, sin, attend)
+            if i in self.feature_layer_ids:
+                features.append((self.feature_layer_ids.index(i), x))
+        packed = self.linear(rms_norm(x, self.norm.weight, self.eps), self.head_weight, self.lm_head.bias).float()  # [N, V]
+        logits = packed.new_zeros(b * n, packed.shape[-1]).index_copy_(0, real, packed).view(b, n, -1)
+        if not features:
+            return logits, None
+        packed = torch.cat([f for _, f in sorted(features, key=lambda t: t[0])], dim=-1)  # [N, k*H]
+        return logits, packed.new_zeros(b * n, packed.shape[-1]).index_copy_(0, real, packed).view(b, n, -1)
+
     @torch.no_grad()
-    def step(self, input_ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def step(self, input_ids: torch.Tensor, pos: torch.Tensor,
+             lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decode/verify ``n`` tokens per row: ``input_ids`` [B, n] at positions ``pos[b] ..`` (``pos`` [B], on the device).
 
         Uncaptured, B may be fewer than the caches' rows: the first B rows step (batched decoding packs its live rows
         there, ``move_row``, rather than stepping finished ones). Captured, B is every row (one graph per shape).
+        ``lengths`` [B] (1 .. n, on the device; None: all n): row ``b``'s first ``lengths[b]`` tokens are real, the rest
+        padding (prompt lookup's shorter drafts). Uncaptured on the products path (the CPU), only the real tokens run
+        through the linears (``_packed_step``); captured, every token runs (fixed shapes). Either way the padding's
+        outputs mean nothing and its keys are written over before they are seen.
         Returns logits [B, n, V] fp32 and features [B, n, k*H] (None without feature layers). On a GPU these are the
         captured graph's output buffers: valid until the next ``step`` of the same shape.
         """
@@ -321,6 +372,8 @@ class StaticTarget:
         if n > DECODE_MAX_TOKENS:
             raise ValueError(f"step of {n} tokens per row; at most {DECODE_MAX_TOKENS} (longer runs are prefill chunks)")
         if not self.capture:
+            if lengths is not None and self.decode_attention == "products" and int(lengths.min()) < n:
+                return self._packed_step(input_ids, pos, lengths)
             return self._step(input_ids, pos)
         return self.graphs("step", self._step, input_ids, pos)
 
@@ -332,7 +385,8 @@ class StaticTarget:
     # ------------------------------------------------------------------------------------------ prefill, trees
 
     def _eager_layer(self, i: int, x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
-        """Decoder layer ``i`` in eager ops for prompt runs (``prefill``, ``prefill_rows``): x [..., n, H] -> [..., n, H].
+        """Decoder layer ``i`` in eager ops for prompt runs (``prefill``, ``prefill_rows``) and packed verify tokens
+        (``_packed_step``): x [..., n, H] -> [..., n, H].
         ``attend(i, q, k, v)`` gets the queries, keys and values [..., n, heads, D] (normed and rotated), writes the
         layer's cache and returns the attention output [..., n, Hq, D]."""
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim

@@ -99,6 +99,27 @@ def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
         assert any(a > 0 for w in want for a in w.stats.accepted_per_step)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_prompt_lookup_rows_with_short_and_empty_proposals_equal_batch_one(setup, temperature, monkeypatch) -> None:
+    """Prompt lookup proposes only what it found (0 .. k): steps where some rows propose nothing and others k verify a
+    block as wide as the longest proposal + 1, the padding skipping the linears (``lengths``); every prompt's tokens
+    and accepted counts are batch 1's, and greedy tokens are the target alone's."""
+    prompts, eos = setup[2], setup[3]
+    target, drafter = make_drafter(setup, "pld")
+    sampling = SamplingConfig(temperature=temperature, seed=5)
+    want = [generate(target, drafter, p, 32, sampling, eos_token_ids=eos) for p in prompts]
+    if temperature == 0:
+        assert [w.tokens for w in want] == [generate(target, None, p, 32, eos_token_ids=eos).tokens for p in prompts]
+    steps, step = [], target.step
+    monkeypatch.setattr(target, "step",
+                        lambda ids, pos, lengths=None: steps.append((ids.shape[1], lengths.tolist())) or step(ids, pos, lengths))
+    got = generate_batch(target, drafter, prompts, 32, batch_size=5, sampling=sampling, eos_token_ids=eos)
+    assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
+    assert all(width == max(lengths) for width, lengths in steps)
+    assert any(min(lengths) == 1 and max(lengths) == 4 for _, lengths in steps)  # nothing proposed beside k drafts
+    assert any(width < 4 for width, _ in steps)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))])
 def test_prefilling_several_rows_at_once_equals_one_row_at_a_time(setup, device) -> None:
     """``prefill_rows`` (prompts of different lengths right-padded into one forward) against ``prefill`` per row: the
@@ -154,7 +175,7 @@ def test_a_draining_batch_steps_only_its_live_rows(setup, drafter_kind, temperat
     moves, widths = [], []
     move_row, step = target.move_row, target.step
     monkeypatch.setattr(target, "move_row", lambda src, dst, n: moves.append((src, dst)) or move_row(src, dst, n))
-    monkeypatch.setattr(target, "step", lambda ids, pos: widths.append(ids.shape[0]) or step(ids, pos))
+    monkeypatch.setattr(target, "step", lambda ids, pos, lengths=None: widths.append(ids.shape[0]) or step(ids, pos, lengths))
     got = generate_batch(target, drafter, prompts, 24, batch_size=4, sampling=sampling, eos_token_ids=eos)
     assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
     assert moves and all(src > dst for src, dst in moves)
@@ -175,7 +196,7 @@ def test_the_target_alone_steps_in_runs_without_host_syncs(setup, run_steps, mon
     assert len(want[0].tokens) < 15 and any(len(w.tokens) == 23 for w in want)
     steps, syncs = [], []
     step, tensor = target.step, torch.tensor
-    monkeypatch.setattr(target, "step", lambda ids, pos: steps.append(len(syncs)) or step(ids, pos))
+    monkeypatch.setattr(target, "step", lambda ids, pos, lengths=None: steps.append(len(syncs)) or step(ids, pos, lengths))
     # the host's positions go back to the device once per sync (torch.tensor of a list of row positions)
     monkeypatch.setattr(torch, "tensor", lambda data, *a, **k: (syncs.append(1) if isinstance(data, list) else None) or tensor(data, *a, **k))
     got = generate_batch(target, None, prompts, 23, batch_size=3, eos_token_ids=eos, run_steps=run_steps)

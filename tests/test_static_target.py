@@ -105,6 +105,46 @@ def test_a_row_moved_down_and_a_step_of_the_first_rows_match_their_own_sequences
         torch.testing.assert_close(logits[row], ref, rtol=1e-4, atol=1e-4)
 
 
+def test_a_step_of_padded_rows_runs_only_the_real_tokens_and_equals_the_unpacked_step(reference_target_path) -> None:
+    """Rows with 3, 1, 6 and 4 real tokens of a 6-token step (prompt lookup's shorter drafts): the linears see only the
+    14 real tokens (``_packed_step``), the logits and features of the real tokens equal the same step unpacked (every
+    token through the linears) and HF's forward of each row's own sequence, and the padding's keys, written past each
+    row's real tokens, change nothing in the next step (fp32, CPU)."""
+    model = load(reference_target_path)
+    torch.manual_seed(3)
+    lengths = [3, 1, 6, 4]
+    seqs = [torch.randint(3, 8192, (n,)) for n in (30, 52, 41, 47)]  # prompt, this step's real tokens, the next step's 4
+    packed, plain = StaticTarget(model, feature_layer_ids=[2, 5]), StaticTarget(model, feature_layer_ids=[2, 5])
+    starts = [len(s) - n - 4 for s, n in zip(seqs, lengths)]
+    for target in (packed, plain):
+        target.allocate(80, batch=4)
+        for row, (seq, start) in enumerate(zip(seqs, starts)):
+            target.prefill(seq[:start], row, 0)
+    ids = torch.randint(3, 8192, (4, 6))  # the padding: random ids
+    for row, (seq, start, n) in enumerate(zip(seqs, starts, lengths)):
+        ids[row, :n] = seq[start:start + n]
+    pos = torch.tensor(starts)
+    rows_through_linears, linear = [], packed.linear
+    packed.linear = lambda x, w, b: rows_through_linears.append(x.shape[:-1].numel()) or linear(x, w, b)
+    logits, features = packed.step(ids, pos, torch.tensor(lengths))
+    packed.linear = linear
+    assert set(rows_through_linears) == {sum(lengths)}
+    want_logits, want_features = plain.step(ids, pos)
+    for row, (seq, start, n) in enumerate(zip(seqs, starts, lengths)):
+        torch.testing.assert_close(logits[row, :n], want_logits[row, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(features[row, :n], want_features[row, :n], rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            ref = model(seq[None, :start + n], output_hidden_states=True)
+        torch.testing.assert_close(logits[row, :n], ref.logits[0, start:], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(features[row, :n, :512], ref.hidden_states[3][0, start:], rtol=1e-4, atol=1e-4)
+    # the next step at each row's next position: over the padding's keys, which it writes over first
+    logits, _ = packed.step(torch.stack([s[-4:] for s in seqs]), torch.tensor([len(s) - 4 for s in seqs]))
+    for row, seq in enumerate(seqs):
+        with torch.no_grad():
+            ref = model(seq[None]).logits[0, -4:]
+        torch.testing.assert_close(logits[row], ref, rtol=1e-4, atol=1e-4)
+
+
 def test_buffers_are_kept_while_the_size_fits_and_bad_steps_are_refused(reference_target_path) -> None:
     target = StaticTarget(load(reference_target_path), feature_layer_ids=[])
     target.allocate(1000)

@@ -1,0 +1,82 @@
+"""Prompt lookup (``infer/prompt_lookup.py``) against a plain reference: its proposals element by element (only what it
+found, 0 .. k tokens, like vLLM's ngram proposer), and the batch-1 loop verifying only the real drafts + 1."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from infer.prompt_lookup import PromptLookupDrafter
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+
+def reference_proposal(sequence: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Another formulation: every earlier end e of a match scores the common suffix of ``sequence[:e+1]`` and
+    ``sequence`` (capped at ``max_ngram``); the highest score wins, the latest e breaks ties; what follows e is proposed."""
+    best = (0, -1)
+    for e in range(len(sequence) - 1):  # e = len - 1 is the suffix itself
+        n = 0
+        while n < min(max_ngram, e + 1) and sequence[e - n] == sequence[len(sequence) - 1 - n]:
+            n += 1
+        best = max(best, (n, e))
+    n, e = best
+    return sequence[e + 1:e + 1 + k] if n >= min_ngram else []
+
+
+def test_proposals_equal_a_plain_reference() -> None:
+    rng = random.Random(0)
+    lengths = set()
+    for trial in range(3000):
+        k, max_ngram = rng.randint(1, 8), rng.randint(1, 4)
+        min_ngram = rng.randint(1, max_ngram)
+        sequence = [rng.randint(0, rng.choice([3, 6, 20])) for _ in range(rng.randint(1, 30))]
+        drafter = PromptLookupDrafter(num_draft_tokens=k, max_ngram=max_ngram, min_ngram=min_ngram)
+        got, want = drafter.propose(sequence), reference_proposal(sequence, k, max_ngram, min_ngram)
+        assert got == want, (sequence, k, max_ngram, min_ngram)
+        lengths.add((len(got), k))
+    assert {(0, 5), (2, 5), (5, 5)} <= lengths  # no match, a match near the end, a full proposal
+
+
+def test_draft_gives_the_real_proposal_and_one_hot_rows_for_it() -> None:
+    drafter = PromptLookupDrafter(num_draft_tokens=4, vocab_size=10)
+    from models.sampling import SamplingConfig
+
+    drafter.append_context(None, 0, torch.tensor([3, 1, 2]))
+    tokens, probs = drafter.draft(torch.tensor(3), 3, SamplingConfig(temperature=1.0), torch.Generator())
+    assert tokens.tolist() == [1, 2, 3] and probs.shape == (3, 10) and probs.argmax(-1).tolist() == [1, 2, 3]
+    tokens, probs = drafter.draft(torch.tensor(7), 3, SamplingConfig(temperature=1.0), torch.Generator())
+    assert tokens.shape == (0,) and probs.shape == (0, 10)
+
+
+def test_the_loop_verifies_only_the_real_drafts_and_keeps_the_target_alones_tokens(reference_target_path, reference_tokenizer) -> None:
+    """Batch 1 on the CPU (uncaptured): each step's block is the last token + the reference's proposal for the sequence so
+    far (1 token when nothing matched), a step accepts at most its real drafts, and greedy output is the target alone's."""
+    from transformers import AutoModelForCausalLM
+
+    from infer.generate import generate
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    target = StaticTarget(model, [])
+    eos = [reference_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    ids = reference_tokenizer.apply_chat_template([{"role": "user", "content": "List the days of the week, twice."}],
+                                                  add_generation_prompt=True, tokenize=True)
+    prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    blocks, forward = [], target.forward
+    target.forward = lambda input_ids, start, *a, **kw: blocks.append((input_ids.tolist(), start)) or forward(input_ids, start, *a, **kw)
+    run = generate(target, PromptLookupDrafter(num_draft_tokens=5), prompt, 64, eos_token_ids=eos)
+    del target.forward
+    full = prompt + run.tokens
+    steps = [(block, start) for block, start in blocks if start >= len(prompt)]
+    assert len(steps) == run.stats.steps
+    real = []
+    for (block, start), accepted in zip(steps, run.stats.accepted_per_step):
+        proposal = reference_proposal(full[:start + 1], 5, 3, 1)
+        assert block == [full[start]] + proposal
+        assert accepted <= len(proposal)
+        real.append(len(proposal))
+    assert min(real) == 0 and max(real) == 5 and any(0 < r < 5 for r in real)
+    assert run.tokens == generate(target, None, prompt, 64, eos_token_ids=eos).tokens
