@@ -286,14 +286,11 @@ class StaticTarget:
     def _step(self, input_ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n = input_ids.shape
         positions = pos[:, None] + torch.arange(n, device=pos.device)  # [B, n]
-        groups = self.num_heads // self.num_kv_heads
-        visible = None
         # keys attended: the whole capacity (fixed shapes for the graphs), on the CPU only up to the furthest row's last
         # position (reading it costs no sync there; batched, the capacity holds a whole conversation, rows sit far below it)
         keys = int(pos.max()) + n if pos.device.type == "cpu" else self.capacity
-        if self.decode_attention == "products":
-            visible = (torch.arange(keys, device=pos.device) <= positions[..., None])[:, None].repeat(1, 1, groups, 1)  # [B, 1, G*n, keys]
-        index = positions[:, None, :, None].expand(b, self.num_kv_heads, n, self.head_dim)
+        visible = self._visible(positions, keys) if self.decode_attention == "products" else None
+        index = self._cache_index(positions)
         cos, sin = self.cos[positions], self.sin[positions]  # [B, n, D]
         x = self.embed_tokens(input_ids)
         h = self.input_norm(x, self.weights[0].input_norm)
@@ -304,9 +301,21 @@ class StaticTarget:
             if i in self.feature_layer_ids:
                 features.append((self.feature_layer_ids.index(i), x))
         logits = self.linear(h, self.head_weight, self.lm_head.bias).float()  # h: the final norm of the last layer's output
-        if not features:
-            return logits, None
-        return logits, torch.cat([f for _, f in sorted(features, key=lambda t: t[0])], dim=-1)
+        return logits, self._ordered_features(features)
+
+    def _visible(self, positions: torch.Tensor, keys: int) -> torch.Tensor:
+        """The products path's mask [B, 1, G*n, keys]: query rows (g, t) at ``positions`` [B, n] see keys at or before them."""
+        groups = self.num_heads // self.num_kv_heads
+        return (torch.arange(keys, device=positions.device) <= positions[..., None])[:, None].repeat(1, 1, groups, 1)
+
+    def _cache_index(self, positions: torch.Tensor) -> torch.Tensor:
+        """Where [B, Hkv, n, D] keys/values at ``positions`` [B, n] scatter into a layer's cache (slot = position)."""
+        b, n = positions.shape
+        return positions[:, None, :, None].expand(b, self.num_kv_heads, n, self.head_dim)
+
+    def _ordered_features(self, features: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:
+        """(index in ``feature_layer_ids``, hidden) pairs -> [..., k*H] in ``feature_layer_ids`` order, or None."""
+        return torch.cat([f for _, f in sorted(features, key=lambda t: t[0])], dim=-1) if features else None
 
     def _packed_step(self, input_ids: torch.Tensor, pos: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``_step`` (products, uncaptured) where row ``b`` holds ``lengths[b]`` real tokens and padding after them: the
@@ -318,24 +327,25 @@ class StaticTarget:
         # input_ids: [B, n], pos: [B], lengths: [B] (1 .. n)
         b, n = input_ids.shape
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        groups = hq // hkv
         steps = torch.arange(n, device=pos.device)
         positions = pos[:, None] + steps  # [B, n]
         real = (steps < lengths[:, None]).reshape(-1).nonzero()[:, 0]  # [N] indices of the real tokens in the B*n block
         keys = int(pos.max()) + n
-        visible = (torch.arange(keys, device=pos.device) <= positions[..., None])[:, None].repeat(1, 1, groups, 1)  # [B, 1, G*n, keys]
-        index = positions[:, None, :, None].expand(b, hkv, n, d)
+        visible, index = self._visible(positions, keys), self._cache_index(positions)
         real_positions = positions.reshape(-1)[real]  # [N]
         cos, sin = self.cos[real_positions][:, None], self.sin[real_positions][:, None]  # [N, 1, D]
 
+        def padded(t):  # [N, ...] -> [B, n, ...], zeros at the padding
+            return t.new_zeros(b * n, *t.shape[1:]).index_copy_(0, real, t).view(b, n, *t.shape[1:])
+
         def unpack(t):  # [N, heads, D] -> [B, heads, n, D], zeros at the padding
-            return t.new_zeros(b * n, *t.shape[1:]).index_copy_(0, real, t).view(b, n, *t.shape[1:]).transpose(1, 2)
+            return padded(t).transpose(1, 2)
 
         def attend(i, q, k, v):  # q [N, Hq, D], k/v [N, Hkv, D] normed and rotated -> the attention output [N, Hq, D]
             k_cache, v_cache = self.k_cache[i, :b, :, :keys], self.v_cache[i, :b, :, :keys]
             k_cache.scatter_(2, index, unpack(k))
             v_cache.scatter_(2, index, unpack(v))
-            q = unpack(q).reshape(b, hkv, groups * n, d)  # rows (g, t) per KV head, as ``_pre_attention`` groups them
+            q = unpack(q).reshape(b, hkv, (hq // hkv) * n, d)  # rows (g, t) per KV head, as ``_pre_attention`` groups them
             out = grouped_attention(q, k_cache, v_cache, visible, self.scale, softmax=self.masked_softmax)  # [B, Hkv, G*n, D]
             return out.view(b, hq, n, d).transpose(1, 2).reshape(b * n, hq, d)[real]
 
@@ -345,12 +355,9 @@ class StaticTarget:
             x = self._eager_layer(i, x, w, cos, sin, attend)
             if i in self.feature_layer_ids:
                 features.append((self.feature_layer_ids.index(i), x))
-        packed = self.linear(rms_norm(x, self.norm.weight, self.eps), self.head_weight, self.lm_head.bias).float()  # [N, V]
-        logits = packed.new_zeros(b * n, packed.shape[-1]).index_copy_(0, real, packed).view(b, n, -1)
-        if not features:
-            return logits, None
-        packed = torch.cat([f for _, f in sorted(features, key=lambda t: t[0])], dim=-1)  # [N, k*H]
-        return logits, packed.new_zeros(b * n, packed.shape[-1]).index_copy_(0, real, packed).view(b, n, -1)
+        logits = self.linear(rms_norm(x, self.norm.weight, self.eps), self.head_weight, self.lm_head.bias).float()  # [N, V]
+        packed = self._ordered_features(features)  # [N, k*H] or None
+        return padded(logits), None if packed is None else padded(packed)
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, pos: torch.Tensor,
