@@ -34,6 +34,7 @@ our own loader and compared with the in-memory drafter (max |Δ logits| is print
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import re
@@ -143,9 +144,9 @@ def cast_weights(model: torch.nn.Module, torch_dtype: torch.dtype) -> torch.nn.M
 
 
 def cast_copy(model: torch.nn.Module, torch_dtype: torch.dtype) -> torch.nn.Module:
-    """The drafter as its export holds it (``cast_weights`` on a copy)."""
-    import copy
-
+    """The drafter as its export holds it (``cast_weights`` on a copy); ``model`` itself when it holds that dtype already."""
+    if all(t.dtype == torch_dtype for t in model.state_dict().values() if t.is_floating_point()):
+        return model
     return cast_weights(copy.deepcopy(model), torch_dtype)
 
 
@@ -278,7 +279,8 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     block_ids[0, 0] = 7
     model.to(device)
     full = draft_logits(model, features, block_ids, embed, head)
-    reference = draft_logits(cast_copy(model, torch_dtype), features, block_ids, embed, head)
+    cast = cast_copy(model, torch_dtype)
+    reference = full if cast is model else draft_logits(cast, features, block_ids, embed, head)
 
     serve_target = serve_target_name(target, run_record, target_path)
     out_config = dflash_config_json(config)
@@ -487,7 +489,8 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
     features = torch.randn(1, EAGLE3_COMPARE_LEN, model.fc.in_features, generator=generator).to(device)
     input_ids = torch.randint(0, config["vocab_size"], (1, EAGLE3_COMPARE_LEN), generator=generator).to(device)
     full = eagle3_logits(model, features, input_ids)
-    reference = eagle3_logits(cast_copy(model, torch_dtype), features, input_ids)
+    cast = cast_copy(model, torch_dtype)
+    reference = full if cast is model else eagle3_logits(cast, features, input_ids)
 
     notes: list[str] = []
     if fmt == "sglang":
