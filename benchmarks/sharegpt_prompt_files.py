@@ -18,22 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common.atomic import atomic_open  # noqa: E402
 from train.data.readers import read_conversations, sharegpt_package_file  # noqa: E402
 
 
 def write_atomic(path: Path, records: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path) as f:
         for r in records:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
 
 
 def main() -> None:
