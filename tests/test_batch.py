@@ -153,7 +153,7 @@ def test_rows_refilled_in_waves_equal_batch_one(setup, drafter_kind, monkeypatch
     want = [generate(target, drafter, p, 24, eos_token_ids=eos) for p in prompts]
     calls = []
     prefill_rows = target.prefill_rows
-    monkeypatch.setattr(target, "prefill_rows", lambda ps, rows: calls.append(len(rows)) or prefill_rows(ps, rows))
+    monkeypatch.setattr(target, "prefill_rows", lambda ps, rows, starts=None: calls.append(len(rows)) or prefill_rows(ps, rows, starts))
     got = generate_batch(target, drafter, prompts, 24, batch_size=4, eos_token_ids=eos, refill_wave=2)
     assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
     assert sum(calls) == len(prompts) and calls[0] == 4 and max(calls[1:]) >= 2
@@ -342,6 +342,7 @@ def test_prefilling_rows_past_cached_prefixes_equals_the_model_on_whole_prompts(
     assert batched.k_cache[:, 1, :, len(prompts[2]):].abs().sum() == 0  # past a prefix only real tokens are written
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 @pytest.mark.parametrize("drafter_kind", ["none", "pld"])
 def test_a_next_turn_reuses_the_cached_turn_and_gives_the_tokens_of_a_fresh_prefill(setup, reference_tokenizer, drafter_kind) -> None:
     """``generate(cached_ids=...)``: turn 2 prefills only past its common prefix with turn 1's cached tokens (the first
@@ -373,7 +374,7 @@ def test_feature_drafters_prefill_whole_prompts(setup, reference_tokenizer) -> N
     assert generate(target, drafter, q, 16, eos_token_ids=eos, cached_ids=first.cache_ids).stats.reused_tokens == 0
 
 
-@pytest.mark.parametrize("drafter_kind", ["none", "pld"])
+@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld"])  # quick tier: pld
 def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tokenizer, drafter_kind) -> None:
     """Two-turn streams, 3 rows, rows refilled in waves of 2 (a finished row waits, stepping idle past its cached
     tokens, before its next turn is prefilled): turn 2 prefills only past its row's cached turn 1, and every turn's
