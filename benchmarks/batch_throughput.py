@@ -39,6 +39,9 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, help="CPU threads for every batch size (default: eval's, 1 at batch 1, one per core above)")
+    p.add_argument("--only", nargs="+", choices=["alone", "pld", "drafter"], help="run only these (default: all three)")
+    p.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
+                   help="prefill every turn's whole prompt (default: as eval, past what the row's cache holds from the turn before)")
     p.add_argument("--out")
     args = p.parse_args()
     device = resolve_device(args.device)
@@ -49,6 +52,9 @@ def main() -> None:
                                                                             vocab_size=target.lm_head.weight.shape[0])}
     if drafter is not None:
         drafters[f"{type(drafter).__name__} (block {drafter.block_size})"] = drafter
+    if args.only:
+        keep = [name for key, name in zip(["alone", "pld", "drafter"], drafters) if key in args.only]
+        drafters = {name: drafters[name] for name in keep}
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (threads: each row's)"
     print(f"# {device_name} | {len(conversations)} conversations, {args.max_new_tokens} new tokens per turn, greedy")
     print("drafter | batch | threads | turns | new tokens | wall s | tokens/s | vs batch 1 | CPU s | tokens/CPU s | vs batch 1 | τ | "
@@ -62,7 +68,7 @@ def main() -> None:
             t0, c0 = time.perf_counter(), time.process_time()
             records = run_conversations(target, d, tokenizer, conversations, prefill_tokens=0, sampling=SamplingConfig(),
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=bs,
-                                        desc=f"{name}, batch {bs}")
+                                        desc=f"{name}, batch {bs}", reuse_prefixes=args.prefix_reuse)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             records = sorted(records, key=lambda r: (str(r["id"]), r["turn"]))
             new = sum(r["stats"]["new_tokens"] for r in records)

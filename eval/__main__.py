@@ -63,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "acceptance are batch 1's)")
     common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1 at --batch-size 1, where decoding small models runs "
                                                     "faster on one; one per core when batched)")
+    common.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
+                        help="prefill every turn's whole prompt (default: the target alone and prompt lookup prefill a turn only past "
+                             "what the target's cache holds from the turn before, its earlier turns and answers)")
     common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     common.add_argument("--engine", default="ours", choices=["ours", "vllm", "server", "zlab"],
                         help="who decodes: our loop, vLLM in its own environment, a running server (--server), or z-lab's "
@@ -186,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
             pld = PromptLookupDrafter(num_draft_tokens=drafter.block_size - 1, vocab_size=target.lm_head.weight.shape[0])
             records = run_conversations(target, pld, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=args.batch_size,
-                                        desc=f"prompt lookup, prefill {prefill}", partial=out / "partial" / f"pld_prefill-{prefill}.jsonl")
+                                        desc=f"prompt lookup, prefill {prefill}", partial=out / "partial" / f"pld_prefill-{prefill}.jsonl",
+                                        reuse_prefixes=args.prefix_reuse)
             pld_summaries[prefill] = summarize(records)
         return pld_summaries[prefill]
 
@@ -196,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
         records = run_conversations(target, cell_drafter, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
                                     max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=baseline,
                                     desc=f"{args.engine}: window {label}, prefill {prefill}", engine=engine, batch_size=args.batch_size,
-                                    partial=out / "partial" / f"window-{label}_prefill-{prefill}{'_baseline' if baseline else ''}.jsonl")
+                                    partial=out / "partial" / f"window-{label}_prefill-{prefill}{'_baseline' if baseline else ''}.jsonl",
+                                    reuse_prefixes=args.prefix_reuse)
         summary = summarize(records)
         pld = prompt_lookup(prefill)
         if pld is not None:

@@ -43,7 +43,8 @@ def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
 
 def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, tokenizer, conversations: list[Conversation], *,
                       prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, baseline: bool,
-                      desc: str = "eval", partial: Path | None = None, engine=None, batch_size: int = 1) -> list[dict]:
+                      desc: str = "eval", partial: Path | None = None, engine=None, batch_size: int = 1,
+                      reuse_prefixes: bool = True) -> list[dict]:
     """One record per (conversation, turn) with the tokens, the accepted counts and the timings.
 
     ``engine``: an ``eval.engines.VllmEngine`` decoding every turn in place of our loop (greedy; the
@@ -51,21 +52,26 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
 
     ``partial``: a JSONL file each finished turn is appended to as it ends (flushed); turns already there
     (a rerun after a kill or Ctrl-C) are read back instead of decoded again, their answers feeding the
-    later turns as before."""
+    later turns as before.
+
+    ``reuse_prefixes``: a turn's prompt is prefilled only past what the target's cache holds from the turn before (its
+    earlier turns and answers; the target alone and prompt lookup, ``infer.generate.reusable_prefix``), at every batch
+    size."""
     if batch_size > 1 and engine is None:
         return run_conversations_batched(target, drafter, tokenizer, conversations, prefill_tokens=prefill_tokens, sampling=sampling,
                                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, baseline=baseline, desc=desc,
-                                         partial=partial, batch_size=batch_size)
+                                         partial=partial, batch_size=batch_size, reuse_prefixes=reuse_prefixes)
     limit = max_positions(target)
     records = []
     done = read_partial(partial)
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
     sink = open(partial, "a", encoding="utf-8") if partial is not None else None
+    cache = [] if reuse_prefixes else None  # what the target's cache holds after the last generation (generate's cache_ids)
     try:
         for index, conv in enumerate(tqdm(conversations, desc=desc, unit="q")):
             records += run_turns(target, drafter, tokenizer, conv, index, prefill_tokens, sampling, max_new_tokens, eos_token_ids,
-                                 baseline, limit, done, sink, engine)
+                                 baseline, limit, done, sink, engine, cache)
     finally:
         if sink is not None:
             sink.close()
@@ -73,8 +79,17 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
 
 
 def run_turns(target, drafter, tokenizer, conv: Conversation, index: int, prefill_tokens: int, sampling: SamplingConfig,
-              max_new_tokens: int, eos_token_ids, baseline: bool, limit: int, done: dict, sink, engine=None) -> list[dict]:
-    """One conversation's turns; turn t's prompt holds the model's own answers to turns < t."""
+              max_new_tokens: int, eos_token_ids, baseline: bool, limit: int, done: dict, sink, engine=None,
+              cache: list[int] | None = None) -> list[dict]:
+    """One conversation's turns; turn t's prompt holds the model's own answers to turns < t. ``cache`` (None: no reuse)
+    holds the token ids the target's cache holds, updated in place after each generation."""
+
+    def run(d, prompt):
+        out = generate(target, d, prompt, max_new_tokens, sampling, eos_token_ids, cached_ids=cache)
+        if cache is not None:
+            cache[:] = out.cache_ids
+        return out
+
     records = []
     messages = []
     for turn, question in enumerate(conv.turns):
@@ -91,13 +106,13 @@ def run_turns(target, drafter, tokenizer, conv: Conversation, index: int, prefil
         if engine is not None:
             tokens, stats = engine.generate(prompt, max_new_tokens)
         else:
-            out = generate(target, drafter, prompt, max_new_tokens, sampling, eos_token_ids)
+            out = run(drafter, prompt)
             tokens, stats = out.tokens, out.stats.to_dict()
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         record = {"id": conv.id, "category": conv.category, "turn": turn + 1, "prompt_tokens": len(prompt),
                   "question": question, "output_ids": tokens, "output_text": text, "stats": stats}
         if baseline and (drafter is not None or engine is not None):
-            base = generate(target, None, prompt, max_new_tokens, sampling, eos_token_ids)
+            base = run(None, prompt)
             record["baseline_stats"] = base.stats.to_dict()
             record["same_as_baseline"] = base.tokens == tokens
         records.append(record)
@@ -120,7 +135,8 @@ def turn_prompt(tokenizer, conv: Conversation, index: int, turn: int, answers: l
 
 
 def run_conversations_batched(target, drafter, tokenizer, conversations: list[Conversation], *, prefill_tokens: int, sampling: SamplingConfig,
-                              max_new_tokens: int, eos_token_ids, baseline: bool, desc: str, partial: Path | None, batch_size: int) -> list[dict]:
+                              max_new_tokens: int, eos_token_ids, baseline: bool, desc: str, partial: Path | None, batch_size: int,
+                              reuse_prefixes: bool = True) -> list[dict]:
     """``run_conversations`` with ``batch_size`` conversations in flight (``infer/batch.py``): each finished turn is written
     to ``partial`` at once and its conversation's next turn enters the batch; the autoregressive baseline, when asked for,
     runs batched afterwards over the same prompts (a record is written again with it; the last line of a turn counts)."""
@@ -170,7 +186,7 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
     try:
         t0 = time.perf_counter()
         generate_streams(target, drafter, next_prompt, len(conversations), batch_size=batch_size, capacity=capacity,
-                         max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids)
+                         max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, reuse_prefixes=reuse_prefixes)
         wall = time.perf_counter() - t0
         bar.close()
         flat = [r for conv_records in records for r in conv_records]

@@ -7,6 +7,9 @@
             append every row's verified block to the drafter (fixed shapes) -> one host sync for all rows
             (prompt lookup: each row's real drafts, 0 .. k, padded to the longest row's; uncaptured, the padding skips
             the target's linears, and a row accepts at most its real drafts, as at batch 1)
+    reuse:  the target alone and prompt lookup: a row's next prompt is prefilled only past its common prefix with what
+            the row's cache holds (a conversation's next turn holds its earlier turns and answers), as ``generate``'s
+            ``cached_ids``; a waiting or idle row steps past that prefix, not over it
     drain:  once no request waits, an uncaptured target with no drafter caches (the CPU; the target alone or prompt
             lookup) moves its live rows to the front and steps only those
 
@@ -30,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from infer.generate import Generation, GenerationStats
+from infer.generate import Generation, GenerationStats, common_prefix
 from infer.prompt_lookup import PromptLookupDrafter
 from models.dflash import StaticDFlashDrafter
 from models.eagle3 import StaticEagle3Drafter
@@ -51,6 +54,11 @@ class Row:
     generator: torch.Generator
     drafter: PromptLookupDrafter | None = None  # prompt lookup keeps a copy per row
     ended: bool = False  # an end-of-sequence token came out
+    prompt: list[int] | None = None
+
+    def seen(self) -> list[int]:
+        """The tokens whose keys/values the row's cache holds at positions 0 .. pos-1."""
+        return self.prompt + self.out[:self.pos - self.prompt_len]
 
 
 def check_batchable(drafter, batch_size: int) -> None:
@@ -63,7 +71,7 @@ def check_batchable(drafter, batch_size: int) -> None:
 @torch.no_grad()
 def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams: int, *, batch_size: int, capacity: int,
                      max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
-                     refill_wave: int | None = None, run_steps: int = 8) -> None:
+                     refill_wave: int | None = None, run_steps: int = 8, reuse_prefixes: bool = True) -> None:
     """Run ``num_streams`` request streams through ``batch_size`` rows; every finished generation goes to ``driver``.
 
     capacity: the most positions one request needs (prompt + ``max_new_tokens`` + a verify block); a longer request
@@ -73,6 +81,8 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         regeneration on small targets (default: an eighth of the rows). A row's tokens do not depend on when it starts.
     run_steps: the target alone, greedy, steps this many times between host syncs (``decode_alone``): per-row host
         bookkeeping after every step bounded regeneration on small targets, not the GPU. 1: a sync every step.
+    reuse_prefixes: the target alone and prompt lookup prefill a row's next prompt only past its common prefix with
+        the row's cached tokens (the earlier turns of the same stream land in the same row). Off: every prompt whole.
     """
     check_batchable(drafter, batch_size)
     device = target.device
@@ -88,6 +98,14 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     rows: list[Row | None] = [None] * rows_n
     tokens = torch.zeros(rows_n, dtype=torch.long, device=device)  # each row's newest token
     positions = torch.zeros(rows_n, dtype=torch.long, device=device)
+    # a free row's cached tokens (keys/values at positions 0 ..), reusable by its next prompt; the feature-reading
+    # drafters keep per-row caches of their own and always prefill whole prompts
+    reuse = reuse_prefixes and (drafter is None or isinstance(drafter, PromptLookupDrafter))
+    cached: list[list[int]] = [[] for _ in range(rows_n)]
+
+    def parked(r: int) -> int:
+        """Where a free row steps (idle steps write keys there): past its cached tokens, 0 without."""
+        return len(cached[r])
 
     def check(stream: int, prompt: list[int]) -> None:
         if not prompt:
@@ -95,9 +113,10 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         if len(prompt) + max_new_tokens + block > capacity:
             raise ValueError(f"request {stream}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the batch's capacity {capacity}")
 
-    def prefill_alone(r: int, ids: torch.Tensor) -> torch.Tensor:
-        """A long prompt, chunk by chunk into row ``r`` (the drafter's context with it): the last token's logits [1, V]."""
-        for s in range(0, ids.shape[0], prefill_chunk):
+    def prefill_alone(r: int, ids: torch.Tensor, skip: int) -> torch.Tensor:
+        """A long prompt past its first ``skip`` tokens (cached), chunk by chunk into row ``r`` (the drafter's context
+        with it): the last token's logits [1, V]."""
+        for s in range(skip, ids.shape[0], prefill_chunk):
             logits, features = target.prefill(ids[s:s + prefill_chunk], r, s, last_logits_only=True)
             feed_drafter(r, s, ids[s:s + prefill_chunk], features)
         return logits
@@ -112,23 +131,27 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         """Prefill every waiting request: prompts up to ``prefill_chunk`` tokens in forwards of several rows (at most
         ``prefill_chunk`` padded tokens each, similar lengths together), longer ones alone."""
         t0 = time.perf_counter()
-        entries = sorted(waiting, key=lambda e: len(e[2]))
+        # each prompt's tokens the row's cache holds already (all but the last: it runs for the first new token)
+        skip = {r: min(common_prefix(cached[r], prompt), len(prompt) - 1) for r, _, prompt in waiting}
+        entries = sorted(waiting, key=lambda e: len(e[2]) - skip[e[0]])
         waiting.clear()
         ids = {r: torch.as_tensor(prompt, dtype=torch.long, device=device) for r, _, prompt in entries}
         for r, _, _ in entries:
+            cached[r] = []
             if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
                 drafter.clear_row(r)
         last_logits, groups, group = {}, [], []
         for entry in entries:
-            n = len(entry[2])
+            r, n = entry[0], len(entry[2]) - skip[entry[0]]
             if n > prefill_chunk:
-                last_logits[entry[0]] = prefill_alone(entry[0], ids[entry[0]])
+                last_logits[r] = prefill_alone(r, ids[r], skip[r])
             elif group and (len(group) + 1) * n > prefill_chunk:  # sorted: n is the group's longest
                 groups, group = groups + [group], [entry]
             else:
                 group.append(entry)
         for group in groups + ([group] if group else []):
-            logits, features = target.prefill_rows([ids[r] for r, _, _ in group], [r for r, _, _ in group])
+            logits, features = target.prefill_rows([ids[r][skip[r]:] for r, _, _ in group], [r for r, _, _ in group],
+                                                   [skip[r] for r, _, _ in group])
             for j, (r, _, prompt) in enumerate(group):
                 last_logits[r] = logits[j:j + 1]
                 if features is not None:
@@ -138,24 +161,27 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             generator = torch.Generator(device=device).manual_seed(sampling.seed)
             firsts[r] = (choose(last_logits[r], sampling, generator)[0][0], generator)
         first_tokens = torch.stack([firsts[r][0] for r, _, _ in entries]).tolist()  # one sync for the wave
-        total = sum(len(prompt) for _, _, prompt in entries)
+        total = sum(len(prompt) - skip[r] for r, _, prompt in entries)
         elapsed = time.perf_counter() - t0
         for (r, stream, prompt), first in zip(entries, first_tokens):
             n = len(prompt)
-            row = Row(stream, n, [first], n, GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block), firsts[r][1])
+            row = Row(stream, n, [first], n, GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block, reused_tokens=skip[r]),
+                      firsts[r][1], prompt=prompt)
             row.ended = first in eos
             if isinstance(drafter, PromptLookupDrafter):
                 row.drafter = copy.copy(drafter)
                 row.drafter.reset(n + max_new_tokens + block)
                 row.drafter.append_context(None, 0, ids[r])
             tokens[r], positions[r] = first, n
-            row.stats.prefill_s = elapsed * n / total  # the wave's time, shared by prompt tokens
+            row.stats.prefill_s = elapsed * (n - skip[r]) / total  # the wave's time, shared by the tokens prefilled
             rows[r] = row
 
     def next_request(r: int, finished: Generation | None, stream: int | None) -> None:
         """Queue row ``r`` for the next prompt of ``stream`` (after ``finished``), else of a new stream, else idle it."""
+        if reuse and rows[r] is not None:  # kept short of the capacity's end: idle steps write a block past them
+            cached[r] = rows[r].seen()[:capacity - max(block, 1)]
         rows[r] = None
-        positions[r] = 0  # a waiting or idle row keeps stepping harmlessly at position 0 (its prefill rewrites from 0)
+        positions[r] = parked(r)  # a waiting or idle row keeps stepping harmlessly past its cached tokens (its prefill rewrites them)
         while True:
             prompt = driver(stream, finished) if stream is not None else None
             if prompt is not None:
@@ -188,6 +214,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             for dst, src in zip(holes, [r for r in live if r >= len(live)]):
                 target.move_row(src, dst, rows[src].pos)
                 rows[dst], rows[src] = rows[src], None
+                cached[dst] = cached[src] = []
                 tokens[dst], positions[dst], positions[src] = tokens[src], positions[src], 0
         return max(r for r, row in enumerate(rows) if row is not None) + 1
 
@@ -223,7 +250,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             row.pos += run_steps
             row.out.extend(new)
             row.ended = bool(ends)
-        positions.copy_(torch.tensor([row.pos if row else 0 for row in rows]))
+        positions.copy_(torch.tensor([row.pos if row else parked(r) for r, row in enumerate(rows)]))
         settle()
 
     while any(row is not None for row in rows):  # settle leaves no request waiting without a row decoding
@@ -306,7 +333,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             row.out.extend(new)
             row.ended = bool(eos.intersection(new))
         tokens[:m].copy_(new_token)
-        positions.copy_(torch.tensor([row.pos if row else 0 for row in rows]))
+        positions.copy_(torch.tensor([row.pos if row else parked(r) for r, row in enumerate(rows)]))
         settle()
 
 

@@ -37,6 +37,7 @@ from models.dflash import DFlashDrafter
 from models.eagle3 import Eagle3Drafter, accept_tree
 from infer.prompt_lookup import PromptLookupDrafter
 from models.sampling import SamplingConfig, choose, verify
+from models.static_target import StaticTarget
 from models.target import CachedTarget
 
 
@@ -88,6 +89,7 @@ class GenerationStats:
     # drafts the last step accepted past the budget or an end-of-sequence token: cut from the output, so not in
     # accepted_per_step (vLLM's counters do count them: ``untrimmed_steps`` is what they compare with)
     accepted_past_end: int = 0
+    reused_tokens: int = 0  # leading prompt tokens whose keys/values the cache held already (not prefilled; ``cached_ids``)
 
     @property
     def untrimmed_steps(self) -> list[int]:
@@ -124,12 +126,34 @@ class GenerationStats:
 class Generation:
     tokens: list[int]  # new tokens only (up to and including an end-of-sequence token)
     stats: GenerationStats
+    # the token ids whose keys/values the target's cache (row 0) holds at positions 0 .. len-1 when the generation ends:
+    # the prompt and every output token the target has seen (all but the newest); the next ``generate``'s ``cached_ids``
+    cache_ids: list[int] = field(default_factory=list)
+
+
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def reusable_prefix(target, drafter, cached_ids, prompt_ids) -> int:
+    """How many leading prompt tokens a prefill can skip because the target's cache holds them (``cached_ids``): their
+    common prefix, less one (the last prompt token runs for the first new token's logits). Static targets with the
+    target alone or prompt lookup only: the feature-reading drafters keep their own caches of the prompt's features."""
+    if not cached_ids or not isinstance(target, StaticTarget) or not (drafter is None or isinstance(drafter, PromptLookupDrafter)):
+        return 0
+    return min(common_prefix(cached_ids, prompt_ids), len(prompt_ids) - 1)
 
 
 @torch.no_grad()
 def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | PromptLookupDrafter | None, prompt_ids, max_new_tokens: int = 256,
              sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
-             accept_per_step: int | None = None, run_ahead: bool | None = None) -> Generation:
+             accept_per_step: int | None = None, run_ahead: bool | None = None, cached_ids=None) -> Generation:
     """Speculative decoding with ``drafter``, or plain autoregressive decoding when it is None.
 
     Args:
@@ -143,6 +167,10 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         run_ahead: launch work before the host reads the previous step's result (default: on a GPU, where the host's
             sync and launch would otherwise leave it idle; the output is the same either way): the target alone, each
             step; with a drafter that takes a device anchor (``draft_at``, the static DFlash drafter), the next block.
+        cached_ids: the token ids whose keys/values row 0 of the target's cache holds at positions 0 .. (the previous
+            generation's ``Generation.cache_ids``, nothing written to the target since): the prompt's common prefix with
+            them is not prefilled again (a conversation's next turn holds the earlier turns and answers). A static
+            target with the target alone or prompt lookup (``reusable_prefix``); ignored otherwise.
     """
     device = target.device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
@@ -159,16 +187,22 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError(f"accept_per_step={accept_per_step}: needs a chain drafter and 0 <= it < its block size")
     block = drafter.block_size if drafter is not None else 1
     verify_len = drafter.verify_tokens if drafter is not None else 1
-    target.allocate(n + max_new_tokens + verify_len)
+    reuse = reusable_prefix(target, drafter, cached_ids, prompt.tolist())
+    if reuse:
+        reuse = min(reuse, target.allocate(n + max_new_tokens + verify_len, keep=reuse))
+    else:
+        target.allocate(n + max_new_tokens + verify_len)
     if drafter is not None:
         drafter.reset(n + max_new_tokens + verify_len)
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
     eos = set(int(t) for t in eos_token_ids)
-    stats = GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block)
+    stats = GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block, reused_tokens=reuse)
 
     timer = PhaseTimer(device)
     timer.mark("start")
-    for start in range(0, n, prefill_chunk):
+    if reuse and drafter is not None:  # prompt lookup: the tokens only
+        drafter.append_context(None, 0, prompt[:reuse])
+    for start in range(reuse, n, prefill_chunk):
         logits, features = target.forward(prompt[start:start + prefill_chunk], start, last_logits_only=True)
         if drafter is not None:
             drafter.append_context(features, start, prompt[start:start + prefill_chunk])
@@ -235,6 +269,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         if eos.intersection(new):  # an end-of-sequence token inside the accepted block ends the generation too
             break
     timer.mark("other")
+    cache_ids = prompt.tolist() + out[:pos - n]  # every token the target has seen, the newest (at pos) not yet
 
     for i, t in enumerate(out):
         if t in eos:
@@ -253,7 +288,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     stats.prefill_s = totals.get("prefill", 0.0)
     stats.draft_s, stats.verify_s, stats.other_s = (totals.get(k, 0.0) for k in ("draft", "verify", "other"))
     stats.decode_s = stats.draft_s + stats.verify_s + stats.other_s
-    return Generation(tokens=out, stats=stats)
+    return Generation(tokens=out, stats=stats, cache_ids=cache_ids)
 
 
 def tree_step(target: CachedTarget, drafter: Eagle3Drafter, token: torch.Tensor, pos: int, timer: PhaseTimer) -> tuple[list[int], torch.Tensor]:

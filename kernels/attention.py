@@ -116,7 +116,13 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible
     Scores and softmax in fp32 (bf16 inputs: ``bmm(..., out_dtype=float32)``, fp32 accumulation as in flash kernels);
     probabilities cast to the values' dtype for the second product. Every row must see at least one key.
     Returns [B, Hkv, M, D] in q's dtype.
+
+    On the CPU with the plain softmax: SDPA with ``visible`` as its mask instead (one fused kernel, no fp32 score
+    matrix written and read back: a batch-8 × 8-token prompt-lookup verify over 708 keys, one layer, 2 threads, 1.4 ms
+    against 2.1 ms). A custom ``softmax`` (DFlash's over slots) keeps the two products.
     """
+    if not q.is_cuda and softmax is masked_softmax:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
     b, h, m, d = q.shape
     c = k.shape[2]
     q3, k3 = q.reshape(b * h, m, d), k.reshape(b * h, c, d)

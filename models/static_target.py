@@ -217,21 +217,31 @@ class StaticTarget:
     def batch(self) -> int:
         return 0 if self.k_cache is None else self.k_cache.shape[1]
 
-    def allocate(self, capacity: int, batch: int = 1) -> None:
+    def allocate(self, capacity: int, batch: int = 1, keep: int = 0) -> int:
         """Room for positions ``0 .. capacity-1`` in ``batch`` rows. A decode step reads the whole capacity, so the
         buffers (and the graphs captured on them) are kept only while they are at most twice (or 2048 positions
-        more than) what is asked; new ones are rounded up to a multiple of 256."""
+        more than) what is asked; new ones are rounded up to a multiple of 256.
+
+        keep: positions ``0 .. keep-1`` of every row survive new buffers of the same batch (copied: a prefix reused by
+        the next request, ``infer.generate``'s ``cached_ids``). Returns how many leading positions still hold what
+        they held (the whole capacity when the buffers stay; 0 when they are new and nothing was kept)."""
         if batch == self.batch and capacity <= self.capacity <= max(2 * capacity, capacity + 2048):
-            return
+            return self.capacity
         capacity = 256 * math.ceil(capacity / 256)
+        old_k, old_v = self.k_cache, self.v_cache
+        keep = min(keep, capacity, self.capacity) if batch == self.batch else 0
         self.k_cache = self.v_cache = None
         self.graphs.clear()
         shape = (len(self.weights), batch, self.num_kv_heads, capacity, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if keep:
+            self.k_cache[:, :, :, :keep] = old_k[:, :, :, :keep]
+            self.v_cache[:, :, :, :keep] = old_v[:, :, :, :keep]
         positions = torch.arange(capacity, device=self.device)
         cos, sin = self.rotary_emb(self.k_cache.new_zeros(1, 1, self.head_dim), positions[None])
         self.cos, self.sin = cos[0], sin[0]
+        return keep
 
     def set_feature_layers(self, layer_ids: list[int]) -> None:
         """Return these layers' outputs as features from now on (the captured steps are captured again)."""
@@ -447,10 +457,13 @@ class StaticTarget:
         return logits, torch.cat([features[i] for i in self.feature_layer_ids], dim=-1)
 
     @torch.no_grad()
-    def prefill_rows(self, prompts: list[torch.Tensor], rows: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Whole prompts into several rows from position 0 in one forward (eager, SDPA): ``prompts[j]`` [n_j] into row
-        ``rows[j]``. The prompts are right-padded to the longest; a row's padded positions write keys past its prompt,
-        which no query sees before the row's own decoding writes them (a step writes its keys before attending).
+    def prefill_rows(self, prompts: list[torch.Tensor], rows: list[int], starts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Prompts into several rows in one forward (eager, SDPA): ``prompts[j]`` [n_j] into row ``rows[j]`` at positions
+        ``starts[j] ..`` (default 0: whole prompts). A start past 0 continues a prefix the row's cache already holds
+        (keys and values at positions ``< starts[j]``, which the new tokens attend to): a conversation's next turn
+        after its earlier turns and answers (``infer.batch``). The prompts are right-padded to the longest; from
+        position 0 a row's padded positions write keys past its prompt, which no query sees before the row's own
+        decoding writes them (a step writes its keys before attending); past a prefix, only real tokens are written.
 
         One forward for m prompts launches the kernels of one: a small target's prefill is launch-bound, so batching
         the rows that start together is what keeps many rows in flight fast (``infer.batch``).
@@ -458,23 +471,44 @@ class StaticTarget:
         Returns the last prompt token's logits [m, V] fp32 and features [m, L, k*H] (row j's first n_j valid) or None.
         """
         m, lengths = len(prompts), [int(p.shape[0]) for p in prompts]
+        starts = [0] * m if starts is None else list(starts)
         length = max(lengths)
-        if length > self.capacity:
-            raise ValueError(f"prefill of {length} tokens exceeds the KV cache capacity {self.capacity}; call allocate() first")
+        end = max(s + n for s, n in zip(starts, lengths))
+        if max(length, end) > self.capacity:
+            raise ValueError(f"prefill to position {max(length, end)} exceeds the KV cache capacity {self.capacity}; call allocate() first")
         ids = torch.zeros(m, length, dtype=torch.long, device=self.device)
         for j, p in enumerate(prompts):
             ids[j, :lengths[j]] = p
         row_index = torch.as_tensor(rows, device=self.device)
-        cos, sin = self.cos[:length][:, None], self.sin[:length][:, None]  # [L, 1, D]
         groups = self.num_heads // self.num_kv_heads
+        if any(starts):
+            # positions [m, L]: a row's padding repeats its last real position (RoPE only; its keys are not written)
+            steps = torch.arange(length, device=self.device)
+            start_t, length_t = torch.as_tensor(starts, device=self.device), torch.as_tensor(lengths, device=self.device)
+            positions = start_t[:, None] + torch.minimum(steps, length_t[:, None] - 1)
+            real = steps < length_t[:, None]  # [m, L]
+            write_rows, write_pos = row_index[:, None].expand(m, length)[real], positions[real]  # [N]
+            # query t of row j sees the row's keys 0 .. starts[j] + t (its cached prefix, then its own tokens causally)
+            visible = (torch.arange(end, device=self.device) <= positions[..., None])[:, None]  # [m, 1, L, end]
+            cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [m, L, 1, D]
 
-        def attend(i, q, k, v):  # q/k/v [m, L, heads, D]
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [m, heads, L, D]
-            self.k_cache[i, row_index, :, :length] = k
-            self.v_cache[i, row_index, :, :length] = v
-            out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
-                                                 is_causal=True, scale=self.scale)  # right padding: causal is exact for real queries
-            return out.transpose(1, 2)
+            def attend(i, q, k, v):  # q/k/v [m, L, heads, D]
+                self.k_cache[i, write_rows, :, write_pos] = k[real]
+                self.v_cache[i, write_rows, :, write_pos] = v[real]
+                keys, values = self.k_cache[i, row_index, :, :end], self.v_cache[i, row_index, :, :end]  # [m, Hkv, end, D]
+                out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(groups, dim=1),
+                                                     values.repeat_interleave(groups, dim=1), attn_mask=visible, scale=self.scale)
+                return out.transpose(1, 2)
+        else:
+            cos, sin = self.cos[:length][:, None], self.sin[:length][:, None]  # [L, 1, D]
+
+            def attend(i, q, k, v):  # q/k/v [m, L, heads, D]
+                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [m, heads, L, D]
+                self.k_cache[i, row_index, :, :length] = k
+                self.v_cache[i, row_index, :, :length] = v
+                out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
+                                                     is_causal=True, scale=self.scale)  # right padding: causal is exact for real queries
+                return out.transpose(1, 2)
 
         x = self.embed_tokens(ids)  # [m, L, H]
         features = {}

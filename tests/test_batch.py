@@ -153,7 +153,7 @@ def test_rows_refilled_in_waves_equal_batch_one(setup, drafter_kind, monkeypatch
     want = [generate(target, drafter, p, 24, eos_token_ids=eos) for p in prompts]
     calls = []
     prefill_rows = target.prefill_rows
-    monkeypatch.setattr(target, "prefill_rows", lambda ps, rows: calls.append(len(rows)) or prefill_rows(ps, rows))
+    monkeypatch.setattr(target, "prefill_rows", lambda ps, rows, starts=None: calls.append(len(rows)) or prefill_rows(ps, rows, starts))
     got = generate_batch(target, drafter, prompts, 24, batch_size=4, eos_token_ids=eos, refill_wave=2)
     assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
     assert sum(calls) == len(prompts) and calls[0] == 4 and max(calls[1:]) >= 2
@@ -300,3 +300,108 @@ def test_eval_threads_default_to_one_at_batch_one_and_one_per_core_when_batched(
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------- prefix reuse across turns
+
+def second_turns(prompts: list[list[int]], replies: list[list[int]], tokenizer) -> list[list[int]]:
+    """A next turn per conversation as eval builds it: the first prompt, the reply, a new user question."""
+    follow = ["Now say it in one line.", "Why?", "And in Asia?", "Make it shorter.", "Add a test."]
+    out = []
+    for p, r, q in zip(prompts, replies, follow):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        out.append(p + [t for t in r if t != end] + [end] + tokenizer("\n")["input_ids"] + ids)
+    return out
+
+
+def test_prefilling_rows_past_cached_prefixes_equals_the_model_on_whole_prompts(setup) -> None:
+    """``prefill_rows`` with starts (rows continue prefixes their caches hold; one row from 0) against the HF model's
+    own forward over the whole prompts: the last token's logits, every prompt position's features, and the cached keys
+    of a whole-prompt prefill (fp32)."""
+    model, _, prompts, _, _ = setup
+    batched, whole = StaticTarget(model, [1, 3]), StaticTarget(model, [1, 3])
+    for target in (batched, whole):
+        target.allocate(128, batch=4)
+    rows, starts = [3, 0, 1], [9, 0, len(prompts[2]) - 1]
+    for r, j in zip(rows, range(3)):  # whole prompts into `whole`; the prefixes alone into `batched`
+        whole.prefill(torch.tensor(prompts[j]), r, 0)
+        if starts[j]:
+            batched.prefill(torch.tensor(prompts[j][:starts[j]]), r, 0)
+    logits, features = batched.prefill_rows([torch.tensor(prompts[j][starts[j]:]) for j in range(3)], rows, starts)
+    for j, r in enumerate(rows):
+        n = len(prompts[j])
+        ref = model(torch.tensor([prompts[j]]), output_hidden_states=True)
+        torch.testing.assert_close(logits[j], ref.logits[0, -1], rtol=1e-4, atol=1e-4)
+        want_features = torch.cat([ref.hidden_states[i + 1][0, starts[j]:] for i in (1, 3)], dim=-1)
+        torch.testing.assert_close(features[j, :n - starts[j]], want_features, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(batched.k_cache[:, r, :, :n], whole.k_cache[:, r, :, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batched.v_cache[:, r, :, :n], whole.v_cache[:, r, :, :n], rtol=1e-5, atol=1e-5)
+    assert batched.k_cache[:, 2].abs().sum() == 0  # the row not named is untouched
+    assert batched.k_cache[:, 1, :, len(prompts[2]):].abs().sum() == 0  # past a prefix only real tokens are written
+
+
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
+@pytest.mark.parametrize("drafter_kind", ["none", "pld"])
+def test_a_next_turn_reuses_the_cached_turn_and_gives_the_tokens_of_a_fresh_prefill(setup, reference_tokenizer, drafter_kind) -> None:
+    """``generate(cached_ids=...)``: turn 2 prefills only past its common prefix with turn 1's cached tokens (the first
+    prompt and the reply, all but its newest token), also when the caches must grow (the prefix copied), and its tokens
+    and accepted counts are those of turn 2 prefilled whole on a fresh target."""
+    prompts, eos = setup[2][:3], setup[3]
+    target, drafter = make_drafter(setup, drafter_kind)
+    first = [generate(target, drafter, p, 24, eos_token_ids=eos) for p in prompts]
+    nexts = second_turns(prompts, [f.tokens for f in first], reference_tokenizer)
+    nexts[2] = nexts[2] + nexts[2] * 6  # a much longer prompt: new buffers, the prefix copied into them
+    fresh, drafter2 = make_drafter(setup, drafter_kind)
+    for p, f, q in zip(prompts, first, nexts):
+        generate(target, drafter, p, 24, eos_token_ids=eos)  # the cache holds this turn again
+        got = generate(target, drafter, q, 24, eos_token_ids=eos, cached_ids=f.cache_ids)
+        want = generate(fresh, drafter2, q, 24, eos_token_ids=eos)
+        assert (got.tokens, got.stats.accepted_per_step) == (want.tokens, want.stats.accepted_per_step)
+        reply = [t for t in f.tokens if t not in eos]
+        assert got.stats.reused_tokens == len(p) + min(len(reply), len(f.cache_ids) - len(p)) > len(p)
+        assert want.stats.reused_tokens == 0
+    assert f.cache_ids == p + f.tokens[:len(f.cache_ids) - len(p)] and len(f.cache_ids) == len(p) + sum(a + 1 for a in f.stats.untrimmed_steps)
+
+
+def test_feature_drafters_prefill_whole_prompts(setup, reference_tokenizer) -> None:
+    """DFlash reads the target's features of every prompt position from its own caches: no reuse."""
+    prompts, eos = setup[2][:1], setup[3]
+    target, drafter = make_drafter(setup, "dflash")
+    first = generate(target, drafter, prompts[0], 16, eos_token_ids=eos)
+    q = second_turns(prompts, [first.tokens], reference_tokenizer)[0]
+    assert generate(target, drafter, q, 16, eos_token_ids=eos, cached_ids=first.cache_ids).stats.reused_tokens == 0
+
+
+@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld"])  # quick tier: pld
+def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tokenizer, drafter_kind) -> None:
+    """Two-turn streams, 3 rows, rows refilled in waves of 2 (a finished row waits, stepping idle past its cached
+    tokens, before its next turn is prefilled): turn 2 prefills only past its row's cached turn 1, and every turn's
+    tokens and accepted counts equal batch 1 with reuse and batch 1 prefilling every prompt whole."""
+    from infer.batch import generate_streams
+
+    prompts, eos = setup[2], setup[3]
+    target, drafter = make_drafter(setup, drafter_kind)
+    want, alone = [], []
+    for p in prompts:
+        one = generate(target, drafter, p, 24, eos_token_ids=eos)
+        two = generate(target, drafter, second_turns([p], [one.tokens], reference_tokenizer)[0], 24, eos_token_ids=eos, cached_ids=one.cache_ids)
+        assert two.stats.reused_tokens > len(p)
+        want.append([one, two])
+        q = second_turns([p], [one.tokens], reference_tokenizer)[0]
+        alone.append(generate(make_drafter(setup, drafter_kind)[0], drafter, q, 24, eos_token_ids=eos))
+    got = {}
+
+    def driver(stream, finished):
+        if finished is None:
+            return prompts[stream]
+        got.setdefault(stream, []).append(finished)
+        return second_turns([prompts[stream]], [finished.tokens], reference_tokenizer)[0] if len(got[stream]) == 1 else None
+
+    generate_streams(target, drafter, driver, len(prompts), batch_size=3, capacity=512, max_new_tokens=24, eos_token_ids=eos, refill_wave=2)
+    for s in range(len(prompts)):
+        assert [(g.tokens, g.stats.accepted_per_step) for g in got[s]] == [(w.tokens, w.stats.accepted_per_step) for w in want[s]]
+        # a row that ran past its budget (the target alone steps in runs) holds a few more tokens than batch 1's cache
+        assert got[s][1].stats.reused_tokens >= want[s][1].stats.reused_tokens > len(prompts[s])
+        assert (want[s][1].tokens, want[s][1].stats.accepted_per_step) == (alone[s].tokens, alone[s].stats.accepted_per_step)
