@@ -405,3 +405,41 @@ def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tok
         # a row that ran past its budget (the target alone steps in runs) holds a few more tokens than batch 1's cache
         assert got[s][1].stats.reused_tokens >= want[s][1].stats.reused_tokens > len(prompts[s])
         assert (want[s][1].tokens, want[s][1].stats.accepted_per_step) == (alone[s].tokens, alone[s].stats.accepted_per_step)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("drafter_kind", ["none", "pld"])
+def test_captured_rows_reuse_their_turns_on_a_gpu(setup, reference_tokenizer, drafter_kind) -> None:
+    """The captured target (CUDA graphs, fp32): two-turn streams with reuse give the tokens and accepted counts of the
+    same streams prefilled whole, at batch 3 (idle rows parked past their cached turns in the captured steps) and at
+    batch 1 (``cached_ids``), and turn 2 reused its turn 1."""
+    import copy
+
+    from infer.batch import generate_streams
+
+    model = copy.deepcopy(setup[0]).cuda()
+    prompts, eos = setup[2], setup[3]
+    drafter = PromptLookupDrafter(num_draft_tokens=3, vocab_size=8192) if drafter_kind == "pld" else None
+
+    def run(reuse: bool) -> dict:
+        target, got = StaticTarget(model, []), {}
+
+        def driver(stream, finished):
+            if finished is None:
+                return prompts[stream]
+            got.setdefault(stream, []).append(finished)
+            return second_turns([prompts[stream]], [finished.tokens], reference_tokenizer)[0] if len(got[stream]) == 1 else None
+
+        generate_streams(target, drafter, driver, len(prompts), batch_size=3, capacity=512, max_new_tokens=24, eos_token_ids=eos,
+                         refill_wave=2, reuse_prefixes=reuse)
+        return got
+
+    reused, whole = run(True), run(False)
+    target = StaticTarget(model, [])
+    for s, p in enumerate(prompts):
+        assert [(g.tokens, g.stats.accepted_per_step) for g in reused[s]] == [(g.tokens, g.stats.accepted_per_step) for g in whole[s]]
+        assert reused[s][1].stats.reused_tokens > len(p) and whole[s][1].stats.reused_tokens == 0
+        one = generate(target, drafter, p, 24, eos_token_ids=eos)
+        two = generate(target, drafter, second_turns([p], [one.tokens], reference_tokenizer)[0], 24, eos_token_ids=eos, cached_ids=one.cache_ids)
+        assert two.stats.reused_tokens > len(p)
+        assert (two.tokens, two.stats.accepted_per_step) == (whole[s][1].tokens, whole[s][1].stats.accepted_per_step)
