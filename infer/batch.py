@@ -128,8 +128,8 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             drafter.prefill(features, s, ids, row=r)
 
     def start_wave() -> None:
-        """Prefill every waiting request: prompts up to ``prefill_chunk`` tokens in forwards of several rows (at most
-        ``prefill_chunk`` padded tokens each, similar lengths together), longer ones alone."""
+        """Prefill every waiting request past its row's cached prefix: prompts up to ``prefill_chunk`` tokens in forwards
+        of several rows (at most ``prefill_chunk`` padded tokens each, similar lengths together), longer ones alone."""
         t0 = time.perf_counter()
         # each prompt's tokens the row's cache holds already (all but the last: it runs for the first new token)
         skip = {r: min(common_prefix(cached[r], prompt), len(prompt) - 1) for r, _, prompt in waiting}
@@ -143,7 +143,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         last_logits, groups, group = {}, [], []
         for entry in entries:
             r, n = entry[0], len(entry[2]) - skip[entry[0]]
-            if n > prefill_chunk:
+            if skip[r] + n > prefill_chunk:  # long, or past a long cached prefix (a group gathers every row's keys)
                 last_logits[r] = prefill_alone(r, ids[r], skip[r])
             elif group and (len(group) + 1) * n > prefill_chunk:  # sorted: n is the group's longest
                 groups, group = groups + [group], [entry]

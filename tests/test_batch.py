@@ -375,10 +375,12 @@ def test_feature_drafters_prefill_whole_prompts(setup, reference_tokenizer) -> N
 
 
 @pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld"])  # quick tier: pld
-def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tokenizer, drafter_kind) -> None:
+@pytest.mark.parametrize("prefill_chunk", [4096, pytest.param(48, marks=pytest.mark.slow)])
+def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tokenizer, drafter_kind, prefill_chunk, monkeypatch) -> None:
     """Two-turn streams, 3 rows, rows refilled in waves of 2 (a finished row waits, stepping idle past its cached
     tokens, before its next turn is prefilled): turn 2 prefills only past its row's cached turn 1, and every turn's
-    tokens and accepted counts equal batch 1 with reuse and batch 1 prefilling every prompt whole."""
+    tokens and accepted counts equal batch 1 with reuse and batch 1 prefilling every prompt whole. With 48-token
+    prefill chunks every turn 2 (cached prefix + suffix past 48) is prefilled alone, chunk by chunk from its prefix."""
     from infer.batch import generate_streams
 
     prompts, eos = setup[2], setup[3]
@@ -399,7 +401,11 @@ def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tok
         got.setdefault(stream, []).append(finished)
         return second_turns([prompts[stream]], [finished.tokens], reference_tokenizer)[0] if len(got[stream]) == 1 else None
 
-    generate_streams(target, drafter, driver, len(prompts), batch_size=3, capacity=512, max_new_tokens=24, eos_token_ids=eos, refill_wave=2)
+    starts, prefill = [], target.prefill
+    monkeypatch.setattr(target, "prefill", lambda ids, row, start, *a, **k: starts.append(start) or prefill(ids, row, start, *a, **k))
+    generate_streams(target, drafter, driver, len(prompts), batch_size=3, capacity=512, max_new_tokens=24, eos_token_ids=eos, refill_wave=2,
+                     prefill_chunk=prefill_chunk)
+    assert (min(starts, default=0) > 0) if prefill_chunk == 48 else not starts  # past a prefix, chunk by chunk; else grouped
     for s in range(len(prompts)):
         assert [(g.tokens, g.stats.accepted_per_step) for g in got[s]] == [(w.tokens, w.stats.accepted_per_step) for w in want[s]]
         # a row that ran past its budget (the target alone steps in runs) holds a few more tokens than batch 1's cache
