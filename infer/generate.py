@@ -1,6 +1,7 @@
 """The speculative-decoding loop (batch size 1) and its autoregressive baseline.
 
-    prefill:  the prompt in chunks through the target; each chunk's features go to the drafter's caches
+    prefill:  the prompt in chunks through the target; each chunk's features go to the drafter's caches (the target
+              alone and prompt lookup: only past the prefix the target's cache already holds, ``cached_ids``)
     step:     draft B-1 tokens in one drafter pass (prompt lookup: 0 .. B-1, what it found) -> verify [last token,
               drafts] in one target pass -> accept a prefix + one target token -> append the accepted positions' features
     stop:     an end-of-sequence token or the token budget
