@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from infer.generate import Generation, GenerationStats, common_prefix
+from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes
 from infer.prompt_lookup import PromptLookupDrafter
 from models.dflash import StaticDFlashDrafter
 from models.eagle3 import StaticEagle3Drafter
@@ -98,9 +98,8 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     rows: list[Row | None] = [None] * rows_n
     tokens = torch.zeros(rows_n, dtype=torch.long, device=device)  # each row's newest token
     positions = torch.zeros(rows_n, dtype=torch.long, device=device)
-    # a free row's cached tokens (keys/values at positions 0 ..), reusable by its next prompt; the feature-reading
-    # drafters keep per-row caches of their own and always prefill whole prompts
-    reuse = reuse_prefixes and (drafter is None or isinstance(drafter, PromptLookupDrafter))
+    # a free row's cached tokens (keys/values at positions 0 ..), reusable by its next prompt
+    reuse = reuse_prefixes and reuses_prefixes(drafter)
     cached: list[list[int]] = [[] for _ in range(rows_n)]
 
     def parked(r: int) -> int:

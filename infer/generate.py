@@ -142,11 +142,17 @@ def common_prefix(a, b) -> int:
     return n
 
 
-def reusable_prefix(target, drafter, cached_ids, prompt_ids) -> int:
+def reuses_prefixes(drafter) -> bool:
+    """Whether a prompt's cached prefix can skip the prefill with this drafter: the target alone and prompt lookup (tokens
+    only); the feature-reading drafters keep their own caches of the prompt's features and prefill whole prompts."""
+    return drafter is None or isinstance(drafter, PromptLookupDrafter)
+
+
+def reusable_prefix(target, drafter, cached_ids, prompt_ids: list[int]) -> int:
     """How many leading prompt tokens a prefill can skip because the target's cache holds them (``cached_ids``): their
-    common prefix, less one (the last prompt token runs for the first new token's logits). Static targets with the
-    target alone or prompt lookup only: the feature-reading drafters keep their own caches of the prompt's features."""
-    if not cached_ids or not isinstance(target, StaticTarget) or not (drafter is None or isinstance(drafter, PromptLookupDrafter)):
+    common prefix, less one (the last prompt token runs for the first new token's logits). Static targets only, with a
+    drafter that ``reuses_prefixes``."""
+    if not cached_ids or not isinstance(target, StaticTarget) or not reuses_prefixes(drafter):
         return 0
     return min(common_prefix(cached_ids, prompt_ids), len(prompt_ids) - 1)
 
@@ -188,7 +194,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError(f"accept_per_step={accept_per_step}: needs a chain drafter and 0 <= it < its block size")
     block = drafter.block_size if drafter is not None else 1
     verify_len = drafter.verify_tokens if drafter is not None else 1
-    reuse = reusable_prefix(target, drafter, cached_ids, prompt.tolist())
+    prompt_list = prompt_ids.reshape(-1).tolist() if torch.is_tensor(prompt_ids) else [int(t) for t in prompt_ids]  # once
+    reuse = reusable_prefix(target, drafter, cached_ids, prompt_list)
     if reuse:
         reuse = min(reuse, target.allocate(n + max_new_tokens + verify_len, keep=reuse))
     else:
@@ -270,7 +277,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         if eos.intersection(new):  # an end-of-sequence token inside the accepted block ends the generation too
             break
     timer.mark("other")
-    cache_ids = prompt.tolist() + out[:pos - n]  # every token the target has seen, the newest (at pos) not yet
+    cache_ids = prompt_list + out[:pos - n]  # every token the target has seen, the newest (at pos) not yet
 
     for i, t in enumerate(out):
         if t in eos:
