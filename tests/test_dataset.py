@@ -85,3 +85,36 @@ def test_collate_padded() -> None:
     assert torch.equal(batch["input_ids"], torch.tensor([[5, 6, 7], [8, 0, 0]]))
     assert torch.equal(batch["loss_mask"], torch.tensor([[False, True, True], [True, False, False]]))
     assert torch.equal(batch["attention_mask"], torch.tensor([[1, 1, 1], [1, 0, 0]]))
+
+
+def test_split_holds_out_prompts_no_training_row_shares() -> None:
+    """Rows built by hand: prompt groups (same tokens before the first loss token), exact duplicates among them. The
+    split must drop the duplicates, and no training row may open with a held-out prompt (checked row by row against
+    the prompts written out here, not through ``prompt_key``)."""
+    import datasets
+
+    from train.data.dataset import split_train_eval
+
+    rows, prompts = [], []
+    for g in range(40):  # 40 prompts; groups 0..9 have three conversations, two of them identical
+        prompt = [100 + g, 7, 7 + g % 3]
+        replies = [[1, 2, g], [1, 2, g], [3, g, 4]] if g < 10 else [[5, g]]
+        for j, reply in enumerate(replies):
+            rows.append({"id": f"c{g}_{j}", "input_ids": prompt + reply, "loss_mask": [0] * len(prompt) + [1] * len(reply)})
+            prompts.append(tuple(prompt))
+    ds = datasets.Dataset.from_list(rows)
+    train, held, counts = split_train_eval(ds, num_eval=8, seed=3)
+    assert counts["duplicates_dropped"] == 10
+    assert counts["train_rows_sharing_an_eval_prompt"] == 4  # seed 3 holds out four twinned prompts' conversations
+    assert len(held) == 5  # 50 rows after the duplicates: a tenth
+    held_prompts = {tuple(r["input_ids"][:3]) for r in held}
+    assert len(held_prompts) == 5  # one conversation per held-out prompt
+    train_prompts = [tuple(r["input_ids"][:3]) for r in train]
+    assert not held_prompts & set(train_prompts)
+    whole = [tuple(r["input_ids"]) for r in train] + [tuple(r["input_ids"]) for r in held]
+    assert len(whole) == len(set(whole)) == len(rows) - 10 - counts["train_rows_sharing_an_eval_prompt"]
+    # every prompt is on exactly one side, and nothing but duplicates and held-out twins is lost
+    assert set(train_prompts) | held_prompts == set(prompts)
+    # the same seed draws the same split
+    again = split_train_eval(ds, num_eval=5, seed=3)
+    assert [r["id"] for r in again[1]] == [r["id"] for r in held]

@@ -109,6 +109,35 @@ def test_a_killed_regeneration_resumes_where_it_stopped(reference_target_path, t
     check_greedy_replies(target, renderer, conversations_to_regenerate(), out, 8)
 
 
+def test_kept_replies_stay_and_later_turns_follow_them(reference_target_path) -> None:
+    """A regenerated file extended with a later user turn (``keep_replies=1``): the first replies come back as they
+    were, untouched, and only the new turn is asked, on a prompt holding the kept reply; its reply is the plain greedy
+    loop's, and equals the whole conversation regenerated from scratch (the kept reply was the target's own)."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=8, engine="ours")
+    whole, _ = regenerate_conversations(conversations_to_regenerate(), OurReplies(target.model, target.tokenizer, cfg), renderer, cfg,
+                                        max_length=1024, progress=False)
+    def first_reply_end(messages):
+        return next(i for i, m in enumerate(messages) if m["role"] == "assistant") + 1
+    extended = [Conversation(c.id, [dict(m) for m in c.messages[:first_reply_end(c.messages)]]
+                             + [dict(m) for m in src.messages[first_reply_end(src.messages):]])
+                for c, src in zip(whole, conversations_to_regenerate())]  # first replies regenerated, a's second still "old"
+    engine = KilledAfter(OurReplies(target.model, target.tokenizer, cfg), 100)
+    kept_cfg = RegenerateConfig(enabled=True, max_new_tokens=8, engine="ours", keep_replies=1)
+    out, stats = regenerate_conversations(extended, engine, renderer, kept_cfg, max_length=1024, progress=False)
+    assert engine.asked == 1 and stats["turns_kept"] == 3 and stats["turns_regenerated"] == 1
+    assert [c.messages for c in out] == [c.messages for c in whole]
+    marked = [Conversation(c.id, [dict(m, content="kept " + m["content"]) if m["role"] == "assistant" else dict(m) for m in c.messages])
+              for c in extended]  # kept replies are not rewritten, whatever they hold
+    out, _ = regenerate_conversations(marked, OurReplies(target.model, target.tokenizer, cfg), renderer, kept_cfg, max_length=1024,
+                                      progress=False)
+    assert [m["content"] for c in out for m in c.messages if m["role"] == "assistant"][:1] == ["kept " + whole[0].messages[1]["content"]]
+    check = out[0].messages
+    prompt = target.tokenizer(renderer.render(check[:3], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    assert check[3]["content"] == plain_greedy(target.model, target.tokenizer, prompt, 8)
+
+
 def test_too_long_prompt_cuts_the_conversation(reference_target_path) -> None:
     target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
     renderer = ChatRenderer(target.tokenizer)

@@ -114,6 +114,9 @@ class RegenerateConfig:
     batch_size: int = 16  # engine=hf: prompts per generate call; engine=ours: prompts in flight
     run_steps: int = 8  # engine=ours, greedy: decode steps between host syncs (infer.batch.generate_streams)
     seed: int = 0
+    # the first N assistant replies of every conversation are kept as they are: a file this stage wrote (already the
+    # target's own replies), extended with later user turns whose replies are then generated after them
+    keep_replies: int = 0
     # hf (in process) | ours (our decoding loop) | vllm (its own environment: vllm_python or $SWA_VLLM_PYTHON)
     # | server (a running OpenAI-compatible server at server_url); see train/data/regenerate.py
     engine: str = "hf"
@@ -128,6 +131,8 @@ class RegenerateConfig:
             raise ValueError("data.regenerate.engine=server needs data.regenerate.server_url (e.g. http://localhost:8000)")
         if self.concurrency < 1:
             raise ValueError(f"data.regenerate.concurrency={self.concurrency}; expected >= 1")
+        if self.keep_replies < 0:
+            raise ValueError(f"data.regenerate.keep_replies={self.keep_replies}; expected >= 0")
         if self.max_new_tokens < 1:
             raise ValueError(f"data.regenerate.max_new_tokens={self.max_new_tokens}; expected >= 1")
         if self.temperature < 0:

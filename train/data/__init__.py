@@ -51,7 +51,8 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
         conversations = regenerated(path, cache_dir / "locks", source, data_cfg, target, renderer, progress)
         ds, summary = load_tokenized(data_cfg, target.tokenizer, cache_dir / "tokenized", conversations=conversations, extra_key={"regenerated": str(path)})
         summary["regenerated_from"] = str(path)
-    train_ds, eval_ds = split_train_eval(ds, data_cfg.num_eval, seed)
+    train_ds, eval_ds, split_counts = split_train_eval(ds, data_cfg.num_eval, seed)
+    summary.update(split_counts)
     summary["train_conversations"] = len(train_ds)
     summary["eval_conversations"] = 0 if eval_ds is None else len(eval_ds)
     return train_ds, eval_ds, summary

@@ -167,7 +167,7 @@ def regenerate_conversations(
         engine: ``HFReplies``, ``OurReplies`` or ``EngineReplies`` (``reply_engine``), or an HF causal LM (``hf``).
         renderer: renders prompts with the target's chat template.
         cfg: ``RegenerateConfig`` (max_new_tokens, temperature, top_p, top_k, batch_size, seed, ...).
-        max_length: a turn whose prompt already holds this many tokens ends the conversation there.
+        max_length: a turn whose prompt already holds this many tokens ends the conversation there (kept ones too).
         partial: JSONL file each reply is appended to as it arrives; replies already there are not asked again.
 
     Returns:
@@ -183,7 +183,7 @@ def regenerate_conversations(
     # The k-th assistant turn of each conversation, as message indices.
     assistant_turns = [[i for i, m in enumerate(ms) if m["role"] == "assistant"] for ms in messages]
     cut_at = [None] * len(messages)
-    stats = {"turns_regenerated": 0, "conversations_cut": 0, "turns_resumed": 0}
+    stats = {"turns_regenerated": 0, "conversations_cut": 0, "turns_resumed": 0, "turns_kept": 0}
     max_turns = max((len(t) for t in assistant_turns), default=0)
     done = read_partial(partial) if partial is not None else {}
     sink = None
@@ -203,6 +203,10 @@ def regenerate_conversations(
                     cut_at[c] = turn
                     stats["conversations_cut"] += 1
                     bar.update(len(assistant_turns[c]) - k)
+                    continue
+                if k < cfg.keep_replies:  # already the target's (data.regenerate.keep_replies)
+                    stats["turns_kept"] += 1
+                    bar.update(1)
                     continue
                 if (c, k) in done:  # answered before a kill
                     messages[c][turn]["content"] = done[(c, k)]
