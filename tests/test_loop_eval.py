@@ -11,7 +11,8 @@ import torch
 from compose import compose_train
 
 from infer.prompts import mt_bench_questions
-from train.loop_eval import tau_summaries, walk_segments, walk_tau
+from infer.prompt_lookup import PromptLookupDrafter
+from train.loop_eval import prompt_lookup_acceptance, tau_summaries, walk_segments, walk_tau
 from train.trainer import train
 
 
@@ -30,15 +31,40 @@ def test_walk_over_a_hand_made_sequence() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_prompt_lookup_acceptance_equals_the_loops_drafter_at_every_position(seed: int) -> None:
+    """Rows of a 5-token vocabulary (n-grams recur everywhere, one 40-token copy) with two assistant turns: at each loss position the
+    one-pass index accepts what ``PromptLookupDrafter.propose`` on the context so far drafts, counted against the rest
+    of that turn; -1 off the turns."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 5, (300,), generator=g).tolist()
+    ids[200:240] = ids[40:80]  # a copy: long drafts right
+    mask = [0] * 20 + [1] * 110 + [0] * 30 + [1] * 140
+    for max_drafts in (1, 7, 15):
+        drafter = PromptLookupDrafter(max_drafts)
+        got = prompt_lookup_acceptance(ids, mask, max_drafts)
+        for t in range(len(ids)):
+            if not mask[t]:
+                assert got[t] == -1
+                continue
+            turn_end = next((i for i in range(t, len(mask)) if not mask[i]), len(mask))
+            drafts, a = drafter.propose(ids[:t + 1]), 0
+            while a < len(drafts) and t + 1 + a < turn_end and drafts[a] == ids[t + 1 + a]:
+                a += 1
+            assert got[t] == a, (max_drafts, t)
+    assert max(got) >= 3  # long accepted runs were exercised
+
+
 def test_loop_tau_matches_teacher_forcing_after_an_on_policy_run(tmp_path: Path, reference_target_path: Path) -> None:
-    """A short on-policy DFlash run on the reference target whose held-out prompts also occur in training
-    (each conversation four times: the drafter can learn the target's replies, so τ is well above 1)."""
+    """A short on-policy DFlash run on the reference target whose held-out prompts have near-twins in training
+    (each question four times, written four ways: the split keeps exact twins of a held-out prompt out of training,
+    these it cannot tell apart, so the drafter can learn the target's replies and τ is well above 1)."""
     questions = [q["turns"][0] for q in mt_bench_questions()[:10]]
     data = tmp_path / "data.jsonl"
     with open(data, "w") as f:
-        for copy in range(4):
+        for copy, written in enumerate(["{}", "{} ", "{}\n", " {}"]):
             for i, q in enumerate(questions):
-                f.write(json.dumps({"id": f"q{i}-{copy}", "messages": [{"role": "user", "content": q},
+                f.write(json.dumps({"id": f"q{i}-{copy}", "messages": [{"role": "user", "content": written.format(q)},
                                                                      {"role": "assistant", "content": "-"}]}) + "\n")
     metrics = train(compose_train([
         "experiment=dflash_swa_tiny", f"target.path={reference_target_path}", f"data.path={data}", "data.num_eval=8",
@@ -51,12 +77,12 @@ def test_loop_tau_matches_teacher_forcing_after_an_on_policy_run(tmp_path: Path,
         "trainer.optimizer=adamw", "drafter.loss_weighting=exp",
     ]))
     loop, teacher_forced = metrics["eval/loop_tau"], metrics["eval/loop_tf_block_tau"]
-    assert loop > 1.5, metrics  # the drafter is accepted: agreement is not the trivial 1.0 == 1.0
+    assert loop > 1.15, metrics  # drafts are accepted: agreement is not the trivial 1.0 == 1.0
     assert metrics["eval/loop_same_as_greedy"] == 1.0  # the loop is lossless: it decoded the continuations teacher forcing saw
     # the training-side block_tau (the loop replayed on teacher-forced acceptances) on the same continuations: the
     # issue asks for 10%; the replay takes the loop's own steps, so only numerics (cached vs full forward) separate them
     assert abs(teacher_forced - loop) <= 0.02 * loop, (loop, teacher_forced)
-    assert metrics["eval/block_tau"] > 1.0 and metrics["eval/loop_pld_tau"] >= 1.0
+    assert metrics["eval/block_tau"] > 1.0 and metrics["eval/loop_pld_tau"] >= 1.0 and metrics["eval/pld_block_tau"] >= 1.0
 
 
 def test_dflash_evaluation_replays_blocks_drafted_one_anchor_at_a_time(tiny_qwen3_path) -> None:

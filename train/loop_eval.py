@@ -94,6 +94,55 @@ def walk_segments(accepted: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int,
     return tokens, steps
 
 
+def drafts_per_step(drafter_cfg) -> int:
+    """Drafts one verify checks: DFlash's block less its anchor, EAGLE-3's chain (prompt lookup beside gets as many)."""
+    return drafter_cfg.block_size - 1 if drafter_cfg.kind == "dflash" else drafter_cfg.ttt_length
+
+
+def prompt_lookup_block_tau(batch: dict, max_drafts: int) -> tuple[int, int]:
+    """(tokens, steps) of prompt lookup's loop replayed over each assistant turn of a batch's rows, as ``block_tau``
+    replays the drafter's: the baseline on the same replies."""
+    accepted = [prompt_lookup_acceptance(ids, mask, max_drafts)
+                for ids, mask in zip(batch["input_ids"].tolist(), batch["loss_mask"].long().tolist())]
+    return walk_segments(torch.tensor(accepted), batch["loss_mask"].cpu())
+
+
+def prompt_lookup_acceptance(input_ids: list[int], loss_mask: list[int], max_drafts: int, max_ngram: int = 3,
+                             min_ngram: int = 1) -> list[int]:
+    """Prompt lookup teacher-forced on a row: [T] the leading drafts of ``PromptLookupDrafter(max_drafts)`` a greedy
+    verify accepts at each loss position (context ``input_ids[:t+1]``, drafts checked against the rest of that
+    assistant turn), -1 elsewhere: ``walk_segments`` turns it into prompt lookup's ``block_tau`` on the same replies.
+
+    One pass with an index of the most recent end of every n-gram seen, so a row costs O(T) and not ``propose``'s
+    O(T) per position; equal to ``propose`` at every position (``tests/test_loop_eval.py``)."""
+    last_end: dict[tuple[int, ...], int] = {}
+    turn_end = [0] * len(loss_mask)
+    end = len(loss_mask)
+    for t in range(len(loss_mask) - 1, -1, -1):  # where each loss position's assistant turn ends
+        if not loss_mask[t]:
+            end = t
+        turn_end[t] = end
+    out = [-1] * len(input_ids)
+    for t in range(len(input_ids)):
+        if t >= 1:  # n-grams ending at t-1 become visible (propose never matches the suffix itself)
+            for n in range(min_ngram, max_ngram + 1):
+                if t - n >= 0:
+                    last_end[(n, *input_ids[t - n:t])] = t - 1
+        if not loss_mask[t]:
+            continue
+        accepted = 0
+        for n in range(min(max_ngram, t), min_ngram - 1, -1):
+            e = last_end.get((n, *input_ids[t - n + 1:t + 1]))
+            if e is not None:
+                drafts = input_ids[e + 1:min(e + 1 + max_drafts, t + 1)]
+                limit = min(len(drafts), turn_end[t] - t - 1)
+                while accepted < limit and drafts[accepted] == input_ids[t + 1 + accepted]:
+                    accepted += 1
+                break
+        out[t] = accepted
+    return out
+
+
 def leading_correct(correct: torch.Tensor) -> torch.Tensor:
     """[..., S] bool (draft k right) -> [...] long: how many leading drafts a greedy verify accepts."""
     return correct.long().cumprod(-1).sum(-1)
@@ -177,8 +226,7 @@ class LoopEval:
         return repeated / max(total, 1)
 
     def block_size(self) -> int:
-        cfg = self.step.cfg.drafter
-        return cfg.block_size if cfg.kind == "dflash" else cfg.ttt_length + 1
+        return drafts_per_step(self.step.cfg.drafter) + 1
 
     def inference_drafter(self):
         model = self.step.drafter

@@ -45,7 +45,7 @@ from .data.dataset import collate_padded
 from .distributed import Ranks, barrier, init_process_group, local_device, rank0_first, ranks_from_env
 from .drafters import DRAFTERS, Drafter
 from .features.spec import open_store
-from .loop_eval import LoopEval, held_out_prompts
+from .loop_eval import LoopEval, drafts_per_step, held_out_prompts, prompt_lookup_block_tau
 from .optim import build_optimizer
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ def train_step(step, micro_batches: list[dict[str, torch.Tensor]], step_num: int
 @torch.no_grad()
 def evaluate(step, eval_ds, pad_id: int, max_batches: int | None) -> dict[str, float]:
     step.drafter.eval()
-    total = None
+    total, pld_tokens, pld_steps = None, 0, 0
     bs = step.cfg.trainer.batch_size
     for i, start in enumerate(range(0, len(eval_ds), bs)):
         if max_batches is not None and i >= max_batches:
@@ -276,8 +276,14 @@ def evaluate(step, eval_ds, pad_id: int, max_batches: int | None) -> dict[str, f
         batch = step.ctx.collate([eval_ds[j] for j in rows], pad_id, "eval", rows)
         stats = step.evaluate_batch(batch)
         total = stats if total is None else total + stats
+        tokens, steps = prompt_lookup_block_tau(batch, drafts_per_step(step.cfg.drafter))
+        pld_tokens, pld_steps = pld_tokens + tokens, pld_steps + steps
     step.drafter.train()
-    return total.summary("eval") if total is not None else {}
+    if total is None:
+        return {}
+    # prompt lookup replayed on the same replies: block_tau's baseline (later turns of a small target's conversations
+    # repeat earlier replies, which lifts both far above a first turn's)
+    return {**total.summary("eval"), **({"eval/pld_block_tau": pld_tokens / pld_steps} if pld_steps else {})}
 
 
 # ----------------------------------------------------------------------------- build
@@ -446,8 +452,9 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
 def report_eval(n: int, metrics: dict[str, float], bar) -> None:
     loop = "eval/loop_tau" in metrics
     loop_note = f", loop tau {metrics['eval/loop_tau']:.3f} (prompt lookup {metrics['eval/loop_pld_tau']:.3f})" if loop else ""
-    log.info("step %d: eval loss %.4f, acc %.3f, block_tau %.3f%s", n, metrics["eval/loss"], metrics["eval/acc"],
-             metrics.get("eval/block_tau", metrics["eval/anchor_tau"]), loop_note)
+    pld_note = f" (prompt lookup {metrics['eval/pld_block_tau']:.3f})" if "eval/pld_block_tau" in metrics else ""
+    log.info("step %d: eval loss %.4f, acc %.3f, block_tau %.3f%s%s", n, metrics["eval/loss"], metrics["eval/acc"],
+             metrics.get("eval/block_tau", metrics["eval/anchor_tau"]), pld_note, loop_note)
     if loop:
         bar.set_postfix(loss=f"{metrics['eval/loss']:.3f}", loop_tau=f"{metrics['eval/loop_tau']:.2f}", pld_tau=f"{metrics['eval/loop_pld_tau']:.2f}")
 
@@ -510,7 +517,8 @@ def closing_summary(cfg: TrainConfig, final: dict, output_dir: Path, export_path
             lines.append(f"  note: {100 * repeated:.0f}% of the target's greedy 4-grams on these prompts repeat earlier ones or the prompt's: "
                          "tau here mostly measures copying, not prediction")
     if "eval/block_tau" in final:
-        lines.append(f"  held-out replies: block_tau {final['eval/block_tau']:.2f} (the loop replayed), loss {final['eval/loss']:.3f}")
+        pld = f", prompt lookup {final['eval/pld_block_tau']:.2f} on the same replies" if "eval/pld_block_tau" in final else ""
+        lines.append(f"  held-out replies: block_tau {final['eval/block_tau']:.2f} (the loop replayed){pld}, loss {final['eval/loss']:.3f}")
     if final.get("interrupted"):
         lines.append(f"  stopped early; the same command resumes from {output_dir}/checkpoints")
     elif export_path is not None:
