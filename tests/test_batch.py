@@ -83,7 +83,7 @@ def make_drafter(setup, kind: str):
 
 
 @pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash", "eagle3"])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])  # quick tier: greedy
 def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
     prompts, eos = setup[2], setup[3]
     target, drafter = make_drafter(setup, drafter_kind)
@@ -160,7 +160,7 @@ def test_rows_refilled_in_waves_equal_batch_one(setup, drafter_kind, monkeypatch
 
 
 @pytest.mark.parametrize("drafter_kind", ["none", "pld"])
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])  # quick tier: greedy
 def test_a_draining_batch_steps_only_its_live_rows(setup, drafter_kind, temperature, monkeypatch) -> None:
     """Once no request waits, live rows move down into finished ones and only the rows up to the last live one step
     (the CPU, no drafter caches): every prompt's tokens and accepted counts are still batch 1's, and rows did move

@@ -55,6 +55,7 @@ def test_prompt_lookup_acceptance_equals_the_loops_drafter_at_every_position(see
     assert max(got) >= 3  # long accepted runs were exercised
 
 
+@pytest.mark.slow  # a 120-step training run with regeneration and the loop: ~3 min of one worker
 def test_loop_tau_matches_teacher_forcing_after_an_on_policy_run(tmp_path: Path, reference_target_path: Path) -> None:
     """A short on-policy DFlash run on the reference target whose held-out prompts have near-twins in training
     (each question four times, written four ways: the split keeps exact twins of a held-out prompt out of training,

@@ -109,6 +109,7 @@ def test_a_killed_regeneration_resumes_where_it_stopped(reference_target_path, t
     check_greedy_replies(target, renderer, conversations_to_regenerate(), out, 8)
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_kept_replies_stay_and_later_turns_follow_them(reference_target_path) -> None:
     """A regenerated file extended with a later user turn (``keep_replies=1``): the first replies come back as they
     were, untouched, and only the new turn is asked, on a prompt holding the kept reply; its reply is the plain greedy
