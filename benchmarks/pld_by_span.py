@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.builtin_targets import resolve_target_path  # noqa: E402
 from train.data.chat import ChatRenderer  # noqa: E402
-from train.loop_eval import prompt_lookup_acceptance, walk_tau  # noqa: E402
+from train.loop_eval import assistant_turns, prompt_lookup_acceptance, walk_tau  # noqa: E402
 
 
 def main() -> None:
@@ -41,23 +41,16 @@ def main() -> None:
         t = renderer.tokenize(row["messages"])
         ids, mask = t.input_ids[:args.max_length], t.loss_mask[:args.max_length]
         accepted = prompt_lookup_acceptance(ids, mask, args.drafts)
-        turn, i = 0, 0
-        while i < len(mask):
-            if not mask[i]:
-                i += 1
-                continue
-            j = i
-            while j < len(mask) and mask[j]:
-                j += 1
-            names = ["all turns, all positions", "turn 1, all positions" if turn == 0 else "turns 2+, all positions"]
-            for name, (a, b) in [(n, (i, j)) for n in names] + ([(f"turn 1, first {args.first_tokens} tokens",
-                                                                  (i, min(j, i + args.first_tokens)))] if turn == 0 else []):
+        for turn, (start, end) in enumerate(assistant_turns(mask)):
+            cuts = [("all turns, all positions", end), ("turn 1, all positions" if turn == 0 else "turns 2+, all positions", end)]
+            if turn == 0:
+                cuts.append((f"turn 1, first {args.first_tokens} tokens", min(end, start + args.first_tokens)))
+            for name, cut in cuts:
                 # a turn cut short: drafts past its new end are not accepted
-                n, s = walk_tau([min(x, b - k - 1) for k, x in enumerate(accepted[a:b], start=a)])
+                n, s = walk_tau([min(x, cut - k - 1) for k, x in enumerate(accepted[start:cut], start=start)])
                 spans.setdefault(name, [0, 0])
                 spans[name][0] += n
                 spans[name][1] += s
-            turn, i = turn + 1, j
     print(f"| span ({min(args.num, len(rows))} conversations of {args.data}) | prompt lookup τ ({args.drafts} drafts) | tokens |")
     print("|---|---:|---:|")
     for name, (n, s) in spans.items():

@@ -81,17 +81,25 @@ def walk_segments(accepted: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int,
     positions and the loop's first step there is anchored at its first token. Returns (tokens, steps)."""
     tokens = steps = 0
     for acc_row, mask_row in zip(accepted.tolist(), loss_mask.tolist()):  # host sync: evaluation only
-        t = 0
-        while t < len(mask_row):
-            if not mask_row[t]:
-                t += 1
-                continue
-            end = t
-            while end < len(mask_row) and mask_row[end]:
-                end += 1
-            n, s = walk_tau([max(a, 0) for a in acc_row[t:end]])
-            tokens, steps, t = tokens + n, steps + s, end
+        for start, end in assistant_turns(mask_row):
+            n, s = walk_tau([max(a, 0) for a in acc_row[start:end]])
+            tokens, steps = tokens + n, steps + s
     return tokens, steps
+
+
+def assistant_turns(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """A row's assistant turns as [start, end) runs of loss positions."""
+    turns, t = [], 0
+    while t < len(loss_mask):
+        if not loss_mask[t]:
+            t += 1
+            continue
+        end = t
+        while end < len(loss_mask) and loss_mask[end]:
+            end += 1
+        turns.append((t, end))
+        t = end
+    return turns
 
 
 def drafts_per_step(drafter_cfg) -> int:
@@ -116,12 +124,9 @@ def prompt_lookup_acceptance(input_ids: list[int], loss_mask: list[int], max_dra
     One pass with an index of the most recent end of every n-gram seen, so a row costs O(T) and not ``propose``'s
     O(T) per position; equal to ``propose`` at every position (``tests/test_loop_eval.py``)."""
     last_end: dict[tuple[int, ...], int] = {}
-    turn_end = [0] * len(loss_mask)
-    end = len(loss_mask)
-    for t in range(len(loss_mask) - 1, -1, -1):  # where each loss position's assistant turn ends
-        if not loss_mask[t]:
-            end = t
-        turn_end[t] = end
+    turn_end = [0] * len(loss_mask)  # where each loss position's assistant turn ends
+    for start, end in assistant_turns(loss_mask):
+        turn_end[start:end] = [end] * (end - start)
     out = [-1] * len(input_ids)
     for t in range(len(input_ids)):
         if t >= 1:  # n-grams ending at t-1 become visible (propose never matches the suffix itself)
