@@ -11,8 +11,9 @@
 #
 # Per-drafter overrides: DFLASH_ARGS / EAGLE3_ARGS (environment, space-separated); EVAL_TOKENS, EVAL_QUESTIONS,
 # SWEEP_QUESTIONS shrink the evaluation (a CPU smoke run); KINDS="dflash" trains one drafter only; EAGLE3_CHAINS="10 15"
-# also evaluates EAGLE-3 at those chain lengths (--draft-steps; prompt lookup with as many drafts); SKIP_SWEEP=1 skips
-# the long-prompt sweep. A run stopped by
+# also evaluates EAGLE-3 at those chain lengths (--draft-steps; prompt lookup with as many drafts); EAGLE3_TREES="8:48:6"
+# also evaluates EAGLE-3 with dynamic trees, TOPK:NODES:DEPTH each (batch 1, both prompt sets at once while the chains
+# run; prompt lookup beside drafts a chain DEPTH long); SKIP_SWEEP=1 skips the long-prompt sweep. A run stopped by
 # trainer.time_limit_minutes is finished at the step it reached (resumed with trainer.max_steps = that step) so
 # that it exports. Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
 set -uo pipefail
@@ -39,10 +40,19 @@ train_and_eval() {
       output_dir="$run" >> "$log" 2>&1
   fi
   stamp "$kind: train done"
+  if [ "$kind" = eagle3 ]; then  # trees decode one conversation at a time (host-bound): beside the batched chains, not after
+    for t in ${EAGLE3_TREES:-}; do
+      IFS=: read -r topk nodes depth <<< "$t"
+      for set in mtbench heldout; do
+        evaluate_$set "eagle3_tree_k${topk}_n${nodes}_d${depth}" "$run" --tree-topk "$topk" --tree-tokens "$nodes" --draft-steps "$depth" --batch-size 1 &
+      done
+    done
+  fi
   evaluate "$kind" "$run"
   if [ "$kind" = eagle3 ]; then
     for k in ${EAGLE3_CHAINS:-}; do evaluate "eagle3_k$k" "$run" --draft-steps "$k"; done
   fi
+  wait
   [ -n "${SKIP_SWEEP:-}" ] && return
   python -m eval sweep --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
     --max-new-tokens "$tokens" --batch-size 16 --out "$out/sweep_$kind" > "$out/sweep_$kind.log" 2>&1 || stamp "$kind: sweep failed"
