@@ -58,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--tree-topk", type=int, help="EAGLE-3: dynamic tree drafting, top-k children per node and nodes per depth "
                                                       "(greedy, --batch-size 1; prompt lookup beside drafts a chain as deep as the tree)")
     common.add_argument("--tree-tokens", type=int, help="EAGLE-3: dynamic tree drafting, nodes verified per step")
+    common.add_argument("--tree-lookup", type=int, default=0, help="EAGLE-3 trees: prompt lookup's chain of up to N drafts joins each "
+                                                                    "tree as one more branch (hybrid drafting; prompt lookup beside "
+                                                                    "drafts max(depth, N); default 0: none)")
     common.add_argument("--batch-size", type=int, default=1,
                         help="conversations decoded at once (DFlash, prompt lookup or the target alone; each row's tokens and "
                              "acceptance are batch 1's)")
@@ -160,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
         if args.batch_size < 1:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
-                                                 draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens)
+                                                 draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
+                                                 tree_lookup=args.tree_lookup)
         if args.engine == "ours":
             from infer.batch import check_batchable
 

@@ -38,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft-steps", type=int, help="EAGLE-3: chain length (tree depth); default the drafter's ttt_length")
     p.add_argument("--tree-topk", type=int, help="EAGLE-3: dynamic tree drafting, top-k children per node and nodes per depth (greedy only)")
     p.add_argument("--tree-tokens", type=int, help="EAGLE-3: dynamic tree drafting, nodes verified per step")
+    p.add_argument("--tree-lookup", type=int, default=0, help="EAGLE-3 trees: prompt lookup's chain of up to N drafts joins each tree "
+                                                               "as one more branch (hybrid drafting; default 0: none)")
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     p.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
     p.add_argument("--dtype", default="auto")
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         if target_path is None:
             raise ValueError("--target is required unless --drafter is a training run folder (which records its target)")
         target, drafter, tokenizer = load_models(target_path, drafter_path, args.device, args.dtype, window, args.backend,
-                                                 draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens)
+                                                 draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
+                                                 tree_lookup=args.tree_lookup)
         warning = window_warning(drafter, window)
         if warning:
             print(warning, file=sys.stderr)

@@ -22,6 +22,7 @@ distributions are scattered from the draft vocabulary into the target's. With a 
 nodes are verified in one target forward under a tree mask at positions ``pos + depth``; the
 longest path that matches the target's argmax is accepted, its keys/values move to consecutive
 cache slots and its features go to the drafter. Trees are greedy only (temperature > 0 is refused).
+With ``tree_lookup`` prompt lookup's chain joins each tree as one more branch (a hybrid of the two).
 
 Batching is ``infer/batch.py``: the same step for many rows over per-row static caches, each row's output and
 accepted counts this loop's.
@@ -35,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from models.dflash import DFlashDrafter
-from models.eagle3 import Eagle3Drafter, accept_tree
-from infer.prompt_lookup import PromptLookupDrafter
+from models.eagle3 import Eagle3Drafter, accept_tree, merge_chain
+from infer.prompt_lookup import PromptLookupDrafter, lookup_drafts
 from models.sampling import SamplingConfig, choose, verify
 from models.static_target import StaticTarget
 from models.target import CachedTarget
@@ -239,7 +240,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             new = [int(token)]  # host sync
             stats.accepted_per_step.append(0)
         elif drafter.tree:
-            new, token = tree_step(target, drafter, token, pos, timer)
+            new, token = tree_step(target, drafter, token, pos, timer, prompt_list + out if drafter.tree_lookup else None)
             stats.accepted_per_step.append(len(new) - 1)
         else:
             draft_tokens, draft_probs = drafter.draft(token, pos, sampling, generator) if ahead is None else ahead
@@ -299,16 +300,20 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     return Generation(tokens=out, stats=stats, cache_ids=cache_ids)
 
 
-def tree_step(target: CachedTarget, drafter: Eagle3Drafter, token: torch.Tensor, pos: int, timer: PhaseTimer) -> tuple[list[int], torch.Tensor]:
+def tree_step(target: CachedTarget, drafter: Eagle3Drafter, token: torch.Tensor, pos: int, timer: PhaseTimer,
+              sequence: list[int] | None = None) -> tuple[list[int], torch.Tensor]:
     """Draft a tree after ``token`` (at ``pos``), verify it in one forward, commit the accepted path.
 
-    Returns the new tokens (accepted path + bonus) and the bonus token [] on the device.
+    sequence: the token ids at positions 0 .. pos (``token`` last) when the drafter adds prompt lookup's chain to its
+    trees (``tree_lookup``). Returns the new tokens (accepted path + bonus) and the bonus token [] on the device.
     """
     tree = drafter.draft_tree(token, pos)
+    if drafter.tree_lookup:
+        tree = merge_chain(tree, lookup_drafts(sequence, drafter.tree_lookup))
     timer.mark("draft")
     ids = torch.cat([token[None], tree.tokens])  # [N+1], row 0 = the root
     positions = pos + torch.cat([tree.depths.new_zeros(1), tree.depths])
-    logits, features = target.forward(ids, pos, positions=positions, mask=tree.mask(drafter.steps))
+    logits, features = target.forward(ids, pos, positions=positions, mask=tree.mask(drafter.block_size - 1))
     timer.mark("verify")
     n = tree.tokens.shape[0]
     values = torch.cat([logits.argmax(-1), tree.tokens, tree.parents]).tolist()  # host sync

@@ -60,25 +60,26 @@ def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DF
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
                 attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
-                tree_tokens: int | None = None) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
+                tree_tokens: int | None = None, tree_lookup: int = 0) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
     drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
     draft_steps, tree_topk, tree_tokens: EAGLE-3 only (chain length / tree depth, tree drafting when
     either tree option is given); refused for a DFlash drafter, whose block size is fixed by training.
+    tree_lookup: EAGLE-3 trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
     """
     target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
     drafter = None
     layer_ids: list[int] = []
     if drafter_path == PROMPT_LOOKUP:
-        if tree_topk is not None or tree_tokens is not None:
-            raise ValueError("--drafter pld drafts chains only: leave out --tree-topk/--tree-tokens")
+        if tree_topk is not None or tree_tokens is not None or tree_lookup:
+            raise ValueError("--drafter pld drafts chains only: leave out --tree-topk/--tree-tokens/--tree-lookup")
         drafter = PromptLookupDrafter(num_draft_tokens=draft_steps or 15, vocab_size=target.vocab_size)
     elif drafter_path is not None:
         config = read_drafter_config(drafter_path)
         eagle3 = is_eagle3(config)
-        if not eagle3 and (draft_steps, tree_topk, tree_tokens) != (None, None, None):
-            raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps/--tree-topk/--tree-tokens are EAGLE-3 options")
+        if not eagle3 and ((draft_steps, tree_topk, tree_tokens) != (None, None, None) or tree_lookup):
+            raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps/--tree-topk/--tree-tokens/--tree-lookup are EAGLE-3 options")
         layer_ids = list(config["target_layer_ids"] if eagle3 else config["dflash_config"]["target_layer_ids"])
         where = "target_layer_ids" if eagle3 else "dflash_config.target_layer_ids"
         target.check_layer_ids(layer_ids, where=f"{drafter_path}/config.json {where}")
@@ -89,12 +90,14 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                 raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
                                  f"{target.model.config.get_text_config().vocab_size}")
             model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
+            if tree_lookup and tree_topk is None and tree_tokens is None:
+                raise ValueError(f"--tree-lookup {tree_lookup}: prompt lookup's chain joins a tree; give --tree-topk/--tree-tokens too")
             if tree_topk is None and tree_tokens is None and attention_backend != "flashinfer":
                 # chains: fixed-shape caches, the whole draft captured on a GPU, beside the static target
                 drafter = StaticEagle3Drafter(model, window=window, steps=draft_steps)
             else:  # trees (and FlashInfer attention): the eager drafter
                 drafter = Eagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
-                                        attention_backend=attention_backend)
+                                        attention_backend=attention_backend, tree_lookup=tree_lookup)
         else:
             model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
             if attention_backend == "flashinfer":

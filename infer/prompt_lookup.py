@@ -60,15 +60,7 @@ class PromptLookupDrafter:
         self.tokens.extend(int(t) for t in token_ids.reshape(-1).tolist())
 
     def propose(self, sequence: list[int]) -> list[int]:
-        """The (up to) k tokens that followed the most recent earlier occurrence of the longest matching suffix;
-        [] when no suffix of ``min_ngram`` .. ``max_ngram`` tokens occurs earlier."""
-        k = self.num_draft_tokens
-        for n in range(min(self.max_ngram, len(sequence) - 1), self.min_ngram - 1, -1):
-            suffix = sequence[-n:]
-            for start in range(len(sequence) - n - 1, -1, -1):  # most recent match first, never the suffix itself
-                if sequence[start:start + n] == suffix:
-                    return sequence[start + n:start + n + k]  # at least one token: the match ends before the suffix does
-        return []
+        return lookup_drafts(sequence, self.num_draft_tokens, self.max_ngram, self.min_ngram)
 
     def draft(self, token: torch.Tensor, anchor: int, sampling: SamplingConfig,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -81,3 +73,14 @@ class PromptLookupDrafter:
         if self.vocab_size is None:
             raise ValueError("prompt lookup with sampling needs vocab_size (the one-hot proposals' width)")
         return drafts, torch.nn.functional.one_hot(drafts, self.vocab_size).float()
+
+
+def lookup_drafts(sequence: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+    """The (up to) k tokens that followed the most recent earlier occurrence of the longest matching suffix of
+    ``sequence``; [] when no suffix of ``min_ngram`` .. ``max_ngram`` tokens occurs earlier."""
+    for n in range(min(max_ngram, len(sequence) - 1), min_ngram - 1, -1):
+        suffix = sequence[-n:]
+        for start in range(len(sequence) - n - 1, -1, -1):  # most recent match first, never the suffix itself
+            if sequence[start:start + n] == suffix:
+                return sequence[start + n:start + n + k]  # at least one token: the match ends before the suffix does
+    return []

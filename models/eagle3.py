@@ -310,6 +310,31 @@ class DraftTree:
         return visible
 
 
+def merge_chain(tree: DraftTree, chain: list[int]) -> DraftTree:
+    """``tree`` with the draft ``chain`` (target ids for depths 1 .. len(chain) after the root) as one more branch.
+
+    The chain follows the tree's nodes while it agrees with them and continues as new nodes (appended after the
+    tree's, each after its parent) from where it leaves them, so no two children of a node hold the same token and
+    ``accept_tree`` walks whichever of the two the target agrees with further. Host-side (one sync for the tree)."""
+    if not chain:
+        return tree
+    tokens, parents, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
+    children = {(parent, token): row for row, (token, parent) in enumerate(zip(tokens, parents), start=1)}
+    row = 0
+    for depth, token in enumerate(chain, start=1):
+        nxt = children.get((row, token))
+        if nxt is None:
+            tokens.append(token)
+            parents.append(row)
+            depths.append(depth)
+            nxt = children[(row, token)] = len(tokens)
+        row = nxt
+    device = tree.tokens.device
+    return DraftTree(tokens=torch.tensor(tokens, dtype=tree.tokens.dtype, device=device),
+                     parents=torch.tensor(parents, dtype=tree.parents.dtype, device=device),
+                     depths=torch.tensor(depths, dtype=tree.depths.dtype, device=device))
+
+
 def accept_tree(tokens: list[int], parents: list[int], target_tokens: list[int]) -> tuple[list[int], int]:
     """Greedy tree acceptance: from the root follow the child whose token is the target's argmax there.
 
@@ -337,12 +362,16 @@ class Eagle3Drafter:
         tree_topk, tree_tokens: EAGLE-2 dynamic tree (greedy only): expand the top-k children of the
             top-k nodes per depth, verify the best ``tree_tokens`` nodes by cumulative log-prob
             (either given turns trees on; the other defaults to 8 / min(64, all candidates)).
+        tree_lookup: trees only: prompt lookup's chain of up to this many drafts (n-gram drafting over the sequence so
+            far, ``infer/prompt_lookup.py``) joins each tree as one more branch (``merge_chain``), a hybrid that takes
+            prompt lookup's long copies where the text repeats itself; 0 = none.
         extend_chunk: most indices one step-0 pass runs (bounds memory on long prefills).
         keep_slack: extra indices a sliding layer's buffer holds before it compacts.
     """
 
     def __init__(self, model: Eagle3DraftModel, window="trained", steps: int | None = None, tree_topk: int | None = None,
-                 tree_tokens: int | None = None, attention_backend: str = "sdpa", keep_slack: int = 1024, extend_chunk: int = 512):
+                 tree_tokens: int | None = None, attention_backend: str = "sdpa", keep_slack: int = 1024, extend_chunk: int = 512,
+                 tree_lookup: int = 0):
         self.model = model.eval().requires_grad_(False)
         self.window_arg = window
         self.windows = layer_windows(model, window)
@@ -358,8 +387,13 @@ class Eagle3Drafter:
             check_tree(self.tree_topk, self.tree_tokens, self.steps, model.config.draft_vocab_size)
         if extend_chunk < 1:
             raise ValueError(f"extend_chunk={extend_chunk}; expected >= 1")
-        self.block_size = self.steps + 1  # accepted drafts per step: 0 .. steps
-        self.verify_tokens = (self.tree_tokens if self.tree else self.steps) + 1  # target tokens per verify pass
+        if tree_lookup and not self.tree:
+            raise ValueError(f"tree_lookup={tree_lookup}: prompt lookup's branch joins a tree; give --tree-topk/--tree-tokens too")
+        if not isinstance(tree_lookup, int) or tree_lookup < 0:
+            raise ValueError(f"tree_lookup={tree_lookup!r}; expected an int >= 0 (0: no prompt-lookup branch)")
+        self.tree_lookup = tree_lookup
+        self.block_size = max(self.steps, tree_lookup) + 1  # accepted drafts per step: 0 .. the deepest branch
+        self.verify_tokens = (self.tree_tokens + tree_lookup if self.tree else self.steps) + 1  # target tokens per verify pass
         self.target_layer_ids = model.target_layer_ids
         self.attention_backend = attention_backend
         self.keep_slack = keep_slack
@@ -373,7 +407,7 @@ class Eagle3Drafter:
     def with_window(self, window) -> "Eagle3Drafter":
         """The same drafter and drafting mode under another inference window."""
         return Eagle3Drafter(self.model, window, self.steps, self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None,
-                             self.attention_backend, self.keep_slack, self.extend_chunk)
+                             self.attention_backend, self.keep_slack, self.extend_chunk, self.tree_lookup)
 
     @property
     def device(self) -> torch.device:

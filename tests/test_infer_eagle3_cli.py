@@ -84,6 +84,11 @@ def test_eval_tree_drafting_is_lossless_and_batch_one_only(reference_target_path
     assert result["summary"]["same_as_baseline"] == 1.0
     assert {r["stats"]["block_size"] for r in result["records"]} == {3} and max(a for r in result["records"] for a in r["stats"]["accepted_per_step"]) <= 2
     assert len(result["summary"]["prompt_lookup"]["acceptance_by_position"]) == 2
+    # prompt lookup's chain as one more branch: still lossless; steps as deep as the longer of the two, prompt lookup beside as deep
+    assert eval_main(base + ["--tree-lookup", "4", "--out", str(tmp_path / "hybrid")]) == 0
+    hybrid = json.loads((tmp_path / "hybrid" / "results.json").read_text())
+    assert hybrid["summary"]["same_as_baseline"] == 1.0 and hybrid["config"]["tree_lookup"] == 4
+    assert {r["stats"]["block_size"] for r in hybrid["records"]} == {5} and len(hybrid["summary"]["prompt_lookup"]["acceptance_by_position"]) == 4
     assert eval_main(base + ["--batch-size", "2", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
     assert "EAGLE-3 tree drafting (--tree-topk/--tree-tokens) runs at --batch-size 1" in err and err.count("error:") == 1
@@ -95,6 +100,8 @@ def test_eval_tree_drafting_is_lossless_and_batch_one_only(reference_target_path
     (["--draft-steps", "0"], "draft steps=0"),
     (["--window", "0"], "--window '0'"),
     (["--tree-topk", "2", "--temperature", "0.5"], "tree drafting is greedy only"),
+    (["--tree-lookup", "4"], "--tree-lookup 4: prompt lookup's chain joins a tree; give --tree-topk/--tree-tokens too"),
+    (["--tree-topk", "2", "--tree-lookup", "-1"], "tree_lookup=-1; expected an int >= 0"),
 ])
 def test_bad_options_are_one_line(reference_target_path, eagle3_dir, capsys, argv, message) -> None:
     base = ["--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--prompt", "Hi", "--max-new-tokens", "4"]

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from models.eagle3 import DraftTree, Eagle3Drafter, accept_tree
+from models.eagle3 import DraftTree, Eagle3Drafter, accept_tree, merge_chain
 from models.sampling import SamplingConfig
 from train.eagle3 import step_masks, unroll
 from models.eagle3 import Eagle3DraftModel, make_eagle3_config
@@ -157,6 +157,42 @@ def test_tree_acceptance_walks_the_argmax() -> None:
     assert accept_tree(tokens, parents, [4, 0, 0, 0, 0]) == ([], 4)
     tree = DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor([1, 1, 2, 2]))
     assert tree.mask().int().tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]]
+
+
+def test_merge_chain_follows_the_tree_then_branches() -> None:
+    # root -> 1 (tok 5) -> 3 (tok 7); root -> 2 (tok 6) -> 4 (tok 8)
+    tree = DraftTree(torch.tensor([5, 6, 7, 8]), torch.tensor([0, 0, 1, 2]), torch.tensor([1, 1, 2, 2]))
+    same = merge_chain(tree, [6, 8])  # a path the tree has: nothing added
+    assert (same.tokens.tolist(), same.parents.tolist(), same.depths.tolist()) == ([5, 6, 7, 8], [0, 0, 1, 2], [1, 1, 2, 2])
+    assert merge_chain(tree, []) is tree
+    merged = merge_chain(tree, [5, 9, 7, 7])  # follows row 1, leaves the tree at depth 2: rows 5 -> 6 -> 7
+    assert merged.tokens.tolist() == [5, 6, 7, 8, 9, 7, 7]
+    assert merged.parents.tolist() == [0, 0, 1, 2, 1, 5, 6]
+    assert merged.depths.tolist() == [1, 1, 2, 2, 2, 3, 4]
+    fresh = merge_chain(tree, [4, 4])  # a new first token: a new branch from the root
+    assert fresh.parents.tolist()[4:] == [0, 5] and fresh.depths.tolist()[4:] == [1, 2]
+    # the mask against ancestors walked element by element, and the walk takes the chain where the target agrees with it
+    rows = merged.tokens.shape[0] + 1
+    parent = [0] + merged.parents.tolist()
+    want = torch.zeros(rows, rows, dtype=torch.bool)
+    for row in range(rows):
+        node = row
+        want[row, node] = True
+        while node:
+            node = parent[node]
+            want[row, node] = True
+    assert torch.equal(merged.mask(4), want)
+    assert accept_tree(merged.tokens.tolist(), merged.parents.tolist(), [5, 9, 0, 0, 0, 7, 7, 3]) == ([1, 5, 6, 7], 3)
+    assert accept_tree(merged.tokens.tolist(), merged.parents.tolist(), [5, 7, 0, 2, 0, 0, 0, 0]) == ([1, 3], 2)
+
+
+def test_tree_lookup_needs_a_tree() -> None:
+    model = make_model(["sliding_attention"], 4)
+    with pytest.raises(ValueError, match="tree_lookup=3: prompt lookup's branch joins a tree"):
+        Eagle3Drafter(model, tree_lookup=3)
+    hybrid = Eagle3Drafter(model, steps=4, tree_topk=2, tree_tokens=6, tree_lookup=10)
+    assert (hybrid.block_size, hybrid.verify_tokens) == (11, 17)  # a 10-token copy can be accepted; 6 + 10 nodes + the root
+    assert hybrid.with_window(None).tree_lookup == 10
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3
 
 from models.eagle3 import Eagle3Drafter
 from infer.generate import generate
+from infer.prompt_lookup import lookup_drafts
 from infer.prompts import long_prompt_ids, mt_bench_questions
 from models.sampling import SamplingConfig
 from models.static_target import StaticTarget
@@ -79,6 +80,27 @@ def test_tree_accepts_more_than_the_chain(setup) -> None:
             steps += got.stats.accepted_per_step
         taus[mode] = sum(a + 1 for a in steps) / len(steps)
     assert taus["chain"] > 1.5 and taus["tree"] >= taus["chain"], taus
+
+
+def test_tree_with_prompt_lookup_branch(setup) -> None:
+    """Hybrid drafting (``tree_lookup``): lossless, and at every step it accepts at least what prompt lookup's own chain
+    from that position would have (the chain is a branch of the verified tree), and past the tree's depth when copying."""
+    model, tokenizer, questions, drafter_model, target = setup
+    lookup, longest = 8, 0
+    for question in questions[:3]:
+        prompt = long_prompt_ids(tokenizer, question)
+        drafter = Eagle3Drafter(drafter_model, **TREE, tree_lookup=lookup)
+        got = generate(target, drafter, prompt, max_new_tokens=64)
+        assert got.tokens == hf_greedy(model, prompt, 64)
+        assert got.stats.block_size == lookup + 1
+        text, pos = prompt + got.tokens, len(prompt)  # pos: the step's root (its token already in the output)
+        for step, accepted in enumerate(got.stats.accepted_per_step[:-1]):  # the last step may be cut by the budget
+            chain = lookup_drafts(text[:pos + 1], lookup)
+            copied = next((i for i, t in enumerate(chain) if t != text[pos + 1 + i]), len(chain))
+            assert accepted >= copied, f"step {step} at {pos}: accepted {accepted}, prompt lookup's chain matched {copied}"
+            longest = max(longest, accepted)
+            pos += accepted + 1
+    assert longest > STEPS  # some step accepted a copy deeper than the drafter's trees reach
 
 
 def test_end_of_sequence_inside_a_chain_and_budget(setup) -> None:
