@@ -12,8 +12,9 @@
 # Per-drafter overrides: DFLASH_ARGS / EAGLE3_ARGS (environment, space-separated); EVAL_TOKENS, EVAL_QUESTIONS,
 # SWEEP_QUESTIONS shrink the evaluation (a CPU smoke run); KINDS="dflash" trains one drafter only; EAGLE3_CHAINS="10 15"
 # also evaluates EAGLE-3 at those chain lengths (--draft-steps; prompt lookup with as many drafts); EAGLE3_TREES="8:48:6"
-# also evaluates EAGLE-3 with dynamic trees, TOPK:NODES:DEPTH each (batch 1, both prompt sets at once while the chains
-# run; prompt lookup beside drafts a chain DEPTH long); SKIP_SWEEP=1 skips the long-prompt sweep. A run stopped by
+# also evaluates EAGLE-3 with dynamic trees, TOPK:NODES:DEPTH[:LOOKUP] each (batch 1, both prompt sets at once while the
+# chains run; LOOKUP: prompt lookup's chain joins each tree, --tree-lookup; prompt lookup beside drafts as deep as the
+# deepest branch); SKIP_SWEEP=1 skips the long-prompt sweep. A run stopped by
 # trainer.time_limit_minutes is finished at the step it reached (resumed with trainer.max_steps = that step) so
 # that it exports. Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
 set -uo pipefail
@@ -42,9 +43,10 @@ train_and_eval() {
   stamp "$kind: train done"
   if [ "$kind" = eagle3 ]; then  # trees decode one conversation at a time (host-bound): beside the batched chains, not after
     for t in ${EAGLE3_TREES:-}; do
-      IFS=: read -r topk nodes depth <<< "$t"
+      IFS=: read -r topk nodes depth lookup <<< "$t"
       for set in mtbench heldout; do
-        evaluate_$set "eagle3_tree_k${topk}_n${nodes}_d${depth}" "$run" --tree-topk "$topk" --tree-tokens "$nodes" --draft-steps "$depth" --batch-size 1 &
+        evaluate_$set "eagle3_tree_k${topk}_n${nodes}_d${depth}${lookup:+_l$lookup}" "$run" --tree-topk "$topk" --tree-tokens "$nodes" \
+          --draft-steps "$depth" --tree-lookup "${lookup:-0}" --batch-size 1 &
       done
     done
   fi
