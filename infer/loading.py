@@ -90,12 +90,10 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                 raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
                                  f"{target.model.config.get_text_config().vocab_size}")
             model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
-            if tree_lookup and tree_topk is None and tree_tokens is None:
-                raise ValueError(f"--tree-lookup {tree_lookup}: prompt lookup's chain joins a tree; give --tree-topk/--tree-tokens too")
-            if tree_topk is None and tree_tokens is None and attention_backend != "flashinfer":
+            if tree_topk is None and tree_tokens is None and not tree_lookup and attention_backend != "flashinfer":
                 # chains: fixed-shape caches, the whole draft captured on a GPU, beside the static target
                 drafter = StaticEagle3Drafter(model, window=window, steps=draft_steps)
-            else:  # trees (and FlashInfer attention): the eager drafter
+            else:  # trees (and FlashInfer attention): the eager drafter, which refuses tree_lookup without a tree
                 drafter = Eagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
                                         attention_backend=attention_backend, tree_lookup=tree_lookup)
         else:

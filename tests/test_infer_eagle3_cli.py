@@ -100,7 +100,7 @@ def test_eval_tree_drafting_is_lossless_and_batch_one_only(reference_target_path
     (["--draft-steps", "0"], "draft steps=0"),
     (["--window", "0"], "--window '0'"),
     (["--tree-topk", "2", "--temperature", "0.5"], "tree drafting is greedy only"),
-    (["--tree-lookup", "4"], "--tree-lookup 4: prompt lookup's chain joins a tree; give --tree-topk/--tree-tokens too"),
+    (["--tree-lookup", "4"], "tree_lookup=4: prompt lookup's branch joins a tree; give --tree-topk/--tree-tokens too"),
     (["--tree-topk", "2", "--tree-lookup", "-1"], "tree_lookup=-1; expected an int >= 0"),
 ])
 def test_bad_options_are_one_line(reference_target_path, eagle3_dir, capsys, argv, message) -> None:
