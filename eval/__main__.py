@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
-                                                 tree_lookup=args.tree_lookup)
+                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size)
         if args.engine == "ours":
             from infer.batch import check_batchable
 

@@ -150,7 +150,7 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
     records: list[list[dict]] = [[] for _ in conversations]
     prompts: dict[tuple[int, int], list[int]] = {}
     bar = tqdm(total=len(conversations), desc=desc, unit="q")
-    verify_len = drafter.block_size if drafter is not None else 1
+    verify_len = drafter.verify_tokens if drafter is not None else 1
     # the most positions a turn can need: every user turn and filler, plus room for each earlier answer (re-tokenised)
     capacity = max(len(turn_prompt(tokenizer, c, i, len(c.turns) - 1, [""] * len(c.turns), prefill_tokens)) for i, c in enumerate(conversations))
     capacity = min(capacity + max(len(c.turns) for c in conversations) * (max_new_tokens + 16) + verify_len, limit + verify_len)

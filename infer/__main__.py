@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--target is required unless --drafter is a training run folder (which records its target)")
         target, drafter, tokenizer = load_models(target_path, drafter_path, args.device, args.dtype, window, args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
-                                                 tree_lookup=args.tree_lookup)
+                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size)
         warning = window_warning(drafter, window)
         if warning:
             print(warning, file=sys.stderr)

@@ -18,10 +18,14 @@ per row, and sampling draws from a generator per row seeded as ``generate`` seed
 (``tests/test_batch.py``). Requests come from a driver, so a conversation's next turn (whose prompt holds this
 turn's answer) enters as soon as the answer is out.
 
-Drafters: None (the target alone), ``StaticDFlashDrafter``, ``StaticEagle3Drafter`` (chains: each row drafts from its
-own pending verify block, ``models/eagle3.py``) and prompt lookup (one copy per row). EAGLE-3 trees and the eager
-drafters (``Eagle3Drafter``, ``DFlashDrafter``: FlashInfer attention) keep per-request state and run at batch size 1
-(``generate``).
+Drafters: None (the target alone), ``StaticDFlashDrafter``, ``StaticEagle3Drafter`` (chains, and greedy EAGLE-2
+dynamic trees: each row drafts from its own pending block, ``models/eagle3.py``) and prompt lookup (one copy per row).
+The eager drafters (``Eagle3Drafter``, ``DFlashDrafter``: FlashInfer attention, trees with prompt lookup's branch) keep
+per-request state and run at batch size 1 (``generate``).
+
+    tree step: draft every row's tree -> verify all rows' trees in one [B, N+1] target pass under tree masks ->
+            accept per row on the device (``accept_trees``) -> move each accepted path's keys into place -> the
+            accepted path's features to the drafter -> one host sync for all rows
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import torch
 from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes
 from infer.prompt_lookup import PromptLookupDrafter
 from models.dflash import StaticDFlashDrafter
-from models.eagle3 import StaticEagle3Drafter
+from models.eagle3 import StaticEagle3Drafter, accept_trees
 from models.sampling import SamplingConfig, choose, verify
 from models.static_target import StaticTarget
 
@@ -63,9 +67,10 @@ class Row:
 
 def check_batchable(drafter, batch_size: int) -> None:
     if batch_size > 1 and drafter is not None and not isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter, PromptLookupDrafter)):
-        what = "EAGLE-3 tree drafting (--tree-topk/--tree-tokens)" if getattr(drafter, "tree", False) else type(drafter).__name__
-        raise ValueError(f"--batch-size {batch_size}: batched decoding runs DFlash, EAGLE-3 chains, prompt lookup or the target alone; "
-                         f"{what} runs at --batch-size 1")
+        what = ("EAGLE-3 trees with prompt lookup's branch (--tree-lookup)" if getattr(drafter, "tree_lookup", 0) else
+                "the eager EAGLE-3 drafter (Eagle3Drafter)" if getattr(drafter, "tree", False) else type(drafter).__name__)
+        raise ValueError(f"--batch-size {batch_size}: batched decoding runs DFlash, EAGLE-3 chains and trees (StaticEagle3Drafter), "
+                         f"prompt lookup or the target alone; {what} runs at --batch-size 1")
 
 
 @torch.no_grad()
@@ -87,6 +92,10 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     check_batchable(drafter, batch_size)
     device = target.device
     block = drafter.block_size if drafter is not None else 1
+    span = drafter.verify_tokens if drafter is not None else 1  # cache slots a verify pass writes past a row's position
+    tree = isinstance(drafter, StaticEagle3Drafter) and drafter.tree
+    if tree and not sampling.greedy:
+        raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
     rows_n = min(batch_size, num_streams)
     alone = drafter is None and sampling.greedy and run_steps > 1  # no per-step host work: runs of run_steps steps
     target.allocate(capacity + (run_steps if alone else 0), batch=rows_n)
@@ -109,7 +118,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     def check(stream: int, prompt: list[int]) -> None:
         if not prompt:
             raise ValueError(f"request {stream}: empty prompt")
-        if len(prompt) + max_new_tokens + block > capacity:
+        if len(prompt) + max_new_tokens + span > capacity:
             raise ValueError(f"request {stream}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the batch's capacity {capacity}")
 
     def prefill_alone(r: int, ids: torch.Tensor, skip: int) -> torch.Tensor:
@@ -178,7 +187,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     def next_request(r: int, finished: Generation | None, stream: int | None) -> None:
         """Queue row ``r`` for the next prompt of ``stream`` (after ``finished``), else of a new stream, else idle it."""
         if reuse and rows[r] is not None:  # kept short of the capacity's end: idle steps write a block past them
-            cached[r] = rows[r].seen()[:capacity - max(block, 1)]
+            cached[r] = rows[r].seen()[:capacity - span]
         rows[r] = None
         positions[r] = parked(r)  # a waiting or idle row keeps stepping harmlessly past its cached tokens (its prefill rewrites them)
         while True:
@@ -272,6 +281,9 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
                 draft_tokens = torch.stack([d[0] for d in drawn])
                 draft_probs = [d[1] for d in drawn]
             ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
+        elif tree:  # every row's tree: tokens, parents, depths [B, N], mask [B, N+1, N+1] (captured: the graph's buffers)
+            tree_tokens, parents, depths, tree_mask = drafter.draft_tree(tokens, positions)
+            ids = torch.cat([tokens[:, None], tree_tokens], dim=1)
         elif isinstance(drafter, StaticEagle3Drafter):
             # each row's Exp(1) noise from its own generator, step by step, as batch 1 draws it (idle rows: a throwaway one)
             generators = None if sampling.greedy else [row.generator if row else idle_generator for row in rows]
@@ -289,9 +301,18 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             ids = torch.cat([tokens[:m, None], draft_tokens], dim=1)
             lengths = torch.tensor(num_drafts, device=device) + 1  # the padding's work is skipped uncaptured (StaticTarget.step)
         t1 = time.perf_counter()
-        logits, features = target.step(ids, positions[:m], lengths)
+        if tree:
+            logits, features = target.tree_step(ids, positions, torch.cat([depths.new_zeros(m, 1), depths], dim=1), tree_mask)
+        else:
+            logits, features = target.step(ids, positions[:m], lengths)
         t2 = time.perf_counter()
-        if drafter is None:
+        if tree:  # accepted [B], path [B, steps] (rows of [root, nodes]), bonus [B], all on the device
+            accepted, path, new_token = accept_trees(tree_tokens, parents, depths, tree_mask, logits.argmax(-1), drafter.steps)
+            target.move_paths(path, positions)
+            kept = torch.cat([path.new_zeros(m, 1), path], dim=1)  # the pending block: the root and the accepted path
+            drafter.append(features.gather(1, kept[:, :, None].expand(m, kept.shape[1], features.shape[2])), positions, ids.gather(1, kept))
+            draft_tokens = ids.gather(1, path)  # the path's tokens, as a chain's drafts
+        elif drafter is None:
             if sampling.greedy:
                 new_token = logits[:, 0].argmax(-1)
             else:
@@ -312,7 +333,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             new_token = torch.stack([v[1].long() for v in verified])
         if isinstance(drafter, StaticDFlashDrafter):
             drafter.append(features, positions)
-        elif isinstance(drafter, StaticEagle3Drafter):  # the whole verify block (appends_whole_block), the next draft reads it
+        elif isinstance(drafter, StaticEagle3Drafter) and not tree:  # the whole verify block (appends_whole_block), the next draft reads it
             drafter.append(features, positions, ids)
         values = torch.cat([accepted[:, None], draft_tokens if draft_tokens is not None else accepted[:, None][:, :0],
                             new_token[:, None]], dim=1).tolist()  # the step's one host sync
@@ -367,7 +388,7 @@ def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_
         results[stream] = finished
         return None
 
-    verify_len = drafter.block_size if drafter is not None else 1
+    verify_len = drafter.verify_tokens if drafter is not None else 1
     capacity = max(len(p) for p in prompts) + max_new_tokens + verify_len
     generate_streams(target, drafter, driver, len(prompts), batch_size=batch_size, capacity=capacity, max_new_tokens=max_new_tokens,
                      sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk, refill_wave=refill_wave,

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from models.dflash import DFlashDrafter
-from models.eagle3 import Eagle3Drafter, accept_tree, merge_chain
+from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter, accept_tree, merge_chain
 from infer.prompt_lookup import PromptLookupDrafter, lookup_drafts
 from models.sampling import SamplingConfig, choose, verify
 from models.static_target import StaticTarget
@@ -189,6 +189,9 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError(f"max_new_tokens={max_new_tokens}; expected >= 1")
     if drafter is not None and drafter.target_layer_ids and set(drafter.target_layer_ids) != set(target.feature_layer_ids):
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
+    if isinstance(drafter, StaticEagle3Drafter) and drafter.tree:
+        raise ValueError("StaticEagle3Drafter's trees run batched (infer.batch.generate_batch, any batch size); generate drafts "
+                         "trees with Eagle3Drafter")
     if drafter is not None and drafter.tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
     if accept_per_step is not None and (drafter is None or drafter.tree or not 0 <= accept_per_step < drafter.block_size):

@@ -60,13 +60,15 @@ def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DF
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
                 attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
-                tree_tokens: int | None = None, tree_lookup: int = 0) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
+                tree_tokens: int | None = None, tree_lookup: int = 0, batch_size: int = 1) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
     drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
     draft_steps, tree_topk, tree_tokens: EAGLE-3 only (chain length / tree depth, tree drafting when
     either tree option is given); refused for a DFlash drafter, whose block size is fixed by training.
     tree_lookup: EAGLE-3 trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
+    batch_size: the loop's rows: EAGLE-3 trees above 1 draft over static caches (``StaticEagle3Drafter``, batched and
+        captured); at 1 the eager ``Eagle3Drafter`` drafts them (``infer.generate``; the only one with ``tree_lookup``).
     """
     target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
     drafter = None
@@ -90,10 +92,13 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                 raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
                                  f"{target.model.config.get_text_config().vocab_size}")
             model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
-            if tree_topk is None and tree_tokens is None and not tree_lookup and attention_backend != "flashinfer":
-                # chains: fixed-shape caches, the whole draft captured on a GPU, beside the static target
-                drafter = StaticEagle3Drafter(model, window=window, steps=draft_steps)
-            else:  # trees (and FlashInfer attention): the eager drafter, which refuses tree_lookup without a tree
+            trees = tree_topk is not None or tree_tokens is not None
+            if tree_lookup and batch_size > 1:
+                raise ValueError(f"--tree-lookup {tree_lookup}: trees with prompt lookup's branch run at --batch-size 1 (got {batch_size})")
+            if (not trees or batch_size > 1) and not tree_lookup and attention_backend != "flashinfer":
+                # chains, and batched trees: fixed-shape caches, the whole draft captured on a GPU, beside the static target
+                drafter = StaticEagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens)
+            else:  # trees at batch 1 (and FlashInfer attention): the eager drafter, which refuses tree_lookup without a tree
                 drafter = Eagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
                                         attention_backend=attention_backend, tree_lookup=tree_lookup)
         else:

@@ -351,6 +351,41 @@ def accept_tree(tokens: list[int], parents: list[int], target_tokens: list[int])
     return path, target_tokens[row]
 
 
+def tree_masks(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """``DraftTree.mask`` for a batch of trees: parents [B, N] (rows of [root, nodes]) -> [B, N+1, N+1] bool, row i
+    sees its ancestors and itself; ``depth`` bounds the node depths (no host sync)."""
+    bsz, n = parents.shape[0], parents.shape[1] + 1
+    parent = torch.cat([parents.new_zeros(bsz, 1), parents], dim=1)  # the root is its own parent
+    visible = torch.eye(n, dtype=torch.bool, device=parents.device).expand(bsz, n, n).clone()
+    cur = torch.arange(n, device=parents.device).expand(bsz, n)
+    for _ in range(depth):
+        cur = parent.gather(1, cur)
+        visible.scatter_(2, cur[:, :, None], True)
+    return visible
+
+
+def accept_trees(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor,
+                 target_tokens: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``accept_tree`` for a batch of trees on the device (no host sync): a node is accepted when it and each of its
+    ancestors hold the target's argmax at their parent; a node's children hold distinct tokens, so the accepted nodes
+    form one path from the root and the deepest one ends it.
+
+    Args: tokens/parents/depths [B, N], mask [B, N+1, N+1] (``tree_masks``), target_tokens [B, N+1] (argmax per row of
+    [root, nodes]), depth: the bound on node depths.
+    Returns: accepted [B], path [B, depth] (the accepted rows in depth order; past the accepted count, entry j holds
+    j + 1, so moving slot ``pos + path[j]`` to ``pos + 1 + j`` leaves it in place) and the bonus token [B].
+    """
+    bsz, n = tokens.shape
+    correct = tokens == target_tokens.gather(1, parents)  # [B, N]
+    on_good_path = ~(mask[:, 1:, 1:] & ~correct[:, None, :]).any(-1)  # itself and every ancestor below the root correct
+    accepted, deepest = torch.where(on_good_path, depths, 0).max(1)
+    end = torch.where(accepted > 0, deepest + 1, 0)  # [B] the path's last row in [root, nodes]
+    on_path = mask.gather(1, end[:, None, None].expand(bsz, 1, n + 1))[:, 0, 1:]  # [B, N] the path's nodes (root excluded)
+    path = torch.arange(1, depth + 2, device=tokens.device).expand(bsz, depth + 1).clone()  # column `depth`: a dump
+    path.scatter_(1, torch.where(on_path, depths - 1, depth), torch.arange(1, n + 1, device=tokens.device).expand(bsz, n))
+    return accepted, path[:, :depth], target_tokens.gather(1, end[:, None])[:, 0]
+
+
 class Eagle3Drafter:
     """Drafts a chain of ``steps`` tokens, or a dynamic tree, with an ``Eagle3DraftModel``.
 
@@ -690,10 +725,10 @@ class StaticEagle3Drafter:
     """
 
     appends_whole_block = True  # infer.generate passes every verified position's features, not the accepted ones only
-    tree = False
+    tree_lookup = 0
 
     def __init__(self, model: Eagle3DraftModel, window="trained", steps: int | None = None, capture: bool | None = None,
-                 compile: bool | None = None, extend_chunk: int = 512):
+                 compile: bool | None = None, extend_chunk: int = 512, tree_topk: int | None = None, tree_tokens: int | None = None):
         self.model = model.eval().requires_grad_(False)
         self.window_arg = window
         self.windows = layer_windows(model, window)
@@ -702,7 +737,16 @@ class StaticEagle3Drafter:
             raise ValueError(f"draft steps={steps!r}; expected a positive int")
         if extend_chunk < 1:
             raise ValueError(f"extend_chunk={extend_chunk}; expected >= 1")
-        self.block_size = self.verify_tokens = self.steps + 1  # P: a verify block, the pending block, the scratch slots
+        self.block_size = self.steps + 1  # P: the most a step accepts plus its bonus, the pending block
+        self.tree = tree_topk is not None or tree_tokens is not None
+        self.tree_topk = tree_topk if tree_topk is not None else min(8, model.config.draft_vocab_size)  # Eagle3Drafter's defaults
+        pool = self.tree_topk + (self.steps - 1) * self.tree_topk ** 2 if isinstance(self.tree_topk, int) else 0
+        self.tree_tokens = tree_tokens if tree_tokens is not None else min(64, pool)
+        if self.tree:
+            check_tree(self.tree_topk, self.tree_tokens, self.steps, model.config.draft_vocab_size)
+        # target tokens per verify pass; scratch slots: step 0's own keys, then the chain's (or the tree's expanded nodes')
+        self.verify_tokens = self.tree_tokens + 1 if self.tree else self.block_size
+        self.scratch = max(self.block_size, (self.steps - 1) * self.tree_topk) if self.tree else self.block_size
         self.target_layer_ids = model.target_layer_ids
         self.extend_chunk = extend_chunk
         self.capture = self.device.type == "cuda" if capture is None else capture
@@ -712,6 +756,7 @@ class StaticEagle3Drafter:
 
             raise_recompile_limit()
         self.draft_fn = torch.compile(self._draft_chain) if self.compile else self._draft_chain
+        self.tree_fn = torch.compile(self._draft_tree) if self.compile else self._draft_tree
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.slot_pos: list[torch.Tensor] = []
@@ -725,7 +770,8 @@ class StaticEagle3Drafter:
 
     def with_window(self, window) -> "StaticEagle3Drafter":
         """The same drafter under another inference window."""
-        return StaticEagle3Drafter(self.model, window, self.steps, self.capture, self.compile, self.extend_chunk)
+        return StaticEagle3Drafter(self.model, window, self.steps, self.capture, self.compile, self.extend_chunk,
+                                   self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None)
 
     @property
     def device(self) -> torch.device:
@@ -745,7 +791,7 @@ class StaticEagle3Drafter:
             self.k, self.v, self.slot_pos = [], [], []
             self.graphs.clear()
             for s in slots:
-                shape = (batch, cfg.num_key_value_heads, s + p, cfg.head_dim)
+                shape = (batch, cfg.num_key_value_heads, s + self.scratch, cfg.head_dim)
                 self.k.append(torch.zeros(shape, dtype=dtype, device=device))
                 self.v.append(torch.zeros(shape, dtype=dtype, device=device))
                 self.slot_pos.append(torch.full((batch, s), -1, dtype=torch.long, device=device))
@@ -832,38 +878,51 @@ class StaticEagle3Drafter:
     # --------------------------------------------------------------------------------------- the step (captured)
 
     def _attend(self, i: int, q: torch.Tensor, ctx: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
-        # q [B, Hq, L, D]; ctx [B, L, S] visible ring slots; own [L, P] visible scratch slots -> [B, Hq, L, D]
+        # q [B, Hq, L, D]; ctx [B, L, S] visible ring slots; own [L or B, L, scratch] visible scratch slots -> [B, Hq, L, D]
         attn = self.model.layers[i].self_attn
         bsz, _, length, d = q.shape
         groups = attn.num_heads // attn.num_kv_heads
-        visible = torch.cat([ctx, own.expand(bsz, length, own.shape[1])], dim=2)  # [B, L, S + P]
+        visible = torch.cat([ctx.expand(bsz, length, ctx.shape[-1]), own.expand(bsz, length, own.shape[-1])], dim=2)  # [B, L, S + scratch]
         qg = q.reshape(bsz, attn.num_kv_heads, groups * length, d)  # rows (g, query): heads h * G + g
         out = grouped_attention(qg, self.k[i], self.v[i], visible[:, None].repeat(1, 1, groups, 1), attn.scaling)
         return out.view(bsz, attn.num_heads, length, d)
 
-    def _draft_chain(self, token: torch.Tensor, pos: torch.Tensor, sampling: SamplingConfig):
-        # token [B] (target id) at pos [B] -> drafts [B, k] (target ids), logits [B, k, Vd] fp32, probs [B, k, V] or None
+    def _step0(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        # step 0 over the pending block (its keys into the ring) after the verified ``token`` [B] at ``pos`` [B]; the
+        # output [B, 1, H] at index pos - 1, which predicts position pos + 1
         bsz, p, device = token.shape[0], self.block_size, token.device
         start = self.pending_start  # [B]
-        scratch = torch.arange(p, device=device)
-        q_pos = start[:, None] + 1 + scratch  # [B, P]: index start + i sits at position start + i + 1
+        block = torch.arange(p, device=device)
+        scratch = torch.arange(self.scratch, device=device)
+        q_pos = start[:, None] + 1 + block  # [B, P]: index start + i sits at position start + i + 1
         following = torch.cat([self.pending_ids[:, 1:], token[:, None]], dim=1)  # x_{t+1} within the block
         next_ids = torch.where(q_pos == pos[:, None], token[:, None], following)  # the bonus token after index pos - 1
 
         def attend0(i, q, k, v):
             s, window = self.slots[i], self.windows[i]
-            self.k[i][:, :, s:] = k
-            self.v[i][:, :, s:] = v
+            self.k[i][:, :, s:s + p] = k
+            self.v[i][:, :, s:s + p] = v
             held = self.slot_pos[i][:, None, :]  # [B, 1, S]
             ctx = (held >= 0) & (held <= start[:, None, None]) & aligned_visible(q_pos[:, :, None], held, True, window)
-            out = self._attend(i, q, ctx, aligned_visible(scratch[:, None], scratch[None], True, window))
+            out = self._attend(i, q, ctx, aligned_visible(block[:, None], scratch[None], True, window))
             self._write_ring(i, k, v, q_pos)  # after attention: the ring may drop what it read
             return out
 
         h = self.model(next_ids, self.model.project_features(self.pending_features), q_pos, attend0)  # [B, P, H]
         # index pos - 1 predicts pos + 1 (clamped: a batch's idle row, at any position, drafts garbage, not a device assert)
         row = (pos - 1 - start).clamp(0, p - 1)
-        h = h.gather(1, row[:, None, None].expand(bsz, 1, h.shape[2]))
+        return h.gather(1, row[:, None, None].expand(bsz, 1, h.shape[2]))
+
+    def _context_visible(self, i: int, pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
+        # [B, 1, S]: layer i's ring slots a draft query at ``query_pos`` [B] sees (context keys up to position pos [B])
+        held = self.slot_pos[i][:, None, :]
+        return (held >= 0) & (held <= pos[:, None, None]) & aligned_visible(query_pos[:, None, None], held, True, self.windows[i])
+
+    def _draft_chain(self, token: torch.Tensor, pos: torch.Tensor, sampling: SamplingConfig):
+        # token [B] (target id) at pos [B] -> drafts [B, k] (target ids), logits [B, k, Vd] fp32, probs [B, k, V] or None
+        bsz = token.shape[0]
+        scratch = torch.arange(self.scratch, device=token.device)
+        h = self._step0(token, pos)
         drafts, logits, probs = [], [], []
         for j in range(self.steps):
             if j > 0:  # chain step j at position pos + j, fed draft j and the last hidden state
@@ -871,10 +930,8 @@ class StaticEagle3Drafter:
                     s, window = self.slots[i], self.windows[i]
                     self.k[i][:, :, s + j - 1:s + j] = k
                     self.v[i][:, :, s + j - 1:s + j] = v
-                    held = self.slot_pos[i][:, None, :]
-                    ctx = (held >= 0) & (held <= pos[:, None, None]) & aligned_visible((pos + j)[:, None, None], held, True, window)
                     # scratch slot l holds step l + 1's key (position pos + 1 + l): this chain's, up to this step
-                    return self._attend(i, q, ctx, aligned_visible(j - 1, scratch, True, window)[None])
+                    return self._attend(i, q, self._context_visible(i, pos, pos + j), aligned_visible(j - 1, scratch, True, window)[None])
 
                 h = self.model(drafts[-1][:, None], self.model.next_hidden(h), (pos + j)[:, None], attend)  # [B, 1, H]
             step_logits = self.model.logits(h)[:, 0].float()  # [B, Vd]
@@ -892,6 +949,72 @@ class StaticEagle3Drafter:
             index = self.model.draft_ids_in_target().expand_as(probs)
             full = probs.new_zeros(bsz, self.steps, self.model.config.vocab_size).scatter_(2, index, probs)
         return torch.stack(drafts, dim=1), torch.stack(logits, dim=1), full
+
+    def _draft_tree(self, token: torch.Tensor, pos: torch.Tensor):
+        # token [B] at pos [B] -> every row's EAGLE-2 dynamic tree, as ``Eagle3Drafter.draft_tree`` grows it (fixed shapes):
+        # tokens [B, N] (target ids), parents [B, N] (rows of [root, nodes]), depths [B, N], mask [B, N+1, N+1]
+        bsz, k, device = token.shape[0], self.tree_topk, token.device
+        h = self._step0(token, pos)  # [B, 1, H]
+        logp = torch.log_softmax(self.model.logits(h)[:, 0].float(), -1)  # [B, Vd]
+        scores, ids = logp.topk(k)  # [B, k]
+        pool_ids, pool_scores, pool_parent = [ids], [scores], [torch.full((bsz, k), -1, device=device)]
+        pool_depth = [torch.ones(k, dtype=torch.long, device=device)]
+        frontier, frontier_ids, frontier_scores = torch.arange(k, device=device).expand(bsz, k), ids, scores  # pool indices
+        frontier_hidden, frontier_slot = self.model.next_hidden(h).expand(bsz, k, h.shape[2]), None  # slot: among expanded nodes
+        # scratch slot m holds the m-th expanded node's key (depth m // k + 1); which expanded nodes each one sees:
+        ancestors = torch.zeros(bsz, self.scratch, self.scratch, dtype=torch.bool, device=device)  # [B, M, M], M = scratch
+        expanded_depth = torch.arange(self.scratch, device=device) // k + 1
+        own_slots = torch.arange(k, device=device)
+        size = k
+        for d in range(1, self.steps):
+            m = (d - 1) * k
+            if frontier_slot is not None:  # a frontier node sees what its parent saw
+                ancestors[:, m:m + k] = ancestors.gather(1, frontier_slot[:, :, None].expand(bsz, k, self.scratch))
+            ancestors[:, m + own_slots, m + own_slots] = True
+            sees = ancestors[:, m:m + k]  # [B, k, M]
+
+            def attend(i, q, kk, vv, m=m, d=d, sees=sees):
+                s, window = self.slots[i], self.windows[i]
+                self.k[i][:, :, s + m:s + m + k] = kk
+                self.v[i][:, :, s + m:s + m + k] = vv
+                own = sees if window is None else sees & (expanded_depth > d - window)
+                return self._attend(i, q, self._context_visible(i, pos, pos + d), own)
+
+            positions = (pos + d)[:, None].expand(bsz, k)
+            out = self.model(self.model.draft_to_target(frontier_ids), frontier_hidden, positions, attend)  # [B, k, H]
+            logp = torch.log_softmax(self.model.logits(out).float(), -1)  # [B, k, Vd]
+            top_logp, top_ids = logp.topk(k, dim=-1)  # [B, k, k]
+            cand_scores = (frontier_scores[:, :, None] + top_logp).flatten(1)  # [B, k*k]
+            pool_ids.append(top_ids.flatten(1))
+            pool_scores.append(cand_scores)
+            pool_parent.append(frontier.repeat_interleave(k, dim=1))
+            pool_depth.append(torch.full((k * k,), d + 1, device=device))
+            best = cand_scores.topk(k, dim=-1).indices  # [B, k]
+            row = best // k
+            frontier, frontier_ids, frontier_scores = size + best, top_ids.flatten(1).gather(1, best), cand_scores.gather(1, best)
+            frontier_hidden = self.model.next_hidden(out).gather(1, row[:, :, None].expand(bsz, k, out.shape[2]))
+            frontier_slot = m + row
+            size += k * k
+        # select_tree per row: the best tree_tokens candidates, in creation order (parents before children)
+        scores, parents = torch.cat(pool_scores, 1), torch.cat(pool_parent, 1)  # [B, pool]
+        chosen = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :self.tree_tokens].sort(dim=1).values  # [B, N]
+        n = chosen.shape[1]
+        row_of = torch.full_like(parents, -1).scatter_(1, chosen, torch.arange(1, n + 1, device=device).expand(bsz, n))
+        parent = parents.gather(1, chosen)
+        parent_rows = torch.where(parent < 0, 0, row_of.gather(1, parent.clamp(min=0)))
+        tokens = self.model.draft_to_target(torch.cat(pool_ids, 1).gather(1, chosen))
+        depths = torch.cat(pool_depth)[chosen]
+        return tokens, parent_rows, depths, tree_masks(parent_rows, self.steps)
+
+    @torch.no_grad()
+    def draft_tree(self, token: torch.Tensor, pos: torch.Tensor):
+        """Every row's dynamic tree after the verified ``token`` [B] at ``pos`` [B] (greedy; ``pos - 1`` in the pending
+        block), grown as ``Eagle3Drafter.draft_tree`` grows it. Returns tokens [B, N] (target ids), parents [B, N] (rows
+        of [root, nodes], 0 = the root), depths [B, N] (1 .. steps) and the verify mask [B, N+1, N+1] (``tree_masks``).
+        On a GPU these are the captured graph's output buffers: valid until the next call."""
+        if not self.tree:
+            raise ValueError("draft_tree on a chain drafter; give tree_topk/tree_tokens")
+        return self._run(("tree",), self.tree_fn, token, pos)
 
     def _run(self, key: tuple, fn, *inputs):
         # the capture's warm-up runs repeat the step: step 0 rewrites the same ring positions with the same keys

@@ -293,15 +293,21 @@ class StaticTarget:
             out = grouped_attention(q, k_cache, v_cache, visible, self.scale, softmax=self.masked_softmax)
         return self.post_attention(x, out, w.wo, w.bo, w.post_norm, w.w13, w.b13, w.w2, w.b2, next_norm)
 
-    def _step(self, input_ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _step(self, input_ids: torch.Tensor, pos: torch.Tensor, depths: torch.Tensor | None = None,
+              tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n = input_ids.shape
-        positions = pos[:, None] + torch.arange(n, device=pos.device)  # [B, n]
+        positions = pos[:, None] + torch.arange(n, device=pos.device)  # [B, n] cache slots (and positions, but for trees)
         # keys attended: the whole capacity (fixed shapes for the graphs), on the CPU only up to the furthest row's last
         # position (reading it costs no sync there; batched, the capacity holds a whole conversation, rows sit far below it)
         keys = int(pos.max()) + n if pos.device.type == "cpu" else self.capacity
-        visible = self._visible(positions, keys) if self.decode_attention == "products" else None
+        if tree_mask is not None:  # token t at slot pos + t, RoPE position pos + depth; it sees the cache and its ancestors
+            visible = self._tree_visible(positions, tree_mask, keys)
+            rope_positions = pos[:, None] + depths
+        else:
+            visible = self._visible(positions, keys) if self.decode_attention == "products" else None
+            rope_positions = positions
         index = self._cache_index(positions)
-        cos, sin = self.cos[positions], self.sin[positions]  # [B, n, D]
+        cos, sin = self.cos[rope_positions], self.sin[rope_positions]  # [B, n, D]
         x = self.embed_tokens(input_ids)
         h = self.input_norm(x, self.weights[0].input_norm)
         features = []
@@ -317,6 +323,15 @@ class StaticTarget:
         """The products path's mask [B, 1, G*n, keys]: query rows (g, t) at ``positions`` [B, n] see keys at or before them."""
         groups = self.num_heads // self.num_kv_heads
         return (torch.arange(keys, device=positions.device) <= positions[..., None])[:, None].repeat(1, 1, groups, 1)
+
+    def _tree_visible(self, slots: torch.Tensor, tree_mask: torch.Tensor, keys: int) -> torch.Tensor:
+        """The products path's mask [B, 1, G*n, keys] for trees at cache ``slots`` [B, n] (row b's from pos[b] on):
+        every key before the tree, and among the tree's own slots those ``tree_mask`` [B, n, n] allows."""
+        b, n = slots.shape
+        groups = self.num_heads // self.num_kv_heads
+        visible = (torch.arange(keys, device=slots.device) < slots[:, :1])[:, None].expand(b, n, keys).clone()
+        visible.scatter_(2, slots[:, None].expand(b, n, n), tree_mask)
+        return visible[:, None].repeat(1, 1, groups, 1)
 
     def _cache_index(self, positions: torch.Tensor) -> torch.Tensor:
         """Where [B, Hkv, n, D] keys/values at ``positions`` [B, n] scatter into a layer's cache (slot = position)."""
@@ -393,6 +408,31 @@ class StaticTarget:
                 return self._packed_step(input_ids, pos, lengths)
             return self._step(input_ids, pos)
         return self.graphs("step", self._step, input_ids, pos)
+
+    @torch.no_grad()
+    def tree_step(self, input_ids: torch.Tensor, pos: torch.Tensor, depths: torch.Tensor,
+                  tree_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Verify a draft tree per row: ``input_ids`` [B, n] (the root, then the nodes) written at cache slots
+        ``pos[b] ..``, at RoPE positions ``pos[b] + depths[b]`` (``depths`` [B, n], 0 for the root), token t seeing the
+        row's keys before ``pos[b]`` and the tree tokens ``tree_mask[b, t]`` [B, n, n] allows (its ancestors and itself).
+        Always the products path (the split-KV kernel has no tree mask). The accepted path's keys are then moved into
+        place (``move_paths``). Returns ``step``'s logits and features (captured: the graph's buffers)."""
+        b, n = input_ids.shape
+        if b != self.batch:
+            raise ValueError(f"tree_step with {b} rows; the caches hold {self.batch}")
+        if not self.capture:
+            return self._step(input_ids, pos, depths, tree_mask)
+        return self.graphs("tree", self._step, input_ids, pos, depths, tree_mask)
+
+    def move_paths(self, path: torch.Tensor, pos: torch.Tensor) -> None:
+        """Every row's accepted tree path into place: row b's keys/values at slots ``pos[b] + path[b, j]`` move to
+        ``pos[b] + 1 + j`` (``path`` [B, d]; a path is deeper than it is long only where it holds j + 1: no move).
+        All read before any is written."""
+        L, b, h, _, d = self.k_cache.shape
+        src = (pos[:, None] + path)[None, :, None, :, None].expand(L, b, h, path.shape[1], d)
+        dst = (pos[:, None] + 1 + torch.arange(path.shape[1], device=pos.device))[None, :, None, :, None].expand_as(src)
+        for cache in (self.k_cache, self.v_cache):
+            cache.scatter_(3, dst, cache.gather(3, src))
 
     def move_row(self, src: int, dst: int, length: int) -> None:
         """Row ``src``'s cached keys and values at positions ``< length`` into row ``dst`` (what ``dst`` held is gone)."""

@@ -217,12 +217,16 @@ def test_eager_eagle3_and_trees_are_refused_at_batch_sizes_above_one(setup) -> N
     model = setup[0]
     config = make_eagle3_config(model.config, num_hidden_layers=1, target_layer_ids=[1, 3, 4], layer_types=["full_attention"],
                                 sliding_window=None, draft_vocab_size=8192)
-    runs = "--batch-size 4: batched decoding runs DFlash, EAGLE-3 chains, prompt lookup or the target alone; "
+    runs = (r"--batch-size 4: batched decoding runs DFlash, EAGLE-3 chains and trees \(StaticEagle3Drafter\), prompt lookup or "
+            "the target alone; ")
     with pytest.raises(ValueError, match=runs + "Eagle3Drafter runs at --batch-size 1"):
         check_batchable(Eagle3Drafter(Eagle3DraftModel(config)), 4)  # the eager chain drafter (FlashInfer attention)
-    with pytest.raises(ValueError, match=runs + r"EAGLE-3 tree drafting \(--tree-topk/--tree-tokens\) runs at --batch-size 1"):
+    with pytest.raises(ValueError, match=runs + r"the eager EAGLE-3 drafter \(Eagle3Drafter\) runs at --batch-size 1"):
         check_batchable(Eagle3Drafter(Eagle3DraftModel(config), tree_topk=2, tree_tokens=4), 4)
+    with pytest.raises(ValueError, match=runs + r"EAGLE-3 trees with prompt lookup's branch \(--tree-lookup\) runs at --batch-size 1"):
+        check_batchable(Eagle3Drafter(Eagle3DraftModel(config), tree_topk=2, tree_tokens=4, tree_lookup=3), 4)
     check_batchable(StaticEagle3Drafter(Eagle3DraftModel(config)), 4)
+    check_batchable(StaticEagle3Drafter(Eagle3DraftModel(config), tree_topk=2, tree_tokens=4), 4)
 
 
 @pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it

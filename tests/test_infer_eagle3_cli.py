@@ -75,8 +75,9 @@ def test_eval_draft_steps_sets_the_chain_and_prompt_lookups_drafts(reference_tar
     assert result["summary"]["same_as_baseline"] == 1.0
 
 
-def test_eval_tree_drafting_is_lossless_and_batch_one_only(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
-    """``--tree-topk/--tree-tokens`` in eval: every turn equals the target alone, steps as deep as the tree; batched, one line."""
+def test_eval_tree_drafting_is_lossless_and_batches(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
+    """``--tree-topk/--tree-tokens`` in eval: every turn equals the target alone, steps as deep as the tree; batched
+    (static trees) every turn's tokens and accepted counts are batch 1's; trees with prompt lookup's branch batched: one line."""
     base = ["mtbench", "--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--num-questions", "1",
             "--max-new-tokens", "12", "--draft-steps", "2", "--tree-topk", "3", "--tree-tokens", "6"]
     assert eval_main(base + ["--out", str(tmp_path / "tree")]) == 0
@@ -89,9 +90,15 @@ def test_eval_tree_drafting_is_lossless_and_batch_one_only(reference_target_path
     hybrid = json.loads((tmp_path / "hybrid" / "results.json").read_text())
     assert hybrid["summary"]["same_as_baseline"] == 1.0 and hybrid["config"]["tree_lookup"] == 4
     assert {r["stats"]["block_size"] for r in hybrid["records"]} == {5} and len(hybrid["summary"]["prompt_lookup"]["acceptance_by_position"]) == 4
-    assert eval_main(base + ["--batch-size", "2", "--out", str(tmp_path / "b")]) == 2
+    assert eval_main(base + ["--num-questions", "3", "--out", str(tmp_path / "one")]) == 0
+    assert eval_main(base + ["--num-questions", "3", "--batch-size", "2", "--out", str(tmp_path / "b")]) == 0
+    one, batched = (json.loads((tmp_path / d / "results.json").read_text())["records"] for d in ("one", "b"))
+    assert [(r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"]) for r in batched] == \
+        [(r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"]) for r in one]
+    capsys.readouterr()
+    assert eval_main(base + ["--tree-lookup", "4", "--batch-size", "2", "--out", str(tmp_path / "bh")]) == 2
     err = capsys.readouterr().err
-    assert "EAGLE-3 tree drafting (--tree-topk/--tree-tokens) runs at --batch-size 1" in err and err.count("error:") == 1
+    assert "--tree-lookup 4: trees with prompt lookup's branch run at --batch-size 1 (got 2)" in err and err.count("error:") == 1
 
 
 @pytest.mark.parametrize("argv,message", [

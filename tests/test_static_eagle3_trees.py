@@ -1,0 +1,198 @@
+"""Batched EAGLE-2 dynamic trees over static caches (``StaticEagle3Drafter`` with tree options, ``tree_masks``,
+``accept_trees``, ``StaticTarget.tree_step`` / ``move_paths``) against the batch-1 pieces they batch: the eager
+``Eagle3Drafter.draft_tree`` (the same tokens, parents and depths, row by row, whatever path each row accepted),
+``DraftTree.mask`` and ``accept_tree`` (per row, on random trees), and the target's own forward over the accepted text.
+The loop's batched trees against batch 1 are in ``tests/test_infer_eagle3_generate.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.eagle3 import DraftTree, Eagle3Drafter, StaticEagle3Drafter, accept_tree, accept_trees, tree_masks
+from test_static_eagle3 import SHAPES, VOCAB, tiny
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+TOPK = 3
+
+
+def random_tree(g: torch.Generator, n: int, vocab: int = 6) -> tuple[list[int], list[int], list[int]]:
+    """tokens, parents (rows of [root, nodes]), depths of a random tree in creation order, a node's children distinct."""
+    tokens, parents, depths = [], [], []
+    for row in range(1, n + 1):
+        while True:
+            parent = int(torch.randint(0, row, (), generator=g))
+            token = int(torch.randint(0, vocab, (), generator=g))
+            if (parent, token) not in zip(parents, tokens):
+                break
+        tokens.append(token)
+        parents.append(parent)
+        depths.append(1 if parent == 0 else depths[parent - 1] + 1)
+    return tokens, parents, depths
+
+
+def test_batched_masks_and_acceptance_equal_the_single_tree_functions() -> None:
+    g = torch.Generator().manual_seed(0)
+    n, rows = 12, 64
+    trees = [random_tree(g, n) for _ in range(rows)]
+    tokens, parents, depths = (torch.tensor([t[i] for t in trees]) for i in range(3))
+    depth = int(depths.max())
+    masks = tree_masks(parents, depth)
+    # target argmax per row of [root, nodes]: mostly a child's token, so paths of every length occur
+    target_tokens = torch.randint(0, 6, (rows, n + 1), generator=g)
+    for r, (tok, par, _) in enumerate(trees):
+        for row in range(n + 1):
+            children = [t for t, p in zip(tok, par) if p == row]
+            if children and torch.rand((), generator=g) < 0.8:
+                target_tokens[r, row] = children[int(torch.randint(0, len(children), (), generator=g))]
+    accepted, path, bonus = accept_trees(tokens, parents, depths, masks, target_tokens, depth)
+    lengths = set()
+    for r, (tok, par, dep) in enumerate(trees):
+        tree = DraftTree(torch.tensor(tok), torch.tensor(par), torch.tensor(dep))
+        assert torch.equal(masks[r], tree.mask(depth)), r
+        want_path, want_bonus = accept_tree(tok, par, target_tokens[r].tolist())
+        assert int(accepted[r]) == len(want_path) and int(bonus[r]) == want_bonus, r
+        assert path[r].tolist() == want_path + list(range(len(want_path) + 1, depth + 1)), r
+        lengths.add(len(want_path))
+    assert {0, 1, 2} <= lengths and max(lengths) >= 3, lengths
+
+
+def drive(model, window, tree_tokens: int, accept_seed: int = 0, steps_n: int = 8):
+    """Two rows (prompts of 7 and 12 positions) through both drafters: each step, each row's eager tree and its row of
+    the batched one, then a random accepted path per row (its nodes' features and tokens appended as the loop does)."""
+    g = torch.Generator().manual_seed(accept_seed)
+    features_size = model.fc.in_features
+    static = StaticEagle3Drafter(model, window=window, tree_topk=TOPK, tree_tokens=tree_tokens)
+    static.allocate(200, batch=2)
+    eagers = [Eagle3Drafter(model, window=window, tree_topk=TOPK, tree_tokens=tree_tokens) for _ in range(2)]
+    lengths = [7, 12]
+    for row, n in enumerate(lengths):
+        features, ids = torch.randn(n, features_size, generator=g), torch.randint(0, VOCAB, (n,), generator=g)
+        eagers[row].reset(200)
+        eagers[row].append_context(features, 0, ids)
+        static.prefill(features, 0, ids, row=row)
+    pos = torch.tensor(lengths)
+    p = static.block_size
+    for _ in range(steps_n):
+        token = torch.randint(0, VOCAB, (2,), generator=g)
+        tokens, parents, depths, mask = static.draft_tree(token, pos)
+        pending_features = torch.zeros(2, p, features_size)
+        pending_ids = torch.zeros(2, p, dtype=torch.long)
+        starts = pos.clone()
+        for row in range(2):
+            want = eagers[row].draft_tree(token[row], int(pos[row]))
+            yield want, (tokens[row], parents[row], depths[row], mask[row])
+            # accept the path to a random node (or none); features for [root, nodes] as a verify pass gives them
+            end = int(torch.randint(0, want.tokens.shape[0] + 1, (), generator=g))
+            path = []
+            while end:
+                path.insert(0, end)
+                end = int(want.parents[end - 1])
+            ids = torch.cat([token[row:row + 1], want.tokens])
+            node_features = torch.randn(ids.shape[0], features_size, generator=g)
+            kept = torch.tensor([0] + path)
+            eagers[row].append_context(node_features[kept], int(pos[row]), ids[kept])
+            pending_features[row, :kept.shape[0]] = node_features[kept]  # the rest of the block: zeros (never seen)
+            pending_ids[row, :kept.shape[0]] = ids[kept]
+            pos[row] += len(path) + 1
+        static.append(pending_features, starts, pending_ids)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("window", ["trained", None, 2])
+@pytest.mark.parametrize("tree_tokens", [16, 30])  # chosen by score; every candidate (depth 4's top-k come from depth 3's pass)
+def test_batched_static_trees_equal_the_eager_trees_row_by_row(shape, window, tree_tokens) -> None:
+    model = tiny(shape, steps=4)
+    depths_seen = set()
+    for want, (tokens, parents, depths, mask) in drive(model, window, tree_tokens):
+        assert torch.equal(tokens, want.tokens)
+        assert torch.equal(parents, want.parents)
+        assert torch.equal(depths, want.depths)
+        assert torch.equal(mask, want.mask(4))
+        depths_seen.update(want.depths.tolist())
+    assert {1, 2, 3} <= depths_seen, depths_seen  # trees past the first expansion
+
+
+def test_tree_options_are_checked_in_one_line() -> None:
+    with pytest.raises(ValueError, match="tree tokens=500"):
+        StaticEagle3Drafter(tiny("sliding"), tree_topk=3, tree_tokens=500)
+    with pytest.raises(ValueError, match="draft_tree on a chain drafter"):
+        StaticEagle3Drafter(tiny("sliding")).draft_tree(torch.tensor([1]), torch.tensor([3]))
+
+
+def test_tree_verify_and_path_moves_equal_the_model_on_each_rows_text(reference_target_path) -> None:
+    """Three rows at their own positions verify a random tree each in one ``tree_step``: every node's logits and
+    features are HF's forward over the row's prompt and the node's branch; after ``move_paths`` the accepted path's
+    keys are where a plain step expects them: the next step's logits are HF's over prompt + path + the next token."""
+    from transformers import AutoModelForCausalLM
+
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    g = torch.Generator().manual_seed(4)
+    n, depth = 9, 9
+    target = StaticTarget(model, feature_layer_ids=[2])
+    target.allocate(100, batch=3)
+    prompts = [torch.randint(3, 8000, (m,), generator=g) for m in (31, 18, 44)]
+    for row, prompt in enumerate(prompts):
+        target.prefill(prompt, row, 0)
+    trees = [random_tree(g, n, vocab=3) for _ in prompts]
+    vocab_ids = torch.randint(3, 8000, (3,), generator=g)  # the trees' tokens are these ids
+    tokens = vocab_ids[torch.tensor([t[0] for t in trees])]
+    parents, depths = torch.tensor([t[1] for t in trees]), torch.tensor([t[2] for t in trees])
+    roots = torch.randint(3, 8000, (3,), generator=g)
+    pos = torch.tensor([len(p) for p in prompts])
+    mask = tree_masks(parents, depth)
+    ids = torch.cat([roots[:, None], tokens], dim=1)
+    logits, features = target.tree_step(ids, pos, torch.cat([depths.new_zeros(3, 1), depths], dim=1), mask)
+
+    def branch(row: int, node: int) -> list[int]:  # rows of [root, nodes] from the root to ``node``
+        return [0] + [j for j in range(1, n + 1) if mask[row, node, j]]
+
+    for row, prompt in enumerate(prompts):
+        for node in range(n + 1):
+            text = torch.cat([prompt, ids[row, branch(row, node)]])
+            with torch.no_grad():
+                ref = model(text[None], output_hidden_states=True)
+            torch.testing.assert_close(logits[row, node], ref.logits[0, -1], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(features[row, node], ref.hidden_states[3][0, -1], rtol=1e-4, atol=1e-4)
+    ends = [n, 1, 0]  # accept a deep path, one node, nothing
+    path = torch.stack([torch.tensor(branch(row, end)[1:] + list(range(len(branch(row, end)), depth + 1))) for row, end in enumerate(ends)])
+    target.move_paths(path, pos)
+    after = torch.randint(3, 8000, (3, 1), generator=g)
+    accepted = torch.tensor([len(branch(row, end)) - 1 for row, end in enumerate(ends)])
+    step_logits, _ = target.step(after, pos + accepted + 1)
+    for row, prompt in enumerate(prompts):
+        text = torch.cat([prompt, ids[row, branch(row, ends[row])], after[row]])
+        with torch.no_grad():
+            ref = model(text[None]).logits[0, -1]
+        torch.testing.assert_close(step_logits[row, 0], ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compile", [False, True])
+def test_captured_trees_equal_the_uncaptured_ones_on_cuda(compile) -> None:
+    """The tree draft as a CUDA graph (compiled or not) against the same drafter run eagerly on the GPU, rows at their
+    own positions and acceptances (exact uncompiled; compiled, the logits' rounding may reorder a near tie: scores close)."""
+    model = tiny("sliding+full", steps=4).cuda()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    drafters = [StaticEagle3Drafter(model, capture=c, compile=c and compile, tree_topk=TOPK, tree_tokens=16) for c in (False, True)]
+    features = torch.randn(2, 9, model.fc.in_features, device="cuda", generator=g)
+    ids = torch.randint(0, VOCAB, (2, 9), device="cuda", generator=g)
+    for d in drafters:
+        d.allocate(100, batch=2)
+        for row in range(2):
+            d.prefill(features[row], 0, ids[row], row=row)
+    pos = torch.tensor([9, 9], device="cuda")
+    same = 0
+    for step in range(10):
+        token = torch.randint(0, VOCAB, (2,), device="cuda", generator=g)
+        outs = [[t.clone() for t in d.draft_tree(token, pos)] for d in drafters]
+        same += all(torch.equal(a, b) for a, b in zip(outs[0], outs[1]))
+        features = torch.randn(2, 5, model.fc.in_features, device="cuda", generator=g)
+        block_ids = torch.randint(0, VOCAB, (2, 5), device="cuda", generator=g)
+        for d in drafters:
+            d.append(features, pos, block_ids)
+        pos = pos + torch.tensor([1 + step % 4, 4 - step % 4], device="cuda")
+    assert same == 10 if not compile else same >= 8, same
