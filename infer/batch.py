@@ -20,8 +20,9 @@ turn's answer) enters as soon as the answer is out.
 
 Drafters: None (the target alone), ``StaticDFlashDrafter``, ``StaticEagle3Drafter`` (chains, and greedy EAGLE-2
 dynamic trees: each row drafts from its own pending block, ``models/eagle3.py``) and prompt lookup (one copy per row).
-The eager drafters (``Eagle3Drafter``, ``DFlashDrafter``: FlashInfer attention, trees with prompt lookup's branch) keep
-per-request state and run at batch size 1 (``generate``).
+Trees may take prompt lookup's chain over each row's text as one more branch (``tree_lookup``: merged on the host, one
+more sync per step). The eager drafters (``Eagle3Drafter``, ``DFlashDrafter``: FlashInfer attention) keep per-request
+state and run at batch size 1 (``generate``).
 
     tree step: draft every row's tree -> verify all rows' trees in one [B, N+1] target pass under tree masks ->
             accept per row on the device (``accept_trees``) -> move each accepted path's keys into place -> the
@@ -38,9 +39,9 @@ from typing import Callable
 import torch
 
 from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes
-from infer.prompt_lookup import PromptLookupDrafter
+from infer.prompt_lookup import PromptLookupDrafter, lookup_drafts
 from models.dflash import StaticDFlashDrafter
-from models.eagle3 import StaticEagle3Drafter, accept_trees
+from models.eagle3 import StaticEagle3Drafter, accept_trees, merge_chains
 from models.sampling import SamplingConfig, choose, verify
 from models.static_target import StaticTarget
 
@@ -67,8 +68,7 @@ class Row:
 
 def check_batchable(drafter, batch_size: int) -> None:
     if batch_size > 1 and drafter is not None and not isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter, PromptLookupDrafter)):
-        what = ("EAGLE-3 trees with prompt lookup's branch (--tree-lookup)" if getattr(drafter, "tree_lookup", 0) else
-                "the eager EAGLE-3 drafter (Eagle3Drafter)" if getattr(drafter, "tree", False) else type(drafter).__name__)
+        what = "the eager EAGLE-3 drafter (Eagle3Drafter)" if getattr(drafter, "tree", False) else type(drafter).__name__
         raise ValueError(f"--batch-size {batch_size}: batched decoding runs DFlash, EAGLE-3 chains and trees (StaticEagle3Drafter), "
                          f"prompt lookup or the target alone; {what} runs at --batch-size 1")
 
@@ -283,6 +283,9 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
         elif tree:  # every row's tree: tokens, parents, depths [B, N], mask [B, N+1, N+1] (captured: the graph's buffers)
             tree_tokens, parents, depths, tree_mask = drafter.draft_tree(tokens, positions)
+            if drafter.tree_lookup:  # prompt lookup's chain over each row's text joins its tree (host: one more sync)
+                chains = [lookup_drafts(row.prompt + row.out, drafter.tree_lookup) if row else [] for row in rows]
+                tree_tokens, parents, depths, tree_mask = merge_chains(tree_tokens, parents, depths, chains, drafter.tree_lookup)
             ids = torch.cat([tokens[:, None], tree_tokens], dim=1)
         elif isinstance(drafter, StaticEagle3Drafter):
             # each row's Exp(1) noise from its own generator, step by step, as batch 1 draws it (idle rows: a throwaway one)
@@ -307,7 +310,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             logits, features = target.step(ids, positions[:m], lengths)
         t2 = time.perf_counter()
         if tree:  # accepted [B], path [B, steps] (rows of [root, nodes]), bonus [B], all on the device
-            accepted, path, new_token = accept_trees(tree_tokens, parents, depths, tree_mask, logits.argmax(-1), drafter.steps)
+            accepted, path, new_token = accept_trees(tree_tokens, parents, depths, tree_mask, logits.argmax(-1), block - 1)
             target.move_paths(path, positions)
             kept = torch.cat([path.new_zeros(m, 1), path], dim=1)  # the pending block: the root and the accepted path
             drafter.append(features.gather(1, kept[:, :, None].expand(m, kept.shape[1], features.shape[2])), positions, ids.gather(1, kept))

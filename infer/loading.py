@@ -68,7 +68,7 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     either tree option is given); refused for a DFlash drafter, whose block size is fixed by training.
     tree_lookup: EAGLE-3 trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
     batch_size: the loop's rows: EAGLE-3 trees above 1 draft over static caches (``StaticEagle3Drafter``, batched and
-        captured); at 1 the eager ``Eagle3Drafter`` drafts them (``infer.generate``; the only one with ``tree_lookup``).
+        captured); at 1 the eager ``Eagle3Drafter`` drafts them (``infer.generate``).
     """
     target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
     drafter = None
@@ -93,11 +93,10 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                                  f"{target.model.config.get_text_config().vocab_size}")
             model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
             trees = tree_topk is not None or tree_tokens is not None
-            if tree_lookup and batch_size > 1:
-                raise ValueError(f"--tree-lookup {tree_lookup}: trees with prompt lookup's branch run at --batch-size 1 (got {batch_size})")
-            if (not trees or batch_size > 1) and not tree_lookup and attention_backend != "flashinfer":
+            if (not trees and not tree_lookup or trees and batch_size > 1) and attention_backend != "flashinfer":
                 # chains, and batched trees: fixed-shape caches, the whole draft captured on a GPU, beside the static target
-                drafter = StaticEagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens)
+                drafter = StaticEagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
+                                              tree_lookup=tree_lookup)
             else:  # trees at batch 1 (and FlashInfer attention): the eager drafter, which refuses tree_lookup without a tree
                 drafter = Eagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
                                         attention_backend=attention_backend, tree_lookup=tree_lookup)

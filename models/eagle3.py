@@ -318,7 +318,16 @@ def merge_chain(tree: DraftTree, chain: list[int]) -> DraftTree:
     ``accept_tree`` walks whichever of the two the target agrees with further. Host-side (one sync for the tree)."""
     if not chain:
         return tree
-    tokens, parents, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
+    tokens, parents, depths = merge_chain_lists(tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist(), chain)
+    device = tree.tokens.device
+    return DraftTree(tokens=torch.tensor(tokens, dtype=tree.tokens.dtype, device=device),
+                     parents=torch.tensor(parents, dtype=tree.parents.dtype, device=device),
+                     depths=torch.tensor(depths, dtype=tree.depths.dtype, device=device))
+
+
+def merge_chain_lists(tokens: list[int], parents: list[int], depths: list[int], chain: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """``merge_chain`` on host lists (new lists; the tree's nodes first, then the chain's new ones)."""
+    tokens, parents, depths = list(tokens), list(parents), list(depths)
     children = {(parent, token): row for row, (token, parent) in enumerate(zip(tokens, parents), start=1)}
     row = 0
     for depth, token in enumerate(chain, start=1):
@@ -329,10 +338,24 @@ def merge_chain(tree: DraftTree, chain: list[int]) -> DraftTree:
             depths.append(depth)
             nxt = children[(row, token)] = len(tokens)
         row = nxt
-    device = tree.tokens.device
-    return DraftTree(tokens=torch.tensor(tokens, dtype=tree.tokens.dtype, device=device),
-                     parents=torch.tensor(parents, dtype=tree.parents.dtype, device=device),
-                     depths=torch.tensor(depths, dtype=tree.depths.dtype, device=device))
+    return tokens, parents, depths
+
+
+def merge_chains(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, chains: list[list[int]],
+                 width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``merge_chain`` for a batch of trees (tokens/parents/depths [B, N]; ``chains[b]`` at most ``width`` long): every
+    row padded to N + width nodes with depth-0 nodes under the root (token 0; ``accept_trees`` never takes a depth-0
+    node, and no other node sees them). Returns tokens, parents, depths [B, N + width] and ``tree_masks`` [B, N+1+width,
+    N+1+width]. Host-side: one sync for the trees."""
+    rows = []
+    for t, p, d, chain in zip(tokens.tolist(), parents.tolist(), depths.tolist(), chains):
+        t, p, d = merge_chain_lists(t, p, d, chain[:width])
+        pad = tokens.shape[1] + width - len(t)
+        rows.append((t + [0] * pad, p + [0] * pad, d + [0] * pad))
+    device = tokens.device
+    merged = [torch.tensor([r[i] for r in rows], dtype=x.dtype, device=device) for i, x in enumerate((tokens, parents, depths))]
+    bound = max(int(depths.max()) if depths.numel() else 0, max((len(c[:width]) for c in chains), default=0))
+    return (*merged, tree_masks(merged[1], bound))
 
 
 def accept_tree(tokens: list[int], parents: list[int], target_tokens: list[int]) -> tuple[list[int], int]:
@@ -725,10 +748,10 @@ class StaticEagle3Drafter:
     """
 
     appends_whole_block = True  # infer.generate passes every verified position's features, not the accepted ones only
-    tree_lookup = 0
 
     def __init__(self, model: Eagle3DraftModel, window="trained", steps: int | None = None, capture: bool | None = None,
-                 compile: bool | None = None, extend_chunk: int = 512, tree_topk: int | None = None, tree_tokens: int | None = None):
+                 compile: bool | None = None, extend_chunk: int = 512, tree_topk: int | None = None, tree_tokens: int | None = None,
+                 tree_lookup: int = 0):
         self.model = model.eval().requires_grad_(False)
         self.window_arg = window
         self.windows = layer_windows(model, window)
@@ -737,15 +760,20 @@ class StaticEagle3Drafter:
             raise ValueError(f"draft steps={steps!r}; expected a positive int")
         if extend_chunk < 1:
             raise ValueError(f"extend_chunk={extend_chunk}; expected >= 1")
-        self.block_size = self.steps + 1  # P: the most a step accepts plus its bonus, the pending block
         self.tree = tree_topk is not None or tree_tokens is not None
+        if tree_lookup and not self.tree:
+            raise ValueError(f"tree_lookup={tree_lookup}: prompt lookup's branch joins a tree; give --tree-topk/--tree-tokens too")
+        if not isinstance(tree_lookup, int) or isinstance(tree_lookup, bool) or tree_lookup < 0:
+            raise ValueError(f"tree_lookup={tree_lookup!r}; expected an int >= 0 (0: no prompt-lookup branch)")
+        self.tree_lookup = tree_lookup  # prompt lookup's chain joins each row's tree (``infer.batch``, ``merge_chains``)
+        self.block_size = max(self.steps, tree_lookup) + 1  # P: the most a step accepts plus its bonus, the pending block
         self.tree_topk = tree_topk if tree_topk is not None else min(8, model.config.draft_vocab_size)  # Eagle3Drafter's defaults
         pool = self.tree_topk + (self.steps - 1) * self.tree_topk ** 2 if isinstance(self.tree_topk, int) else 0
         self.tree_tokens = tree_tokens if tree_tokens is not None else min(64, pool)
         if self.tree:
             check_tree(self.tree_topk, self.tree_tokens, self.steps, model.config.draft_vocab_size)
         # target tokens per verify pass; scratch slots: step 0's own keys, then the chain's (or the tree's expanded nodes')
-        self.verify_tokens = self.tree_tokens + 1 if self.tree else self.block_size
+        self.verify_tokens = self.tree_tokens + tree_lookup + 1 if self.tree else self.block_size
         self.scratch = max(self.block_size, (self.steps - 1) * self.tree_topk) if self.tree else self.block_size
         self.target_layer_ids = model.target_layer_ids
         self.extend_chunk = extend_chunk
@@ -771,7 +799,7 @@ class StaticEagle3Drafter:
     def with_window(self, window) -> "StaticEagle3Drafter":
         """The same drafter under another inference window."""
         return StaticEagle3Drafter(self.model, window, self.steps, self.capture, self.compile, self.extend_chunk,
-                                   self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None)
+                                   self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup)
 
     @property
     def device(self) -> torch.device:
@@ -964,13 +992,13 @@ class StaticEagle3Drafter:
         # scratch slot m holds the m-th expanded node's key (depth m // k + 1); which expanded nodes each one sees:
         ancestors = torch.zeros(bsz, self.scratch, self.scratch, dtype=torch.bool, device=device)  # [B, M, M], M = scratch
         expanded_depth = torch.arange(self.scratch, device=device) // k + 1
-        own_slots = torch.arange(k, device=device)
+        eye = torch.eye(k, dtype=torch.bool, device=device)
         size = k
         for d in range(1, self.steps):
             m = (d - 1) * k
             if frontier_slot is not None:  # a frontier node sees what its parent saw
                 ancestors[:, m:m + k] = ancestors.gather(1, frontier_slot[:, :, None].expand(bsz, k, self.scratch))
-            ancestors[:, m + own_slots, m + own_slots] = True
+            ancestors[:, m:m + k, m:m + k] |= eye  # (no host scalar: this runs inside a CUDA graph capture)
             sees = ancestors[:, m:m + k]  # [B, k, M]
 
             def attend(i, q, kk, vv, m=m, d=d, sees=sees):

@@ -83,19 +83,21 @@ def test_tree_accepts_more_than_the_chain(setup) -> None:
     assert taus["chain"] > 1.5 and taus["tree"] >= taus["chain"], taus
 
 
-@pytest.mark.parametrize("window", WINDOWS)
-def test_batched_trees_equal_batch_one(setup, window) -> None:
-    """Static trees, three rows in flight over four prompts (one row refilled): each prompt's tokens and accepted
-    counts are the eager batch-1 tree's, which are the target's greedy tokens."""
+@pytest.mark.parametrize("window,lookup", [(None, 0), (4, 0), (None, 8)])
+def test_batched_trees_equal_batch_one(setup, window, lookup) -> None:
+    """Static trees (with prompt lookup's branch: ``lookup``), three rows in flight over four prompts (one row refilled):
+    each prompt's tokens and accepted counts are the eager batch-1 tree's, which are the target's greedy tokens."""
     model, tokenizer, questions, drafter_model, target = setup
     prompts = [long_prompt_ids(tokenizer, q) for q in questions[:4]]
-    want = [generate(target, Eagle3Drafter(drafter_model, window=window, **TREE), p, max_new_tokens=32) for p in prompts]
-    got = generate_batch(target, StaticEagle3Drafter(drafter_model, window=window, **TREE), prompts, 32, batch_size=3)
+    want = [generate(target, Eagle3Drafter(drafter_model, window=window, **TREE, tree_lookup=lookup), p, max_new_tokens=48) for p in prompts]
+    got = generate_batch(target, StaticEagle3Drafter(drafter_model, window=window, **TREE, tree_lookup=lookup), prompts, 48, batch_size=3)
     for i, (w, g) in enumerate(zip(want, got)):
-        assert g.tokens == w.tokens == hf_greedy(model, prompts[i], 32), i
+        assert g.tokens == w.tokens == hf_greedy(model, prompts[i], 48), i
         assert g.stats.accepted_per_step == w.stats.accepted_per_step, i
     accepted = [a for g in got for a in g.stats.accepted_per_step]
     assert max(accepted) >= 3 and 0 in accepted, accepted
+    if lookup:
+        assert max(accepted) > STEPS, accepted  # a copy deeper than the trees reach
 
 
 def test_tree_with_prompt_lookup_branch(setup) -> None:

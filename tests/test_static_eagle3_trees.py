@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.eagle3 import DraftTree, Eagle3Drafter, StaticEagle3Drafter, accept_tree, accept_trees, tree_masks
+from models.eagle3 import DraftTree, Eagle3Drafter, StaticEagle3Drafter, accept_tree, accept_trees, merge_chain, merge_chains, tree_masks
 from test_static_eagle3 import SHAPES, VOCAB, tiny
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
@@ -56,6 +56,33 @@ def test_batched_masks_and_acceptance_equal_the_single_tree_functions() -> None:
         assert path[r].tolist() == want_path + list(range(len(want_path) + 1, depth + 1)), r
         lengths.add(len(want_path))
     assert {0, 1, 2} <= lengths and max(lengths) >= 3, lengths
+
+
+def test_prompt_lookup_chains_join_a_batch_of_trees_as_merge_chain_joins_one() -> None:
+    """``merge_chains`` (padded to N + width with depth-0 nodes) against ``merge_chain`` row by row; on the padded trees
+    ``accept_trees`` accepts what ``accept_tree`` accepts on the merged tree alone."""
+    g = torch.Generator().manual_seed(1)
+    n, rows, width = 8, 48, 5
+    trees = [random_tree(g, n, vocab=4) for _ in range(rows)]
+    tokens, parents, depths = (torch.tensor([t[i] for t in trees]) for i in range(3))
+    chains = [torch.randint(0, 4, (int(torch.randint(0, width + 1, (), generator=g)),), generator=g).tolist() for _ in range(rows)]
+    merged_tokens, merged_parents, merged_depths, masks = merge_chains(tokens, parents, depths, chains, width)
+    assert merged_tokens.shape == (rows, n + width) and masks.shape == (rows, n + width + 1, n + width + 1)
+    bound = max(int(depths.max()), width)
+    target_tokens = torch.randint(0, 4, (rows, n + width + 1), generator=g)
+    accepted, path, bonus = accept_trees(merged_tokens, merged_parents, merged_depths, masks, target_tokens, bound)
+    grown = 0
+    for r, (tok, par, dep) in enumerate(trees):
+        want = merge_chain(DraftTree(torch.tensor(tok), torch.tensor(par), torch.tensor(dep)), chains[r])
+        m = want.tokens.shape[0]
+        grown += m > n
+        assert torch.equal(merged_tokens[r, :m], want.tokens) and torch.equal(merged_parents[r, :m], want.parents), r
+        assert torch.equal(merged_depths[r, :m], want.depths) and not merged_depths[r, m:].any(), r
+        assert torch.equal(masks[r, :m + 1, :m + 1], want.mask(bound)), r
+        assert not masks[r, :m + 1, m + 1:].any(), r  # no real node sees the padding
+        want_path, want_bonus = accept_tree(want.tokens.tolist(), want.parents.tolist(), target_tokens[r, :m + 1].tolist())
+        assert int(accepted[r]) == len(want_path) and int(bonus[r]) == want_bonus and path[r, :len(want_path)].tolist() == want_path, r
+    assert grown > rows // 2
 
 
 def drive(model, window, tree_tokens: int, accept_seed: int = 0, steps_n: int = 8):
