@@ -28,8 +28,9 @@ forward serves the training-time test (``train/eagle3.py``: keys of earlier step
 drafting (``Eagle3Drafter`` below: the caches), the cache an argument of ``attend``.
 
 Drafting (``Eagle3Drafter``): per-layer draft KV caches, chain drafting and EAGLE-2 dynamic trees.
-``StaticEagle3Drafter`` (the loop's chains, captured as CUDA graphs on a GPU): the same chains over fixed-shape
-buffers, appending whole verify blocks; its docstring says why that stays exact.
+``StaticEagle3Drafter`` (the loop's chains and batched trees, captured as CUDA graphs on a GPU): the same chains and
+trees over fixed-shape buffers, appending whole verify blocks (trees: the accepted path); its docstring says why that
+stays exact.
 
 Index t of the drafter holds the target's features f_t and the next token x_{t+1} at RoPE position
 t + 1 (above), so an accepted position can only be processed once the token
@@ -717,7 +718,13 @@ class StaticEagle3Drafter:
     """EAGLE-3 chain drafting for the static loop: fixed-shape buffers for a batch of rows, so a whole draft (step 0
     over the last verify block, then the k - 1 chain steps) is one tensor program with positions as device tensors,
     captured once per (batch, sampling settings) as a CUDA graph (``models.static_target.CapturedStep``) on a GPU and
-    replayed. Chains only; trees stay with ``Eagle3Drafter``, whose drafts these are (``tests/test_static_eagle3.py``).
+    replayed. The drafts are ``Eagle3Drafter``'s (``tests/test_static_eagle3.py``), and so are its dynamic trees
+    (``tree_topk``/``tree_tokens``, greedy; ``tests/test_static_eagle3_trees.py``): step 0 as for a chain, then each depth's
+    k frontier nodes in one pass at position pos + d, their keys in scratch slots (d - 1) * k .., each seeing the ring
+    within its window and its expanded ancestors (a per-row [k, M] mask); the pool, the selection of the best
+    ``tree_tokens`` and the verify mask are fixed-shape tensor ops, so one graph per batch size drafts every row's tree.
+    After the verify (``infer.batch``) the pending block is the root and the accepted path (positions pos .. pos + a),
+    padded to P = max(steps, tree_lookup) + 1; its padding is never read, as a chain's rejected tail.
 
     Buffers (``allocate``), per layer: keys/values ``[B, Hkv, S + P, D]`` and the key position each of the first S
     slots holds, ``[B, S]`` (-1: empty), P = k + 1 (a verify block). Index t's key sits at position t + 1 (module
