@@ -5,7 +5,10 @@ whether every turn's tokens and accepted counts per step are the same.
         --questions 16 --max-new-tokens 128 --batch-sizes 1 8
 
 Runs MT-Bench's first ``--questions`` conversations (both turns) through ``eval.runner.run_conversations`` for the
-target alone, prompt lookup and the drafter (when given), once per batch size; prints one row per (drafter, batch size).
+target alone, prompt lookup and the drafter (when given), once per batch size (``--repeat``: that many passes each, the
+first of a shape compiling and capturing its step graphs on a GPU, the later ones warm); prints one row per pass.
+EAGLE-3 options as eval's (``--draft-steps``, ``--tree-topk/--tree-tokens/--tree-lookup``; trees batched, so every
+batch size above 1).
 Each batch size runs on eval's default CPU threads for it (1 at batch 1, one per core when batched) unless ``--threads``
 fixes one count for all. On a shared machine the wall time counts other processes' load: the CPU seconds of this
 process (all its threads) and the tokens per CPU second beside it count only this process's work.
@@ -42,16 +45,27 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=["alone", "pld", "drafter"], help="run only these (default: all three)")
     p.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                    help="prefill every turn's whole prompt (default: as eval, past what the row's cache holds from the turn before)")
+    p.add_argument("--draft-steps", type=int)
+    p.add_argument("--tree-topk", type=int)
+    p.add_argument("--tree-tokens", type=int)
+    p.add_argument("--tree-lookup", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1, help="passes per batch size (on a GPU the first compiles and captures)")
     p.add_argument("--out")
     args = p.parse_args()
+    trees = args.tree_topk is not None or args.tree_tokens is not None
+    if trees and min(args.batch_sizes) < 2:
+        p.error(f"--batch-sizes {args.batch_sizes}: trees run batched here (static caches); give sizes of 2 or more")
     device = resolve_device(args.device)
-    target, drafter, tokenizer = load_models(args.target, args.drafter, device)
+    target, drafter, tokenizer = load_models(args.target, args.drafter, device, draft_steps=args.draft_steps, tree_topk=args.tree_topk,
+                                             tree_tokens=args.tree_tokens, tree_lookup=args.tree_lookup, batch_size=max(args.batch_sizes))
     eos = eos_ids(tokenizer, target.model)
     conversations = mt_bench(args.questions)
     drafters = {"target alone": None, "prompt lookup": PromptLookupDrafter(num_draft_tokens=(drafter.block_size - 1) if drafter else 7,
                                                                             vocab_size=target.lm_head.weight.shape[0])}
     if drafter is not None:
-        drafters[f"{type(drafter).__name__} (block {drafter.block_size})"] = drafter
+        shape = (f"tree {drafter.tree_topk}/{drafter.tree_tokens}/{drafter.steps}" + (f"+{drafter.tree_lookup}" if drafter.tree_lookup else "")
+                 if getattr(drafter, "tree", False) else f"block {drafter.block_size}")
+        drafters[f"{type(drafter).__name__} ({shape})"] = drafter
     if args.only:
         keep = [name for key, name in zip(["alone", "pld", "drafter"], drafters) if key in args.only]
         drafters = {name: drafters[name] for name in keep}
@@ -62,7 +76,7 @@ def main() -> None:
     rows = []
     for name, d in drafters.items():
         first = None
-        for bs in args.batch_sizes:
+        for bs in [b for b in args.batch_sizes for _ in range(args.repeat)]:
             set_threads(device, args.threads, bs)  # eval's default for this batch size unless --threads says
             threads = torch.get_num_threads()
             t0, c0 = time.perf_counter(), time.process_time()

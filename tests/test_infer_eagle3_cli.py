@@ -164,12 +164,19 @@ def test_cli_prompts_file_batched_equals_one_prompt_at_a_time(reference_target_p
     assert [(text.split("\n", 1)[1].strip(), p["accepted_per_step"]) for text, p in zip(printed, report["per_prompt"])] == singles
 
 
-def test_cli_batch_size_mistakes_are_one_line(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
+def test_cli_batch_size_mistakes_are_one_line_and_trees_batch(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "Hi"}) + "\n")
     common = ["--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--max-new-tokens", "4", "--threads", "1"]
     assert infer_main([*common, "--prompt", "Hi", "--batch-size", "2"]) == 2
     assert capsys.readouterr().err.strip() == "error: --batch-size 2; expected >= 1, and above 1 only with --prompts FILE"
-    assert infer_main([*common, "--prompts", str(prompts), "--batch-size", "2", "--tree-topk", "2", "--tree-tokens", "4"]) == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]  # (after the weights' loading bar)
-    assert last.startswith("error: --batch-size 2: batched decoding runs") and last.endswith("runs at --batch-size 1")
+    # trees batch (static caches): the same text and τ as batch 1's eager trees
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hi", "Tell me a story about a cat.", "Why is the sky blue?"]))
+    tree = ["--prompts", str(prompts), "--tree-topk", "2", "--tree-tokens", "4", "--draft-steps", "2", "--max-new-tokens", "12"]
+    capsys.readouterr()
+    assert infer_main([*common, *tree, "--batch-size", "1"]) == 0
+    one = capsys.readouterr()
+    assert infer_main([*common, *tree, "--batch-size", "2"]) == 0
+    two = capsys.readouterr()
+    assert one.out == two.out and one.out.count("### ") == 3
+    assert one.err.split("| tau ")[-1] == two.err.split("| tau ")[-1]  # "tau T over S steps"
