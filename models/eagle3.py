@@ -301,14 +301,8 @@ class DraftTree:
         """[N+1, N+1] bool: row i sees its ancestors and itself (tree attention for verification).
 
         depth: an upper bound on the node depths (the drafter's steps: no host sync); default their max."""
-        n = self.tokens.shape[0] + 1
-        parent = torch.cat([self.parents.new_zeros(1), self.parents])  # the root is its own parent
-        visible = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
-        rows, cur = torch.arange(n, device=self.tokens.device), torch.arange(n, device=self.tokens.device)
-        for _ in range((depth if depth is not None else int(self.depths.max())) if n > 1 else 0):
-            cur = parent[cur]
-            visible[rows, cur] = True
-        return visible
+        bound = (depth if depth is not None else int(self.depths.max())) if self.tokens.shape[0] else 0
+        return tree_masks(self.parents[None], bound)[0]
 
 
 def merge_chain(tree: DraftTree, chain: list[int]) -> DraftTree:
@@ -437,19 +431,9 @@ class Eagle3Drafter:
         self.steps = model.ttt_length if steps is None else steps
         if not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"draft steps={steps!r}; expected a positive int")
-        self.tree = tree_topk is not None or tree_tokens is not None
-        # defaults (one option given): top-8, 64 nodes, or every candidate when the tree is smaller
-        self.tree_topk = tree_topk if tree_topk is not None else min(8, model.config.draft_vocab_size)
-        pool = self.tree_topk + (self.steps - 1) * self.tree_topk ** 2 if isinstance(self.tree_topk, int) else 0
-        self.tree_tokens = tree_tokens if tree_tokens is not None else min(64, pool)
-        if self.tree:
-            check_tree(self.tree_topk, self.tree_tokens, self.steps, model.config.draft_vocab_size)
+        self.tree, self.tree_topk, self.tree_tokens = tree_options(tree_topk, tree_tokens, tree_lookup, self.steps, model.config.draft_vocab_size)
         if extend_chunk < 1:
             raise ValueError(f"extend_chunk={extend_chunk}; expected >= 1")
-        if tree_lookup and not self.tree:
-            raise ValueError(f"tree_lookup={tree_lookup}: prompt lookup's branch joins a tree; give --tree-topk/--tree-tokens too")
-        if not isinstance(tree_lookup, int) or tree_lookup < 0:
-            raise ValueError(f"tree_lookup={tree_lookup!r}; expected an int >= 0 (0: no prompt-lookup branch)")
         self.tree_lookup = tree_lookup
         self.block_size = max(self.steps, tree_lookup) + 1  # accepted drafts per step: 0 .. the deepest branch
         self.verify_tokens = (self.tree_tokens + tree_lookup if self.tree else self.steps) + 1  # target tokens per verify pass
@@ -694,22 +678,40 @@ class Eagle3Drafter:
 def select_tree(ids: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, total: int,
                 model: Eagle3DraftModel) -> DraftTree:
     """The ``total`` best pool nodes (draft ids [P], scores [P], parent pool index [P] or -1, depths [P]) as a ``DraftTree``."""
+    chosen_ids, parent_rows, chosen_depths = select_trees(ids[None], scores[None], parents[None], depths, total)
+    return DraftTree(tokens=model.draft_to_target(chosen_ids[0]), parents=parent_rows[0], depths=chosen_depths[0])
+
+
+def select_trees(ids: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                 total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's ``total`` best pool nodes (draft ids, scores, parent pool index or -1 [B, P]; depths [P]), in creation
+    order (parents first): draft ids, parent rows in [root, nodes] (0 = the root) and depths, [B, total]."""
     # stable: a child whose log-prob rounds to 0 ties its parent and still comes after it
-    chosen = torch.sort(scores, descending=True, stable=True).indices[:total].sort().values  # creation order: parents first
-    row_of = torch.full_like(parents, -1)
-    row_of[chosen] = torch.arange(1, chosen.shape[0] + 1, device=chosen.device)
-    parent = parents[chosen]
-    parent_rows = torch.where(parent < 0, 0, row_of[parent.clamp(min=0)])
-    return DraftTree(tokens=model.draft_to_target(ids[chosen]), parents=parent_rows, depths=depths[chosen])
+    chosen = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :total].sort(dim=1).values
+    bsz, n = chosen.shape
+    row_of = torch.full_like(parents, -1).scatter_(1, chosen, torch.arange(1, n + 1, device=chosen.device).expand(bsz, n))
+    parent = parents.gather(1, chosen)
+    parent_rows = torch.where(parent < 0, 0, row_of.gather(1, parent.clamp(min=0)))
+    return ids.gather(1, chosen), parent_rows, depths[chosen]
 
 
-def check_tree(topk, tokens, depth: int, draft_vocab: int) -> None:
-    """One-line ValueError for tree parameters that cannot make a tree."""
-    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= draft_vocab:
+def tree_options(tree_topk, tree_tokens, tree_lookup, depth: int, draft_vocab: int) -> tuple[bool, int, int]:
+    """(trees on, top-k, nodes) for both drafters, with one-line ValueErrors for options that cannot make a tree. Either
+    tree option turns trees on; the other defaults to top-8 / 64 nodes (or every candidate when the tree is smaller).
+    ``tree_lookup`` (prompt lookup's branch, an int >= 0) needs a tree."""
+    tree = tree_topk is not None or tree_tokens is not None
+    topk = tree_topk if tree_topk is not None else min(8, draft_vocab)
+    pool = topk + (depth - 1) * topk * topk if isinstance(topk, int) else 0
+    tokens = tree_tokens if tree_tokens is not None else min(64, pool)
+    if tree and (not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= draft_vocab):
         raise ValueError(f"tree topk={topk!r}; expected an int in 1 .. {draft_vocab} (the draft vocabulary)")
-    pool = topk + (depth - 1) * topk * topk
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or not 1 <= tokens <= pool:
+    if tree and (not isinstance(tokens, int) or isinstance(tokens, bool) or not 1 <= tokens <= pool):
         raise ValueError(f"tree tokens={tokens!r}; expected an int in 1 .. {pool} (topk {topk} at depth {depth} drafts {pool} candidates)")
+    if tree_lookup and not tree:
+        raise ValueError(f"tree_lookup={tree_lookup}: prompt lookup's branch joins a tree; give --tree-topk/--tree-tokens too")
+    if not isinstance(tree_lookup, int) or isinstance(tree_lookup, bool) or tree_lookup < 0:
+        raise ValueError(f"tree_lookup={tree_lookup!r}; expected an int >= 0 (0: no prompt-lookup branch)")
+    return tree, topk, tokens
 
 
 # ----------------------------------------------------------------------------- chain drafting over static caches
@@ -767,18 +769,9 @@ class StaticEagle3Drafter:
             raise ValueError(f"draft steps={steps!r}; expected a positive int")
         if extend_chunk < 1:
             raise ValueError(f"extend_chunk={extend_chunk}; expected >= 1")
-        self.tree = tree_topk is not None or tree_tokens is not None
-        if tree_lookup and not self.tree:
-            raise ValueError(f"tree_lookup={tree_lookup}: prompt lookup's branch joins a tree; give --tree-topk/--tree-tokens too")
-        if not isinstance(tree_lookup, int) or isinstance(tree_lookup, bool) or tree_lookup < 0:
-            raise ValueError(f"tree_lookup={tree_lookup!r}; expected an int >= 0 (0: no prompt-lookup branch)")
+        self.tree, self.tree_topk, self.tree_tokens = tree_options(tree_topk, tree_tokens, tree_lookup, self.steps, model.config.draft_vocab_size)
         self.tree_lookup = tree_lookup  # prompt lookup's chain joins each row's tree (``infer.batch``, ``merge_chains``)
         self.block_size = max(self.steps, tree_lookup) + 1  # P: the most a step accepts plus its bonus, the pending block
-        self.tree_topk = tree_topk if tree_topk is not None else min(8, model.config.draft_vocab_size)  # Eagle3Drafter's defaults
-        pool = self.tree_topk + (self.steps - 1) * self.tree_topk ** 2 if isinstance(self.tree_topk, int) else 0
-        self.tree_tokens = tree_tokens if tree_tokens is not None else min(64, pool)
-        if self.tree:
-            check_tree(self.tree_topk, self.tree_tokens, self.steps, model.config.draft_vocab_size)
         # target tokens per verify pass; scratch slots: step 0's own keys, then the chain's (or the tree's expanded nodes')
         self.verify_tokens = self.tree_tokens + tree_lookup + 1 if self.tree else self.block_size
         self.scratch = max(self.block_size, (self.steps - 1) * self.tree_topk) if self.tree else self.block_size
@@ -1030,16 +1023,9 @@ class StaticEagle3Drafter:
             frontier_hidden = self.model.next_hidden(out).gather(1, row[:, :, None].expand(bsz, k, out.shape[2]))
             frontier_slot = m + row
             size += k * k
-        # select_tree per row: the best tree_tokens candidates, in creation order (parents before children)
-        scores, parents = torch.cat(pool_scores, 1), torch.cat(pool_parent, 1)  # [B, pool]
-        chosen = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :self.tree_tokens].sort(dim=1).values  # [B, N]
-        n = chosen.shape[1]
-        row_of = torch.full_like(parents, -1).scatter_(1, chosen, torch.arange(1, n + 1, device=device).expand(bsz, n))
-        parent = parents.gather(1, chosen)
-        parent_rows = torch.where(parent < 0, 0, row_of.gather(1, parent.clamp(min=0)))
-        tokens = self.model.draft_to_target(torch.cat(pool_ids, 1).gather(1, chosen))
-        depths = torch.cat(pool_depth)[chosen]
-        return tokens, parent_rows, depths, tree_masks(parent_rows, self.steps)
+        ids, parent_rows, depths = select_trees(torch.cat(pool_ids, 1), torch.cat(pool_scores, 1), torch.cat(pool_parent, 1),
+                                                torch.cat(pool_depth), self.tree_tokens)
+        return self.model.draft_to_target(ids), parent_rows, depths, tree_masks(parent_rows, self.steps)
 
     @torch.no_grad()
     def draft_tree(self, token: torch.Tensor, pos: torch.Tensor):

@@ -1,7 +1,7 @@
 """Batched EAGLE-2 dynamic trees over static caches (``StaticEagle3Drafter`` with tree options, ``tree_masks``,
 ``accept_trees``, ``StaticTarget.tree_step`` / ``move_paths``) against the batch-1 pieces they batch: the eager
 ``Eagle3Drafter.draft_tree`` (the same tokens, parents and depths, row by row, whatever path each row accepted),
-``DraftTree.mask`` and ``accept_tree`` (per row, on random trees), and the target's own forward over the accepted text.
+an ancestor walk written out and ``accept_tree`` (per row, on random trees), and the target's own forward over the accepted text.
 The loop's batched trees against batch 1 are in ``tests/test_infer_eagle3_generate.py``."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def random_tree(g: torch.Generator, n: int, vocab: int = 6) -> tuple[list[int], 
     return tokens, parents, depths
 
 
-def test_batched_masks_and_acceptance_equal_the_single_tree_functions() -> None:
+def test_batched_masks_equal_ancestor_walks_and_acceptance_equals_accept_tree() -> None:
     g = torch.Generator().manual_seed(0)
     n, rows = 12, 64
     trees = [random_tree(g, n) for _ in range(rows)]
@@ -49,8 +49,12 @@ def test_batched_masks_and_acceptance_equal_the_single_tree_functions() -> None:
     accepted, path, bonus = accept_trees(tokens, parents, depths, masks, target_tokens, depth)
     lengths = set()
     for r, (tok, par, dep) in enumerate(trees):
-        tree = DraftTree(torch.tensor(tok), torch.tensor(par), torch.tensor(dep))
-        assert torch.equal(masks[r], tree.mask(depth)), r
+        for i in range(n + 1):  # row i sees itself and every ancestor up to the root, walked in plain Python
+            seen, a = {i, 0}, i
+            while a:
+                a = par[a - 1]
+                seen.add(a)
+            assert masks[r, i].tolist() == [j in seen for j in range(n + 1)], (r, i)
         want_path, want_bonus = accept_tree(tok, par, target_tokens[r].tolist())
         assert int(accepted[r]) == len(want_path) and int(bonus[r]) == want_bonus, r
         assert path[r].tolist() == want_path + list(range(len(want_path) + 1, depth + 1)), r
