@@ -109,6 +109,7 @@ def test_drafts_are_the_target_heads_argmax_over_the_draft_ids(static, device) -
         pos += acc + 1
 
 
+@pytest.mark.slow  # 12 s; the quick tier stays under 3 minutes (README); the full suite runs it
 def test_a_draft_vocabulary_loop_is_lossless_and_batches_as_batch_one(reference_target_path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -75,6 +75,7 @@ def test_eval_draft_steps_sets_the_chain_and_prompt_lookups_drafts(reference_tar
     assert result["summary"]["same_as_baseline"] == 1.0
 
 
+@pytest.mark.slow  # five eval runs (15 s); the quick tier stays under 3 minutes (README)
 def test_eval_tree_drafting_is_lossless_and_batches(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
     """``--tree-topk/--tree-tokens`` in eval: every turn equals the target alone, steps as deep as the tree; batched
     (static trees, and with prompt lookup's branch) every turn's tokens and accepted counts are batch 1's."""

@@ -130,9 +130,12 @@ def drive(model, window, tree_tokens: int, accept_seed: int = 0, steps_n: int = 
         static.append(pending_features, starts, pending_ids)
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("window", ["trained", None, 2])
-@pytest.mark.parametrize("tree_tokens", [16, 30])  # chosen by score; every candidate (depth 4's top-k come from depth 3's pass)
+QUICK = {("sliding+full", "trained", 16), ("sliding", 2, 30)}  # the quick tier's cases (README: under 3 minutes); all in the full suite
+
+
+@pytest.mark.parametrize("shape,window,tree_tokens", [  # tree_tokens: chosen by score; every candidate (depth 4's from depth 3's pass)
+    pytest.param(s, w, t, marks=() if (s, w, t) in QUICK else pytest.mark.slow)
+    for s in sorted(SHAPES) for w in ["trained", None, 2] for t in [16, 30]])
 def test_batched_static_trees_equal_the_eager_trees_row_by_row(shape, window, tree_tokens) -> None:
     model = tiny(shape, steps=4)
     depths_seen = set()
