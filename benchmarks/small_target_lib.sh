@@ -14,7 +14,7 @@ regenerate_once() {
   stamp "regenerate: done ($(grep -o 'regenerated [0-9]* turns' "$out/regen.log" || echo 'from cache'))"
 }
 
-# evaluate NAME DRAFTER [EVAL ARGS...]: MT-Bench (80 questions x 2 turns) and the held-out prompts, greedy, batch 16,
+# evaluate NAME DRAFTER [EVAL ARGS...]: MT-Bench (80 questions x 2 turns) and the held-out prompts, greedy, batch 16 (BATCH),
 # the drafter's recorded target (a run folder's, a speculators checkpoint's verifier), prompt lookup beside (eval's
 # default, with as many drafts per step as the drafter)
 evaluate() {
@@ -24,14 +24,14 @@ evaluate() {
 evaluate_mtbench() {
   local name=$1 drafter=$2
   shift 2
-  python -m eval mtbench --drafter "$drafter" --max-new-tokens "$tokens" --batch-size 16 --no-baseline "$@" \
+  python -m eval mtbench --drafter "$drafter" --max-new-tokens "$tokens" --batch-size "${BATCH:-16}" --no-baseline "$@" \
     ${questions:+--num-questions $questions} --out "$out/mtbench_$name" > "$out/mtbench_$name.log" 2>&1 || stamp "$name: mtbench failed (see mtbench_$name.log)"
   stamp "$name: mtbench done"
 }
 evaluate_heldout() {
   local name=$1 drafter=$2
   shift 2
-  python -m eval prompts --prompts "$heldout" --drafter "$drafter" --max-new-tokens "$tokens" --batch-size 16 \
+  python -m eval prompts --prompts "$heldout" --drafter "$drafter" --max-new-tokens "$tokens" --batch-size "${BATCH:-16}" \
     --no-baseline "$@" --out "$out/heldout_$name" > "$out/heldout_$name.log" 2>&1 || stamp "$name: heldout failed"
   stamp "$name: heldout done"
 }

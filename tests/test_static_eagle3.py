@@ -193,20 +193,26 @@ def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_
     assert sampled[0].tokens == sampled[1].tokens and sampled[0].stats.accepted_per_step == sampled[1].stats.accepted_per_step
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("compile", [False, True])
-def test_captured_drafter_equals_the_uncaptured_one_on_cuda(shape, compile) -> None:
-    model = tiny(shape).cuda()
+def uncaptured_and_captured(model, compile: bool, **options) -> tuple[list[StaticEagle3Drafter], torch.Generator, torch.Tensor]:
+    """The same drafter uncaptured and captured (compiled or not) on the GPU, two rows of 9-position prompts prefilled in
+    both; returns them, the generator that drew the prompts (for the steps' draws) and the rows' positions."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    drafters = [StaticEagle3Drafter(model, capture=c, compile=c and compile) for c in (False, True)]
+    drafters = [StaticEagle3Drafter(model, capture=c, compile=c and compile, **options) for c in (False, True)]
     features = torch.randn(2, 9, model.fc.in_features, device="cuda", generator=g)
     ids = torch.randint(0, VOCAB, (2, 9), device="cuda", generator=g)
     for d in drafters:
         d.allocate(100, batch=2)
         for row in range(2):
             d.prefill(features[row], 0, ids[row], row=row)
-    pos = torch.tensor([9, 9], device="cuda")
+    return drafters, g, torch.tensor([9, 9], device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("compile", [False, True])
+def test_captured_drafter_equals_the_uncaptured_one_on_cuda(shape, compile) -> None:
+    model = tiny(shape).cuda()
+    drafters, g, pos = uncaptured_and_captured(model, compile)
     tol = {"atol": 1e-4, "rtol": 1e-4} if compile else {"atol": 0, "rtol": 0}
     for step in range(12):
         token = torch.randint(0, VOCAB, (2,), device="cuda", generator=g)

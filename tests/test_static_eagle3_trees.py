@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.eagle3 import DraftTree, Eagle3Drafter, StaticEagle3Drafter, accept_tree, accept_trees, merge_chain, merge_chains, tree_masks
-from test_static_eagle3 import SHAPES, VOCAB, tiny
+from test_static_eagle3 import SHAPES, VOCAB, tiny, uncaptured_and_captured
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 
@@ -210,15 +210,7 @@ def test_captured_trees_equal_the_uncaptured_ones_on_cuda(compile) -> None:
     """The tree draft as a CUDA graph (compiled or not) against the same drafter run eagerly on the GPU, rows at their
     own positions and acceptances (exact uncompiled; compiled, the logits' rounding may reorder a near tie: scores close)."""
     model = tiny("sliding+full", steps=4).cuda()
-    g = torch.Generator(device="cuda").manual_seed(0)
-    drafters = [StaticEagle3Drafter(model, capture=c, compile=c and compile, tree_topk=TOPK, tree_tokens=16) for c in (False, True)]
-    features = torch.randn(2, 9, model.fc.in_features, device="cuda", generator=g)
-    ids = torch.randint(0, VOCAB, (2, 9), device="cuda", generator=g)
-    for d in drafters:
-        d.allocate(100, batch=2)
-        for row in range(2):
-            d.prefill(features[row], 0, ids[row], row=row)
-    pos = torch.tensor([9, 9], device="cuda")
+    drafters, g, pos = uncaptured_and_captured(model, compile, tree_topk=TOPK, tree_tokens=16)
     same = 0
     for step in range(10):
         token = torch.randint(0, VOCAB, (2,), device="cuda", generator=g)
