@@ -50,6 +50,9 @@ def main() -> None:
     p.add_argument("--tree-tokens", type=int)
     p.add_argument("--tree-lookup", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1, help="passes per batch size (on a GPU the first compiles and captures)")
+    p.add_argument("--phase-times", action="store_true",
+                   help="GPU: CUDA events around each phase of a step (draft, verify, acceptance, path moves, drafter append); "
+                        "prints each pass's device time per batch step by phase beside its wall time per step")
     p.add_argument("--out")
     args = p.parse_args()
     trees = args.tree_topk is not None or args.tree_tokens is not None
@@ -79,6 +82,7 @@ def main() -> None:
         for bs in [b for b in args.batch_sizes for _ in range(args.repeat)]:
             set_threads(device, args.threads, bs)  # eval's default for this batch size unless --threads says
             threads = torch.get_num_threads()
+            phases = PhaseTimer(target, d) if args.phase_times and device == "cuda" else None
             t0, c0 = time.perf_counter(), time.process_time()
             records = run_conversations(target, d, tokenizer, conversations, prefill_tokens=0, sampling=SamplingConfig(),
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=bs,
@@ -98,8 +102,57 @@ def main() -> None:
             print(f"{name} | {bs} | {threads} | {row['turns']} | {new} | {wall:.1f} | {row['tokens_per_s']:.1f} | {row['vs_first']:.2f}x | {cpu:.1f} | "
                   f"{row['tokens_per_cpu_s']:.1f} | {row['vs_first_cpu']:.2f}x | {row['tau']:.3f} | "
                   f"{row['same']}", flush=True)
+            if phases is not None:
+                row["phase_ms_per_step"], row["batch_steps"] = phases.finish()
+                print(f"  device ms per batch step ({row['batch_steps']} steps, wall {1e3 * wall / max(row['batch_steps'], 1):.2f} ms per step, "
+                      "prefills included): " + ", ".join(f"{k} {v:.3f}" for k, v in row["phase_ms_per_step"].items()), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device_name, "args": vars(args), "rows": rows}, indent=2))
+
+
+class PhaseTimer:
+    """CUDA events around the batched loop's phases, by wrapping the target's and drafter's step methods and the tree
+    acceptance (``infer.batch.accept_trees``) for one pass; ``finish`` restores them and returns the device time per
+    batch step by phase (an event pair spans the phase's kernels and any idle time between them: an eager phase
+    launched slower than it runs shows as its launch time) and the number of batch steps (verify calls)."""
+
+    NAMES = {"draft": ("drafter", ["draft_tree", "draft_chain", "block_logits"]), "verify": ("target", ["step", "tree_step"]),
+             "move paths": ("target", ["move_paths"]), "append": ("drafter", ["append"])}
+
+    def __init__(self, target, drafter):
+        import infer.batch
+
+        self.spans: dict[str, list] = {}
+        self.restore = []
+        owners = {"target": target, "drafter": drafter}
+        for phase, (owner, methods) in self.NAMES.items():
+            obj = owners[owner]
+            for method in methods:
+                if obj is not None and hasattr(obj, method):
+                    setattr(obj, method, self.wrap(phase, getattr(obj, method)))
+                    self.restore.append((obj, method, None))
+        self.restore.append((infer.batch, "accept_trees", infer.batch.accept_trees))
+        infer.batch.accept_trees = self.wrap("acceptance", infer.batch.accept_trees)
+
+    def wrap(self, phase: str, fn):
+        def timed(*args, **kwargs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            self.spans.setdefault(phase, []).append((start, end))
+            return out
+        return timed
+
+    def finish(self) -> tuple[dict[str, float], int]:
+        torch.cuda.synchronize()
+        for obj, method, original in self.restore:
+            if original is None:
+                delattr(obj, method)  # the instance attribute shadowing the class's method
+            else:
+                setattr(obj, method, original)
+        steps = len(self.spans.get("verify", []))
+        return {phase: sum(s.elapsed_time(e) for s, e in spans) / max(steps, 1) for phase, spans in self.spans.items()}, steps
 
 
 if __name__ == "__main__":

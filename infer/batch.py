@@ -305,7 +305,9 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             lengths = torch.tensor(num_drafts, device=device) + 1  # the padding's work is skipped uncaptured (StaticTarget.step)
         t1 = time.perf_counter()
         if tree:
-            logits, features = target.tree_step(ids, positions, torch.cat([depths.new_zeros(m, 1), depths], dim=1), tree_mask)
+            # the furthest slot any row writes, known here: the products run over the live keys, not the capacity
+            keys = max(row.pos if row else parked(r) for r, row in enumerate(rows)) + ids.shape[1]
+            logits, features = target.tree_step(ids, positions, torch.cat([depths.new_zeros(m, 1), depths], dim=1), tree_mask, keys)
         else:
             logits, features = target.step(ids, positions[:m], lengths)
         t2 = time.perf_counter()

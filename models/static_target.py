@@ -43,6 +43,7 @@ from kernels.decode_attention import decode_attention as split_kv_attention
 from models.target import check_supported, decoder_layers
 
 DECODE_MAX_TOKENS = 64  # a forward of more tokens per row is a prefill chunk (row by row, SDPA)
+TREE_KEY_BUCKET = 256  # tree verifies attend over the live keys rounded up to this (one captured graph per bucket)
 
 
 @dataclass
@@ -294,12 +295,16 @@ class StaticTarget:
         return self.post_attention(x, out, w.wo, w.bo, w.post_norm, w.w13, w.b13, w.w2, w.b2, next_norm)
 
     def _step(self, input_ids: torch.Tensor, pos: torch.Tensor, depths: torch.Tensor | None = None,
-              tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+              tree_mask: torch.Tensor | None = None, keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n = input_ids.shape
         positions = pos[:, None] + torch.arange(n, device=pos.device)  # [B, n] cache slots (and positions, but for trees)
-        # keys attended: the whole capacity (fixed shapes for the graphs), on the CPU only up to the furthest row's last
-        # position (reading it costs no sync there; batched, the capacity holds a whole conversation, rows sit far below it)
-        keys = int(pos.max()) + n if pos.device.type == "cpu" else self.capacity
+        # keys attended: the whole capacity (fixed shapes for the graphs) or the caller's bucket (trees), on the CPU only up
+        # to the furthest row's last position (reading it costs no sync there; batched, the capacity holds a whole
+        # conversation, rows sit far below it)
+        if pos.device.type == "cpu":
+            keys = int(pos.max()) + n
+        elif keys is None:
+            keys = self.capacity
         if tree_mask is not None:  # token t at slot pos + t, RoPE position pos + depth; it sees the cache and its ancestors
             visible = self._tree_visible(positions, tree_mask, keys)
             rope_positions = pos[:, None] + depths
@@ -411,18 +416,29 @@ class StaticTarget:
 
     @torch.no_grad()
     def tree_step(self, input_ids: torch.Tensor, pos: torch.Tensor, depths: torch.Tensor,
-                  tree_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  tree_mask: torch.Tensor, keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Verify a draft tree per row: ``input_ids`` [B, n] (the root, then the nodes) written at cache slots
         ``pos[b] ..``, at RoPE positions ``pos[b] + depths[b]`` (``depths`` [B, n], 0 for the root), token t seeing the
         row's keys before ``pos[b]`` and the tree tokens ``tree_mask[b, t]`` [B, n, n] allows (its ancestors and itself).
         Always the products path (the split-KV kernel has no tree mask). The accepted path's keys are then moved into
-        place (``move_paths``). Returns ``step``'s logits and features (captured: the graph's buffers)."""
+        place (``move_paths``). Returns ``step``'s logits and features (captured: the graph's buffers).
+
+        keys: on a GPU, a bound the caller knows on the host for ``max(pos) + n``; the products then run over that many
+        cache slots rounded up to a multiple of ``TREE_KEY_BUCKET`` (one graph per bucket) instead of the capacity, which
+        a batched evaluation sizes for a whole conversation (a 385-node tree verify's scores over the capacity were most
+        of its step). A bound below ``max(pos) + n`` is an error on the device (the cache write's index). The CPU attends
+        exactly up to ``max(pos) + n`` whatever is given."""
         b, n = input_ids.shape
         if b != self.batch:
             raise ValueError(f"tree_step with {b} rows; the caches hold {self.batch}")
+        bucket = None
+        if keys is not None and self.device.type != "cpu":
+            if not n <= keys <= self.capacity:
+                raise ValueError(f"tree_step keys={keys}: expected {n} .. the capacity {self.capacity}")
+            bucket = min(self.capacity, -(-keys // TREE_KEY_BUCKET) * TREE_KEY_BUCKET)
         if not self.capture:
-            return self._step(input_ids, pos, depths, tree_mask)
-        return self.graphs("tree", self._step, input_ids, pos, depths, tree_mask)
+            return self._step(input_ids, pos, depths, tree_mask, keys=bucket)
+        return self.graphs(("tree", bucket), functools.partial(self._step, keys=bucket), input_ids, pos, depths, tree_mask)
 
     def move_paths(self, path: torch.Tensor, pos: torch.Tensor) -> None:
         """Every row's accepted tree path into place: row b's keys/values at slots ``pos[b] + path[b, j]`` move to

@@ -222,3 +222,39 @@ def test_captured_trees_equal_the_uncaptured_ones_on_cuda(compile) -> None:
             d.append(features, pos, block_ids)
         pos = pos + torch.tensor([1 + step % 4, 4 - step % 4], device="cuda")
     assert same == 10 if not compile else same >= 8, same
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tree_verify_over_a_key_bucket_equals_the_capacity_on_cuda() -> None:
+    """A captured ``tree_step`` given the host's bound on its keys (the products over a 256-slot bucket) gives what the
+    same step over the whole capacity gives, fp32; a bound below the tree's own length is refused in one line."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from models.static_target import StaticTarget
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=8000, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=2048)
+    model = Qwen3ForCausalLM(config).eval().cuda()
+    g = torch.Generator().manual_seed(5)
+    n, depth = 9, 9
+    prompts = [torch.randint(3, 8000, (m,), generator=g).cuda() for m in (31, 18, 44)]
+    trees = [random_tree(g, n, vocab=4) for _ in prompts]
+    tokens = torch.randint(3, 8000, (4,), generator=g)[torch.tensor([t[0] for t in trees])].cuda()
+    parents, depths = torch.tensor([t[1] for t in trees]).cuda(), torch.tensor([t[2] for t in trees]).cuda()
+    ids = torch.cat([torch.randint(3, 8000, (3, 1), generator=g).cuda(), tokens], dim=1)
+    pos = torch.tensor([len(p) for p in prompts]).cuda()
+    mask, all_depths = tree_masks(parents, depth), torch.cat([depths.new_zeros(3, 1), depths], dim=1)
+    outs = []
+    for keys in (None, 44 + n + 1):
+        target = StaticTarget(model, feature_layer_ids=[2], capture=True)
+        target.allocate(1000, batch=3)
+        for row, prompt in enumerate(prompts):
+            target.prefill(prompt, row, 0)
+        for _ in range(2):  # capture, then replay
+            logits, features = target.tree_step(ids, pos, all_depths, mask, keys)
+        outs.append((logits.clone(), features.clone()))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="tree_step keys=5: expected 10"):
+        target.tree_step(ids, pos, all_depths, mask, 5)
