@@ -23,7 +23,7 @@ from infer.prompts import long_prompt_ids, mt_bench_questions
 from models.sampling import SamplingConfig
 from models.static_target import StaticTarget
 from infer_helpers import PartlyScriptedEagle3, greedy_continuations, overfit_eagle3_drafter
-from test_infer_generate import chi_square_p_value, exact_distribution, sampled_outputs
+from test_infer_sampling import chi_square_p_value, exact_distribution, sampled_outputs
 from models.eagle3 import Eagle3DraftModel, make_eagle3_config
 
 LAYERS = [1, 3, 4]
