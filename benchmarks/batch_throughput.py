@@ -9,6 +9,8 @@ target alone, prompt lookup and the drafter (when given), once per batch size (`
 first of a shape compiling and capturing its step graphs on a GPU, the later ones warm); prints one row per pass.
 EAGLE-3 options as eval's (``--draft-steps``, ``--tree-topk/--tree-tokens/--tree-lookup``; trees batched, so every
 batch size above 1).
+``--phase-times`` (GPU) adds each pass's device time per batch step by phase (draft, verify, tree acceptance, path moves,
+drafter append; CUDA events around each) beside its wall time per step: what the host costs between the graphs.
 Each batch size runs on eval's default CPU threads for it (1 at batch 1, one per core when batched) unless ``--threads``
 fixes one count for all. On a shared machine the wall time counts other processes' load: the CPU seconds of this
 process (all its threads) and the tokens per CPU second beside it count only this process's work.
