@@ -32,6 +32,19 @@ def random_tree(g: torch.Generator, n: int, vocab: int = 6) -> tuple[list[int], 
     return tokens, parents, depths
 
 
+def rows_of_trees(g: torch.Generator, lengths: tuple[int, ...], n: int, depth: int, vocab: int):
+    """Rows with random prompts of ``lengths`` each verifying a random tree of ``n`` nodes (tokens among ``vocab``
+    random ids): prompts, ids [B, n+1] (root, nodes), pos [B], depths [B, n+1] (0 for the root), mask [B, n+1, n+1]."""
+    prompts = [torch.randint(3, 8000, (m,), generator=g) for m in lengths]
+    trees = [random_tree(g, n, vocab=vocab) for _ in prompts]
+    vocab_ids = torch.randint(3, 8000, (vocab,), generator=g)  # the trees' tokens are these ids
+    tokens = vocab_ids[torch.tensor([t[0] for t in trees])]
+    parents, depths = torch.tensor([t[1] for t in trees]), torch.tensor([t[2] for t in trees])
+    roots = torch.randint(3, 8000, (len(lengths),), generator=g)
+    ids = torch.cat([roots[:, None], tokens], dim=1)
+    return prompts, ids, torch.tensor(list(lengths)), torch.cat([depths.new_zeros(len(lengths), 1), depths], dim=1), tree_masks(parents, depth)
+
+
 def test_batched_masks_equal_ancestor_walks_and_acceptance_equals_accept_tree() -> None:
     g = torch.Generator().manual_seed(0)
     n, rows = 12, 64
@@ -168,18 +181,10 @@ def test_tree_verify_and_path_moves_equal_the_model_on_each_rows_text(reference_
     n, depth = 9, 9
     target = StaticTarget(model, feature_layer_ids=[2])
     target.allocate(100, batch=3)
-    prompts = [torch.randint(3, 8000, (m,), generator=g) for m in (31, 18, 44)]
+    prompts, ids, pos, depths, mask = rows_of_trees(g, (31, 18, 44), n, depth, vocab=3)
     for row, prompt in enumerate(prompts):
         target.prefill(prompt, row, 0)
-    trees = [random_tree(g, n, vocab=3) for _ in prompts]
-    vocab_ids = torch.randint(3, 8000, (3,), generator=g)  # the trees' tokens are these ids
-    tokens = vocab_ids[torch.tensor([t[0] for t in trees])]
-    parents, depths = torch.tensor([t[1] for t in trees]), torch.tensor([t[2] for t in trees])
-    roots = torch.randint(3, 8000, (3,), generator=g)
-    pos = torch.tensor([len(p) for p in prompts])
-    mask = tree_masks(parents, depth)
-    ids = torch.cat([roots[:, None], tokens], dim=1)
-    logits, features = target.tree_step(ids, pos, torch.cat([depths.new_zeros(3, 1), depths], dim=1), mask)
+    logits, features = target.tree_step(ids, pos, depths, mask)
 
     def branch(row: int, node: int) -> list[int]:  # rows of [root, nodes] from the root to ``node``
         return [0] + [j for j in range(1, n + 1) if mask[row, node, j]]
@@ -238,13 +243,8 @@ def test_tree_verify_over_a_key_bucket_equals_the_capacity_on_cuda() -> None:
     model = Qwen3ForCausalLM(config).eval().cuda()
     g = torch.Generator().manual_seed(5)
     n, depth = 9, 9
-    prompts = [torch.randint(3, 8000, (m,), generator=g).cuda() for m in (31, 18, 44)]
-    trees = [random_tree(g, n, vocab=4) for _ in prompts]
-    tokens = torch.randint(3, 8000, (4,), generator=g)[torch.tensor([t[0] for t in trees])].cuda()
-    parents, depths = torch.tensor([t[1] for t in trees]).cuda(), torch.tensor([t[2] for t in trees]).cuda()
-    ids = torch.cat([torch.randint(3, 8000, (3, 1), generator=g).cuda(), tokens], dim=1)
-    pos = torch.tensor([len(p) for p in prompts]).cuda()
-    mask, all_depths = tree_masks(parents, depth), torch.cat([depths.new_zeros(3, 1), depths], dim=1)
+    prompts, ids, pos, all_depths, mask = (t.cuda() if isinstance(t, torch.Tensor) else [p.cuda() for p in t]
+                                           for t in rows_of_trees(g, (31, 18, 44), n, depth, vocab=4))
     outs = []
     for keys in (None, 44 + n + 1):
         target = StaticTarget(model, feature_layer_ids=[2], capture=True)
