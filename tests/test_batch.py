@@ -99,6 +99,7 @@ def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
         assert any(a > 0 for w in want for a in w.stats.accepted_per_step)
 
 
+@pytest.mark.slow  # ~7 s on 2 cores; the quick tier keeps the other batched prompt-lookup equalities
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_prompt_lookup_rows_with_short_and_empty_proposals_equal_batch_one(setup, temperature, monkeypatch) -> None:
     """Prompt lookup proposes only what it found (0 .. k): steps where some rows propose nothing and others k verify a

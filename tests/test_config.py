@@ -161,6 +161,7 @@ def test_cli_unknown_key_leaves_no_run_folder(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists(), "a run that failed at start-up must not leave its folder behind"
 
 
+@pytest.mark.slow  # two CLI start-ups (~8 s each on 2 cores); the quick tier keeps the other CLI error tests
 @pytest.mark.parametrize("override,message", [
     ("data.path=/nonexistent/data.json", "data.path='/nonexistent/data.json': no such file or folder"),
     ("target.path=./no-such-model", "target.path='./no-such-model': no such folder"),
