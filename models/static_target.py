@@ -426,8 +426,8 @@ class StaticTarget:
         keys: on a GPU, a bound the caller knows on the host for ``max(pos) + n``; the products then run over that many
         cache slots rounded up to a multiple of ``TREE_KEY_BUCKET`` (one graph per bucket) instead of the capacity, which
         a batched evaluation sizes for a whole conversation (SmolLM2 at batch 16 on an H100: a 385-node tree's verify
-        took 21.1 ms over the capacity and 17.9 over the live keys). A bound below ``max(pos) + n`` is an error on the device (the cache write's index). The CPU attends
-        exactly up to ``max(pos) + n`` whatever is given."""
+        took 21.1 ms over the capacity and 17.9 over the live keys). A bound below ``max(pos) + n`` is an error on the
+        device (the cache write's index). The CPU attends exactly up to ``max(pos) + n`` whatever is given."""
         b, n = input_ids.shape
         if b != self.batch:
             raise ValueError(f"tree_step with {b} rows; the caches hold {self.batch}")
