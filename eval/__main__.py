@@ -55,14 +55,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--draft-steps", type=int,
                         help="EAGLE-3: drafts per step, the chain's length (default: the TTT steps it was trained with); prompt "
                              "lookup beside it drafts as many. With --drafter pld: its drafts per step (default 15)")
-    common.add_argument("--tree-topk", type=int, help="EAGLE-3: dynamic tree drafting, top-k children per node and nodes per depth "
-                                                      "(greedy, --batch-size 1; prompt lookup beside drafts a chain as deep as the tree)")
-    common.add_argument("--tree-tokens", type=int, help="EAGLE-3: dynamic tree drafting, nodes verified per step")
-    common.add_argument("--tree-lookup", type=int, default=0, help="EAGLE-3 trees: prompt lookup's chain of up to N drafts joins each "
+    common.add_argument("--tree-topk", type=int, help="dynamic tree drafting (EAGLE-3: EAGLE-2's trees; DFlash: over its block's "
+                                                      "marginals), top-k children per node and nodes expanded per depth (greedy; "
+                                                      "prompt lookup beside drafts a chain as deep as the tree)")
+    common.add_argument("--tree-tokens", type=int, help="dynamic tree drafting (EAGLE-3, DFlash): nodes verified per step")
+    common.add_argument("--tree-lookup", type=int, default=0, help="trees: prompt lookup's chain of up to N drafts joins each "
                                                                     "tree as one more branch (hybrid drafting; prompt lookup beside "
                                                                     "drafts max(depth, N); default 0: none)")
     common.add_argument("--batch-size", type=int, default=1,
-                        help="conversations decoded at once (DFlash, prompt lookup or the target alone; each row's tokens and "
+                        help="conversations decoded at once (DFlash, EAGLE-3, prompt lookup or the target alone; each row's tokens and "
                              "acceptance are batch 1's)")
     common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1 at --batch-size 1, where decoding small models runs "
                                                     "faster on one; one per core when batched)")

@@ -36,9 +36,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--window", default="trained", help="drafter window at inference: trained | none | W")
     p.add_argument("--draft-steps", type=int, help="EAGLE-3: chain length (tree depth); default the drafter's ttt_length")
-    p.add_argument("--tree-topk", type=int, help="EAGLE-3: dynamic tree drafting, top-k children per node and nodes per depth (greedy only)")
-    p.add_argument("--tree-tokens", type=int, help="EAGLE-3: dynamic tree drafting, nodes verified per step")
-    p.add_argument("--tree-lookup", type=int, default=0, help="EAGLE-3 trees: prompt lookup's chain of up to N drafts joins each tree "
+    p.add_argument("--tree-topk", type=int, help="dynamic tree drafting (EAGLE-3: EAGLE-2's trees; DFlash: over its block's marginals), "
+                                                  "top-k children per node and nodes expanded per depth (greedy only)")
+    p.add_argument("--tree-tokens", type=int, help="dynamic tree drafting (EAGLE-3, DFlash): nodes verified per step")
+    p.add_argument("--tree-lookup", type=int, default=0, help="trees: prompt lookup's chain of up to N drafts joins each tree "
                                                                "as one more branch (hybrid drafting; default 0: none)")
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     p.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")

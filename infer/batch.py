@@ -18,8 +18,9 @@ per row, and sampling draws from a generator per row seeded as ``generate`` seed
 (``tests/test_batch.py``). Requests come from a driver, so a conversation's next turn (whose prompt holds this
 turn's answer) enters as soon as the answer is out.
 
-Drafters: None (the target alone), ``StaticDFlashDrafter``, ``StaticEagle3Drafter`` (chains, and greedy EAGLE-2
-dynamic trees: each row drafts from its own pending block, ``models/eagle3.py``) and prompt lookup (one copy per row).
+Drafters: None (the target alone), ``StaticDFlashDrafter`` (blocks, and greedy trees over a block's marginals:
+``models/dflash.py``), ``StaticEagle3Drafter`` (chains, and greedy EAGLE-2 dynamic trees: each row drafts from its own
+pending block, ``models/eagle3.py``) and prompt lookup (one copy per row).
 Trees may take prompt lookup's chain over each row's text as one more branch (``tree_lookup``: merged on the host, one
 more sync per step). The eager drafters (``Eagle3Drafter``, ``DFlashDrafter``: FlashInfer attention) keep per-request
 state and run at batch size 1 (``generate``).
@@ -41,7 +42,8 @@ import torch
 from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes
 from infer.prompt_lookup import PromptLookupDrafter, lookup_drafts
 from models.dflash import StaticDFlashDrafter
-from models.eagle3 import StaticEagle3Drafter, accept_trees, merge_chains
+from models.eagle3 import StaticEagle3Drafter
+from models.trees import accept_trees, merge_chains
 from models.sampling import SamplingConfig, choose, verify
 from models.static_target import StaticTarget
 
@@ -68,8 +70,9 @@ class Row:
 
 def check_batchable(drafter, batch_size: int) -> None:
     if batch_size > 1 and drafter is not None and not isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter, PromptLookupDrafter)):
-        what = "the eager EAGLE-3 drafter (Eagle3Drafter)" if getattr(drafter, "tree", False) else type(drafter).__name__
-        raise ValueError(f"--batch-size {batch_size}: batched decoding runs DFlash, EAGLE-3 chains and trees (StaticEagle3Drafter), "
+        name = type(drafter).__name__
+        what = f"the eager {'EAGLE-3' if 'Eagle3' in name else 'DFlash'} drafter ({name})" if getattr(drafter, "tree", False) else name
+        raise ValueError(f"--batch-size {batch_size}: batched decoding runs DFlash and EAGLE-3 blocks, chains and trees (their static drafters), "
                          f"prompt lookup or the target alone; {what} runs at --batch-size 1")
 
 
@@ -93,7 +96,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     device = target.device
     block = drafter.block_size if drafter is not None else 1
     span = drafter.verify_tokens if drafter is not None else 1  # cache slots a verify pass writes past a row's position
-    tree = isinstance(drafter, StaticEagle3Drafter) and drafter.tree
+    tree = isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)) and drafter.tree
     if tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
     rows_n = min(batch_size, num_streams)
@@ -271,6 +274,12 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         if drafter is None:
             ids = tokens[:m, None]
             draft_tokens = draft_probs = None
+        elif tree:  # every row's tree: tokens, parents, depths [B, N], mask [B, N+1, N+1] (captured: the graph's buffers)
+            tree_tokens, parents, depths, tree_mask = drafter.draft_tree(tokens, positions)
+            if drafter.tree_lookup:  # prompt lookup's chain over each row's text joins its tree (host: one more sync)
+                chains = [lookup_drafts(row.prompt + row.out, drafter.tree_lookup) if row else [] for row in rows]
+                tree_tokens, parents, depths, tree_mask = merge_chains(tree_tokens, parents, depths, chains, drafter.tree_lookup)
+            ids = torch.cat([tokens[:, None], tree_tokens], dim=1)
         elif isinstance(drafter, StaticDFlashDrafter):
             logits, greedy = drafter.block_logits(tokens, positions)
             if sampling.greedy:
@@ -281,12 +290,6 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
                 draft_tokens = torch.stack([d[0] for d in drawn])
                 draft_probs = [d[1] for d in drawn]
             ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
-        elif tree:  # every row's tree: tokens, parents, depths [B, N], mask [B, N+1, N+1] (captured: the graph's buffers)
-            tree_tokens, parents, depths, tree_mask = drafter.draft_tree(tokens, positions)
-            if drafter.tree_lookup:  # prompt lookup's chain over each row's text joins its tree (host: one more sync)
-                chains = [lookup_drafts(row.prompt + row.out, drafter.tree_lookup) if row else [] for row in rows]
-                tree_tokens, parents, depths, tree_mask = merge_chains(tree_tokens, parents, depths, chains, drafter.tree_lookup)
-            ids = torch.cat([tokens[:, None], tree_tokens], dim=1)
         elif isinstance(drafter, StaticEagle3Drafter):
             # each row's Exp(1) noise from its own generator, step by step, as batch 1 draws it (idle rows: a throwaway one)
             generators = None if sampling.greedy else [row.generator if row else idle_generator for row in rows]
@@ -314,8 +317,12 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         if tree:  # accepted [B], path [B, steps] (rows of [root, nodes]), bonus [B], all on the device
             accepted, path, new_token = accept_trees(tree_tokens, parents, depths, tree_mask, logits.argmax(-1), block - 1)
             target.move_paths(path, positions)
-            kept = torch.cat([path.new_zeros(m, 1), path], dim=1)  # the pending block: the root and the accepted path
-            drafter.append(features.gather(1, kept[:, :, None].expand(m, kept.shape[1], features.shape[2])), positions, ids.gather(1, kept))
+            kept = torch.cat([path.new_zeros(m, 1), path], dim=1)  # the root and the accepted path (past it: never seen)
+            kept_features = features.gather(1, kept[:, :, None].expand(m, kept.shape[1], features.shape[2]))
+            if isinstance(drafter, StaticDFlashDrafter):  # the context at positions pos .. pos + block - 1, as a chain's block
+                drafter.append(kept_features, positions)
+            else:  # EAGLE-3's pending block
+                drafter.append(kept_features, positions, ids.gather(1, kept))
             draft_tokens = ids.gather(1, path)  # the path's tokens, as a chain's drafts
         elif drafter is None:
             if sampling.greedy:
@@ -336,7 +343,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
                         (torch.zeros((), dtype=torch.long, device=device),) * 2 for r, row in enumerate(rows[:m])]
             accepted = torch.stack([v[0].long() for v in verified])
             new_token = torch.stack([v[1].long() for v in verified])
-        if isinstance(drafter, StaticDFlashDrafter):
+        if isinstance(drafter, StaticDFlashDrafter) and not tree:
             drafter.append(features, positions)
         elif isinstance(drafter, StaticEagle3Drafter) and not tree:  # the whole verify block (appends_whole_block), the next draft reads it
             drafter.append(features, positions, ids)

@@ -35,8 +35,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from models.dflash import DFlashDrafter
-from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter, accept_tree, merge_chain
+from models.dflash import DFlashDrafter, StaticDFlashDrafter
+from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
+from models.trees import accept_tree, merge_chain
 from infer.prompt_lookup import PromptLookupDrafter, lookup_drafts
 from models.sampling import SamplingConfig, choose, verify
 from models.static_target import StaticTarget
@@ -189,9 +190,9 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError(f"max_new_tokens={max_new_tokens}; expected >= 1")
     if drafter is not None and drafter.target_layer_ids and set(drafter.target_layer_ids) != set(target.feature_layer_ids):
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
-    if isinstance(drafter, StaticEagle3Drafter) and drafter.tree:
-        raise ValueError("StaticEagle3Drafter's trees run batched (infer.batch.generate_batch, any batch size); generate drafts "
-                         "trees with Eagle3Drafter")
+    if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)) and drafter.tree:
+        raise ValueError(f"{type(drafter).__name__}'s trees run batched (infer.batch.generate_batch, any batch size); generate drafts "
+                         "trees with the eager drafter (Eagle3Drafter, DFlashDrafter)")
     if drafter is not None and drafter.tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
     if accept_per_step is not None and (drafter is None or drafter.tree or not 0 <= accept_per_step < drafter.block_size):
@@ -303,7 +304,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     return Generation(tokens=out, stats=stats, cache_ids=cache_ids)
 
 
-def tree_step(target: CachedTarget, drafter: Eagle3Drafter, token: torch.Tensor, pos: int, timer: PhaseTimer,
+def tree_step(target: CachedTarget, drafter: Eagle3Drafter | DFlashDrafter, token: torch.Tensor, pos: int, timer: PhaseTimer,
               sequence: list[int] | None = None) -> tuple[list[int], torch.Tensor]:
     """Draft a tree after ``token`` (at ``pos``), verify it in one forward, commit the accepted path.
 

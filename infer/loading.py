@@ -64,11 +64,13 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
     drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
-    draft_steps, tree_topk, tree_tokens: EAGLE-3 only (chain length / tree depth, tree drafting when
-    either tree option is given); refused for a DFlash drafter, whose block size is fixed by training.
-    tree_lookup: EAGLE-3 trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
-    batch_size: the loop's rows: EAGLE-3 trees above 1 draft over static caches (``StaticEagle3Drafter``, batched and
-        captured); at 1 the eager ``Eagle3Drafter`` drafts them (``infer.generate``).
+    draft_steps: EAGLE-3 only (chain length / tree depth); refused for a DFlash drafter, whose block size is fixed by
+        training.
+    tree_topk, tree_tokens: tree drafting when either is given (EAGLE-3: EAGLE-2's dynamic tree; DFlash: the same over
+        its block's marginals, as deep as the block).
+    tree_lookup: trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
+    batch_size: the loop's rows: trees above 1 draft over static caches (``StaticEagle3Drafter``,
+        ``StaticDFlashDrafter``: batched and captured); at 1 the eager drafter drafts them (``infer.generate``).
     """
     target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
     drafter = None
@@ -80,8 +82,9 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     elif drafter_path is not None:
         config = read_drafter_config(drafter_path)
         eagle3 = is_eagle3(config)
-        if not eagle3 and ((draft_steps, tree_topk, tree_tokens) != (None, None, None) or tree_lookup):
-            raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps/--tree-topk/--tree-tokens/--tree-lookup are EAGLE-3 options")
+        if not eagle3 and draft_steps is not None:
+            raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps is an EAGLE-3 option (a DFlash block's "
+                             f"drafts are fixed by training: block_size {config.get('block_size')})")
         layer_ids = list(config["target_layer_ids"] if eagle3 else config["dflash_config"]["target_layer_ids"])
         where = "target_layer_ids" if eagle3 else "dflash_config.target_layer_ids"
         target.check_layer_ids(layer_ids, where=f"{drafter_path}/config.json {where}")
@@ -102,10 +105,12 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                                         attention_backend=attention_backend, tree_lookup=tree_lookup)
         else:
             model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
-            if attention_backend == "flashinfer":
-                drafter = DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend)
+            trees = dict(tree_topk=tree_topk, tree_tokens=tree_tokens, tree_lookup=tree_lookup)
+            eager_trees = (tree_topk is not None or tree_tokens is not None or tree_lookup) and batch_size == 1
+            if attention_backend == "flashinfer" or eager_trees:  # trees at batch 1 as EAGLE-3's: the eager drafter
+                drafter = DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend, **trees)
             else:  # fixed-shape caches, captured on a GPU, beside the static target
-                drafter = StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window)
+                drafter = StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, **trees)
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
 
 

@@ -59,6 +59,12 @@ its last W - 1 context positions plus slack: memory is O(W) however long the pro
 ``tests/test_infer_drafter.py`` checks this against a full cache under the windowed mask and
 against the training forward.
 
+Trees (greedy, ``tree_topk``/``tree_tokens``): a block pass predicts every slot at once from the context alone (the
+slots before it hold mask tokens), so it gives one distribution per slot, not one per prefix. ``block_tree`` grows
+EAGLE-2's dynamic tree over those marginals, as Medusa's heads grow theirs: the children of every depth-d node are slot
+d's top-k tokens; the k best nodes of each depth (by summed log-prob) are expanded, and the best ``tree_tokens`` nodes
+are verified in one target pass (``models/trees.py``). The drafter's next block needs the accepted path's features only.
+
 Inference-time window (SGLang's ``--speculative-draft-window-size``): ``window="trained"`` keeps the
 checkpoint's ``sliding_window``; an int replaces it in every sliding layer; None removes it (full
 attention everywhere). In-block causality of sliding layers stays as trained.
@@ -80,6 +86,7 @@ from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_inte
 from models.sampling import SamplingConfig, choose
 from models.static_target import CapturedSteps, concat_linears, rotate
 from models.target import ContextKV
+from models.trees import DraftTree, select_trees, tree_masks, tree_options
 
 # Legend: B batch (Bsz in masks), T context length, N anchors, Q block queries, K keys, H hidden, Hq/Hkv heads,
 # D head dim, V vocab, C cache capacity.
@@ -565,6 +572,50 @@ class DraftCache:
         return LayerCache(self.contexts[i], self.rules[i], self.anchor, self.backend)
 
 
+def block_tree(logits: torch.Tensor, topk: int, total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's dynamic draft tree over one block's per-slot distributions (greedy; no host sync, fixed shapes).
+
+    Slot d's distribution does not depend on the tokens a tree puts before it (those slots held mask tokens in the
+    pass), so every depth-d node has the same candidate children, slot d's top-k tokens. Depth 1: slot 1's top-k. Each
+    further depth: the k best nodes of the previous depth times slot d's top-k (k * k candidates, score = the summed
+    log-probs of the path), the k best of them the next frontier. The tree is the ``total`` best candidates
+    (``select_trees``: scores only fall along a path, so the selection is ancestor-closed).
+
+    Args: logits [B, D, Vd] fp32 for block slots 1 .. D (-inf: an id the drafter cannot draft); topk <= the finite ids.
+    Returns: ids [B, total] (indices into the logits' last dim), parent rows [B, total] (rows of [root, nodes], 0 = the
+    root), depths [B, total] (1 .. D) and the verify mask [B, total + 1, total + 1] (``tree_masks``).
+    """
+    bsz, depth, _ = logits.shape
+    k, device = topk, logits.device
+    top_logp, top_ids = torch.log_softmax(logits, -1).topk(k, dim=-1)  # [B, D, k]
+    pool_ids, pool_scores, pool_parent = [top_ids[:, 0]], [top_logp[:, 0]], [torch.full((bsz, k), -1, device=device)]
+    pool_depth = [torch.ones(k, dtype=torch.long, device=device)]
+    frontier, frontier_scores = torch.arange(k, device=device).expand(bsz, k), top_logp[:, 0]  # pool indices, scores
+    size = k
+    for d in range(1, depth):
+        candidates = (frontier_scores[:, :, None] + top_logp[:, d, None, :]).flatten(1)  # [B, k * k]: parent i, child j at i * k + j
+        pool_ids.append(top_ids[:, d].repeat(1, k))
+        pool_scores.append(candidates)
+        pool_parent.append(frontier.repeat_interleave(k, dim=1))
+        pool_depth.append(torch.full((k * k,), d + 1, device=device))
+        best = candidates.topk(k, dim=-1).indices  # [B, k]
+        frontier, frontier_scores = size + best, candidates.gather(1, best)
+        size += k * k
+    ids, parents, depths = select_trees(torch.cat(pool_ids, 1), torch.cat(pool_scores, 1), torch.cat(pool_parent, 1),
+                                        torch.cat(pool_depth), total)
+    return ids, parents, depths, tree_masks(parents, depth)
+
+
+def dflash_tree_options(model: "DFlashDraftModel", tree_topk, tree_tokens, tree_lookup) -> tuple[bool, int, int]:
+    """``tree_options`` for a DFlash drafter: the depth is the block's drafts; prompt lookup's branch at most as deep
+    (an accepted path is appended to the drafter as one block)."""
+    depth = model.block_size - 1
+    if tree_lookup is not None and not isinstance(tree_lookup, bool) and isinstance(tree_lookup, int) and tree_lookup > depth:
+        raise ValueError(f"tree_lookup={tree_lookup}; a DFlash tree with block size {model.block_size} takes prompt lookup's chain "
+                         f"of at most {depth} drafts")
+    return tree_options(tree_topk, tree_tokens, tree_lookup, depth, draft_vocab_size(model.config) or model.config.vocab_size)
+
+
 class DFlashDrafter:
     """Drafts a block of tokens from the target's features with a DFlash model.
 
@@ -575,10 +626,14 @@ class DFlashDrafter:
         window: inference-time window, see the module docstring.
         attention_backend: ``sdpa`` or ``flashinfer``.
         keep_slack: extra positions a sliding layer's buffer holds before it compacts.
+        tree_topk, tree_tokens: a dynamic tree over the block's marginals (``block_tree``, greedy only; either turns
+            trees on, the other defaults as for EAGLE-3: ``models.trees.tree_options``).
+        tree_lookup: trees only: prompt lookup's chain of up to this many drafts (at most block - 1) joins each tree.
     """
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained",
-                 attention_backend: str = "sdpa", keep_slack: int = 1024):
+                 attention_backend: str = "sdpa", keep_slack: int = 1024, tree_topk: int | None = None,
+                 tree_tokens: int | None = None, tree_lookup: int = 0):
         self.model = model.eval().requires_grad_(False)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
@@ -590,16 +645,15 @@ class DFlashDrafter:
         self.keep_slack = keep_slack
         self.window_arg = window
         self.caches: list[ContextKV] = []
-
-    tree = False  # drafting protocol of infer/generate.py: chains (blocks) only
-
-    @property
-    def verify_tokens(self) -> int:
-        return self.block_size
+        self.tree, self.tree_topk, self.tree_tokens = dflash_tree_options(model, tree_topk, tree_tokens, tree_lookup)
+        self.tree_lookup = tree_lookup
+        # target tokens per verify pass: the block, or the root and the tree's nodes (prompt lookup's branch included)
+        self.verify_tokens = self.tree_tokens + tree_lookup + 1 if self.tree else self.block_size
 
     def with_window(self, window) -> "DFlashDrafter":
-        """The same drafter under another inference window."""
-        return DFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.attention_backend, self.keep_slack)
+        """The same drafter and drafting mode under another inference window."""
+        return DFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.attention_backend, self.keep_slack,
+                             self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup)
 
     @property
     def device(self) -> torch.device:
@@ -654,6 +708,14 @@ class DFlashDrafter:
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft tokens [B-1] for ``anchor+1 ..`` and, when sampling, their distributions [B-1, V]."""
         return choose(self.draft_logits(token, anchor), sampling, generator)
+
+    @torch.no_grad()
+    def draft_tree(self, token: torch.Tensor, anchor: int) -> DraftTree:
+        """The dynamic tree over the block's marginals after the verified ``token`` at ``anchor`` (``block_tree``)."""
+        if not self.tree:
+            raise ValueError("draft_tree on a chain drafter; give tree_topk/tree_tokens")
+        ids, parents, depths, _ = block_tree(self.draft_logits(token, anchor)[None], self.tree_topk, self.tree_tokens)
+        return DraftTree(tokens=ids[0], parents=parents[0], depths=depths[0])
 
 
 # ----------------------------------------------------------------------------- drafting over static caches
@@ -741,17 +803,20 @@ class StaticDFlashDrafter:
     """
 
     appends_whole_block = True  # infer.generate passes every verified position's features, not the accepted ones only
-    tree = False
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None,
-                 compile: bool | None = None, fused: "FusedWeights | None" = None):
+                 compile: bool | None = None, fused: "FusedWeights | None" = None, tree_topk: int | None = None,
+                 tree_tokens: int | None = None, tree_lookup: int = 0):
         self.model = model.eval().requires_grad_(False)
         self.fused = fused or FusedWeights.of(model)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         self.head = model.head(lm_head)  # a draft vocabulary's reduced head reads Vd rows, not the target's V
         self.block_size = model.block_size
-        self.verify_tokens = model.block_size
+        # trees (``DFlashDrafter``'s options; batched in ``infer.batch``): the accepted path comes back as one block
+        self.tree, self.tree_topk, self.tree_tokens = dflash_tree_options(model, tree_topk, tree_tokens, tree_lookup)
+        self.tree_lookup = tree_lookup
+        self.verify_tokens = self.tree_tokens + tree_lookup + 1 if self.tree else model.block_size
         self.mask_token_id = model.mask_token_id
         self.target_layer_ids = model.target_layer_ids
         self.rules = layer_attention(model, window)
@@ -766,6 +831,7 @@ class StaticDFlashDrafter:
         self.block_fn = torch.compile(self._block_logits) if self.compile else self._block_logits
         # the block append too (fc, norms, k/v projections, RoPE, ring writes: ~60 small kernels eager)
         self.append_fn = torch.compile(self._append) if self.compile else self._append
+        self.tree_fn = torch.compile(self._draft_tree) if self.compile else self._draft_tree
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.slot_pos: dict[LayerAttention, torch.Tensor] = {}  # per distinct rule: its layers' slots hold the same positions
@@ -774,7 +840,8 @@ class StaticDFlashDrafter:
         self._pos = None
 
     def with_window(self, window) -> "StaticDFlashDrafter":
-        return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused)
+        return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused,
+                                   self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup)
 
     @property
     def device(self) -> torch.device:
@@ -860,6 +927,11 @@ class StaticDFlashDrafter:
         logits = self.head(self.model.norm(x)[:, 1:].to(self.head.weight.dtype)).float()
         return logits, self.model.draft_to_target(logits.argmax(dim=-1))
 
+    def _draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):
+        logits, _ = self._block_logits(token, anchor)
+        ids, parents, depths, mask = block_tree(logits, self.tree_topk, self.tree_tokens)
+        return self.model.draft_to_target(ids), parents, depths, mask
+
     def _run(self, name: str, fn, *inputs):
         return self.graphs(name, fn, *inputs) if self.capture else fn(*inputs)
 
@@ -879,6 +951,15 @@ class StaticDFlashDrafter:
         positions ``anchor+1 ..`` and the greedy drafts [B, block-1] (target ids). On a GPU these are the captured
         graph's output buffers: valid until the next call."""
         return self._run("block", self.block_fn, token, anchor)
+
+    @torch.no_grad()
+    def draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):
+        """Every row's tree over its block's marginals after the verified ``token`` [B] at ``anchor`` [B] (``block_tree``,
+        as ``DFlashDrafter.draft_tree`` grows it): tokens [B, N] (target ids), parents [B, N] (rows of [root, nodes]),
+        depths [B, N] and the verify mask [B, N+1, N+1]. On a GPU the captured graph's buffers: valid until the next call."""
+        if not self.tree:
+            raise ValueError("draft_tree on a chain drafter; give tree_topk/tree_tokens")
+        return self._run("tree", self.tree_fn, token, anchor)
 
     def choose(self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None):
         """``models.sampling.choose`` over one row's block logits [block-1, Vd]: target ids, and their distributions

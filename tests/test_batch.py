@@ -218,7 +218,7 @@ def test_eager_eagle3_and_trees_are_refused_at_batch_sizes_above_one(setup) -> N
     model = setup[0]
     config = make_eagle3_config(model.config, num_hidden_layers=1, target_layer_ids=[1, 3, 4], layer_types=["full_attention"],
                                 sliding_window=None, draft_vocab_size=8192)
-    runs = (r"--batch-size 4: batched decoding runs DFlash, EAGLE-3 chains and trees \(StaticEagle3Drafter\), prompt lookup or "
+    runs = (r"--batch-size 4: batched decoding runs DFlash and EAGLE-3 blocks, chains and trees \(their static drafters\), prompt lookup or "
             "the target alone; ")
     with pytest.raises(ValueError, match=runs + "Eagle3Drafter runs at --batch-size 1"):
         check_batchable(Eagle3Drafter(Eagle3DraftModel(config)), 4)  # the eager chain drafter (FlashInfer attention)

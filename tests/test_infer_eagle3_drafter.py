@@ -15,7 +15,8 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from models.eagle3 import DraftTree, Eagle3Drafter, accept_tree, merge_chain
+from models.eagle3 import Eagle3Drafter
+from models.trees import DraftTree, accept_tree, merge_chain
 from models.sampling import SamplingConfig
 from train.eagle3 import step_masks, unroll
 from models.eagle3 import Eagle3DraftModel, make_eagle3_config

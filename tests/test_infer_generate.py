@@ -1,4 +1,4 @@
-"""The speculative loop (``infer/generate.py``) is lossless.
+"""The speculative loop (``infer/generate.py``, and ``infer/batch.py`` for DFlash trees) is lossless.
 
 References, independent of the loop: Hugging Face ``generate`` (greedy) and the cache-free oracle
 ``infer/reference.py`` (same accepted counts step by step); at temperature > 0, ``test_infer_sampling.py``.
@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from models.dflash import DFlashDrafter
+from models.dflash import DFlashDrafter, StaticDFlashDrafter
+from infer.batch import generate_batch
 from infer.generate import generate
 from infer.prompts import long_prompt_ids, mt_bench_questions
 from infer.reference import reference_speculative_greedy
@@ -115,3 +116,42 @@ def test_bad_inputs(setup) -> None:
         generate(StaticTarget(model, [2]), drafter, [5, 6], max_new_tokens=4)
     with pytest.raises(ValueError, match="top_p=0"):
         SamplingConfig(temperature=1.0, top_p=0)
+
+
+TREE = {"tree_topk": 4, "tree_tokens": 24}
+
+
+@pytest.mark.parametrize("window,lookup", [("trained", 0), (None, 7)])
+def test_dflash_trees_are_lossless_and_batched_rows_equal_batch_one(setup, window, lookup) -> None:
+    """Trees over the block's marginals (``models.dflash.block_tree``; with prompt lookup's branch: ``lookup``): batch 1
+    (the eager drafter's trees) gives Hugging Face's greedy tokens; three rows in flight over four prompts (one row
+    refilled) give each prompt the batch-1 tokens and accepted counts."""
+    model, tokenizer, questions, drafter_model, target = setup
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    prompts = [long_prompt_ids(tokenizer, q) for q in questions[:4]]
+    want = [generate(target, DFlashDrafter(drafter_model, embed, head, window=window, **TREE, tree_lookup=lookup), p, max_new_tokens=40)
+            for p in prompts]
+    got = generate_batch(target, StaticDFlashDrafter(drafter_model, embed, head, window=window, **TREE, tree_lookup=lookup), prompts, 40,
+                         batch_size=3)
+    for i, (w, g) in enumerate(zip(want, got)):
+        assert w.tokens == hf_greedy(model, prompts[i], 40), i
+        assert g.tokens == w.tokens, i
+        assert g.stats.accepted_per_step == w.stats.accepted_per_step, i
+    accepted = [a for g in got for a in g.stats.accepted_per_step]
+    assert max(accepted) >= 4 and 0 in accepted, accepted
+
+
+def test_a_dflash_tree_accepts_more_than_the_block(setup) -> None:
+    """The drafter's own proposals on two memorised prompts and two new ones: a 24-node tree accepts more per step than
+    the block's greedy chain, and both give the target's greedy tokens."""
+    model, tokenizer, questions, drafter_model, target = setup
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    prompts = [long_prompt_ids(tokenizer, q) for q in questions[:4]]
+    taus = {}
+    for mode, kwargs in [("block", {}), ("tree", TREE)]:
+        got = generate_batch(target, StaticDFlashDrafter(drafter_model, embed, head, **kwargs), prompts, 48, batch_size=4)
+        for i, g in enumerate(got):
+            assert g.tokens == hf_greedy(model, prompts[i], 48), (mode, i)
+        steps = [a for g in got for a in g.stats.accepted_per_step]
+        taus[mode] = sum(a + 1 for a in steps) / len(steps)
+    assert taus["block"] > 1.2 and taus["tree"] > taus["block"], taus

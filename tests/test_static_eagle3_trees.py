@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.eagle3 import DraftTree, Eagle3Drafter, StaticEagle3Drafter, accept_tree, accept_trees, merge_chain, merge_chains, tree_masks
+from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
+from models.trees import DraftTree, accept_tree, accept_trees, merge_chain, merge_chains, tree_masks
 from test_static_eagle3 import SHAPES, VOCAB, tiny, uncaptured_and_captured
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
