@@ -68,7 +68,8 @@ def main() -> None:
     drafters = {"target alone": None, "prompt lookup": PromptLookupDrafter(num_draft_tokens=(drafter.block_size - 1) if drafter else 7,
                                                                             vocab_size=target.lm_head.weight.shape[0])}
     if drafter is not None:
-        shape = (f"tree {drafter.tree_topk}/{drafter.tree_tokens}/{drafter.steps}" + (f"+{drafter.tree_lookup}" if drafter.tree_lookup else "")
+        depth = getattr(drafter, "steps", drafter.block_size - 1)  # EAGLE-3: its draft steps; DFlash: the block's drafts
+        shape = (f"tree {drafter.tree_topk}/{drafter.tree_tokens}/{depth}" + (f"+{drafter.tree_lookup}" if drafter.tree_lookup else "")
                  if getattr(drafter, "tree", False) else f"block {drafter.block_size}")
         drafters[f"{type(drafter).__name__} ({shape})"] = drafter
     if args.only:
