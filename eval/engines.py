@@ -54,6 +54,9 @@ def check_engine_args(args, windows) -> None:
                          "no --window override or sweep")
     if args.temperature != 0:
         raise ValueError(f"--engine {args.engine}: greedy only (--temperature 0), so its tokens can be checked against the target alone")
+    if args.tree_topk is not None or args.tree_tokens is not None or args.tree_lookup:
+        raise ValueError(f"--engine {args.engine}: tree drafting (--tree-topk/--tree-tokens/--tree-lookup) is our loop's; the engine "
+                         "drafts the export's chain or block")
 
 
 def start_engine(args, source: dict, target, drafter, tokenizer):

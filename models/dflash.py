@@ -610,7 +610,7 @@ def dflash_tree_options(model: "DFlashDraftModel", tree_topk, tree_tokens, tree_
     """``tree_options`` for a DFlash drafter: the depth is the block's drafts; prompt lookup's branch at most as deep
     (an accepted path is appended to the drafter as one block)."""
     depth = model.block_size - 1
-    if tree_lookup is not None and not isinstance(tree_lookup, bool) and isinstance(tree_lookup, int) and tree_lookup > depth:
+    if isinstance(tree_lookup, int) and not isinstance(tree_lookup, bool) and tree_lookup > depth:  # (other values: tree_options)
         raise ValueError(f"tree_lookup={tree_lookup}; a DFlash tree with block size {model.block_size} takes prompt lookup's chain "
                          f"of at most {depth} drafts")
     return tree_options(tree_topk, tree_tokens, tree_lookup, depth, draft_vocab_size(model.config) or model.config.vocab_size)

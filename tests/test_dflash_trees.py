@@ -149,6 +149,17 @@ def test_load_models_drafts_dflash_trees_eagerly_at_batch_one_and_static_when_ba
         load_models(str(reference_target_path), str(tmp_path), draft_steps=4)
 
 
+def test_another_engine_refuses_tree_options_in_one_line() -> None:
+    from argparse import Namespace
+
+    from eval.engines import check_engine_args
+
+    args = Namespace(server=None, engine="vllm", command="mtbench", temperature=0.0, tree_topk=4, tree_tokens=None, tree_lookup=0)
+    with pytest.raises(ValueError, match="--engine vllm: tree drafting .* is our loop's"):
+        check_engine_args(args, ["trained"])
+    check_engine_args(Namespace(**{**vars(args), "tree_topk": None}), ["trained"])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("compile", [False, True])
 def test_captured_trees_equal_the_uncaptured_ones_on_cuda(compile) -> None:
