@@ -90,27 +90,20 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
         target.check_layer_ids(layer_ids, where=f"{drafter_path}/config.json {where}")
         if config.get("hidden_size") != target.hidden_size:
             raise ValueError(f"{drafter_path}/config.json: hidden_size={config.get('hidden_size')}, the target's is {target.hidden_size}")
+        if eagle3 and config.get("vocab_size") != target.model.config.get_text_config().vocab_size:
+            raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
+                             f"{target.model.config.get_text_config().vocab_size}")
+        model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
+        trees = dict(tree_topk=tree_topk, tree_tokens=tree_tokens, tree_lookup=tree_lookup)
+        # chains, blocks and batched trees: the static drafters (fixed-shape caches, the whole draft captured on a GPU, beside
+        # the static target); trees at batch 1 and FlashInfer attention: the eager ones (both refuse tree_lookup without a tree)
+        static = attention_backend != "flashinfer" and (batch_size > 1 or (tree_topk is None and tree_tokens is None and not tree_lookup))
         if eagle3:
-            if config.get("vocab_size") != target.model.config.get_text_config().vocab_size:
-                raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
-                                 f"{target.model.config.get_text_config().vocab_size}")
-            model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
-            trees = tree_topk is not None or tree_tokens is not None
-            if (not trees and not tree_lookup or trees and batch_size > 1) and attention_backend != "flashinfer":
-                # chains, and batched trees: fixed-shape caches, the whole draft captured on a GPU, beside the static target
-                drafter = StaticEagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
-                                              tree_lookup=tree_lookup)
-            else:  # trees at batch 1 (and FlashInfer attention): the eager drafter, which refuses tree_lookup without a tree
-                drafter = Eagle3Drafter(model, window=window, steps=draft_steps, tree_topk=tree_topk, tree_tokens=tree_tokens,
-                                        attention_backend=attention_backend, tree_lookup=tree_lookup)
+            drafter = (StaticEagle3Drafter(model, window=window, steps=draft_steps, **trees) if static else
+                       Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend, **trees))
         else:
-            model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
-            trees = dict(tree_topk=tree_topk, tree_tokens=tree_tokens, tree_lookup=tree_lookup)
-            eager_trees = (tree_topk is not None or tree_tokens is not None or tree_lookup) and batch_size == 1
-            if attention_backend == "flashinfer" or eager_trees:  # trees at batch 1 as EAGLE-3's: the eager drafter
-                drafter = DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend, **trees)
-            else:  # fixed-shape caches, captured on a GPU, beside the static target
-                drafter = StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, **trees)
+            drafter = (StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, **trees) if static else
+                       DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend, **trees))
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
 
 
