@@ -902,6 +902,11 @@ class StaticDFlashDrafter:
     def _block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # token [B] at anchor [B] -> logits [B, block-1, Vd] fp32 (Vd = V without a draft vocabulary) and the greedy
         # drafts [B, block-1] as target ids
+        logits = self._block_pass(token, anchor)
+        return logits, self.model.draft_to_target(logits.argmax(dim=-1))
+
+    def _block_pass(self, token: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        # the block pass alone: logits [B, block-1, Vd] fp32 (trees take their top-k, not the argmax)
         bsz, b = token.shape[0], self.block_size
         hq, hkv, d = self.model.config.num_attention_heads, self.model.config.num_key_value_heads, self.model.config.head_dim
         slot_k = torch.arange(b, device=token.device)
@@ -924,12 +929,10 @@ class StaticDFlashDrafter:
             x = x + attn.o_proj(out.view(bsz, hq, b, d).transpose(1, 2).reshape(bsz, b, hq * d))
             gate, up = F.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        logits = self.head(self.model.norm(x)[:, 1:].to(self.head.weight.dtype)).float()
-        return logits, self.model.draft_to_target(logits.argmax(dim=-1))
+        return self.head(self.model.norm(x)[:, 1:].to(self.head.weight.dtype)).float()
 
     def _draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):
-        logits, _ = self._block_logits(token, anchor)
-        ids, parents, depths, mask = block_tree(logits, self.tree_topk, self.tree_tokens)
+        ids, parents, depths, mask = block_tree(self._block_pass(token, anchor), self.tree_topk, self.tree_tokens)
         return self.model.draft_to_target(ids), parents, depths, mask
 
     def _run(self, name: str, fn, *inputs):
