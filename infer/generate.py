@@ -266,10 +266,17 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             num_accepted, token = verify(draft_tokens, draft_probs, logits[:num_drafts + 1], sampling, generator)
             if accept_per_step is not None:  # benchmark mode (see the docstring); the count made once, no copy per step
                 num_accepted, token, draft_tokens = forced_accept, logits[accept_per_step].argmax(), block_ids[1:]
-            if run_ahead and hasattr(drafter, "draft_at"):  # the next block at pos + accepted + 1, before the host knows it
-                ahead = drafter.draft_at(token, num_accepted + (pos + 1), sampling, generator)  # (same generator order)
+            values, ready = torch.cat([num_accepted[None], draft_tokens, token[None]]), None
+            drafting_ahead = run_ahead and hasattr(drafter, "draft_at")
+            if drafting_ahead and device.type == "cuda":  # the step's result copied back before the next block is queued:
+                values, ready = values.to("cpu", non_blocking=True), torch.cuda.Event()  # the host waits for the verify
+                ready.record()  # alone and queues the next one while the GPU drafts (after the block, the GPU idled)
+            if drafting_ahead:  # the next block at pos + accepted + 1, before the host knows it (same generator order)
+                ahead = drafter.draft_at(token, num_accepted + (pos + 1), sampling, generator)
                 timer.mark("draft")
-            values = torch.cat([num_accepted[None], draft_tokens, token[None]]).tolist()  # host sync
+            if ready is not None:
+                ready.synchronize()
+            values = values.tolist()  # host sync
             accepted = values[0]
             new = values[1:1 + accepted] + [values[-1]]
             stats.accepted_per_step.append(accepted)
