@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.eagle3 import ttt_dense_mask, ttt_flex_block_mask, ttt_tile_structure, ttt_visible
+from train.eagle3 import tile_structure_fn, ttt_dense_mask, ttt_flex_block_mask, ttt_tile_structure, ttt_visible
 
 
 def reference_mask(valid: list[bool], step: int, window: int | None) -> torch.Tensor:
@@ -95,3 +95,17 @@ def test_tile_structure_equals_the_dense_masks_tiles(window: int | None, tile: i
         tiles = padded.view(3, q_tiles, tile, kv_tiles, tile).transpose(2, 3).flatten(3)  # -1: past the ends
         assert torch.equal(kept, (tiles == 1).any(-1)), (step, window, tile)
         assert torch.equal(full, ((tiles == 1) | (tiles < 0)).all(-1) & (tiles == 1).any(-1)), (step, window, tile)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_compiled_tile_structure_on_cuda_equals_the_eager_one() -> None:
+    """The flex masks' tiles on a GPU come from ``ttt_tile_structure`` compiled with dynamic shapes: the same kept and
+    full tiles for right-padded rows of lengths that are not multiples of the tile, and one graph serves them all."""
+    compiled = tile_structure_fn(torch.device("cuda"))
+    for seq_len in (13, 300, 517):
+        ctx_valid = torch.arange(seq_len)[None, :] < torch.tensor([[seq_len], [seq_len // 2], [1]])
+        for step in range(3):
+            for window in (None, 3, 64):
+                want = ttt_tile_structure(ctx_valid, step, window, 4)
+                got = compiled(ctx_valid.cuda(), step, window, 4)
+                assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]), (seq_len, step, window)
