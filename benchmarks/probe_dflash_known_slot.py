@@ -82,7 +82,10 @@ def main() -> None:
             truth = seq[a + 1:a + b]  # x_{a+1} .. x_{a+b-1}
             ids = torch.full((b,), mask)
             ids[0] = seq[a]
-            plain = block_logits(drafter, ids, a).argmax(-1)
+            plain_logits = block_logits(drafter, ids, a)
+            if a == len(prompt):  # the probe's block pass is the drafter's own (its ids aside)
+                torch.testing.assert_close(plain_logits, drafter.draft_logits(seq[a], a))
+            plain = plain_logits.argmax(-1)
             ids[1] = seq[a + 1]
             known = block_logits(drafter, ids, a).argmax(-1)
             plain_ok, known_ok = (plain == truth).float(), (known == truth).float()
