@@ -76,6 +76,8 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["trainer.optimizer=muon", "trainer.muon_ns_dtype=fp16"], "trainer.muon_ns_dtype='fp16'; expected auto, bfloat16 or float32"),
         (["drafter.loss_weighting=linear"], "drafter.loss_weighting='linear'; expected exp or dpace"),
         (["drafter.loss_weighting=dpace", "drafter.dpace_alpha=0"], "drafter.dpace_alpha=0"),
+        (["drafter.reveal_prob=1.5"], "drafter.reveal_prob=1.5; expected in [0, 1]"),
+        (["drafter.block_size=4", "drafter.reveal_max=3"], "drafter.reveal_max=3; expected 1 .. block_size - 2"),
         (["experiment=eagle3_swa_tiny", "drafter.fc_norm=true", "drafter.norm_before_fc=true"], "drafter.fc_norm and drafter.norm_before_fc are both true"),
         (["experiment=eagle3_swa_tiny", "drafter.norm_before_fc=true"], "drafter.norm_before_fc=true, which SGLang's"),
         (["experiment=eagle3_swa_tiny", "drafter.norm_output=true", "trainer.export_formats=[sglang]"], "drafter.norm_output=true"),

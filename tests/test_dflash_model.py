@@ -143,6 +143,19 @@ def test_blocks_labels_and_weights() -> None:
     assert "x/block_tau" not in summary  # random anchors: no replayed loop (evaluate_batch has one)
 
 
+def test_revealed_slots_hold_the_true_tokens_and_no_labels() -> None:
+    input_ids = torch.tensor([[10, 11, 12, 13, 14, 15, 16, 17]])
+    loss_mask = torch.ones_like(input_ids, dtype=torch.bool)
+    anchors, valid = torch.tensor([[1, 5, 6]]), torch.tensor([[True, True, True]])
+    blocks = build_blocks(input_ids, loss_mask, anchors, valid, 4, mask_token_id=99, reveal=torch.tensor([[2, 0, 2]]))
+    # block 1: slots 1, 2 shown; block 2: none; block 3: slot 1 shown, slot 2 (position 8) past the end stays a mask
+    assert blocks.block_ids.tolist() == [[11, 12, 13, 99, 15, 99, 99, 99, 16, 17, 99, 99]]
+    assert blocks.labels.tolist() == [[IGNORE, IGNORE, IGNORE, 14, IGNORE, 16, 17, IGNORE, IGNORE, IGNORE, IGNORE, IGNORE]]
+    plain = build_blocks(input_ids, loss_mask, anchors, valid, 4, mask_token_id=99)
+    assert torch.equal(build_blocks(input_ids, loss_mask, anchors, valid, 4, 99, reveal=torch.zeros(1, 3, dtype=torch.long)).block_ids,
+                       plain.block_ids)
+
+
 def test_dpace_weights_against_a_loop_over_slots() -> None:
     """D-PACE slot weights, written out slot by slot: w_k = sum_{j >= k, labelled} prod_{i <= j, labelled} s_i."""
     g = torch.Generator().manual_seed(0)

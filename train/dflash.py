@@ -61,6 +61,11 @@ class DFlashConfig(DrafterConfigBase):
     # the block pass reads N rows instead of the target's V (Qwen3: 152K, 1.24 GB at the 8B shape); labels outside it
     # count as wrong drafts
     draft_vocab_size: Optional[int] = None
+    # the chance that a training block shows the true tokens in its first 1..reveal_max slots after the anchor (as
+    # inputs, with no loss on them), so the drafter learns to draft the rest of a block from a candidate put in place
+    # (re-drafting a tree's branch; BENCHMARKS.md "Probe: ... slot 1 known"); 0 = DFlash's blocks as published
+    reveal_prob: float = 0.0
+    reveal_max: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -78,6 +83,10 @@ class DFlashConfig(DrafterConfigBase):
             raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2 or null (the target's whole head)")
         if self.mask_token_id is not None and self.mask_token_id < 0:
             raise ValueError(f"drafter.mask_token_id={self.mask_token_id}; expected a token id >= 0 or null")
+        if not 0 <= self.reveal_prob <= 1:
+            raise ValueError(f"drafter.reveal_prob={self.reveal_prob}; expected in [0, 1]")
+        if not 1 <= self.reveal_max <= self.block_size - 2:
+            raise ValueError(f"drafter.reveal_max={self.reveal_max}; expected 1 .. block_size - 2 ({self.block_size - 2}): a block keeps a slot to draft")
 
 
 def feature_layer_ids(d: DFlashConfig, num_layers: int) -> list[int]:
@@ -185,7 +194,12 @@ class DFlashStep:
         """The step's random choices for one micro-batch: anchors and their blocks."""
         anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.ctx.static_shapes,
                                         pad_multiple=self.anchor_multiple, key_width=self.cfg.data.max_length)
-        return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id)
+        reveal = None
+        if self.cfg.drafter.reveal_prob > 0:  # from the step's generator, as the anchors
+            shown = torch.rand(anchors.shape, generator=generator) < self.cfg.drafter.reveal_prob
+            reveal = torch.where(shown, torch.randint(1, self.cfg.drafter.reveal_max + 1, anchors.shape, generator=generator), 0)
+            reveal = reveal.to(anchors.device)
+        return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id, reveal)
 
     def num_labels(self, batch: dict[str, torch.Tensor], blocks) -> torch.Tensor:
         return (blocks.labels != IGNORE).sum()  # a tensor: no host sync on the GPU
@@ -324,8 +338,10 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
     return anchors[:, :n].contiguous(), valid[:, :n].contiguous()
 
 
-def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, mask_token_id: int) -> Blocks:
-    """Block inputs, positions and labels for anchors ([Bsz, T] ids and loss mask, [Bsz, N] anchors)."""
+def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int,
+                 mask_token_id: int, reveal: torch.Tensor | None = None) -> Blocks:
+    """Block inputs, positions and labels for anchors ([Bsz, T] ids and loss mask, [Bsz, N] anchors). ``reveal`` [Bsz, N]:
+    how many slots after each anchor hold their true token instead of the mask token (and no label)."""
     bsz, seq_len = input_ids.shape
     offsets = torch.arange(block_size, device=input_ids.device)
     positions = anchors[:, :, None] + offsets  # [Bsz, N, B]
@@ -337,6 +353,10 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
     labels = torch.where(has_loss, targets, torch.full_like(targets, IGNORE))
     block_ids = torch.full_like(targets, mask_token_id)
     block_ids[:, :, 0] = input_ids.gather(1, anchors)
+    if reveal is not None:
+        shown = (offsets >= 1) & (offsets <= reveal[:, :, None]) & in_range  # [Bsz, N, B]
+        block_ids = torch.where(shown, targets, block_ids)
+        labels = torch.where(shown, IGNORE, labels)
     return Blocks(anchors, anchor_valid, block_ids.flatten(1), positions.flatten(1), labels.flatten(1))
 
 
