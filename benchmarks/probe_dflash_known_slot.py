@@ -28,18 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from infer.loading import load_drafter_model, read_drafter_config  # noqa: E402
 from infer.prompts import chat_ids  # noqa: E402
 from models.builtin_targets import resolve_target_path  # noqa: E402
-from models.dflash import DFlashDrafter, DraftCache  # noqa: E402
+from models.dflash import DFlashDrafter  # noqa: E402
 from models.static_target import StaticTarget  # noqa: E402
 from models.target import TargetModel  # noqa: E402
-
-
-@torch.no_grad()
-def block_logits(drafter: DFlashDrafter, ids: torch.Tensor, anchor: int) -> torch.Tensor:
-    """``DFlashDrafter.draft_logits`` with the block's input ids given: [B-1, V] for slots 1 .."""
-    x = drafter.embed_tokens(ids)[None].to(drafter.model.fc.weight.dtype)
-    positions = torch.arange(anchor, anchor + ids.shape[0])[None]
-    hidden = drafter.model(x, None, positions, cache=DraftCache(drafter.caches, drafter.rules, anchor, drafter.attention_backend))
-    return drafter.lm_head(hidden[0, 1:]).float()
 
 
 def main() -> None:
@@ -55,8 +46,6 @@ def main() -> None:
     target = TargetModel.from_pretrained(resolve_target_path(args.target), device="cpu", dtype="float32")
     config = read_drafter_config(args.drafter)
     model = load_drafter_model(args.drafter, config, torch.float32).eval()
-    if model.has_draft_vocab:
-        raise SystemExit(f"{args.drafter}: a draft vocabulary; this probe reads the target's head")
     b, mask = model.block_size, model.mask_token_id
     static = StaticTarget(target.model, list(config["dflash_config"]["target_layer_ids"]))
     drafter = DFlashDrafter(model, target.embed_tokens, target.lm_head)
@@ -82,12 +71,9 @@ def main() -> None:
             truth = seq[a + 1:a + b]  # x_{a+1} .. x_{a+b-1}
             ids = torch.full((b,), mask)
             ids[0] = seq[a]
-            plain_logits = block_logits(drafter, ids, a)
-            if a == len(prompt):  # the probe's block pass is the drafter's own (its ids aside)
-                torch.testing.assert_close(plain_logits, drafter.draft_logits(seq[a], a))
-            plain = plain_logits.argmax(-1)
+            plain = drafter.logits_for_ids(ids, a).argmax(-1)
             ids[1] = seq[a + 1]
-            known = block_logits(drafter, ids, a).argmax(-1)
+            known = drafter.logits_for_ids(ids, a).argmax(-1)
             plain_ok, known_ok = (plain == truth).float(), (known == truth).float()
             plain_hits += plain_ok
             known_hits += known_ok

@@ -693,11 +693,16 @@ class DFlashDrafter:
         Returns:
             [B-1, V] fp32 logits (-inf outside a draft vocabulary).
         """
-        b = self.block_size
-        ids = torch.full((b,), self.mask_token_id, dtype=torch.long, device=self.device)
+        ids = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=self.device)
         ids[0] = token.reshape(())
+        return self.logits_for_ids(ids, anchor)
+
+    @torch.no_grad()
+    def logits_for_ids(self, ids: torch.Tensor, anchor: int) -> torch.Tensor:
+        """``draft_logits`` for a block's input ids [B] as given (``benchmarks/probe_dflash_known_slot.py`` puts tokens
+        where the loop puts mask tokens): [B-1, V] fp32."""
         x = self.embed_tokens(ids)[None].to(self.model.fc.weight.dtype)  # [1, B, H]
-        positions = torch.arange(anchor, anchor + b, device=self.device)[None]
+        positions = torch.arange(anchor, anchor + ids.shape[0], device=self.device)[None]
         hidden = self.model(x, None, positions, cache=DraftCache(self.caches, self.rules, anchor, self.attention_backend))
         hidden = hidden[0, 1:]  # slot 0 is the known token
         head = self.model.head(self.lm_head)

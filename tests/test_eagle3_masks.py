@@ -101,7 +101,7 @@ def test_tile_structure_equals_the_dense_masks_tiles(window: int | None, tile: i
 def test_the_compiled_tile_structure_on_cuda_equals_the_eager_one() -> None:
     """The flex masks' tiles on a GPU come from ``ttt_tile_structure`` compiled with dynamic shapes: the same kept and
     full tiles for right-padded rows of lengths that are not multiples of the tile, and one graph serves them all."""
-    compiled = tile_structure_fn(torch.device("cuda"))
+    compiled = tile_structure_fn("cuda")
     for seq_len in (13, 300, 517):
         ctx_valid = torch.arange(seq_len)[None, :] < torch.tensor([[seq_len], [seq_len // 2], [1]])
         for step in range(3):

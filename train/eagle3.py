@@ -474,16 +474,16 @@ def ttt_flex_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None, 
     def mask_mod(b, h, q_idx, kv_idx):
         return ttt_visible(b, q_idx, kv_idx, step, ctx_valid, window)
 
-    kept, full = tile_structure_fn(ctx_valid.device)(ctx_valid, step, window, tile)
+    kept, full = tile_structure_fn(ctx_valid.device.type)(ctx_valid, step, window, tile)
     return block_mask_from_tiles(kept, full, mask_mod, seq_len, (step + 1) * seq_len, tile, tile)
 
 
 @functools.cache
-def tile_structure_fn(device: torch.device):
+def tile_structure_fn(device_type: str):
     """``ttt_tile_structure`` compiled on a GPU: eager it launches ~25 + 12 j small kernels for step j (~430 for a 7-step
     unroll, ~5 ms of host launches per training step, a 2-3.6% MFU drop at the 8B shape), compiled a handful; shapes
     dynamic, so one graph per (step, window, tile) whatever the batch's length. Eager elsewhere (CPU tests)."""
-    if torch.device(device).type != "cuda":
+    if device_type != "cuda":  # one compiled function for every GPU index (cuda, cuda:0 ...)
         return ttt_tile_structure
     from kernels.attention import raise_recompile_limit
 
