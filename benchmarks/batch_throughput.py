@@ -51,6 +51,7 @@ def main() -> None:
     p.add_argument("--tree-topk", type=int)
     p.add_argument("--tree-tokens", type=int)
     p.add_argument("--tree-lookup", type=int, default=0)
+    p.add_argument("--tree-redraft", type=int, default=0, help="DFlash trees: depths re-drafted with their path in place")
     p.add_argument("--repeat", type=int, default=1, help="passes per batch size (on a GPU the first compiles and captures)")
     p.add_argument("--phase-times", action="store_true",
                    help="GPU: CUDA events around each phase of a step (draft, verify, acceptance, path moves, drafter append); "
@@ -62,7 +63,8 @@ def main() -> None:
         p.error(f"--batch-sizes {args.batch_sizes}: trees run batched here (static caches); give sizes of 2 or more")
     device = resolve_device(args.device)
     target, drafter, tokenizer = load_models(args.target, args.drafter, device, draft_steps=args.draft_steps, tree_topk=args.tree_topk,
-                                             tree_tokens=args.tree_tokens, tree_lookup=args.tree_lookup, batch_size=max(args.batch_sizes))
+                                             tree_tokens=args.tree_tokens, tree_lookup=args.tree_lookup, batch_size=max(args.batch_sizes),
+                                             tree_redraft=args.tree_redraft)
     eos = eos_ids(tokenizer, target.model)
     conversations = mt_bench(args.questions)
     drafters = {"target alone": None, "prompt lookup": PromptLookupDrafter(num_draft_tokens=(drafter.block_size - 1) if drafter else 7,
@@ -70,6 +72,7 @@ def main() -> None:
     if drafter is not None:
         depth = getattr(drafter, "steps", drafter.block_size - 1)  # EAGLE-3: its draft steps; DFlash: the block's drafts
         shape = (f"tree {drafter.tree_topk}/{drafter.tree_tokens}/{depth}" + (f"+{drafter.tree_lookup}" if drafter.tree_lookup else "")
+                 + (f" redraft {drafter.tree_redraft}" if getattr(drafter, "tree_redraft", 0) else "")
                  if getattr(drafter, "tree", False) else f"block {drafter.block_size}")
         drafters[f"{type(drafter).__name__} ({shape})"] = drafter
     if args.only:

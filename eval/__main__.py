@@ -62,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--tree-lookup", type=int, default=0, help="trees: prompt lookup's chain of up to N drafts joins each "
                                                                     "tree as one more branch (hybrid drafting; prompt lookup beside "
                                                                     "drafts max(depth, N); default 0: none)")
+    common.add_argument("--tree-redraft", type=int, default=0, help="DFlash trees: the nodes expanded at depths 1 .. N are drafted "
+                                                                     "again with their path in place of mask tokens (one block pass "
+                                                                     "per node; a drafter trained with drafter.reveal_prob); default 0")
     common.add_argument("--batch-size", type=int, default=1,
                         help="conversations decoded at once (DFlash, EAGLE-3, prompt lookup or the target alone; each row's tokens and "
                              "acceptance are batch 1's)")
@@ -165,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
-                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size)
+                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft)
         if args.engine == "ours":
             from infer.batch import check_batchable
 

@@ -41,6 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tree-tokens", type=int, help="dynamic tree drafting (EAGLE-3, DFlash): nodes verified per step")
     p.add_argument("--tree-lookup", type=int, default=0, help="trees: prompt lookup's chain of up to N drafts joins each tree "
                                                                "as one more branch (hybrid drafting; default 0: none)")
+    p.add_argument("--tree-redraft", type=int, default=0, help="DFlash trees: the nodes expanded at depths 1 .. N are drafted again "
+                                                                "with their path in place (a drafter trained with drafter.reveal_prob)")
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     p.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
     p.add_argument("--dtype", default="auto")
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--target is required unless --drafter is a training run folder (which records its target)")
         target, drafter, tokenizer = load_models(target_path, drafter_path, args.device, args.dtype, window, args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
-                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size)
+                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft)
         warning = window_warning(drafter, window)
         if warning:
             print(warning, file=sys.stderr)

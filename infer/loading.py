@@ -60,7 +60,7 @@ def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DF
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
                 attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
-                tree_tokens: int | None = None, tree_lookup: int = 0, batch_size: int = 1) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
+                tree_tokens: int | None = None, tree_lookup: int = 0, batch_size: int = 1, tree_redraft: int = 0) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
     drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
@@ -69,6 +69,7 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     tree_topk, tree_tokens: tree drafting when either is given (EAGLE-3: EAGLE-2's dynamic tree; DFlash: the same over
         its block's marginals, as deep as the block).
     tree_lookup: trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
+    tree_redraft: DFlash trees only: the depths whose nodes are drafted again with their path in place (0: none).
     batch_size: the loop's rows: trees above 1 draft over static caches (``StaticEagle3Drafter``,
         ``StaticDFlashDrafter``: batched and captured); at 1 the eager drafter drafts them (``infer.generate``).
     """
@@ -76,12 +77,15 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     drafter = None
     layer_ids: list[int] = []
     if drafter_path == PROMPT_LOOKUP:
-        if tree_topk is not None or tree_tokens is not None or tree_lookup:
-            raise ValueError("--drafter pld drafts chains only: leave out --tree-topk/--tree-tokens/--tree-lookup")
+        if tree_topk is not None or tree_tokens is not None or tree_lookup or tree_redraft:
+            raise ValueError("--drafter pld drafts chains only: leave out --tree-topk/--tree-tokens/--tree-lookup/--tree-redraft")
         drafter = PromptLookupDrafter(num_draft_tokens=draft_steps or 15, vocab_size=target.vocab_size)
     elif drafter_path is not None:
         config = read_drafter_config(drafter_path)
         eagle3 = is_eagle3(config)
+        if eagle3 and tree_redraft:
+            raise ValueError(f"drafter {drafter_path} is an EAGLE-3 drafter: --tree-redraft is a DFlash option (EAGLE-3's trees draft "
+                             f"every node from its parent already)")
         if not eagle3 and draft_steps is not None:
             raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps is an EAGLE-3 option (a DFlash block's "
                              f"drafts are fixed by training: block_size {config.get('block_size')})")
@@ -102,6 +106,7 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
             drafter = (StaticEagle3Drafter(model, window=window, steps=draft_steps, **trees) if static else
                        Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend, **trees))
         else:
+            trees["tree_redraft"] = tree_redraft
             drafter = (StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, **trees) if static else
                        DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend, **trees))
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer

@@ -64,6 +64,9 @@ slots before it hold mask tokens), so it gives one distribution per slot, not on
 EAGLE-2's dynamic tree over those marginals, as Medusa's heads grow theirs: the children of every depth-d node are slot
 d's top-k tokens; the k best nodes of each depth (by summed log-prob) are expanded, and the best ``tree_tokens`` nodes
 are verified in one target pass (``models/trees.py``). The drafter's next block needs the accepted path's features only.
+With ``tree_redraft`` = R the nodes expanded at depths 1 .. R are drafted again, as blocks with their paths in place of
+the first mask tokens (all of a depth's k nodes in one pass of k blocks per row), so their children know their parent, as
+EAGLE's do; a drafter learns to read such tokens when trained with ``drafter.reveal_prob``.
 
 Inference-time window (SGLang's ``--speculative-draft-window-size``): ``window="trained"`` keeps the
 checkpoint's ``sliding_window``; an int replaces it in every sliding layer; None removes it (full
@@ -572,14 +575,21 @@ class DraftCache:
         return LayerCache(self.contexts[i], self.rules[i], self.anchor, self.backend)
 
 
-def block_tree(logits: torch.Tensor, topk: int, total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def block_tree(logits: torch.Tensor, topk: int, total: int, redraft=None,
+               redrafted: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's dynamic draft tree over one block's per-slot distributions (greedy; no host sync, fixed shapes).
 
     Slot d's distribution does not depend on the tokens a tree puts before it (those slots held mask tokens in the
     pass), so every depth-d node has the same candidate children, slot d's top-k tokens. Depth 1: slot 1's top-k. Each
-    further depth: the k best nodes of the previous depth times slot d's top-k (k * k candidates, score = the summed
-    log-probs of the path), the k best of them the next frontier. The tree is the ``total`` best candidates
+    further depth: the k best nodes of the previous depth times their candidate children (k * k candidates, score = the
+    summed log-probs of the path), the k best of them the next frontier. The tree is the ``total`` best candidates
     (``select_trees``: scores only fall along a path, so the selection is ancestor-closed).
+
+    Re-drafted depths (``redrafted`` > 0, a drafter trained with revealed slots: ``drafter.reveal_prob``): the k nodes of
+    each frontier at depths 1 .. ``redrafted`` are drafted again as blocks with their paths in place of the first mask
+    tokens, ``redraft(paths [B, k, d]) -> logits [B, k, D, Vd]`` (paths as indices into the logits' last dim), so their
+    children come from a distribution that knows their parent; deeper nodes take theirs from their nearest re-drafted
+    ancestor's block.
 
     Args: logits [B, D, Vd] fp32 for block slots 1 .. D (-inf: an id the drafter cannot draft); topk <= the finite ids.
     Returns: ids [B, total] (indices into the logits' last dim), parent rows [B, total] (rows of [root, nodes], 0 = the
@@ -591,29 +601,62 @@ def block_tree(logits: torch.Tensor, topk: int, total: int) -> tuple[torch.Tenso
     pool_ids, pool_scores, pool_parent = [top_ids[:, 0]], [top_logp[:, 0]], [torch.full((bsz, k), -1, device=device)]
     pool_depth = [torch.ones(k, dtype=torch.long, device=device)]
     frontier, frontier_scores = torch.arange(k, device=device).expand(bsz, k), top_logp[:, 0]  # pool indices, scores
+    # each frontier node's candidate children per slot, [B, k, D, k]: the first block's until a node is re-drafted
+    node_logp, node_ids = top_logp[:, None].expand(bsz, k, depth, k), top_ids[:, None].expand(bsz, k, depth, k)
+    paths = top_ids[:, 0, :, None]  # [B, k, d] the frontier's tokens from depth 1 (kept while re-drafting)
     size = k
     for d in range(1, depth):
-        candidates = (frontier_scores[:, :, None] + top_logp[:, d, None, :]).flatten(1)  # [B, k * k]: parent i, child j at i * k + j
-        pool_ids.append(top_ids[:, d].repeat(1, k))
+        if d <= redrafted:
+            node_logp, node_ids = torch.log_softmax(redraft(paths), -1).topk(k, dim=-1)  # [B, k, D, k]
+        candidates = (frontier_scores[:, :, None] + node_logp[:, :, d]).flatten(1)  # [B, k * k]: parent i, child j at i * k + j
+        children = node_ids[:, :, d].flatten(1)
+        pool_ids.append(children)
         pool_scores.append(candidates)
         pool_parent.append(frontier.repeat_interleave(k, dim=1))
         pool_depth.append(torch.full((k * k,), d + 1, device=device))
         best = candidates.topk(k, dim=-1).indices  # [B, k]
         frontier, frontier_scores = size + best, candidates.gather(1, best)
+        if redrafted:  # the new frontier inherits its parents' candidates (and paths, for the next re-draft)
+            parent = best // k
+            node_logp = node_logp.gather(1, parent[:, :, None, None].expand(bsz, k, depth, k))
+            node_ids = node_ids.gather(1, parent[:, :, None, None].expand(bsz, k, depth, k))
+            if d < redrafted:
+                paths = torch.cat([paths.gather(1, parent[:, :, None].expand(bsz, k, d)), children.gather(1, best)[:, :, None]], dim=2)
         size += k * k
     ids, parents, depths = select_trees(torch.cat(pool_ids, 1), torch.cat(pool_scores, 1), torch.cat(pool_parent, 1),
                                         torch.cat(pool_depth), total)
     return ids, parents, depths, tree_masks(parents, depth)
 
 
-def dflash_tree_options(model: "DFlashDraftModel", tree_topk, tree_tokens, tree_lookup) -> tuple[bool, int, int]:
+def dflash_tree_options(model: "DFlashDraftModel", tree_topk, tree_tokens, tree_lookup, tree_redraft=0) -> tuple[bool, int, int]:
     """``tree_options`` for a DFlash drafter: the depth is the block's drafts; prompt lookup's branch at most as deep
-    (an accepted path is appended to the drafter as one block)."""
+    (an accepted path is appended to the drafter as one block); ``tree_redraft`` (``block_tree``'s re-drafted depths)
+    in 0 .. block - 2, with a tree."""
     depth = model.block_size - 1
     if isinstance(tree_lookup, int) and not isinstance(tree_lookup, bool) and tree_lookup > depth:  # (other values: tree_options)
         raise ValueError(f"tree_lookup={tree_lookup}; a DFlash tree with block size {model.block_size} takes prompt lookup's chain "
                          f"of at most {depth} drafts")
+    if not isinstance(tree_redraft, int) or isinstance(tree_redraft, bool) or not 0 <= tree_redraft <= depth - 1:
+        raise ValueError(f"tree_redraft={tree_redraft!r}; expected an int in 0 .. {depth - 1} (depths re-drafted in a block of {model.block_size})")
+    if tree_redraft and tree_topk is None and tree_tokens is None:
+        raise ValueError(f"tree_redraft={tree_redraft}: re-drafting grows a tree; give --tree-topk/--tree-tokens too")
     return tree_options(tree_topk, tree_tokens, tree_lookup, depth, draft_vocab_size(model.config) or model.config.vocab_size)
+
+
+def block_ids(token: torch.Tensor, block_size: int, mask_token_id: int, paths: torch.Tensor | None = None) -> torch.Tensor:
+    """A block's input ids: the verified ``token`` [B], then mask tokens -> [B, b]; with ``paths`` [B, R, d] (target ids
+    for slots 1 .. d) R blocks per row, [B, R, b]: ``block_tree``'s re-drafts (training shows such slots:
+    ``train.dflash.build_blocks(reveal=...)``)."""
+    bsz, device = token.shape[0], token.device
+    if paths is None:
+        ids = torch.full((bsz, block_size), mask_token_id, dtype=torch.long, device=device)
+        ids[:, 0] = token
+        return ids
+    rows, d = paths.shape[1], paths.shape[2]
+    ids = torch.full((bsz, rows, block_size), mask_token_id, dtype=torch.long, device=device)
+    ids[:, :, 0] = token[:, None]
+    ids[:, :, 1:d + 1] = paths
+    return ids
 
 
 class DFlashDrafter:
@@ -629,11 +672,13 @@ class DFlashDrafter:
         tree_topk, tree_tokens: a dynamic tree over the block's marginals (``block_tree``, greedy only; either turns
             trees on, the other defaults as for EAGLE-3: ``models.trees.tree_options``).
         tree_lookup: trees only: prompt lookup's chain of up to this many drafts (at most block - 1) joins each tree.
+        tree_redraft: trees only: the depths whose nodes are drafted again with their path in place (``block_tree``;
+            for a drafter trained with ``drafter.reveal_prob``), one block pass per expanded node; 0: none.
     """
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained",
                  attention_backend: str = "sdpa", keep_slack: int = 1024, tree_topk: int | None = None,
-                 tree_tokens: int | None = None, tree_lookup: int = 0):
+                 tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0):
         self.model = model.eval().requires_grad_(False)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
@@ -645,15 +690,16 @@ class DFlashDrafter:
         self.keep_slack = keep_slack
         self.window_arg = window
         self.caches: list[ContextKV] = []
-        self.tree, self.tree_topk, self.tree_tokens = dflash_tree_options(model, tree_topk, tree_tokens, tree_lookup)
-        self.tree_lookup = tree_lookup
+        self.tree, self.tree_topk, self.tree_tokens = dflash_tree_options(model, tree_topk, tree_tokens, tree_lookup, tree_redraft)
+        self.tree_lookup, self.tree_redraft = tree_lookup, tree_redraft
         # target tokens per verify pass: the block, or the root and the tree's nodes (prompt lookup's branch included)
         self.verify_tokens = self.tree_tokens + tree_lookup + 1 if self.tree else self.block_size
 
     def with_window(self, window) -> "DFlashDrafter":
         """The same drafter and drafting mode under another inference window."""
         return DFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.attention_backend, self.keep_slack,
-                             self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup)
+                             self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup,
+                             self.tree_redraft)
 
     @property
     def device(self) -> torch.device:
@@ -693,9 +739,7 @@ class DFlashDrafter:
         Returns:
             [B-1, V] fp32 logits (-inf outside a draft vocabulary).
         """
-        ids = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=self.device)
-        ids[0] = token.reshape(())
-        return self.logits_for_ids(ids, anchor)
+        return self.logits_for_ids(block_ids(token.reshape(1), self.block_size, self.mask_token_id)[0], anchor)
 
     @torch.no_grad()
     def logits_for_ids(self, ids: torch.Tensor, anchor: int) -> torch.Tensor:
@@ -716,10 +760,17 @@ class DFlashDrafter:
 
     @torch.no_grad()
     def draft_tree(self, token: torch.Tensor, anchor: int) -> DraftTree:
-        """The dynamic tree over the block's marginals after the verified ``token`` at ``anchor`` (``block_tree``)."""
+        """The dynamic tree over the block's marginals after the verified ``token`` at ``anchor`` (``block_tree``; its
+        re-drafts one block pass per node, paths of target ids as the eager logits are over the target's vocabulary)."""
         if not self.tree:
             raise ValueError("draft_tree on a chain drafter; give tree_topk/tree_tokens")
-        ids, parents, depths, _ = block_tree(self.draft_logits(token, anchor)[None], self.tree_topk, self.tree_tokens)
+
+        def redraft(paths: torch.Tensor) -> torch.Tensor:  # [1, k, d] -> [1, k, D, V]
+            ids = block_ids(token.reshape(1), self.block_size, self.mask_token_id, paths)[0]  # [k, b]
+            return torch.stack([self.logits_for_ids(row, anchor) for row in ids])[None]
+
+        ids, parents, depths, _ = block_tree(self.draft_logits(token, anchor)[None], self.tree_topk, self.tree_tokens,
+                                             redraft, self.tree_redraft)
         return DraftTree(tokens=ids[0], parents=parents[0], depths=depths[0])
 
 
@@ -775,6 +826,18 @@ def block_visible(slot_pos: torch.Tensor, anchor: torch.Tensor, block_size: int,
     return aligned_visible(q_pos[:, :, None], key_pos[:, None, :], rule.causal, rule.window) & filled[:, None, :]
 
 
+def rows_visible(visible: torch.Tensor, rows: int) -> torch.Tensor:
+    """``block_visible``'s [B, b, S + b] for R blocks at the same anchor over the same context -> [B, R*b, S + R*b]: every
+    block's queries see the context as one block does, and their own block's keys alone (block-diagonal)."""
+    if rows == 1:
+        return visible
+    bsz, b, _ = visible.shape
+    context, own = visible[:, :, :-b], visible[:, :, -b:]  # [B, b, S], [B, b, b]
+    eye = torch.eye(rows, dtype=torch.bool, device=visible.device)
+    blocks = (eye[None, :, None, :, None] & own[:, None, :, None, :]).reshape(bsz, rows * b, rows * b)
+    return torch.cat([context.repeat(1, rows, 1), blocks], dim=2)
+
+
 def _softmax_over_slots(scores: torch.Tensor, visible: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """``masked_softmax`` for rows (g, slot) under a mask of the slots alone: scores [B, Hkv, G*b, K], visible
     [B, 1, 1, b, K] broadcast over g (no per-layer copy of the mask for every query head)."""
@@ -811,7 +874,7 @@ class StaticDFlashDrafter:
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None,
                  compile: bool | None = None, fused: "FusedWeights | None" = None, tree_topk: int | None = None,
-                 tree_tokens: int | None = None, tree_lookup: int = 0):
+                 tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0):
         self.model = model.eval().requires_grad_(False)
         self.fused = fused or FusedWeights.of(model)
         self.embed_tokens = embed_tokens
@@ -819,8 +882,8 @@ class StaticDFlashDrafter:
         self.head = model.head(lm_head)  # a draft vocabulary's reduced head reads Vd rows, not the target's V
         self.block_size = model.block_size
         # trees (``DFlashDrafter``'s options; batched in ``infer.batch``): the accepted path comes back as one block
-        self.tree, self.tree_topk, self.tree_tokens = dflash_tree_options(model, tree_topk, tree_tokens, tree_lookup)
-        self.tree_lookup = tree_lookup
+        self.tree, self.tree_topk, self.tree_tokens = dflash_tree_options(model, tree_topk, tree_tokens, tree_lookup, tree_redraft)
+        self.tree_lookup, self.tree_redraft = tree_lookup, tree_redraft
         self.verify_tokens = self.tree_tokens + tree_lookup + 1 if self.tree else model.block_size
         self.mask_token_id = model.mask_token_id
         self.target_layer_ids = model.target_layer_ids
@@ -846,7 +909,8 @@ class StaticDFlashDrafter:
 
     def with_window(self, window) -> "StaticDFlashDrafter":
         return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused,
-                                   self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup)
+                                   self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup,
+                                   self.tree_redraft)
 
     @property
     def device(self) -> torch.device:
@@ -907,37 +971,49 @@ class StaticDFlashDrafter:
     def _block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # token [B] at anchor [B] -> logits [B, block-1, Vd] fp32 (Vd = V without a draft vocabulary) and the greedy
         # drafts [B, block-1] as target ids
-        logits = self._block_pass(token, anchor)
+        logits = self._block_pass(block_ids(token, self.block_size, self.mask_token_id), anchor)
         return logits, self.model.draft_to_target(logits.argmax(dim=-1))
 
-    def _block_pass(self, token: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-        # the block pass alone: logits [B, block-1, Vd] fp32 (trees take their top-k, not the argmax)
-        bsz, b = token.shape[0], self.block_size
+    def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        # the block pass alone (trees take their top-k, not the argmax): ids [B, b] -> logits [B, b-1, Vd] fp32, the
+        # block's keys in each layer's scratch slots; ids [B, R, b] -> [B, R, b-1, Vd], R blocks per row over the same
+        # context (``block_tree``'s re-drafts): the context's slots then the R blocks' keys, each block seeing its own
+        multi = ids.dim() == 3
+        bsz, rows, b = ids.shape if multi else (ids.shape[0], 1, ids.shape[1])
+        n = rows * b
         hq, hkv, d = self.model.config.num_attention_heads, self.model.config.num_key_value_heads, self.model.config.head_dim
-        slot_k = torch.arange(b, device=token.device)
-        ids = torch.where(slot_k == 0, token[:, None], self.mask_token_id)  # [B, b]: the token, then mask tokens
-        x = self.embed_tokens(ids).to(self.model.fc.weight.dtype)  # [B, b, H]
-        q_pos = anchor[:, None] + slot_k  # [B, b]
-        cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, b, 1, D]
-        # [B, 1, 1, b, S + b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot))
-        visible = {rule: block_visible(slot_pos, anchor, b, rule)[:, None, None] for rule, slot_pos in self.slot_pos.items()}
+        x = self.embed_tokens(ids.reshape(bsz, n)).to(self.model.fc.weight.dtype)  # [B, R*b, H]
+        q_pos = (anchor[:, None] + torch.arange(b, device=ids.device)).repeat(1, rows)  # [B, R*b]
+        cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, R*b, 1, D]
+        # [B, 1, 1, R*b, S + R*b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot))
+        visible = {rule: rows_visible(block_visible(slot_pos, anchor, b, rule), rows)[:, None, None] for rule, slot_pos in self.slot_pos.items()}
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
             attn = layer.self_attn
             q, k, v = F.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
-            q = rotate(attn.q_norm(q.view(bsz, b, hq, d)), cos, sin)  # [B, b, Hq, D]
-            k = rotate(attn.k_norm(k.view(bsz, b, hkv, d)), cos, sin)
-            slots = k_buf.shape[2] - b  # the last b slots: the block's own keys
-            k_buf[:, :, slots:] = k.transpose(1, 2)
-            v_buf[:, :, slots:] = v.view(bsz, b, hkv, d).transpose(1, 2)
-            qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * b, d)  # rows (g, slot): heads h * G + g
-            out = grouped_attention(qg, k_buf, v_buf, visible[rule], attn.scaling, softmax=_softmax_over_slots)
-            x = x + attn.o_proj(out.view(bsz, hq, b, d).transpose(1, 2).reshape(bsz, b, hq * d))
+            q = rotate(attn.q_norm(q.view(bsz, n, hq, d)), cos, sin)  # [B, R*b, Hq, D]
+            k = rotate(attn.k_norm(k.view(bsz, n, hkv, d)), cos, sin).transpose(1, 2)
+            v = v.view(bsz, n, hkv, d).transpose(1, 2)
+            slots = k_buf.shape[2] - b  # the last b slots: scratch for one block's own keys
+            if multi:
+                keys, values = torch.cat([k_buf[:, :, :slots], k], dim=2), torch.cat([v_buf[:, :, :slots], v], dim=2)
+            else:
+                k_buf[:, :, slots:], v_buf[:, :, slots:] = k, v
+                keys, values = k_buf, v_buf
+            qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * n, d)  # rows (g, slot): heads h * G + g
+            out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
+            x = x + attn.o_proj(out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d))
             gate, up = F.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        return self.head(self.model.norm(x)[:, 1:].to(self.head.weight.dtype)).float()
+        hidden = self.model.norm(x).view(bsz, rows, b, -1)[:, :, 1:]
+        logits = self.head(hidden.to(self.head.weight.dtype)).float()
+        return logits if multi else logits[:, 0]
 
     def _draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):
-        ids, parents, depths, mask = block_tree(self._block_pass(token, anchor), self.tree_topk, self.tree_tokens)
+        def redraft(paths: torch.Tensor) -> torch.Tensor:  # draft-vocabulary paths [B, k, d] -> [B, k, b-1, Vd]
+            return self._block_pass(block_ids(token, self.block_size, self.mask_token_id, self.model.draft_to_target(paths)), anchor)
+
+        first = self._block_pass(block_ids(token, self.block_size, self.mask_token_id), anchor)
+        ids, parents, depths, mask = block_tree(first, self.tree_topk, self.tree_tokens, redraft, self.tree_redraft)
         return self.model.draft_to_target(ids), parents, depths, mask
 
     def _run(self, name: str, fn, *inputs):

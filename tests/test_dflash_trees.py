@@ -1,8 +1,10 @@
 """DFlash trees: EAGLE-2's dynamic tree over a block's per-slot marginals (``models.dflash.block_tree``), drafted by the
-eager ``DFlashDrafter`` (batch 1) and the static ``StaticDFlashDrafter`` (batched), verified in one target pass.
+eager ``DFlashDrafter`` (batch 1) and the static ``StaticDFlashDrafter`` (batched), verified in one target pass; with
+re-drafted depths (``tree_redraft``), the expanded nodes' children from blocks drafted again with their paths in place.
 
 References: the tree written out in plain Python (lists, ``math``: the beam over slot marginals and the best nodes by
-summed log-prob); the eager drafter's trees for the static drafter's rows. The loop with trees against Hugging Face's
+summed log-prob; re-drafted, each node's candidates from its own path's block); the eager drafter's trees (one block
+pass per re-drafted node, ``logits_for_ids``) for the static drafter's rows (the re-drafts batched in one pass). The loop with trees against Hugging Face's
 greedy tokens and batch 1: ``tests/test_infer_generate.py``.
 """
 
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 from infer.batch import check_batchable
-from models.dflash import DFlashDrafter, StaticDFlashDrafter, block_tree
+from models.dflash import DFlashDrafter, StaticDFlashDrafter, block_ids, block_tree
 from models.trees import tree_masks
 from test_static_drafters import SHAPES, tiny
 
@@ -33,6 +35,25 @@ def reference_tree(logits: list[list[float]], k: int, total: int) -> set[tuple[i
         pool += candidates
         frontier = sorted(candidates, key=lambda c: -c[1])[:k]
     return {path for path, _ in sorted(pool, key=lambda c: -c[1])[:total]}
+
+
+def reference_redraft_tree(first: list[list[float]], redraft, k: int, total: int, redrafted: int) -> set[tuple[int, ...]]:
+    """The re-drafted tree written out: each expanded node at depths 1 .. ``redrafted`` takes its children from
+    ``redraft(path)`` (a block's logits with the path in place), deeper ones from their nearest re-drafted ancestor's."""
+    def logp(rows):
+        return [[x - math.log(sum(math.exp(y) for y in row)) for x in row] for row in rows]
+
+    def top(row):
+        return sorted(range(len(row)), key=lambda t: -row[t])[:k]
+
+    pool, frontier = [], [((), 0.0, logp(first))]  # path, score, the block its children come from
+    for d in range(len(first)):
+        if 1 <= d <= redrafted:
+            frontier = [(path, score, logp(redraft(path))) for path, score, _ in frontier]
+        candidates = [(path + (t,), score + table[d][t], table) for path, score, table in frontier for t in top(table[d])]
+        pool += candidates
+        frontier = sorted(candidates, key=lambda c: -c[1])[:k]
+    return {path for path, _, _ in sorted(pool, key=lambda c: -c[1])[:total]}
 
 
 def paths_of(ids: torch.Tensor, parents: torch.Tensor) -> set[tuple[int, ...]]:
@@ -58,6 +79,34 @@ def test_block_tree_is_the_best_paths_of_the_beam_over_marginals(k, total) -> No
     assert torch.equal(mask, tree_masks(parents, 4))
 
 
+@pytest.mark.parametrize("k,total,redrafted", [(2, 9, 1), (3, 20, 2), (2, 2 + 3 * 4, 3)])
+def test_redrafted_tree_is_the_best_paths_of_the_beam_over_each_nodes_own_block(k, total, redrafted) -> None:
+    g = torch.Generator().manual_seed(k * 100 + total)
+    first = torch.randn(2, 4, 6, generator=g) * 2  # rows, slots 1..4, vocab 6
+    blocks = {}
+
+    def block_of(row: int, path: tuple[int, ...]) -> torch.Tensor:  # a random block per (row, path), the same on every call
+        if (row, path) not in blocks:
+            blocks[row, path] = torch.randn(4, 6, generator=g) * 2
+        return blocks[row, path]
+
+    calls = []
+
+    def redraft(paths: torch.Tensor) -> torch.Tensor:  # [B, k, d] -> [B, k, D, V]
+        calls.append(paths.shape[2])
+        return torch.stack([torch.stack([block_of(r, tuple(p)) for p in rows.tolist()]) for r, rows in enumerate(paths)])
+
+    ids, parents, depths, mask = block_tree(first, k, total, redraft, redrafted)
+    assert calls == list(range(1, redrafted + 1))  # one batched re-draft per depth, of the frontier's paths
+    for r in range(2):
+        want = reference_redraft_tree(first[r].tolist(), lambda path: block_of(r, path).tolist(), k, total, redrafted)
+        assert paths_of(ids[r], parents[r]) == want, r
+    assert torch.equal(mask, tree_masks(parents, 4))
+    # re-drafted blocks equal to the first: the plain tree
+    same = block_tree(first, k, total, lambda paths: first[:, None].expand(-1, paths.shape[1], -1, -1), redrafted)
+    assert all(torch.equal(a, b) for a, b in zip(same, block_tree(first, k, total)))
+
+
 def test_a_draft_vocabulary_tree_holds_kept_ids_only() -> None:
     """-inf outside a draft vocabulary (the eager drafter's target-space logits): no such id enters the tree."""
     logits = torch.randn(1, 3, 10, generator=torch.Generator().manual_seed(1))
@@ -66,15 +115,15 @@ def test_a_draft_vocabulary_tree_holds_kept_ids_only() -> None:
     assert (ids % 2 == 1).all()
 
 
-def drive(model, embed, head, window, topk: int, total: int, steps_n: int = 6, seed: int = 0):
+def drive(model, embed, head, window, topk: int, total: int, steps_n: int = 6, seed: int = 0, redraft: int = 0):
     """Two rows through the static drafter and an eager one per row: each step, each row's eager tree and its row of
     the batched one, then a random accepted path per row (its nodes' features appended as the loop appends them)."""
     g = torch.Generator().manual_seed(seed)
     features_size = model.fc.in_features
     b = model.block_size
-    static = StaticDFlashDrafter(model, embed, head, window=window, tree_topk=topk, tree_tokens=total)
+    static = StaticDFlashDrafter(model, embed, head, window=window, tree_topk=topk, tree_tokens=total, tree_redraft=redraft)
     static.allocate(200, batch=2)
-    eagers = [DFlashDrafter(model, embed, head, window=window, tree_topk=topk, tree_tokens=total) for _ in range(2)]
+    eagers = [DFlashDrafter(model, embed, head, window=window, tree_topk=topk, tree_tokens=total, tree_redraft=redraft) for _ in range(2)]
     lengths = [7, 12]
     for row, n in enumerate(lengths):
         features = torch.randn(n, features_size, generator=g)
@@ -104,11 +153,11 @@ def drive(model, embed, head, window, topk: int, total: int, steps_n: int = 6, s
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("window", ["trained", None])
-def test_batched_static_trees_equal_the_eager_trees_row_by_row(shape, window) -> None:
+@pytest.mark.parametrize("window,redraft", [("trained", 0), (None, 0), ("trained", 2)])
+def test_batched_static_trees_equal_the_eager_trees_row_by_row(shape, window, redraft) -> None:
     model, embed, head = tiny(shape)  # block 4: depth 3
     depths_seen = set()
-    for want, (tokens, parents, depths, mask) in drive(model, embed, head, window, topk=3, total=16):  # 12 nodes at depths 1-2
+    for want, (tokens, parents, depths, mask) in drive(model, embed, head, window, topk=3, total=16, redraft=redraft):  # 12 nodes at depths 1-2
         assert torch.equal(tokens, want.tokens)
         assert torch.equal(parents, want.parents)
         assert torch.equal(depths, want.depths)
@@ -117,12 +166,46 @@ def test_batched_static_trees_equal_the_eager_trees_row_by_row(shape, window) ->
     assert depths_seen == {1, 2, 3}, depths_seen
 
 
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_batched_pass_of_several_blocks_per_row_equals_each_block_alone(shape) -> None:
+    """``StaticDFlashDrafter._block_pass`` over [B, R, b] ids (the re-drafts: R blocks per row sharing the row's context)
+    against the eager drafter's pass of each block alone (``logits_for_ids``), rows at their own positions."""
+    model, embed, head = tiny(shape)
+    g = torch.Generator().manual_seed(3)
+    b, size = model.block_size, model.fc.in_features
+    static = StaticDFlashDrafter(model, embed, head)
+    static.allocate(100, batch=2)
+    lengths = [9, 5]
+    eagers = []
+    for row, n in enumerate(lengths):
+        features = torch.randn(n, size, generator=g)
+        eager = DFlashDrafter(model, embed, head)
+        eager.reset(100)
+        eager.append_context(features, 0)
+        eagers.append(eager)
+        static.append(features[None], torch.tensor([0]), row=row)
+    token, paths = torch.tensor([5, 9]), torch.randint(2, 64, (2, 3, 2), generator=g)
+    ids = block_ids(token, b, model.mask_token_id, paths)  # [2, 3, b]: the token, 2 revealed slots, then mask tokens
+    assert ids[:, :, 0].eq(token[:, None]).all() and ids[:, :, 1:3].eq(paths).all() and ids[:, :, 3:].eq(model.mask_token_id).all()
+    got = static._block_pass(ids, torch.tensor(lengths))
+    for row in range(2):
+        for r in range(3):
+            torch.testing.assert_close(got[row, r], eagers[row].logits_for_ids(ids[row, r], lengths[row]), atol=2e-5, rtol=1e-4)
+    # one block per row through the same pass: the scratch-slot path, equal to the eager block
+    one = static._block_pass(ids[:, 0], torch.tensor(lengths))
+    torch.testing.assert_close(one, got[:, 0], atol=2e-5, rtol=1e-4)
+
+
 def test_tree_options_are_checked_in_one_line() -> None:
     model, embed, head = tiny("full")
     with pytest.raises(ValueError, match="tree tokens=500"):
         StaticDFlashDrafter(model, embed, head, tree_topk=3, tree_tokens=500)
     with pytest.raises(ValueError, match="tree_lookup=4; a DFlash tree with block size 4 takes prompt lookup's chain of at most 3"):
         DFlashDrafter(model, embed, head, tree_topk=2, tree_lookup=4)
+    with pytest.raises(ValueError, match=r"tree_redraft=3; expected an int in 0 \.\. 2"):
+        StaticDFlashDrafter(model, embed, head, tree_topk=2, tree_redraft=3)
+    with pytest.raises(ValueError, match="tree_redraft=1: re-drafting grows a tree"):
+        DFlashDrafter(model, embed, head, tree_redraft=1)
     with pytest.raises(ValueError, match="draft_tree on a chain drafter"):
         StaticDFlashDrafter(model, embed, head).draft_tree(torch.tensor([1]), torch.tensor([3]))
     with pytest.raises(ValueError, match=r"the eager DFlash drafter \(DFlashDrafter\) runs at --batch-size 1"):
@@ -162,12 +245,14 @@ def test_another_engine_refuses_tree_options_in_one_line() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("compile", [False, True])
-def test_captured_trees_equal_the_uncaptured_ones_on_cuda(compile) -> None:
+@pytest.mark.parametrize("redraft", [0, 2])
+def test_captured_trees_equal_the_uncaptured_ones_on_cuda(compile, redraft) -> None:
     """The block pass and the tree as one CUDA graph (compiled or not) against the same drafter run eagerly on the GPU,
     rows at their own positions (exact uncompiled; compiled, rounding may reorder a near tie: most steps equal)."""
     model, embed, head = (m.cuda() for m in tiny("sliding+full"))
     g = torch.Generator(device="cuda").manual_seed(0)
-    drafters = [StaticDFlashDrafter(model, embed, head, capture=c, compile=c and compile, tree_topk=3, tree_tokens=16) for c in (False, True)]
+    drafters = [StaticDFlashDrafter(model, embed, head, capture=c, compile=c and compile, tree_topk=3, tree_tokens=16,
+                                   tree_redraft=redraft) for c in (False, True)]
     for d in drafters:
         d.allocate(100, batch=2)
         d.append(torch.randn(2, 9, 64, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)), torch.tensor([0, 0], device="cuda"))

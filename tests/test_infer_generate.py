@@ -121,18 +121,17 @@ def test_bad_inputs(setup) -> None:
 TREE = {"tree_topk": 4, "tree_tokens": 24}
 
 
-@pytest.mark.parametrize("window,lookup", [("trained", 0), (None, 7)])
-def test_dflash_trees_are_lossless_and_batched_rows_equal_batch_one(setup, window, lookup) -> None:
-    """Trees over the block's marginals (``models.dflash.block_tree``; with prompt lookup's branch: ``lookup``): batch 1
-    (the eager drafter's trees) gives Hugging Face's greedy tokens; three rows in flight over four prompts (one row
-    refilled) give each prompt the batch-1 tokens and accepted counts."""
+@pytest.mark.parametrize("window,lookup,redraft", [("trained", 0, 0), (None, 7, 0), ("trained", 0, 2)])
+def test_dflash_trees_are_lossless_and_batched_rows_equal_batch_one(setup, window, lookup, redraft) -> None:
+    """Trees over the block's marginals (``models.dflash.block_tree``; with prompt lookup's branch: ``lookup``; with
+    re-drafted depths: ``redraft``): batch 1 (the eager drafter's trees) gives Hugging Face's greedy tokens; three rows
+    in flight over four prompts (one row refilled) give each prompt the batch-1 tokens and accepted counts."""
     model, tokenizer, questions, drafter_model, target = setup
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     prompts = [long_prompt_ids(tokenizer, q) for q in questions[:4]]
-    want = [generate(target, DFlashDrafter(drafter_model, embed, head, window=window, **TREE, tree_lookup=lookup), p, max_new_tokens=40)
-            for p in prompts]
-    got = generate_batch(target, StaticDFlashDrafter(drafter_model, embed, head, window=window, **TREE, tree_lookup=lookup), prompts, 40,
-                         batch_size=3)
+    opts = dict(window=window, **TREE, tree_lookup=lookup, tree_redraft=redraft)
+    want = [generate(target, DFlashDrafter(drafter_model, embed, head, **opts), p, max_new_tokens=40) for p in prompts]
+    got = generate_batch(target, StaticDFlashDrafter(drafter_model, embed, head, **opts), prompts, 40, batch_size=3)
     for i, (w, g) in enumerate(zip(want, got)):
         assert w.tokens == hf_greedy(model, prompts[i], 40), i
         assert g.tokens == w.tokens, i
