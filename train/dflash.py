@@ -63,7 +63,7 @@ class DFlashConfig(DrafterConfigBase):
     draft_vocab_size: Optional[int] = None
     # the chance that a training block shows the true tokens in its first 1..reveal_max slots after the anchor (as
     # inputs, with no loss on them), so the drafter learns to draft the rest of a block from a candidate put in place
-    # (re-drafting a tree's branch; BENCHMARKS.md "Probe: ... slot 1 known"); 0 = DFlash's blocks as published. The
+    # (``--tree-redraft`` trees, ``models.dflash.block_tree``; BENCHMARKS.md "DFlash trees that re-draft"); 0 = DFlash's blocks as published. The
     # training batches' accept stats count a revealed block as accepting nothing; evaluation blocks are never revealed
     reveal_prob: float = 0.0
     reveal_max: int = 1
