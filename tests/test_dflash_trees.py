@@ -230,6 +230,12 @@ def test_load_models_drafts_dflash_trees_eagerly_at_batch_one_and_static_when_ba
     assert type(static) is StaticDFlashDrafter and static.tree and static.verify_tokens == 24 and static.tree_lookup == 7
     with pytest.raises(ValueError, match="is a DFlash drafter: --draft-steps is an EAGLE-3 option .*block_size 8"):
         load_models(str(reference_target_path), str(tmp_path), draft_steps=4)
+    _, redrafting, _ = load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_tokens=16, tree_redraft=2, batch_size=4)
+    assert type(redrafting) is StaticDFlashDrafter and redrafting.tree_redraft == 2 and redrafting.verify_tokens == 17
+    with pytest.raises(ValueError, match=r"tree_redraft=7; expected an int in 0 \.\. 6"):
+        load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_redraft=7)
+    with pytest.raises(ValueError, match="--drafter pld drafts chains only"):
+        load_models(str(reference_target_path), "pld", tree_redraft=1)
 
 
 def test_another_engine_refuses_tree_options_in_one_line() -> None:
