@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infer.prompts import mt_bench  # noqa: E402
 from eval.runner import run_conversations  # noqa: E402
-from infer.loading import eos_ids, load_models, resolve_device, set_threads  # noqa: E402
+from infer.loading import drafting_label, eos_ids, load_models, resolve_device, set_threads  # noqa: E402
 from infer.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from models.sampling import SamplingConfig  # noqa: E402
 
@@ -70,11 +70,7 @@ def main() -> None:
     drafters = {"target alone": None, "prompt lookup": PromptLookupDrafter(num_draft_tokens=(drafter.block_size - 1) if drafter else 7,
                                                                             vocab_size=target.lm_head.weight.shape[0])}
     if drafter is not None:
-        depth = getattr(drafter, "steps", drafter.block_size - 1)  # EAGLE-3: its draft steps; DFlash: the block's drafts
-        shape = (f"tree {drafter.tree_topk}/{drafter.tree_tokens}/{depth}" + (f"+{drafter.tree_lookup}" if drafter.tree_lookup else "")
-                 + (f" redraft {drafter.tree_redraft}" if getattr(drafter, "tree_redraft", 0) else "")
-                 if getattr(drafter, "tree", False) else f"block {drafter.block_size}")
-        drafters[f"{type(drafter).__name__} ({shape})"] = drafter
+        drafters[f"{type(drafter).__name__} ({drafting_label(drafter)})"] = drafter
     if args.only:
         keep = [name for key, name in zip(["alone", "pld", "drafter"], drafters) if key in args.only]
         drafters = {name: drafters[name] for name in keep}

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
     from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
     from eval.runner import run_conversations, summarize
-    from infer.loading import eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
+    from infer.loading import drafting_label, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
     from infer.prompt_lookup import PromptLookupDrafter
     from models.sampling import SamplingConfig
     from common.atomic import atomic_open
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
             baseline = True if args.baseline is None else args.baseline
             label, records, summary = run_cell(windows[0], args.prefill_tokens, baseline)
             write_json(out / "results.json", {"config": config, "summary": summary, "records": records})
-            table = summary_table(summary, f"{args.command}: window {label}, prefill {args.prefill_tokens}")
+            table = summary_table(summary, f"{args.command}: {drafting_label(drafter)}, window {label}, prefill {args.prefill_tokens}")
             with atomic_open(out / "summary.md") as f:
                 f.write(table + "\n")
             print(table)

@@ -112,6 +112,25 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
 
 
+def drafting_label(drafter) -> str:
+    """How a loaded drafter drafts, in words for tables (eval's summary title, ``benchmarks/batch_throughput.py``'s rows):
+    e.g. ``DFlash tree top-16, 384 nodes, depth 15, depths 1-2 re-drafted``."""
+    if drafter is None:
+        return "target alone"
+    if isinstance(drafter, PromptLookupDrafter):
+        return f"prompt lookup, up to {drafter.num_draft_tokens} drafts"
+    eagle3 = isinstance(drafter, (StaticEagle3Drafter, Eagle3Drafter))
+    depth = drafter.steps if eagle3 else drafter.block_size - 1
+    if not drafter.tree:
+        return f"EAGLE-3 chain of {depth}" if eagle3 else f"DFlash block of {drafter.block_size}"
+    label = f"{'EAGLE-3' if eagle3 else 'DFlash'} tree top-{drafter.tree_topk}, {drafter.tree_tokens} nodes, depth {depth}"
+    if drafter.tree_lookup:
+        label += f", + prompt lookup's chain of {drafter.tree_lookup}"
+    if getattr(drafter, "tree_redraft", 0):
+        label += f", depths 1-{drafter.tree_redraft} re-drafted"
+    return label
+
+
 def decoding_target(model, layer_ids: list[int], attention_backend: str = "sdpa") -> StaticTarget | CachedTarget:
     """The loop's target: static caches and captured steps (``models/static_target.py``; on a GPU the layers'
     small ops compiled too: 93 -> 139 tokens/s at Qwen3-8B's shape); with FlashInfer attention the eager ``CachedTarget``."""

@@ -218,7 +218,7 @@ def test_load_models_drafts_dflash_trees_eagerly_at_batch_one_and_static_when_ba
     batched; ``--draft-steps`` stays refused in one line (a block's drafts are fixed by training)."""
     from transformers import AutoConfig
 
-    from infer.loading import load_models
+    from infer.loading import drafting_label, load_models
     from models.dflash import DFlashDraftModel, make_dflash_config
 
     config = make_dflash_config(AutoConfig.from_pretrained(reference_target_path), num_hidden_layers=1, block_size=8, mask_token_id=3,
@@ -232,6 +232,12 @@ def test_load_models_drafts_dflash_trees_eagerly_at_batch_one_and_static_when_ba
         load_models(str(reference_target_path), str(tmp_path), draft_steps=4)
     _, redrafting, _ = load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_tokens=16, tree_redraft=2, batch_size=4)
     assert type(redrafting) is StaticDFlashDrafter and redrafting.tree_redraft == 2 and redrafting.verify_tokens == 17
+    assert drafting_label(eager) == "DFlash tree top-4, 16 nodes, depth 7"
+    assert drafting_label(static) == "DFlash tree top-4, 16 nodes, depth 7, + prompt lookup's chain of 7"
+    assert drafting_label(redrafting) == "DFlash tree top-4, 16 nodes, depth 7, depths 1-2 re-drafted"
+    _, block, _ = load_models(str(reference_target_path), str(tmp_path))
+    _, pld, _ = load_models(str(reference_target_path), "pld")
+    assert (drafting_label(block), drafting_label(pld), drafting_label(None)) == ("DFlash block of 8", "prompt lookup, up to 15 drafts", "target alone")
     with pytest.raises(ValueError, match=r"tree_redraft=7; expected an int in 0 \.\. 6"):
         load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_redraft=7)
     with pytest.raises(ValueError, match="--drafter pld drafts chains only"):

@@ -13,7 +13,7 @@ from transformers import AutoConfig
 from eval.__main__ import main as eval_main
 from infer.__main__ import main as infer_main
 from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
-from infer.loading import load_models
+from infer.loading import drafting_label, load_models
 from models.eagle3 import Eagle3DraftModel, make_eagle3_config
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
@@ -40,6 +40,9 @@ def test_load_models_detects_eagle3(reference_target_path, eagle3_dir) -> None:
     _, chain, _ = load_models(str(reference_target_path), str(eagle3_dir))
     assert not chain.tree and chain.steps == 3 and chain.block_size == 4 and chain.windows == [8]
     assert isinstance(chain, StaticEagle3Drafter)  # chains: the fixed-shape drafter (captured on a GPU)
+    assert (drafting_label(drafter), drafting_label(chain)) == ("EAGLE-3 tree top-3, 7 nodes, depth 2", "EAGLE-3 chain of 3")
+    with pytest.raises(ValueError, match="is an EAGLE-3 drafter: --tree-redraft is a DFlash option"):
+        load_models(str(reference_target_path), str(eagle3_dir), tree_topk=3, tree_redraft=1)
 
 
 @pytest.mark.parametrize("flags", [[], ["--draft-steps", "2", "--tree-topk", "3", "--tree-tokens", "6"]])
