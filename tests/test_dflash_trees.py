@@ -206,6 +206,9 @@ def test_tree_options_are_checked_in_one_line() -> None:
         StaticDFlashDrafter(model, embed, head, tree_topk=2, tree_redraft=3)
     with pytest.raises(ValueError, match="tree_redraft=1: re-drafting grows a tree"):
         DFlashDrafter(model, embed, head, tree_redraft=1)
+    for cls in (StaticDFlashDrafter, DFlashDrafter):  # eval's sweep re-windows the drafter: the drafting mode stays
+        other = cls(model, embed, head, tree_topk=2, tree_tokens=5, tree_lookup=2, tree_redraft=1).with_window(7)
+        assert (other.tree_topk, other.tree_tokens, other.tree_lookup, other.tree_redraft, other.window_arg) == (2, 5, 2, 1, 7)
     with pytest.raises(ValueError, match="draft_tree on a chain drafter"):
         StaticDFlashDrafter(model, embed, head).draft_tree(torch.tensor([1]), torch.tensor([3]))
     with pytest.raises(ValueError, match=r"the eager DFlash drafter \(DFlashDrafter\) runs at --batch-size 1"):
