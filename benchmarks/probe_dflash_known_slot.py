@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from infer.loading import load_drafter_model, read_drafter_config  # noqa: E402
 from infer.prompts import chat_ids  # noqa: E402
 from models.builtin_targets import resolve_target_path  # noqa: E402
-from models.dflash import DFlashDrafter  # noqa: E402
+from models.dflash import DFlashDrafter, block_ids  # noqa: E402
 from models.static_target import StaticTarget  # noqa: E402
 from models.target import TargetModel  # noqa: E402
 
@@ -69,11 +69,9 @@ def main() -> None:
         seq = torch.tensor(out + [mask] * b)
         for a in range(len(prompt), n - b):
             truth = seq[a + 1:a + b]  # x_{a+1} .. x_{a+b-1}
-            ids = torch.full((b,), mask)
-            ids[0] = seq[a]
-            plain = drafter.logits_for_ids(ids, a).argmax(-1)
-            ids[1] = seq[a + 1]
-            known = drafter.logits_for_ids(ids, a).argmax(-1)
+            plain = drafter.logits_for_ids(block_ids(seq[a:a + 1], b, mask)[0], a).argmax(-1)
+            # slot 1 revealed as a re-drafted tree node's path is (``block_tree``'s re-drafts build their blocks the same way)
+            known = drafter.logits_for_ids(block_ids(seq[a:a + 1], b, mask, seq[a + 1:a + 2][None, None])[0, 0], a).argmax(-1)
             plain_ok, known_ok = (plain == truth).float(), (known == truth).float()
             plain_hits += plain_ok
             known_hits += known_ok
