@@ -974,19 +974,25 @@ class StaticDFlashDrafter:
         logits = self._block_pass(block_ids(token, self.block_size, self.mask_token_id), anchor)
         return logits, self.model.draft_to_target(logits.argmax(dim=-1))
 
-    def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+    def _visible(self, anchor: torch.Tensor, rows: int = 1) -> dict:
+        # [B, 1, 1, R*b, S + R*b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot))
+        return {rule: rows_visible(block_visible(slot_pos, anchor, self.block_size, rule), rows)[:, None, None]
+                for rule, slot_pos in self.slot_pos.items()}
+
+    def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None) -> torch.Tensor:
         # the block pass alone (trees take their top-k, not the argmax): ids [B, b] -> logits [B, b-1, Vd] fp32, the
         # block's keys in each layer's scratch slots; ids [B, R, b] -> [B, R, b-1, Vd], R blocks per row over the same
-        # context (``block_tree``'s re-drafts): the context's slots then the R blocks' keys, each block seeing its own
+        # context (``block_tree``'s re-drafts): the context's slots then the R blocks' keys, each block seeing its own.
+        # visible: ``_visible(anchor, R)`` when the caller already has it (a tree's re-drafts share one)
         multi = ids.dim() == 3
         bsz, rows, b = ids.shape if multi else (ids.shape[0], 1, ids.shape[1])
         n = rows * b
         hq, hkv, d = self.model.config.num_attention_heads, self.model.config.num_key_value_heads, self.model.config.head_dim
         x = self.embed_tokens(ids.reshape(bsz, n)).to(self.model.fc.weight.dtype)  # [B, R*b, H]
-        q_pos = (anchor[:, None] + torch.arange(b, device=ids.device)).repeat(1, rows)  # [B, R*b]
+        q_pos = anchor[:, None] + torch.arange(b, device=ids.device)  # [B, b]
+        q_pos = q_pos.repeat(1, rows) if multi else q_pos  # [B, R*b]
         cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, R*b, 1, D]
-        # [B, 1, 1, R*b, S + R*b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot))
-        visible = {rule: rows_visible(block_visible(slot_pos, anchor, b, rule), rows)[:, None, None] for rule, slot_pos in self.slot_pos.items()}
+        visible = self._visible(anchor, rows) if visible is None else visible
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
             attn = layer.self_attn
             q, k, v = F.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
@@ -1009,8 +1015,12 @@ class StaticDFlashDrafter:
         return logits if multi else logits[:, 0]
 
     def _draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):
+        # every re-drafted depth's k blocks sit at the same anchor over the same context: one visibility for them all
+        redrafts_visible = self._visible(anchor, self.tree_topk) if self.tree_redraft else None
+
         def redraft(paths: torch.Tensor) -> torch.Tensor:  # draft-vocabulary paths [B, k, d] -> [B, k, b-1, Vd]
-            return self._block_pass(block_ids(token, self.block_size, self.mask_token_id, self.model.draft_to_target(paths)), anchor)
+            ids = block_ids(token, self.block_size, self.mask_token_id, self.model.draft_to_target(paths))
+            return self._block_pass(ids, anchor, redrafts_visible)
 
         first = self._block_pass(block_ids(token, self.block_size, self.mask_token_id), anchor)
         ids, parents, depths, mask = block_tree(first, self.tree_topk, self.tree_tokens, redraft, self.tree_redraft)
