@@ -7,7 +7,8 @@
 
 Results go to ``--out`` (default ``outputs/eval/<command>/<drafter>-<hash of the settings>``, so the same
 command finds its earlier results): ``results.json`` (config, summary, one record per question turn),
-``summary.md``; a sweep adds ``cells/*.json``, ``sweep.md`` and ``tau_vs_context.png``. Every finished turn
+``summary.md``; a sweep adds ``cells/*.json``, ``sweep.md`` (τ, tokens/s, τ kept against the smallest prefill,
+and how many turns the target answered with the same text as there) and ``tau_vs_context.png``. Every finished turn
 is appended to ``partial/*.jsonl`` as it ends: a run stopped by Ctrl-C or a kill resumes where it stopped
 when the same command is run again. ``--wandb`` mirrors it to W&B (offline without an API key).
 """
@@ -229,19 +230,22 @@ def run(args: argparse.Namespace) -> int:
                 log_wandb("auto", args.wandb_project, f"{args.command}-w{label}-p{args.prefill_tokens}", config, summary, records,
                           out_dir=out)
             return 0
-        cells = {}
+        cells, texts = {}, {}  # texts: each cell's output ids per turn (did the target's answer change behind the filler?)
         for window in windows:
             for prefill in args.prefills:
                 label = "none" if window is None else str(window)
                 path = out / "cells" / f"window-{label}_prefill-{prefill}.json"
                 if path.exists():  # resumable: a finished cell is never recomputed
-                    cells[(label, prefill)] = json.loads(path.read_text())["summary"]
+                    done = json.loads(path.read_text())
+                    cells[(label, prefill)] = done["summary"]
+                    texts[(label, prefill)] = {(str(r["id"]), r["turn"]): r["output_ids"] for r in done["records"]}
                     continue
                 label, records, summary = run_cell(window, prefill, bool(args.baseline))
                 write_json(path, {"config": {**config, "window": label, "prefill": prefill}, "summary": summary, "records": records})
                 cells[(label, prefill)] = summary
+                texts[(label, prefill)] = {(str(r["id"]), r["turn"]): r["output_ids"] for r in records}
                 print(f"window {label} prefill {prefill}: tau {summary['tau']:.3f}, {summary['tokens_per_s']:.1f} tok/s", file=sys.stderr)
-        tables = sweep_tables(cells)
+        tables = sweep_tables(cells, texts)
         with atomic_open(out / "sweep.md") as f:
             f.write(tables)
         sweep_plot(cells, out / "tau_vs_context.png", f"{Path(source['drafter']).name} on {Path(source['target']).name}")

@@ -36,19 +36,40 @@ def summary_table(summary: dict, title: str) -> str:
     return "\n".join(rows)
 
 
-def sweep_tables(cells: dict[tuple[str, int], dict]) -> str:
-    """τ and tokens/s matrices: one row per window, one column per prefill."""
+def sweep_tables(cells: dict[tuple[str, int], dict], texts: dict[tuple[str, int], dict] | None = None) -> str:
+    """τ and tokens/s matrices: one row per window, one column per prefill; then τ kept (each cell's τ over its row's τ
+    at the smallest prefill) and, given ``texts`` ((window, prefill) -> {(id, turn): output ids}), how many turns the
+    target answered with the same text as at the smallest prefill: where it did not, a kept τ compares drafting on
+    different text (a target that copies the filler into its answer changes what any drafter must predict)."""
     windows = sorted({w for w, _ in cells}, key=lambda w: (w != "none", int(w) if w.isdigit() else 0))
     prefills = sorted({p for _, p in cells})
+    header = ["| window | " + " | ".join(str(p) for p in prefills) + " |", "|---|" + "---:|" * len(prefills)]
+    pld = {p: c["prompt_lookup"]["tau"] for (_, p), c in cells.items() if "prompt_lookup" in c}  # the free baseline
     out = []
     for name, key, fmt in (("τ", "tau", "{:.3f}"), ("tokens/s", "tokens_per_s", "{:.1f}")):
-        out += [f"**{name}** (rows: drafter window; columns: prefill tokens)", "",
-                "| window | " + " | ".join(str(p) for p in prefills) + " |", "|---|" + "---:|" * len(prefills)]
+        out += [f"**{name}** (rows: drafter window; columns: prefill tokens)", "", *header]
         for w in windows:
             out.append(f"| {w} | " + " | ".join(fmt.format(cells[(w, p)][key]) if (w, p) in cells else "-" for p in prefills) + " |")
-        if key == "tau" and any("prompt_lookup" in c for c in cells.values()):  # the free baseline, same prompts and prefill
-            pld = {p: c["prompt_lookup"]["tau"] for (_, p), c in cells.items() if "prompt_lookup" in c}
+        if key == "tau" and pld:  # same prompts and prefill
             out.append("| prompt lookup | " + " | ".join(fmt.format(pld[p]) if p in pld else "-" for p in prefills) + " |")
+        out.append("")
+    first = prefills[0]
+    rows = {w: {p: cells[(w, p)]["tau"] for p in prefills if (w, p) in cells} for w in windows}
+    rows["prompt lookup"] = pld
+    out += [f"**τ kept** (τ over the same row's τ at prefill {first})", "", *header]
+    for w, taus in rows.items():
+        if first in taus:
+            out.append(f"| {w} | " + " | ".join(f"{taus[p] / taus[first]:.0%}" if p in taus else "-" for p in prefills) + " |")
+    out.append("")
+    if texts:
+        out += [f"**turns with the same target text as at prefill {first}** (greedy output ids, turn by turn)", "", *header]
+        for w in windows:
+            ref = texts.get((w, first))
+            if ref is None:
+                continue
+            cells_text = [texts.get((w, p)) for p in prefills]
+            out.append(f"| {w} | " + " | ".join("-" if t is None else f"{sum(t.get(k) == ids for k, ids in ref.items())}/{len(ref)}"
+                                                 for t in cells_text) + " |")
         out.append("")
     return "\n".join(out)
 

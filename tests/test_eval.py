@@ -97,6 +97,16 @@ def test_sweep_writes_matrix_plot_and_resumes(runs_dir, tmp_path, monkeypatch) -
     assert cells == ["window-8_prefill-0.json", "window-8_prefill-100.json", "window-none_prefill-0.json", "window-none_prefill-100.json"]
     table = (out / "sweep.md").read_text()
     assert "| none |" in table and "| 8 |" in table and (out / "tau_vs_context.png").stat().st_size > 1000
+    # τ kept and the turns whose target text is the same as at prefill 0, recomputed from the cell files
+    cell = {name: json.loads((out / "cells" / name).read_text()) for name in cells}
+    kept_table = table.split("**τ kept**")[1].split("**turns with")[0]
+    text_table = table.split("**turns with the same target text as at prefill 0**")[1]
+    for w in ("none", "8"):
+        zero, long = cell[f"window-{w}_prefill-0.json"], cell[f"window-{w}_prefill-100.json"]
+        assert f"| {w} | 100% | {long['summary']['tau'] / zero['summary']['tau']:.0%} |" in kept_table
+        by_turn = {(r["id"], r["turn"]): r["output_ids"] for r in zero["records"]}
+        same = sum(by_turn[(r["id"], r["turn"])] == r["output_ids"] for r in long["records"])
+        assert f"| {w} | {len(by_turn)}/{len(by_turn)} | {same}/{len(by_turn)} |" in text_table
     (out / "cells" / "window-8_prefill-100.json").unlink()
     calls = []
     import eval.runner as runner
@@ -105,7 +115,8 @@ def test_sweep_writes_matrix_plot_and_resumes(runs_dir, tmp_path, monkeypatch) -
     monkeypatch.setattr(runner, "generate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     assert main(argv) == 0
     assert calls == []  # the missing cell's turns were all in its partial file: nothing decoded again
-    assert "| prompt lookup |" in (out / "sweep.md").read_text()
+    resumed = (out / "sweep.md").read_text()
+    assert "| prompt lookup |" in resumed and resumed.split("**τ kept**")[1] == table.split("**τ kept**")[1]
 
 
 def test_run_folder_window_warning_and_prompt_lookup_beside(runs_dir, tmp_path, capsys) -> None:
@@ -149,3 +160,19 @@ def test_interrupt_keeps_finished_turns_and_the_same_command_resumes(runs_dir, t
     fresh = json.loads((tmp_path / "fresh" / "results.json").read_text())["records"]
     assert [(r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"]) for r in resumed] == \
         [(r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"]) for r in fresh]
+
+
+def test_sweep_tables_kept_and_same_text() -> None:
+    from eval.report import sweep_tables
+
+    def cell(tau, pld):
+        return {"tau": tau, "tokens_per_s": 1.0, "prompt_lookup": {"tau": pld}}
+
+    cells = {("none", 0): cell(4.0, 5.0), ("none", 100): cell(1.0, 6.0), ("64", 0): cell(4.0, 5.0), ("64", 100): cell(3.0, 6.0)}
+    texts = {(w, p): {("a", 1): [1, 2, 3], ("a", 2): [4, 5] if p == 0 or w == "64" else [4, 6]} for w, p in cells}
+    table = sweep_tables(cells, texts)
+    kept = table.split("**τ kept**")[1].split("**turns")[0]
+    assert "| none | 100% | 25% |" in kept and "| 64 | 100% | 75% |" in kept and "| prompt lookup | 100% | 120% |" in kept
+    same = table.split("**turns with the same target text as at prefill 0**")[1]
+    assert "| none | 2/2 | 1/2 |" in same and "| 64 | 2/2 | 2/2 |" in same
+    assert "**turns with" not in sweep_tables(cells)  # no texts given: no such table
