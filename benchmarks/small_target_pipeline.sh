@@ -14,7 +14,10 @@
 # also evaluates EAGLE-3 at those chain lengths (--draft-steps; prompt lookup with as many drafts); EAGLE3_TREES="8:48:6"
 # also evaluates EAGLE-3 with dynamic trees, TOPK:NODES:DEPTH[:LOOKUP] each (batch 1, both prompt sets at once while the
 # chains run; LOOKUP: prompt lookup's chain joins each tree, --tree-lookup; prompt lookup beside drafts as deep as the
-# deepest branch); SKIP_SWEEP=1 skips the long-prompt sweep. A run stopped by
+# deepest branch); DFLASH_TREES="32:1024:4" also evaluates DFlash with dynamic trees, TOPK:NODES[:REDRAFT] each (batched
+# like the block, both prompt sets, each tree beside the block's evaluation; REDRAFT: --tree-redraft, for a drafter trained
+# with drafter.reveal_prob; prompt lookup beside is the block's, 15 drafts, as deep as the trees); SWEEP_TREE=1 sweeps the
+# first of DFLASH_TREES too; SKIP_SWEEP=1 skips the long-prompt sweep. A run stopped by
 # trainer.time_limit_minutes is finished at the step it reached (resumed with trainer.max_steps = that step) so
 # that it exports. Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
 set -uo pipefail
@@ -50,6 +53,13 @@ train_and_eval() {
       done
     done
   fi
+  if [ "$kind" = dflash ]; then  # no prompt lookup of their own: the block's evaluation below runs it on the same prompts
+    for t in ${DFLASH_TREES:-}; do
+      IFS=: read -r topk nodes redraft <<< "$t"
+      evaluate "dflash_tree_k${topk}_n${nodes}_r${redraft:-0}" "$run" --tree-topk "$topk" --tree-tokens "$nodes" \
+        --tree-redraft "${redraft:-0}" --no-pld &
+    done
+  fi
   evaluate "$kind" "$run"
   if [ "$kind" = eagle3 ]; then
     for k in ${EAGLE3_CHAINS:-}; do evaluate "eagle3_k$k" "$run" --draft-steps "$k"; done
@@ -59,6 +69,13 @@ train_and_eval() {
   python -m eval sweep --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
     --max-new-tokens "$tokens" --batch-size 16 --out "$out/sweep_$kind" > "$out/sweep_$kind.log" 2>&1 || stamp "$kind: sweep failed"
   stamp "$kind: sweep done"
+  if [ "$kind" = dflash ] && [ -n "${SWEEP_TREE:-}" ] && [ -n "${DFLASH_TREES:-}" ]; then
+    IFS=: read -r topk nodes redraft <<< "${DFLASH_TREES%% *}"
+    python -m eval sweep --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
+      --max-new-tokens "$tokens" --batch-size 16 --no-pld --tree-topk "$topk" --tree-tokens "$nodes" --tree-redraft "${redraft:-0}" \
+      --out "$out/sweep_dflash_tree" > "$out/sweep_dflash_tree.log" 2>&1 || stamp "dflash tree: sweep failed"
+    stamp "dflash tree: sweep done"
+  fi
 }
 
 tokens=${EVAL_TOKENS:-256} questions=${EVAL_QUESTIONS:-}  # smaller for a CPU smoke run

@@ -253,3 +253,31 @@ def test_compiled_regions_equal_the_eager_forward() -> None:
     got = torch.compile(head_and_loss, dynamic=False)(hidden, head, blocks.labels, valid, model.block_size, 7.0)
     torch.testing.assert_close(got.loss_sum, want.loss_sum)
     torch.testing.assert_close(torch.autograd.grad(got.loss_sum, hidden)[0], torch.autograd.grad(want.loss_sum, hidden)[0])
+
+
+def test_reveals_do_not_depend_on_padding_or_micro_batches() -> None:
+    from train.dflash import sample_anchors_and_reveals
+
+    torch.manual_seed(0)
+    loss_mask = torch.rand(4, 60) < 0.7
+    args = dict(num_anchors=12, reveal_prob=0.5, reveal_max=3, key_width=80)
+    anchors, valid, reveal = sample_anchors_and_reveals(loss_mask, generator=torch.Generator().manual_seed(3), **args)
+    # the same rows split into two micro-batches drawn one after the other from the step's generator, one padded further
+    generator = torch.Generator().manual_seed(3)
+    first = sample_anchors_and_reveals(loss_mask[:2], generator=generator, **args)
+    second = sample_anchors_and_reveals(torch.nn.functional.pad(loss_mask[2:], (0, 15)), generator=generator, **args)
+    for rows, (a, v, r) in ((slice(0, 2), first), (slice(2, 4), second)):
+        n = int(v.sum(1).max())
+        assert torch.equal(a[:, :n], anchors[rows, :n]) and torch.equal(r[:, :n], reveal[rows, :n])
+    # without reveals: sample_anchors' anchors, unchanged
+    plain = sample_anchors_and_reveals(loss_mask, 12, torch.Generator().manual_seed(3), 0.0, 3, key_width=80)
+    assert plain[2] is None and torch.equal(plain[0], sample_anchors(loss_mask, 12, torch.Generator().manual_seed(3), key_width=80)[0])
+
+
+def test_reveal_counts_follow_reveal_prob_and_reveal_max() -> None:
+    from train.dflash import sample_anchors_and_reveals
+
+    loss_mask = torch.ones(64, 600, dtype=torch.bool)
+    _, _, reveal = sample_anchors_and_reveals(loss_mask, 256, torch.Generator().manual_seed(0), 0.3, 4)
+    counts = torch.bincount(reveal.flatten(), minlength=5).double() / reveal.numel()  # 16,384 anchors
+    assert abs(counts[0] - 0.7) < 0.015 and all(abs(c - 0.3 / 4) < 0.01 for c in counts[1:])

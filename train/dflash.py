@@ -193,13 +193,10 @@ class DFlashStep:
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """The step's random choices for one micro-batch: anchors and their blocks."""
-        anchors, valid = sample_anchors(batch["loss_mask"], self.cfg.drafter.num_anchors, generator, pad_to_max=self.ctx.static_shapes,
-                                        pad_multiple=self.anchor_multiple, key_width=self.cfg.data.max_length)
-        reveal = None
-        if self.cfg.drafter.reveal_prob > 0:  # from the step's generator, as the anchors
-            shown = torch.rand(anchors.shape, generator=generator) < self.cfg.drafter.reveal_prob
-            reveal = torch.where(shown, torch.randint(1, self.cfg.drafter.reveal_max + 1, anchors.shape, generator=generator), 0)
-            reveal = reveal.to(anchors.device)
+        drafter_cfg = self.cfg.drafter
+        anchors, valid, reveal = sample_anchors_and_reveals(
+            batch["loss_mask"], drafter_cfg.num_anchors, generator, drafter_cfg.reveal_prob, drafter_cfg.reveal_max,
+            pad_to_max=self.ctx.static_shapes, pad_multiple=self.anchor_multiple, key_width=self.cfg.data.max_length)
         return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id, reveal)
 
     def num_labels(self, batch: dict[str, torch.Tensor], blocks) -> torch.Tensor:
@@ -301,7 +298,7 @@ class Blocks:
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator, pad_to_max: bool = False,
-                   pad_multiple: int = 0, key_width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                   pad_multiple: int = 0, key_width: int = 0, keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Random sorted anchors per row among positions whose token and next token carry loss: a uniform
     random subset of min(num_anchors, eligible) positions, vectorised on ``loss_mask``'s device (one random
     key per position from ``generator``, drawn on the CPU so a run's anchors do not depend on the device).
@@ -314,13 +311,17 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
         pad_to_max: return N = num_anchors columns always (static shapes for compiled kernels; no host sync
             on the GPU); with ``pad_multiple``, N = the most anchors a row got rounded up to a multiple of it
             (capped at num_anchors). The anchors drawn are the same either way: only the padding columns differ.
+        keys: [Bsz, >= T - 1] the rows' keys drawn by the caller instead (``DFlashStep.plan`` draws them with each
+            row's reveal draws, in one draw per row).
     Returns:
         anchors [Bsz, N] long and valid [Bsz, N] bool (padding columns: anchor 0, not valid), N = max anchors
         any row got (>= 1) unless padded.
     """
     eligible = loss_mask[:, :-1] & loss_mask[:, 1:]  # [Bsz, T-1]
     width = eligible.shape[1]
-    keys = torch.rand(eligible.shape[0], max(key_width, width), generator=generator)[:, :width]
+    if keys is None:
+        keys = torch.rand(eligible.shape[0], max(key_width, width), generator=generator)
+    keys = keys[:, :width]
     keys = keys.to(eligible.device, non_blocking=True)
     keys = torch.where(eligible, keys, -1.0)
     top = keys.topk(min(num_anchors, keys.shape[1]), dim=1)
@@ -337,6 +338,25 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
     if n > anchors.shape[1]:
         anchors, valid = F.pad(anchors, (0, n - anchors.shape[1])), F.pad(valid, (0, n - valid.shape[1]))
     return anchors[:, :n].contiguous(), valid[:, :n].contiguous()
+
+
+def sample_anchors_and_reveals(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator, reveal_prob: float,
+                               reveal_max: int, pad_to_max: bool = False, pad_multiple: int = 0,
+                               key_width: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``sample_anchors`` and, with ``reveal_prob`` > 0, each anchor's revealed slots (``build_blocks``' ``reveal``
+    [Bsz, N]: 0 with probability 1 - reveal_prob, else uniform in 1 .. reveal_max). Each row takes one draw of fixed
+    width, its anchor keys then two numbers per anchor column, so that a row's anchors and reveals depend neither on
+    how far its micro-batch is padded nor on how the step's rows are split into micro-batches (gradient accumulation),
+    as ``sample_anchors``' own keys do. Without reveals: ``sample_anchors`` alone, the same anchors as before."""
+    if reveal_prob <= 0:
+        return (*sample_anchors(loss_mask, num_anchors, generator, pad_to_max, pad_multiple, key_width), None)
+    width = max(key_width, loss_mask.shape[1] - 1)
+    draws = torch.rand(loss_mask.shape[0], width + 2 * num_anchors, generator=generator)
+    anchors, valid = sample_anchors(loss_mask, num_anchors, generator, pad_to_max, pad_multiple, key_width, keys=draws[:, :width])
+    n = anchors.shape[1]  # <= num_anchors
+    shown = draws[:, width:width + n] < reveal_prob
+    count = 1 + (draws[:, width + num_anchors:width + num_anchors + n] * reveal_max).long().clamp(max=reveal_max - 1)
+    return anchors, valid, torch.where(shown, count, 0).to(anchors.device, non_blocking=True)
 
 
 def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int,
