@@ -311,8 +311,8 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
         pad_to_max: return N = num_anchors columns always (static shapes for compiled kernels; no host sync
             on the GPU); with ``pad_multiple``, N = the most anchors a row got rounded up to a multiple of it
             (capped at num_anchors). The anchors drawn are the same either way: only the padding columns differ.
-        keys: [Bsz, >= T - 1] the rows' keys drawn by the caller instead (``DFlashStep.plan`` draws them with each
-            row's reveal draws, in one draw per row).
+        keys: [Bsz, >= T - 1] the rows' keys drawn by the caller instead (``sample_anchors_and_reveals`` draws them
+            with each row's reveal draws, in one draw per row).
     Returns:
         anchors [Bsz, N] long and valid [Bsz, N] bool (padding columns: anchor 0, not valid), N = max anchors
         any row got (>= 1) unless padded.
