@@ -66,16 +66,20 @@ train_and_eval() {
   fi
   wait
   [ -n "${SKIP_SWEEP:-}" ] && return
-  python -m eval sweep --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
-    --max-new-tokens "$tokens" --batch-size 16 --out "$out/sweep_$kind" > "$out/sweep_$kind.log" 2>&1 || stamp "$kind: sweep failed"
-  stamp "$kind: sweep done"
+  sweep "$kind" "$run"
   if [ "$kind" = dflash ] && [ -n "${SWEEP_TREE:-}" ] && [ -n "${DFLASH_TREES:-}" ]; then
     IFS=: read -r topk nodes redraft <<< "${DFLASH_TREES%% *}"
-    python -m eval sweep --drafter "$run" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
-      --max-new-tokens "$tokens" --batch-size 16 --no-pld --tree-topk "$topk" --tree-tokens "$nodes" --tree-redraft "${redraft:-0}" \
-      --out "$out/sweep_dflash_tree" > "$out/sweep_dflash_tree.log" 2>&1 || stamp "dflash tree: sweep failed"
-    stamp "dflash tree: sweep done"
+    sweep dflash_tree "$run" --no-pld --tree-topk "$topk" --tree-tokens "$nodes" --tree-redraft "${redraft:-0}"
   fi
+}
+
+# sweep NAME DRAFTER [EVAL ARGS...]: the trained window and none, at prefill 0 and LONG
+sweep() {
+  local name=$1 drafter=$2
+  shift 2
+  python -m eval sweep --drafter "$drafter" --windows trained none --prefills 0 "$long" --num-questions "${SWEEP_QUESTIONS:-20}" \
+    --max-new-tokens "$tokens" --batch-size 16 "$@" --out "$out/sweep_$name" > "$out/sweep_$name.log" 2>&1 || stamp "$name: sweep failed"
+  stamp "$name: sweep done"
 }
 
 tokens=${EVAL_TOKENS:-256} questions=${EVAL_QUESTIONS:-}  # smaller for a CPU smoke run

@@ -231,6 +231,10 @@ def run(args: argparse.Namespace) -> int:
                           out_dir=out)
             return 0
         cells, texts = {}, {}  # texts: each cell's output ids per turn (did the target's answer change behind the filler?)
+
+        def turn_texts(records: list[dict]) -> dict:
+            return {(str(r["id"]), r["turn"]): r["output_ids"] for r in records}
+
         for window in windows:
             for prefill in args.prefills:
                 label = "none" if window is None else str(window)
@@ -238,12 +242,12 @@ def run(args: argparse.Namespace) -> int:
                 if path.exists():  # resumable: a finished cell is never recomputed
                     done = json.loads(path.read_text())
                     cells[(label, prefill)] = done["summary"]
-                    texts[(label, prefill)] = {(str(r["id"]), r["turn"]): r["output_ids"] for r in done["records"]}
+                    texts[(label, prefill)] = turn_texts(done["records"])
                     continue
                 label, records, summary = run_cell(window, prefill, bool(args.baseline))
                 write_json(path, {"config": {**config, "window": label, "prefill": prefill}, "summary": summary, "records": records})
                 cells[(label, prefill)] = summary
-                texts[(label, prefill)] = {(str(r["id"]), r["turn"]): r["output_ids"] for r in records}
+                texts[(label, prefill)] = turn_texts(records)
                 print(f"window {label} prefill {prefill}: tau {summary['tau']:.3f}, {summary['tokens_per_s']:.1f} tok/s", file=sys.stderr)
         tables = sweep_tables(cells, texts)
         with atomic_open(out / "sweep.md") as f:
