@@ -14,9 +14,10 @@
 # also evaluates EAGLE-3 at those chain lengths (--draft-steps; prompt lookup with as many drafts); EAGLE3_TREES="8:48:6"
 # also evaluates EAGLE-3 with dynamic trees, TOPK:NODES:DEPTH[:LOOKUP] each (batch 1, both prompt sets at once while the
 # chains run; LOOKUP: prompt lookup's chain joins each tree, --tree-lookup; prompt lookup beside drafts as deep as the
-# deepest branch); DFLASH_TREES="32:1024:4" also evaluates DFlash with dynamic trees, TOPK:NODES[:REDRAFT] each (batched
+# deepest branch); DFLASH_TREES="32:1024:4" also evaluates DFlash with dynamic trees, TOPK:NODES[:REDRAFT[:LOOKUP]] each (batched
 # like the block, both prompt sets, each tree beside the block's evaluation; REDRAFT: --tree-redraft, for a drafter trained
-# with drafter.reveal_prob; prompt lookup beside is the block's, 15 drafts, as deep as the trees); SWEEP_TREE=1 sweeps the
+# with drafter.reveal_prob; LOOKUP: --tree-lookup, prompt lookup's chain as one more branch; prompt lookup beside is the
+# block's, 15 drafts, as deep as the trees); SWEEP_TREE=1 sweeps the
 # first of DFLASH_TREES too; SKIP_SWEEP=1 skips the long-prompt sweep. A run stopped by
 # trainer.time_limit_minutes is finished at the step it reached (resumed with trainer.max_steps = that step) so
 # that it exports. Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
@@ -55,9 +56,9 @@ train_and_eval() {
   fi
   if [ "$kind" = dflash ]; then  # no prompt lookup of their own: the block's evaluation below runs it on the same prompts
     for t in ${DFLASH_TREES:-}; do
-      IFS=: read -r topk nodes redraft <<< "$t"
-      evaluate "dflash_tree_k${topk}_n${nodes}_r${redraft:-0}" "$run" --tree-topk "$topk" --tree-tokens "$nodes" \
-        --tree-redraft "${redraft:-0}" --no-pld &
+      IFS=: read -r topk nodes redraft lookup <<< "$t"
+      evaluate "dflash_tree_k${topk}_n${nodes}_r${redraft:-0}${lookup:+_l$lookup}" "$run" --tree-topk "$topk" --tree-tokens "$nodes" \
+        --tree-redraft "${redraft:-0}" --tree-lookup "${lookup:-0}" --no-pld &
     done
   fi
   evaluate "$kind" "$run"
@@ -68,8 +69,8 @@ train_and_eval() {
   [ -n "${SKIP_SWEEP:-}" ] && return
   sweep "$kind" "$run"
   if [ "$kind" = dflash ] && [ -n "${SWEEP_TREE:-}" ] && [ -n "${DFLASH_TREES:-}" ]; then
-    IFS=: read -r topk nodes redraft <<< "${DFLASH_TREES%% *}"
-    sweep dflash_tree "$run" --no-pld --tree-topk "$topk" --tree-tokens "$nodes" --tree-redraft "${redraft:-0}"
+    IFS=: read -r topk nodes redraft lookup <<< "${DFLASH_TREES%% *}"
+    sweep dflash_tree "$run" --no-pld --tree-topk "$topk" --tree-tokens "$nodes" --tree-redraft "${redraft:-0}" --tree-lookup "${lookup:-0}"
   fi
 }
 
