@@ -66,6 +66,8 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["drafter.sliding_window=0"], "drafter.sliding_window=0"),
         (["drafter.target_layer_ids=[1,1]"], "has repeats"),
         (["data.max_length=1"], "data.max_length=1"),
+        (["data.max_length=64", "data.pack_length=32"], "data.pack_length=32; expected >= data.max_length"),
+        (["data.pack_length=4096", "features.path=/tmp/store"], "data.pack_length=4096 with features.path=/tmp/store"),
         (["trainer.max_steps=0"], "trainer.max_steps=0"),
         (["logger.mode=sometimes"], "logger.mode='sometimes'"),
         (["target.dtype=int8"], "target.dtype='int8'"),

@@ -118,3 +118,31 @@ def test_split_holds_out_prompts_no_training_row_shares() -> None:
     # the same seed draws the same split
     again = split_train_eval(ds, num_eval=5, seed=3)
     assert [r["id"] for r in again[1]] == [r["id"] for r in held]
+
+
+def test_pack_conversations_keeps_every_conversation_whole_and_in_order() -> None:
+    """Packed rows, read one after another, are the conversations in the seeded order, masks with their tokens; each row
+    holds at most ``pack_length`` tokens and closes only when the next conversation would not fit."""
+    import datasets
+    import numpy as np
+
+    from train.data.dataset import pack_conversations
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for c in range(30):
+        n = int(rng.integers(3, 40))
+        rows.append({"input_ids": [1000 + c] + rng.integers(0, 50, n - 1).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()})
+    ds = datasets.Dataset.from_list(rows)
+    packed = pack_conversations(ds, pack_length=64, seed=5)
+    order = np.random.default_rng(5).permutation(len(rows)).tolist()
+    assert [t for r in packed for t in r["input_ids"]] == [t for i in order for t in rows[i]["input_ids"]]
+    assert [m for r in packed for m in r["loss_mask"]] == [m for i in order for m in rows[i]["loss_mask"]]
+    lengths = [len(r["input_ids"]) for r in packed]
+    assert max(lengths) <= 64 and 1 < len(packed) < len(rows)
+    firsts = [[t for t in r["input_ids"] if t >= 1000] for r in packed]  # each conversation's first token marks it
+    for row, nxt in zip(firsts, firsts[1:]):
+        row_len = sum(len(rows[t - 1000]["input_ids"]) for t in row)
+        assert row_len + len(rows[nxt[0] - 1000]["input_ids"]) > 64  # the next one did not fit
+    with pytest.raises(ValueError, match="data.pack_length=20: conversation .* holds .* tokens"):
+        pack_conversations(ds, pack_length=20, seed=5)

@@ -27,6 +27,18 @@ def test_tiny_experiments_run(experiment: str, expected_ids: list[int], tmp_path
     assert {json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()} == {3}
 
 
+@pytest.mark.slow
+def test_packed_rows_reach_the_trainer(tmp_path: Path) -> None:
+    """data.pack_length: the same steps and rows per step read several conversations per row (more tokens a step), and
+    the run records how many packed rows the training conversations made."""
+    common = ["experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.progress=false", "data.num_eval=0", "trainer.loop_eval_prompts=0"]
+    plain = train(compose_train(common + [f"output_dir={tmp_path / 'plain'}"]))
+    packed = train(compose_train(common + ["data.pack_length=4096", f"output_dir={tmp_path / 'packed'}"]))
+    data = json.loads((tmp_path / "packed" / "run.json").read_text())["data"]
+    assert 0 < data["train_packed_rows"] < data["train_conversations"]
+    assert packed["steps"] == plain["steps"] == 2 and packed["tokens"] > 2 * plain["tokens"]
+
+
 def test_regenerated_data_pipeline(tmp_path: Path) -> None:
     cfg = compose_train([
         "experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.progress=false", f"output_dir={tmp_path}",

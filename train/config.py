@@ -158,6 +158,12 @@ class DataConfig:
     skip_bad_lines: bool = False  # malformed JSONL lines: fail naming file:line, or skip and count
     max_records: Optional[int] = None
     num_eval: int = 64  # conversations held out for eval/* metrics
+    # Training rows of several whole conversations one after another, up to this many tokens (null: one conversation
+    # per row). The target reads the earlier ones as context, so the drafter also trains on the target's features far
+    # past max_length: behind a 32K prompt the reference target's features on the same text move (cosine 0.71-0.90
+    # to prefill 0's against 0.93-0.95 behind 2K; benchmarks/probe_long_context_features.py), which a drafter trained
+    # on short rows never read. Rows are padded to this length; size trainer.batch_size and drafter.num_anchors to it.
+    pack_length: Optional[int] = None
     cache_dir: str = "${oc.env:SWA_DRAFTERS_CACHE,'~/.cache/swa-drafters'}/data"
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
 
@@ -168,6 +174,13 @@ class DataConfig:
             raise ValueError(f"data.max_records={self.max_records}; expected >= 1 or null")
         if self.num_eval < 0:
             raise ValueError(f"data.num_eval={self.num_eval}; expected >= 0")
+        if self.pack_length is not None and self.pack_length < self.max_length:
+            raise ValueError(f"data.pack_length={self.pack_length}; expected >= data.max_length ({self.max_length}) or null")
+
+    @property
+    def longest_row(self) -> int:
+        """The most tokens a training row holds: packed rows' length, else one conversation's."""
+        return self.pack_length or self.max_length
 
 
 @dataclass
@@ -318,6 +331,9 @@ class TrainConfig:
         if not isinstance(self.drafter, DrafterConfigBase):  # ConfigStore's default instance: no drafter chosen yet
             return
         kind = self.drafter.kind
+        if self.data.pack_length is not None and self.features.path is not None:
+            raise ValueError(f"data.pack_length={self.data.pack_length} with features.path={self.features.path}: the feature "
+                             "store holds one conversation per row; pack without the store (the target runs in the step)")
         draft_vocab = getattr(self.drafter, "draft_vocab_size", None) if kind == "dflash" else None
         if self.trainer.export_formats is None:  # a DFlash draft vocabulary travels in speculators' layout only
             self.trainer.export_formats = ["speculators"] if draft_vocab is not None else list(EXPORT_FORMATS[kind])

@@ -196,7 +196,7 @@ class DFlashStep:
         drafter_cfg = self.cfg.drafter
         anchors, valid, reveal = sample_anchors_and_reveals(
             batch["loss_mask"], drafter_cfg.num_anchors, generator, drafter_cfg.reveal_prob, drafter_cfg.reveal_max,
-            pad_to_max=self.ctx.static_shapes, pad_multiple=self.anchor_multiple, key_width=self.cfg.data.max_length)
+            pad_to_max=self.ctx.static_shapes, pad_multiple=self.anchor_multiple, key_width=self.cfg.data.longest_row)
         return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id, reveal)
 
     def num_labels(self, batch: dict[str, torch.Tensor], blocks) -> torch.Tensor:

@@ -174,7 +174,7 @@ class StepContext:
         # Compiled flex attention wants one shape, and cuDNN and FlashAttention-4 build a kernel per shape:
         # pad every batch to max_length (DFlash also pads its anchors to num_anchors).
         self.static_shapes = backend != "sdpa"
-        self.pad_to = cfg.data.max_length if self.static_shapes else None
+        self.pad_to = cfg.data.longest_row if self.static_shapes else None
         # trainer.pad_multiple: a few static shapes instead of one (the feature store's rows are max_length long)
         self.pad_multiple = cfg.trainer.pad_multiple if self.static_shapes and store is None else 0
 

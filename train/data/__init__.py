@@ -10,7 +10,7 @@ from typing import Any
 from filelock import FileLock
 
 from .chat import ChatRenderer
-from .dataset import cache_key, load_tokenized, resolve_source, source_fingerprint, split_train_eval
+from .dataset import cache_key, load_tokenized, pack_conversations, resolve_source, source_fingerprint, split_train_eval
 from .readers import Conversation, DataError, read_conversations
 from .regenerate import regenerate_conversations, reply_engine, target_fingerprint, write_jsonl_atomic
 
@@ -54,6 +54,11 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
     train_ds, eval_ds, split_counts = split_train_eval(ds, data_cfg.num_eval, seed)
     summary.update(split_counts)
     summary["train_conversations"] = len(train_ds)
+    if getattr(data_cfg, "pack_length", None):  # after the split: held-out conversations stay one per row
+        train_ds = pack_conversations(train_ds, data_cfg.pack_length, seed)
+        summary["train_packed_rows"] = len(train_ds)
+        log.info("packed %d training conversations into %d rows of at most %d tokens", summary["train_conversations"],
+                 len(train_ds), data_cfg.pack_length)
     summary["eval_conversations"] = 0 if eval_ds is None else len(eval_ds)
     return train_ds, eval_ds, summary
 

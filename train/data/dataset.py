@@ -238,6 +238,34 @@ def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None
     return ds.select(train_rows), ds.select(eval_rows), counts
 
 
+def pack_conversations(ds: Any, pack_length: int, seed: int) -> Any:
+    """Rows of several whole conversations each: ``ds``'s conversations in a seeded random order, each appended to the
+    current row while the row stays within ``pack_length`` tokens, else starting the next row. Every conversation lands
+    in exactly one row, whole, with its loss mask; nothing separates them (no attention reset), so the target reads the
+    earlier ones as context (``data.pack_length``). Returns a ``datasets.Dataset`` of ``input_ids`` and ``loss_mask``."""
+    import datasets
+
+    rows = ds.with_format(None)
+    order = np.random.default_rng(seed).permutation(len(rows)).tolist()
+    packed_ids, packed_masks, ids, mask = [], [], [], []
+    for i in order:
+        row = rows[i]
+        n = len(row["input_ids"])
+        if n > pack_length:
+            raise ValueError(f"data.pack_length={pack_length}: conversation {i} holds {n} tokens; expected >= data.max_length")
+        if ids and len(ids) + n > pack_length:
+            packed_ids.append(ids)
+            packed_masks.append(mask)
+            ids, mask = [], []
+        ids.extend(row["input_ids"])
+        mask.extend(int(m) for m in row["loss_mask"])
+    if ids:
+        packed_ids.append(ids)
+        packed_masks.append(mask)
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")), "loss_mask": datasets.Sequence(datasets.Value("int8"))})
+    return datasets.Dataset.from_dict({"input_ids": packed_ids, "loss_mask": packed_masks}, features=features)
+
+
 def collate_padded(rows: list[dict[str, Any]], pad_token_id: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
     """Right-pad a list of rows to the longest one (or to ``pad_to``: static shapes for compiled kernels).
 
