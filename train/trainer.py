@@ -172,7 +172,7 @@ class StepContext:
         precision = cfg.trainer.precision
         self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
         # Compiled flex attention wants one shape, and cuDNN and FlashAttention-4 build a kernel per shape:
-        # pad every batch to max_length (DFlash also pads its anchors to num_anchors).
+        # pad every batch to the longest row, data.max_length or data.pack_length (DFlash also pads its anchors to num_anchors).
         self.static_shapes = backend != "sdpa"
         self.pad_to = cfg.data.longest_row if self.static_shapes else None
         # trainer.pad_multiple: a few static shapes instead of one (the feature store's rows are max_length long)
