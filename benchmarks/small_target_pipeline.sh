@@ -56,9 +56,8 @@ train_and_eval() {
   fi
   if [ "$kind" = dflash ]; then  # no prompt lookup of their own: the block's evaluation below runs it on the same prompts
     for t in ${DFLASH_TREES:-}; do
-      IFS=: read -r topk nodes redraft lookup <<< "$t"
-      evaluate "dflash_tree_k${topk}_n${nodes}_r${redraft:-0}${lookup:+_l$lookup}" "$run" --tree-topk "$topk" --tree-tokens "$nodes" \
-        --tree-redraft "${redraft:-0}" --tree-lookup "${lookup:-0}" --no-pld &
+      dflash_tree "$t"
+      evaluate "$tree_name" "$run" "${tree_args[@]}" &
     done
   fi
   evaluate "$kind" "$run"
@@ -69,9 +68,17 @@ train_and_eval() {
   [ -n "${SKIP_SWEEP:-}" ] && return
   sweep "$kind" "$run"
   if [ "$kind" = dflash ] && [ -n "${SWEEP_TREE:-}" ] && [ -n "${DFLASH_TREES:-}" ]; then
-    IFS=: read -r topk nodes redraft lookup <<< "${DFLASH_TREES%% *}"
-    sweep dflash_tree "$run" --no-pld --tree-topk "$topk" --tree-tokens "$nodes" --tree-redraft "${redraft:-0}" --tree-lookup "${lookup:-0}"
+    dflash_tree "${DFLASH_TREES%% *}"
+    sweep dflash_tree "$run" "${tree_args[@]}"
   fi
+}
+
+# dflash_tree TOPK:NODES[:REDRAFT[:LOOKUP]] -> tree_name and tree_args (eval's tree options, no prompt lookup of its own)
+dflash_tree() {
+  local topk nodes redraft lookup
+  IFS=: read -r topk nodes redraft lookup <<< "$1"
+  tree_name="dflash_tree_k${topk}_n${nodes}_r${redraft:-0}${lookup:+_l$lookup}"
+  tree_args=(--no-pld --tree-topk "$topk" --tree-tokens "$nodes" --tree-redraft "${redraft:-0}" --tree-lookup "${lookup:-0}")
 }
 
 # sweep NAME DRAFTER [EVAL ARGS...]: the trained window and none, at prefill 0 and LONG

@@ -54,7 +54,7 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
     train_ds, eval_ds, split_counts = split_train_eval(ds, data_cfg.num_eval, seed)
     summary.update(split_counts)
     summary["train_conversations"] = len(train_ds)
-    if getattr(data_cfg, "pack_length", None):  # after the split: held-out conversations stay one per row
+    if data_cfg.pack_length:  # after the split: held-out conversations stay one per row
         train_ds = pack_conversations(train_ds, data_cfg.pack_length, seed)
         summary["train_packed_rows"] = len(train_ds)
         log.info("packed %d training conversations into %d rows of at most %d tokens", summary["train_conversations"],

@@ -246,19 +246,19 @@ def pack_conversations(ds: Any, pack_length: int, seed: int) -> Any:
     import datasets
 
     rows = ds.with_format(None)
-    order = np.random.default_rng(seed).permutation(len(rows)).tolist()
+    all_ids, all_masks = rows["input_ids"], rows["loss_mask"]  # each column read once, not row by row
+    order = np.random.default_rng(seed).permutation(len(all_ids)).tolist()
     packed_ids, packed_masks, ids, mask = [], [], [], []
     for i in order:
-        row = rows[i]
-        n = len(row["input_ids"])
+        n = len(all_ids[i])
         if n > pack_length:
             raise ValueError(f"data.pack_length={pack_length}: conversation {i} holds {n} tokens; expected >= data.max_length")
         if ids and len(ids) + n > pack_length:
             packed_ids.append(ids)
             packed_masks.append(mask)
             ids, mask = [], []
-        ids.extend(row["input_ids"])
-        mask.extend(int(m) for m in row["loss_mask"])
+        ids.extend(all_ids[i])
+        mask.extend(all_masks[i])
     if ids:
         packed_ids.append(ids)
         packed_masks.append(mask)
