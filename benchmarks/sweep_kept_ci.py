@@ -3,10 +3,9 @@
     python benchmarks/sweep_kept_ci.py SWEEP_DIR [SWEEP_DIR ...] [--resamples 10000] [--seed 0]
     python benchmarks/sweep_kept_ci.py SWEEP_DIR --against OTHER_SWEEP_DIR     # two drafters, cell by cell
 
-A sweep cell's τ pools its verify steps: τ = Σ (accepted + 1) / steps over all turns. "Kept" is τ behind P prefill tokens
-over τ at prefill 0, both cells on the same questions. The bootstrap redraws the questions with replacement (a
-question's turns stay together; the same draw for both cells, so the pair stays paired) and recomputes both pooled τs
-and their ratio; the interval is the 2.5th-97.5th percentiles. Reads ``cells/*.json`` (the drafter's cells) and
+"Kept" is τ behind P prefill tokens over τ at prefill 0, both cells on the same questions, with its paired-bootstrap
+interval over questions (``eval/bootstrap.py``; ``python -m eval sweep`` prints the same in ``sweep.md``, for sweeps
+made before it did, or for other draw counts). Reads ``cells/*.json`` (the drafter's cells) and
 ``partial/pld_prefill-*.jsonl`` (prompt lookup's, where the sweep ran it). Prints a markdown table.
 
 ``--against``: another drafter's sweep over the same questions and prefills; each cell's τ over the other sweep's same
@@ -20,41 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eval.bootstrap import per_question, pooled_tau, ratio_with_interval  # noqa: E402
 
 CELL = re.compile(r"(?:window-(?P<window>[^_]+)|pld)_prefill-(?P<prefill>\d+)\.jsonl?$")
-
-
-def per_question(records: list[dict]) -> dict[str, tuple[int, int]]:
-    """question id -> (Σ (accepted + 1), steps) over its turns."""
-    out: dict[str, tuple[int, int]] = {}
-    for r in records:
-        accepted = r["stats"]["accepted_per_step"]
-        s, n = out.get(str(r["id"]), (0, 0))
-        out[str(r["id"])] = (s + sum(a + 1 for a in accepted), n + len(accepted))
-    return out
-
-
-def pooled_tau(questions: dict[str, tuple[int, int]]) -> float:
-    return sum(s for s, _ in questions.values()) / sum(n for _, n in questions.values())
-
-
-def kept_with_interval(base: dict[str, tuple[int, int]], behind: dict[str, tuple[int, int]], resamples: int = 10000,
-                       seed: int = 0) -> tuple[float, float, float]:
-    """(kept, low, high): pooled τ(behind) / pooled τ(base) and its 95% paired-bootstrap interval over shared questions."""
-    ids = sorted(set(base) & set(behind))
-    if not ids:
-        raise ValueError("the two cells share no question id")
-    b = np.array([base[i] for i in ids], dtype=np.float64)
-    p = np.array([behind[i] for i in ids], dtype=np.float64)
-    kept = (p[:, 0].sum() / p[:, 1].sum()) / (b[:, 0].sum() / b[:, 1].sum())
-    draws = np.random.default_rng(seed).integers(0, len(ids), size=(resamples, len(ids)))
-    bs, ps = b[draws].sum(axis=1), p[draws].sum(axis=1)  # [resamples, 2]: Σ(accepted + 1), steps
-    ratios = (ps[:, 0] / ps[:, 1]) / (bs[:, 0] / bs[:, 1])
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return float(kept), float(low), float(high)
 
 
 def read_cells(sweep: Path) -> dict[tuple[str, int], list[dict]]:
@@ -68,7 +40,12 @@ def read_cells(sweep: Path) -> dict[tuple[str, int], list[dict]]:
         if path.suffix == ".json":
             cells[key] = json.loads(path.read_text())["records"]
         else:
-            cells[key] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            turns = {}  # a partial file may hold a turn twice (written again with its baseline): the last line counts
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    turns[(str(record["id"]), record["turn"])] = record
+            cells[key] = list(turns.values())
     if not cells:
         raise ValueError(f"{sweep}: no cells/*.json or partial/pld_prefill-*.jsonl; expected a `python -m eval sweep --out` folder")
     return cells
@@ -90,7 +67,7 @@ def main() -> None:
                 if key not in other:
                     continue
                 mine, theirs = per_question(records), per_question(other[key])
-                ratio, low, high = kept_with_interval(theirs, mine, args.resamples, args.seed)
+                ratio, low, high = ratio_with_interval(theirs, mine, args.resamples, args.seed)
                 print(f"| {sweep.name} | {key[0]} | {key[1]} | {len(set(mine) & set(theirs))} | {pooled_tau(mine):.3f} | "
                       f"{pooled_tau(theirs):.3f} | {ratio:.3f} | {low:.3f}-{high:.3f} |")
         return
@@ -102,7 +79,7 @@ def main() -> None:
             if prefill == 0 or (window, 0) not in cells:
                 continue
             base, behind = per_question(cells[(window, 0)]), per_question(records)
-            kept, low, high = kept_with_interval(base, behind, args.resamples, args.seed)
+            kept, low, high = ratio_with_interval(base, behind, args.resamples, args.seed)
             print(f"| {sweep.name} | {window} | {prefill} | {len(set(base) & set(behind))} | {pooled_tau(base):.3f} | {pooled_tau(behind):.3f} | "
                   f"{100 * kept:.1f}% | {100 * low:.1f}-{100 * high:.1f}% |")
 

@@ -135,6 +135,7 @@ def main(argv=None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
+    from eval.bootstrap import per_question
     from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
     from eval.runner import run_conversations, summarize
     from infer.loading import drafting_label, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
@@ -188,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
             print(warning, file=sys.stderr)
 
     pld_summaries: dict[int, dict] = {}
+    pld_questions: dict[int, dict] = {}  # per prefill: eval.bootstrap.per_question of prompt lookup's records
     config["engine_drafter"] = getattr(engine, "drafter", None)
 
     def prompt_lookup(prefill: int) -> dict | None:
@@ -201,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
                                         desc=f"prompt lookup, prefill {prefill}", partial=out / "partial" / f"pld_prefill-{prefill}.jsonl",
                                         reuse_prefixes=args.prefix_reuse)
             pld_summaries[prefill] = summarize(records)
+            pld_questions[prefill] = per_question(records)
         return pld_summaries[prefill]
 
     def run_cell(window, prefill: int, baseline: bool):
@@ -231,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
                           out_dir=out)
             return 0
         cells, texts = {}, {}  # texts: each cell's output ids per turn (did the target's answer change behind the filler?)
+        questions = {}  # each cell's per-question pooled steps, for the kept τ's bootstrap interval
 
         def turn_texts(records: list[dict]) -> dict:
             return {(str(r["id"]), r["turn"]): r["output_ids"] for r in records}
@@ -243,13 +247,18 @@ def run(args: argparse.Namespace) -> int:
                     done = json.loads(path.read_text())
                     cells[(label, prefill)] = done["summary"]
                     texts[(label, prefill)] = turn_texts(done["records"])
+                    questions[(label, prefill)] = per_question(done["records"])
                     continue
                 label, records, summary = run_cell(window, prefill, bool(args.baseline))
                 write_json(path, {"config": {**config, "window": label, "prefill": prefill}, "summary": summary, "records": records})
                 cells[(label, prefill)] = summary
                 texts[(label, prefill)] = turn_texts(records)
+                questions[(label, prefill)] = per_question(records)
                 print(f"window {label} prefill {prefill}: tau {summary['tau']:.3f}, {summary['tokens_per_s']:.1f} tok/s", file=sys.stderr)
-        tables = sweep_tables(cells, texts)
+        for prefill in args.prefills:  # prompt lookup's records for its interval, where every cell of a prefill was resumed
+            prompt_lookup(prefill)  # (read back from its partial file: nothing decoded again where that file is whole)
+        questions.update({("prompt lookup", p): q for p, q in pld_questions.items()})
+        tables = sweep_tables(cells, texts, questions)
         with atomic_open(out / "sweep.md") as f:
             f.write(tables)
         sweep_plot(cells, out / "tau_vs_context.png", f"{Path(source['drafter']).name} on {Path(source['target']).name}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eval.bootstrap import RESAMPLES, ratio_with_interval
+
 
 def fmt(value, spec: str, suffix: str = "") -> str:
     """A number, or '-' where the run has none (no baseline, no prompt lookup, another engine's timings)."""
@@ -36,11 +38,14 @@ def summary_table(summary: dict, title: str) -> str:
     return "\n".join(rows)
 
 
-def sweep_tables(cells: dict[tuple[str, int], dict], texts: dict[tuple[str, int], dict] | None = None) -> str:
+def sweep_tables(cells: dict[tuple[str, int], dict], texts: dict[tuple[str, int], dict] | None = None,
+                 questions: dict[tuple[str, int], dict] | None = None) -> str:
     """τ and tokens/s matrices: one row per window, one column per prefill; then τ kept (each cell's τ over its row's τ
-    at the smallest prefill) and, given ``texts`` ((window, prefill) -> {(id, turn): output ids}), how many turns the
-    target answered with the same text as at the smallest prefill: where it did not, a kept τ compares drafting on
-    different text (a target that copies the filler into its answer changes what any drafter must predict)."""
+    at the smallest prefill), given ``questions`` ((window or "prompt lookup", prefill) -> ``eval.bootstrap.per_question``)
+    its 95% paired-bootstrap interval over questions, and, given ``texts`` ((window, prefill) -> {(id, turn): output
+    ids}), how many turns the target answered with the same text as at the smallest prefill: where it did not, a kept τ
+    compares drafting on different text (a target that copies the filler into its answer changes what any drafter must
+    predict)."""
     windows = sorted({w for w, _ in cells}, key=lambda w: (w != "none", int(w) if w.isdigit() else 0))
     prefills = sorted({p for _, p in cells})
     header = ["| window | " + " | ".join(str(p) for p in prefills) + " |", "|---|" + "---:|" * len(prefills)]
@@ -61,6 +66,21 @@ def sweep_tables(cells: dict[tuple[str, int], dict], texts: dict[tuple[str, int]
         if first in taus:
             out.append(f"| {w} | " + " | ".join(f"{taus[p] / taus[first]:.0%}" if p in taus else "-" for p in prefills) + " |")
     out.append("")
+    if questions:
+        out += [f"**τ kept, 95% interval** (paired bootstrap over the questions, {RESAMPLES:,} draws: how far the few questions "
+                "let the row above move)", "", *header]
+        for w in rows:
+            if (w, first) not in questions:
+                continue
+            spans = []
+            for p in prefills:
+                if (w, p) not in questions:
+                    spans.append("-")
+                    continue
+                _, low, high = ratio_with_interval(questions[(w, first)], questions[(w, p)])
+                spans.append(f"{low:.0%}-{high:.0%}")
+            out.append(f"| {w} | " + " | ".join(spans) + " |")
+        out.append("")
     if texts:
         out += [f"**turns with the same target text as at prefill {first}** (greedy output ids, turn by turn)", "", *header]
         for w in windows:

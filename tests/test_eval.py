@@ -107,6 +107,9 @@ def test_sweep_writes_matrix_plot_and_resumes(runs_dir, tmp_path, monkeypatch) -
         by_turn = {(r["id"], r["turn"]): r["output_ids"] for r in zero["records"]}
         same = sum(by_turn[(r["id"], r["turn"])] == r["output_ids"] for r in long["records"])
         assert f"| {w} | {len(by_turn)}/{len(by_turn)} | {same}/{len(by_turn)} |" in text_table
+        # one question: every bootstrap draw is that question, so the interval is the kept τ itself
+        kept = long['summary']['tau'] / zero['summary']['tau']
+        assert f"| {w} | 100%-100% | {kept:.0%}-{kept:.0%} |" in table.split("**τ kept, 95% interval**")[1].split("**turns with")[0]
     (out / "cells" / "window-8_prefill-100.json").unlink()
     calls = []
     import eval.runner as runner

@@ -1,4 +1,5 @@
-"""benchmarks/sweep_kept_ci.py: its pooled τ is the eval's own, its paired bootstrap is exact where the answer is known."""
+"""eval/bootstrap.py (and benchmarks/sweep_kept_ci.py over committed sweeps): the pooled τ is the eval's own, the paired
+bootstrap is exact where the answer is known."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from eval.bootstrap import per_question, pooled_tau, ratio_with_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("sweep_kept_ci", ROOT / "benchmarks" / "sweep_kept_ci.py")
@@ -21,7 +24,7 @@ def test_pooled_tau_is_the_eval_summary_tau_of_every_committed_cell() -> None:
     assert ("trained", 32000) in cells and ("prompt lookup", 0) in cells
     for name in ("window-trained_prefill-0", "window-trained_prefill-32000", "window-none_prefill-32000"):
         cell = json.loads((SWEEP / "cells" / f"{name}.json").read_text())
-        assert ci.pooled_tau(ci.per_question(cell["records"])) == pytest.approx(cell["summary"]["tau"], abs=1e-9)
+        assert pooled_tau(per_question(cell["records"])) == pytest.approx(cell["summary"]["tau"], abs=1e-9)
 
 
 def test_kept_is_the_ratio_of_pooled_taus_and_its_interval_brackets_it() -> None:
@@ -29,7 +32,7 @@ def test_kept_is_the_ratio_of_pooled_taus_and_its_interval_brackets_it() -> None
     base = {str(i): (int(rng.integers(20, 200)), int(rng.integers(10, 60))) for i in range(15)}
     behind = {str(i): (int(rng.integers(20, 200)), int(rng.integers(10, 60))) for i in range(15)}
     behind["extra"] = (1000, 1)  # a question only one cell has is left out of both
-    kept, low, high = ci.kept_with_interval(base, behind, resamples=2000, seed=1)
+    kept, low, high = ratio_with_interval(base, behind, resamples=2000, seed=1)
     # plain loop over the shared questions as the reference
     sb = nb = sp = np_ = 0
     for q in base:
@@ -41,10 +44,10 @@ def test_kept_is_the_ratio_of_pooled_taus_and_its_interval_brackets_it() -> None
 def test_a_uniform_change_has_a_zero_width_interval_and_disjoint_cells_are_refused() -> None:
     base = {str(i): (10 + 3 * i, 5 + i) for i in range(8)}
     doubled = {q: (2 * s, n) for q, (s, n) in base.items()}
-    assert ci.kept_with_interval(base, base, resamples=500) == pytest.approx((1.0, 1.0, 1.0))
-    assert ci.kept_with_interval(base, doubled, resamples=500) == pytest.approx((2.0, 2.0, 2.0))
+    assert ratio_with_interval(base, base, resamples=500) == pytest.approx((1.0, 1.0, 1.0))
+    assert ratio_with_interval(base, doubled, resamples=500) == pytest.approx((2.0, 2.0, 2.0))
     with pytest.raises(ValueError, match="share no question id"):
-        ci.kept_with_interval(base, {"x": (1, 1)})
+        ratio_with_interval(base, {"x": (1, 1)})
 
 
 def test_a_folder_without_cells_is_a_clear_error(tmp_path: Path) -> None:
