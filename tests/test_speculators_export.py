@@ -21,7 +21,7 @@ from train.data import prepare_data  # noqa: E402
 from train.data.readers import DataError  # noqa: E402
 from train.data.speculators_export import (  # noqa: E402
     PREPARED_DIR, ROWS_FILE, export_hidden_states, export_rows, hidden_state_layer_ids, main, prepared_order, samples_seen,
-    to_speculators_layer_ids, train_data_ratio)
+    speculators_commands, to_speculators_layer_ids, train_data_ratio)
 from train.engines import engine_layer_ids  # noqa: E402
 from models.target import TargetModel  # noqa: E402
 
@@ -168,6 +168,18 @@ def test_sample_count_follows_the_trainer_schedule() -> None:
     assert samples_seen(cfg, 7900) == 3000 * 16
     cfg.trainer.num_epochs = 2  # 7900 // 16 = 493 steps an epoch: 986 < 3000
     assert samples_seen(cfg, 7900) == 986 * 16
+
+
+def test_packed_rows_reach_speculators_whole_with_our_step_budget(tmp_path: Path) -> None:
+    """experiment=dflash_swa_small_long: one packed row of 32,768 tokens and 4,096 anchors a step. speculators' trainer
+    gets the same budget a step (--total-seq-len, --max-anchors), where the small recipe's is 16 rows of 2,048."""
+    from train.trainer import to_train_config
+
+    manifest = {"target": "T", "seq_length": 32768, "seed": 0, "train_data_ratio": 0.9, "speculators_epochs": 1,
+                "speculators_layer_ids": [2, 3], "mask_token_id": 3, "draft_vocab_size": 8192}
+    for experiment, tokens in (("dflash_swa_small_long", 32768), ("dflash_swa_small", 16 * 2048)):
+        train = speculators_commands(to_train_config(compose_train([f"experiment={experiment}"])), manifest, tmp_path)["train"]
+        assert f"--total-seq-len {tokens} " in train and "--max-anchors 4096" in train
 
 
 def test_bad_input_fails_in_one_line(tmp_path: Path, dflash_export, reference_target_path: Path, capsys) -> None:

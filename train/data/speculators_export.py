@@ -233,7 +233,7 @@ def speculators_commands(cfg: Any, manifest: dict[str, Any], out: Path) -> dict[
         f"--num-layers {d.num_hidden_layers} --sliding-window {d.sliding_window}"
         + (f" --full-attention-indices {' '.join(map(str, full))}" if full else ""),
         # one packed sequence per step of our batch's token budget; epochs = our samples / our train rows
-        f"--total-seq-len {tc.batch_size * tc.grad_accum * cfg.data.max_length} --epochs {manifest['speculators_epochs']}",
+        f"--total-seq-len {tc.batch_size * tc.grad_accum * cfg.data.longest_row} --epochs {manifest['speculators_epochs']}",
         f"--lr {tc.lr!r} --scheduler-type cosine --scheduler-warmup-ratio {tc.warmup_ratio!r}",
     ]
     if kind == "dflash":
@@ -269,9 +269,10 @@ def export_rows(cfg: Any, out: Path) -> dict[str, Any]:
     seed = cfg.trainer.seed
     sha256 = write_rows_jsonl(rows, out / ROWS_FILE, seed)
     seen = samples_seen(cfg, len(train_ds))
+    # seq_length: the longest row, so prepare-data keeps packed rows (data.pack_length) whole rather than cutting them
     manifest: dict[str, Any] = {
         "target": str(target_path), "drafter": cfg.drafter.kind, "rows": len(rows), "train_rows": len(train_ds),
-        "eval_rows": len(eval_ds), "seed": seed, "seq_length": cfg.data.max_length,
+        "eval_rows": len(eval_ds), "seed": seed, "seq_length": cfg.data.longest_row,
         "train_data_ratio": train_data_ratio(len(train_ds), len(rows)),
         "our_samples_seen": seen, "speculators_epochs": max(1, round(seen / len(train_ds))),
         "layer_ids": layer_ids, "speculators_layer_ids": to_speculators_layer_ids(layer_ids),
