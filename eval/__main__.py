@@ -255,8 +255,9 @@ def run(args: argparse.Namespace) -> int:
                 texts[(label, prefill)] = turn_texts(records)
                 questions[(label, prefill)] = per_question(records)
                 print(f"window {label} prefill {prefill}: tau {summary['tau']:.3f}, {summary['tokens_per_s']:.1f} tok/s", file=sys.stderr)
-        for prefill in args.prefills:  # prompt lookup's records for its interval, where every cell of a prefill was resumed
-            prompt_lookup(prefill)  # (read back from its partial file: nothing decoded again where that file is whole)
+        for prefill in args.prefills:  # prompt lookup's records for its interval where every cell of a prefill was resumed:
+            if (out / "partial" / f"pld_prefill-{prefill}.jsonl").exists():  # read back from its partial file, not decoded again
+                prompt_lookup(prefill)
         questions.update({("prompt lookup", p): q for p, q in pld_questions.items()})
         tables = sweep_tables(cells, texts, questions)
         with atomic_open(out / "sweep.md") as f:
