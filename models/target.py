@@ -250,6 +250,49 @@ class TargetModel:
         return TargetFeatures(features=features, logits=logits, final_hidden=final_hidden)
 
 
+    @torch.no_grad()
+    def capture_segments(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask: torch.Tensor | None,
+                         segments: list[list[int]], with_final_hidden: bool = False) -> TargetFeatures:
+        """``capture`` where row ``b`` is read as the pieces ``segments[b]`` (lengths, consecutive from position 0), each
+        from position 0 with no earlier piece as context: packed rows whose conversations the target reads one at a time
+        (``data.pack_fresh_fraction``). A row of one segment is read whole, as ``capture`` reads it. Every piece of the
+        batch runs in one forward, right-padded to the longest; positions past a row's pieces (its padding) hold zeros.
+        Returns ``capture``'s ``features`` (and ``final_hidden``) at the rows' shape."""
+        b, t = input_ids.shape
+        split = [r for r, lengths in enumerate(segments) if len(lengths) > 1]
+        if not split:
+            return self.capture(input_ids, layer_ids, attention_mask=attention_mask, with_final_hidden=with_final_hidden)
+        pieces = []  # (row, start, length)
+        for r in split:
+            start = 0
+            for n in segments[r]:
+                pieces.append((r, start, int(n)))
+                start += int(n)
+            if start > t:
+                raise ValueError(f"row {r}: segments {segments[r]} cover {start} tokens; the row holds {t}")
+        longest = max(n for _, _, n in pieces)
+        ids = input_ids.new_zeros(len(pieces), longest)
+        mask = input_ids.new_zeros(len(pieces), longest)
+        for j, (r, start, n) in enumerate(pieces):
+            ids[j, :n] = input_ids[r, start:start + n]
+            mask[j, :n] = 1
+        read = self.capture(ids, layer_ids, attention_mask=mask, with_final_hidden=with_final_hidden)
+        features = read.features.new_zeros(b, t, read.features.shape[-1])
+        final = None if read.final_hidden is None else read.final_hidden.new_zeros(b, t, read.final_hidden.shape[-1])
+        for j, (r, start, n) in enumerate(pieces):
+            features[r, start:start + n] = read.features[j, :n]
+            if final is not None:
+                final[r, start:start + n] = read.final_hidden[j, :n]
+        plain = [r for r in range(b) if r not in split]
+        if plain:
+            whole = self.capture(input_ids[plain], layer_ids, attention_mask=None if attention_mask is None else attention_mask[plain],
+                                 with_final_hidden=with_final_hidden)
+            features[plain] = whole.features
+            if final is not None:
+                final[plain] = whole.final_hidden
+        return TargetFeatures(features=features, final_hidden=final)
+
+
 # ----------------------------------------------------------------------------- decoding: the cached forward
 
 # Legend: n tokens in this forward, V vocab, L layers, C cache capacity (positions), Hkv kv heads, D head dim.

@@ -81,6 +81,8 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["data.max_length=1"], "data.max_length=1"),
         (["data.max_length=64", "data.pack_length=32"], "data.pack_length=32; expected >= data.max_length"),
         (["data.pack_length=4096", "features.path=/tmp/store"], "data.pack_length=4096 with features.path=/tmp/store"),
+        (["data.pack_fresh_fraction=0.5"], "data.pack_fresh_fraction=0.5 without data.pack_length"),
+        (["data.pack_length=4096", "data.pack_fresh_fraction=1.5"], "data.pack_fresh_fraction=1.5; expected a share in"),
         (["trainer.max_steps=0"], "trainer.max_steps=0"),
         (["logger.mode=sometimes"], "logger.mode='sometimes'"),
         (["target.dtype=int8"], "target.dtype='int8'"),

@@ -146,3 +146,15 @@ def test_pack_conversations_keeps_every_conversation_whole_and_in_order() -> Non
         assert row_len + len(rows[nxt[0] - 1000]["input_ids"]) > 64  # the next one did not fit
     with pytest.raises(ValueError, match="data.pack_length=20: conversation .* holds .* tokens"):
         pack_conversations(ds, pack_length=20, seed=5)
+    assert all(r["segments"] == [len(r["input_ids"])] for r in packed)  # read whole by default
+    # data.pack_fresh_fraction: the same rows; about that share lists its conversations' lengths, drawn with the seed
+    fresh = pack_conversations(ds, pack_length=64, seed=5, fresh_fraction=0.5)
+    assert fresh["input_ids"] == packed["input_ids"] and fresh["loss_mask"] == packed["loss_mask"]
+    by_first = {1000 + c: len(r["input_ids"]) for c, r in enumerate(rows)}
+    marked = [r for r in fresh if r["segments"] != [len(r["input_ids"])]]
+    for r in fresh:
+        if r["segments"] != [len(r["input_ids"])]:
+            assert r["segments"] == [by_first[t] for t in r["input_ids"] if t >= 1000]
+    assert 0 < len(marked) < len(fresh) and fresh["segments"] == pack_conversations(ds, 64, 5, 0.5)["segments"]
+    every = pack_conversations(ds, pack_length=64, seed=5, fresh_fraction=1.0)
+    assert [sum(s) for s in every["segments"]] == lengths and sum(len(s) for s in every["segments"]) == len(rows)

@@ -101,3 +101,32 @@ def test_capture_leaves_the_model_whole(reference_target: TargetModel) -> None:
     assert reference_target.stack.layers is layers and reference_target.stack.norm is norm
     assert len(reference_target.stack.layers) == reference_target.num_layers
     torch.testing.assert_close(reference_target.model(input_ids=ids).logits, before, rtol=0, atol=0)
+
+
+def test_capture_segments_reads_each_piece_alone_from_position_zero(reference_target: TargetModel) -> None:
+    """data.pack_fresh_fraction: a packed row read in pieces equals each conversation captured on its own (the reference:
+    the plain ``capture`` of that conversation alone); a row of one segment in the same batch equals its plain capture;
+    padding past the pieces is zero; ``final_hidden`` follows the features."""
+    convs = padded_batch(reference_target, n=3)
+    lengths = convs["attention_mask"].sum(1).tolist()
+    row = torch.cat([convs["input_ids"][i, :n] for i, n in enumerate(lengths)])  # three conversations packed
+    width = row.shape[0] + 5  # and 5 tokens of padding
+    ids = torch.zeros(2, width, dtype=torch.long)
+    ids[0, :row.shape[0]] = row
+    ids[1, :row.shape[0]] = row  # the same text read whole: its later conversations see the earlier ones
+    mask = (torch.arange(width) < row.shape[0]).long().expand(2, width)
+    layer_ids = [1, 3, 5]
+    got = reference_target.capture_segments(ids, layer_ids, mask, [lengths, [row.shape[0]]], with_final_hidden=True)
+    start = 0
+    for i, n in enumerate(lengths):
+        alone = reference_target.capture(convs["input_ids"][i:i + 1, :n], layer_ids, with_final_hidden=True)
+        torch.testing.assert_close(got.features[0, start:start + n], alone.features[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.final_hidden[0, start:start + n], alone.final_hidden[0], atol=1e-5, rtol=1e-5)
+        start += n
+    assert got.features[0, start:].abs().sum() == 0
+    whole = reference_target.capture(ids[1:], layer_ids, attention_mask=mask[1:], with_final_hidden=True)
+    torch.testing.assert_close(got.features[1], whole.features[0], atol=1e-5, rtol=1e-5)
+    # read whole, the second conversation's features differ from its own (it has context): the pieces are not a no-op
+    assert not torch.allclose(got.features[0, lengths[0]:lengths[0] + lengths[1]], whole.features[0, lengths[0]:lengths[0] + lengths[1]], atol=1e-3)
+    with pytest.raises(ValueError, match="cover"):
+        reference_target.capture_segments(ids, layer_ids, mask, [[width, 7], [1]])

@@ -37,6 +37,16 @@ def test_packed_rows_reach_the_trainer(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "packed" / "run.json").read_text())["data"]
     assert 0 < data["train_packed_rows"] < data["train_conversations"]
     assert packed["steps"] == plain["steps"] == 2 and packed["tokens"] > 2 * plain["tokens"]
+    # data.pack_fresh_fraction=1: the same rows and draws, every row read by the target one conversation at a time, so
+    # the features (and the loss) change while the tokens do not; both drafters' steps take the pieces
+    fresh = train(compose_train(common + ["data.pack_length=4096", "data.pack_fresh_fraction=1.0", f"output_dir={tmp_path / 'fresh'}"]))
+    data = json.loads((tmp_path / "fresh" / "run.json").read_text())["data"]
+    assert 0 < data["train_fresh_rows"] <= data["train_packed_rows"]
+    assert fresh["tokens"] == packed["tokens"] and fresh["train/loss"] != packed["train/loss"]
+    eagle3 = ["experiment=eagle3_swa_tiny", "trainer.max_steps=2", "trainer.progress=false", "data.num_eval=0", "trainer.loop_eval_prompts=0",
+              "data.pack_length=4096", "trainer.batch_size=1", "trainer.grad_accum=1"]
+    runs = [train(compose_train(eagle3 + [f"data.pack_fresh_fraction={f}", f"output_dir={tmp_path / f'eagle3_{f}'}"])) for f in (0.0, 1.0)]
+    assert runs[0]["tokens"] == runs[1]["tokens"] and runs[0]["train/loss"] != runs[1]["train/loss"]
 
 
 def test_regenerated_data_pipeline(tmp_path: Path) -> None:

@@ -164,6 +164,10 @@ class DataConfig:
     # to prefill 0's against 0.93-0.95 behind 2K; benchmarks/probe_long_context_features.py), which a drafter trained
     # on short rows never read. Rows are padded to this length; size trainer.batch_size and drafter.num_anchors to it.
     pack_length: Optional[int] = None
+    # The share of packed rows whose conversations the target reads one at a time (each from position 0, as at prefill
+    # 0), drawn per row with the seed: the drafter then trains on short-context features too, where packed rows alone
+    # cost it tau at prefill 0 (BENCHMARKS.md, "Packed 32K training rows"). Its own attention still spans the row.
+    pack_fresh_fraction: float = 0.0
     cache_dir: str = "${oc.env:SWA_DRAFTERS_CACHE,'~/.cache/swa-drafters'}/data"
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
 
@@ -176,6 +180,11 @@ class DataConfig:
             raise ValueError(f"data.num_eval={self.num_eval}; expected >= 0")
         if self.pack_length is not None and self.pack_length < self.max_length:
             raise ValueError(f"data.pack_length={self.pack_length}; expected >= data.max_length ({self.max_length}) or null")
+        if not 0.0 <= self.pack_fresh_fraction <= 1.0:
+            raise ValueError(f"data.pack_fresh_fraction={self.pack_fresh_fraction}; expected a share in [0, 1]")
+        if self.pack_fresh_fraction and self.pack_length is None:
+            raise ValueError(f"data.pack_fresh_fraction={self.pack_fresh_fraction} without data.pack_length: it marks packed rows; "
+                             "set data.pack_length or leave it at 0")
 
     @property
     def longest_row(self) -> int:

@@ -55,10 +55,11 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
     summary.update(split_counts)
     summary["train_conversations"] = len(train_ds)
     if data_cfg.pack_length:  # after the split: held-out conversations stay one per row
-        train_ds = pack_conversations(train_ds, data_cfg.pack_length, seed)
+        train_ds = pack_conversations(train_ds, data_cfg.pack_length, seed, data_cfg.pack_fresh_fraction)
         summary["train_packed_rows"] = len(train_ds)
-        log.info("packed %d training conversations into %d rows of at most %d tokens", summary["train_conversations"],
-                 len(train_ds), data_cfg.pack_length)
+        summary["train_fresh_rows"] = sum(len(s) > 1 for s in train_ds["segments"])
+        log.info("packed %d training conversations into %d rows of at most %d tokens (%d read by the target one conversation "
+                 "at a time)", summary["train_conversations"], len(train_ds), data_cfg.pack_length, summary["train_fresh_rows"])
     summary["eval_conversations"] = 0 if eval_ds is None else len(eval_ds)
     return train_ds, eval_ds, summary
 

@@ -238,17 +238,24 @@ def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None
     return ds.select(train_rows), ds.select(eval_rows), counts
 
 
-def pack_conversations(ds: Any, pack_length: int, seed: int) -> Any:
+def pack_conversations(ds: Any, pack_length: int, seed: int, fresh_fraction: float = 0.0) -> Any:
     """Rows of several whole conversations each: ``ds``'s conversations in a seeded random order, each appended to the
     current row while the row stays within ``pack_length`` tokens, else starting the next row. Every conversation lands
     in exactly one row, whole, with its loss mask; nothing separates them (no attention reset), so the target reads the
-    earlier ones as context (``data.pack_length``). Returns a ``datasets.Dataset`` of ``input_ids`` and ``loss_mask``."""
+    earlier ones as context (``data.pack_length``).
+
+    ``fresh_fraction`` (``data.pack_fresh_fraction``): this share of the rows, drawn with ``seed``, is marked for the
+    target to read one conversation at a time, so the drafter also trains on features computed at short context, as at
+    prefill 0 (its own attention still spans the row). ``segments`` holds each row's lengths the target reads apart:
+    the conversations' lengths in a fresh row, the whole row's in the others.
+    Returns a ``datasets.Dataset`` of ``input_ids``, ``loss_mask`` and ``segments``."""
     import datasets
 
     rows = ds.with_format(None)
     all_ids, all_masks = rows["input_ids"], rows["loss_mask"]  # each column read once, not row by row
-    order = np.random.default_rng(seed).permutation(len(all_ids)).tolist()
-    packed_ids, packed_masks, ids, mask = [], [], [], []
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(all_ids)).tolist()
+    packed_ids, packed_masks, packed_lengths, ids, mask, lengths = [], [], [], [], [], []
     for i in order:
         n = len(all_ids[i])
         if n > pack_length:
@@ -256,21 +263,28 @@ def pack_conversations(ds: Any, pack_length: int, seed: int) -> Any:
         if ids and len(ids) + n > pack_length:
             packed_ids.append(ids)
             packed_masks.append(mask)
-            ids, mask = [], []
+            packed_lengths.append(lengths)
+            ids, mask, lengths = [], [], []
         ids.extend(all_ids[i])
         mask.extend(all_masks[i])
+        lengths.append(n)
     if ids:
         packed_ids.append(ids)
         packed_masks.append(mask)
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")), "loss_mask": datasets.Sequence(datasets.Value("int8"))})
-    return datasets.Dataset.from_dict({"input_ids": packed_ids, "loss_mask": packed_masks}, features=features)
+        packed_lengths.append(lengths)
+    fresh = rng.random(len(packed_ids)) < fresh_fraction
+    segments = [lengths if f else [sum(lengths)] for lengths, f in zip(packed_lengths, fresh.tolist())]
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")), "loss_mask": datasets.Sequence(datasets.Value("int8")),
+                                  "segments": datasets.Sequence(datasets.Value("int32"))})
+    return datasets.Dataset.from_dict({"input_ids": packed_ids, "loss_mask": packed_masks, "segments": segments}, features=features)
 
 
 def collate_padded(rows: list[dict[str, Any]], pad_token_id: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
     """Right-pad a list of rows to the longest one (or to ``pad_to``: static shapes for compiled kernels).
 
     Returns ``input_ids [B, T]`` (long), ``loss_mask [B, T]`` (bool) and
-    ``attention_mask [B, T]`` (long, 1 on real tokens).
+    ``attention_mask [B, T]`` (long, 1 on real tokens); packed rows (``pack_conversations``) also ``segments``, each
+    row's list of lengths the target reads apart.
     """
     length = max(len(r["input_ids"]) for r in rows)
     if pad_to is not None:
@@ -284,4 +298,7 @@ def collate_padded(rows: list[dict[str, Any]], pad_token_id: int, pad_to: int | 
         input_ids[i, :n] = torch.as_tensor(r["input_ids"])
         loss_mask[i, :n] = torch.as_tensor(r["loss_mask"], dtype=torch.bool)
         attention_mask[i, :n] = 1
-    return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+    batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+    if "segments" in rows[0]:
+        batch["segments"] = [list(r["segments"]) for r in rows]
+    return batch
