@@ -198,6 +198,10 @@ def test_bad_input_fails_in_one_line(tmp_path: Path, dflash_export, reference_ta
 
     with pytest.raises(DataError, match="layer ids"):
         export_hidden_states(compose_train([*overrides(reference_target_path, "dflash"), "drafter.target_layer_ids=[1,2]"]), out)
+    with pytest.raises(DataError, match="data.pack_fresh_fraction=0.5: speculators' trainer reads every row whole"):
+        export_rows(compose_train([*overrides(reference_target_path, "dflash"), "data.pack_length=4096", "data.pack_fresh_fraction=0.5"]),
+                    tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
     with pytest.raises(DataError, match="validation split"):
         export_rows(compose_train([*overrides(reference_target_path, "dflash"), "data.num_eval=0"]), tmp_path / "no-eval")
 
