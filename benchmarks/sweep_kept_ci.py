@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eval.bootstrap import per_question, pooled_tau, ratio_with_interval  # noqa: E402
+from eval.runner import read_partial  # noqa: E402
 
 CELL = re.compile(r"(?:window-(?P<window>[^_]+)|pld)_prefill-(?P<prefill>\d+)\.jsonl?$")
 
@@ -39,13 +40,8 @@ def read_cells(sweep: Path) -> dict[tuple[str, int], list[dict]]:
         key = (m["window"] or "prompt lookup", int(m["prefill"]))
         if path.suffix == ".json":
             cells[key] = json.loads(path.read_text())["records"]
-        else:
-            turns = {}  # a partial file may hold a turn twice (written again with its baseline): the last line counts
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    record = json.loads(line)
-                    turns[(str(record["id"]), record["turn"])] = record
-            cells[key] = list(turns.values())
+        else:  # the sweep's own reader: a turn written twice (again with its baseline) counts once, its last line
+            cells[key] = list(read_partial(path).values())
     if not cells:
         raise ValueError(f"{sweep}: no cells/*.json or partial/pld_prefill-*.jsonl; expected a `python -m eval sweep --out` folder")
     return cells

@@ -203,7 +203,7 @@ class StepContext:
             if "rows" not in batch:
                 raise ValueError("a batch without row indices cannot be read from the feature store")
             return self.store.gather(batch["split"], batch["rows"], input_ids.shape[1], self.device)
-        if any(len(lengths) > 1 for lengths in batch.get("segments", ())):  # data.pack_fresh_fraction's rows: one conversation at a time
+        if "segments" in batch:  # packed rows: those data.pack_fresh_fraction marked are read one conversation at a time
             return self.target.capture_segments(input_ids.to(self.device), self.layer_ids, batch["attention_mask"].to(self.device),
                                                 batch["segments"], with_final_hidden=with_final_hidden)
         return self.target.capture(input_ids.to(self.device), self.layer_ids, attention_mask=batch["attention_mask"].to(self.device),
