@@ -37,15 +37,17 @@ def test_every_experiment_composes_and_validates(experiment: str) -> None:
 
 def test_the_long_prompt_recipe_is_the_small_one_on_packed_rows() -> None:
     """experiment=dflash_swa_small_long changes only the row layout: one packed 32K row a step with 16 x 256 anchors, the
-    blocks a step of dflash_swa_small's 16 rows; drafter, data source, optimizer and steps stay the small recipe's."""
+    blocks a step of dflash_swa_small's 16 rows, half the rows read by the target one conversation at a time; drafter,
+    data source, optimizer and steps stay the small recipe's."""
     from dataclasses import asdict
     small = asdict(to_train_config(compose_train(["experiment=dflash_swa_small", "output_dir=/tmp/x"])))
     long = asdict(to_train_config(compose_train(["experiment=dflash_swa_small_long", "output_dir=/tmp/x"])))
     changed = {(section, key) for section in small if isinstance(small[section], dict)
                for key in small[section] if small[section][key] != long[section][key]}
-    assert changed == {("data", "pack_length"), ("trainer", "batch_size"), ("drafter", "num_anchors"), ("trainer", "pad_multiple")}
+    assert changed == {("data", "pack_length"), ("data", "pack_fresh_fraction"), ("trainer", "batch_size"), ("drafter", "num_anchors"),
+                       ("trainer", "pad_multiple")}
     assert long["drafter"]["num_anchors"] * long["trainer"]["batch_size"] == small["drafter"]["num_anchors"] * small["trainer"]["batch_size"]
-    assert long["data"]["pack_length"] == 32768
+    assert (long["data"]["pack_length"], long["data"]["pack_fresh_fraction"]) == (32768, 0.5)
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])

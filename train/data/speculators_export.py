@@ -257,7 +257,8 @@ def export_rows(cfg: Any, out: Path) -> dict[str, Any]:
     cfg = to_train_config(cfg)
     if cfg.data.pack_fresh_fraction:
         raise DataError(f"data.pack_fresh_fraction={cfg.data.pack_fresh_fraction}: speculators' trainer reads every row whole (its "
-                        "hidden states too), so the rows our target reads in pieces cannot be exported as such; export with 0")
+                        "hidden states too), so the rows our target reads in pieces cannot be exported as such; "
+                        "export with data.pack_fresh_fraction=0")
     check_paths(cfg)
     out = Path(out)
     target_path = resolve_target_path(cfg.target.path)
