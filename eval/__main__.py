@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
     from eval.bootstrap import per_question
     from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
-    from eval.runner import run_conversations, summarize
+    from eval.runner import check_context_fits, max_positions, run_conversations, summarize
     from infer.loading import drafting_label, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
     from infer.prompt_lookup import PromptLookupDrafter
     from models.sampling import SamplingConfig
@@ -171,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
                                                  tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft)
+        check_context_fits(tokenizer, conversations, args.prefills if args.command == "sweep" else [args.prefill_tokens],
+                           args.max_new_tokens, max_positions(target))
         if args.engine == "ours":
             from infer.batch import check_batchable
 

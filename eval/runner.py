@@ -27,6 +27,35 @@ def max_positions(target: CachedTarget) -> int:
     return int(getattr(target.model.config.get_text_config(), "max_position_embeddings", 1 << 30))
 
 
+def check_context_fits(tokenizer, conversations: list[Conversation], prefills: list[int], max_new_tokens: int, limit: int) -> None:
+    """Refuse, before anything is decoded, a prefill behind which some conversation's last turn may not fit the target's
+    ``limit`` positions: its prompt with each earlier answer counted at ``max_new_tokens`` (+ 16 for re-tokenising and the
+    template), plus ``max_new_tokens`` new tokens. A sweep would otherwise stop at that question after hours of cells
+    (``run_turns`` still checks each real prompt: answers that end early can only need less)."""
+
+    def need(index: int, prefill: int) -> int:
+        conv = conversations[index]
+        turns = len(conv.turns)
+        return (len(turn_prompt(tokenizer, conv, index, turns - 1, [""] * turns, prefill))
+                + (turns - 1) * (max_new_tokens + 16) + max_new_tokens)
+
+    for prefill in sorted(set(prefills), reverse=True):
+        needs = [need(i, prefill) for i in range(len(conversations))]
+        if max(needs) <= limit:
+            continue
+        worst = max(range(len(needs)), key=needs.__getitem__)
+        # the largest prefill that fits: the filler's tokens add one to one, up to a token or two where it meets the question
+        room = [limit - (n - prefill) for n in needs]
+        fits = max(min(room), 0)
+        while fits > 0 and any(need(i, fits) > limit for i, r in enumerate(room) if r <= fits + 8):
+            fits -= 1
+        conv = conversations[worst]
+        raise ValueError(f"question {conv.id} turn {len(conv.turns)} may need {needs[worst]} positions behind {prefill} prefill tokens "
+                         f"(earlier answers counted at {max_new_tokens} tokens, plus {max_new_tokens} new ones): more than the target's "
+                         f"max_position_embeddings={limit}; every question fits behind {fits} prefill tokens "
+                         "(lower --prefill-tokens/--prefills, --max-new-tokens or --num-questions)")
+
+
 def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
     """Records a previous run of the same cell finished: (conversation id, turn) -> record. A line cut off
     by a kill (the last one) is dropped."""

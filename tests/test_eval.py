@@ -74,13 +74,39 @@ def test_prompts_file_and_its_errors(runs_dir, tmp_path, capsys) -> None:
 @pytest.mark.parametrize("argv,message", [
     (["mtbench", "--window", "0"], "--window '0'; expected 'trained', 'none' or a positive integer"),
     (["prompts", "--prompts", "/nonexistent.jsonl"], "--prompts /nonexistent.jsonl: no such file"),
-    (["mtbench", "--prefill-tokens", "40000", "--num-questions", "1"], "exceed the target's max_position_embeddings=32768"),
+    (["mtbench", "--prefill-tokens", "40000", "--num-questions", "1"], "more than the target's max_position_embeddings=32768"),
+    (["sweep", "--prefills", "0", "32700", "--num-questions", "1"], "behind 32700 prefill tokens"),
     (["mtbench", "--drafter", "/nonexistent"], "--drafter given without --target"),
 ])
 def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) -> None:
     assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
+
+
+def test_a_prefill_some_turn_may_outgrow_is_refused_before_decoding(reference_tokenizer) -> None:
+    """MT-Bench behind 32,000 filler tokens on the reference target (32,768 positions), 256 new tokens a turn: the first
+    20 questions fit; question 105's second turn may not (an H100 sweep stopped there after its first 20 questions,
+    benchmarks/results/issue25_fresh_rows_h100/sweep80.sh), so 25 questions are refused at once, and the prefill the
+    error suggests fits. The bound counts an earlier answer at max_new_tokens + 16: a real answer of that many tokens,
+    decoded and re-templated, must not need more."""
+    from eval.runner import check_context_fits, turn_prompt
+    from infer.prompts import filler_ids, mt_bench
+
+    conversations = mt_bench(None)
+    check_context_fits(reference_tokenizer, conversations[:20], [0, 32000], 256, 32768)
+    with pytest.raises(ValueError, match=r"question 105 turn 2 may need \d+ positions behind 32000 prefill tokens") as error:
+        check_context_fits(reference_tokenizer, conversations[:25], [0, 32000], 256, 32768)
+    suggested = int(str(error.value).split("every question fits behind ")[1].split()[0])
+    assert 31000 <= suggested < 32000
+    check_context_fits(reference_tokenizer, conversations[:25], [suggested], 256, 32768)
+    with pytest.raises(ValueError):
+        check_context_fits(reference_tokenizer, conversations[:25], [suggested + 1], 256, 32768)
+    for index in (0, 24):  # a 256-token answer (filler text), decoded and templated into the second prompt
+        answer = reference_tokenizer.decode(filler_ids(reference_tokenizer, 256, offset=1000 * index), skip_special_tokens=True)
+        real = len(turn_prompt(reference_tokenizer, conversations[index], index, 1, [answer, ""], 32000)) + 256
+        bound = len(turn_prompt(reference_tokenizer, conversations[index], index, 1, ["", ""], 32000)) + (256 + 16) + 256
+        assert real <= bound
 
 
 def test_no_training_run_is_a_clear_error(tmp_path, capsys) -> None:
