@@ -84,7 +84,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--mode", mode] + [f"--{k}={v}" for k, v in vars(args).items() if k != "mode"]
         rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]))
     print(f"\ntarget {args.target}  device {args.device}  batch {args.batch} x {args.seq} tokens  layers {args.layers}\n")
-    print(f"| mode | peak memory above inputs (MiB) | features (MiB) | seconds |\n|---|---:|---:|---:|")
+    print("| mode | peak memory above inputs (MiB) | features (MiB) | seconds |\n|---|---:|---:|---:|")
     for r in rows:
         print(f"| {r['mode']} | {r['peak_mib']:.0f} | {r['features_mib']:.0f} | {r['seconds']:.2f} |")
 

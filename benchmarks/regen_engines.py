@@ -63,7 +63,7 @@ def main() -> None:
         label = name if run_steps is None else f"{name}, {run_steps} steps per sync"
         rows.append((label, batch_size, stats["turns_regenerated"], seconds, stats["turns_regenerated"] / seconds, startup, same,
                      len(reference)))
-    print(f"| engine | batch | turns | seconds | turns/s | start-up s | replies equal to the first row's |")
+    print("| engine | batch | turns | seconds | turns/s | start-up s | replies equal to the first row's |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, batch_size, turns, seconds, rate, startup, same, n in rows:
         print(f"| {name} | {batch_size} | {turns} | {seconds:.1f} | {rate:.2f} | {startup:.1f} | {same}/{n} |")

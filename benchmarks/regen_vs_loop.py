@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import types
 
-import torch
 
 from infer.generate import generate
 from models.target import CachedTarget
@@ -68,8 +67,8 @@ def main() -> None:
         prefixes.append(common_prefix(reply, loop) / max(len(loop), 1))
         roundtrip_same += tok(tok.decode(loop), add_special_tokens=False)["input_ids"] == loop
     n = len(regenerated)
-    print(f"| replies | token-identical to the loop | mean common prefix | text round trip unchanged | device | dtype |")
-    print(f"|---:|---:|---:|---:|---|---|")
+    print("| replies | token-identical to the loop | mean common prefix | text round trip unchanged | device | dtype |")
+    print("|---:|---:|---:|---:|---|---|")
     print(f"| {n} | {same}/{n} | {100 * sum(prefixes) / n:.1f}% | {roundtrip_same}/{n} | {args.device} | {target.model.dtype} |")
 
 

@@ -243,13 +243,13 @@ class DFlashStep:
             # SmolLM2's 49K vocabulary (34 GB over Llama-3's 128K), before cross-entropy's copies
             rows_at_once = max(1, EVAL_LOGITS_BYTES // (hidden.shape[1] * self.head.weight.shape[0] * 4))
             labels = self.head_labels(blocks.labels)
-            per_block = []
+            per_block, stats = [], None
             for r in range(0, hidden.shape[0], rows_at_once):
                 with self.ctx.autocast():
                     logits = self.head(hidden[r:r + rows_at_once])
                 part, part_blocks = block_loss(logits, labels[r:r + rows_at_once], blocks.anchor_valid[r:r + rows_at_once],
                                                self.block_size, self.gamma, self.dpace_alpha, per_block=True)
-                stats = part if r == 0 else stats + part
+                stats = part if stats is None else stats + part
                 per_block.append(part_blocks)
             per_block = torch.cat(per_block)
             rows = torch.arange(anchors.shape[0])[:, None].expand_as(anchors)
