@@ -238,8 +238,10 @@ def run(args: argparse.Namespace) -> int:
         cells, texts = {}, {}  # texts: each cell's output ids per turn (did the target's answer change behind the filler?)
         questions = {}  # each cell's per-question pooled steps, for the kept τ's bootstrap interval
 
-        def turn_texts(records: list[dict]) -> dict:
-            return {(str(r["id"]), r["turn"]): r["output_ids"] for r in records}
+        def keep(label: str, prefill: int, summary: dict, records: list[dict]) -> None:
+            cells[(label, prefill)] = summary
+            texts[(label, prefill)] = {(str(r["id"]), r["turn"]): r["output_ids"] for r in records}
+            questions[(label, prefill)] = per_question(records)
 
         for window in windows:
             for prefill in args.prefills:
@@ -247,15 +249,11 @@ def run(args: argparse.Namespace) -> int:
                 path = out / "cells" / f"window-{label}_prefill-{prefill}.json"
                 if path.exists():  # resumable: a finished cell is never recomputed
                     done = json.loads(path.read_text())
-                    cells[(label, prefill)] = done["summary"]
-                    texts[(label, prefill)] = turn_texts(done["records"])
-                    questions[(label, prefill)] = per_question(done["records"])
+                    keep(label, prefill, done["summary"], done["records"])
                     continue
                 label, records, summary = run_cell(window, prefill, bool(args.baseline))
                 write_json(path, {"config": {**config, "window": label, "prefill": prefill}, "summary": summary, "records": records})
-                cells[(label, prefill)] = summary
-                texts[(label, prefill)] = turn_texts(records)
-                questions[(label, prefill)] = per_question(records)
+                keep(label, prefill, summary, records)
                 print(f"window {label} prefill {prefill}: tau {summary['tau']:.3f}, {summary['tokens_per_s']:.1f} tok/s", file=sys.stderr)
         for prefill in args.prefills:  # prompt lookup's records for its interval where every cell of a prefill was resumed:
             if (out / "partial" / f"pld_prefill-{prefill}.jsonl").exists():  # read back from its partial file, not decoded again

@@ -35,9 +35,7 @@ def check_context_fits(tokenizer, conversations: list[Conversation], prefills: l
 
     def need(index: int, prefill: int) -> int:
         conv = conversations[index]
-        turns = len(conv.turns)
-        return (len(turn_prompt(tokenizer, conv, index, turns - 1, [""] * turns, prefill))
-                + (turns - 1) * (max_new_tokens + 16) + max_new_tokens)
+        return last_turn_tokens(tokenizer, conv, index, prefill) + (len(conv.turns) - 1) * (max_new_tokens + 16) + max_new_tokens
 
     for prefill in sorted(set(prefills), reverse=True):
         needs = [need(i, prefill) for i in range(len(conversations))]
@@ -152,6 +150,13 @@ def run_turns(target, drafter, tokenizer, conv: Conversation, index: int, prefil
     return records
 
 
+def last_turn_tokens(tokenizer, conv: Conversation, index: int, prefill_tokens: int) -> int:
+    """The tokens of the conversation's last prompt with every earlier answer empty: what a turn needs before its answers
+    (``check_context_fits`` and the batched runner's capacity add room for those)."""
+    turns = len(conv.turns)
+    return len(turn_prompt(tokenizer, conv, index, turns - 1, [""] * turns, prefill_tokens))
+
+
 def turn_prompt(tokenizer, conv: Conversation, index: int, turn: int, answers: list[str], prefill_tokens: int) -> list[int]:
     """Turn ``turn``'s prompt (0-based): the user turns up to it, the model's ``answers`` to the earlier ones between."""
     messages = []
@@ -181,7 +186,7 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
     bar = tqdm(total=len(conversations), desc=desc, unit="q")
     verify_len = drafter.verify_tokens if drafter is not None else 1
     # the most positions a turn can need: every user turn and filler, plus room for each earlier answer (re-tokenised)
-    capacity = max(len(turn_prompt(tokenizer, c, i, len(c.turns) - 1, [""] * len(c.turns), prefill_tokens)) for i, c in enumerate(conversations))
+    capacity = max(last_turn_tokens(tokenizer, c, i, prefill_tokens) for i, c in enumerate(conversations))
     capacity = min(capacity + max(len(c.turns) for c in conversations) * (max_new_tokens + 16) + verify_len, limit + verify_len)
 
     def write(record: dict) -> None:
