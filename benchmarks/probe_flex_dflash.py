@@ -32,6 +32,23 @@ VARIANTS = {
     "M128 N64 w4 s3": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
 }
 
+# The backward's tiles (BLOCK_M1/N1: the dK/dV pass, BLOCK_M2/N2: the dQ pass) with the forward at 64 x 64: flex's
+# BLOCK_M/N set only the forward, and the backward's sm90 default at head_dim 64 is M1 64, N1 128, M2 128, N2 64,
+# 3 stages, 8 warps. bwd_-prefixed warps and stages leave the forward's alone.
+FWD = {"BLOCK_M": 64, "BLOCK_N": 64}
+BWD_VARIANTS = {
+    "bwd default": FWD,
+    "64/64/64/64 w4s3": {**FWD, "BLOCK_M1": 64, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 64, "bwd_num_warps": 4, "bwd_num_stages": 3},
+    "32/64/64/32 w4s3": {**FWD, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "bwd_num_warps": 4, "bwd_num_stages": 3},
+    "64/128/128/64 w4s3": {**FWD, "BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64, "bwd_num_warps": 4, "bwd_num_stages": 3},
+    "32/128/128/32 w4s3": {**FWD, "BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "bwd_num_warps": 4, "bwd_num_stages": 3},
+    "64/64/64/64 w4s2": {**FWD, "BLOCK_M1": 64, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 64, "bwd_num_warps": 4, "bwd_num_stages": 2},
+    "64/128/128/64 w8s2": {**FWD, "BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64, "bwd_num_warps": 8, "bwd_num_stages": 2},
+    "128/128/128/128 w8s2": {**FWD, "BLOCK_M1": 128, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 128, "bwd_num_warps": 8, "bwd_num_stages": 2},
+    "32/64/64/32 w4s2": {**FWD, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "bwd_num_warps": 4, "bwd_num_stages": 2},
+    "64/64/64/64 w8s3": {**FWD, "BLOCK_M1": 64, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 64, "bwd_num_warps": 8, "bwd_num_stages": 3},
+}
+
 
 def timed(fn, repeats: int) -> float:
     times = []
@@ -56,6 +73,10 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--variants", choices=["fwd", "bwd"], default="fwd",
+                        help="fwd: the forward's tiles (VARIANTS); bwd: the backward's, forward at 64 x 64 (BWD_VARIANTS)")
+    parser.add_argument("--masks", nargs="+", choices=["packed", "unpacked"], default=["packed", "unpacked"])
+    parser.add_argument("--best-json", default=None, help="write the fastest variant's options (forward + backward) here")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -77,10 +98,14 @@ def main() -> None:
     plain = flex_block_mask(anchors, ctx_valid, blk, spec)
     print(f"{b} rows x {args.ctx} context, {n} anchors x {blk}, {args.heads}/{args.kv_heads} heads of {args.head_dim}: "
           f"{pairs / 1e6:.1f}M visible pairs per head")
-    print(f"{'mask':8} {'kernel options':16} {'fwd ms':>8} {'fwd+bwd ms':>11} {'bwd ms':>8} {'fwd TFLOP/s':>12} {'max |diff|':>10}")
-    reference = None
-    for mask_name, mask in (("packed", packed), ("unpacked", plain)):
-        for name, options in VARIANTS.items():
+    print(f"{'mask':8} {'kernel options':20} {'fwd ms':>8} {'fwd+bwd ms':>11} {'bwd ms':>8} {'fwd TFLOP/s':>12} {'max |diff|':>10} "
+          f"{'max |dq diff|':>13}")
+    reference = grad_reference = None
+    best = None  # (fwd+bwd ms, options)
+    masks = {"packed": packed, "unpacked": plain}
+    for mask_name in args.masks:
+        mask = masks[mask_name]
+        for name, options in (VARIANTS if args.variants == "fwd" else BWD_VARIANTS).items():
             try:
                 def forward():
                     return attention(q, k, v, mask, kernel_options=options)
@@ -90,15 +115,27 @@ def main() -> None:
                     forward().backward(dout)
 
                 out = forward()
+                both()
+                dq = q.grad.detach().clone()
                 with torch.no_grad():
                     fwd = timed(forward, args.repeats)
                 total = timed(both, args.repeats)
             except Exception as error:  # a configuration the kernel rejects: say so, go on
-                print(f"{mask_name:8} {name:16} failed: {type(error).__name__}: {str(error).splitlines()[0][:100]}")
+                print(f"{mask_name:8} {name:20} failed: {type(error).__name__}: {str(error).splitlines()[0][:100]}")
                 continue
             reference = out.detach() if reference is None else reference
+            grad_reference = dq if grad_reference is None else grad_reference
             diff = float((out.detach().float() - reference.float()).abs().max())
-            print(f"{mask_name:8} {name:16} {fwd:8.2f} {total:11.2f} {total - fwd:8.2f} {fwd_flop / fwd / 1e9:12.1f} {diff:10.3g}")
+            dq_diff = float((dq.float() - grad_reference.float()).abs().max())
+            print(f"{mask_name:8} {name:20} {fwd:8.2f} {total:11.2f} {total - fwd:8.2f} {fwd_flop / fwd / 1e9:12.1f} {diff:10.3g} "
+                  f"{dq_diff:13.3g}")
+            if mask_name == "packed" and (best is None or total < best[0]):
+                best = (total, options)
+    if args.best_json and best is not None:
+        import json
+
+        Path(args.best_json).write_text(json.dumps({k: v for k, v in (best[1] or {}).items() if k not in FWD}) + "\n")
+        print(f"fastest (packed): {best[1]} -> {args.best_json}")
 
 
 if __name__ == "__main__":

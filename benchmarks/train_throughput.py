@@ -42,6 +42,9 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps after the timed ones")
     parser.add_argument("--cprofile", type=int, default=0, help="cProfile this many steps: the host's Python time by function")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--serial-timing", nargs=2, metavar=("DIR", "N"), default=None,
+                        help="several runs on one GPU: compile in parallel, time one at a time. After its warm-up each run "
+                             "writes DIR/ready.PID, waits until N have (at most 15 minutes), then holds DIR/lock while it times")
     args = parser.parse_intermixed_args()
 
     import faulthandler
@@ -66,6 +69,7 @@ def main() -> None:
         stats, _ = one_step(n)
         losses.append(float(stats.loss_sum / stats.num_labels))
     sync()
+    lock = wait_for_turn(*args.serial_timing) if args.serial_timing else None
     start, tokens, timed = time.perf_counter(), 0, []
     for n in range(args.warmup + 1, args.warmup + args.steps + 1):
         stats, t = one_step(n)
@@ -110,6 +114,25 @@ def main() -> None:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
+    if lock is not None:
+        lock.close()  # the next run's turn
+
+
+def wait_for_turn(folder: str, runs: str):
+    """Block until ``runs`` runs have warmed up (no compilation competing for the host), then until no other run
+    times; returns the held lock file (closing it releases the lock)."""
+    import fcntl
+    import os
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"ready.{os.getpid()}").touch()
+    deadline = time.monotonic() + 600
+    while len(list(folder.glob("ready.*"))) < int(runs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    lock = open(folder / "lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
 
 
 if __name__ == "__main__":

@@ -508,7 +508,9 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             for i, layer in enumerate(self.layers):
                 x = layer(x, rope_q, cache=cache.layer(i))
             return self.norm(x)
-        regions = getattr(self, "_regions", None)
+        # compile_regions' pieces, unless an enclosing compiled function traces the whole forward (the trainer's
+        # compile_scope=step): there they are plain code in its graph
+        regions = None if torch.compiler.is_compiling() else getattr(self, "_regions", None)
         context = (self._project_context if regions else self.project_context)(features)
         ctx_positions = torch.arange(features.shape[1], device=features.device).expand(features.shape[0], -1)
         rope_ctx = self.rotary_emb(block_embeds, ctx_positions)

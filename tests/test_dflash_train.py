@@ -83,7 +83,43 @@ def test_start_up_errors_need_the_target(tmp_path: Path, override: str, message:
     assert not (tmp_path / "run.json").exists()
 
 
+@pytest.mark.slow
+def test_compiled_whole_step_equals_eager(tmp_path: Path) -> None:
+    """trainer.compile_scope=step's function (drafter, head and loss as one torch.compile graph; on the CPU with SDPA's
+    dense masks, flex being GPU-only here) against the same function eager: loss and every gradient. The compiled
+    regions stay set on the drafter, so this also checks that the enclosing compile traces through them."""
+    from compose import compose_train as compose
+
+    from train.dflash import drafter_and_loss
+    from train.trainer import build, to_train_config
+
+    cfg = to_train_config(compose(["experiment=dflash_swa_tiny", "trainer.progress=false", "data.num_eval=0", "trainer.loop_eval_prompts=0",
+                                   "trainer.precision=fp32", "trainer.attention_backend=sdpa", f"output_dir={tmp_path}"]))
+    run = build(cfg)
+    step = run.step
+    step.drafter.compile_regions()  # what a GPU run holds; the enclosing compile must not call them as compiled pieces
+    batch = step.ctx.to_device(step.ctx.collate([run.train_ds[i] for i in range(4)], run.target.pad_id))
+    blocks = step.plan(batch, torch.Generator().manual_seed(0))
+
+    def loss_and_grads(fn):
+        step.drafter.zero_grad()
+        embeds, features, masks = step.drafter_inputs(batch, blocks, step.ctx.backend)
+        stats = fn(step.drafter, embeds, features, blocks.positions, masks, step.head, step.head_labels(blocks.labels), blocks.anchor_valid,
+                   step.block_size, step.gamma, step.dpace_alpha)
+        (stats.loss_sum / stats.num_labels).backward()
+        return stats.loss_sum.detach(), {n: p.grad.clone() for n, p in step.drafter.named_parameters() if p.grad is not None}
+
+    eager_loss, eager_grads = loss_and_grads(drafter_and_loss)
+    compiled_loss, compiled_grads = loss_and_grads(torch.compile(drafter_and_loss, dynamic=False))
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-4)
+    assert eager_grads.keys() == compiled_grads.keys() and eager_grads
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("override,message", [
+    ("trainer.compile_scope=graph", "trainer.compile_scope='graph'; expected regions or step"),
+    ("trainer.compile_mode=reduce-overhead", "trainer.compile_mode='reduce-overhead' applies to trainer.compile_scope=step"),
     ("drafter.sliding_window=0", "drafter.sliding_window=0"),
     ("drafter.block_size=1", "drafter.block_size=1"),
     ("drafter.layer_types=[sliding_attention]", "drafter.layer_types has 1 entries"),

@@ -81,12 +81,19 @@ def assert_same_step(a: tuple, b: tuple, rtol: float = 1e-3) -> None:
         torch.testing.assert_close(grads_b[name], g, rtol=rtol, atol=1e-5, msg=name)
 
 
-def test_compiled_training_step_equals_eager(tmp_path) -> None:
-    """trainer.compile_drafter (DFlash: compiled regions and loss) against the eager drafter: the same loss, stats and
-    gradients for the same micro-batches and plan, on the GPU's flex backend."""
+@pytest.mark.parametrize("scope", [
+    ["trainer.compile_scope=regions"],
+    ["trainer.compile_scope=step"],
+    ["trainer.compile_scope=step", "trainer.compile_mode=reduce-overhead"],
+    ["trainer.compile_scope=step", "+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64, BLOCK_M2: 64, BLOCK_N2: 32}"],
+], ids=["regions", "step", "step-cudagraphs", "step-bwd-tiles"])
+def test_compiled_training_step_equals_eager(scope: list[str], tmp_path) -> None:
+    """trainer.compile_drafter (DFlash: compiled regions and loss, or the whole training forward as one function, also
+    replayed as CUDA graphs, or with other backward tiles) against the eager drafter: the same loss, stats and gradients
+    for the same micro-batches and plan, on the GPU's flex backend."""
     common = ["experiment=dflash_swa_tiny", "trainer.attention_backend=flex"]
     assert_same_step(training_step_results([*common, "trainer.compile_drafter=false"], tmp_path / "eager"),
-                     training_step_results([*common, "trainer.compile_drafter=true"], tmp_path / "compiled"))
+                     training_step_results([*common, "trainer.compile_drafter=true", *scope], tmp_path / "compiled"))
 
 
 @pytest.mark.parametrize("kind", ["dflash", "eagle3"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -226,6 +226,18 @@ class TrainerConfig:
     # GPU only: the drafter's small ops compiled (DFlash: the regions around attention and the LM head's loss;
     # fused kernels instead of hundreds of launches per step on small targets). false = eager, the reference
     compile_drafter: bool = True
+    # What compile_drafter compiles for DFlash's training step: "regions" (each layer's pieces around attention, the
+    # context projection and the head's loss: ~17 compiled calls forward and as many backward, each ~0.8 ms of host
+    # time on an H100, so a small target's step is host-bound) or "step" (the drafter, the head and the loss as one
+    # compiled function with flex attention inside: one call forward, one backward). Evaluation keeps the regions.
+    compile_scope: str = "regions"
+    # torch.compile's mode for compile_scope=step: "default", or "reduce-overhead" (the step's forward and backward
+    # replayed as CUDA graphs: no launch cost at all; static shapes, so with trainer.pad_multiple one graph per shape)
+    compile_mode: str = "default"
+    # flex attention's Triton kernel options for DFlash's training masks, over kernels.attention.triton_flex_options'
+    # measured defaults; set it with a leading +, e.g. '+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64,
+    # BLOCK_M2: 64, BLOCK_N2: 32}' (the backward's tiles: benchmarks/probe_flex_dflash.py times them)
+    flex_kernel_options: Dict[str, Any] = field(default_factory=dict)
     # DeepSpeed ZeRO (train/deepspeed_engine.py): zero2 | zero3 (configs/deepspeed/) or a path to a DeepSpeed
     # JSON; null = zero2 when launched on several processes (torchrun / deepspeed), no DeepSpeed on one.
     deepspeed: Optional[str] = None
@@ -288,6 +300,12 @@ class TrainerConfig:
         for fmt in self.export_formats or []:
             if fmt not in ("dflash", "sglang", "speculators"):
                 raise ValueError(f"trainer.export_formats: {fmt!r} is not one of dflash, sglang, speculators")
+        if self.compile_scope not in ("regions", "step"):
+            raise ValueError(f"trainer.compile_scope={self.compile_scope!r}; expected regions or step")
+        if self.compile_mode not in ("default", "reduce-overhead"):
+            raise ValueError(f"trainer.compile_mode={self.compile_mode!r}; expected default or reduce-overhead")
+        if self.compile_mode != "default" and self.compile_scope != "step":
+            raise ValueError(f"trainer.compile_mode={self.compile_mode!r} applies to trainer.compile_scope=step (it is {self.compile_scope!r})")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"trainer.attention_backend={self.attention_backend!r}; expected one of {', '.join(ATTENTION_BACKENDS)}")
 

@@ -177,19 +177,24 @@ class DFlashStep:
         if drafter.has_draft_vocab:
             drafter.lm_head.weight.requires_grad_(False)  # the target's rows: frozen however the drafter was loaded
         self.head_index = drafter.target_to_draft(torch.arange(drafter.config.vocab_size)).to(ctx.device) if drafter.has_draft_vocab else None
-        if self.cfg.trainer.compile_drafter and ctx.device.type == "cuda":
-            drafter.compile_regions()
+        self.drafter_and_loss = None  # trainer.compile_scope=step: the whole training forward compiled as one function
+        trainer_cfg = self.cfg.trainer
+        if trainer_cfg.compile_drafter and ctx.device.type == "cuda":
+            drafter.compile_regions()  # evaluation's forward, and training's with compile_scope=regions
             self.head_and_loss = torch.compile(head_and_loss, dynamic=False)  # logits, fp32 CE and stats fused around the product
+            if trainer_cfg.compile_scope == "step":
+                mode = None if trainer_cfg.compile_mode == "default" else trainer_cfg.compile_mode
+                self.drafter_and_loss = torch.compile(drafter_and_loss, dynamic=False, mode=mode)
 
     @contextlib.contextmanager
     def eager(self):
         """The step with ``trainer.compile_drafter``'s compiled pieces off (module hooks fire: FLOP counting)."""
-        compiled = self.head_and_loss, getattr(self.drafter, "_regions", None)
-        self.head_and_loss, self.drafter._regions = head_and_loss, None
+        compiled = self.head_and_loss, getattr(self.drafter, "_regions", None), self.drafter_and_loss
+        self.head_and_loss, self.drafter._regions, self.drafter_and_loss = head_and_loss, None, None
         try:
             yield self
         finally:
-            self.head_and_loss, self.drafter._regions = compiled
+            self.head_and_loss, self.drafter._regions, self.drafter_and_loss = compiled
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """The step's random choices for one micro-batch: anchors and their blocks."""
@@ -205,10 +210,19 @@ class DFlashStep:
     def forward(self, batch: dict[str, torch.Tensor], blocks) -> BlockStats:
         """Target features -> drafter -> stats (loss_sum is differentiable)."""
         blocks = type(blocks)(*(t.to(self.ctx.device) for t in vars(blocks).values()))
+        labels = self.head_labels(blocks.labels)
         with self.ctx.autocast():
-            hidden = self.block_hidden(batch, blocks, self.ctx.backend)
-            return self.head_and_loss(hidden, self.head, self.head_labels(blocks.labels), blocks.anchor_valid, self.block_size, self.gamma,
-                                      self.dpace_alpha)
+            if self.drafter_and_loss is None:
+                hidden = self.block_hidden(batch, blocks, self.ctx.backend)
+                return self.head_and_loss(hidden, self.head, labels, blocks.anchor_valid, self.block_size, self.gamma, self.dpace_alpha)
+            if self.cfg.trainer.compile_mode == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()  # each micro-batch is a new replay of the captured forward
+            block_embeds, features, masks = self.drafter_inputs(batch, blocks, self.ctx.backend)
+            stats = self.drafter_and_loss(self.drafter, block_embeds, features, blocks.positions, masks, self.head, labels, blocks.anchor_valid,
+                                          self.block_size, self.gamma, self.dpace_alpha)
+        if self.cfg.trainer.compile_mode == "reduce-overhead":  # a graph's outputs are overwritten by its next replay
+            stats = BlockStats(*(t.clone() for t in vars(stats).values()))
+        return stats
 
     def head_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Labels as rows of the head: target ids, or a draft vocabulary's ids with ``OUTSIDE`` where it lacks the
@@ -264,6 +278,12 @@ class DFlashStep:
 
     def block_hidden(self, batch: dict[str, torch.Tensor], blocks, backend: str, features: torch.Tensor | None = None) -> torch.Tensor:
         """[Bsz, N*B, H] the drafter's final hidden states for every block slot (blocks already on the device)."""
+        block_embeds, features, masks = self.drafter_inputs(batch, blocks, backend, features)
+        return self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
+
+    def drafter_inputs(self, batch: dict[str, torch.Tensor], blocks, backend: str, features: torch.Tensor | None = None):
+        """What the drafter's training forward reads besides the positions: block embeddings [Bsz, N*B, H], the target's
+        features [Bsz, T, k*H] (run here unless given) and each layer type's mask."""
         attention_mask = batch["attention_mask"].to(self.ctx.device)  # [Bsz, T]
         if features is None:
             features = self.ctx.target_features(batch).features  # [Bsz, T, k*H]
@@ -272,9 +292,10 @@ class DFlashStep:
         d = self.cfg.drafter
         heads = self.drafter.config
         masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal,
-                            backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads, head_dim=heads.head_dim)
+                            backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads, head_dim=heads.head_dim,
+                            flex_options=self.cfg.trainer.flex_kernel_options)
         block_embeds = self.ctx.target.embed_tokens(blocks.block_ids).to(features.dtype)  # [Bsz, Q, H]
-        return self.drafter(block_embeds, features, blocks.positions, masks)  # [Bsz, Q, H]
+        return block_embeds, features, masks
 
 
 # ----------------------------------------------------------------------------- the objective
@@ -382,19 +403,21 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
 
 
 def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_types: list[str], sliding_window: int | None,
-                sliding_block_causal: bool, backend: str, query_groups: int = 1, head_dim: int = 128) -> dict:
+                sliding_block_causal: bool, backend: str, query_groups: int = 1, head_dim: int = 128,
+                flex_options: dict | None = None) -> dict:
     """One mask per layer type present: dense bool for SDPA (``backend='sdpa'``), or for flex a
     BlockMask over queries packed by KV group (``query_groups`` = query heads per KV head) where a
     tile holds whole blocks, else a plain BlockMask. ``flex-flash``: the packed masks run on
     FlashAttention-4's kernels (flex's BACKEND=FLASH); a plain BlockMask stays on Triton flex.
-    ``fa4``: per-row key intervals on FlashAttention-4's own kernels (``kernels.key_intervals``)."""
+    ``fa4``: per-row key intervals on FlashAttention-4's own kernels (``kernels.key_intervals``). ``flex_options``:
+    Triton flex's kernel options over ``triton_flex_options``' defaults (``trainer.flex_kernel_options``)."""
 
     def build(spec: LayerMaskSpec):
         if backend == "sdpa":
             return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
         if backend == "fa4":
             return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, head_dim, group_major=True)
-        options = FLASH_KERNELS if backend == "flex-flash" else triton_flex_options(head_dim)
+        options = FLASH_KERNELS if backend == "flex-flash" else {**(triton_flex_options(head_dim) or {}), **(flex_options or {})} or None
         packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
         return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)
 
@@ -438,6 +461,15 @@ def head_and_loss(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.
     """``block_loss`` of the (frozen) head on ``hidden``, the target's or a draft vocabulary's rows of it, labels in
     its ids: compiled as one region in training."""
     return block_loss(lm_head(hidden), labels, anchor_valid, block_size, gamma, dpace_alpha)
+
+
+def drafter_and_loss(drafter: DFlashDraftModel, block_embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, masks: dict,
+                     lm_head: torch.nn.Module, labels: torch.Tensor, anchor_valid: torch.Tensor, block_size: int, gamma: float,
+                     dpace_alpha: float | None = None) -> BlockStats:
+    """The drafter's training forward, the head and ``block_loss`` in one function: ``trainer.compile_scope=step``
+    compiles it whole (one graph forward, one backward, flex attention inside)."""
+    hidden = drafter(block_embeds, features, positions, masks)
+    return head_and_loss(hidden, lm_head, labels, anchor_valid, block_size, gamma, dpace_alpha)
 
 
 def dpace_weights(ce: torch.Tensor, has_label: torch.Tensor, block_size: int, alpha: float) -> torch.Tensor:
