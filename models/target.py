@@ -178,10 +178,44 @@ class TargetModel:
             if "forward" not in vars(layer):
                 layer.forward = torch.compile(layer.forward)
 
+    def compile_capture(self, layer_ids: list[int]) -> None:
+        """``capture(layer_ids)`` (features only) as one compiled graph: the embedding, the stack's mask building, the
+        layers up to the deepest one read and the concatenation, one call where ``compile_layers`` makes one per layer
+        with the stack's eager glue between them (on a 27M target each call costs more host time than its GPU work).
+        The layers' hooks are registered once here and record only during that call, so the graph sees no hook
+        being added or removed (either breaks it); the shortened stack is one fixed ModuleList, so the graph's guards
+        hold from call to call."""
+        from kernels.attention import raise_recompile_limit
+
+        self.check_layer_ids(layer_ids)
+        raise_recompile_limit()  # one graph per shape: trainer.pad_multiple's few and the evaluation's
+        ids, state = list(layer_ids), {"on": False}
+        recorded: dict[int, torch.Tensor] = {}
+
+        def hook_for(layer_id: int):
+            def hook(module: nn.Module, args: Any, output: Any) -> None:
+                if state["on"]:
+                    recorded[layer_id] = output[0] if isinstance(output, tuple) else output
+
+            return hook
+
+        for i in set(ids):
+            self.layers[i].register_forward_hook(hook_for(i))
+
+        def features(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+            self.stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            out = torch.cat([recorded[i] for i in ids], dim=-1)
+            recorded.clear()
+            return out
+
+        self._compiled_capture = (ids, state, torch.compile(features, dynamic=False))
+
     def release_layers(self) -> None:
         """Free the decoder layers (a run reading a feature store needs only the embedding, the LM
         head and the config); ``capture`` refuses afterwards."""
         self.stack.layers = self.layers = nn.ModuleList()
+        self.__dict__.pop("_cut_stacks", None)
+        self.__dict__.pop("_compiled_capture", None)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -193,9 +227,13 @@ class TargetModel:
     def _stack_cut_after(self, depth: int):
         """The decoder stack with only its first ``depth`` layers and no final norm, for the duration."""
         layers, norm = self.stack.layers, getattr(self.stack, "norm", None)
-        self.stack.layers = nn.ModuleList(list(layers)[:depth])
+        # the same shortened ModuleList and Identity every time: a compiled capture guards on them
+        cut = self.__dict__.setdefault("_cut_stacks", {})
+        if depth not in cut:
+            cut[depth] = (nn.ModuleList(list(layers)[:depth]), nn.Identity())
+        self.stack.layers = cut[depth][0]
         if norm is not None:
-            self.stack.norm = nn.Identity()
+            self.stack.norm = cut[depth][1]
         try:
             yield self.stack
         finally:
@@ -224,8 +262,17 @@ class TargetModel:
         if not len(self.layers):
             raise RuntimeError("the target's decoder layers were released (this run reads a feature store)")
         self.check_layer_ids(layer_ids)
-        captured: dict[int, torch.Tensor] = {}
         deepest = max(layer_ids)
+        compiled = getattr(self, "_compiled_capture", None)
+        if compiled is not None and compiled[0] == list(layer_ids) and not (with_logits or with_final_hidden):
+            ids, state, features = compiled
+            with self._stack_cut_after(deepest + 1):
+                state["on"] = True
+                try:
+                    return TargetFeatures(features=features(input_ids, attention_mask), logits=None, final_hidden=None)
+                finally:
+                    state["on"] = False
+        captured: dict[int, torch.Tensor] = {}
 
         def hook_for(layer_id: int):
             def hook(module: nn.Module, args: Any, output: Any) -> None:

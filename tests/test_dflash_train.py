@@ -119,7 +119,6 @@ def test_compiled_whole_step_equals_eager(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("override,message", [
     ("trainer.compile_scope=graph", "trainer.compile_scope='graph'; expected regions or step"),
-    ("trainer.compile_mode=reduce-overhead", "trainer.compile_mode='reduce-overhead' applies to trainer.compile_scope=step"),
     ("drafter.sliding_window=0", "drafter.sliding_window=0"),
     ("drafter.block_size=1", "drafter.block_size=1"),
     ("drafter.layer_types=[sliding_attention]", "drafter.layer_types has 1 entries"),

@@ -84,12 +84,12 @@ def assert_same_step(a: tuple, b: tuple, rtol: float = 1e-3) -> None:
 @pytest.mark.parametrize("scope", [
     ["trainer.compile_scope=regions"],
     ["trainer.compile_scope=step"],
-    ["trainer.compile_scope=step", "trainer.compile_mode=reduce-overhead"],
     ["trainer.compile_scope=step", "+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64, BLOCK_M2: 64, BLOCK_N2: 32}"],
-], ids=["regions", "step", "step-cudagraphs", "step-bwd-tiles"])
+    ["trainer.compile_scope=step", "target.compile_capture=true"],
+], ids=["regions", "step", "step-bwd-tiles", "step-target-capture"])
 def test_compiled_training_step_equals_eager(scope: list[str], tmp_path) -> None:
-    """trainer.compile_drafter (DFlash: compiled regions and loss, or the whole training forward as one function, also
-    replayed as CUDA graphs, or with other backward tiles) against the eager drafter: the same loss, stats and gradients
+    """trainer.compile_drafter (DFlash: compiled regions and loss, or the whole training forward as one function, with
+    other backward tiles, with the target's capture compiled as one graph) against the eager drafter: the same loss, stats and gradients
     for the same micro-batches and plan, on the GPU's flex backend."""
     common = ["experiment=dflash_swa_tiny", "trainer.attention_backend=flex"]
     assert_same_step(training_step_results([*common, "trainer.compile_drafter=false"], tmp_path / "eager"),

@@ -130,3 +130,34 @@ def test_capture_segments_reads_each_piece_alone_from_position_zero(reference_ta
     assert not torch.allclose(got.features[0, lengths[0]:lengths[0] + lengths[1]], whole.features[0, lengths[0]:lengths[0] + lengths[1]], atol=1e-3)
     with pytest.raises(ValueError, match="cover"):
         reference_target.capture_segments(ids, layer_ids, mask, [[width, 7], [1]])
+
+
+@pytest.mark.slow
+def test_compiled_capture_equals_capture_without_recompiling(reference_target_path) -> None:
+    """``compile_capture`` (one compiled graph for the features; hooks registered once) against HF's own
+    ``output_hidden_states`` on two batches with other padding: the same features, one graph, no recompile, and a
+    forward outside the compiled capture records nothing."""
+    import torch._dynamo
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")  # its own: hooks stay registered
+    layer_ids = [3, 1, 5]
+    target.compile_capture(layer_ids)
+    batch = padded_batch(target)
+    shorter = {k: v.clone() for k, v in batch.items()}
+    shorter["attention_mask"][0, 40:] = 0
+    with torch.no_grad():  # first: transformers' output_hidden_states leaves hooks of its own on the layers (a guard)
+        refs = [target.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], output_hidden_states=True).hidden_states
+                for b in (batch, shorter)]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    H = target.hidden_size
+    for b, ref in zip((batch, shorter), refs):
+        got = target.capture(b["input_ids"], layer_ids, attention_mask=b["attention_mask"]).features
+        for j, layer_id in enumerate(layer_ids):
+            torch.testing.assert_close(got[..., j * H:(j + 1) * H], ref[layer_id + 1], rtol=1e-5, atol=1e-5, msg=str(layer_id))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["graph_break"]
+    # other layer ids and the logits take the hook path, and the once-registered hooks stay quiet there
+    plain = target.capture(batch["input_ids"], [0, 2], attention_mask=batch["attention_mask"], with_logits=True)
+    assert plain.logits is not None and plain.features.shape[-1] == 2 * H
+    assert target._compiled_capture[1] == {"on": False}

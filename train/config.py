@@ -45,6 +45,10 @@ class TargetConfig:
     attn_implementation: str = "sdpa"
     # GPU only: each decoder layer's forward under torch.compile (benchmarks/target_forward.py: 1.4x at the 8B shape)
     compile_layers: bool = True
+    # GPU training only: the feature capture (embedding, mask building, the layers the drafter reads up to the deepest,
+    # the concatenation) as one compiled graph instead of one compiled call per layer with eager glue between them
+    # (models/target.py TargetModel.compile_capture): on small targets each call costs more host time than its GPU work
+    compile_capture: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -231,9 +235,6 @@ class TrainerConfig:
     # time on an H100, so a small target's step is host-bound) or "step" (the drafter, the head and the loss as one
     # compiled function with flex attention inside: one call forward, one backward). Evaluation keeps the regions.
     compile_scope: str = "regions"
-    # torch.compile's mode for compile_scope=step: "default", or "reduce-overhead" (the step's forward and backward
-    # replayed as CUDA graphs: no launch cost at all; static shapes, so with trainer.pad_multiple one graph per shape)
-    compile_mode: str = "default"
     # flex attention's Triton kernel options for DFlash's training masks, over kernels.attention.triton_flex_options'
     # measured defaults; set it with a leading +, e.g. '+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64,
     # BLOCK_M2: 64, BLOCK_N2: 32}' (the backward's tiles: benchmarks/probe_flex_dflash.py times them)
@@ -302,10 +303,6 @@ class TrainerConfig:
                 raise ValueError(f"trainer.export_formats: {fmt!r} is not one of dflash, sglang, speculators")
         if self.compile_scope not in ("regions", "step"):
             raise ValueError(f"trainer.compile_scope={self.compile_scope!r}; expected regions or step")
-        if self.compile_mode not in ("default", "reduce-overhead"):
-            raise ValueError(f"trainer.compile_mode={self.compile_mode!r}; expected default or reduce-overhead")
-        if self.compile_mode != "default" and self.compile_scope != "step":
-            raise ValueError(f"trainer.compile_mode={self.compile_mode!r} applies to trainer.compile_scope=step (it is {self.compile_scope!r})")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"trainer.attention_backend={self.attention_backend!r}; expected one of {', '.join(ATTENTION_BACKENDS)}")
 

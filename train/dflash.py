@@ -183,8 +183,9 @@ class DFlashStep:
             drafter.compile_regions()  # evaluation's forward, and training's with compile_scope=regions
             self.head_and_loss = torch.compile(head_and_loss, dynamic=False)  # logits, fp32 CE and stats fused around the product
             if trainer_cfg.compile_scope == "step":
-                mode = None if trainer_cfg.compile_mode == "default" else trainer_cfg.compile_mode
-                self.drafter_and_loss = torch.compile(drafter_and_loss, dynamic=False, mode=mode)
+                # mode="reduce-overhead" (the graphs replayed as CUDA graphs) ran 95-98 ms a step against 53-55 (H100,
+                # reference target, BENCHMARKS.md): not offered
+                self.drafter_and_loss = torch.compile(drafter_and_loss, dynamic=False)
 
     @contextlib.contextmanager
     def eager(self):
@@ -215,14 +216,9 @@ class DFlashStep:
             if self.drafter_and_loss is None:
                 hidden = self.block_hidden(batch, blocks, self.ctx.backend)
                 return self.head_and_loss(hidden, self.head, labels, blocks.anchor_valid, self.block_size, self.gamma, self.dpace_alpha)
-            if self.cfg.trainer.compile_mode == "reduce-overhead":
-                torch.compiler.cudagraph_mark_step_begin()  # each micro-batch is a new replay of the captured forward
             block_embeds, features, masks = self.drafter_inputs(batch, blocks, self.ctx.backend)
-            stats = self.drafter_and_loss(self.drafter, block_embeds, features, blocks.positions, masks, self.head, labels, blocks.anchor_valid,
-                                          self.block_size, self.gamma, self.dpace_alpha)
-        if self.cfg.trainer.compile_mode == "reduce-overhead":  # a graph's outputs are overwritten by its next replay
-            stats = BlockStats(*(t.clone() for t in vars(stats).values()))
-        return stats
+            return self.drafter_and_loss(self.drafter, block_embeds, features, blocks.positions, masks, self.head, labels, blocks.anchor_valid,
+                                         self.block_size, self.gamma, self.dpace_alpha)
 
     def head_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Labels as rows of the head: target ids, or a draft vocabulary's ids with ``OUTSIDE`` where it lacks the
@@ -417,7 +413,7 @@ def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_
             return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
         if backend == "fa4":
             return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, head_dim, group_major=True)
-        options = FLASH_KERNELS if backend == "flex-flash" else {**(triton_flex_options(head_dim) or {}), **(flex_options or {})} or None
+        options = FLASH_KERNELS if backend == "flex-flash" else {**(triton_flex_options(head_dim, backward=True) or {}), **(flex_options or {})} or None
         packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
         return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)
 

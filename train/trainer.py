@@ -359,8 +359,11 @@ def build(cfg: TrainConfig) -> Run:
     if cfg.features.path is not None:  # offline features: checked against this run's inputs, then the layers go
         store = open_store(cfg, target, layer_ids, {"train": train_ds, **({"eval": eval_ds} if eval_ds is not None else {})})
         target.release_layers()
-    elif cfg.target.compile_layers and device.type == "cuda":  # after data preparation: regeneration decodes token by token
-        target.compile_layers()
+    elif device.type == "cuda":  # after data preparation: regeneration decodes token by token
+        if cfg.target.compile_layers:
+            target.compile_layers()
+        if cfg.target.compile_capture:
+            target.compile_capture(layer_ids)
     batches = EpochBatches(len(train_ds), tc.batch_size, tc.seed)
     micro_per_step = tc.grad_accum * ranks.world_size  # the global step's micro-batches, all ranks together
     steps_per_epoch = math.ceil(batches.batches_per_epoch / micro_per_step)
