@@ -74,12 +74,21 @@ def block_mask_from_tiles(kept: torch.Tensor, full: torch.Tensor, mask_mod, q_le
                                     seq_lengths=(q_len, kv_len))
 
 
-def triton_flex_options(head_dim: int) -> dict | None:
+def triton_flex_options(head_dim: int, backward: bool = False) -> dict | None:
     """flex_attention's Triton tile sizes for the trainers' masks. At head_dim 64 (the reference target) the default
     forward ran 7.6 ms per layer against 0.78 ms with 64 x 64 tiles, and forward + backward 10.6 against 3.2 ms
     (benchmarks/probe_flex_dflash.py, H100, 16 rows x 2048 tokens, 256 anchors; BENCHMARKS.md). EAGLE-3's
-    TTT masks take the same (measured in training throughput). Larger heads keep flex's defaults (not measured here)."""
-    return {"BLOCK_M": 64, "BLOCK_N": 64} if head_dim <= 64 else None
+    TTT masks take the same (measured in training throughput). Larger heads keep flex's defaults (not measured here).
+    ``backward`` (DFlash's packed masks): also the backward's tiles, 64 on every side with 4 warps and 2 stages
+    (BLOCK_M1..N2 and the bwd_-prefixed options reach only the backward): 2.26 ms a layer against 2.56 ms with the sm90
+    default (M1 64, N1 128, M2 128, N2 64, 8 warps, 3 stages), a whole training step 52.9 against 55.4 ms
+    (probe_flex_dflash.py --variants bwd, train_throughput.py; H100; BENCHMARKS.md)."""
+    if head_dim > 64:
+        return None
+    options = {"BLOCK_M": 64, "BLOCK_N": 64}
+    if backward:
+        options.update(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, bwd_num_warps=4, bwd_num_stages=2)
+    return options
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None,

@@ -185,3 +185,30 @@ def test_tile_structure_equals_the_dense_masks_tiles(spec_name: str, q_rows: int
         real = tiles >= 0
         assert torch.equal(kept, (tiles == 1).any(-1))
         assert torch.equal(full, ((tiles == 1) | ~real).all(-1) & (tiles == 1).any(-1))
+
+
+def test_layer_masks_carry_the_flex_kernel_options() -> None:
+    """The trainer's flex masks (built on the CPU; flex runs them on a GPU) carry triton_flex_options' forward and
+    backward tiles at head_dim 64, trainer.flex_kernel_options over them, and flex-flash FlashAttention-4's kernels."""
+    from kernels.attention import FLASH_KERNELS, triton_flex_options
+    from train.dflash import build_blocks, layer_masks
+
+    block, n_anchors, length = 16, 8, 256
+    input_ids = torch.randint(0, 100, (2, length))
+    loss_mask = torch.ones(2, length, dtype=torch.bool)
+    anchors = torch.stack([torch.randperm(length - block)[:n_anchors].sort().values for _ in range(2)])
+    blocks = build_blocks(input_ids, loss_mask, anchors, torch.ones_like(anchors, dtype=torch.bool), block, 99)
+    ctx_valid = torch.ones(2, length, dtype=torch.bool)
+    types = ["sliding_attention", "full_attention"]
+
+    def options(backend: str, overrides: dict | None = None, head_dim: int = 64) -> dict:
+        masks = layer_masks(blocks, ctx_valid, block, types, 64, True, backend, query_groups=4, head_dim=head_dim, flex_options=overrides)
+        assert masks.keys() == set(types)
+        return {t: m.kernel_options for t, m in masks.items()}
+
+    defaults = triton_flex_options(64, backward=True)
+    assert defaults["BLOCK_M"] == 64 and defaults["BLOCK_M1"] == 64 and defaults["bwd_num_warps"] == 4
+    assert options("flex") == {t: defaults for t in types}
+    assert options("flex", {"BLOCK_N2": 32, "bwd_num_stages": 3}) == {t: {**defaults, "BLOCK_N2": 32, "bwd_num_stages": 3} for t in types}
+    assert options("flex", head_dim=128) == {t: None for t in types}  # larger heads: flex's own defaults
+    assert options("flex-flash") == {t: FLASH_KERNELS for t in types}
