@@ -17,6 +17,7 @@ target's answers change).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import sys
@@ -27,19 +28,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval.bootstrap import per_question, pooled_tau, ratio_with_interval  # noqa: E402
 from eval.runner import read_partial  # noqa: E402
 
-CELL = re.compile(r"(?:window-(?P<window>[^_]+)|pld)_prefill-(?P<prefill>\d+)\.jsonl?$")
+CELL = re.compile(r"(?:window-(?P<window>[^_]+)|pld)_prefill-(?P<prefill>\d+)\.(?P<kind>jsonl?)(?:\.gz)?$")
 
 
 def read_cells(sweep: Path) -> dict[tuple[str, int], list[dict]]:
     """(window or "prompt lookup", prefill) -> the cell's records."""
     cells: dict[tuple[str, int], list[dict]] = {}
-    for path in sorted((sweep / "cells").glob("*.json")) + sorted((sweep / "partial").glob("pld_prefill-*.jsonl")):
+    # committed result folders may hold them gzipped (.json.gz, .jsonl.gz)
+    paths = [p for pattern in ("*.json", "*.json.gz") for p in sorted((sweep / "cells").glob(pattern))]
+    paths += [p for pattern in ("pld_prefill-*.jsonl", "pld_prefill-*.jsonl.gz") for p in sorted((sweep / "partial").glob(pattern))]
+    for path in paths:
         m = CELL.search(path.name)
         if m is None:
             continue
         key = (m["window"] or "prompt lookup", int(m["prefill"]))
-        if path.suffix == ".json":
-            cells[key] = json.loads(path.read_text())["records"]
+        if m["kind"] == "json":
+            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            cells[key] = json.loads(raw)["records"]
         else:  # the sweep's own reader: a turn written twice (again with its baseline) counts once, its last line
             cells[key] = list(read_partial(path).values())
     if not cells:

@@ -8,6 +8,7 @@ question i starts 997*i tokens into the bundled ShareGPT sample), identical for 
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from pathlib import Path
@@ -59,7 +60,9 @@ def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
     by a kill (the last one) is dropped."""
     done = {}
     if path is not None and path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        # committed result folders keep them gzipped (benchmarks/results/*)
+        text = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text(encoding="utf-8")
+        for line in text.splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:

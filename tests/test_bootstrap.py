@@ -53,3 +53,24 @@ def test_a_uniform_change_has_a_zero_width_interval_and_disjoint_cells_are_refus
 def test_a_folder_without_cells_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no cells/\\*.json"):
         ci.read_cells(tmp_path)
+
+
+def test_gzipped_committed_sweeps_read_as_the_device_summarised_them() -> None:
+    """A committed sweep with gzipped cells and prompt lookup's partial records (issue 25's strict 32K run): every
+    cell's pooled τ is its summary's, and kept with its interval, recomputed here, is what the device's sweep.md printed."""
+    folder = ROOT / "benchmarks" / "results" / "issue25_strict32k_h100"
+    l15, block = ci.read_cells(folder / "sweep80s_l15"), ci.read_cells(folder / "sweep80s_block")
+    assert set(l15) == {("trained", 0), ("trained", 31979), ("none", 0), ("none", 31979)}
+    assert set(block) == {("trained", 0), ("trained", 31979), ("prompt lookup", 0), ("prompt lookup", 31979)}
+    import gzip
+
+    for path in (folder / "sweep80s_l15" / "cells").glob("*.json.gz"):
+        cell = json.loads(gzip.decompress(path.read_bytes()))
+        assert pooled_tau(per_question(cell["records"])) == pytest.approx(cell["summary"]["tau"], abs=1e-9), path.name
+    printed = {"trained": "104%-119%", "none": "63%-73%"}  # sweep80s_l15/sweep.md, "τ kept, 95% interval"
+    assert "| trained | 100%-100% | 104%-119% |" in (folder / "sweep80s_l15" / "sweep.md").read_text()
+    for window, interval in printed.items():
+        _, low, high = ratio_with_interval(per_question(l15[(window, 0)]), per_question(l15[(window, 31979)]))
+        assert f"{low:.0%}-{high:.0%}" == interval, window
+    _, low, high = ratio_with_interval(per_question(block[("prompt lookup", 0)]), per_question(block[("prompt lookup", 31979)]))
+    assert f"{low:.0%}-{high:.0%}" == "120%-144%"
