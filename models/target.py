@@ -188,6 +188,8 @@ class TargetModel:
         from kernels.attention import raise_recompile_limit
 
         self.check_layer_ids(layer_ids)
+        if getattr(self, "_compiled_capture", None) is not None:
+            raise RuntimeError(f"compile_capture: already compiled for layers {self._compiled_capture[0]} (its hooks stay registered)")
         raise_recompile_limit()  # one graph per shape: trainer.pad_multiple's few and the evaluation's
         ids, state = list(layer_ids), {"on": False}
         recorded: dict[int, torch.Tensor] = {}
