@@ -2,11 +2,14 @@
 flex_attention kernel options: which configuration the trainer should ask for.
 
     python benchmarks/probe_flex_dflash.py [--batch 16 --ctx 2048 --anchors 256 --heads 8 --kv-heads 2 --head-dim 64]
+    python benchmarks/probe_flex_dflash.py --variants bwd --masks packed --best-json best.json   # the backward's tiles
 
 Rows are right-padded to random lengths in [ctx/2, ctx] with sorted random anchors below each length (the
 trainer's batches), the mask is the trainer's (``flex_packed_block_mask``, or ``flex_block_mask`` with GQA for
-the "unpacked" rows), bf16. Each variant's output is checked against the default's. Prints ms per call
-(CUDA events, median of --repeats) and the forward's TFLOP/s over the visible pairs (4 * D * pairs * Hq).
+the "unpacked" rows), bf16. Each variant's output and dq are checked against the first variant's. Prints ms per call
+(CUDA events, median of --repeats) and the forward's TFLOP/s over the visible pairs (4 * D * pairs * Hq);
+``--best-json`` writes the fastest packed variant's options beyond the forward's 64 x 64, in the form
+``+trainer.flex_kernel_options`` takes.
 """
 
 from __future__ import annotations
