@@ -212,3 +212,11 @@ def test_layer_masks_carry_the_flex_kernel_options() -> None:
     assert options("flex", {"BLOCK_N2": 32, "bwd_num_stages": 3}) == {t: {**defaults, "BLOCK_N2": 32, "bwd_num_stages": 3} for t in types}
     assert options("flex", head_dim=128) == {t: None for t in types}  # larger heads: flex's own defaults
     assert options("flex-flash") == {t: FLASH_KERNELS for t in types}
+
+
+def test_host_copies_on_the_cpu_are_plain_copies() -> None:
+    """common.transfer.to_device_async without a GPU: the tensor itself (no pinning, which needs one)."""
+    from common.transfer import to_device_async
+
+    t = torch.arange(6)
+    assert to_device_async(t, "cpu") is t

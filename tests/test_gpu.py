@@ -103,3 +103,18 @@ def test_flex_training_step_equals_dense_masks(kind: str, tmp_path) -> None:
     common = [f"experiment={kind}_swa_tiny", "trainer.compile_drafter=false"]
     assert_same_step(training_step_results([*common, "trainer.attention_backend=sdpa"], tmp_path / "sdpa"),
                      training_step_results([*common, "trainer.attention_backend=flex"], tmp_path / "flex"), rtol=2e-3)
+
+
+def test_pinned_copies_equal_the_source() -> None:
+    """common.transfer.to_device_async (batches and anchor keys staged through pinned memory): the same values on the GPU,
+    the CPU source untouched, and a tensor already pinned or on the GPU passed through."""
+    from common.transfer import to_device_async
+
+    source = torch.randint(0, 1000, (16, 2048))
+    kept = source.clone()
+    on_gpu = to_device_async(source, "cuda")
+    torch.cuda.synchronize()
+    assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), kept) and torch.equal(source, kept) and not source.is_pinned()
+    pinned = kept.pin_memory()
+    assert torch.equal(to_device_async(pinned, "cuda").cpu(), kept)
+    assert to_device_async(on_gpu, "cuda") is on_gpu

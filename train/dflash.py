@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from common.transfer import to_device_async
 from kernels.attention import FLASH_KERNELS, triton_flex_options
 from kernels.window_attention import fa4_available
 from models.dflash import (DFlashDraftModel, LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask, key_interval_mask,
@@ -339,7 +340,7 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
     if keys is None:
         keys = torch.rand(eligible.shape[0], max(key_width, width), generator=generator)
     keys = keys[:, :width]
-    keys = keys.to(eligible.device, non_blocking=True)
+    keys = to_device_async(keys, eligible.device)  # pinned on a GPU: the host does not wait for queued kernels
     keys = torch.where(eligible, keys, -1.0)
     top = keys.topk(min(num_anchors, keys.shape[1]), dim=1)
     chosen = torch.where(top.values >= 0, top.indices, keys.shape[1])  # not eligible: sorts last
@@ -373,7 +374,7 @@ def sample_anchors_and_reveals(loss_mask: torch.Tensor, num_anchors: int, genera
     n = anchors.shape[1]  # <= num_anchors
     shown = draws[:, width:width + n] < reveal_prob
     count = 1 + (draws[:, width + num_anchors:width + num_anchors + n] * reveal_max).long().clamp(max=reveal_max - 1)
-    return anchors, valid, torch.where(shown, count, 0).to(anchors.device, non_blocking=True)
+    return anchors, valid, to_device_async(torch.where(shown, count, 0), anchors.device)
 
 
 def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int,

@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.atomic import atomic_dir, atomic_open
 from common.metrics_logger import MetricsLogger
+from common.transfer import to_device_async
 from kernels import fa4_adapter
 from kernels.fa4_adapter import available as fa4_available
 from models.builtin_targets import resolve_target_path
@@ -193,8 +194,9 @@ class StepContext:
         return batch
 
     def to_device(self, batch: dict) -> dict:
-        """The batch's tensors on the device (copies queued, no host sync); other entries as they are."""
-        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        """The batch's tensors on the device (copies queued through pinned memory on a GPU: no wait for the previous
+        step's kernels, ``common.transfer``); other entries as they are."""
+        return {k: to_device_async(v, self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def target_features(self, batch: dict, with_final_hidden: bool = False):
         """The target's features for a batch: from the store when there is one, else a target forward."""
