@@ -94,13 +94,24 @@ def main() -> None:
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.device.type == "cuda" else [])
         with profile(activities=activities) as prof:
+            sync()
+            profiled_start = time.perf_counter()
             for n in range(args.profile):
                 one_step(10_000 + n)
             sync()
+            profiled_s = time.perf_counter() - profiled_start
         table = prof.key_averages()
         print(table.table(sort_by="self_cpu_time_total", row_limit=25))
         if run.device.type == "cuda":
             print(table.table(sort_by="self_device_time_total", row_limit=20))
+            # the GPU's share of the profiled steps' wall time (the profiler slows the host, so an upper bound on idle)
+            from torch.autograd import DeviceType
+
+            # the kernels' own events only, as the table's "Self CUDA time total" (an op's row repeats its kernels' time)
+            kernels_ms = sum(e.self_device_time_total for e in table
+                             if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e3 / args.profile
+            print(f"GPU busy: {kernels_ms:.1f} ms of kernels per step over {1e3 * profiled_s / args.profile:.1f} ms of wall time "
+                  f"under the profiler ({kernels_ms / (1e3 * profiled_s / args.profile):.0%})")
     if args.cprofile:
         import cProfile
         import pstats
