@@ -1,9 +1,9 @@
 """Host-to-device copies that leave the host free.
 
-CUDA makes a copy from pageable host memory wait for the stream first ("API synchronization behavior" in the CUDA
-runtime documentation: the driver syncs the stream before staging such a copy), so a training step whose first act is
-moving its CPU batch to the GPU waits there until the previous step's kernels have run, and the GPU then idles while
-the host prepares the new step. Staged through pinned memory (PyTorch's caching host allocator: the block is reused only
+A copy from pageable host memory may make the host wait for the stream ("API synchronization behavior" in the CUDA
+runtime documentation: to stage such a copy "the driver may synchronize with the stream"), so a training step whose
+first act is moving its CPU batch to the GPU may wait there until the previous step's kernels have run, and the GPU
+then idles while the host prepares the new step. Staged through pinned memory (PyTorch's caching host allocator: the block is reused only
 after its copy has run) the copy is queued behind them instead.
 """
 
