@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,7 +47,17 @@ def main() -> None:
                         help="several runs on one GPU: compile in parallel, time one at a time. After its warm-up each run "
                              "writes DIR/ready.PID, waits until N have (at most 15 minutes), then holds DIR/lock while it times")
     args = parser.parse_intermixed_args()
+    try:
+        measure(args)
+    except BaseException:
+        if args.serial_timing:  # counts as ready: the other runs' barrier does not wait for a run that died
+            folder = Path(args.serial_timing[0])
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"failed.{os.getpid()}").touch()
+        raise
 
+
+def measure(args: argparse.Namespace) -> None:
     import faulthandler
     import signal
 
@@ -133,13 +144,12 @@ def wait_for_turn(folder: str, runs: str):
     """Block until ``runs`` runs have warmed up (no compilation competing for the host), then until no other run
     times; returns the held lock file (closing it releases the lock)."""
     import fcntl
-    import os
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"ready.{os.getpid()}").touch()
     deadline = time.monotonic() + 600
-    while len(list(folder.glob("ready.*"))) < int(runs) and time.monotonic() < deadline:
+    while len(list(folder.glob("ready.*")) + list(folder.glob("failed.*"))) < int(runs) and time.monotonic() < deadline:
         time.sleep(0.5)
     lock = open(folder / "lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)
