@@ -45,7 +45,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--serial-timing", nargs=2, metavar=("DIR", "N"), default=None,
                         help="several runs on one GPU: compile in parallel, time one at a time. After its warm-up each run "
-                             "writes DIR/ready.PID, waits until N have (at most 15 minutes), then holds DIR/lock while it times")
+                             "writes DIR/ready.PID (a run that fails writes DIR/failed.PID), waits until N have (at most 10 minutes), "
+                             "then holds DIR/lock while it times")
     args = parser.parse_intermixed_args()
     try:
         measure(args)

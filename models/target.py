@@ -96,6 +96,17 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return decoder_stack(model).layers
 
 
+def output_recorder(store: dict[int, torch.Tensor], layer_id: int, state: dict | None = None):
+    """A forward hook keeping a decoder layer's output hidden states in ``store[layer_id]``; with ``state``, only while
+    ``state["on"]`` (``compile_capture``'s hooks stay registered and record only during its calls)."""
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if state is None or state["on"]:
+            store[layer_id] = output[0] if isinstance(output, tuple) else output
+
+    return hook
+
+
 class TargetModel:
     """A frozen Hugging Face causal LM that returns hidden states at chosen layers.
 
@@ -193,16 +204,8 @@ class TargetModel:
         raise_recompile_limit()  # one graph per shape: trainer.pad_multiple's few and the evaluation's
         ids, state = list(layer_ids), {"on": False}
         recorded: dict[int, torch.Tensor] = {}
-
-        def hook_for(layer_id: int):
-            def hook(module: nn.Module, args: Any, output: Any) -> None:
-                if state["on"]:
-                    recorded[layer_id] = output[0] if isinstance(output, tuple) else output
-
-            return hook
-
         for i in set(ids):
-            self.layers[i].register_forward_hook(hook_for(i))
+            self.layers[i].register_forward_hook(output_recorder(recorded, i, state))
 
         def features(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
             self.stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
@@ -275,14 +278,7 @@ class TargetModel:
                 finally:
                     state["on"] = False
         captured: dict[int, torch.Tensor] = {}
-
-        def hook_for(layer_id: int):
-            def hook(module: nn.Module, args: Any, output: Any) -> None:
-                captured[layer_id] = output[0] if isinstance(output, tuple) else output
-
-            return hook
-
-        handles = [self.layers[i].register_forward_hook(hook_for(i)) for i in set(layer_ids)]
+        handles = [self.layers[i].register_forward_hook(output_recorder(captured, i)) for i in set(layer_ids)]
         logits = final_hidden = None
         try:
             if with_logits:

@@ -88,13 +88,11 @@ def test_compiled_whole_step_equals_eager(tmp_path: Path) -> None:
     """trainer.compile_scope=step's function (drafter, head and loss as one torch.compile graph; on the CPU with SDPA's
     dense masks, flex being GPU-only here) against the same function eager: loss and every gradient. The compiled
     regions stay set on the drafter, so this also checks that the enclosing compile traces through them."""
-    from compose import compose_train as compose
-
     from train.dflash import drafter_and_loss
     from train.trainer import build, to_train_config
 
-    cfg = to_train_config(compose(["experiment=dflash_swa_tiny", "trainer.progress=false", "data.num_eval=0", "trainer.loop_eval_prompts=0",
-                                   "trainer.precision=fp32", "trainer.attention_backend=sdpa", f"output_dir={tmp_path}"]))
+    cfg = to_train_config(compose_train(["experiment=dflash_swa_tiny", "trainer.progress=false", "data.num_eval=0", "trainer.loop_eval_prompts=0",
+                                         "trainer.precision=fp32", "trainer.attention_backend=sdpa", f"output_dir={tmp_path}"]))
     run = build(cfg)
     step = run.step
     step.drafter.compile_regions()  # what a GPU run holds; the enclosing compile must not call them as compiled pieces
