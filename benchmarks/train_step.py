@@ -36,7 +36,7 @@ from train.trainer import build_step, target_layer_ids, train_step  # noqa: E402
 PEAK = 779e12
 
 
-def compose(drafter: str, seq: int, window: str):
+def compose(drafter: str, seq: int, window: str, extra: list[str] = ()):
     from hydra import compose as hydra_compose, initialize_config_module
 
     from train.trainer import to_train_config
@@ -48,7 +48,7 @@ def compose(drafter: str, seq: int, window: str):
     else:
         overrides += [f"drafter.sliding_window={window}"]
     with initialize_config_module(config_module="configs", version_base="1.3"):
-        return to_train_config(hydra_compose(config_name="train", overrides=overrides))
+        return to_train_config(hydra_compose(config_name="train", overrides=overrides + list(extra)))
 
 
 class LinearFlops:
@@ -112,6 +112,7 @@ def main() -> None:
     parser.add_argument("--backend", default="auto", help="trainer.attention_backend")
     parser.add_argument("--checkpoint", action="store_true", help="trainer.activation_checkpointing (EAGLE-3 TTT steps)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the code paths (tiny shapes), no speed")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides on top of the experiment, e.g. trainer.compile_scope=step")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -122,7 +123,7 @@ def main() -> None:
     for kind in args.drafter:
         for seq in args.seq:
             for window in args.windows:
-                cfg = compose(kind, seq, window)
+                cfg = compose(kind, seq, window, args.overrides)
                 cfg.trainer.attention_backend = args.backend
                 cfg.trainer.activation_checkpointing = args.checkpoint
                 layer_ids = target_layer_ids(cfg, target)
