@@ -1,6 +1,9 @@
 """One whole drafter training step at real scale: tokens/s, model FLOP utilisation, peak memory.
 
     python benchmarks/train_step.py --shape qwen3-8b --drafter dflash eagle3 --seq 2048 3072 8192 32768 --windows full 512 2048
+    python benchmarks/train_step.py trainer.compile_scope=regions --shape qwen3-8b --drafter dflash --seq 3072 --windows 2048
+
+Hydra overrides (positional) go before the options: after ``--windows`` they would be read as windows (an error).
 
 Random-init target of a real shape (bf16, compiled layers, lean capture) and the drafter of the
 experiment's recipe (``experiment=dflash_swa`` / ``eagle3_swa``: DFlash 5 layers, block 16, 512
@@ -102,12 +105,19 @@ def attention_flops(step, plan, target, seq: int) -> float:
     return flops
 
 
+def window_arg(value: str) -> str:
+    """``full`` or a positive W; anything else (e.g. a Hydra override swallowed by ``--windows``' list) is an error."""
+    if value != "full" and not (value.isdigit() and int(value) > 0):
+        raise argparse.ArgumentTypeError(f"expected full or a positive integer, got {value!r} (Hydra overrides go before the options)")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen3-8b", choices=sorted(TARGET_SHAPES))
     parser.add_argument("--drafter", nargs="+", default=["dflash", "eagle3"])
     parser.add_argument("--seq", type=int, nargs="+", default=[2048, 3072, 8192, 32768])
-    parser.add_argument("--windows", nargs="+", default=["full", "512", "2048"])
+    parser.add_argument("--windows", nargs="+", type=window_arg, default=["full", "512", "2048"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--backend", default="auto", help="trainer.attention_backend")
     parser.add_argument("--checkpoint", action="store_true", help="trainer.activation_checkpointing (EAGLE-3 TTT steps)")

@@ -205,3 +205,12 @@ def test_cli_cross_field_error_is_one_line_and_nonzero(tmp_path: Path) -> None:
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "drafter.layer_types has 1 entries" in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_train_step_benchmark_rejects_an_override_read_as_a_window() -> None:
+    """``--windows`` takes a list: a Hydra override after it used to become a window and fail deep in Hydra's parser."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "benchmarks/train_step.py", "--device", "cpu", "--windows", "2048", "trainer.compile_scope=step"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "argument --windows: expected full or a positive integer, got 'trainer.compile_scope=step'" in proc.stderr

@@ -234,7 +234,9 @@ class TrainerConfig:
     # context projection and the head's loss: ~17 compiled calls forward and as many backward, each ~0.8 ms of host
     # time on an H100, so a small target's step is host-bound) or "step" (the drafter, the head and the loss as one
     # compiled function with flex attention inside: one call forward, one backward). Evaluation keeps the regions.
-    compile_scope: str = "regions"
+    # step on one H100 (BENCHMARKS.md, "One compiled graph for DFlash's training step"): reference target 55.4 against
+    # 60.4 ms in one run, 55.6 against 55.3 in another; the 8B shape 224.8 against 226.4 ms (the MFU does not drop)
+    compile_scope: str = "step"
     # flex attention's Triton kernel options for DFlash's training masks, over kernels.attention.triton_flex_options'
     # measured defaults; set it with a leading +, e.g. '+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64,
     # BLOCK_M2: 64, BLOCK_N2: 32}' (the backward's tiles: benchmarks/probe_flex_dflash.py times them)

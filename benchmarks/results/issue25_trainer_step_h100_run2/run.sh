@@ -3,7 +3,9 @@
 # the target's capture compiled (target.compile_capture=true), same rows, same H100, serial timing, twice; the current
 # recipe with and without the compiled capture; then the 8B-shape step with compile_scope=regions and =step.
 # Carry .dev/w + .dev/tgtB, then .dev/tgtA + .dev/g16 (sg_train_600.jsonl, old54207b2.tgz); untar into /tmp, today's
-# repo to /tmp/repo2 (git ls-files), the target to /tmp/tgt.
+# repo to /tmp/repo2 (cp -r of the carried tree: the device's .git may be an older commit's, so git ls-files there can
+# miss today's files), the target to /tmp/tgt. The 8B loop ran as a second call with the overrides before the options
+# (after --windows they were read as windows; train_step.py now rejects that with a clear error).
 set -u
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 R=/tmp/res18; mkdir -p $R
@@ -30,6 +32,6 @@ tp step_cap_b /tmp/repo2 $W 2 $OLD trainer.compile_scope=step target.compile_cap
 wait; stamp "wave2 done"
 cd /tmp/repo2
 for scope in regions step; do
-  python3 benchmarks/train_step.py --shape qwen3-8b --drafter dflash --seq 3072 --windows 2048 trainer.compile_scope=$scope > $R/step8b_$scope.txt 2>&1; stamp "8b $scope rc=$?"
+  python3 benchmarks/train_step.py trainer.compile_scope=$scope --shape qwen3-8b --drafter dflash --seq 3072 --windows 2048 > $R/step8b_$scope.txt 2>&1; stamp "8b $scope rc=$?"
 done
 touch $R/DONE
