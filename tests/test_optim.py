@@ -158,3 +158,47 @@ def test_auto_ns_dtype_is_fp32_only_on_a_cpu_without_bf16_hardware(monkeypatch) 
     assert [newton_schulz_dtype(c, cpu) for c in ("bfloat16", "float32")] == [torch.bfloat16, torch.float32]
     monkeypatch.setattr(optim, "cpu_has_bf16_matmul", lambda: True)
     assert newton_schulz_dtype("auto", cpu) == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_stack_through_newton_schulz_is_each_matrix_on_its_own(dtype) -> None:
+    """Muon orthogonalises same-shaped matrices as one stack (batched products); each matrix of the stack must come out
+    as it does alone, with its own norm (a stack of very different scales checks that)."""
+    coefficients = (3.4445, -4.7750, 2.0315)
+    for shape in ((3, 24, 10), (4, 8, 30)):  # tall and wide
+        stack = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * torch.tensor([1e-3, 1.0, 50.0, 7.0][: shape[0]]).view(-1, 1, 1)
+        together = newton_schulz(stack, coefficients, 5, 1e-7, dtype)
+        alone = torch.stack([newton_schulz(m, coefficients, 5, 1e-7, dtype) for m in stack])
+        assert together.shape == stack.shape and together.dtype == dtype
+        if dtype == torch.float32:
+            torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+        else:  # bf16: batched and single products may round differently; a bf16 ulp or two on values of at most ~1
+            assert (together.float() - alone.float()).abs().max() < 0.02
+
+
+@pytest.mark.parametrize("ns_dtype", [torch.float32, torch.bfloat16])
+def test_muon_with_repeated_shapes_steps_as_a_plain_per_matrix_loop(ns_dtype) -> None:
+    """``Muon.step`` groups a drafter's same-shaped matrices; a plain loop written here (momentum, Newton-Schulz per
+    matrix, decoupled weight decay, match_rms_adamw's scale) is the reference, over three steps."""
+    torch.manual_seed(0)
+    shapes = [(12, 5), (12, 5), (4, 9), (12, 5), (4, 9), (7, 7)]
+    ours = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    ref = [p.detach().clone() for p in ours]
+    lr, wd, momentum = 3e-2, 0.1, 0.95
+    opt = Muon(ours, lr=lr, weight_decay=wd, momentum=momentum, nesterov=True, adjust_lr_fn="match_rms_adamw", ns_dtype=ns_dtype)
+    coefficients, steps, eps = opt.param_groups[0]["ns_coefficients"], opt.param_groups[0]["ns_steps"], opt.param_groups[0]["eps"]
+    bufs = [torch.zeros_like(p) for p in ref]
+    for step in range(3):
+        grads = [torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * step + i)) for i, p in enumerate(ours)]
+        for p, g in zip(ours, grads):
+            p.grad = g.clone()
+        opt.step()
+        for p, g, buf in zip(ref, grads, bufs):
+            buf.lerp_(g, 1 - momentum)
+            update = newton_schulz(g.lerp(buf, momentum), coefficients, steps, eps, ns_dtype)
+            p.mul_(1 - lr * wd).add_(update, alpha=-lr * 0.2 * max(p.shape) ** 0.5)
+    for p, q in zip(ours, ref):
+        if ns_dtype == torch.float32:
+            torch.testing.assert_close(p.detach(), q, rtol=1e-5, atol=1e-6)
+        else:
+            torch.testing.assert_close(p.detach(), q, rtol=0, atol=2e-3)
