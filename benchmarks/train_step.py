@@ -178,7 +178,7 @@ def main() -> None:
                     traceback.print_exc(limit=-4)
                     rows.append((label, seq, None, None, None, None))
                 print(rows[-1], flush=True)
-                del drafter, step, optimizer
+                drafter = step = optimizer = None  # freed before the next config (not del: the timing lambdas above name them)
                 torch.cuda.empty_cache()
 
     print(f"{torch.cuda.get_device_name() if on_gpu else 'CPU'}, target {args.shape} random init (bf16, compiled layers), one sequence per step")
