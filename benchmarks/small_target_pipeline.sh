@@ -18,7 +18,8 @@
 # like the block, both prompt sets, each tree beside the block's evaluation; REDRAFT: --tree-redraft, for a drafter trained
 # with drafter.reveal_prob; LOOKUP: --tree-lookup, prompt lookup's chain as one more branch; prompt lookup beside is the
 # block's, 15 drafts, as deep as the trees); SWEEP_TREE=1 sweeps the
-# first of DFLASH_TREES too; SKIP_SWEEP=1 skips the long-prompt sweep. A run stopped by
+# first of DFLASH_TREES too; SKIP_SWEEP=1 skips the long-prompt sweep; SKIP_EVAL=1 skips the MT-Bench and held-out
+# evaluations of the trained window (the sweep's prefill-0 cells are MT-Bench's, prompt lookup beside). A run stopped by
 # trainer.time_limit_minutes is finished at the step it reached (resumed with trainer.max_steps = that step) so
 # that it exports. Each phase's wall time goes to OUT/times.txt; OUT/DONE marks the end.
 set -uo pipefail
@@ -60,7 +61,7 @@ train_and_eval() {
       evaluate "$tree_name" "$run" "${tree_args[@]}" &
     done
   fi
-  evaluate "$kind" "$run"
+  [ -z "${SKIP_EVAL:-}" ] && evaluate "$kind" "$run"
   if [ "$kind" = eagle3 ]; then
     for k in ${EAGLE3_CHAINS:-}; do evaluate "eagle3_k$k" "$run" --draft-steps "$k"; done
   fi
