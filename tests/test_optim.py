@@ -202,3 +202,29 @@ def test_muon_with_repeated_shapes_steps_as_a_plain_per_matrix_loop(ns_dtype) ->
             torch.testing.assert_close(p.detach(), q, rtol=1e-5, atol=1e-6)
         else:
             torch.testing.assert_close(p.detach(), q, rtol=0, atol=2e-3)
+
+
+def test_muon_splits_a_shape_into_stacks_of_at_most_stack_elements(monkeypatch) -> None:
+    """Large matrices go through Newton-Schulz a few at a time (``STACK_ELEMENTS``): the same steps as one stack."""
+    import train.optim as optim
+
+    torch.manual_seed(0)
+    start = [torch.randn(12, 5) for _ in range(5)]
+    results = []
+    for cap in (1 << 27, 2 * 60, 1):  # one stack; stacks of two (and a last of one); one matrix at a time
+        monkeypatch.setattr(optim, "STACK_ELEMENTS", cap)
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = Muon(params, lr=3e-2, weight_decay=0.1, nesterov=True, adjust_lr_fn="match_rms_adamw", ns_dtype=torch.float32)
+        calls = []
+        real = optim.newton_schulz
+        monkeypatch.setattr(optim, "newton_schulz", lambda u, *a: calls.append(u.shape) or real(u, *a))
+        for step in range(2):
+            for i, p in enumerate(params):
+                p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * step + i))
+            opt.step()
+        monkeypatch.setattr(optim, "newton_schulz", real)
+        results.append(torch.stack([p.detach() for p in params]))
+        per_step = {1 << 27: [(5, 12, 5)], 2 * 60: [(2, 12, 5), (2, 12, 5), (12, 5)], 1: [(12, 5)] * 5}[cap]
+        assert calls == per_step * 2
+    for other in results[1:]:
+        torch.testing.assert_close(other, results[0], rtol=1e-5, atol=1e-6)

@@ -19,6 +19,10 @@ import torch
 
 ADAMW_NAME_HINTS = ("embed_tokens", "lm_head")  # 2-D but vocabulary-shaped: AdamW, as in Keller Jordan's Muon
 NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+# Muon orthogonalises same-shaped matrices as stacks of at most this many elements: a small drafter's layers in one stack
+# each (10 x 1408 x 512 = 7.2M), an 8B-shape drafter's 12288 x 4096 matrices two at a time (the stack and its
+# Newton-Schulz temporaries a few hundred MB, not gigabytes)
+STACK_ELEMENTS = 1 << 27
 
 
 @lru_cache(maxsize=1)
@@ -97,7 +101,11 @@ class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
             by_shape: dict[tuple[int, ...], list[int]] = {}
             for i, update in enumerate(updates):
                 by_shape.setdefault(tuple(update.shape), []).append(i)
+            stacks = []  # (shape, members): at most STACK_ELEMENTS a stack, so large drafters' stacks stay small
             for shape, members in by_shape.items():
+                per_stack = max(1, STACK_ELEMENTS // math.prod(shape))
+                stacks += [(shape, members[i:i + per_stack]) for i in range(0, len(members), per_stack)]
+            for shape, members in stacks:
                 stacked = updates[members[0]] if len(members) == 1 else torch.stack([updates[i] for i in members])
                 ortho = newton_schulz(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
                 rows, cols = shape[:2]
