@@ -12,14 +12,17 @@ batch size above 1).
 ``--phase-times`` (GPU) adds each pass's device time per batch step by phase (draft, verify, tree acceptance, path moves,
 drafter append; CUDA events around each) beside its wall time per step: what the host costs between the graphs.
 Each batch size runs on eval's default CPU threads for it (1 at batch 1, one per core when batched) unless ``--threads``
-fixes one count for all. On a shared machine the wall time counts other processes' load: the CPU seconds of this
-process (all its threads) and the tokens per CPU second beside it count only this process's work.
+fixes one count for all one-process runs; a batch that eval splits over forked one-thread workers (``--cpu-workers``,
+auto: one per core when every core gets 4 rows or more) is split here too, whatever ``--threads`` says. On a shared
+machine the wall time counts other processes' load: the CPU seconds of this process (all its threads) and of its
+workers, and the tokens per CPU second beside them, count only this run's work.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -29,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infer.prompts import mt_bench  # noqa: E402
-from eval.runner import run_conversations  # noqa: E402
+from eval.runner import cpu_workers, run_conversations  # noqa: E402
 from infer.loading import drafting_label, eos_ids, load_models, resolve_device, set_threads  # noqa: E402
 from infer.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from models.sampling import SamplingConfig  # noqa: E402
@@ -44,6 +47,9 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, help="CPU threads for every batch size (default: eval's, 1 at batch 1, one per core above)")
+    p.add_argument("--cpu-workers", type=int, default=0,
+                   help="batched on the CPU: forked one-thread processes (eval's --cpu-workers; default 0 = eval's auto, here whatever "
+                        "--threads says; 1 = one process)")
     p.add_argument("--only", nargs="+", choices=["alone", "pld", "drafter"], help="run only these (default: all three)")
     p.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                    help="prefill every turn's whole prompt (default: as eval, past what the row's cache holds from the turn before)")
@@ -83,13 +89,17 @@ def main() -> None:
         first = None
         for bs in [b for b in args.batch_sizes for _ in range(args.repeat)]:
             set_threads(device, args.threads, bs)  # eval's default for this batch size unless --threads says
-            threads = torch.get_num_threads()
+            # --threads sets the one-process runs (batch 1's faster count, say); forked workers run one thread each
+            workers = cpu_workers(device, bs, None, args.cpu_workers)
+            threads = torch.get_num_threads() if workers == 1 else f"1 x {workers} workers"
             phases = PhaseTimer(target, d) if args.phase_times and device == "cuda" else None
-            t0, c0 = time.perf_counter(), time.process_time()
+            # CPU time: this process's and its finished children's (the workers, when forked)
+            cpu_now = lambda: time.process_time() + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])  # noqa: E731
+            t0, c0 = time.perf_counter(), cpu_now()
             records = run_conversations(target, d, tokenizer, conversations, prefill_tokens=0, sampling=SamplingConfig(),
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=bs,
-                                        desc=f"{name}, batch {bs}", reuse_prefixes=args.prefix_reuse)
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                                        desc=f"{name}, batch {bs}", reuse_prefixes=args.prefix_reuse, workers=workers)
+            wall, cpu = time.perf_counter() - t0, cpu_now() - c0
             records = sorted(records, key=lambda r: (str(r["id"]), r["turn"]))
             new = sum(r["stats"]["new_tokens"] for r in records)
             steps = [a for r in records for a in r["stats"]["accepted_per_step"]]

@@ -71,6 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "acceptance are batch 1's)")
     common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1 at --batch-size 1, where decoding small models runs "
                                                     "faster on one; one per core when batched)")
+    common.add_argument("--cpu-workers", type=int, default=0,
+                        help="batched on the CPU: split the rows and the conversations over this many forked one-thread processes "
+                             "(default 0 = one per core when --batch-size gives every core at least 4 rows and --threads is not set; "
+                             "1 = one process); each row's tokens are the same")
     common.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                         help="prefill every turn's whole prompt (default: the target alone and prompt lookup prefill a turn only past "
                              "what the target's cache holds from the turn before, its earlier turns and answers)")
@@ -107,7 +111,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def default_out(args, source: dict) -> Path:
     """The same command (same drafter, target, prompts and settings) gets the same folder: reruns resume."""
     # batch size and threads change the speed, not the tokens: a rerun with another one resumes the same folder
-    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "wandb", "wandb_project", "threads", "runs_dir", "batch_size")}
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "wandb", "wandb_project", "threads", "runs_dir", "batch_size", "cpu_workers")}
     settings.update(source)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
     name = "pld" if source["drafter"] == "pld" else Path(source.get("run") or source["drafter"]).name
@@ -137,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
     from eval.bootstrap import per_question
     from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
-    from eval.runner import check_context_fits, max_positions, run_conversations, summarize
+    from eval.runner import check_context_fits, cpu_workers, max_positions, run_conversations, summarize
     from infer.loading import drafting_label, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
     from infer.prompt_lookup import PromptLookupDrafter
     from models.sampling import SamplingConfig
@@ -173,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
                                                  tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft)
         check_context_fits(tokenizer, conversations, args.prefills if args.command == "sweep" else [args.prefill_tokens],
                            args.max_new_tokens, max_positions(target))
+        workers = cpu_workers(args.device, args.batch_size, args.threads, args.cpu_workers) if args.engine == "ours" else 1
         if args.engine == "ours":
             from infer.batch import check_batchable
 
@@ -203,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             records = run_conversations(target, pld, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=args.batch_size,
                                         desc=f"prompt lookup, prefill {prefill}", partial=out / "partial" / f"pld_prefill-{prefill}.jsonl",
-                                        reuse_prefixes=args.prefix_reuse)
+                                        reuse_prefixes=args.prefix_reuse, workers=workers)
             pld_summaries[prefill] = summarize(records)
             pld_questions[prefill] = per_question(records)
         return pld_summaries[prefill]
@@ -215,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
                                     max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=baseline,
                                     desc=f"{args.engine}: window {label}, prefill {prefill}", engine=engine, batch_size=args.batch_size,
                                     partial=out / "partial" / f"window-{label}_prefill-{prefill}{'_baseline' if baseline else ''}.jsonl",
-                                    reuse_prefixes=args.prefix_reuse)
+                                    reuse_prefixes=args.prefix_reuse, workers=workers)
         summary = summarize(records)
         pld = prompt_lookup(prefill)
         if pld is not None:

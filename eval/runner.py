@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
+import os
+import queue
 import time
+import traceback
 from pathlib import Path
 
 from tqdm import tqdm
@@ -74,7 +78,7 @@ def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
 def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, tokenizer, conversations: list[Conversation], *,
                       prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, baseline: bool,
                       desc: str = "eval", partial: Path | None = None, engine=None, batch_size: int = 1,
-                      reuse_prefixes: bool = True) -> list[dict]:
+                      reuse_prefixes: bool = True, workers: int = 1) -> list[dict]:
     """One record per (conversation, turn) with the tokens, the accepted counts and the timings.
 
     ``engine``: an ``eval.engines.VllmEngine`` decoding every turn in place of our loop (greedy; the
@@ -86,11 +90,13 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
 
     ``reuse_prefixes``: a turn's prompt is prefilled only past what the target's cache holds from the turn before (its
     earlier turns and answers; the target alone and prompt lookup, ``infer.generate.reusable_prefix``), at every batch
-    size."""
+    size.
+
+    ``workers``: batched on the CPU, the batch's rows split over that many forked one-thread processes (``cpu_workers``)."""
     if batch_size > 1 and engine is None:
         return run_conversations_batched(target, drafter, tokenizer, conversations, prefill_tokens=prefill_tokens, sampling=sampling,
                                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, baseline=baseline, desc=desc,
-                                         partial=partial, batch_size=batch_size, reuse_prefixes=reuse_prefixes)
+                                         partial=partial, batch_size=batch_size, reuse_prefixes=reuse_prefixes, workers=workers)
     limit = max_positions(target)
     records = []
     done = read_partial(partial)
@@ -171,21 +177,46 @@ def turn_prompt(tokenizer, conv: Conversation, index: int, turn: int, answers: l
     return chat_ids(tokenizer, messages)
 
 
+def cpu_workers(device, batch_size: int, threads: int | None, requested: int | None = None) -> int:
+    """How many processes a batched CPU run splits its rows over (``--cpu-workers``; 1 = one process).
+
+    Each worker is a forked process on one thread with its share of the rows and of the conversations: a batch-8 verify
+    on 2 cores spends about a third of its step in small eager ops that one process runs one after another, and two
+    one-thread processes run them side by side (prompt lookup on the reference target, 80 MT-Bench conversations, 2 cores:
+    21.7 s against 25.7 s for one two-thread process; BENCHMARKS.md, issue 24). One thread each because GNU OpenMP's
+    thread pool does not survive a fork: a forked child on 2 threads hung. Auto (None or 0): one worker per core when
+    the batch gives every core at least 4 rows and ``--threads`` is not set, else 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if not str(device).startswith("cpu") or batch_size < 2:
+        if requested not in (None, 0, 1):
+            raise ValueError(f"--cpu-workers {requested}: worker processes split a batched run on the CPU; this run is on {device} "
+                             f"at batch size {batch_size}")
+        return 1
+    if requested in (None, 0):
+        return cores if threads is None and cores >= 2 and batch_size >= 4 * cores else 1
+    if requested < 1 or requested > batch_size:
+        raise ValueError(f"--cpu-workers {requested}; expected 1 to the batch size ({batch_size})")
+    if requested > 1 and threads not in (None, 1):
+        raise ValueError(f"--cpu-workers {requested} with --threads {threads}: workers are forked processes on one thread each "
+                         "(GNU OpenMP hangs in a forked child on more); leave out --threads")
+    return requested
+
+
 def run_conversations_batched(target, drafter, tokenizer, conversations: list[Conversation], *, prefill_tokens: int, sampling: SamplingConfig,
                               max_new_tokens: int, eos_token_ids, baseline: bool, desc: str, partial: Path | None, batch_size: int,
-                              reuse_prefixes: bool = True) -> list[dict]:
+                              reuse_prefixes: bool = True, workers: int = 1) -> list[dict]:
     """``run_conversations`` with ``batch_size`` conversations in flight (``infer/batch.py``): each finished turn is written
     to ``partial`` at once and its conversation's next turn enters the batch; the autoregressive baseline, when asked for,
-    runs batched afterwards over the same prompts (a record is written again with it; the last line of a turn counts)."""
-    from infer.batch import generate_batch, generate_streams
+    runs batched afterwards over the same prompts (a record is written again with it; the last line of a turn counts).
+    ``workers`` > 1: the rows and the conversations (round robin) split over forked one-thread processes
+    (``cpu_workers``); a row's tokens do not depend on which rows share its batch."""
+    from infer.batch import generate_batch
 
     limit = max_positions(target)
     done = read_partial(partial)
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
     sink = open(partial, "a", encoding="utf-8") if partial is not None else None
-    records: list[list[dict]] = [[] for _ in conversations]
-    prompts: dict[tuple[int, int], list[int]] = {}
     bar = tqdm(total=len(conversations), desc=desc, unit="q")
     verify_len = drafter.verify_tokens if drafter is not None else 1
     # the most positions a turn can need: every user turn and filler, plus room for each earlier answer (re-tokenised)
@@ -197,39 +228,22 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
             sink.write(json.dumps(record) + "\n")
             sink.flush()
 
-    def next_prompt(i: int, finished) -> list[int] | None:
-        conv = conversations[i]
-        if finished is not None:
-            turn = len(records[i])
-            text = tokenizer.decode(finished.tokens, skip_special_tokens=True)
-            record = {"id": conv.id, "category": conv.category, "turn": turn + 1, "prompt_tokens": len(prompts[(i, turn)]),
-                      "question": conv.turns[turn], "output_ids": finished.tokens, "output_text": text, "stats": finished.stats.to_dict()}
-            records[i].append(record)
-            write(record)
-        while len(records[i]) < len(conv.turns):
-            turn = len(records[i])
-            if (str(conv.id), turn + 1) in done:  # finished by an earlier run of this cell
-                records[i].append(done[(str(conv.id), turn + 1)])
-                continue
-            prompt = turn_prompt(tokenizer, conv, i, turn, [r["output_text"] for r in records[i]], prefill_tokens)
-            if len(prompt) + max_new_tokens > limit:
-                raise ValueError(f"question {conv.id} turn {turn + 1}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
-                                 f"target's max_position_embeddings={limit}; lower --prefill-tokens or --max-new-tokens")
-            prompts[(i, turn)] = prompt
-            return prompt
-        bar.update(1)
-        return None
-
+    decode_args = dict(prefill_tokens=prefill_tokens, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                       limit=limit, done=done, capacity=capacity, reuse_prefixes=reuse_prefixes)
     try:
         t0 = time.perf_counter()
-        generate_streams(target, drafter, next_prompt, len(conversations), batch_size=batch_size, capacity=capacity,
-                         max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, reuse_prefixes=reuse_prefixes)
+        if workers > 1:
+            records, prompts = decode_in_workers(target, drafter, tokenizer, conversations, workers, batch_size, write, bar, decode_args)
+        else:
+            records, prompts = decode_batched(target, drafter, tokenizer, conversations, list(range(len(conversations))), batch_size,
+                                              write, lambda: bar.update(1), **decode_args)
         wall = time.perf_counter() - t0
         bar.close()
         flat = [r for conv_records in records for r in conv_records]
         fresh = [r for r in flat if (str(r["id"]), r["turn"]) not in done]
         for r in fresh:  # the rows' own decode times overlap: the pass's throughput is its tokens over its wall time
-            r["stats"]["batch"] = {"size": batch_size, "pass_s": wall, "pass_tokens": sum(x["stats"]["new_tokens"] for x in fresh)}
+            r["stats"]["batch"] = {"size": batch_size, "workers": workers, "pass_s": wall,
+                                   "pass_tokens": sum(x["stats"]["new_tokens"] for x in fresh)}
         todo = [(i, r) for i, conv_records in enumerate(records) for r in conv_records
                 if baseline and drafter is not None and "baseline_stats" not in r]
         if todo:
@@ -245,6 +259,108 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
         if sink is not None:
             sink.close()
     return flat
+
+
+def decode_batched(target, drafter, tokenizer, conversations: list[Conversation], indices: list[int], batch_size: int, write, finished_one, *,
+                   prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, limit: int, done: dict, capacity: int,
+                   reuse_prefixes: bool) -> tuple[list[list[dict]], dict[tuple[int, int], list[int]]]:
+    """Every turn of ``conversations`` through ``generate_streams`` with ``batch_size`` rows: (each conversation's records,
+    the prompts by (position in ``conversations``, turn)). ``indices[i]``: conversation i's index in the whole set (its
+    filler document's offset). ``write(record)`` as each turn ends, ``finished_one()`` as each conversation does."""
+    from infer.batch import generate_streams
+
+    records: list[list[dict]] = [[] for _ in conversations]
+    prompts: dict[tuple[int, int], list[int]] = {}
+
+    def next_prompt(i: int, finished) -> list[int] | None:
+        conv = conversations[i]
+        if finished is not None:
+            turn = len(records[i])
+            text = tokenizer.decode(finished.tokens, skip_special_tokens=True)
+            record = {"id": conv.id, "category": conv.category, "turn": turn + 1, "prompt_tokens": len(prompts[(i, turn)]),
+                      "question": conv.turns[turn], "output_ids": finished.tokens, "output_text": text, "stats": finished.stats.to_dict()}
+            records[i].append(record)
+            write(record)
+        while len(records[i]) < len(conv.turns):
+            turn = len(records[i])
+            if (str(conv.id), turn + 1) in done:  # finished by an earlier run of this cell
+                records[i].append(done[(str(conv.id), turn + 1)])
+                continue
+            prompt = turn_prompt(tokenizer, conv, indices[i], turn, [r["output_text"] for r in records[i]], prefill_tokens)
+            if len(prompt) + max_new_tokens > limit:
+                raise ValueError(f"question {conv.id} turn {turn + 1}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
+                                 f"target's max_position_embeddings={limit}; lower --prefill-tokens or --max-new-tokens")
+            prompts[(i, turn)] = prompt
+            return prompt
+        finished_one()
+        return None
+
+    generate_streams(target, drafter, next_prompt, len(conversations), batch_size=batch_size, capacity=capacity,
+                     max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, reuse_prefixes=reuse_prefixes)
+    return records, prompts
+
+
+def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversation], workers: int, batch_size: int, write, bar,
+                      decode_args: dict) -> tuple[list[list[dict]], dict[tuple[int, int], list[int]]]:
+    """``decode_batched`` in ``workers`` forked one-thread processes, worker w with conversations w, w + workers, ... and
+    its share of the ``batch_size`` rows; the turns come back through a queue as they end (written here, in the order
+    they end) and each worker's records and prompts at its end. A worker's ValueError (bad input) is raised here as
+    the one-process run raises it; another error as a RuntimeError with the worker's traceback."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's Rust threads do not survive a fork either
+    context = multiprocessing.get_context("fork")
+    messages = context.Queue()
+    shares = [list(range(w, len(conversations), workers)) for w in range(workers)]
+    rows = [batch_size // workers + (w < batch_size % workers) for w in range(workers)]
+
+    def work(w: int) -> None:
+        try:
+            import torch
+
+            torch.set_num_threads(1)
+            mine = shares[w]
+            records, prompts = decode_batched(target, drafter, tokenizer, [conversations[i] for i in mine], mine, rows[w],
+                                              lambda record: messages.put(("record", record)), lambda: messages.put(("finished", None)),
+                                              **decode_args)
+            messages.put(("done", (w, records, {(mine[i], turn): p for (i, turn), p in prompts.items()})))
+        except BaseException as e:
+            messages.put(("error", (w, type(e).__name__, str(e), traceback.format_exc())))
+
+    processes = [context.Process(target=work, args=(w,), daemon=True) for w in range(workers) if shares[w]]
+    for process in processes:
+        process.start()
+    records: list[list[dict]] = [[] for _ in conversations]
+    prompts: dict[tuple[int, int], list[int]] = {}
+    pending = len(processes)
+    try:
+        while pending:
+            try:
+                kind, payload = messages.get(timeout=5)
+            except queue.Empty:
+                dead = [p for p in processes if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a CPU worker process died (exit code {dead[0].exitcode}) before sending its records")
+                continue
+            if kind == "record":
+                write(payload)
+            elif kind == "finished":
+                bar.update(1)
+            elif kind == "error":
+                w, name, message, trace = payload
+                if name == "ValueError":  # bad input (a turn that cannot fit, say): the one line the one-process run raises
+                    raise ValueError(message)
+                raise RuntimeError(f"CPU worker {w} failed with {name}: {message}\n{trace}")
+            else:
+                w, share_records, share_prompts = payload
+                for i, conv_records in zip(shares[w], share_records):
+                    records[i] = conv_records
+                prompts.update(share_prompts)
+                pending -= 1
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+    return records, prompts
 
 
 def summarize(records: list[dict]) -> dict:

@@ -5,6 +5,8 @@ batch 1's records."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -248,6 +250,92 @@ def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_pa
     again = run_conversations(target, None, reference_tokenizer, conversations, batch_size=2, partial=tmp_path / "p.jsonl",
                               **{**kwargs, "baseline": False})
     assert sorted((r["id"], r["turn"], r["output_ids"]) for r in again) == sorted((r["id"], r["turn"], r["output_ids"]) for r in got)
+
+
+@pytest.mark.parametrize("drafter_kind", ["pld", pytest.param("dflash", marks=pytest.mark.slow), pytest.param("none", marks=pytest.mark.slow)])
+def test_eval_records_from_cpu_workers_equal_batch_one(setup, reference_tokenizer, tmp_path, drafter_kind) -> None:
+    """``--cpu-workers``: a batched CPU run split over forked one-thread processes (conversations round robin, rows
+    shared out) gives batch 1's records: tokens, accepted counts and prompts, with a filler document before each first
+    turn (its offset follows the conversation's index in the whole set, not in a worker's share); every turn reaches the
+    partial file, and a rerun reads them back."""
+    from infer.prompts import mt_bench
+    from eval.runner import run_conversations
+
+    target, drafter = make_drafter(setup, drafter_kind)
+    conversations = mt_bench(5)
+    kwargs = dict(prefill_tokens=40, sampling=SamplingConfig(), max_new_tokens=12, eos_token_ids=setup[3], baseline=False)
+    want = run_conversations(target, drafter, reference_tokenizer, conversations, **kwargs)
+    got = run_conversations(target, drafter, reference_tokenizer, conversations, batch_size=4, workers=2, partial=tmp_path / "p.jsonl",
+                            **kwargs)
+    key = lambda r: (r["id"], r["turn"])  # noqa: E731
+    fields = lambda rs: [(r["id"], r["turn"], r["prompt_tokens"], r["output_ids"], r["stats"]["accepted_per_step"])  # noqa: E731
+                         for r in sorted(rs, key=key)]
+    assert fields(got) == fields(want) and len(got) == 10
+    assert {r["stats"]["batch"]["workers"] for r in got} == {2}
+    written = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert fields(written) == fields(want)
+    again = run_conversations(target, drafter, reference_tokenizer, conversations, batch_size=4, workers=2, partial=tmp_path / "p.jsonl",
+                              **kwargs)
+    assert fields(again) == fields(want) and all("batch" not in r["stats"] or r["stats"]["batch"]["pass_tokens"] > 0 for r in again)
+
+
+def test_a_cpu_worker_error_reaches_the_caller(setup, reference_tokenizer) -> None:
+    """A worker's exception comes back to the caller instead of a hang: bad input (here a turn that cannot fit the
+    target's positions) as the one-line ValueError the one-process run raises."""
+    from infer.prompts import mt_bench
+    from eval.runner import max_positions, run_conversations
+
+    target, drafter = make_drafter(setup, "pld")
+    conversations = mt_bench(2)
+    limit = max_positions(target)
+    with pytest.raises(ValueError, match=r"^question \S+ turn 1: \d+ prompt \+ 128 new tokens exceed the target's max_position_embeddings"):
+        run_conversations(target, drafter, reference_tokenizer, conversations, prefill_tokens=limit - 64, sampling=SamplingConfig(),
+                          max_new_tokens=128, eos_token_ids=setup[3], baseline=False, batch_size=2, workers=2)
+
+
+def test_a_cpu_worker_crash_or_death_is_an_error_not_a_hang(setup, reference_tokenizer, monkeypatch) -> None:
+    """Any other exception in a worker: a RuntimeError naming it with the worker's traceback; a worker that dies without
+    a word (killed, say): a RuntimeError with its exit code, after the parent's next 5-second wait."""
+    import os
+
+    from infer.prompts import mt_bench
+    from eval import runner
+
+    target, drafter = make_drafter(setup, "pld")
+    args = (target, drafter, reference_tokenizer, mt_bench(2))
+    kwargs = dict(prefill_tokens=0, sampling=SamplingConfig(), max_new_tokens=8, eos_token_ids=setup[3], baseline=False, batch_size=2,
+                  workers=2)
+
+    def crash(*a, **k):
+        raise ZeroDivisionError("a bug in a worker")
+
+    monkeypatch.setattr(runner, "decode_batched", crash)  # forked workers inherit the patched module
+    with pytest.raises(RuntimeError, match=r"(?s)CPU worker \d failed with ZeroDivisionError: a bug in a worker\n.*Traceback"):
+        runner.run_conversations(*args, **kwargs)
+    monkeypatch.setattr(runner, "decode_batched", lambda *a, **k: os._exit(3))
+    with pytest.raises(RuntimeError, match=r"a CPU worker process died \(exit code 3\) before sending its records"):
+        runner.run_conversations(*args, **kwargs)
+
+
+def test_cpu_workers_auto_and_refusals(monkeypatch) -> None:
+    """Auto: one worker per core when the batch gives every core 4 rows and --threads is unset; otherwise one process.
+    Refused in one line: workers off the CPU, more workers than rows, workers with --threads above 1."""
+    from eval import runner
+
+    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert runner.cpu_workers("cpu", 8, None) == 2
+    assert runner.cpu_workers("cpu", 7, None) == 1  # 3.5 rows a core
+    assert runner.cpu_workers("cpu", 8, 2) == 1 and runner.cpu_workers("cpu", 8, None, 1) == 1
+    assert runner.cpu_workers("cpu", 1, None) == 1 and runner.cpu_workers("cuda", 16, None) == 1
+    assert runner.cpu_workers("cpu", 8, 1, 4) == 4
+    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert runner.cpu_workers("cpu", 8, None) == 1  # a big machine: one process on all its threads
+    with pytest.raises(ValueError, match=r"--cpu-workers 2: worker processes split a batched run on the CPU; this run is on cuda"):
+        runner.cpu_workers("cuda", 8, None, 2)
+    with pytest.raises(ValueError, match=r"--cpu-workers 9; expected 1 to the batch size \(8\)"):
+        runner.cpu_workers("cpu", 8, None, 9)
+    with pytest.raises(ValueError, match=r"--cpu-workers 2 with --threads 2: workers are forked processes on one thread each"):
+        runner.cpu_workers("cpu", 8, 2, 2)
 
 
 def test_prepacked_linears_give_the_plain_matrices_tokens(setup) -> None:
