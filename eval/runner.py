@@ -325,18 +325,18 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
         except BaseException as e:
             messages.put(("error", (w, type(e).__name__, str(e), traceback.format_exc())))
 
-    processes = [context.Process(target=work, args=(w,), daemon=True) for w in range(workers) if shares[w]]
-    for process in processes:
+    processes = {w: context.Process(target=work, args=(w,), daemon=True) for w in range(workers) if shares[w]}
+    for process in processes.values():
         process.start()
     records: list[list[dict]] = [[] for _ in conversations]
     prompts: dict[tuple[int, int], list[int]] = {}
-    pending = len(processes)
+    pending = set(processes)
     try:
         while pending:
             try:
                 kind, payload = messages.get(timeout=5)
-            except queue.Empty:
-                dead = [p for p in processes if p.exitcode not in (None, 0)]
+            except queue.Empty:  # nothing for 5 s: a worker that has exited without its records will send none
+                dead = [processes[w] for w in pending if processes[w].exitcode is not None]
                 if dead:
                     raise RuntimeError(f"a CPU worker process died (exit code {dead[0].exitcode}) before sending its records")
                 continue
@@ -354,9 +354,9 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
                 for i, conv_records in zip(shares[w], share_records):
                     records[i] = conv_records
                 prompts.update(share_prompts)
-                pending -= 1
+                pending.discard(w)
     finally:
-        for process in processes:
+        for process in processes.values():
             process.join(timeout=5)
             if process.is_alive():
                 process.terminate()

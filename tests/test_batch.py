@@ -312,9 +312,10 @@ def test_a_cpu_worker_crash_or_death_is_an_error_not_a_hang(setup, reference_tok
     monkeypatch.setattr(runner, "decode_batched", crash)  # forked workers inherit the patched module
     with pytest.raises(RuntimeError, match=r"(?s)CPU worker \d failed with ZeroDivisionError: a bug in a worker\n.*Traceback"):
         runner.run_conversations(*args, **kwargs)
-    monkeypatch.setattr(runner, "decode_batched", lambda *a, **k: os._exit(3))
-    with pytest.raises(RuntimeError, match=r"a CPU worker process died \(exit code 3\) before sending its records"):
-        runner.run_conversations(*args, **kwargs)
+    for code in (3, 0):  # killed, or gone quietly
+        monkeypatch.setattr(runner, "decode_batched", lambda *a, **k: os._exit(code))
+        with pytest.raises(RuntimeError, match=rf"a CPU worker process died \(exit code {code}\) before sending its records"):
+            runner.run_conversations(*args, **kwargs)
 
 
 def test_cpu_workers_auto_and_refusals(monkeypatch) -> None:
