@@ -73,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                     "faster on one; one per core when batched)")
     common.add_argument("--cpu-workers", type=int, default=0,
                         help="batched on the CPU: split the rows and the conversations over this many forked one-thread processes "
-                             "(default 0 = one per core when --batch-size gives every core at least 4 rows and --threads is not set; "
+                             "(default 0 = on Linux, one per core when --batch-size gives every core at least 4 rows and --threads is not set; "
                              "1 = one process); each row's tokens are the same")
     common.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                         help="prefill every turn's whole prompt (default: the target alone and prompt lookup prefill a turn only past "

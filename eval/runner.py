@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import queue
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -185,15 +186,15 @@ def cpu_workers(device, batch_size: int, threads: int | None, requested: int | N
     one-thread processes run them side by side (prompt lookup on the reference target, 80 MT-Bench conversations, 2 cores:
     21.7 s against 25.7 s for one two-thread process; BENCHMARKS.md, issue 24). One thread each because GNU OpenMP's
     thread pool does not survive a fork: a forked child on 2 threads hung. Auto (None or 0): one worker per core when
-    the batch gives every core at least 4 rows and ``--threads`` is not set, else 1."""
+    the batch gives every core at least 4 rows and ``--threads`` is not set (Linux), else 1."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if not str(device).startswith("cpu") or batch_size < 2:
         if requested not in (None, 0, 1):
             raise ValueError(f"--cpu-workers {requested}: worker processes split a batched run on the CPU; this run is on {device} "
                              f"at batch size {batch_size}")
         return 1
-    if requested in (None, 0):
-        return cores if threads is None and cores >= 2 and batch_size >= 4 * cores else 1
+    if requested in (None, 0):  # Linux only: fork is the start method there (macOS's fork is unsafe with its frameworks)
+        return cores if threads is None and cores >= 2 and batch_size >= 4 * cores and sys.platform.startswith("linux") else 1
     if requested < 1 or requested > batch_size:
         raise ValueError(f"--cpu-workers {requested}; expected 1 to the batch size ({batch_size})")
     if requested > 1 and threads not in (None, 1):

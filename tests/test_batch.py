@@ -329,6 +329,9 @@ def test_cpu_workers_auto_and_refusals(monkeypatch) -> None:
     assert runner.cpu_workers("cpu", 8, 2) == 1 and runner.cpu_workers("cpu", 8, None, 1) == 1
     assert runner.cpu_workers("cpu", 1, None) == 1 and runner.cpu_workers("cuda", 16, None) == 1
     assert runner.cpu_workers("cpu", 8, 1, 4) == 4
+    monkeypatch.setattr(runner.sys, "platform", "darwin")
+    assert runner.cpu_workers("cpu", 8, None) == 1  # auto forks on Linux only
+    monkeypatch.setattr(runner.sys, "platform", "linux")
     monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: set(range(16)))
     assert runner.cpu_workers("cpu", 8, None) == 1  # a big machine: one process on all its threads
     with pytest.raises(ValueError, match=r"--cpu-workers 2: worker processes split a batched run on the CPU; this run is on cuda"):
