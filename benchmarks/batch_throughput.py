@@ -38,6 +38,11 @@ from infer.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from models.sampling import SamplingConfig  # noqa: E402
 
 
+def cpu_now() -> float:
+    """CPU seconds of this process and of its finished children (eval's forked workers)."""
+    return time.process_time() + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--target", required=True)
@@ -93,8 +98,6 @@ def main() -> None:
             workers = cpu_workers(device, bs, None, args.cpu_workers)
             threads = torch.get_num_threads() if workers == 1 else f"1 x {workers} workers"
             phases = PhaseTimer(target, d) if args.phase_times and device == "cuda" else None
-            # CPU time: this process's and its finished children's (the workers, when forked)
-            cpu_now = lambda: time.process_time() + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])  # noqa: E731
             t0, c0 = time.perf_counter(), cpu_now()
             records = run_conversations(target, d, tokenizer, conversations, prefill_tokens=0, sampling=SamplingConfig(),
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=bs,

@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from infer.prompts import Conversation
@@ -187,7 +188,9 @@ def cpu_workers(device, batch_size: int, threads: int | None, requested: int | N
     21.7 s against 25.7 s for one two-thread process; BENCHMARKS.md, issue 24). One thread each because GNU OpenMP's
     thread pool does not survive a fork: a forked child on 2 threads hung. Auto (None or 0): one worker per core when
     the batch gives every core at least 4 rows and ``--threads`` is not set (Linux), else 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from infer import loading
+
+    cores = loading.DEFAULT_THREADS  # the cores eval's batched runs take as threads (``set_threads``): one worker each
     if not str(device).startswith("cpu") or batch_size < 2:
         if requested not in (None, 0, 1):
             raise ValueError(f"--cpu-workers {requested}: worker processes split a batched run on the CPU; this run is on {device} "
@@ -315,8 +318,6 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
 
     def work(w: int) -> None:
         try:
-            import torch
-
             torch.set_num_threads(1)
             mine = shares[w]
             records, prompts = decode_batched(target, drafter, tokenizer, [conversations[i] for i in mine], mine, rows[w],

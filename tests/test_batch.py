@@ -322,8 +322,9 @@ def test_cpu_workers_auto_and_refusals(monkeypatch) -> None:
     """Auto: one worker per core when the batch gives every core 4 rows and --threads is unset; otherwise one process.
     Refused in one line: workers off the CPU, more workers than rows, workers with --threads above 1."""
     from eval import runner
+    from infer import loading
 
-    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(loading, "DEFAULT_THREADS", 2)  # a 2-core machine
     assert runner.cpu_workers("cpu", 8, None) == 2
     assert runner.cpu_workers("cpu", 7, None) == 1  # 3.5 rows a core
     assert runner.cpu_workers("cpu", 8, 2) == 1 and runner.cpu_workers("cpu", 8, None, 1) == 1
@@ -332,7 +333,7 @@ def test_cpu_workers_auto_and_refusals(monkeypatch) -> None:
     monkeypatch.setattr(runner.sys, "platform", "darwin")
     assert runner.cpu_workers("cpu", 8, None) == 1  # auto forks on Linux only
     monkeypatch.setattr(runner.sys, "platform", "linux")
-    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(loading, "DEFAULT_THREADS", 16)
     assert runner.cpu_workers("cpu", 8, None) == 1  # a big machine: one process on all its threads
     with pytest.raises(ValueError, match=r"--cpu-workers 2: worker processes split a batched run on the CPU; this run is on cuda"):
         runner.cpu_workers("cuda", 8, None, 2)
