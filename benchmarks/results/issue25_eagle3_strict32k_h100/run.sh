@@ -12,7 +12,12 @@
 # .dev/pf4's, DIR/sharegpt_heldout_prompts.jsonl .dev/hp's: the same bytes, checked with md5sum).
 set -u
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 SWA_DRAFTERS_CACHE=/tmp/swacache
-mkdir -p /tmp/bin && ln -sf "$(command -v python3)" /tmp/bin/python && export PATH=/tmp/bin:$PATH  # the pipeline calls python
+# the pipeline calls python: a wrapper, not a symlink (a symlink to a venv's python starts the base interpreter, without
+# the venv's packages)
+if ! command -v python > /dev/null; then
+  mkdir -p /tmp/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/bin/python && chmod +x /tmp/bin/python
+  export PATH=/tmp/bin:$PATH
+fi
 cd /tmp/repo
 R=/tmp/res21; mkdir -p $R
 nvidia-smi --query-gpu=name,memory.total --format=csv > $R/gpu.txt
