@@ -33,6 +33,7 @@ from models.dflash import (DFlashDraftModel, LayerMaskSpec, dense_mask, flex_blo
 from models.target import TargetModel, default_layer_ids
 
 from .config import DrafterConfigBase, TrainConfig
+from .cross_entropy import logits_cross_entropy
 from .loop_eval import leading_correct, tau_summaries, walk_segments
 
 log = logging.getLogger(__name__)
@@ -492,7 +493,7 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.T
     slot = torch.arange(q_len, device=labels.device) % block_size
     has_label = labels != IGNORE
     ce_labels = torch.where(labels == OUTSIDE, IGNORE, labels)
-    ce = F.cross_entropy(logits.float().reshape(-1, vocab), ce_labels.reshape(-1), ignore_index=IGNORE, reduction="none").view(bsz, q_len)
+    ce = logits_cross_entropy(logits.reshape(-1, vocab), ce_labels.reshape(-1), ignore_index=IGNORE).view(bsz, q_len)
     if dpace_alpha is None:
         weight = torch.exp(-(slot - 1).clamp(min=0).float() / gamma).expand(bsz, -1)
     else:
