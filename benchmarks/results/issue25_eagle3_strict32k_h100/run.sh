@@ -27,3 +27,4 @@ bash benchmarks/small_target_pipeline.sh /tmp/tgt /tmp/pf4/sharegpt_prompts.json
   data.max_records=3000
 # the kept ratios' intervals, as for DFlash
 python3 benchmarks/sweep_kept_ci.py $R/sweep_eagle3 > $R/kept_ci.txt 2>&1
+touch $R/ALL_DONE  # the pipeline writes DONE before the line above: wait for this one
