@@ -216,20 +216,24 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             start_wave()
 
     def pack() -> int:
-        """How many rows step: the first m, m past the last live row. Where rows hold no drafter caches and the target
-        is not captured (the CPU), live rows move down into finished ones while no request waits for a row, so a batch
-        draining at its end stops paying for rows that have nothing to decode (a CPU verify costs per row)."""
+        """How many rows step: the first m, m past the last live row. Where nothing is captured (the CPU) and the rows
+        hold no drafter caches or DFlash's chain caches (which move with them), live rows move down into finished ones
+        while no request waits for a row, so a batch draining at its end stops paying for rows that have nothing to
+        decode (a CPU verify and block pass cost per row)."""
         if packable and not waiting:
             live = [r for r, row in enumerate(rows) if row is not None]
             holes = [r for r in range(len(live)) if rows[r] is None]
             for dst, src in zip(holes, [r for r in live if r >= len(live)]):
                 target.move_row(src, dst, rows[src].pos)
+                if isinstance(drafter, StaticDFlashDrafter):
+                    drafter.move_row(src, dst)
                 rows[dst], rows[src] = rows[src], None
                 cached[dst] = cached[src] = []
                 tokens[dst], positions[dst], positions[src] = tokens[src], positions[src], 0
         return max(r for r, row in enumerate(rows) if row is not None) + 1
 
-    packable = not target.capture and (drafter is None or isinstance(drafter, PromptLookupDrafter))
+    dflash_chain = isinstance(drafter, StaticDFlashDrafter) and not drafter.capture and not tree
+    packable = not target.capture and (drafter is None or isinstance(drafter, PromptLookupDrafter) or dflash_chain)
     waiting: list[tuple[int, int, list[int]]] = []  # (row, stream, prompt) queued for the next wave of prefills
     wave = max(1, rows_n // 8) if refill_wave is None else refill_wave
     for r in range(rows_n):
@@ -281,15 +285,15 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
                 tree_tokens, parents, depths, tree_mask = merge_chains(tree_tokens, parents, depths, chains, drafter.tree_lookup)
             ids = torch.cat([tokens[:, None], tree_tokens], dim=1)
         elif isinstance(drafter, StaticDFlashDrafter):
-            logits, greedy = drafter.block_logits(tokens, positions)
+            logits, greedy = drafter.block_logits(tokens[:m], positions[:m])  # m < B: a packed draining batch (the CPU)
             if sampling.greedy:
                 draft_tokens, draft_probs = greedy.clone(), None
             else:
                 drawn = [drafter.choose(logits[r], sampling, row.generator) if row else drafter.choose(logits[r], SamplingConfig(), None)
-                         for r, row in enumerate(rows)]
+                         for r, row in enumerate(rows[:m])]
                 draft_tokens = torch.stack([d[0] for d in drawn])
                 draft_probs = [d[1] for d in drawn]
-            ids = torch.cat([tokens[:, None], draft_tokens], dim=1)
+            ids = torch.cat([tokens[:m, None], draft_tokens], dim=1)
         elif isinstance(drafter, StaticEagle3Drafter):
             # each row's Exp(1) noise from its own generator, step by step, as batch 1 draws it (idle rows: a throwaway one)
             generators = None if sampling.greedy else [row.generator if row else idle_generator for row in rows]
@@ -344,7 +348,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             accepted = torch.stack([v[0].long() for v in verified])
             new_token = torch.stack([v[1].long() for v in verified])
         if isinstance(drafter, StaticDFlashDrafter) and not tree:
-            drafter.append(features, positions)
+            drafter.append(features, positions[:m])
         elif isinstance(drafter, StaticEagle3Drafter) and not tree:  # the whole verify block (appends_whole_block), the next draft reads it
             drafter.append(features, positions, ids)
         values = torch.cat([accepted[:, None], draft_tokens if draft_tokens is not None else accepted[:, None][:, :0],

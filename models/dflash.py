@@ -948,13 +948,22 @@ class StaticDFlashDrafter:
         for slot_pos in self.slot_pos.values():
             slot_pos[row] = -1
 
+    def move_row(self, src: int, dst: int) -> None:
+        """Row ``src``'s context (every layer's keys and values, the slots' positions) into row ``dst``: ``infer.batch``
+        packs a draining batch's live rows into the first ones on the CPU, so the passes below run over those alone
+        (they take the first B rows of the buffers when given B < the allocated batch)."""
+        for k_buf, v_buf in zip(self.k, self.v):
+            k_buf[dst], v_buf[dst] = k_buf[src], v_buf[src]
+        for slot_pos in self.slot_pos.values():
+            slot_pos[dst] = slot_pos[src]
+
     # --------------------------------------------------------------------------------------- the two passes
 
     def _append(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:
         # features [B, m, k*H] at positions start[b] .. start[b]+m-1 (row given: [1, m, k*H] into that row only)
         bsz, m, _ = features.shape
         hkv, d = self.model.config.num_key_value_heads, self.model.config.head_dim
-        rows = slice(None) if row is None else slice(row, row + 1)
+        rows = slice(0, bsz) if row is None else slice(row, row + 1)  # the first B rows (a packed batch), or that row
         context = self.model.project_context(features.to(self.model.fc.weight.dtype))  # [B, m, H]
         positions = start[:, None] + torch.arange(m, device=start.device)  # [B, m]
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [B, m, 1, D]
@@ -978,7 +987,7 @@ class StaticDFlashDrafter:
 
     def _visible(self, anchor: torch.Tensor, rows: int = 1) -> dict:
         # [B, 1, 1, R*b, S + R*b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot))
-        return {rule: rows_visible(block_visible(slot_pos, anchor, self.block_size, rule), rows)[:, None, None]
+        return {rule: rows_visible(block_visible(slot_pos[:anchor.shape[0]], anchor, self.block_size, rule), rows)[:, None, None]
                 for rule, slot_pos in self.slot_pos.items()}
 
     def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None) -> torch.Tensor:
@@ -996,6 +1005,7 @@ class StaticDFlashDrafter:
         cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, R*b, 1, D]
         visible = self._visible(anchor, rows) if visible is None else visible
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
+            k_buf, v_buf = k_buf[:bsz], v_buf[:bsz]  # the first B rows (a packed batch: B < the allocated rows)
             attn = layer.self_attn
             q, k, v = F.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
             q = rotate(attn.q_norm(q.view(bsz, n, hq, d)), cos, sin)  # [B, R*b, Hq, D]

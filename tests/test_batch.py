@@ -162,27 +162,54 @@ def test_rows_refilled_in_waves_equal_batch_one(setup, drafter_kind, monkeypatch
     assert sum(calls) == len(prompts) and calls[0] == 4 and max(calls[1:]) >= 2
 
 
-@pytest.mark.parametrize("drafter_kind", ["none", "pld"])
+@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash"])
 @pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])  # quick tier: greedy
 def test_a_draining_batch_steps_only_its_live_rows(setup, drafter_kind, temperature, monkeypatch) -> None:
     """Once no request waits, live rows move down into finished ones and only the rows up to the last live one step
-    (the CPU, no drafter caches): every prompt's tokens and accepted counts are still batch 1's, and rows did move
-    and steps did shrink. A token of row 0's reply that the other replies lack is made an end-of-sequence token, so
-    row 0 finishes first and leaves a hole below live rows."""
+    (the CPU; DFlash's chain caches move with their rows): every prompt's tokens and accepted counts are still batch
+    1's, and rows did move and steps did shrink. A token of row 0's reply that the other replies lack is made an
+    end-of-sequence token, so row 0 finishes first and leaves a hole below live rows. (DFlash's drafts read the moved
+    context: a row whose caches stayed behind drafts from another row's and accepts other counts.)"""
     prompts = setup[2][:4]
     target, drafter = make_drafter(setup, drafter_kind)
     sampling = SamplingConfig(temperature=temperature, seed=3)
     replies = [generate(target, drafter, p, 24, sampling, eos_token_ids=setup[3]).tokens for p in prompts]
     eos = setup[3] + [next(t for t in replies[0][:12] if all(t not in r for r in replies[1:]))]
     want = [generate(target, drafter, p, 24, sampling, eos_token_ids=eos) for p in prompts]
-    moves, widths = [], []
+    moves, widths, drafter_moves = [], [], []
     move_row, step = target.move_row, target.step
     monkeypatch.setattr(target, "move_row", lambda src, dst, n: moves.append((src, dst)) or move_row(src, dst, n))
     monkeypatch.setattr(target, "step", lambda ids, pos, lengths=None: widths.append(ids.shape[0]) or step(ids, pos, lengths))
+    if drafter_kind == "dflash":  # its caches move with the target's (their arithmetic: the test below)
+        drafter_move = drafter.move_row
+        monkeypatch.setattr(drafter, "move_row", lambda src, dst: drafter_moves.append((src, dst)) or drafter_move(src, dst))
     got = generate_batch(target, drafter, prompts, 24, batch_size=4, sampling=sampling, eos_token_ids=eos)
     assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
     assert moves and all(src > dst for src, dst in moves)
     assert widths[0] == 4 and min(widths) < 4
+    assert drafter_moves == (moves if drafter_kind == "dflash" else [])
+
+
+def test_a_dflash_row_moved_drafts_as_its_own_row_did(setup) -> None:
+    """``StaticDFlashDrafter.move_row`` and a pass over the first rows only (a packed batch): row 2's context moved
+    into row 0, the block logits of a one-row pass equal row 2's in a three-row pass before the move (each row's own
+    context: different lengths and features, so a row drafting from another row's context gives other logits)."""
+    _, drafter = make_drafter(setup, "dflash")
+    gen = torch.Generator().manual_seed(0)
+    width = drafter.model.fc.in_features
+    lengths = [5, 9, 7]
+    drafter.allocate(64, batch=3)
+    for r, n in enumerate(lengths):
+        drafter.append(torch.randn(1, n, width, generator=gen), torch.tensor([0]), row=r)
+    tokens, anchors = torch.tensor([11, 12, 13]), torch.tensor(lengths)
+    before = drafter.block_logits(tokens, anchors)[0].clone()
+    assert not torch.allclose(before[0], before[2], atol=1e-3)  # the rows' contexts do differ
+    drafter.move_row(2, 0)
+    moved = drafter.block_logits(tokens[[2]], anchors[[2]])[0]
+    torch.testing.assert_close(moved[0], before[2], rtol=1e-4, atol=1e-5)
+    drafter.append(torch.randn(2, 16, width, generator=gen), anchors[[2, 1]])  # a block append into the first 2 rows
+    after = drafter.block_logits(tokens[[2, 1]], anchors[[2, 1]] + 16)[0]
+    assert after.shape[0] == 2 and torch.isfinite(after).all()
 
 
 @pytest.mark.parametrize("run_steps", [3, 8])
