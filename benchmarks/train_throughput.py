@@ -115,7 +115,7 @@ def measure(args: argparse.Namespace) -> None:
         table = prof.key_averages()
         print(table.table(sort_by="self_cpu_time_total", row_limit=25))
         if run.device.type == "cuda":
-            print(table.table(sort_by="self_device_time_total", row_limit=20))
+            print(table.table(sort_by="self_device_time_total", row_limit=60))
             # the GPU's share of the profiled steps' wall time (the profiler slows the host, so an upper bound on idle)
             from torch.autograd import DeviceType
 

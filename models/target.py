@@ -37,6 +37,7 @@ beside the target's own KV cache.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +60,53 @@ class TargetFeatures:
     logits: torch.Tensor | None = None
     # final_hidden: [B, T, H] the last layer's normed output (logits = lm_head(final_hidden)) when asked for
     final_hidden: torch.Tensor | None = None
+
+
+# An attention implementation registered with transformers' public AttentionInterface / AttentionMaskInterface: SDPA's
+# own forward, and SDPA's mask except inside ``whole_causal_pass()`` (the compiled capture: no padding mask, no cache,
+# no position ids of ours, as many queries as keys, no window), where the mask is None and SDPA runs with is_causal.
+# transformers (5.17) never skips the mask under torch.compile: while tracing it cannot rule out packed sequences in
+# the position ids it made itself, so a compiled capture materialised a [B, 1, T, T] mask and cuDNN ran its masked
+# kernel: 0.52 ms a layer against 0.19 ms causal for 16 x 2048 tokens at head_dim 64 on the H100 (BENCHMARKS.md,
+# issue 25). Outside that scope (eager captures, padding masks, caches, windows) the mask is SDPA's, as before.
+CAUSAL_SDPA = "swa_causal_sdpa"
+_WHOLE_CAUSAL_PASS = {"on": False}
+
+
+@contextmanager
+def whole_causal_pass():
+    """While on, ``CAUSAL_SDPA`` drops the mask of a full causal pass: only for forwards with no padding mask, cache or
+    position ids (one sequence per row from position 0), which its caller guarantees."""
+    _WHOLE_CAUSAL_PASS["on"] = True
+    try:
+        yield
+    finally:
+        _WHOLE_CAUSAL_PASS["on"] = False
+
+
+def register_causal_sdpa() -> bool:
+    """Register ``CAUSAL_SDPA`` (idempotent); False, with a warning, where this transformers lacks the interfaces."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        sdpa_forward, sdpa_mask = ALL_ATTENTION_FUNCTIONS["sdpa"], ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    except (ImportError, KeyError) as e:
+        log.warning("transformers has no AttentionInterface/AttentionMaskInterface with sdpa (%s): the compiled capture keeps "
+                    "SDPA's materialised causal mask (slower)", e)
+        return False
+
+    def causal_sdpa_mask(*args, **kwargs):
+        q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
+        plain_causal = (_WHOLE_CAUSAL_PASS["on"] and not args and kwargs.get("attention_mask") is None and kwargs.get("local_size") is None
+                        and isinstance(q_offset, int) and q_offset == 0 and isinstance(kv_offset, int) and kv_offset == 0
+                        and kwargs.get("q_length") == kwargs.get("kv_length"))
+        return None if plain_causal else sdpa_mask(*args, **kwargs)  # None: the attention runs SDPA with is_causal
+
+    AttentionInterface.register(CAUSAL_SDPA, sdpa_forward)
+    AttentionMaskInterface.register(CAUSAL_SDPA, causal_sdpa_mask)
+    return True
 
 
 def default_layer_ids(drafter: str, num_layers: int, num_features: int | None = None) -> list[int]:
@@ -195,13 +243,16 @@ class TargetModel:
         with the stack's eager glue between them (on a 27M target each call costs more host time than its GPU work).
         The layers' hooks are registered once here and record only during that call, so the graph sees no hook
         being added or removed (either breaks it); the shortened stack is one fixed ModuleList, so the graph's guards
-        hold from call to call."""
+        hold from call to call. On SDPA the model switches to ``CAUSAL_SDPA``: called with no padding mask (the trainer's
+        right-padded batches) its graph runs SDPA's causal kernels instead of a materialised mask."""
         from kernels.attention import raise_recompile_limit
 
         self.check_layer_ids(layer_ids)
         if getattr(self, "_compiled_capture", None) is not None:
             raise RuntimeError(f"compile_capture: already compiled for layers {self._compiled_capture[0]} (its hooks stay registered)")
         raise_recompile_limit()  # one graph per shape: trainer.pad_multiple's few and the evaluation's
+        if self.config._attn_implementation == "sdpa" and register_causal_sdpa():
+            self.model.set_attn_implementation(CAUSAL_SDPA)  # an unpadded causal pass without a mask (CAUSAL_SDPA)
         ids, state = list(layer_ids), {"on": False}
         recorded: dict[int, torch.Tensor] = {}
         for i in set(ids):
@@ -271,7 +322,9 @@ class TargetModel:
         compiled = getattr(self, "_compiled_capture", None)
         if compiled is not None and compiled[0] == list(layer_ids) and not (with_logits or with_final_hidden):
             ids, state, features = compiled
-            with self._stack_cut_after(deepest + 1):
+            # no padding mask: one causal pass per row (the trainer's right-padded rows; CAUSAL_SDPA drops the mask)
+            causal = whole_causal_pass() if attention_mask is None else contextlib.nullcontext()
+            with self._stack_cut_after(deepest + 1), causal:
                 state["on"] = True
                 try:
                     return TargetFeatures(features=features(input_ids, attention_mask), logits=None, final_hidden=None)

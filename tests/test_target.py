@@ -161,3 +161,83 @@ def test_compiled_capture_equals_capture_without_recompiling(reference_target_pa
     plain = target.capture(batch["input_ids"], [0, 2], attention_mask=batch["attention_mask"], with_logits=True)
     assert plain.logits is not None and plain.features.shape[-1] == 2 * H
     assert target._compiled_capture[1] == {"on": False}
+
+
+@pytest.mark.parametrize("with_final_hidden", [False, True])
+def test_trainer_capture_without_padding_mask_equals_masked_on_real_tokens(reference_target: TargetModel, with_final_hidden: bool) -> None:
+    """The trainer reads the target with no padding mask (``StepContext.target_features``: SDPA keeps its causal
+    kernels): on the right-padded batches ``collate_padded`` builds, every real token's features (and final hidden
+    state) equal a masked forward's; only the pads' own differ. Left padding would break it (checked: the rule is
+    the padding side's, not the model's)."""
+    from types import SimpleNamespace
+
+    from train.trainer import StepContext
+
+    batch = padded_batch(reference_target)
+    layer_ids = default_layer_ids("dflash", reference_target.num_layers, 3)
+    ctx = SimpleNamespace(store=None, target=reference_target, layer_ids=layer_ids, device=torch.device("cpu"))
+    got = StepContext.target_features(ctx, batch, with_final_hidden=with_final_hidden)
+    ref = reference_target.capture(batch["input_ids"], layer_ids, attention_mask=batch["attention_mask"], with_final_hidden=with_final_hidden)
+    real = batch["attention_mask"].bool()
+    assert not real.all(), "want padding"
+    torch.testing.assert_close(got.features[real], ref.features[real], rtol=1e-5, atol=1e-5)
+    if with_final_hidden:
+        torch.testing.assert_close(got.final_hidden[real], ref.final_hidden[real], rtol=1e-5, atol=1e-5)
+    # the same batch padded on the left: without the mask its real tokens read the pads, so they differ
+    lengths = batch["attention_mask"].sum(1)
+    shift = [int(batch["input_ids"].shape[1] - n) for n in lengths]
+    left = {k: torch.stack([v[i].roll(s) for i, s in enumerate(shift)]) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    unmasked = reference_target.capture(left["input_ids"], layer_ids).features
+    masked = reference_target.capture(left["input_ids"], layer_ids, attention_mask=left["attention_mask"]).features
+    assert not torch.allclose(unmasked[left["attention_mask"].bool()], masked[left["attention_mask"].bool()], atol=1e-3)
+
+
+def test_causal_sdpa_mask_is_dropped_only_for_a_whole_unpadded_causal_pass() -> None:
+    """``CAUSAL_SDPA``'s mask function: None (SDPA's is_causal) only inside ``whole_causal_pass()`` and there only with
+    no padding mask, no offsets, as many queries as keys and no window (transformers' compiled tracing passes
+    allow_is_causal_skip=False: it is not read); every other call gets SDPA's own mask, the same tensor."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask_function
+
+    from models.target import CAUSAL_SDPA, register_causal_sdpa, whole_causal_pass
+
+    assert register_causal_sdpa()
+    ours, sdpa = ALL_MASK_ATTENTION_FUNCTIONS[CAUSAL_SDPA], ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    base = dict(batch_size=2, q_length=6, kv_length=6, q_offset=0, kv_offset=0, mask_function=causal_mask_function,
+                attention_mask=None, allow_is_causal_skip=False, device="cpu")
+    with whole_causal_pass():
+        assert ours(**base) is None
+    assert torch.equal(ours(**base), sdpa(**base))  # outside the scope: SDPA's mask
+    padding = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    for change in (dict(attention_mask=padding), dict(q_length=2, q_offset=4), dict(local_size=3)):
+        kwargs = {**base, **change}
+        with whole_causal_pass():
+            got = ours(**kwargs)
+        want = sdpa(**kwargs)
+        assert got is not None and torch.equal(got, want), change
+
+
+def test_compiled_capture_without_a_mask_runs_causal_and_keeps_masks_when_given(reference_target_path) -> None:
+    """After ``compile_capture`` (the model on ``CAUSAL_SDPA``): the compiled capture of a right-padded batch with no
+    padding mask equals HF's masked ``output_hidden_states`` on every real token, and a plain forward with a left-padding
+    mask still honours the mask (equal to a fresh SDPA model's)."""
+    from models.target import CAUSAL_SDPA
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    fresh = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    layer_ids = [1, 4]
+    target.compile_capture(layer_ids)
+    assert target.config._attn_implementation == CAUSAL_SDPA
+    batch = padded_batch(target)
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        ref = fresh.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True).hidden_states
+    got = target.capture(batch["input_ids"], layer_ids).features
+    H = target.hidden_size
+    for j, layer_id in enumerate(layer_ids):
+        torch.testing.assert_close(got[..., j * H:(j + 1) * H][real], ref[layer_id + 1][real], rtol=1e-5, atol=1e-5)
+    shift = [int(batch["input_ids"].shape[1] - n) for n in batch["attention_mask"].sum(1)]
+    left = {k: torch.stack([v[i].roll(s) for i, s in enumerate(shift)]) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    with torch.no_grad():
+        mine = target.model(input_ids=left["input_ids"], attention_mask=left["attention_mask"]).logits
+        theirs = fresh.model(input_ids=left["input_ids"], attention_mask=left["attention_mask"]).logits
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)

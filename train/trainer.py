@@ -208,8 +208,11 @@ class StepContext:
         if "segments" in batch:  # packed rows: those data.pack_fresh_fraction marked are read one conversation at a time
             return self.target.capture_segments(input_ids.to(self.device), self.layer_ids, batch["attention_mask"].to(self.device),
                                                 batch["segments"], with_final_hidden=with_final_hidden)
-        return self.target.capture(input_ids.to(self.device), self.layer_ids, attention_mask=batch["attention_mask"].to(self.device),
-                                   with_final_hidden=with_final_hidden)
+        # No padding mask: collate_padded pads on the right, so under the target's causal attention no real token sees
+        # a pad, and the mask would change only the pads' own features, which no loss or drafter key reads
+        # (tests/test_target.py). With it, a compiled capture materialises a [B, 1, T, T] mask and SDPA runs a
+        # masked kernel instead of its causal flash one (BENCHMARKS.md, issue 25: 0.52 ms a target layer on the H100).
+        return self.target.capture(input_ids.to(self.device), self.layer_ids, attention_mask=None, with_final_hidden=with_final_hidden)
 
     def autocast(self):
         if self.bf16:
