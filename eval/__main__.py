@@ -55,7 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--dtype", default="auto")
     common.add_argument("--draft-steps", type=int,
                         help="EAGLE-3: drafts per step, the chain's length (default: the TTT steps it was trained with); prompt "
-                             "lookup beside it drafts as many. With --drafter pld: its drafts per step (default 15)")
+                             "lookup beside it drafts as many. With --drafter pld: its drafts per step (default 15). DFlash chains: "
+                             "the first N drafts of the block verified (default all: block size - 1; a shorter verify for "
+                             "compute-bound steps, e.g. batches on the CPU)")
     common.add_argument("--tree-topk", type=int, help="dynamic tree drafting (EAGLE-3: EAGLE-2's trees; DFlash: over its block's "
                                                       "marginals), top-k children per node and nodes expanded per depth (greedy; "
                                                       "prompt lookup beside drafts a chain as deep as the tree)")

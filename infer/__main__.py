@@ -35,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--window", default="trained", help="drafter window at inference: trained | none | W")
-    p.add_argument("--draft-steps", type=int, help="EAGLE-3: chain length (tree depth); default the drafter's ttt_length")
+    p.add_argument("--draft-steps", type=int, help="EAGLE-3: chain length (tree depth); default the drafter's ttt_length. DFlash chains: the first N drafts of its block verified (default all)")
     p.add_argument("--tree-topk", type=int, help="dynamic tree drafting (EAGLE-3: EAGLE-2's trees; DFlash: over its block's marginals), "
                                                   "top-k children per node and nodes expanded per depth (greedy only)")
     p.add_argument("--tree-tokens", type=int, help="dynamic tree drafting (EAGLE-3, DFlash): nodes verified per step")

@@ -64,8 +64,8 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
     drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
-    draft_steps: EAGLE-3 only (chain length / tree depth); refused for a DFlash drafter, whose block size is fixed by
-        training.
+    draft_steps: EAGLE-3: chain length / tree depth; DFlash chains: the first N drafts of the trained block verified
+        (``StaticDFlashDrafter(draft_tokens=N)``: a shorter verify, and a shorter block pass where the block is causal).
     tree_topk, tree_tokens: tree drafting when either is given (EAGLE-3: EAGLE-2's dynamic tree; DFlash: the same over
         its block's marginals, as deep as the block).
     tree_lookup: trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
@@ -86,9 +86,9 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
         if eagle3 and tree_redraft:
             raise ValueError(f"drafter {drafter_path} is an EAGLE-3 drafter: --tree-redraft is a DFlash option (EAGLE-3's trees draft "
                              f"every node from its parent already)")
-        if not eagle3 and draft_steps is not None:
-            raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps is an EAGLE-3 option (a DFlash block's "
-                             f"drafts are fixed by training: block_size {config.get('block_size')})")
+        if not eagle3 and draft_steps is not None and (tree_topk is not None or tree_tokens is not None or tree_lookup):
+            raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps (the first N drafts of its block verified) "
+                             f"is for chains; a tree's size is --tree-tokens")
         layer_ids = list(config["target_layer_ids"] if eagle3 else config["dflash_config"]["target_layer_ids"])
         where = "target_layer_ids" if eagle3 else "dflash_config.target_layer_ids"
         target.check_layer_ids(layer_ids, where=f"{drafter_path}/config.json {where}")
@@ -107,7 +107,11 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                        Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend, **trees))
         else:
             trees["tree_redraft"] = tree_redraft
-            drafter = (StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, **trees) if static else
+            if draft_steps is not None and not static:
+                raise ValueError(f"--draft-steps with a DFlash drafter runs on the static drafter: --backend {attention_backend} "
+                                 "drafts with the eager one, which verifies whole blocks; use --backend sdpa")
+            drafter = (StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, draft_tokens=draft_steps, **trees)
+                       if static else
                        DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend, **trees))
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
 
@@ -122,7 +126,10 @@ def drafting_label(drafter) -> str:
     eagle3 = isinstance(drafter, (StaticEagle3Drafter, Eagle3Drafter))
     depth = drafter.steps if eagle3 else drafter.block_size - 1
     if not drafter.tree:
-        return f"EAGLE-3 chain of {depth}" if eagle3 else f"DFlash block of {drafter.block_size}"
+        if eagle3:
+            return f"EAGLE-3 chain of {depth}"
+        block = getattr(drafter, "block", drafter.block_size)
+        return f"DFlash block of {block}" + (f", its first {depth} drafts verified" if depth < block - 1 else "")
     label = f"{'EAGLE-3' if eagle3 else 'DFlash'} tree top-{drafter.tree_topk}, {drafter.tree_tokens} nodes, depth {depth}"
     if drafter.tree_lookup:
         label += f", + prompt lookup's chain of {drafter.tree_lookup}"

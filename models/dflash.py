@@ -876,17 +876,28 @@ class StaticDFlashDrafter:
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None,
                  compile: bool | None = None, fused: "FusedWeights | None" = None, tree_topk: int | None = None,
-                 tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0):
+                 tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0, draft_tokens: int | None = None):
         self.model = model.eval().requires_grad_(False)
         self.fused = fused or FusedWeights.of(model)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         self.head = model.head(lm_head)  # a draft vocabulary's reduced head reads Vd rows, not the target's V
-        self.block_size = model.block_size
+        self.block = model.block_size  # the trained block: the caches' scratch and a tree's depth
         # trees (``DFlashDrafter``'s options; batched in ``infer.batch``): the accepted path comes back as one block
         self.tree, self.tree_topk, self.tree_tokens = dflash_tree_options(model, tree_topk, tree_tokens, tree_lookup, tree_redraft)
         self.tree_lookup, self.tree_redraft = tree_lookup, tree_redraft
-        self.verify_tokens = self.tree_tokens + tree_lookup + 1 if self.tree else model.block_size
+        # draft_tokens (chains): verify the block's first k drafts only. Where every layer is causal inside the block
+        # (the recipes' sliding layers), slot j sees no later slot, so the pass runs the first k + 1 slots alone and
+        # drafts what the whole block's first k slots would; else the whole block runs and its first k drafts are kept.
+        # Lossless either way; fewer verified tokens for a lower ceiling on accepted drafts (a compute-bound step: the CPU)
+        if draft_tokens is not None and (self.tree or not 1 <= draft_tokens <= self.block - 1):
+            raise ValueError(f"draft_tokens={draft_tokens}: a DFlash chain verifies 1 .. {self.block - 1} drafts (its block of "
+                             f"{self.block}); trees take --tree-tokens")
+        self.drafts = self.block - 1 if draft_tokens is None else draft_tokens
+        block_causal = all(rule.causal for rule in layer_attention(model, window))
+        self.pass_slots = self.drafts + 1 if block_causal else self.block
+        self.block_size = self.block if self.tree else self.drafts + 1  # the loop's protocol: most tokens one step makes
+        self.verify_tokens = self.tree_tokens + tree_lookup + 1 if self.tree else self.drafts + 1
         self.mask_token_id = model.mask_token_id
         self.target_layer_ids = model.target_layer_ids
         self.rules = layer_attention(model, window)
@@ -912,7 +923,7 @@ class StaticDFlashDrafter:
     def with_window(self, window) -> "StaticDFlashDrafter":
         return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused,
                                    self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup,
-                                   self.tree_redraft)
+                                   self.tree_redraft, None if self.tree else self.drafts)
 
     @property
     def device(self) -> torch.device:
@@ -926,13 +937,13 @@ class StaticDFlashDrafter:
             self.k, self.v, self.slot_pos = [], [], {}
             self.graphs.clear()
             for rule in self.rules:
-                slots = capacity if rule.window is None or rule.window + self.block_size >= capacity else rule.window + self.block_size
-                shape = (batch, cfg.num_key_value_heads, slots + self.block_size, cfg.head_dim)
+                slots = capacity if rule.window is None or rule.window + self.block >= capacity else rule.window + self.block
+                shape = (batch, cfg.num_key_value_heads, slots + self.block, cfg.head_dim)
                 self.k.append(torch.zeros(shape, dtype=dtype, device=self.device))
                 self.v.append(torch.zeros(shape, dtype=dtype, device=self.device))
                 if rule not in self.slot_pos:
                     self.slot_pos[rule] = torch.full((batch, slots), -1, dtype=torch.long, device=self.device)
-            positions = torch.arange(capacity + self.block_size, device=self.device)[None]
+            positions = torch.arange(capacity + self.block, device=self.device)[None]
             cos, sin = self.model.rotary_emb(self.k[0], positions)
             self.cos, self.sin = cos[0], sin[0]  # [capacity + block, D]
             self.capacity, self.batch = capacity, batch
@@ -941,7 +952,7 @@ class StaticDFlashDrafter:
 
     def reset(self, max_positions: int) -> None:
         """``infer.generate``'s batch-1 protocol."""
-        self.allocate(max_positions + self.block_size, 1)
+        self.allocate(max_positions + self.block, 1)
 
     def clear_row(self, row: int) -> None:
         """Forget row ``row``'s context (a new prompt in that row of a batch)."""
@@ -969,7 +980,7 @@ class StaticDFlashDrafter:
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [B, m, 1, D]
         kv = F.linear(context, self.fused.wkv, self.fused.bkv).view(bsz, m, len(self.rules), 2, hkv, d)  # every layer's, one product
         for i, (layer, k_buf, v_buf) in enumerate(zip(self.model.layers, self.k, self.v)):
-            slots = k_buf.shape[2] - self.block_size
+            slots = k_buf.shape[2] - self.block
             keep = min(m, slots)  # a ring keeps only the last `slots` positions of a long append
             k = rotate(layer.self_attn.k_norm(kv[:, m - keep:, i, 0]), cos[:, m - keep:], sin[:, m - keep:])  # [B, keep, Hkv, D]
             index = (positions[:, m - keep:] % slots)[:, None, :, None].expand(bsz, hkv, keep, d)
@@ -982,12 +993,14 @@ class StaticDFlashDrafter:
     def _block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # token [B] at anchor [B] -> logits [B, block-1, Vd] fp32 (Vd = V without a draft vocabulary) and the greedy
         # drafts [B, block-1] as target ids
-        logits = self._block_pass(block_ids(token, self.block_size, self.mask_token_id), anchor)
+        logits = self._block_pass(block_ids(token, self.pass_slots, self.mask_token_id), anchor)[:, :self.drafts]
         return logits, self.model.draft_to_target(logits.argmax(dim=-1))
 
-    def _visible(self, anchor: torch.Tensor, rows: int = 1) -> dict:
-        # [B, 1, 1, R*b, S + R*b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot))
-        return {rule: rows_visible(block_visible(slot_pos[:anchor.shape[0]], anchor, self.block_size, rule), rows)[:, None, None]
+    def _visible(self, anchor: torch.Tensor, rows: int = 1, slots: int | None = None) -> dict:
+        # [B, 1, 1, R*b, S + R*b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot));
+        # b = ``slots`` (the block's first b slots; default the whole block)
+        b = slots or self.block
+        return {rule: rows_visible(block_visible(slot_pos[:anchor.shape[0]], anchor, b, rule), rows)[:, None, None]
                 for rule, slot_pos in self.slot_pos.items()}
 
     def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None) -> torch.Tensor:
@@ -1003,7 +1016,7 @@ class StaticDFlashDrafter:
         q_pos = anchor[:, None] + torch.arange(b, device=ids.device)  # [B, b]
         q_pos = q_pos.repeat(1, rows) if multi else q_pos  # [B, R*b]
         cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, R*b, 1, D]
-        visible = self._visible(anchor, rows) if visible is None else visible
+        visible = self._visible(anchor, rows, b) if visible is None else visible
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
             k_buf, v_buf = k_buf[:bsz], v_buf[:bsz]  # the first B rows (a packed batch: B < the allocated rows)
             attn = layer.self_attn
@@ -1011,12 +1024,12 @@ class StaticDFlashDrafter:
             q = rotate(attn.q_norm(q.view(bsz, n, hq, d)), cos, sin)  # [B, R*b, Hq, D]
             k = rotate(attn.k_norm(k.view(bsz, n, hkv, d)), cos, sin).transpose(1, 2)
             v = v.view(bsz, n, hkv, d).transpose(1, 2)
-            slots = k_buf.shape[2] - b  # the last b slots: scratch for one block's own keys
+            slots = k_buf.shape[2] - self.block  # the context's slots; the last block's worth: scratch for the block's keys
             if multi:
                 keys, values = torch.cat([k_buf[:, :, :slots], k], dim=2), torch.cat([v_buf[:, :, :slots], v], dim=2)
             else:
-                k_buf[:, :, slots:], v_buf[:, :, slots:] = k, v
-                keys, values = k_buf, v_buf
+                k_buf[:, :, slots:slots + b], v_buf[:, :, slots:slots + b] = k, v
+                keys, values = k_buf[:, :, :slots + b], v_buf[:, :, :slots + b]
             qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * n, d)  # rows (g, slot): heads h * G + g
             out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
             x = x + attn.o_proj(out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d))
@@ -1031,10 +1044,10 @@ class StaticDFlashDrafter:
         redrafts_visible = self._visible(anchor, self.tree_topk) if self.tree_redraft else None
 
         def redraft(paths: torch.Tensor) -> torch.Tensor:  # draft-vocabulary paths [B, k, d] -> [B, k, b-1, Vd]
-            ids = block_ids(token, self.block_size, self.mask_token_id, self.model.draft_to_target(paths))
+            ids = block_ids(token, self.block, self.mask_token_id, self.model.draft_to_target(paths))
             return self._block_pass(ids, anchor, redrafts_visible)
 
-        first = self._block_pass(block_ids(token, self.block_size, self.mask_token_id), anchor)
+        first = self._block_pass(block_ids(token, self.block, self.mask_token_id), anchor)
         ids, parents, depths, mask = block_tree(first, self.tree_topk, self.tree_tokens, redraft, self.tree_redraft)
         return self.model.draft_to_target(ids), parents, depths, mask
 

@@ -21,6 +21,7 @@ SHAPES = {  # (layer types, trained window, causal sliding layers)
     "sliding+full": (["sliding_attention", "full_attention"], 5, True),
     "sliding non-causal": (["sliding_attention", "sliding_attention"], 3, False),
     "full": (["full_attention"], None, True),
+    "sliding causal": (["sliding_attention", "sliding_attention"], 3, True),  # the recipes' shape: every layer causal in-block
 }
 
 
@@ -229,3 +230,67 @@ def test_captured_drafter_equals_the_uncaptured_one_on_cuda(shape, compile) -> N
         for d in drafters:
             d.append(features, pos)
         pos = pos + torch.tensor([1 + step % 4, 4 - step % 4], device="cuda")
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_shorter_chain_drafts_the_whole_blocks_first_drafts(shape) -> None:
+    """``draft_tokens=k``: the block's first k drafts and logits, as the whole block's (a block causal in every layer runs
+    its first k + 1 slots alone; any other, the whole block), through appends of k + 1 features and accepted counts <= k;
+    the loop's protocol sizes follow k."""
+    model, embed, head = tiny(shape, block=6)
+    g = torch.Generator().manual_seed(1)
+    whole, short = StaticDFlashDrafter(model, embed, head), StaticDFlashDrafter(model, embed, head, draft_tokens=2)
+    assert (short.block_size, short.verify_tokens, short.block) == (3, 3, 6)
+    assert short.pass_slots == (3 if shape == "sliding causal" else 6)
+    whole.reset(200)
+    short.reset(200)
+    features = torch.randn(1, 9, 64, generator=g)
+    whole.append(features, torch.tensor([0]))
+    short.append(features, torch.tensor([0]))
+    pos = 9
+    for acc in [2, 0, 1, 2, 2, 1, 0, 2, 2, 2, 1]:  # past the sliding rings' wrap-around (W + block slots)
+        token, anchor = torch.randint(2, 64, (1,), generator=g), torch.tensor([pos])
+        want, want_greedy = whole.block_logits(token, anchor)
+        got, greedy = short.block_logits(token, anchor)
+        assert got.shape == (1, 2, 64)
+        torch.testing.assert_close(got, want[:, :2], rtol=1e-5, atol=1e-5)
+        assert torch.equal(greedy, want_greedy[:, :2])
+        block_features = torch.randn(1, 6, 64, generator=g)  # the verify's features; past acc: rejected tokens'
+        whole.append(block_features, anchor)
+        short.append(block_features[:, :3], anchor)
+        pos += acc + 1
+
+
+def test_a_shorter_chain_is_lossless_and_batches_as_batch_one(reference_target_path) -> None:
+    """The loop with ``draft_tokens=3`` of a block of 8: the target's own greedy tokens, at most 3 drafts accepted a step,
+    and a batch of 3 rows (a draining batch, packed) equal to each prompt alone, tokens and accepted counts."""
+    from transformers import AutoModelForCausalLM
+
+    from infer.batch import generate_batch
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=8, mask_token_id=5, target_layer_ids=[1, 3],
+                                layer_types=["sliding_attention", "sliding_attention"], sliding_window=16)
+    torch.manual_seed(0)
+    drafter_model = DFlashDraftModel(config).eval()
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    target = StaticTarget(model, [1, 3])
+    prompts = [torch.randint(10, 8000, (n,)).tolist() for n in (30, 17, 41)]
+    drafter = StaticDFlashDrafter(drafter_model, embed, head, draft_tokens=3)
+    alone = [generate(target, drafter, p, 30) for p in prompts]
+    for p, got in zip(prompts, alone):
+        assert got.tokens == generate(target, None, p, 30).tokens
+        assert max(got.stats.accepted_per_step) <= 3 and got.stats.block_size == 4
+    batched = generate_batch(target, drafter, prompts, 30, batch_size=3)
+    for want, got in zip(alone, batched):
+        assert got.tokens == want.tokens and got.stats.accepted_per_step == want.stats.accepted_per_step
+
+
+def test_bad_draft_tokens_are_refused() -> None:
+    model, embed, head = tiny("sliding causal", block=6)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match=rf"draft_tokens={bad}: a DFlash chain verifies 1 .. 5 drafts"):
+            StaticDFlashDrafter(model, embed, head, draft_tokens=bad)
+    with pytest.raises(ValueError, match="trees take --tree-tokens"):
+        StaticDFlashDrafter(model, embed, head, draft_tokens=2, tree_topk=2, tree_tokens=4)
