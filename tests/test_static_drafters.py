@@ -261,6 +261,7 @@ def test_a_shorter_chain_drafts_the_whole_blocks_first_drafts(shape) -> None:
         pos += acc + 1
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_a_shorter_chain_is_lossless_and_batches_as_batch_one(reference_target_path) -> None:
     """The loop with ``draft_tokens=3`` of a block of 8: the target's own greedy tokens, at most 3 drafts accepted a step,
     and a batch of 3 rows (a draining batch, packed) equal to each prompt alone, tokens and accepted counts."""

@@ -216,6 +216,7 @@ def test_causal_sdpa_mask_is_dropped_only_for_a_whole_unpadded_causal_pass() -> 
         assert got is not None and torch.equal(got, want), change
 
 
+@pytest.mark.slow  # compiles the capture on the CPU (~40 s): the quick tier stays under 3 minutes (README)
 def test_compiled_capture_without_a_mask_runs_causal_and_keeps_masks_when_given(reference_target_path) -> None:
     """After ``compile_capture`` (the model on ``CAUSAL_SDPA``): the compiled capture of a right-padded batch with no
     padding mask equals HF's masked ``output_hidden_states`` on every real token, and a plain forward with a left-padding
