@@ -1,3 +1,5 @@
+# The DFlash runs failed first (D was the run folder, which held no export: rc=1 in times.txt); they were rerun with
+# D=EXPORT (python -m train.export RUN EXPORT --format dflash) by the same loop without the prompt-lookup line.
 cd /work/main
 R=benchmarks/results/batch_throughput_cpu_dflash_draft_steps
 D=/work/cpu_drafter/export
