@@ -122,6 +122,9 @@ def main() -> None:
                    help="decode attention paths timed in turn (StaticTarget's decode_attention); the last one runs the drafters")
     p.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS, help="speculative rows timed (section 4)")
     p.add_argument("--draft-vocab", type=int, default=32000, help="dflash-vocab's draft vocabulary (EAGLE-3's here: 32000)")
+    p.add_argument("--dflash-draft-steps", type=int, nargs="+", default=[0],
+                   help="the dflash rows once per K: verify the block's first K drafts (infer's --draft-steps; 0 = the whole "
+                   "block). This drafter's full layer is not causal inside the block, so its pass still runs all 16 slots")
     p.add_argument("--out")
     args = p.parse_args()
 
@@ -176,12 +179,16 @@ def main() -> None:
     base = next(r for r in rows if r["context"] == args.contexts[0] and r.get("attention") == args.attention[-1])
     spec = result["speculative"] = []
     print(f"drafter | tau | drafts/step | tok/s | speedup over AR at {args.contexts[0]} | draft % | verify % | other %", flush=True)
-    for name in args.drafters:
+    runs = [(name, k) for name in args.drafters for k in (args.dflash_draft_steps if name in ("dflash", "dflash-vocab") else [0])]
+    for name, k in runs:
         for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
+            if k and not 0 <= tau - 1 < k + 1:
+                continue  # a chain of K drafts accepts at most K
             if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
-                drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
+                drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=k or None)
             elif name == "dflash-vocab":  # the same layers, the head the target's rows of --draft-vocab ids
-                drafter = StaticDFlashDrafter(with_draft_vocab(dflash_model, target.lm_head, args.draft_vocab), target.embed_tokens, target.lm_head)
+                drafter = StaticDFlashDrafter(with_draft_vocab(dflash_model, target.lm_head, args.draft_vocab), target.embed_tokens, target.lm_head,
+                                              draft_tokens=k or None)
             elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             elif name == "eagle3":  # the loop's default for chains: fixed-shape caches, step 0 and the chain in one captured graph
@@ -196,7 +203,7 @@ def main() -> None:
             generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             run = generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             s = run.stats
-            row = {"drafter": name, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
+            row = {"drafter": name, "draft_steps": k or None, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
                    "speedup": s.tokens_per_s / base["tokens_per_s"], "draft_frac": s.draft_s / s.decode_s,
                    "verify_frac": s.verify_s / s.decode_s, "other_frac": s.other_s / s.decode_s, "ms_per_step": 1e3 * s.decode_s / s.steps}
             spec.append(row)
