@@ -84,8 +84,9 @@ def make_drafter(setup, kind: str):
     return StaticTarget(model, [1, 3]), drafter
 
 
-@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash", "eagle3"])
-@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])  # quick tier: greedy
+# quick tier: greedy; DFlash and prompt lookup there through the draining batch below
+@pytest.mark.parametrize("drafter_kind", ["none", pytest.param("pld", marks=pytest.mark.slow), pytest.param("dflash", marks=pytest.mark.slow), "eagle3"])
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])
 def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
     prompts, eos = setup[2], setup[3]
     target, drafter = make_drafter(setup, drafter_kind)
@@ -162,7 +163,7 @@ def test_rows_refilled_in_waves_equal_batch_one(setup, drafter_kind, monkeypatch
     assert sum(calls) == len(prompts) and calls[0] == 4 and max(calls[1:]) >= 2
 
 
-@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash"])
+@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld", "dflash"])
 @pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])  # quick tier: greedy
 def test_a_draining_batch_steps_only_its_live_rows(setup, drafter_kind, temperature, monkeypatch) -> None:
     """Once no request waits, live rows move down into finished ones and only the rows up to the last live one step
@@ -212,7 +213,7 @@ def test_a_dflash_row_moved_drafts_as_its_own_row_did(setup) -> None:
     assert after.shape[0] == 2 and torch.isfinite(after).all()
 
 
-@pytest.mark.parametrize("run_steps", [3, 8])
+@pytest.mark.parametrize("run_steps", [3, pytest.param(8, marks=pytest.mark.slow)])
 def test_the_target_alone_steps_in_runs_without_host_syncs(setup, run_steps, monkeypatch) -> None:
     """The target alone, greedy, steps ``run_steps`` times between host syncs: requests that end inside a run (an
     end-of-sequence token mid-run, a budget that is no multiple of the run) give batch 1's tokens and step counts,
@@ -279,7 +280,8 @@ def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_pa
     assert sorted((r["id"], r["turn"], r["output_ids"]) for r in again) == sorted((r["id"], r["turn"], r["output_ids"]) for r in got)
 
 
-@pytest.mark.parametrize("drafter_kind", ["pld", pytest.param("dflash", marks=pytest.mark.slow), pytest.param("none", marks=pytest.mark.slow)])
+@pytest.mark.slow  # worker processes
+@pytest.mark.parametrize("drafter_kind", ["pld", "dflash", "none"])
 def test_eval_records_from_cpu_workers_equal_batch_one(setup, reference_tokenizer, tmp_path, drafter_kind) -> None:
     """``--cpu-workers``: a batched CPU run split over forked one-thread processes (conversations round robin, rows
     shared out) gives batch 1's records: tokens, accepted counts and prompts, with a filler document before each first
@@ -320,6 +322,7 @@ def test_a_cpu_worker_error_reaches_the_caller(setup, reference_tokenizer) -> No
                           max_new_tokens=128, eos_token_ids=setup[3], baseline=False, batch_size=2, workers=2)
 
 
+@pytest.mark.slow  # worker processes
 def test_a_cpu_worker_crash_or_death_is_an_error_not_a_hang(setup, reference_tokenizer, monkeypatch) -> None:
     """Any other exception in a worker: a RuntimeError naming it with the worker's traceback; a worker that dies without
     a word (killed, say): a RuntimeError with its exit code, after the parent's next 5-second wait."""

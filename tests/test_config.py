@@ -144,6 +144,7 @@ def test_each_drafter_gets_its_own_schema() -> None:
     assert type(to_train_config(compose_train(["experiment=eagle3_swa_tiny", "output_dir=/x"])).drafter) is Eagle3Config
 
 
+@pytest.mark.slow  # a Hydra subprocess each; the quick tier keeps the typo one
 def test_cli_other_drafters_key_fails_naming_it(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "train", "experiment=eagle3_swa_tiny", "drafter.block_size=4", f"output_dir={tmp_path / 'run'}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -196,6 +197,7 @@ def test_missing_paths_fail_before_the_target_loads(tmp_path: Path, override: st
     assert time.perf_counter() - start < 30 and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_cli_cross_field_error_is_one_line_and_nonzero(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "train", "drafter.num_hidden_layers=2", "drafter.layer_types=[full_attention]", f"output_dir={tmp_path / 'run'}"],
@@ -207,6 +209,7 @@ def test_cli_cross_field_error_is_one_line_and_nonzero(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_train_step_benchmark_rejects_an_override_read_as_a_window() -> None:
     """``--windows`` takes a list: a Hydra override after it used to become a window and fail deep in Hydra's parser."""
     root = Path(__file__).resolve().parents[1]

@@ -56,6 +56,7 @@ def test_equals_torch_cross_entropy_on_bf16_logits():
     torch.testing.assert_close(a.grad.float(), b.grad.float(), rtol=0, atol=4e-3)  # both rounded to bf16 once
 
 
+@pytest.mark.slow  # compiles on the CPU
 def test_compiled_equals_eager():
     logits, labels, weights = case(torch.float32, seed=2)
     fn = lambda x: (logits_cross_entropy(x, labels, ignore_index=IGNORE) * weights).sum()  # noqa: E731

@@ -44,6 +44,7 @@ def test_loss_falls_and_export_is_complete(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "export_dflash" / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [1, 5]
 
 
+@pytest.mark.slow  # the quick tier keeps EAGLE-3's (tests/test_eagle3_train.py)
 def test_resume_reproduces_an_uninterrupted_run_bit_for_bit(tmp_path: Path) -> None:
     common = ["trainer.max_steps=6", "trainer.batch_size=2", "trainer.grad_accum=2", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=2"]
     train(compose_fast(common + [f"output_dir={tmp_path / 'straight'}"]))

@@ -84,6 +84,7 @@ def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) 
     assert message in err and err.count("error:") == 1
 
 
+@pytest.mark.slow
 def test_a_prefill_some_turn_may_outgrow_is_refused_before_decoding(reference_tokenizer) -> None:
     """MT-Bench behind 32,000 filler tokens on the reference target (32,768 positions), 256 new tokens a turn: the first
     20 questions fit; question 105's second turn may not (an H100 sweep stopped there after its first 20 questions,

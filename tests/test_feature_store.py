@@ -34,7 +34,7 @@ def reference_overrides(target: Path, store: Path, kind: str = "dflash", extra: 
             f"features.path={store}", "features.rows_per_shard=5", f"output_dir={store}_run", *extra]
 
 
-@pytest.mark.parametrize("kind,compression", [("dflash", "none"), ("eagle3", "zlib")])
+@pytest.mark.parametrize("kind,compression", [("dflash", "none"), pytest.param("eagle3", "zlib", marks=pytest.mark.slow)])
 def test_stored_features_equal_online_capture_bit_for_bit(tmp_path: Path, reference_target_path: Path, kind: str, compression: str) -> None:
     """The trainer's batches gather rows in any order and company; each row's stored features must be
     the bits a target forward of that batch produces (same [batch, max_length] shape)."""

@@ -56,7 +56,7 @@ def test_cli_chain_and_tree(reference_target_path, eagle3_dir, tmp_path, capsys,
     assert stats["block_size"] == (3 if flags else 4) and stats["new_tokens"] == 8
 
 
-@pytest.mark.parametrize("batch_size", [1, 2])
+@pytest.mark.parametrize("batch_size", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_eval_mtbench_runs_eagle3_unchanged(reference_target_path, eagle3_dir, tmp_path, batch_size) -> None:
     out = tmp_path / "mt"
     rc = eval_main(["mtbench", "--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--window", "4", "--num-questions",

@@ -58,7 +58,7 @@ def check_greedy_replies(target, renderer, conversations, out, max_new_tokens: i
         assert [m["content"] for m in old.messages if m["role"] != "assistant"] == [m["content"] for m in new.messages if m["role"] != "assistant"]
 
 
-@pytest.mark.parametrize("engine", ["hf", "ours"])
+@pytest.mark.parametrize("engine", [pytest.param("hf", marks=pytest.mark.slow), "ours"])
 def test_greedy_regeneration_matches_plain_loop(reference_target_path, engine: str) -> None:
     target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
     renderer = ChatRenderer(target.tokenizer)

@@ -27,6 +27,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # the Triton interpreter
 def test_products_equal_torchs_under_the_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}  # read when the kernel is defined: a fresh process
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,

@@ -215,6 +215,7 @@ def test_bad_input_fails_in_one_line(tmp_path: Path, dflash_export, reference_ta
         export_hidden_states(cfg, tampered)
 
 
+@pytest.mark.slow
 def test_rows_are_the_regenerated_ones_when_the_experiment_regenerates(tmp_path: Path, reference_target_path: Path) -> None:
     """dflash_swa_small regenerates: the export holds the target's own replies, the rows our trainer reads."""
     from train.data.speculators_export import read_rows
