@@ -127,6 +127,8 @@ def main() -> None:
                    "block). This drafter's full layer is not causal inside the block, so its pass still runs all 16 slots")
     p.add_argument("--out")
     args = p.parse_args()
+    if any(not 0 <= k < 16 for k in args.dflash_draft_steps):
+        p.error(f"--dflash-draft-steps {args.dflash_draft_steps}: expected values from 0 (the whole block) to 15")
 
     gpu = torch.cuda.get_device_name()
     result = {"gpu": gpu, "torch": torch.__version__, "shape": args.shape, "args": vars(args)}
@@ -182,8 +184,9 @@ def main() -> None:
     runs = [(name, k) for name in args.drafters for k in (args.dflash_draft_steps if name in ("dflash", "dflash-vocab") else [0])]
     for name, k in runs:
         for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
-            if k and not 0 <= tau - 1 < k + 1:
-                continue  # a chain of K drafts accepts at most K
+            if k and tau - 1 > k:
+                print(f"{name} (block {k + 1}) | {tau} | skipped: a chain of {k} drafts accepts at most {k} a step", flush=True)
+                continue
             if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
                 drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=k or None)
             elif name == "dflash-vocab":  # the same layers, the head the target's rows of --draft-vocab ids
