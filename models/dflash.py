@@ -1035,7 +1035,9 @@ class StaticDFlashDrafter:
             x = x + attn.o_proj(out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d))
             gate, up = F.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        hidden = self.model.norm(x).view(bsz, rows, b, -1)[:, :, 1:]
+        # contiguous: the slot slice is a strided 4-D view, which nn.Linear multiplies as a bmm against the head expanded
+        # per row (on the CPU a third of the speed of one matrix product over the rows)
+        hidden = self.model.norm(x).view(bsz, rows, b, -1)[:, :, 1:].contiguous()
         logits = self.head(hidden.to(self.head.weight.dtype)).float()
         return logits if multi else logits[:, 0]
 
