@@ -38,6 +38,7 @@ from models.target import CachedTarget  # noqa: E402
 # "-eager": the drafter before its static one, at the second τ; "dflash-vocab": DFlash with a draft vocabulary of
 # --draft-vocab ids (its head the target's rows of them), the same layers
 DRAFTERS = ("dflash", "dflash-vocab", "dflash-eager", "eagle3", "eagle3-eager")
+DFLASH_BLOCK = 16  # the benchmark drafter's block (z-lab's Qwen3-8B drafters')
 
 
 def cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
@@ -92,7 +93,7 @@ def build(shape: str):
         model = Qwen3ForCausalLM(config).eval().requires_grad_(False)
         layers = config.num_hidden_layers
         dflash_ids = [int(round(1 + i * (layers - 4) / 4)) for i in range(5)]  # z-lab's spacing of 5 features
-        dflash = DFlashDraftModel(make_dflash_config(config, num_hidden_layers=5, block_size=16, mask_token_id=151669,
+        dflash = DFlashDraftModel(make_dflash_config(config, num_hidden_layers=5, block_size=DFLASH_BLOCK, mask_token_id=151669,
                                                      target_layer_ids=dflash_ids, layer_types=["sliding_attention"] * 4 + ["full_attention"],
                                                      sliding_window=2048)).eval()
         eagle3 = Eagle3DraftModel(make_eagle3_config(config, num_hidden_layers=1, target_layer_ids=[1, layers // 2 - 1, layers - 4],
@@ -124,11 +125,11 @@ def main() -> None:
     p.add_argument("--draft-vocab", type=int, default=32000, help="dflash-vocab's draft vocabulary (EAGLE-3's here: 32000)")
     p.add_argument("--dflash-draft-steps", type=int, nargs="+", default=[0],
                    help="the dflash rows once per K: verify the block's first K drafts (infer's --draft-steps; 0 = the whole "
-                   "block). This drafter's full layer is not causal inside the block, so its pass still runs all 16 slots")
+                   "block). This drafter's full layer is not causal inside the block, so its pass still runs the whole block")
     p.add_argument("--out")
     args = p.parse_args()
-    if any(not 0 <= k < 16 for k in args.dflash_draft_steps):
-        p.error(f"--dflash-draft-steps {args.dflash_draft_steps}: expected values from 0 (the whole block) to 15")
+    if any(not 0 <= k < DFLASH_BLOCK for k in args.dflash_draft_steps):
+        p.error(f"--dflash-draft-steps {args.dflash_draft_steps}: expected values from 0 (the whole block) to {DFLASH_BLOCK - 1}")
 
     gpu = torch.cuda.get_device_name()
     result = {"gpu": gpu, "torch": torch.__version__, "shape": args.shape, "args": vars(args)}
