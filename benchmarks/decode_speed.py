@@ -126,6 +126,9 @@ def main() -> None:
     p.add_argument("--dflash-draft-steps", type=int, nargs="+", default=[0],
                    help="the dflash rows once per K: verify the block's first K drafts (infer's --draft-steps; 0 = the whole "
                    "block). This drafter's full layer is not causal inside the block, so its pass still runs the whole block")
+    p.add_argument("--dflash-products", nargs="+", default=["default"], choices=["default", "cublas", "triton"],
+                   help="the dflash rows once per choice of the block pass's few-row products (StaticDFlashDrafter's "
+                   "triton_products: kernels/skinny_gemm.py where it has a measured tiling, else cuBLAS); default: the loop's")
     p.add_argument("--out")
     args = p.parse_args()
     if any(not 0 <= k < DFLASH_BLOCK for k in args.dflash_draft_steps):
@@ -182,17 +185,21 @@ def main() -> None:
     base = next(r for r in rows if r["context"] == args.contexts[0] and r.get("attention") == args.attention[-1])
     spec = result["speculative"] = []
     print(f"drafter | tau | drafts/step | tok/s | speedup over AR at {args.contexts[0]} | draft % | verify % | other %", flush=True)
-    runs = [(name, k) for name in args.drafters for k in (args.dflash_draft_steps if name in ("dflash", "dflash-vocab") else [0])]
-    for name, k in runs:
+    dflash_rows = lambda name: name in ("dflash", "dflash-vocab")  # noqa: E731
+    runs = [(name, k, products) for name in args.drafters for k in (args.dflash_draft_steps if dflash_rows(name) else [0])
+            for products in (args.dflash_products if dflash_rows(name) else ["default"])]
+    triton_products = {"default": None, "cublas": False, "triton": True}
+    for name, k, products in runs:
         for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
             if k and tau - 1 > k:
                 print(f"{name} (block {k + 1}) | {tau} | skipped: a chain of {k} drafts accepts at most {k} a step", flush=True)
                 continue
             if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
-                drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=k or None)
+                drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=k or None,
+                                              triton_products=triton_products[products])
             elif name == "dflash-vocab":  # the same layers, the head the target's rows of --draft-vocab ids
                 drafter = StaticDFlashDrafter(with_draft_vocab(dflash_model, target.lm_head, args.draft_vocab), target.embed_tokens, target.lm_head,
-                                              draft_tokens=k or None)
+                                              draft_tokens=k or None, triton_products=triton_products[products])
             elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             elif name == "eagle3":  # the loop's default for chains: fixed-shape caches, step 0 and the chain in one captured graph
@@ -207,11 +214,12 @@ def main() -> None:
             generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             run = generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             s = run.stats
-            row = {"drafter": name, "draft_steps": k or None, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
+            row = {"drafter": name, "draft_steps": k or None, "products": products if dflash_rows(name) else None, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
                    "speedup": s.tokens_per_s / base["tokens_per_s"], "draft_frac": s.draft_s / s.decode_s,
                    "verify_frac": s.verify_s / s.decode_s, "other_frac": s.other_s / s.decode_s, "ms_per_step": 1e3 * s.decode_s / s.steps}
             spec.append(row)
-            print(f"{name} (block {drafter.block_size}) | {s.tau:.2f} | {drafter.block_size - 1} | {s.tokens_per_s:.1f} | {row['speedup']:.2f}x "
+            label = f"{name} (block {drafter.block_size}{'' if products == 'default' else ', ' + products})"
+            print(f"{label} | {s.tau:.2f} | {drafter.block_size - 1} | {s.tokens_per_s:.1f} | {row['speedup']:.2f}x "
                   f"({row['speedup'] / s.tau:.2f} of tau) | {100 * row['draft_frac']:.1f} | {100 * row['verify_frac']:.1f} | "
                   f"{100 * row['other_frac']:.1f}", flush=True)
     if args.out:

@@ -40,6 +40,10 @@ def main() -> None:
     p.add_argument("--tau", type=int, default=3, help="with a drafter: every step accepts τ-1 drafts")
     p.add_argument("--dflash-block", action="store_true", help="profile the DFlash block pass alone (see the docstring)")
     p.add_argument("--draft-vocab", type=int, nargs="*", default=[], help="--dflash-block: also with draft vocabularies of these sizes")
+    p.add_argument("--draft-tokens", type=int, nargs="+", default=[0],
+                   help="--dflash-block: once per K, a chain verifying the block's first K drafts (0: the whole block)")
+    p.add_argument("--products", nargs="+", default=["default"], choices=["default", "cublas", "triton"],
+                   help="--dflash-block: once per choice of the pass's few-row products (StaticDFlashDrafter's triton_products)")
     p.add_argument("--verify-split", type=int, default=0, metavar="N",
                    help="the captured forward of 1 token against N tokens, kernel by kernel (where a verify's extra time goes)")
     args = p.parse_args()
@@ -49,10 +53,15 @@ def main() -> None:
     if args.dflash_block:
         from benchmarks.decode_speed import with_draft_vocab
 
-        dflash_block(model, dflash_model, args.context)
-        for size in args.draft_vocab:
-            print(f"\n--- the same drafter with a draft vocabulary of {size} ids")
-            dflash_block(model, with_draft_vocab(dflash_model, model.get_output_embeddings(), size), args.context)
+        choice = {"default": None, "cublas": False, "triton": True}
+        for k in args.draft_tokens:
+            for products in args.products:
+                print(f"\n--- draft tokens {k or 'the whole block'}, products {products}")
+                dflash_block(model, dflash_model, args.context, k or None, choice[products])
+                for size in args.draft_vocab:
+                    print(f"\n--- the same drafter with a draft vocabulary of {size} ids")
+                    dflash_block(model, with_draft_vocab(dflash_model, model.get_output_embeddings(), size), args.context, k or None,
+                                 choice[products])
         return
     target = StaticTarget(model, [], compile_layers=True)
     ids = torch.randint(100, 100_000, (args.context,)).tolist()
@@ -97,15 +106,16 @@ def main() -> None:
     report_idle(prof, args.tokens, "token")
 
 
-def dflash_block(model, dflash_model, context: int) -> None:
+def dflash_block(model, dflash_model, context: int, draft_tokens: int | None = None, triton_products: bool | None = None) -> None:
     from benchmarks.decode_speed import cuda_ms, measured_bandwidth
     from models.dflash import StaticDFlashDrafter
     from models.static_target import CapturedSteps
 
     bandwidth = measured_bandwidth()["TBps"]
     target = StaticTarget(model, [], compile_layers=True)
-    drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
-    b, width = drafter.block_size, dflash_model.fc.weight.shape[1]
+    drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=draft_tokens,
+                                  triton_products=triton_products)
+    b, width = drafter.block_size, dflash_model.fc.weight.shape[1]  # b: the positions an append takes (a verify's)
     drafter.allocate(context + 256, batch=1)
     features = torch.randn(1, context, width, device="cuda", dtype=torch.bfloat16)
     drafter.append(features, torch.zeros(1, dtype=torch.long, device="cuda"))  # the prompt's context, eager
@@ -133,6 +143,13 @@ def dflash_block(model, dflash_model, context: int) -> None:
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90))
     report_idle(prof, 20, "block pass")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            drafter.append(block_features, anchor)
+        torch.cuda.synchronize()
+    print(f"the append of {b} positions:")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=90))
+    report_idle(prof, 20, "append")
 
 
 def verify_split(model, context: int, tokens: int) -> None:

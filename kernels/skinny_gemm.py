@@ -76,16 +76,66 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: Config = Config()) -> torch
     """``F.linear(x, w)`` for x ``[..., K]`` of at most 16 rows in all, w ``[N, K]`` (no bias), in x's dtype."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
+    return _products(x2, w, config).view(*lead, w.shape[0])
+
+
+def _products(x2: torch.Tensor, w: torch.Tensor, config: Config) -> torch.Tensor:
+    # x2 [M, K] -> a fresh [M, N] (no view of anything: what a custom op may return)
     check(x2, w, config)
     m, k = x2.shape
     n = w.shape[0]
     if config.splits == 1:
-        out = torch.empty(1, m, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+        stride_split = 0  # one split: program_id(1) is 0
     else:
-        out = torch.empty(config.splits, m, n, dtype=torch.float32, device=x.device)
+        out = torch.empty(config.splits, m, n, dtype=torch.float32, device=x2.device)
+        stride_split = out.stride(0)
     grid = (triton.cdiv(n, config.block_n), config.splits)
-    _skinny_mm[grid](x2, w, out, m, n, k // config.splits, x2.stride(0), w.stride(0), out.stride(0), out.stride(1),
+    _skinny_mm[grid](x2, w, out, m, n, k // config.splits, x2.stride(0), w.stride(0), stride_split, out.stride(-2),
                      BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                      num_warps=config.num_warps, num_stages=config.num_stages)
-    y = out[0] if config.splits == 1 else out.sum(0).to(x.dtype)
-    return y.view(*lead, n)
+    return out if config.splits == 1 else out.sum(0).to(x2.dtype)
+
+
+# Tilings measured on an H100 at Qwen3-8B's widths, 16 rows, each product captured alone (``benchmarks/skinny_gemm.py``,
+# BENCHMARKS.md "Few-row products in Triton"): the products where the kernel beat cuBLAS. ``few_row_linear`` runs these
+# shapes through the kernel and every other one through cuBLAS (where the kernel lost or was not measured).
+TUNED: dict[tuple[int, int], Config] = {
+    (6144, 4096): Config(block_n=32, block_k=128, splits=1, num_warps=4, num_stages=4),  # q|k|v: 21.5 -> 20.6 us
+    (24576, 4096): Config(block_n=32, block_k=128, splits=1, num_warps=4, num_stages=3),  # gate|up: 73.7 -> 70.9 us
+    (151936, 4096): Config(block_n=128, block_k=256, splits=1, num_warps=4, num_stages=3),  # Qwen3's LM head: 441.6 -> 413.9 us
+    (32000, 4096): Config(block_n=128, block_k=128, splits=1, num_warps=4, num_stages=3),  # a 32K draft head: 100.4 -> 90.2 us
+}
+
+if available:
+
+    @torch.library.custom_op("swa_drafters::skinny_linear", mutates_args=())
+    def _skinny_linear(x2: torch.Tensor, w: torch.Tensor, block_n: int, block_k: int, splits: int, num_warps: int,
+                       num_stages: int) -> torch.Tensor:
+        # an opaque op to torch.compile (its graph calls it; CUDA graphs capture the launch)
+        return _products(x2, w, Config(block_n, block_k, splits, num_warps, num_stages))
+
+    @_skinny_linear.register_fake
+    def _(x2, w, block_n, block_k, splits, num_warps, num_stages):
+        return x2.new_empty(x2.shape[0], w.shape[0])
+
+
+def tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> Config | None:
+    """The measured tiling for this product, or None where cuBLAS runs it: a CPU tensor, no Triton, a bias, more than
+    16 rows, a shape not in ``TUNED``, a non-contiguous weight."""
+    if not (available and x.is_cuda and bias is None and w.is_contiguous() and x.dtype == w.dtype):
+        return None
+    rows = x.numel() // x.shape[-1]
+    return TUNED.get(tuple(w.shape)) if rows <= MAX_ROWS else None
+
+
+def few_row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)``: through the kernel where ``tuned_config`` has a tiling, else ``F.linear``. The
+    results equal cuBLAS's within bf16 rounding (fp32 accumulation both; the summation order differs)."""
+    config = tuned_config(x, w, bias)
+    if config is None:
+        return torch.nn.functional.linear(x, w, bias)
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.ops.swa_drafters.skinny_linear(x2, w, config.block_n, config.block_k, config.splits, config.num_warps,
+                                               config.num_stages)
+    return out.view(*x.shape[:-1], w.shape[0])

@@ -84,9 +84,10 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from kernels import skinny_gemm
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
-from models.sampling import SamplingConfig, choose
+from models.sampling import SamplingConfig, argmax_split, choose
 from models.static_target import CapturedSteps, concat_linears, rotate
 from models.target import ContextKV
 from models.trees import DraftTree, select_trees, tree_masks, tree_options
@@ -876,7 +877,8 @@ class StaticDFlashDrafter:
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None,
                  compile: bool | None = None, fused: "FusedWeights | None" = None, tree_topk: int | None = None,
-                 tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0, draft_tokens: int | None = None):
+                 tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0, draft_tokens: int | None = None,
+                 triton_products: bool | None = None):
         self.model = model.eval().requires_grad_(False)
         self.fused = fused or FusedWeights.of(model)
         self.embed_tokens = embed_tokens
@@ -904,6 +906,10 @@ class StaticDFlashDrafter:
         self.window_arg = window
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.compile = self.device.type == "cuda" if compile is None else compile
+        # the pass's few-row products through kernels/skinny_gemm.py where it has a measured tiling (q|k|v, gate|up, the
+        # head at Qwen3-8B's widths: 4-7% faster than cuBLAS there); cuBLAS for the rest, on the CPU and at more rows
+        self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
+        self.linear = skinny_gemm.few_row_linear if self.triton_products else F.linear
         if self.compile:  # the block pass's norms, RoPE, masks and activations fused (one compiled graph per batch size)
             from kernels.attention import raise_recompile_limit
 
@@ -923,7 +929,7 @@ class StaticDFlashDrafter:
     def with_window(self, window) -> "StaticDFlashDrafter":
         return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused,
                                    self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup,
-                                   self.tree_redraft, None if self.tree else self.drafts)
+                                   self.tree_redraft, None if self.tree else self.drafts, self.triton_products)
 
     @property
     def device(self) -> torch.device:
@@ -974,27 +980,31 @@ class StaticDFlashDrafter:
         # features [B, m, k*H] at positions start[b] .. start[b]+m-1 (row given: [1, m, k*H] into that row only)
         bsz, m, _ = features.shape
         hkv, d = self.model.config.num_key_value_heads, self.model.config.head_dim
-        rows = slice(0, bsz) if row is None else slice(row, row + 1)  # the first B rows (a packed batch), or that row
+        # the first B rows (a packed batch), or that row. Written by index into the buffers themselves: an in-place
+        # scatter into a row slice made torch.compile write each layer's whole buffer out and copy it back (~6 µs a
+        # layer's k or v at the 8B shape, against ~1 for the m rows)
+        rows = torch.arange(bsz, device=start.device) if row is None else torch.full((1,), row, device=start.device)
         context = self.model.project_context(features.to(self.model.fc.weight.dtype))  # [B, m, H]
         positions = start[:, None] + torch.arange(m, device=start.device)  # [B, m]
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [B, m, 1, D]
         kv = F.linear(context, self.fused.wkv, self.fused.bkv).view(bsz, m, len(self.rules), 2, hkv, d)  # every layer's, one product
+        heads = torch.arange(hkv, device=start.device)[None, :, None]
         for i, (layer, k_buf, v_buf) in enumerate(zip(self.model.layers, self.k, self.v)):
             slots = k_buf.shape[2] - self.block
             keep = min(m, slots)  # a ring keeps only the last `slots` positions of a long append
             k = rotate(layer.self_attn.k_norm(kv[:, m - keep:, i, 0]), cos[:, m - keep:], sin[:, m - keep:])  # [B, keep, Hkv, D]
-            index = (positions[:, m - keep:] % slots)[:, None, :, None].expand(bsz, hkv, keep, d)
-            k_buf[rows].scatter_(2, index, k.transpose(1, 2))
-            v_buf[rows].scatter_(2, index, kv[:, m - keep:, i, 1].transpose(1, 2))
+            index = (rows[:, None, None], heads, (positions[:, m - keep:] % slots)[:, None, :])  # [B, Hkv, keep] -> a D-row
+            k_buf.index_put_(index, k.transpose(1, 2))
+            v_buf.index_put_(index, kv[:, m - keep:, i, 1].transpose(1, 2))
         for slot_pos in self.slot_pos.values():
             keep = min(m, slot_pos.shape[1])
-            slot_pos[rows].scatter_(1, positions[:, m - keep:] % slot_pos.shape[1], positions[:, m - keep:])
+            slot_pos.index_put_((rows[:, None], positions[:, m - keep:] % slot_pos.shape[1]), positions[:, m - keep:])
 
     def _block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # token [B] at anchor [B] -> logits [B, block-1, Vd] fp32 (Vd = V without a draft vocabulary) and the greedy
         # drafts [B, block-1] as target ids
         logits = self._block_pass(block_ids(token, self.pass_slots, self.mask_token_id), anchor)[:, :self.drafts]
-        return logits, self.model.draft_to_target(logits.argmax(dim=-1))
+        return logits, self.model.draft_to_target(argmax_split(logits))
 
     def _visible(self, anchor: torch.Tensor, rows: int = 1, slots: int | None = None) -> dict:
         # [B, 1, 1, R*b, S + R*b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot));
@@ -1004,9 +1014,10 @@ class StaticDFlashDrafter:
                 for rule, slot_pos in self.slot_pos.items()}
 
     def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None) -> torch.Tensor:
-        # the block pass alone (trees take their top-k, not the argmax): ids [B, b] -> logits [B, b-1, Vd] fp32, the
-        # block's keys in each layer's scratch slots; ids [B, R, b] -> [B, R, b-1, Vd], R blocks per row over the same
-        # context (``block_tree``'s re-drafts): the context's slots then the R blocks' keys, each block seeing its own.
+        # the block pass alone (trees take their top-k, not the argmax): ids [B, b] -> logits [B, d, Vd] fp32 (d: b-1, or
+        # the chain's kept drafts if fewer), the block's keys in each layer's scratch slots; ids [B, R, b] -> [B, R, b-1,
+        # Vd], R blocks per row over the same context (``block_tree``'s re-drafts): the context's slots then the R blocks'
+        # keys, each block seeing its own.
         # visible: ``_visible(anchor, R)`` when the caller already has it (a tree's re-drafts share one)
         multi = ids.dim() == 3
         bsz, rows, b = ids.shape if multi else (ids.shape[0], 1, ids.shape[1])
@@ -1020,7 +1031,7 @@ class StaticDFlashDrafter:
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
             k_buf, v_buf = k_buf[:bsz], v_buf[:bsz]  # the first B rows (a packed batch: B < the allocated rows)
             attn = layer.self_attn
-            q, k, v = F.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k, v = self.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
             q = rotate(attn.q_norm(q.view(bsz, n, hq, d)), cos, sin)  # [B, R*b, Hq, D]
             k = rotate(attn.k_norm(k.view(bsz, n, hkv, d)), cos, sin).transpose(1, 2)
             v = v.view(bsz, n, hkv, d).transpose(1, 2)
@@ -1033,12 +1044,14 @@ class StaticDFlashDrafter:
             qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * n, d)  # rows (g, slot): heads h * G + g
             out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
             x = x + attn.o_proj(out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d))
-            gate, up = F.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
+            gate, up = self.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        # only the slots whose drafts are kept reach the norm and the head: a chain of k drafts (``draft_tokens``) over a
+        # block pass of 16 slots writes and reads back k rows of logits, not 15 (at a 152K head, 34 µs of argmax -> 8).
         # contiguous: the slot slice is a strided 4-D view, which nn.Linear multiplies as a bmm against the head expanded
         # per row (on the CPU a third of the speed of one matrix product over the rows)
-        hidden = self.model.norm(x).view(bsz, rows, b, -1)[:, :, 1:].contiguous()
-        logits = self.head(hidden.to(self.head.weight.dtype)).float()
+        hidden = self.model.norm(x.view(bsz, rows, b, -1)[:, :, 1:1 + self.drafts].contiguous())
+        logits = self.linear(hidden.to(self.head.weight.dtype), self.head.weight, self.head.bias).float()
         return logits if multi else logits[:, 0]
 
     def _draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):

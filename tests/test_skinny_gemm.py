@@ -23,6 +23,10 @@ for dtype in (torch.float32, torch.float16):
         y = sg.linear(x, w, sg.Config(block_n=bn, block_k=bk, splits=splits))
         assert y.dtype == dtype and y.shape == (m, n)
         torch.testing.assert_close(y.float(), x.float() @ w.float().T, rtol=1e-2, atol=5e-2 if dtype == torch.float16 else 1e-3)
+        # the custom op few_row_linear calls (what torch.compile sees): the same products, a fresh [M, N]
+        z = torch.ops.swa_drafters.skinny_linear(x, w, bn, bk, splits, 4, 3)
+        assert z.shape == (m, n) and z._base is None
+        torch.testing.assert_close(z, y, rtol=0, atol=0)
 print("ok")
 """
 
@@ -53,3 +57,20 @@ def test_bf16_products_on_the_gpu() -> None:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(sg.linear(x, w, config).float(), (x.float() @ w.float().T), rtol=2e-2, atol=2e-1)
+
+
+def test_only_measured_shapes_on_a_gpu_take_the_kernel() -> None:
+    """``few_row_linear``'s routing: the kernel for a TUNED shape of at most 16 rows on CUDA without a bias; cuBLAS
+    (``F.linear``, the same numbers) for everything else, the CPU included."""
+    from kernels import skinny_gemm as sg
+
+    x, w = torch.randn(3, 64), torch.randn(24, 64)
+    assert sg.tuned_config(x, w) is None  # a CPU tensor
+    torch.testing.assert_close(sg.few_row_linear(x, w, torch.ones(24)), torch.nn.functional.linear(x, w, torch.ones(24)))
+    if torch.cuda.is_available():
+        w8b = torch.empty(24576, 4096, device="cuda", dtype=torch.bfloat16)
+        rows = lambda m: torch.empty(m, 4096, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+        assert sg.tuned_config(rows(16), w8b) == sg.TUNED[(24576, 4096)]
+        assert sg.tuned_config(rows(17), w8b) is None  # more rows than the kernel takes
+        assert sg.tuned_config(rows(16), w8b, torch.empty(24576, device="cuda", dtype=torch.bfloat16)) is None
+        assert sg.tuned_config(rows(16), w8b[:, :2048]) is None  # not contiguous (and not measured)

@@ -295,3 +295,62 @@ def test_bad_draft_tokens_are_refused() -> None:
             StaticDFlashDrafter(model, embed, head, draft_tokens=bad)
     with pytest.raises(ValueError, match="trees take --tree-tokens"):
         StaticDFlashDrafter(model, embed, head, draft_tokens=2, tree_topk=2, tree_tokens=4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("draft_tokens", [None, 3])
+def test_triton_products_draft_what_cublas_drafts_at_the_8b_widths(draft_tokens) -> None:
+    """At Qwen3-8B's widths (one layer, hidden 4096, the 152K head) the captured, compiled block pass through
+    ``kernels/skinny_gemm.py`` (q|k|v, gate|up, the head) gives cuBLAS's logits within bf16 rounding and its drafts."""
+    from kernels import skinny_gemm
+
+    target = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = DFlashDraftModel(make_dflash_config(target, num_hidden_layers=1, block_size=16, mask_token_id=1,
+                                                    target_layer_ids=[1, 17], layer_types=["sliding_attention"],
+                                                    sliding_window=64)).to(torch.bfloat16).eval()
+        embed = nn.Embedding(151936, 4096).to(torch.bfloat16)
+        head = nn.Linear(4096, 151936, bias=False).to(torch.bfloat16)
+    drafters = [StaticDFlashDrafter(model, embed, head, draft_tokens=draft_tokens, triton_products=t) for t in (False, True)]
+    triton_drafter = drafters[1]
+    x16 = torch.empty(16, 4096, device="cuda", dtype=torch.bfloat16)
+    assert all(skinny_gemm.tuned_config(x16, w) is not None for w in (triton_drafter.fused.layers[0].wqkv, triton_drafter.fused.layers[0].w13, head.weight))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    features = torch.randn(1, 40, 2 * 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    for d in drafters:
+        d.allocate(200)
+        d.append(features, torch.tensor([0], device="cuda"))
+    pos = 40
+    for step in range(6):
+        token, anchor = torch.randint(2, 151936, (1,), device="cuda", generator=g), torch.tensor([pos], device="cuda")
+        (want, want_greedy), (got, greedy) = ((t.clone() for t in d.block_logits(token, anchor)) for d in drafters)
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+        # the drafts: equal wherever cuBLAS's top logit leads its second by more than twice the largest difference
+        # between the two passes' logits (there no rounding can swap them; random weights make most rows near ties)
+        top2 = want.topk(2, dim=-1).values
+        clear = (top2[..., 0] - top2[..., 1]) > 2 * (got - want).abs().max()
+        assert torch.equal(greedy[clear], want_greedy[clear])
+        assert torch.equal(greedy, own_argmax_drafts(got, drafters[1]))
+        block_features = torch.randn(1, drafters[0].verify_tokens, 2 * 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+        for d in drafters:
+            d.append(block_features, anchor)
+        pos += 1 + step % 3
+
+
+def own_argmax_drafts(logits: torch.Tensor, drafter: StaticDFlashDrafter) -> torch.Tensor:
+    """The drafts the pass should give for its own logits: torch's argmax, mapped to target ids."""
+    return drafter.model.draft_to_target(logits.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("shape", [(3, 151936), (2, 4, 8192), (5, 1000), (7, 32000), (1, 7)])
+def test_split_argmax_is_torchs_first_maximum(shape) -> None:
+    """``argmax_split`` (the block pass's drafts) against ``torch.argmax``: the same index, the first of tied maxima,
+    over vocabularies that split into 128, 8 or no slices."""
+    from models.sampling import argmax_split
+
+    g = torch.Generator().manual_seed(0)
+    ties = torch.randint(0, 4, shape, generator=g).float()  # many tied maxima per row, in different slices
+    for logits in (ties, torch.randn(shape, generator=g)):
+        assert torch.equal(argmax_split(logits), logits.argmax(dim=-1))
