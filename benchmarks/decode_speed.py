@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.infer_speed import SHAPES  # noqa: E402
+from kernels import skinny_gemm  # noqa: E402
 from infer.generate import generate  # noqa: E402
 from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config  # noqa: E402
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config  # noqa: E402
@@ -126,6 +127,9 @@ def main() -> None:
     p.add_argument("--dflash-draft-steps", type=int, nargs="+", default=[0],
                    help="the dflash rows once per K: verify the block's first K drafts (infer's --draft-steps; 0 = the whole "
                    "block). This drafter's full layer is not causal inside the block, so its pass still runs the whole block")
+    p.add_argument("--target-products", nargs="+", default=["default"], choices=["default", "cublas", "triton"],
+                   help="the autoregressive rows once per choice of the target's few-row products (StaticTarget's "
+                   "triton_products); the speculative rows run with the last, against its autoregressive row")
     p.add_argument("--dflash-products", nargs="+", default=["default"], choices=["default", "cublas", "triton"],
                    help="the dflash rows once per choice of the block pass's few-row products (StaticDFlashDrafter's "
                    "triton_products: kernels/skinny_gemm.py where it has a measured tiling, else cuBLAS); default: the loop's")
@@ -156,18 +160,22 @@ def main() -> None:
     target = StaticTarget(model, [], compile_layers=args.compile, decode_attention=args.attention[0])
     steps = result["forward"] = []
     print("loop | context | tok/s | ms/token | bandwidth % | outside forward % | prefill s", flush=True)
-    for attention, ctx in ((a, c) for a in args.attention for c in args.contexts):
-        if target.decode_attention != attention:
+    choice = {"default": None, "cublas": False, "triton": True}
+    for products, attention, ctx in ((t, a, c) for t in args.target_products for a in args.attention for c in args.contexts):
+        if target.decode_attention != attention or products != "default":
             target.decode_attention = attention
-            target.graphs.clear()
-        loop = f"static + CUDA graphs{' + compile' if args.compile else ''}, {attention} attention"
+            target.triton_products = choice[products] if products != "default" else target.triton_products
+            target.linear = skinny_gemm.few_row_linear if target.triton_products else torch.nn.functional.linear
+            target.graphs.clear()  # recaptured (and recompiled: the compiled layers' guards see the new linear)
+        loop = (f"static + CUDA graphs{' + compile' if args.compile else ''}, {attention} attention"
+                + ("" if products == "default" else f", {products} products"))
         ids = prompt(ctx)
         target.allocate(ctx + args.new_tokens + args.verify_tokens)  # one capacity for the warm-up and the timed runs
         generate(target, None, ids, 8)  # captures the step
         run = generate(target, None, ids, args.new_tokens)
         ms = 1e3 / run.stats.tokens_per_s
         moved = weight_bytes + kv_bytes(target, ctx + args.new_tokens / 2)  # the mean context over the run
-        row = {"loop": loop, "attention": attention, "context": ctx, "capacity": target.capacity,
+        row = {"loop": loop, "attention": attention, "products": products, "context": ctx, "capacity": target.capacity,
                "tokens_per_s": run.stats.tokens_per_s, "ms_per_token": ms, "bandwidth_frac": moved / (ms / 1e3) / (bw["TBps"] * 1e12),
                "outside_forward": run.stats.other_s / run.stats.decode_s, "prefill_s": run.stats.prefill_s}
         rows.append(row)
@@ -182,7 +190,7 @@ def main() -> None:
         print(f"    forward at {ctx}: 1 token {one:.2f} ms ({100 * steps[-1]['bandwidth_frac_1']:.1f}% of bandwidth), "
               f"{args.verify_tokens} tokens {many:.2f} ms ({many / one:.2f}x)", flush=True)
 
-    base = next(r for r in rows if r["context"] == args.contexts[0] and r.get("attention") == args.attention[-1])
+    base = [r for r in rows if r["context"] == args.contexts[0] and r.get("attention") == args.attention[-1]][-1]  # the last products'
     spec = result["speculative"] = []
     print(f"drafter | tau | drafts/step | tok/s | speedup over AR at {args.contexts[0]} | draft % | verify % | other %", flush=True)
     dflash_rows = lambda name: name in ("dflash", "dflash-vocab")  # noqa: E731

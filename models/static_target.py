@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import skinny_gemm
 from kernels.attention import cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
 from kernels.decode_attention import Rope
 from kernels.decode_attention import decode_attention as split_kv_attention
@@ -145,10 +146,13 @@ class StaticTarget:
             ``split_kv`` on CUDA where Triton imports (else ``products``, said once), ``products`` on the CPU.
         prepack: run the linears on copies of their matrices prepacked for oneDNN (``prepacked_linear``; default: on
             the CPU in fp32, without ``compile_layers``). Costs the linears' weights once more in memory.
+        triton_products: steps of at most 16 rows run q|k|v, gate|up and the LM head through ``kernels/skinny_gemm.py``
+            where it has a measured tiling (``skinny_gemm.TUNED``: Qwen3-8B's widths), cuBLAS elsewhere (default: on
+            CUDA where Triton imports).
     """
 
     def __init__(self, model: nn.Module, feature_layer_ids: list[int], capture: bool | None = None, compile_layers: bool = False,
-                 decode_attention: str | None = None, prepack: bool | None = None):
+                 decode_attention: str | None = None, prepack: bool | None = None, triton_products: bool | None = None):
         check_supported(model)
         self.model = model.eval().requires_grad_(False)
         config = model.config.get_text_config()
@@ -187,6 +191,9 @@ class StaticTarget:
         self.masked_softmax = maybe_compile(masked_softmax)  # the capacity varies: symbolic after its first change
         self.decode_attention = choose_decode_attention(decode_attention, self.device)
         self.linear, self.head_weight = F.linear, self.lm_head.weight  # the logits: linear(norm(x), head_weight, lm_head.bias)
+        self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
+        if self.triton_products:
+            self.linear = skinny_gemm.few_row_linear  # F.linear for the shapes it has no tiling for, and past 16 rows
         if prepack is None:
             prepack = (self.device.type == "cpu" and self.dtype == torch.float32 and not compile_layers and torch.backends.mkldnn.is_available()
                        and prepack_supported())

@@ -301,3 +301,28 @@ def test_captured_steps_capture_once_per_name_and_shape(monkeypatch) -> None:
     steps.clear()
     steps("a", double, torch.ones(2))
     assert captured[-1] == ("double", ((2,),), 1)  # captured again, in a fresh pool
+
+
+@gpu
+def test_triton_products_give_cublas_logits_at_the_8b_widths() -> None:
+    """At Qwen3-8B's widths (two layers, the 152K head), captured and compiled, the target's steps of 1 and 16 tokens
+    through ``kernels/skinny_gemm.py`` (q|k|v, gate|up, the head) give cuBLAS's logits within bf16 rounding."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from kernels import skinny_gemm
+
+    config = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=2, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
+    targets = [StaticTarget(model, [], compile_layers=True, triton_products=t) for t in (False, True)]
+    x16 = torch.empty(16, 4096, device="cuda", dtype=torch.bfloat16)
+    assert all(skinny_gemm.tuned_config(x16, w) is not None for w in (targets[1].weights[0].wqkv, targets[1].weights[0].w13, targets[1].head_weight))
+    ids = torch.randint(3, 151936, (1, 80), device="cuda")
+    for t in targets:
+        t.allocate(128)
+        t.forward(ids[0, :60], 0)  # the prompt (60 rows: cuBLAS in both)
+    for n, pos in ((1, 60), (16, 61)):
+        (want, _), (got, _) = (t.step(ids[:, pos:pos + n], torch.tensor([pos], device="cuda")) for t in targets)
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
