@@ -88,7 +88,7 @@ from kernels import skinny_gemm
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, argmax_split, choose
-from models.static_target import CapturedSteps, concat_linears, rotate
+from models.static_target import CapturedSteps, concat_linears, prepack_supported, prepacked_linear, rotate
 from models.target import ContextKV
 from models.trees import DraftTree, select_trees, tree_masks, tree_options
 
@@ -781,32 +781,45 @@ class DFlashDrafter:
 
 @dataclass
 class FusedLayer:
-    """One layer's projections that share an input, concatenated (``models.static_target.concat_linears``)."""
+    """One layer's projections that share an input, concatenated (``models.static_target.concat_linears``), and its
+    other two (the model's own matrices, or prepacked copies)."""
 
     wqkv: torch.Tensor  # q | k | v rows, [(Hq + 2 Hkv) D, H]
     bqkv: torch.Tensor | None
     w13: torch.Tensor  # gate | up rows, [2 I, H]
     b13: torch.Tensor | None
+    wo: torch.Tensor  # o_proj
+    bo: torch.Tensor | None
+    w2: torch.Tensor  # down_proj
+    b2: torch.Tensor | None
 
 
 @dataclass
 class FusedWeights:
-    """``StaticDFlashDrafter``'s fused matrices: copies, made once (the model's parameters are not touched)."""
+    """``StaticDFlashDrafter``'s matrices: the fused ones copies made once (the model's parameters are not touched);
+    with ``prepack``, every one a copy in oneDNN's blocked layout for ``prepacked_linear`` (the CPU in fp32)."""
 
     layers: list[FusedLayer]
     wkv: torch.Tensor  # every layer's k | v rows, layer after layer: [L * 2 Hkv D, H] (an append's one product)
     bkv: torch.Tensor | None
+    fc: torch.Tensor  # the feature projection [H, k H]
+    bfc: torch.Tensor | None
+    head: torch.Tensor  # the LM head drafting decodes with (the target's, or a draft vocabulary's)
+    bhead: torch.Tensor | None
 
     @staticmethod
     @torch.no_grad()
-    def of(model: DFlashDraftModel) -> "FusedWeights":
+    def of(model: DFlashDraftModel, head: nn.Linear, prepack: bool = False) -> "FusedWeights":
+        pack = (lambda m: torch.ops.mkldnn._reorder_linear_weight(m, None)) if prepack else (lambda m: m)  # noqa: E731
         layers = []
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            layers.append(FusedLayer(*concat_linears([attn.q_proj, attn.k_proj, attn.v_proj]),
-                                     *concat_linears([mlp.gate_proj, mlp.up_proj])))
+            wqkv, bqkv = concat_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+            w13, b13 = concat_linears([mlp.gate_proj, mlp.up_proj])
+            layers.append(FusedLayer(pack(wqkv), bqkv, pack(w13), b13, pack(attn.o_proj.weight), attn.o_proj.bias,
+                                     pack(mlp.down_proj.weight), mlp.down_proj.bias))
         wkv, bkv = concat_linears([lin for layer in model.layers for lin in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
-        return FusedWeights(layers, wkv, bkv)
+        return FusedWeights(layers, pack(wkv), bkv, pack(model.fc.weight), model.fc.bias, pack(head.weight), head.bias)
 
 
 def block_visible(slot_pos: torch.Tensor, anchor: torch.Tensor, block_size: int, rule: LayerAttention) -> torch.Tensor:
@@ -878,12 +891,17 @@ class StaticDFlashDrafter:
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None,
                  compile: bool | None = None, fused: "FusedWeights | None" = None, tree_topk: int | None = None,
                  tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0, draft_tokens: int | None = None,
-                 triton_products: bool | None = None):
+                 triton_products: bool | None = None, prepack: bool | None = None):
         self.model = model.eval().requires_grad_(False)
-        self.fused = fused or FusedWeights.of(model)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         self.head = model.head(lm_head)  # a draft vocabulary's reduced head reads Vd rows, not the target's V
+        # the CPU in fp32: every product on oneDNN-prepacked copies, as StaticTarget's (the block pass's 16-row
+        # products ~1.45x faster than MKL's sgemm on the plain matrices on the 2-core machine)
+        if prepack is None:
+            prepack = self.device.type == "cpu" and model.fc.weight.dtype == torch.float32 and prepack_supported()
+        self.prepack = prepack
+        self.fused = fused or FusedWeights.of(model, self.head, prepack)
         self.block = model.block_size  # the trained block: the caches' scratch and a tree's depth
         # trees (``DFlashDrafter``'s options; batched in ``infer.batch``): the accepted path comes back as one block
         self.tree, self.tree_topk, self.tree_tokens = dflash_tree_options(model, tree_topk, tree_tokens, tree_lookup, tree_redraft)
@@ -909,7 +927,7 @@ class StaticDFlashDrafter:
         # the pass's few-row products through kernels/skinny_gemm.py where it has a measured tiling (q|k|v, gate|up, the
         # head at Qwen3-8B's widths: 4-7% faster than cuBLAS there); cuBLAS for the rest, on the CPU and at more rows
         self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
-        self.linear = skinny_gemm.few_row_linear if self.triton_products else F.linear
+        self.linear = prepacked_linear if prepack else skinny_gemm.few_row_linear if self.triton_products else F.linear
         if self.compile:  # the block pass's norms, RoPE, masks and activations fused (one compiled graph per batch size)
             from kernels.attention import raise_recompile_limit
 
@@ -929,7 +947,7 @@ class StaticDFlashDrafter:
     def with_window(self, window) -> "StaticDFlashDrafter":
         return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused,
                                    self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup,
-                                   self.tree_redraft, None if self.tree else self.drafts, self.triton_products)
+                                   self.tree_redraft, None if self.tree else self.drafts, self.triton_products, self.prepack)
 
     @property
     def device(self) -> torch.device:
@@ -984,10 +1002,10 @@ class StaticDFlashDrafter:
         # scatter into a row slice made torch.compile write each layer's whole buffer out and copy it back (~6 µs a
         # layer's k or v at the 8B shape, against ~1 for the m rows)
         rows = torch.arange(bsz, device=start.device) if row is None else torch.full((1,), row, device=start.device)
-        context = self.model.project_context(features.to(self.model.fc.weight.dtype))  # [B, m, H]
+        context = self.model.hidden_norm(self.linear(features.to(self.model.fc.weight.dtype), self.fused.fc, self.fused.bfc))  # [B, m, H]
         positions = start[:, None] + torch.arange(m, device=start.device)  # [B, m]
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [B, m, 1, D]
-        kv = F.linear(context, self.fused.wkv, self.fused.bkv).view(bsz, m, len(self.rules), 2, hkv, d)  # every layer's, one product
+        kv = self.linear(context, self.fused.wkv, self.fused.bkv).view(bsz, m, len(self.rules), 2, hkv, d)  # every layer's, one product
         heads = torch.arange(hkv, device=start.device)[None, :, None]
         for i, (layer, k_buf, v_buf) in enumerate(zip(self.model.layers, self.k, self.v)):
             slots = k_buf.shape[2] - self.block
@@ -1043,15 +1061,15 @@ class StaticDFlashDrafter:
                 keys, values = k_buf[:, :, :slots + b], v_buf[:, :, :slots + b]
             qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * n, d)  # rows (g, slot): heads h * G + g
             out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
-            x = x + attn.o_proj(out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d))
+            x = x + self.linear(out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d), w.wo, w.bo)
             gate, up = self.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            x = x + self.linear(layer.mlp.act_fn(gate) * up, w.w2, w.b2)
         # only the slots whose drafts are kept reach the norm and the head: a chain of k drafts (``draft_tokens``) over a
         # block pass of 16 slots writes, casts and reads back k rows of 152K logits, not 15 (its argmax: ``argmax_split``).
         # contiguous: the slot slice is a strided 4-D view, which nn.Linear multiplies as a bmm against the head expanded
         # per row (on the CPU a third of the speed of one matrix product over the rows)
         hidden = self.model.norm(x.view(bsz, rows, b, -1)[:, :, 1:1 + self.drafts].contiguous())
-        logits = self.linear(hidden.to(self.head.weight.dtype), self.head.weight, self.head.bias).float()
+        logits = self.linear(hidden.to(self.head.weight.dtype), self.fused.head, self.fused.bhead).float()
         return logits if multi else logits[:, 0]
 
     def _draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):
