@@ -28,7 +28,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.infer_speed import SHAPES  # noqa: E402
-from kernels import skinny_gemm  # noqa: E402
 from infer.generate import generate  # noqa: E402
 from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config  # noqa: E402
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config  # noqa: E402
@@ -40,6 +39,7 @@ from models.target import CachedTarget  # noqa: E402
 # --draft-vocab ids (its head the target's rows of them), the same layers
 DRAFTERS = ("dflash", "dflash-vocab", "dflash-eager", "eagle3", "eagle3-eager")
 DFLASH_BLOCK = 16  # the benchmark drafter's block (z-lab's Qwen3-8B drafters')
+PRODUCTS = {"default": None, "cublas": False, "triton": True}  # --*-products -> the static models' triton_products
 
 
 def cuda_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
@@ -160,13 +160,12 @@ def main() -> None:
     target = StaticTarget(model, [], compile_layers=args.compile, decode_attention=args.attention[0])
     steps = result["forward"] = []
     print("loop | context | tok/s | ms/token | bandwidth % | outside forward % | prefill s", flush=True)
-    choice = {"default": None, "cublas": False, "triton": True}
     for products, attention, ctx in ((t, a, c) for t in args.target_products for a in args.attention for c in args.contexts):
-        if target.decode_attention != attention or products != "default":
+        if products != "default" and target.triton_products != PRODUCTS[products]:
+            target.use_triton_products(PRODUCTS[products])
+        if target.decode_attention != attention:
             target.decode_attention = attention
-            target.triton_products = choice[products] if products != "default" else target.triton_products
-            target.linear = skinny_gemm.few_row_linear if target.triton_products else torch.nn.functional.linear
-            target.graphs.clear()  # recaptured (and recompiled: the compiled layers' guards see the new linear)
+            target.graphs.clear()
         loop = (f"static + CUDA graphs{' + compile' if args.compile else ''}, {attention} attention"
                 + ("" if products == "default" else f", {products} products"))
         ids = prompt(ctx)
@@ -196,7 +195,6 @@ def main() -> None:
     dflash_rows = lambda name: name in ("dflash", "dflash-vocab")  # noqa: E731
     runs = [(name, k, products) for name in args.drafters for k in (args.dflash_draft_steps if dflash_rows(name) else [0])
             for products in (args.dflash_products if dflash_rows(name) else ["default"])]
-    triton_products = {"default": None, "cublas": False, "triton": True}
     for name, k, products in runs:
         for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
             if k and tau - 1 > k:
@@ -204,10 +202,10 @@ def main() -> None:
                 continue
             if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
                 drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=k or None,
-                                              triton_products=triton_products[products])
+                                              triton_products=PRODUCTS[products])
             elif name == "dflash-vocab":  # the same layers, the head the target's rows of --draft-vocab ids
                 drafter = StaticDFlashDrafter(with_draft_vocab(dflash_model, target.lm_head, args.draft_vocab), target.embed_tokens, target.lm_head,
-                                              draft_tokens=k or None, triton_products=triton_products[products])
+                                              draft_tokens=k or None, triton_products=PRODUCTS[products])
             elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             elif name == "eagle3":  # the loop's default for chains: fixed-shape caches, step 0 and the chain in one captured graph

@@ -51,17 +51,16 @@ def main() -> None:
     if args.verify_split:
         return verify_split(model, args.context, args.verify_split)
     if args.dflash_block:
-        from benchmarks.decode_speed import with_draft_vocab
+        from benchmarks.decode_speed import PRODUCTS, with_draft_vocab
 
-        choice = {"default": None, "cublas": False, "triton": True}
         for k in args.draft_tokens:
             for products in args.products:
                 print(f"\n--- draft tokens {k or 'the whole block'}, products {products}")
-                dflash_block(model, dflash_model, args.context, k or None, choice[products])
+                dflash_block(model, dflash_model, args.context, k or None, PRODUCTS[products])
                 for size in args.draft_vocab:
                     print(f"\n--- the same drafter with a draft vocabulary of {size} ids")
                     dflash_block(model, with_draft_vocab(dflash_model, model.get_output_embeddings(), size), args.context, k or None,
-                                 choice[products])
+                                 PRODUCTS[products])
         return
     target = StaticTarget(model, [], compile_layers=True)
     ids = torch.randint(100, 100_000, (args.context,)).tolist()

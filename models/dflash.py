@@ -88,7 +88,7 @@ from kernels import skinny_gemm
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, argmax_split, choose
-from models.static_target import CapturedSteps, concat_linears, prepack_supported, prepacked_linear, rotate
+from models.static_target import CapturedSteps, concat_linears, few_row_products, prepack_by_default, prepacked_copy, rotate
 from models.target import ContextKV
 from models.trees import DraftTree, select_trees, tree_masks, tree_options
 
@@ -810,7 +810,7 @@ class FusedWeights:
     @staticmethod
     @torch.no_grad()
     def of(model: DFlashDraftModel, head: nn.Linear, prepack: bool = False) -> "FusedWeights":
-        pack = (lambda m: torch.ops.mkldnn._reorder_linear_weight(m, None)) if prepack else (lambda m: m)  # noqa: E731
+        pack = prepacked_copy if prepack else (lambda m: m)
         layers = []
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -899,7 +899,7 @@ class StaticDFlashDrafter:
         # the CPU in fp32: every product on oneDNN-prepacked copies, as StaticTarget's (the block pass's 16-row
         # products ~1.45x faster than MKL's sgemm on the plain matrices on the 2-core machine)
         if prepack is None:
-            prepack = self.device.type == "cpu" and model.fc.weight.dtype == torch.float32 and prepack_supported()
+            prepack = prepack_by_default(self.device, model.fc.weight.dtype)
         self.prepack = prepack
         self.fused = fused or FusedWeights.of(model, self.head, prepack)
         self.block = model.block_size  # the trained block: the caches' scratch and a tree's depth
@@ -927,7 +927,7 @@ class StaticDFlashDrafter:
         # the pass's few-row products through kernels/skinny_gemm.py where it has a measured tiling (q|k|v, gate|up, the
         # head at Qwen3-8B's widths: 4-7% faster than cuBLAS there); cuBLAS for the rest, on the CPU and at more rows
         self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
-        self.linear = prepacked_linear if prepack else skinny_gemm.few_row_linear if self.triton_products else F.linear
+        self.linear = few_row_products(prepack, self.triton_products)
         if self.compile:  # the block pass's norms, RoPE, masks and activations fused (one compiled graph per batch size)
             from kernels.attention import raise_recompile_limit
 

@@ -126,10 +126,25 @@ def prepack_supported() -> bool:
     return False
 
 
+def prepacked_copy(m: torch.Tensor) -> torch.Tensor:
+    """A copy of the matrix [out, in] in oneDNN's blocked layout, for ``prepacked_linear``."""
+    return torch.ops.mkldnn._reorder_linear_weight(m, None)
+
+
+def prepack_by_default(device: torch.device, dtype: torch.dtype) -> bool:
+    """Where the static models prepack their matrices unless told: the CPU in fp32, where the ops are usable."""
+    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available() and prepack_supported()
+
+
+def few_row_products(prepacked: bool, triton_products: bool):
+    """The product the static models run (``linear(x, weight, bias)``): oneDNN's on prepacked matrices, the Triton
+    few-row kernel where it has a measured tiling (``skinny_gemm.few_row_linear``, cuBLAS elsewhere), or ``F.linear``."""
+    return prepacked_linear if prepacked else skinny_gemm.few_row_linear if triton_products else F.linear
+
+
 def prepack_layer(w: LayerWeights) -> LayerWeights:
     """The layer's four matrices prepacked for ``prepacked_linear`` (copies; norms and biases as they are)."""
-    pack = lambda m: torch.ops.mkldnn._reorder_linear_weight(m, None)  # noqa: E731
-    return replace(w, wqkv=pack(w.wqkv), wo=pack(w.wo), w13=pack(w.w13), w2=pack(w.w2))
+    return replace(w, wqkv=prepacked_copy(w.wqkv), wo=prepacked_copy(w.wo), w13=prepacked_copy(w.w13), w2=prepacked_copy(w.w2))
 
 
 class StaticTarget:
@@ -190,22 +205,30 @@ class StaticTarget:
         self.input_norm = maybe_compile(lambda x, weight: rms_norm(x, weight, self.eps), dynamic=False)  # layer 0's
         self.masked_softmax = maybe_compile(masked_softmax)  # the capacity varies: symbolic after its first change
         self.decode_attention = choose_decode_attention(decode_attention, self.device)
-        self.linear, self.head_weight = F.linear, self.lm_head.weight  # the logits: linear(norm(x), head_weight, lm_head.bias)
-        self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
-        if self.triton_products:
-            self.linear = skinny_gemm.few_row_linear  # F.linear for the shapes it has no tiling for, and past 16 rows
+        self.head_weight = self.lm_head.weight  # the logits: linear(norm(x), head_weight, lm_head.bias)
         if prepack is None:
-            prepack = (self.device.type == "cpu" and self.dtype == torch.float32 and not compile_layers and torch.backends.mkldnn.is_available()
-                       and prepack_supported())
+            prepack = not compile_layers and prepack_by_default(self.device, self.dtype)
         elif prepack and not prepack_supported():
             raise ValueError(f"prepack=True: oneDNN's prepacked linear is not usable with torch {torch.__version__}; use prepack=False")
+        self.prepacked = prepack
         if prepack:
             self.weights = [prepack_layer(w) for w in self.weights]
-            self.linear, self.head_weight = prepacked_linear, torch.ops.mkldnn._reorder_linear_weight(self.head_weight, None)
+            self.head_weight = prepacked_copy(self.head_weight)
+        self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
+        self.linear = few_row_products(prepack, self.triton_products)
         self.k_cache: torch.Tensor | None = None  # [L, B, Hkv, C, D]
         self.v_cache: torch.Tensor | None = None
         self.cos = self.sin = None  # [C, D] RoPE tables, in the model's dtype (as HF casts them)
         self.graphs = CapturedSteps()  # one per (rows, tokens)
+
+    def use_triton_products(self, on: bool) -> None:
+        """Switch ``triton_products`` after construction (a benchmark's A/B): the steps are captured again, and the
+        compiled layers compiled again, on their next call."""
+        if self.prepacked:
+            raise ValueError("use_triton_products: this target runs prepacked CPU matrices; the Triton products are for CUDA")
+        self.triton_products = on
+        self.linear = few_row_products(False, on)
+        self.graphs.clear()
 
     # ------------------------------------------------------------------------------------------ buffers
 

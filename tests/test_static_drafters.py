@@ -332,16 +332,11 @@ def test_triton_products_draft_what_cublas_drafts_at_the_8b_widths(draft_tokens)
         top2 = want.topk(2, dim=-1).values
         clear = (top2[..., 0] - top2[..., 1]) > 2 * (got - want).abs().max()
         assert torch.equal(greedy[clear], want_greedy[clear])
-        assert torch.equal(greedy, own_argmax_drafts(got, drafters[1]))
+        assert torch.equal(greedy, drafters[1].model.draft_to_target(got.argmax(dim=-1)))  # the pass's own logits' argmax
         block_features = torch.randn(1, drafters[0].verify_tokens, 2 * 4096, device="cuda", dtype=torch.bfloat16, generator=g)
         for d in drafters:
             d.append(block_features, anchor)
         pos += 1 + step % 3
-
-
-def own_argmax_drafts(logits: torch.Tensor, drafter: StaticDFlashDrafter) -> torch.Tensor:
-    """The drafts the pass should give for its own logits: torch's argmax, mapped to target ids."""
-    return drafter.model.draft_to_target(logits.argmax(dim=-1))
 
 
 @pytest.mark.parametrize("shape", [(3, 151936), (2, 4, 8192), (5, 1000), (7, 32000), (1, 7)])

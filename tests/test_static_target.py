@@ -268,6 +268,31 @@ def test_without_onednn_prepacking_the_plain_matrices_run(reference_target_path,
         StaticTarget(model, [], prepack=True)
 
 
+def test_switching_the_products_takes_and_a_prepacked_target_refuses(reference_target_path) -> None:
+    """``use_triton_products`` (decode_speed's A/B): the product function follows it on plain matrices and the logits
+    stay the CPU's (the kernel is for CUDA rows only); a target on prepacked matrices refuses it in one line."""
+    import torch.nn.functional as F
+
+    from kernels import skinny_gemm
+
+    model = load(reference_target_path)
+    plain = StaticTarget(model, [], prepack=False)
+    ids = torch.tensor([5, 9, 11, 2])
+    plain.allocate(16)
+    want, _ = plain.forward(ids, 0)
+    plain.use_triton_products(True)
+    assert plain.triton_products and plain.linear is skinny_gemm.few_row_linear
+    plain.allocate(16)
+    got, _ = plain.forward(ids, 0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    plain.use_triton_products(False)
+    assert plain.linear is F.linear
+    packed = StaticTarget(model, [])  # the CPU default in fp32, where the ops are usable
+    if packed.prepacked:
+        with pytest.raises(ValueError, match="prepacked CPU matrices"):
+            packed.use_triton_products(True)
+
+
 def test_captured_steps_capture_once_per_name_and_shape(monkeypatch) -> None:
     """The capture cache the target and the static drafters share (CUDA-only graphs replaced by a recorder here): one
     capture per (name, input shapes), replays after it, all in one pool until ``clear``."""
