@@ -54,14 +54,15 @@ def test_packed_flex_equals_dense_sdpa_with_gradients(spec: LayerMaskSpec) -> No
         assert rel < 1e-2, f"{name}: relative error {rel:.2e}"
 
 
-def training_step_results(overrides: list[str], tmp_path) -> tuple:
-    """One training step's stats and gradients for the first 4 rows of a tiny experiment on the GPU (fp32)."""
+def training_step_results(overrides: list[str], tmp_path, bf16: bool = False) -> tuple:
+    """One training step's stats and gradients for the first 4 rows of a tiny experiment on the GPU (fp32, or bf16
+    autocast over a bf16 target for kernels that run only in half precision)."""
     from compose import compose_train
 
     from train.trainer import build, to_train_config
 
     cfg = to_train_config(compose_train(["trainer.progress=false", "data.num_eval=0", "trainer.loop_eval_prompts=0", "trainer.device=cuda",
-                                         "trainer.precision=fp32", "target.dtype=float32", f"output_dir={tmp_path}", *overrides]))
+                                         *(["trainer.precision=bf16", "target.dtype=bfloat16"] if bf16 else ["trainer.precision=fp32", "target.dtype=float32"]), f"output_dir={tmp_path}", *overrides]))
     run = build(cfg)
     step = run.step
     batch = step.ctx.to_device(step.ctx.collate([run.train_ds[i] for i in range(4)], run.target.pad_id))
@@ -103,6 +104,26 @@ def test_flex_training_step_equals_dense_masks(kind: str, tmp_path) -> None:
     common = [f"experiment={kind}_swa_tiny", "trainer.compile_drafter=false"]
     assert_same_step(training_step_results([*common, "trainer.attention_backend=sdpa"], tmp_path / "sdpa"),
                      training_step_results([*common, "trainer.attention_backend=flex"], tmp_path / "flex"), rtol=2e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="FA4's key intervals: Hopper")
+def test_fa4_compiled_training_step_equals_dense_masks(tmp_path) -> None:
+    """DFlash's ``fa4`` backend (FlashAttention-4 with per-row key intervals) inside the step compiled as one function,
+    against SDPA with the element-by-element masks, both in bf16: the same loss and gradients to bf16's precision."""
+    from kernels.fa4_adapter import available
+
+    if not available():
+        pytest.skip("flash-attn-4 (pip install '.[fa4]') is not installed")
+    common = ["experiment=dflash_swa_tiny", "trainer.compile_scope=step"]
+    (stats_a, grads_a), (stats_b, grads_b) = (
+        training_step_results([*common, "trainer.compile_drafter=false", "trainer.attention_backend=sdpa"], tmp_path / "sdpa", bf16=True),
+        training_step_results([*common, "trainer.compile_drafter=true", "trainer.attention_backend=fa4"], tmp_path / "fa4", bf16=True))
+    assert float(stats_a.num_labels) == float(stats_b.num_labels)
+    torch.testing.assert_close(stats_b.loss_sum.float(), stats_a.loss_sum.float(), rtol=1e-2, atol=0)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name, g in grads_a.items():  # bf16 on both sides: elementwise closeness would test rounding, so compare norms
+        rel = float((grads_b[name].float() - g.float()).norm() / g.float().norm().clamp(min=1e-12))
+        assert rel < 3e-2, f"{name}: relative error {rel:.2e}"
 
 
 def test_pinned_copies_equal_the_source() -> None:
