@@ -104,7 +104,10 @@ def prepacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """``F.linear`` with ``weight`` prepacked by ``torch.ops.mkldnn._reorder_linear_weight`` (oneDNN's blocked layout):
     x [..., in] -> [..., out]. One core of the 2-core CPU machine, the reference target's linears (8 layers + head,
     fp32, weights 108 MB): 1 row 21 -> 18 ms, 8 rows 35 -> 18 ms, 64 rows (8 rows x 8 verified tokens) 112 -> 37 ms
-    against MKL's sgemm on the plain matrices, which streams and repacks them every call."""
+    against MKL's sgemm on the plain matrices, which streams and repacks them every call. A matrix ``prepacked_copy``
+    left plain (too small to gain) runs ``F.linear``."""
+    if not weight.is_mkldnn:
+        return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
@@ -126,8 +129,19 @@ def prepack_supported() -> bool:
     return False
 
 
+# oneDNN's prepacked product costs ~30 µs a call whatever its size (one core of the 2-core AVX2 machine, fp32, F.linear
+# against it, µs at 1 / 5 / 16 / 64 rows): [32 -> 64] 4.9/6.1/7.0/12.0 against 36/35/38/44; [512 -> 512] 41/111/179/542
+# against 69/97/213/584 (a wash); [512 -> 1536] 120/356/571/1779 against 152/231/493/1787; [512 -> 2816] 223/941/1289/3357
+# against 240/369/921/3290. So matrices under 2^19 elements stay plain: the tiny test and builtin targets' loops ran
+# several times slower on prepacked 32 x 64 matrices than on F.linear.
+PREPACK_MIN_ELEMENTS = 1 << 19
+
+
 def prepacked_copy(m: torch.Tensor) -> torch.Tensor:
-    """A copy of the matrix [out, in] in oneDNN's blocked layout, for ``prepacked_linear``."""
+    """A copy of the matrix [out, in] in oneDNN's blocked layout, for ``prepacked_linear``; a matrix of fewer than
+    ``PREPACK_MIN_ELEMENTS`` elements comes back as it is (``prepacked_linear`` runs ``F.linear`` on it)."""
+    if m.numel() < PREPACK_MIN_ELEMENTS:
+        return m
     return torch.ops.mkldnn._reorder_linear_weight(m, None)
 
 

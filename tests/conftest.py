@@ -21,13 +21,31 @@ if WORKER:
 REFERENCE_TARGET = Path(os.environ.get("SWA_REFERENCE_TARGET", REPO_ROOT.parent / "shared" / "targets" / "qwen3-27m-sharegpt"))
 
 
+# The slowest modules first, longest first (pyproject: ``--dist loadfile --no-loadscope-reorder``, so each worker takes
+# the next whole module in this order). xdist's own order is by tests per module, which sent the few-test, many-minute
+# modules out last: one worker then ran test_vllm_engine (~9 min) or test_infer_sampling (~4 min) while the other sat idle.
+# Module times on the 2-core CI-like machine (one worker each, seconds, at 46bac86), a rough order is enough.
+SLOWEST_MODULES_FIRST = (
+    "test_vllm_engine.py",             # ~520: trains two drafters, starts vLLM in-process and as a server
+    "test_loop_eval.py",               # ~300: an on-policy training run with regeneration and the loop
+    "test_infer_generate.py",          # ~280: long prefills, the memorised drafter (test_zlab_engine reads it)
+    "test_infer_sampling.py",          # ~230: 9,000 speculative samples
+    "test_infer_eagle3_generate.py",   # ~210
+    "test_deepspeed.py",               # ~170: two-process runs
+    "test_train_pipeline.py",          # ~150
+)
+
+
 def pytest_collection_modifyitems(items) -> None:
     """Every test skipped without a GPU carries the ``gpu`` marker, so ``pytest -m gpu`` on a GPU machine runs all of
-    them: the one place the marker is given (the skip conditions name CUDA or a GPU in their reasons)."""
+    them: the one place the marker is given (the skip conditions name CUDA or a GPU in their reasons). Then the
+    slowest modules move to the front (``SLOWEST_MODULES_FIRST``; a stable sort: the rest keep their order)."""
     for item in items:
         reasons = [str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif")]
         if any("CUDA" in reason or "GPU" in reason for reason in reasons):
             item.add_marker(pytest.mark.gpu)
+    rank = {name: i for i, name in enumerate(SLOWEST_MODULES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +79,15 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     return cache
+
+
+@pytest.fixture(scope="session")
+def run_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every pytest-xdist worker of this run sees (their base folders' parent), this run's own without xdist:
+    for what several test modules build alike (they build it once, under a file lock)."""
+    shared = (tmp_path_factory.getbasetemp().parent if WORKER else tmp_path_factory.getbasetemp()) / "shared-builds"
+    shared.mkdir(parents=True, exist_ok=True)
+    return shared
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -56,6 +57,26 @@ def overfit_drafter(model, sequences: list[list[int]], *, layer_types, sliding_w
         (stats.loss_sum / stats.num_labels).backward()
         optimizer.step()
     return drafter.eval().requires_grad_(False)
+
+
+def memorised_dflash_drafter(model, tokenizer, shared_dir: Path) -> DFlashDraftModel:
+    """``overfit_drafter`` (a sliding and a full layer, window 16, target layers 1, 3, 5; 200 steps) on the target's
+    64-token greedy continuations of the first two MT-Bench prompts (``long_prompt_ids``), ``model`` the reference
+    target in fp32. test_infer_generate and test_zlab_engine both test the loop with it: trained once per run (~45 s
+    of one core) under a file lock in ``shared_dir`` (conftest's ``run_shared_dir``), read back by every module."""
+    from filelock import FileLock
+
+    from infer.prompts import long_prompt_ids, mt_bench_questions
+
+    folder = shared_dir / "memorised-dflash-drafter"
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / "config.json").exists():
+            prompts = [long_prompt_ids(tokenizer, q["turns"][0]) for q in mt_bench_questions()[:2]]
+            drafter = overfit_drafter(model, greedy_continuations(model, prompts, 64), layer_types=["sliding_attention", "full_attention"],
+                                      sliding_window=16, target_layer_ids=(1, 3, 5), steps=200)
+            drafter.save_pretrained(str(folder) + ".partial")
+            Path(str(folder) + ".partial").rename(folder)
+    return DFlashDraftModel.from_pretrained(folder).to(model.device).eval().requires_grad_(False)
 
 
 class PartlyScripted:

@@ -19,7 +19,7 @@ from infer.prompts import long_prompt_ids, mt_bench_questions
 from infer.reference import reference_speculative_greedy
 from models.sampling import SamplingConfig
 from models.static_target import StaticTarget
-from infer_helpers import PartlyScripted, greedy_continuations, overfit_drafter
+from infer_helpers import PartlyScripted, memorised_dflash_drafter
 
 LAYERS = [1, 3, 5]
 WINDOWS = [None, 512, 2048]  # inference-time window: none = full attention
@@ -28,13 +28,11 @@ pytestmark = [pytest.mark.usefixtures("single_cpu_thread"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def setup(reference_target_path):
+def setup(reference_target_path, run_shared_dir):
     model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(reference_target_path)
     questions = [q["turns"][0] for q in mt_bench_questions()[:20]]
-    memorised = greedy_continuations(model, [long_prompt_ids(tokenizer, q) for q in questions[:2]], 64)
-    drafter = overfit_drafter(model, memorised, layer_types=["sliding_attention", "full_attention"], sliding_window=16,
-                              target_layer_ids=LAYERS, steps=200)
+    drafter = memorised_dflash_drafter(model, tokenizer, run_shared_dir)  # it memorised questions[:2], reads LAYERS
     return model, tokenizer, questions, drafter, StaticTarget(model, LAYERS)
 
 

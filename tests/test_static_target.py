@@ -351,3 +351,21 @@ def test_triton_products_give_cublas_logits_at_the_8b_widths() -> None:
     for n, pos in ((1, 60), (16, 61)):
         (want, _), (got, _) = (t.step(ids[:, pos:pos + n], torch.tensor([pos], device="cuda")) for t in targets)
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN (CPU) only")
+def test_small_matrices_stay_plain_and_every_product_equals_f_linear() -> None:
+    """``prepacked_copy`` packs a matrix of at least ``PREPACK_MIN_ELEMENTS`` elements (oneDNN's layout) and leaves a
+    smaller one as it is; ``prepacked_linear`` gives ``F.linear``'s result on both (1, 5 and 16 rows, with a bias)."""
+    from models.static_target import PREPACK_MIN_ELEMENTS, prepack_supported, prepacked_copy, prepacked_linear
+
+    if not prepack_supported():
+        pytest.skip("oneDNN's prepacked linear is not usable with this torch")
+    torch.manual_seed(0)
+    small, large = torch.randn(64, 32), torch.randn(PREPACK_MIN_ELEMENTS // 512, 512)
+    assert prepacked_copy(small) is small and prepacked_copy(large).is_mkldnn
+    for m in (small, large):
+        packed, bias = prepacked_copy(m), torch.randn(m.shape[0])
+        for rows in (1, 5, 16):
+            x = torch.randn(rows, m.shape[1])
+            torch.testing.assert_close(prepacked_linear(x, packed, bias), torch.nn.functional.linear(x, m, bias), rtol=1e-5, atol=1e-4)

@@ -83,8 +83,16 @@ def run_eval(run: Path, prompts: Path, out: Path, *extra: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def eagle3_in_vllm(drafters, prompts_file, tmp_path_factory) -> dict:
+    """In-process vLLM over the EAGLE-3 export, with our target's greedy tokens beside (``--baseline``): the records both
+    the comparison with our loop and the one with ``vllm serve`` read, so vLLM starts and decodes them once, not twice."""
+    return run_eval(drafters["eagle3"], prompts_file, tmp_path_factory.mktemp("eagle3_vllm"), "--engine", "vllm", "--baseline")
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
-def test_vllm_gives_our_loops_acceptance_and_tokens(kind: str, drafters, prompts_file, tmp_path: Path, reference_target_path) -> None:
+def test_vllm_gives_our_loops_acceptance_and_tokens(kind: str, drafters, prompts_file, tmp_path: Path, reference_target_path,
+                                                    request) -> None:
     """Prompts of ~18 tokens and 48 new ones pass the window of 64, so the window binds in the later steps.
 
     EAGLE-3: vLLM's per-step histogram equals our loop's exactly (it differs under windows 63, 65 or none) on every prompt
@@ -98,7 +106,8 @@ def test_vllm_gives_our_loops_acceptance_and_tokens(kind: str, drafters, prompts
     # our loop reads what vLLM loads (DFlash: the bf16 export; EAGLE-3: the run, whose fp32 weights the export keeps)
     ours = run_eval(export if kind == "dflash" else drafters[kind], prompts_file, tmp_path / "ours", "--no-baseline",
                     "--target", str(reference_target_path))
-    vllm = run_eval(drafters[kind], prompts_file, tmp_path / "vllm", "--engine", "vllm", "--baseline")
+    vllm = (request.getfixturevalue("eagle3_in_vllm") if kind == "eagle3"
+            else run_eval(drafters[kind], prompts_file, tmp_path / "vllm", "--engine", "vllm", "--baseline"))
     assert vllm["config"]["engine_drafter"] == str(export)
     exact = 0
     for a, b in zip(ours["records"], vllm["records"], strict=True):
@@ -215,10 +224,10 @@ def eagle3_server(drafters, reference_target_path):
         log.close()
 
 
-def test_server_mode_gives_the_in_process_engines_numbers(drafters, prompts_file, eagle3_server, tmp_path: Path) -> None:
-    vllm = run_eval(drafters["eagle3"], prompts_file, tmp_path / "vllm", "--engine", "vllm", "--no-baseline")
+def test_server_mode_gives_the_in_process_engines_numbers(drafters, prompts_file, eagle3_server, eagle3_in_vllm, tmp_path: Path) -> None:
     served = run_eval(drafters["eagle3"], prompts_file, tmp_path / "server", "--server", eagle3_server, "--baseline")
-    for a, b in zip(vllm["records"], served["records"], strict=True):
+    assert eagle3_in_vllm["summary"]["engine"] == "vllm"
+    for a, b in zip(eagle3_in_vllm["records"], served["records"], strict=True):
         assert a["output_ids"] == b["output_ids"] and b["same_as_baseline"]
         assert Counter(a["stats"]["accepted_per_step"]) == Counter(b["stats"]["accepted_per_step"])
     assert served["summary"]["engine"] == "server"

@@ -19,7 +19,7 @@ from infer.zlab_engine import ZlabEngine, steps_from_anchors
 from models.dflash import DFlashDrafter
 from models.static_target import StaticTarget
 from train.export import export
-from infer_helpers import greedy_continuations, overfit_drafter
+from infer_helpers import memorised_dflash_drafter
 
 LAYERS = [1, 3, 5]
 
@@ -56,14 +56,13 @@ def test_a_draft_vocabulary_goes_to_vllm_in_speculators_layout_and_not_to_zlab(t
 
 
 @pytest.fixture(scope="module")
-def setup(reference_target_path, tmp_path_factory):
+def setup(reference_target_path, tmp_path_factory, run_shared_dir):
     model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(reference_target_path)
     questions = [q["turns"][0] for q in mt_bench_questions()[:3]]
     prompts = [long_prompt_ids(tokenizer, q) for q in questions]
-    memorised = greedy_continuations(model, prompts[:2], 48)
-    drafter = overfit_drafter(model, memorised, layer_types=["sliding_attention", "full_attention"], sliding_window=16,
-                              target_layer_ids=LAYERS, steps=150)
+    # the loop tests' drafter (test_infer_generate's, trained once per run): it memorised prompts[:2] and reads LAYERS
+    drafter = memorised_dflash_drafter(model, tokenizer, run_shared_dir)
     root = tmp_path_factory.mktemp("zlab")
     drafter.save_pretrained(root / "ours")
     export(root / "ours", root / "export_dflash", fmt="dflash", target=str(reference_target_path), dtype="float32")
