@@ -24,15 +24,17 @@ REFERENCE_TARGET = Path(os.environ.get("SWA_REFERENCE_TARGET", REPO_ROOT.parent 
 # The slowest modules first, longest first (pyproject: ``--dist loadfile --no-loadscope-reorder``, so each worker takes
 # the next whole module in this order). xdist's own order is by tests per module, which sent the few-test, many-minute
 # modules out last: one worker then ran test_vllm_engine (~9 min) or test_infer_sampling (~4 min) while the other sat idle.
-# Module times on the 2-core CI-like machine (one worker each, seconds, at 46bac86), a rough order is enough.
+# Module times summed over their tests on the 2-core CI-like machine (seconds, 2 workers, at 46bac86 + this order:
+# 2,821 s in all, a 23:56 run); a rough order is enough.
 SLOWEST_MODULES_FIRST = (
-    "test_vllm_engine.py",             # ~520: trains two drafters, starts vLLM in-process and as a server
-    "test_loop_eval.py",               # ~300: an on-policy training run with regeneration and the loop
-    "test_infer_generate.py",          # ~280: long prefills, the memorised drafter (test_zlab_engine reads it)
-    "test_infer_sampling.py",          # ~230: 9,000 speculative samples
-    "test_infer_eagle3_generate.py",   # ~210
-    "test_deepspeed.py",               # ~170: two-process runs
-    "test_train_pipeline.py",          # ~150
+    "test_vllm_engine.py",             # 532: trains two drafters, starts vLLM in-process and as a server
+    "test_infer_generate.py",          # 388: long prefills, the memorised drafter (test_zlab_engine reads it)
+    "test_infer_eagle3_generate.py",   # 284
+    "test_infer_sampling.py",          # 265: 9,000 speculative samples
+    "test_batch.py",                   # 265
+    "test_loop_eval.py",               # 232: an on-policy training run with regeneration and the loop
+    "test_deepspeed.py",               # 140: two-process runs
+    "test_train_pipeline.py",          # 132
 )
 
 
