@@ -63,8 +63,17 @@ def single_cpu_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def run_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every pytest-xdist worker of this run sees (their base folders' parent), this run's own without xdist:
+    for what several workers or test modules build alike (they build it once, under a file lock)."""
+    shared = (tmp_path_factory.getbasetemp().parent if WORKER else tmp_path_factory.getbasetemp()) / "shared-builds"
+    shared.mkdir(parents=True, exist_ok=True)
+    return shared
+
+
 @pytest.fixture(scope="session", autouse=True)
-def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory, run_shared_dir: Path) -> Path:
     """Every test run caches into its own folder, never the user's ~/.cache. The builtin tiny targets are
     the exception: deterministic builds (seeded, keyed by their build version), they are kept between runs
     in ``$SWA_TESTS_BUILD_CACHE`` (default ~/.cache/swa-drafters-tests) so the quick tier does not spend
@@ -72,8 +81,8 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("swa-cache")
     if not os.environ.get("SWA_TESTS_FRESH_BUILD"):
         kept = Path(os.environ.get("SWA_TESTS_BUILD_CACHE", Path.home() / ".cache" / "swa-drafters-tests")) / "builtin"
-    else:  # fresh, but once per session: pytest-xdist's workers share their base folder's parent (builds are file-locked)
-        kept = tmp_path_factory.getbasetemp().parent / "swa-builtin" if WORKER else cache / "builtin-fresh"
+    else:  # fresh, but once per run: built into the folder the run's workers share (builds are file-locked)
+        kept = run_shared_dir / "swa-builtin"
     kept.mkdir(parents=True, exist_ok=True)
     (cache / "builtin").symlink_to(kept, target_is_directory=True)
     os.environ["SWA_DRAFTERS_CACHE"] = str(cache)
@@ -81,15 +90,6 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     return cache
-
-
-@pytest.fixture(scope="session")
-def run_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder every pytest-xdist worker of this run sees (their base folders' parent), this run's own without xdist:
-    for what several test modules build alike (they build it once, under a file lock)."""
-    shared = (tmp_path_factory.getbasetemp().parent if WORKER else tmp_path_factory.getbasetemp()) / "shared-builds"
-    shared.mkdir(parents=True, exist_ok=True)
-    return shared
 
 
 @pytest.fixture(scope="session")

@@ -66,6 +66,7 @@ def memorised_dflash_drafter(model, tokenizer, shared_dir: Path) -> DFlashDraftM
     of one core) under a file lock in ``shared_dir`` (conftest's ``run_shared_dir``), read back by every module."""
     from filelock import FileLock
 
+    from common.atomic import atomic_dir
     from infer.prompts import long_prompt_ids, mt_bench_questions
 
     folder = shared_dir / "memorised-dflash-drafter"
@@ -74,8 +75,8 @@ def memorised_dflash_drafter(model, tokenizer, shared_dir: Path) -> DFlashDraftM
             prompts = [long_prompt_ids(tokenizer, q["turns"][0]) for q in mt_bench_questions()[:2]]
             drafter = overfit_drafter(model, greedy_continuations(model, prompts, 64), layer_types=["sliding_attention", "full_attention"],
                                       sliding_window=16, target_layer_ids=(1, 3, 5), steps=200)
-            drafter.save_pretrained(str(folder) + ".partial")
-            Path(str(folder) + ".partial").rename(folder)
+            with atomic_dir(folder) as tmp:
+                drafter.save_pretrained(tmp)
     return DFlashDraftModel.from_pretrained(folder).to(model.device).eval().requires_grad_(False)
 
 
