@@ -239,8 +239,10 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
         if workers > 1:
             records, prompts = decode_in_workers(target, drafter, tokenizer, conversations, workers, batch_size, write, bar, decode_args)
         else:
-            records, prompts = decode_batched(target, drafter, tokenizer, conversations, list(range(len(conversations))), batch_size,
-                                              write, lambda: bar.update(1), **decode_args)
+            order = iter(range(len(conversations)))
+            by_index, prompts = decode_batched(target, drafter, tokenizer, conversations, lambda: next(order, None), batch_size,
+                                               write, lambda: bar.update(1), **decode_args)
+            records = [by_index[i] for i in range(len(conversations))]
         wall = time.perf_counter() - t0
         bar.close()
         flat = [r for conv_records in records for r in conv_records]
@@ -265,18 +267,29 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
     return flat
 
 
-def decode_batched(target, drafter, tokenizer, conversations: list[Conversation], indices: list[int], batch_size: int, write, finished_one, *,
+def decode_batched(target, drafter, tokenizer, conversations: list[Conversation], claim, batch_size: int, write, finished_one, *,
                    prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, limit: int, done: dict, capacity: int,
-                   reuse_prefixes: bool) -> tuple[list[list[dict]], dict[tuple[int, int], list[int]]]:
-    """Every turn of ``conversations`` through ``generate_streams`` with ``batch_size`` rows: (each conversation's records,
-    the prompts by (position in ``conversations``, turn)). ``indices[i]``: conversation i's index in the whole set (its
-    filler document's offset). ``write(record)`` as each turn ends, ``finished_one()`` as each conversation does."""
+                   reuse_prefixes: bool) -> tuple[dict[int, list[dict]], dict[tuple[int, int], list[int]]]:
+    """Turns of ``conversations`` through ``generate_streams`` with ``batch_size`` rows: (the records of each conversation
+    decoded here, by its index in ``conversations``; the prompts by (that index, turn)). A row that frees takes the next
+    conversation ``claim()`` gives (an index; None when none is left): in order in one process, from a counter the CPU
+    workers share (``decode_in_workers``), so no worker idles while another still has conversations queued. The index
+    is also the conversation's filler document's offset. ``write(record)`` as each turn ends, ``finished_one()`` as each
+    conversation does."""
     from infer.batch import generate_streams
 
-    records: list[list[dict]] = [[] for _ in conversations]
+    records: dict[int, list[dict]] = {}
     prompts: dict[tuple[int, int], list[int]] = {}
+    assigned: dict[int, int | None] = {}  # stream (generate_streams' numbering) -> conversation index
 
-    def next_prompt(i: int, finished) -> list[int] | None:
+    def next_prompt(stream: int, finished) -> list[int] | None:
+        if stream not in assigned:
+            assigned[stream] = claim()
+            if assigned[stream] is not None:
+                records[assigned[stream]] = []
+        i = assigned[stream]
+        if i is None:  # every conversation claimed: this stream has none
+            return None
         conv = conversations[i]
         if finished is not None:
             turn = len(records[i])
@@ -290,7 +303,7 @@ def decode_batched(target, drafter, tokenizer, conversations: list[Conversation]
             if (str(conv.id), turn + 1) in done:  # finished by an earlier run of this cell
                 records[i].append(done[(str(conv.id), turn + 1)])
                 continue
-            prompt = turn_prompt(tokenizer, conv, indices[i], turn, [r["output_text"] for r in records[i]], prefill_tokens)
+            prompt = turn_prompt(tokenizer, conv, i, turn, [r["output_text"] for r in records[i]], prefill_tokens)
             if len(prompt) + max_new_tokens > limit:
                 raise ValueError(f"question {conv.id} turn {turn + 1}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
                                  f"target's max_position_embeddings={limit}; lower --prefill-tokens or --max-new-tokens")
@@ -306,28 +319,37 @@ def decode_batched(target, drafter, tokenizer, conversations: list[Conversation]
 
 def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversation], workers: int, batch_size: int, write, bar,
                       decode_args: dict) -> tuple[list[list[dict]], dict[tuple[int, int], list[int]]]:
-    """``decode_batched`` in ``workers`` forked one-thread processes, worker w with conversations w, w + workers, ... and
-    its share of the ``batch_size`` rows; the turns come back through a queue as they end (written here, in the order
-    they end) and each worker's records and prompts at its end. A worker's ValueError (bad input) is raised here as
-    the one-process run raises it; another error as a RuntimeError with the worker's traceback."""
+    """``decode_batched`` in ``workers`` forked one-thread processes, each with its share of the ``batch_size`` rows; a
+    worker's free row claims the next conversation from a counter they share (in order: a worker that drew short ones
+    takes more, rather than idling while the other finishes a fixed half: 16 conversations split w, w + 2, ... left the
+    2-core machine's workers busy 83% of the wall time, BENCHMARKS.md). The turns come back through a queue as they end
+    (written here, in the order they end) and each worker's records and prompts at its end. A worker's ValueError (bad
+    input) is raised here as the one-process run raises it; another error as a RuntimeError with the worker's traceback."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's Rust threads do not survive a fork either
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
-    shares = [list(range(w, len(conversations), workers)) for w in range(workers)]
+    claimed = context.Value("i", 0)  # the next conversation to hand out (its own lock)
     rows = [batch_size // workers + (w < batch_size % workers) for w in range(workers)]
+
+    def claim() -> int | None:
+        with claimed.get_lock():
+            i = claimed.value
+            if i >= len(conversations):
+                return None
+            claimed.value = i + 1
+            return i
 
     def work(w: int) -> None:
         try:
             torch.set_num_threads(1)
-            mine = shares[w]
-            records, prompts = decode_batched(target, drafter, tokenizer, [conversations[i] for i in mine], mine, rows[w],
+            records, prompts = decode_batched(target, drafter, tokenizer, conversations, claim, rows[w],
                                               lambda record: messages.put(("record", record)), lambda: messages.put(("finished", None)),
                                               **decode_args)
-            messages.put(("done", (w, records, {(mine[i], turn): p for (i, turn), p in prompts.items()})))
+            messages.put(("done", (w, records, prompts)))
         except BaseException as e:
             messages.put(("error", (w, type(e).__name__, str(e), traceback.format_exc())))
 
-    processes = {w: context.Process(target=work, args=(w,), daemon=True) for w in range(workers) if shares[w]}
+    processes = {w: context.Process(target=work, args=(w,), daemon=True) for w in range(min(workers, len(conversations)))}
     for process in processes.values():
         process.start()
     records: list[list[dict]] = [[] for _ in conversations]
@@ -353,7 +375,7 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
                 raise RuntimeError(f"CPU worker {w} failed with {name}: {message}\n{trace}")
             else:
                 w, share_records, share_prompts = payload
-                for i, conv_records in zip(shares[w], share_records):
+                for i, conv_records in share_records.items():
                     records[i] = conv_records
                 prompts.update(share_prompts)
                 pending.discard(w)

@@ -283,10 +283,11 @@ def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_pa
 @pytest.mark.slow  # worker processes
 @pytest.mark.parametrize("drafter_kind", ["pld", "dflash", "none"])
 def test_eval_records_from_cpu_workers_equal_batch_one(setup, reference_tokenizer, tmp_path, drafter_kind) -> None:
-    """``--cpu-workers``: a batched CPU run split over forked one-thread processes (conversations round robin, rows
-    shared out) gives batch 1's records: tokens, accepted counts and prompts, with a filler document before each first
-    turn (its offset follows the conversation's index in the whole set, not in a worker's share); every turn reaches the
-    partial file, and a rerun reads them back."""
+    """``--cpu-workers``: a batched CPU run split over forked one-thread processes (rows shared out, each free row
+    claiming the next conversation from a shared counter) gives batch 1's records: tokens, accepted counts and prompts,
+    with a filler document before each first turn (its offset follows the conversation's index in the whole set); every
+    turn reaches the partial file exactly once (a conversation claimed twice would write its turns twice), and a rerun
+    reads them back."""
     from infer.prompts import mt_bench
     from eval.runner import run_conversations
 
