@@ -93,9 +93,14 @@ def test_config_fills_the_trainers_batch_and_refuses_conflicts(tmp_path: Path) -
                              f"output_dir={tmp_path / 'muon'}"]))
 
 
-def test_one_process_under_deepspeed_equals_the_plain_trainer(tmp_path: Path, plain_run: Path) -> None:
+def test_one_process_under_deepspeed_equals_the_plain_trainer(tmp_path: Path, plain_run: Path, monkeypatch) -> None:
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # a plain process, as no launcher started it
+        monkeypatch.delenv(name, raising=False)
     train(compose_train(["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=2", "trainer.deepspeed=zero2", f"output_dir={tmp_path}"]))
     assert_close_runs(plain_run, tmp_path, atol=1e-6)
+    # the launcher's variables DeepSpeed needed are gone again: left set, they told later code in this process (vLLM
+    # speculators' trainer) that torchrun had launched it
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE"} & set(os.environ)
     # Its checkpoints are DeepSpeed's: the plain trainer refuses them by name.
     with pytest.raises(ValueError, match="was written under DeepSpeed"):
         train(compose_train(["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=2", "trainer.max_steps=8", f"output_dir={tmp_path}"]))

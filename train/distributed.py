@@ -46,15 +46,37 @@ def local_device(device: torch.device, ranks: Ranks) -> torch.device:
 def init_process_group(device: torch.device, ranks: Ranks, single_process: bool = False) -> None:
     """The launcher's process group (NCCL on GPUs, gloo on CPUs); with ``single_process`` a group of
     one for a plain ``python -m`` run too."""
+    if single_process and not ranks.distributed:
+        # what a launcher would set (DeepSpeed reads them); ``train`` takes them away again at its end
+        # (``launcher_env_restored``), the group of one stays for the next run in this process
+        for name, value in LAUNCHER_ENV.items():
+            os.environ.setdefault(name, value)
     if dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     if ranks.distributed:
         dist.init_process_group(backend, **({"device_id": device} if device.type == "cuda" else {}))
     elif single_process:
-        for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):  # what a launcher would set (DeepSpeed checks)
-            os.environ.setdefault(name, value)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
+
+LAUNCHER_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+
+
+@contextmanager
+def launcher_env_restored() -> Iterator[None]:
+    """The launcher's variables as they were before the block: a one-process DeepSpeed run sets them, and left behind
+    they told later code in the same process that torchrun had launched it (vLLM speculators' trainer, run in a test
+    worker after a DeepSpeed test, tried to bind GPU ``LOCAL_RANK`` on a CPU machine)."""
+    before = {name: os.environ.get(name) for name in LAUNCHER_ENV}
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def free_port() -> int:

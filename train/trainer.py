@@ -43,7 +43,7 @@ from .checkpoint import Checkpointer
 from .config import TrainConfig
 from .data import prepare_data
 from .data.dataset import collate_padded
-from .distributed import Ranks, barrier, init_process_group, local_device, rank0_first, ranks_from_env
+from .distributed import Ranks, barrier, init_process_group, launcher_env_restored, local_device, rank0_first, ranks_from_env
 from .drafters import DRAFTERS, Drafter
 from .features.spec import open_store
 from .loop_eval import LoopEval, drafts_per_step, held_out_prompts, prompt_lookup_block_tau
@@ -408,9 +408,13 @@ def build(cfg: TrainConfig) -> Run:
 
 def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     """Train the drafter described by ``cfg``; returns the final metrics (also in ``run.json``)."""
+    with launcher_env_restored():
+        return train_run(to_train_config(cfg))
+
+
+def train_run(cfg: TrainConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    cfg = to_train_config(cfg)
     run = build(cfg)
     tc, step, pad_id = cfg.trainer, run.step, run.target.pad_id
     train_state = run.checkpointer.resume(tc.resume) or {"step": 0, "tokens": 0, "seconds": 0.0}
