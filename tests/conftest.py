@@ -73,14 +73,11 @@ def run_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def isolated_cache(tmp_path_factory: pytest.TempPathFactory, run_shared_dir: Path, request: pytest.FixtureRequest):
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory, run_shared_dir: Path) -> Path:
     """Every test run caches into its own folder, never the user's ~/.cache. The builtin tiny targets are
     the exception: deterministic builds (seeded, keyed by their build version), they are kept between runs
     in ``$SWA_TESTS_BUILD_CACHE`` (default ~/.cache/swa-drafters-tests) so the quick tier does not spend
-    two minutes rebuilding them; ``SWA_TESTS_FRESH_BUILD=1`` (set by .ci/run) builds them afresh.
-
-    When tiny-qwen3 is not built yet, worker gw0 starts its build in a background process at once
-    (``background_tiny_target_build``), so it is ready when the training tests reach it."""
+    two minutes rebuilding them; ``SWA_TESTS_FRESH_BUILD=1`` (set by .ci/run) builds them afresh."""
     cache = tmp_path_factory.mktemp("swa-cache")
     if not os.environ.get("SWA_TESTS_FRESH_BUILD"):
         kept = Path(os.environ.get("SWA_TESTS_BUILD_CACHE", Path.home() / ".cache" / "swa-drafters-tests")) / "builtin"
@@ -92,36 +89,7 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory, run_shared_dir: Pat
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    build = background_tiny_target_build(request.session.items) if WORKER == "gw0" else None
-    yield cache
-    if build is not None and build.poll() is None:  # the run ended first: its lock dies with it, nothing half-written stays
-        build.terminate()
-        build.wait()
-
-
-# What a collected module's source names when its tests train on (or load) the builtin tiny-qwen3 target.
-TINY_QWEN3_USERS = ("swa_tiny", "tiny_qwen3", "builtin:tiny-qwen3")
-
-
-def background_tiny_target_build(items):
-    """Start building builtin:tiny-qwen3 (~4 minutes of one core: its pretraining) in a background process when this
-    run's tests use it and it is not built. Without this the first test that needed it built it inline while every
-    other worker that needed it waited on its file lock: in a fresh run (.ci/run) both of the 2-core machine's workers
-    stalled ~240 s, one building on its single thread, one waiting (31:46 against 22:42 with the build kept). Started
-    at the run's beginning, the build shares the machine with the first, slowest modules, which do not use it; a
-    test that needs it before it is done waits on the same lock. A wrong guess costs time, never a result."""
-    import subprocess
-    import sys
-
-    from models.builtin_targets import builtin_folder
-
-    if (builtin_folder("tiny-qwen3") / "config.json").exists():
-        return None
-    sources = {item.path for item in items}
-    if not any(any(name in path.read_text(encoding="utf-8") for name in TINY_QWEN3_USERS) for path in sources if path.suffix == ".py"):
-        return None
-    code = "from models.builtin_targets import resolve_target_path; resolve_target_path('builtin:tiny-qwen3')"
-    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return cache
 
 
 @pytest.fixture(scope="session")
