@@ -321,8 +321,9 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
                       decode_args: dict) -> tuple[list[list[dict]], dict[tuple[int, int], list[int]]]:
     """``decode_batched`` in ``workers`` forked one-thread processes, each with its share of the ``batch_size`` rows; a
     worker's free row claims the next conversation from a counter they share (in order: a worker that drew short ones
-    takes more, rather than idling while the other finishes a fixed half: 16 conversations split w, w + 2, ... left the
-    2-core machine's workers busy 83% of the wall time, BENCHMARKS.md). The turns come back through a queue as they end
+    takes more rather than idling while the other finishes a fixed half; measured against round-robin halves on 16
+    conversations it changed nothing, both left the 2-core machine's workers busy ~81% of the wall time, the batch's end
+    being what idles them: BENCHMARKS.md). The turns come back through a queue as they end
     (written here, in the order they end) and each worker's records and prompts at its end. A worker's ValueError (bad
     input) is raised here as the one-process run raises it; another error as a RuntimeError with the worker's traceback."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's Rust threads do not survive a fork either
