@@ -409,10 +409,11 @@ def build(cfg: TrainConfig) -> Run:
 def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
     """Train the drafter described by ``cfg``; returns the final metrics (also in ``run.json``)."""
     with launcher_env_restored():
-        return train_run(to_train_config(cfg))
+        return _train(to_train_config(cfg))
 
 
-def train_run(cfg: TrainConfig) -> dict[str, Any]:
+def _train(cfg: TrainConfig) -> dict[str, Any]:
+    """``train``'s loop, inside the launcher variables' scope (``train`` is what callers use)."""
     from tqdm.auto import tqdm
 
     run = build(cfg)
