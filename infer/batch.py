@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -79,7 +79,8 @@ def check_batchable(drafter, batch_size: int) -> None:
 @torch.no_grad()
 def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams: int, *, batch_size: int, capacity: int,
                      max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
-                     refill_wave: int | None = None, run_steps: int = 8, reuse_prefixes: bool = True) -> None:
+                     refill_wave: int | None = None, run_steps: int = 8, reuse_prefixes: bool = True,
+                     stream_seeds: Sequence[int] | None = None) -> None:
     """Run ``num_streams`` request streams through ``batch_size`` rows; every finished generation goes to ``driver``.
 
     capacity: the most positions one request needs (prompt + ``max_new_tokens`` + a verify block); a longer request
@@ -91,8 +92,12 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         bookkeeping after every step bounded regeneration on small targets, not the GPU. 1: a sync every step.
     reuse_prefixes: the target alone and prompt lookup prefill a row's next prompt only past its common prefix with
         the row's cached tokens (the earlier turns of the same stream land in the same row). Off: every prompt whole.
+    stream_seeds: each stream's sampling seed (its requests' generators start from it, as ``generate`` with
+        ``SamplingConfig(seed=...)``); default ``sampling.seed`` for all. n samples of one prompt: n streams, n seeds.
     """
     check_batchable(drafter, batch_size)
+    if stream_seeds is not None and len(stream_seeds) != num_streams:
+        raise ValueError(f"stream_seeds: {len(stream_seeds)} seeds for {num_streams} streams")
     device = target.device
     block = drafter.block_size if drafter is not None else 1
     span = drafter.verify_tokens if drafter is not None else 1  # cache slots a verify pass writes past a row's position
@@ -169,7 +174,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
                     feed_drafter(r, 0, ids[r], features[j, :len(prompt)])
         firsts = {}
         for r, stream, prompt in entries:
-            generator = torch.Generator(device=device).manual_seed(sampling.seed)
+            generator = torch.Generator(device=device).manual_seed(sampling.seed if stream_seeds is None else int(stream_seeds[stream]))
             firsts[r] = (choose(last_logits[r], sampling, generator)[0][0], generator)
         first_tokens = torch.stack([firsts[r][0] for r, _, _ in entries]).tolist()  # one sync for the wave
         total = sum(len(prompt) - skip[r] for r, _, prompt in entries)
@@ -394,8 +399,9 @@ def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request) -> Non
 
 def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_new_tokens: int = 256, *, batch_size: int = 8,
                    sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
-                   refill_wave: int | None = None, run_steps: int = 8) -> list[Generation]:
-    """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order."""
+                   refill_wave: int | None = None, run_steps: int = 8, seeds: Sequence[int] | None = None) -> list[Generation]:
+    """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order. ``seeds``: one sampling
+    seed per prompt (default ``sampling.seed`` for every one)."""
     results: list[Generation | None] = [None] * len(prompts)
 
     def driver(stream: int, finished: Generation | None):
@@ -408,5 +414,5 @@ def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_
     capacity = max(len(p) for p in prompts) + max_new_tokens + verify_len
     generate_streams(target, drafter, driver, len(prompts), batch_size=batch_size, capacity=capacity, max_new_tokens=max_new_tokens,
                      sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk, refill_wave=refill_wave,
-                     run_steps=run_steps)
+                     run_steps=run_steps, stream_seeds=seeds)
     return results

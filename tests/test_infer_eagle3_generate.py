@@ -171,7 +171,7 @@ def test_chain_sampling_follows_the_target_distribution(temperature, top_k, top_
     drafter = Eagle3Drafter(drafter_model)
     prompt = [1, 4, 2, 6, 3]
     n = 3000
-    counts, accepted = sampled_outputs(target, drafter, prompt, depth, temperature, top_k, top_p, n)
+    counts, accepted = sampled_outputs(target, drafter, StaticEagle3Drafter(drafter_model), prompt, depth, temperature, top_k, top_p, n)
     p_value = chi_square_p_value(counts, exact_distribution(model, prompt, depth, temperature, top_k, top_p), n)
     assert p_value > 0.01, f"chi-square p = {p_value:.2e}: the output is not distributed as the target's"
     assert accepted[0] > 100 and accepted[1] > 100, accepted  # rejections and accepted drafts both occurred
