@@ -244,6 +244,19 @@ def test_an_end_of_sequence_first_token_and_a_one_token_budget(setup) -> None:
     assert [g.tokens for g in got] == [generate(target, None, p, 1).tokens for p in prompts[:3]]
 
 
+def test_a_seed_per_prompt_samples_as_batch_one_with_that_seed(setup) -> None:
+    """``seeds``: each row samples as ``generate`` with its own seed (the chi-square tests draw their samples so);
+    a seed count that is not the prompt count is one line."""
+    model, _, prompts, eos, _ = setup
+    target = StaticTarget(model, [])
+    sampling = SamplingConfig(temperature=1.0)
+    got = generate_batch(target, None, [prompts[0]] * 3, 6, batch_size=3, sampling=sampling, seeds=[4, 5, 4])
+    want = [generate(target, None, prompts[0], 6, SamplingConfig(temperature=1.0, seed=s)).tokens for s in (4, 5)]
+    assert [g.tokens for g in got] == [want[0], want[1], want[0]] and want[0] != want[1]
+    with pytest.raises(ValueError, match=r"^stream_seeds: 2 seeds for 3 streams$"):
+        generate_batch(target, None, prompts[:3], 6, batch_size=2, sampling=sampling, seeds=[1, 2])
+
+
 def test_eager_eagle3_and_trees_are_refused_at_batch_sizes_above_one(setup) -> None:
     model = setup[0]
     config = make_eagle3_config(model.config, num_hidden_layers=1, target_layer_ids=[1, 3, 4], layer_types=["full_attention"],
