@@ -61,8 +61,10 @@ def drafters(reference_target_path, tmp_path_factory) -> dict[str, Path]:
                          "trainer.export_formats=[speculators]", f"output_dir={root / 'eagle3'}"]))
     # DFlash with AdamW, not the tiny recipe's Muon: on a 2-core CPU without bf16 hardware Muon's fp32 Newton-Schulz made
     # this run 135 s against AdamW's 73 s, and what vLLM is compared on is the export, not how it was trained (Muon's
-    # training runs in test_train_pipeline's tiny experiments and test_optim)
-    train(compose_train(["experiment=dflash_swa_tiny", *common, "trainer.max_steps=80", "drafter.layer_types=[sliding_attention,sliding_attention]",
+    # training runs in test_train_pipeline's tiny experiments and test_optim). 16 anchors a row, not the recipe's 32:
+    # the replies are 64 tokens, and 32 made the drafter's LM head most of a 2 min run on one core
+    train(compose_train(["experiment=dflash_swa_tiny", *common, "trainer.max_steps=80", "drafter.num_anchors=16",
+                         "drafter.layer_types=[sliding_attention,sliding_attention]",
                          "trainer.optimizer=adamw", "trainer.export_formats=[dflash,speculators]", f"output_dir={root / 'dflash'}"]))
     return {"eagle3": root / "eagle3", "dflash": root / "dflash"}
 
