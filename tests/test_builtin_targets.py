@@ -64,6 +64,7 @@ def test_missing_weights_fall_back_to_training(tmp_path, monkeypatch, caplog) ->
     assert calls[1] < calls[0] - 0.3, calls
 
 
+@pytest.mark.slow  # and long: only with -m long (the quick tier's -m "not slow" replaces the default -m)
 @pytest.mark.long
 def test_pretrain_remakes_the_shipped_weights(tmp_path, monkeypatch) -> None:
     """``write-weights`` retrains tiny-qwen3 as the first build did (~4 min on one core): the same final loss and
