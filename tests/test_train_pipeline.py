@@ -75,12 +75,14 @@ def test_wandb_offline_logging(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_quickstart_cli_from_another_directory(tmp_path: Path) -> None:
     """What the README's first command runs, as a subprocess, outside the checkout: the on-policy regeneration, training,
-    evaluation, the loop on 8 held-out prompts, export and the closing summary. Shortened twice: 5 steps, and the first
-    128 of the sample's 400 conversations (16 held out, as by default; 64 would leave 5 held-out prompts, not 8): the
-    regeneration of all 400 (~560 replies of 128 tokens) was most of the test's time, and 128 take every path 400 do."""
+    evaluation, the loop on 8 held-out prompts, export and the closing summary. Shortened three times: 5 steps, the first
+    128 of the sample's 400 conversations (16 held out, as by default; 64 would leave 5 held-out prompts, not 8), and
+    replies regenerated to 32 tokens, not 128: the regeneration of all 400 (~560 replies of 128 tokens) was most of the
+    test's time, and 128 conversations of 32-token replies take every path 400 of 128 do."""
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "train", "experiment=dflash_swa_tiny", "trainer.max_steps=5", "data.max_records=128", f"output_dir={out}"],
+        [sys.executable, "-m", "train", "experiment=dflash_swa_tiny", "trainer.max_steps=5", "data.max_records=128",
+         "data.regenerate.max_new_tokens=32", f"output_dir={out}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
