@@ -14,9 +14,9 @@
             lookup) moves its live rows to the front and steps only those
 
 Each row's output and accepted counts are the batch-1 loop's (``infer.generate.generate``): greedy acceptance is
-per row, and sampling draws from a generator per row seeded as ``generate`` seeds its own, in the same order
-(``tests/test_batch.py``). Requests come from a driver, so a conversation's next turn (whose prompt holds this
-turn's answer) enters as soon as the answer is out.
+per row, and sampling draws from a generator per row seeded as ``generate`` seeds its own (from ``sampling.seed``, or
+the stream's own seed with ``stream_seeds``), in the same order (``tests/test_batch.py``). Requests come from a
+driver, so a conversation's next turn (whose prompt holds this turn's answer) enters as soon as the answer is out.
 
 Drafters: None (the target alone), ``StaticDFlashDrafter`` (blocks, and greedy trees over a block's marginals:
 ``models/dflash.py``), ``StaticEagle3Drafter`` (chains, and greedy EAGLE-2 dynamic trees: each row drafts from its own

@@ -1,6 +1,7 @@
 """At temperature > 0 the speculative loop (``infer/generate.py``, DFlash) samples the target's distribution: the exact
 distribution of the first tokens, enumerated with the HF model, against which a chi-square test judges 3,000-6,000 sampled
-generations (decoded as one batch, the first 150 seeds checked against batch 1; its own file, so that pytest-xdist's loadfile can run it beside the greedy tests rather than after them).
+generations (decoded as one batch, the first 150 seeds checked against batch 1; its own file, so that pytest-xdist's
+loadfile can run it beside the greedy tests rather than after them).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def drafters(reference_target_path, tmp_path_factory) -> dict[str, Path]:
     # DFlash with AdamW, not the tiny recipe's Muon: on a 2-core CPU without bf16 hardware Muon's fp32 Newton-Schulz made
     # this run 135 s against AdamW's 73 s, and what vLLM is compared on is the export, not how it was trained (Muon's
     # training runs in test_train_pipeline's tiny experiments and test_optim). 16 anchors a row, not the recipe's 32:
-    # the replies are 64 tokens, and 32 made the drafter's LM head most of a 2 min run on one core
+    # the replies are 64 tokens; this run took 123 s on one core with 32, ~60 s with 16 (regeneration included)
     train(compose_train(["experiment=dflash_swa_tiny", *common, "trainer.max_steps=80", "drafter.num_anchors=16",
                          "drafter.layer_types=[sliding_attention,sliding_attention]",
                          "trainer.optimizer=adamw", "trainer.export_formats=[dflash,speculators]", f"output_dir={root / 'dflash'}"]))
