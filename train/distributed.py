@@ -43,6 +43,10 @@ def local_device(device: torch.device, ranks: Ranks) -> torch.device:
     return device
 
 
+# What torchrun sets for a process of a one-process group (DeepSpeed reads them)
+LAUNCHER_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+
+
 def init_process_group(device: torch.device, ranks: Ranks, single_process: bool = False) -> None:
     """The launcher's process group (NCCL on GPUs, gloo on CPUs); with ``single_process`` a group of
     one for a plain ``python -m`` run too."""
@@ -58,9 +62,6 @@ def init_process_group(device: torch.device, ranks: Ranks, single_process: bool 
         dist.init_process_group(backend, **({"device_id": device} if device.type == "cuda" else {}))
     elif single_process:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-
-
-LAUNCHER_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
 
 
 @contextmanager
