@@ -25,19 +25,22 @@ def reference_speculative_greedy(target_model, drafter: DFlashDraftModel, prompt
     embed, lm_head = target_model.get_input_embeddings(), target_model.get_output_embeddings()
     b = drafter.block_size
     seq = list(prompt_ids)
-    seq.append(int(target_model(torch.tensor([seq], device=device)).logits[0, -1].argmax()))
+    out = target_model(torch.tensor([seq], device=device), output_hidden_states=True)
+    seq.append(int(out.logits[0, -1].argmax()))
     new, accepted_per_step = [seq[-1]], []
     while len(new) < max_new_tokens:
         a = len(seq) - 1  # anchor: position of the last token, whose features the target has not made yet
-        hidden = target_model(torch.tensor([seq[:-1]], device=device), output_hidden_states=True).hidden_states
-        features = torch.cat([hidden[i + 1] for i in drafter.target_layer_ids], dim=-1)  # [1, a, k*H]
+        # The features of seq[:-1] from the last forward, which ran over a sequence that starts with it (the prompt, then
+        # each step's seq + drafts, of which the new seq[:-1] is a prefix): one uncached target forward per step
+        features = torch.cat([out.hidden_states[i + 1][:, :a] for i in drafter.target_layer_ids], dim=-1)  # [1, a, k*H]
         block = torch.tensor([[seq[-1]] + [drafter.mask_token_id] * (b - 1)], device=device)
         anchors = torch.tensor([[a]], device=device)
         ctx_valid = torch.ones(1, a, dtype=torch.bool, device=device)
         masks = {name: dense_mask(anchors, ctx_valid, b, spec) for name, spec in specs.items()}
         draft_hidden = drafter(embed(block), features, torch.arange(a, a + b, device=device)[None], masks)
         drafts = lm_head(draft_hidden)[0, 1:].argmax(-1).tolist()
-        target_next = target_model(torch.tensor([seq + drafts], device=device)).logits[0, a:].argmax(-1).tolist()
+        out = target_model(torch.tensor([seq + drafts], device=device), output_hidden_states=True)
+        target_next = out.logits[0, a:].argmax(-1).tolist()
         accepted = 0
         while accepted < b - 1 and drafts[accepted] == target_next[accepted]:
             accepted += 1

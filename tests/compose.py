@@ -6,7 +6,7 @@ asks for them: the first decodes on every eval, the second before training (``te
 
 from hydra import compose, initialize_config_module
 
-import train.drafters  # noqa: F401  (registers each drafter's config schema with Hydra)
+import train.config  # noqa: F401  (registers the schemas, each drafter's too, with Hydra)
 
 
 def compose_train(overrides: list[str]):

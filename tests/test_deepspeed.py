@@ -73,6 +73,18 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_path: str) ->
     return out
 
 
+# The two-process ZeRO-2 run (torchrun, W&B offline): the run the two-process comparison checks and the uninterrupted
+# run the resume must repeat, launched once for both (a two-process launch is ~30 s of start-up on two cores)
+ZERO2_TWO_PROCESSES = ["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=1", "trainer.deepspeed=zero2"]
+
+
+@pytest.fixture(scope="module")
+def zero2_run(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_path: str) -> Path:
+    root = tmp_path_factory.mktemp("zero2")
+    launch(ZERO2_TWO_PROCESSES + ["logger=wandb", f"output_dir={root / 'run'}"], root)  # W&B offline (conftest)
+    return root / "run"
+
+
 def test_config_fills_the_trainers_batch_and_refuses_conflicts(tmp_path: Path) -> None:
     config = deepspeed_config("zero2", batch_size=2, grad_accum=4, grad_clip=1.0, world_size=2)
     assert config["train_micro_batch_size_per_gpu"] == 2 and config["gradient_accumulation_steps"] == 4
@@ -107,27 +119,30 @@ def test_one_process_under_deepspeed_equals_the_plain_trainer(tmp_path: Path, pl
 
 
 @pytest.mark.parametrize("stage,launcher", [("zero2", "torchrun"), ("zero3", "deepspeed")])
-def test_two_processes_follow_one_at_the_same_global_batch(tmp_path: Path, plain_run: Path, stage: str, launcher: str) -> None:
-    launch(["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=1", f"trainer.deepspeed={stage}", f"output_dir={tmp_path}"], tmp_path, launcher)
+def test_two_processes_follow_one_at_the_same_global_batch(tmp_path: Path, plain_run: Path, stage: str, launcher: str, request) -> None:
+    if stage == "zero2":
+        run = request.getfixturevalue("zero2_run")
+    else:
+        run = tmp_path / "run"
+        launch(["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=1", f"trainer.deepspeed={stage}", f"output_dir={run}"], tmp_path, launcher)
     # Gradients are summed in another order (measured up to 1.2e-6 apart after 6 AdamW steps under ZeRO-3,
     # where the weights moved by up to 6e-3).
-    assert_close_runs(plain_run, tmp_path, atol=1e-5)
-    files = {p.name for p in (tmp_path / "checkpoints" / "step_00000006").iterdir()}
+    assert_close_runs(plain_run, run, atol=1e-5)
+    files = {p.name for p in (run / "checkpoints" / "step_00000006").iterdir()}
     assert {"state.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= files
 
 
-def test_resume_under_deepspeed_repeats_the_uninterrupted_run(tmp_path: Path, tiny_qwen3_path: str) -> None:
-    args = ["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=2", "trainer.deepspeed=zero2"]
-    launch(args + ["logger=wandb", f"output_dir={tmp_path / 'straight'}"], tmp_path)  # W&B offline (conftest)
-    assert len(list((tmp_path / "straight" / "wandb").glob("offline-run-*"))) == 1  # rank 0 only
+def test_resume_under_deepspeed_repeats_the_uninterrupted_run(tmp_path: Path, zero2_run: Path) -> None:
+    args = ZERO2_TWO_PROCESSES
+    assert len(list((zero2_run / "wandb").glob("offline-run-*"))) == 1  # rank 0 only
     launch(args + ["trainer.interrupt_after=3", f"output_dir={tmp_path / 'resumed'}"], tmp_path)
     assert not (tmp_path / "resumed" / "export").exists()
     assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000003"]
     launch(args + [f"output_dir={tmp_path / 'resumed'}"], tmp_path)
-    a, b = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
+    a, b = weights(zero2_run), weights(tmp_path / "resumed")
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    straight = {h["step"]: h["train/loss"] for h in history(tmp_path / "straight")}
+    straight = {h["step"]: h["train/loss"] for h in history(zero2_run)}
     resumed = {h["step"]: h["train/loss"] for h in history(tmp_path / "resumed")}
     assert resumed == straight  # steps 1-3 from the first launch, 4-6 after the resume
     # Optimizer shards of 2 ranks cannot resume on 1: refused by name, before any step.

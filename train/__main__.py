@@ -1,7 +1,8 @@
 """Hydra entry point: ``python -m train experiment=dflash_swa_tiny [key=value ...]``.
 
-The composed config is checked against ``train.config.TrainConfig`` before anything runs; the
-work itself is ``train.trainer.train(cfg)``, which tests call directly.
+The composed config is checked against ``train.config.TrainConfig`` before anything runs (and
+before the trainer, torch and the models import: a bad key or value fails in seconds); the work
+itself is ``train.trainer.train(cfg)``, which tests call directly.
 """
 
 import logging
@@ -13,8 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from train import config as _schema, drafters as _drafter_schemas  # noqa: F401  (register train_schema and each drafter's schema)
-from train.trainer import train
+from train.config import to_train_config  # registers train_schema and each drafter's schema
 
 log = logging.getLogger("train")
 
@@ -24,7 +24,10 @@ def main(cfg: DictConfig) -> None:
     if int(os.environ.get("RANK", 0)) != 0:  # multi-GPU launches: rank 0 speaks for the run
         logging.getLogger().setLevel(logging.WARNING)
     try:
-        train(cfg)
+        checked = to_train_config(cfg)  # schema and cross-field checks, before the heavy imports below
+        from train.trainer import train
+
+        train(checked)
     except ValueError as e:  # bad user input: one line naming what is wrong, non-zero exit
         log.error("%s", e)
         remove_if_unstarted(cfg.get("output_dir"))

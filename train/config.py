@@ -1,10 +1,13 @@
 """Typed configuration: the schema every ``configs/`` YAML file is checked against.
 
-The dataclasses are registered in Hydra's ConfigStore as ``train_schema``; ``configs/train.yaml``
-puts it first in its defaults list, so an unknown key (``trainer.max_stesp=5``) or a value of the
-wrong type fails at composition, before anything loads. Checks that cross fields run in
-``__post_init__`` when ``train()`` turns the composed config into these objects
-(``OmegaConf.to_object``), also before anything loads.
+The dataclasses are registered in Hydra's ConfigStore as ``train_schema`` and, per drafter, as the
+``drafter`` group's ``<kind>_schema`` (``DFlashConfig``, ``Eagle3Config``); ``configs/train.yaml``
+and ``configs/drafter/<kind>.yaml`` start from them, so an unknown key (``trainer.max_stesp=5``), a
+key of the other drafter (``drafter.ttt_length`` on DFlash) or a value of the wrong type fails at
+composition. Checks that cross fields run in ``__post_init__`` when ``to_train_config`` turns the
+composed config into these objects (``OmegaConf.to_object``). This module imports neither torch nor
+the models, so ``python -m train`` refuses a bad config in a couple of seconds, before the trainer
+imports.
 
 Public override names (other tools and users rely on them): ``target.path``, ``data.path``,
 ``data.max_length``, ``trainer.max_steps``, ``output_dir``.
@@ -16,8 +19,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
+import dataclasses
+
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -57,9 +62,9 @@ class TargetConfig:
 
 @dataclass
 class DrafterConfigBase:
-    """What every drafter's schema holds. Each drafter's own schema extends it in its training file
-    (``train/dflash.py::DFlashConfig``, ``train/eagle3.py::Eagle3Config``), and ``configs/drafter/<kind>.yaml``
-    starts from it: a key of the other drafter (``drafter.ttt_length`` on DFlash) fails at composition."""
+    """What every drafter's schema holds. Each drafter's own schema extends it below (``DFlashConfig``,
+    ``Eagle3Config``), and ``configs/drafter/<kind>.yaml`` starts from it: a key of the other drafter
+    (``drafter.ttt_length`` on DFlash) fails at composition."""
 
     kind: str = MISSING
     num_hidden_layers: int = 1
@@ -104,6 +109,82 @@ class DrafterConfigBase:
 
 
 REGENERATE_ENGINES = ("hf", "ours", "vllm", "server")
+
+
+
+# ----------------------------------------------------------------------------- each drafter's schema
+
+@dataclass
+class DFlashConfig(DrafterConfigBase):
+    """``drafter.*`` for DFlash (configs/drafter/dflash.yaml)."""
+
+    kind: str = "dflash"
+    # How many target layers to read when target_layer_ids is null (default: num_hidden_layers).
+    num_target_features: Optional[int] = None
+    block_size: int = 16
+    mask_token_id: Optional[int] = None  # null = the target tokenizer's first free special token
+    # Sliding layers causal inside the block (published checkpoints, vLLM); false = bidirectional.
+    sliding_block_causal: bool = True
+    num_anchors: int = 512  # blocks per training sequence (capped by what it holds)
+    loss_gamma: Optional[float] = None  # slot-weight decay exp(-(k-1)/gamma); null = the paper's (7 for B=16)
+    # exp: the paper's fixed decay above; dpace: D-PACE (vLLM speculators' DFlash default), each slot weighted by the
+    # expected accepted drafts that pass through it, from the drafter's own current confidence (``dpace_weights``)
+    loss_weighting: str = "exp"
+    dpace_alpha: float = 0.5  # D-PACE's confidence smoothing, in (0, 1]
+    # null: decode with the target's whole LM head (z-lab's layout). N: a draft vocabulary of the N most frequent
+    # loss-masked training tokens, the head the target's rows of them, frozen (speculators' DFlash draft_vocab_size):
+    # the block pass reads N rows instead of the target's V (Qwen3: 152K, 1.24 GB at the 8B shape); labels outside it
+    # count as wrong drafts
+    draft_vocab_size: Optional[int] = None
+    # the chance that a training block shows the true tokens in its first 1..reveal_max slots after the anchor (as
+    # inputs, with no loss on them), so the drafter learns to draft the rest of a block from a candidate put in place
+    # (``--tree-redraft`` trees, ``models.dflash.block_tree``; BENCHMARKS.md "DFlash trees that re-draft"); 0 = DFlash's blocks as published. The
+    # training batches' accept stats count a revealed block as accepting nothing; evaluation blocks are never revealed
+    reveal_prob: float = 0.0
+    reveal_max: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.block_size < 2:
+            raise ValueError(f"drafter.block_size={self.block_size}; expected >= 2")
+        if self.num_anchors < 1:
+            raise ValueError(f"drafter.num_anchors={self.num_anchors}; expected >= 1")
+        if self.loss_gamma is not None and self.loss_gamma <= 0:
+            raise ValueError(f"drafter.loss_gamma={self.loss_gamma}; expected > 0 or null")
+        if self.loss_weighting not in ("exp", "dpace"):
+            raise ValueError(f"drafter.loss_weighting={self.loss_weighting!r}; expected exp or dpace")
+        if not 0 < self.dpace_alpha <= 1:
+            raise ValueError(f"drafter.dpace_alpha={self.dpace_alpha}; expected in (0, 1]")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
+            raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2 or null (the target's whole head)")
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"drafter.mask_token_id={self.mask_token_id}; expected a token id >= 0 or null")
+        if not 0 <= self.reveal_prob <= 1:
+            raise ValueError(f"drafter.reveal_prob={self.reveal_prob}; expected in [0, 1]")
+        if not 1 <= self.reveal_max <= self.block_size - 2:
+            raise ValueError(f"drafter.reveal_max={self.reveal_max}; expected 1 .. block_size - 2 ({self.block_size - 2}): a block keeps a slot to draft")
+
+
+@dataclass
+class Eagle3Config(DrafterConfigBase):
+    """``drafter.*`` for EAGLE-3 (configs/drafter/eagle3.yaml)."""
+
+    kind: str = "eagle3"
+    draft_vocab_size: int = 32000  # draft LM-head width (capped by the target's vocabulary)
+    ttt_length: int = 7  # training-time-test steps (and the default chain length when drafting)
+    fc_norm: bool = False  # EAGLE-3.1: RMSNorm each target feature before fc
+    norm_output: bool = False  # EAGLE-3.1: feed the final-normed hidden state to the next step
+    norm_before_fc: bool = False  # speculators' default: one RMSNorm over the concatenated features before fc
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ttt_length < 1:
+            raise ValueError(f"drafter.ttt_length={self.ttt_length}; expected >= 1")
+        if self.draft_vocab_size < 2:
+            raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2")
+        if self.fc_norm and self.norm_before_fc:
+            raise ValueError("drafter.fc_norm and drafter.norm_before_fc are both true: one RMSNorm per target feature, or one "
+                             "over their concatenation; set one")
 
 
 @dataclass
@@ -346,7 +427,7 @@ class LoggerConfig:
 @dataclass
 class TrainConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
-    drafter: Any = MISSING  # a DrafterConfigBase subclass: the drafter group's schema (train/drafters.py)
+    drafter: Any = MISSING  # a DrafterConfigBase subclass: the drafter group's schema (DRAFTER_SCHEMAS)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -392,8 +473,41 @@ class TrainConfig:
                              f"{' or '.join(EXPORT_FORMATS_ALLOWED[kind])}")
 
 
+DRAFTER_SCHEMAS = {"dflash": DFlashConfig, "eagle3": Eagle3Config}
+assert tuple(DRAFTER_SCHEMAS) == DRAFTER_KINDS
+
+
 def register_configs() -> None:
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainConfig)
+    for kind, schema in DRAFTER_SCHEMAS.items():
+        store.store(group="drafter", name=f"{kind}_schema", node=schema)
+
+
+def unknown_keys(node: DictConfig, path: str = "") -> list[str]:
+    """Keys the schema does not define. Hydra's ``+key=value`` appends to a typed node without a word
+    (``+trainer.max_step=10`` would otherwise train the default number of steps)."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return []
+    fields = {f.name for f in dataclasses.fields(schema)}
+    found = []
+    for key in node.keys():
+        if key not in fields:
+            found.append(f"{path}{key}")
+        elif isinstance(node._get_node(key), DictConfig):
+            found += unknown_keys(node[key], f"{path}{key}.")
+    return found
+
+
+def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """Composed Hydra config -> validated ``TrainConfig`` (runs every ``__post_init__`` check)."""
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    unknown = unknown_keys(cfg)
+    if unknown:
+        raise ValueError(f"unknown config key {', '.join(unknown)}: not in the schema (train/config.py); check its spelling")
+    return OmegaConf.to_object(cfg)
 
 
 register_configs()

@@ -20,7 +20,6 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -32,64 +31,13 @@ from models.dflash import (DFlashDraftModel, LayerMaskSpec, dense_mask, flex_blo
                            make_dflash_config)
 from models.target import TargetModel, default_layer_ids
 
-from .config import DrafterConfigBase, TrainConfig
+from .config import DFlashConfig, TrainConfig  # noqa: F401  (DFlashConfig: the schema, in the light config module)
 from .cross_entropy import logits_cross_entropy
 from .loop_eval import leading_correct, tau_summaries, walk_segments
 
 log = logging.getLogger(__name__)
 
 NAME = "DFlash"
-
-
-@dataclass
-class DFlashConfig(DrafterConfigBase):
-    """``drafter.*`` for DFlash (configs/drafter/dflash.yaml)."""
-
-    kind: str = "dflash"
-    # How many target layers to read when target_layer_ids is null (default: num_hidden_layers).
-    num_target_features: Optional[int] = None
-    block_size: int = 16
-    mask_token_id: Optional[int] = None  # null = the target tokenizer's first free special token
-    # Sliding layers causal inside the block (published checkpoints, vLLM); false = bidirectional.
-    sliding_block_causal: bool = True
-    num_anchors: int = 512  # blocks per training sequence (capped by what it holds)
-    loss_gamma: Optional[float] = None  # slot-weight decay exp(-(k-1)/gamma); null = the paper's (7 for B=16)
-    # exp: the paper's fixed decay above; dpace: D-PACE (vLLM speculators' DFlash default), each slot weighted by the
-    # expected accepted drafts that pass through it, from the drafter's own current confidence (``dpace_weights``)
-    loss_weighting: str = "exp"
-    dpace_alpha: float = 0.5  # D-PACE's confidence smoothing, in (0, 1]
-    # null: decode with the target's whole LM head (z-lab's layout). N: a draft vocabulary of the N most frequent
-    # loss-masked training tokens, the head the target's rows of them, frozen (speculators' DFlash draft_vocab_size):
-    # the block pass reads N rows instead of the target's V (Qwen3: 152K, 1.24 GB at the 8B shape); labels outside it
-    # count as wrong drafts
-    draft_vocab_size: Optional[int] = None
-    # the chance that a training block shows the true tokens in its first 1..reveal_max slots after the anchor (as
-    # inputs, with no loss on them), so the drafter learns to draft the rest of a block from a candidate put in place
-    # (``--tree-redraft`` trees, ``models.dflash.block_tree``; BENCHMARKS.md "DFlash trees that re-draft"); 0 = DFlash's blocks as published. The
-    # training batches' accept stats count a revealed block as accepting nothing; evaluation blocks are never revealed
-    reveal_prob: float = 0.0
-    reveal_max: int = 1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.block_size < 2:
-            raise ValueError(f"drafter.block_size={self.block_size}; expected >= 2")
-        if self.num_anchors < 1:
-            raise ValueError(f"drafter.num_anchors={self.num_anchors}; expected >= 1")
-        if self.loss_gamma is not None and self.loss_gamma <= 0:
-            raise ValueError(f"drafter.loss_gamma={self.loss_gamma}; expected > 0 or null")
-        if self.loss_weighting not in ("exp", "dpace"):
-            raise ValueError(f"drafter.loss_weighting={self.loss_weighting!r}; expected exp or dpace")
-        if not 0 < self.dpace_alpha <= 1:
-            raise ValueError(f"drafter.dpace_alpha={self.dpace_alpha}; expected in (0, 1]")
-        if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
-            raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2 or null (the target's whole head)")
-        if self.mask_token_id is not None and self.mask_token_id < 0:
-            raise ValueError(f"drafter.mask_token_id={self.mask_token_id}; expected a token id >= 0 or null")
-        if not 0 <= self.reveal_prob <= 1:
-            raise ValueError(f"drafter.reveal_prob={self.reveal_prob}; expected in [0, 1]")
-        if not 1 <= self.reveal_max <= self.block_size - 2:
-            raise ValueError(f"drafter.reveal_max={self.reveal_max}; expected 1 .. block_size - 2 ({self.block_size - 2}): a block keeps a slot to draft")
 
 
 def feature_layer_ids(d: DFlashConfig, num_layers: int) -> list[int]:

@@ -45,7 +45,7 @@ from kernels.window_attention import band_ops, cudnn_band_available, cudnn_ops, 
 from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from models.target import TargetModel, default_layer_ids
 
-from .config import DrafterConfigBase, TrainConfig
+from .config import Eagle3Config, TrainConfig  # noqa: F401  (Eagle3Config: the schema, in the light config module)
 from .loop_eval import tau_summaries, walk_segments
 
 log = logging.getLogger(__name__)
@@ -53,28 +53,6 @@ log = logging.getLogger(__name__)
 NAME = "EAGLE-3"
 
 # Legend: Bsz batch, T indices per step, j step, K = (j + 1) * T keys, H hidden, Vd draft vocabulary.
-
-
-@dataclass
-class Eagle3Config(DrafterConfigBase):
-    """``drafter.*`` for EAGLE-3 (configs/drafter/eagle3.yaml)."""
-
-    kind: str = "eagle3"
-    draft_vocab_size: int = 32000  # draft LM-head width (capped by the target's vocabulary)
-    ttt_length: int = 7  # training-time-test steps (and the default chain length when drafting)
-    fc_norm: bool = False  # EAGLE-3.1: RMSNorm each target feature before fc
-    norm_output: bool = False  # EAGLE-3.1: feed the final-normed hidden state to the next step
-    norm_before_fc: bool = False  # speculators' default: one RMSNorm over the concatenated features before fc
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.ttt_length < 1:
-            raise ValueError(f"drafter.ttt_length={self.ttt_length}; expected >= 1")
-        if self.draft_vocab_size < 2:
-            raise ValueError(f"drafter.draft_vocab_size={self.draft_vocab_size}; expected >= 2")
-        if self.fc_norm and self.norm_before_fc:
-            raise ValueError("drafter.fc_norm and drafter.norm_before_fc are both true: one RMSNorm per target feature, or one "
-                             "over their concatenation; set one")
 
 
 def feature_layer_ids(d: Eagle3Config, num_layers: int) -> list[int]:

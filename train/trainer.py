@@ -40,7 +40,7 @@ from models.target import TargetModel
 
 from . import deepspeed_engine
 from .checkpoint import Checkpointer
-from .config import TrainConfig
+from .config import TrainConfig, to_train_config  # noqa: F401  (to_train_config: callers import it from here too)
 from .data import prepare_data
 from .data.dataset import collate_padded
 from .distributed import Ranks, barrier, init_process_group, launcher_env_restored, local_device, rank0_first, ranks_from_env
@@ -53,33 +53,6 @@ log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- set-up helpers
-
-def unknown_keys(node: DictConfig, path: str = "") -> list[str]:
-    """Keys the schema does not define. Hydra's ``+key=value`` appends to a typed node without a word
-    (``+trainer.max_step=10`` would otherwise train the default number of steps)."""
-    schema = OmegaConf.get_type(node)
-    if not dataclasses.is_dataclass(schema):
-        return []
-    fields = {f.name for f in dataclasses.fields(schema)}
-    found = []
-    for key in node.keys():
-        if key not in fields:
-            found.append(f"{path}{key}")
-        elif isinstance(node._get_node(key), DictConfig):
-            found += unknown_keys(node[key], f"{path}{key}.")
-    return found
-
-
-def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """Composed Hydra config -> validated ``TrainConfig`` (runs every ``__post_init__`` check)."""
-    if isinstance(cfg, TrainConfig):
-        return cfg
-    unknown = unknown_keys(cfg)
-    if unknown:
-        raise ValueError(f"unknown config key {', '.join(unknown)}: not in the schema (train/config.py, train/<drafter>.py); "
-                         "check its spelling")
-    return OmegaConf.to_object(cfg)
-
 
 def check_paths(cfg: TrainConfig) -> None:
     """Missing local paths fail in a second, before the target (or its first-use build) loads."""

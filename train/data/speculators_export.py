@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
 
-    import train.drafters  # noqa: F401  (registers each drafter's config schema)
+    import train.config  # noqa: F401  (registers each drafter's config schema)
 
     try:
         with initialize_config_module(config_module="configs", version_base="1.3"):

@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from train import config as _schema, drafters as _drafter_schemas  # noqa: F401  (register train_schema and each drafter's schema)
+from train import config as _schema  # noqa: F401  (registers train_schema and each drafter's schema)
 from train.features.store import StoreError
 from train.features.write import write_features
 
