@@ -1,7 +1,8 @@
 """Pure-PyTorch greedy speculative decoding with no caches: the oracle for ``infer/generate.py``.
 
-Every step recomputes everything from scratch with the Hugging Face target (``output_hidden_states``)
-and the drafter's *training* forward under the training masks (``models/dflash.py``), so it shares
+Every step recomputes everything from scratch: one uncached forward of the Hugging Face target
+(``output_hidden_states``) over the sequence and its drafts, whose prefix gives the next step's
+features, and the drafter's *training* forward under the training masks (``models/dflash.py``), so it shares
 neither the KV caches, the sliding buffers, nor the aligned masks of the fast path. Slow (quadratic);
 for tests on small models.
 """
