@@ -3,7 +3,9 @@
     rows:   B slots of the static target (``models/static_target.py``) and drafter; a finished row takes the next
             request once a wave of rows is free (their prompts prefilled together, each from position 0 of its own
             row: what the row held before is never visible again, every key the new prompt sees is written first)
-    step:   draft every row's block -> verify all rows in one [B, k+1] target pass -> accept per row ->
+    step:   draft every row's block -> verify all rows in one [B, k+1] target pass (greedy DFlash chains on the CPU:
+            the first drafts of every row, then the rest of the rows whose checked drafts all matched, ``staged_verify``)
+            -> accept per row ->
             append every row's verified block to the drafter (fixed shapes) -> one host sync for all rows
             (prompt lookup: each row's real drafts, 0 .. k, padded to the longest row's; uncaptured, the padding skips
             the target's linears, and a row accepts at most its real drafts, as at batch 1)
@@ -39,7 +41,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes
+from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes, staged_verify, verify_stages
 from infer.prompt_lookup import PromptLookupDrafter, lookup_drafts
 from models.dflash import StaticDFlashDrafter
 from models.eagle3 import StaticEagle3Drafter
@@ -80,7 +82,7 @@ def check_batchable(drafter, batch_size: int) -> None:
 def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams: int, *, batch_size: int, capacity: int,
                      max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
                      refill_wave: int | None = None, run_steps: int = 8, reuse_prefixes: bool = True,
-                     stream_seeds: Sequence[int] | None = None) -> None:
+                     stream_seeds: Sequence[int] | None = None, verify_first: int | None | str = "auto") -> None:
     """Run ``num_streams`` request streams through ``batch_size`` rows; every finished generation goes to ``driver``.
 
     capacity: the most positions one request needs (prompt + ``max_new_tokens`` + a verify block); a longer request
@@ -94,6 +96,8 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         the row's cached tokens (the earlier turns of the same stream land in the same row). Off: every prompt whole.
     stream_seeds: each stream's sampling seed (its requests' generators start from it, as ``generate`` with
         ``SamplingConfig(seed=...)``); default ``sampling.seed`` for all. n samples of one prompt: n streams, n seeds.
+    verify_first: as ``generate``'s (greedy DFlash chains on the CPU check the first drafts of every row, then verify
+        the rest of the rows whose checked drafts all matched: ``staged_verify``).
     """
     check_batchable(drafter, batch_size)
     if stream_seeds is not None and len(stream_seeds) != num_streams:
@@ -104,6 +108,10 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     tree = isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)) and drafter.tree
     if tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
+    first = verify_stages(target, drafter, sampling) if verify_first == "auto" else verify_first
+    if first is not None and not (sampling.greedy and isinstance(drafter, StaticDFlashDrafter) and not tree and first >= 1):
+        raise ValueError(f"verify_first={first}: batched, a staged verify checks >= 1 drafts of greedy DFlash chains")
+    staged = first is not None and first < block - 1
     rows_n = min(batch_size, num_streams)
     alone = drafter is None and sampling.greedy and run_steps > 1  # no per-step host work: runs of run_steps steps
     target.allocate(capacity + (run_steps if alone else 0), batch=rows_n)
@@ -320,6 +328,8 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             # the furthest slot any row writes, known here: the products run over the live keys, not the capacity
             keys = max(row.pos if row else parked(r) for r, row in enumerate(rows)) + ids.shape[1]
             logits, features = target.tree_step(ids, positions, torch.cat([depths.new_zeros(m, 1), depths], dim=1), tree_mask, keys)
+        elif staged:  # greedy DFlash chains on the CPU: the first drafts of every row, the rest where they all matched
+            logits, features = staged_verify(target, ids, positions[:m], first)
         else:
             logits, features = target.step(ids, positions[:m], lengths)
         t2 = time.perf_counter()
@@ -399,9 +409,10 @@ def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request) -> Non
 
 def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_new_tokens: int = 256, *, batch_size: int = 8,
                    sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
-                   refill_wave: int | None = None, run_steps: int = 8, seeds: Sequence[int] | None = None) -> list[Generation]:
+                   refill_wave: int | None = None, run_steps: int = 8, seeds: Sequence[int] | None = None,
+                   verify_first: int | None | str = "auto") -> list[Generation]:
     """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order. ``seeds``: one sampling
-    seed per prompt (default ``sampling.seed`` for every one)."""
+    seed per prompt (default ``sampling.seed`` for every one); ``verify_first``: ``generate_streams``'."""
     results: list[Generation | None] = [None] * len(prompts)
 
     def driver(stream: int, finished: Generation | None):
@@ -414,5 +425,5 @@ def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_
     capacity = max(len(p) for p in prompts) + max_new_tokens + verify_len
     generate_streams(target, drafter, driver, len(prompts), batch_size=batch_size, capacity=capacity, max_new_tokens=max_new_tokens,
                      sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk, refill_wave=refill_wave,
-                     run_steps=run_steps, stream_seeds=seeds)
+                     run_steps=run_steps, stream_seeds=seeds, verify_first=verify_first)
     return results

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from infer.batch import check_batchable, generate_batch
-from infer.generate import generate
+from infer.generate import VERIFY_FIRST, generate, verify_stages
 from infer.prompt_lookup import PromptLookupDrafter
 from models.dflash import DFlashDraftModel, StaticDFlashDrafter, make_dflash_config
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config
@@ -234,6 +234,25 @@ def test_the_target_alone_steps_in_runs_without_host_syncs(setup, run_steps, mon
     assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
     runs = [steps.count(k) for k in sorted(set(steps))]  # steps between two syncs
     assert runs and all(n == run_steps for n in runs)
+
+
+def test_the_cpu_stages_the_verify_of_greedy_dflash_chains_of_eight_drafts_or_more(setup) -> None:
+    """Where the staged verify runs by default (``verify_stages``; its equality with one pass: test_infer_generate)."""
+    model, _, prompts, eos, eagle3 = setup
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    config = make_dflash_config(model.config, num_hidden_layers=1, block_size=16, mask_token_id=5, target_layer_ids=[1, 3],
+                                layer_types=["full_attention"], sliding_window=None)
+    block16 = DFlashDraftModel(config).eval()
+    target, greedy = StaticTarget(model, [1, 3]), SamplingConfig()
+    assert verify_stages(target, StaticDFlashDrafter(block16, embed, head), greedy) == VERIFY_FIRST == 4
+    assert verify_stages(target, StaticDFlashDrafter(block16, embed, head, draft_tokens=8), greedy) == 4
+    assert verify_stages(target, StaticDFlashDrafter(block16, embed, head, draft_tokens=7), greedy) is None  # a short tail
+    assert verify_stages(target, StaticDFlashDrafter(block16, embed, head), SamplingConfig(temperature=0.8)) is None
+    assert verify_stages(target, StaticDFlashDrafter(block16, embed, head, tree_topk=4, tree_tokens=8), greedy) is None
+    assert verify_stages(target, PromptLookupDrafter(num_draft_tokens=15, vocab_size=8192), greedy) is None
+    assert verify_stages(StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(eagle3), greedy) is None
+    with pytest.raises(ValueError, match="verify_first=2: batched, a staged verify checks >= 1 drafts of greedy DFlash chains"):
+        generate_batch(StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(eagle3), prompts[:2], 4, batch_size=2, verify_first=2)
 
 
 def test_an_end_of_sequence_first_token_and_a_one_token_budget(setup) -> None:

@@ -141,6 +141,35 @@ def test_dflash_trees_are_lossless_and_batched_rows_equal_batch_one(setup, windo
     assert max(accepted) >= 4 and 0 in accepted, accepted
 
 
+@pytest.mark.parametrize("first", [1, 3])
+def test_a_staged_verify_gives_the_one_pass_tokens_and_counts(setup, first, monkeypatch) -> None:
+    """Greedy DFlash chains verified in two passes (the CPU's default, ``infer.generate.staged_verify``): the first
+    ``first`` drafts of every row, then the rest for the rows whose checked drafts all matched. Batch 1 and three rows
+    in flight over four prompts (two memorised, two not) give the one-pass loop's tokens (Hugging Face's greedy ones)
+    and accepted counts; second passes ran on some steps and not on others, and batched, some ran for part of the rows
+    only (the others one token each)."""
+    model, tokenizer, questions, drafter_model, target = setup
+    drafter = StaticDFlashDrafter(drafter_model, model.get_input_embeddings(), model.get_output_embeddings())
+    k = drafter.block_size - 1
+    prompts = [long_prompt_ids(tokenizer, q) for q in questions[:4]]
+    want = [generate(target, drafter, p, 40, verify_first=None) for p in prompts]
+    assert [w.tokens for w in want] == [hf_greedy(model, p, 40) for p in prompts]
+    passes, step = [], target.step
+    monkeypatch.setattr(target, "step", lambda ids, pos, lengths=None:
+                        passes.append((ids.shape[1], None if lengths is None else lengths.tolist())) or step(ids, pos, lengths))
+    one = [generate(target, drafter, p, 40, verify_first=first) for p in prompts]
+    alone, passes[:] = list(passes), []
+    batched = generate_batch(target, drafter, prompts, 40, batch_size=3, verify_first=first)
+    for got in (one, batched):
+        assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
+    for seen in (alone, passes):
+        checks, rests = [p for p in seen if p[0] == first], [p for p in seen if p[0] == k + 1 - first]
+        assert len(checks) + len(rests) == len(seen) and 0 < len(rests) < len(checks), seen
+    assert any(1 in lengths and k + 1 - first in lengths for _, lengths in passes if lengths), passes
+    with pytest.raises(ValueError, match="verify_first=2: a staged verify checks >= 1 drafts of a greedy chain"):
+        generate(target, drafter, prompts[0], 8, SamplingConfig(temperature=0.8), verify_first=2)
+
+
 def test_a_dflash_tree_accepts_more_than_the_block(setup) -> None:
     """The drafter's own proposals on two memorised prompts and two new ones: a 24-node tree accepts more per step than
     the block's greedy chain, and both give the target's greedy tokens."""
