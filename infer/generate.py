@@ -300,8 +300,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
                 # the block padded to its full length (copies of its last token); only its real part is verified
                 block_ids = torch.cat([block_ids, block_ids[-1:].expand(block - 1 - num_drafts)])
             if first is not None and first < num_drafts and accept_per_step is None:
-                logits, features = (t[0] if t is not None else None
-                                    for t in staged_verify(target, block_ids[None], torch.tensor([pos], device=device), first))
+                logits, features = staged_verify(target, block_ids[None], torch.tensor([pos], device=device), first)
+                logits, features = logits[0], None if features is None else features[0]
             else:
                 logits, features = target.forward(block_ids, pos)
             timer.mark("verify")

@@ -84,9 +84,13 @@ class VllmEngine:
                  eos: list[int], max_model_len: int, dtype: str = "float32", max_num_seqs: int = 1):
         config = {"target": target, "drafter": drafter, "method": method, "num_speculative_tokens": num_speculative_tokens,
                   "eos": list(eos), "max_model_len": max_model_len, "dtype": dtype, "max_num_seqs": max_num_seqs}
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-        # vLLM's log goes to a temporary file (the terminal with SWA_VLLM_VERBOSE=1): a refusal raised in its
-        # engine-core process reaches the worker as "initialization failed", the cause only in the log
+        # The engine core in the worker's own process, not a second one (VLLM_ENABLE_V1_MULTIPROCESSING=0: the worker
+        # drives vLLM's offline LLM alone): the second process imported vLLM and torch again, so a start of the
+        # 27M reference target took 58 s on the 2-core AVX2 machine and takes 26 s, the same tokens
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+               "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
+        # vLLM's log goes to a temporary file (the terminal with SWA_VLLM_VERBOSE=1): a refusal raised in its engine
+        # core can reach the worker as "initialization failed" (in a process of its own), the cause only in the log
         self.log = None if os.environ.get("SWA_VLLM_VERBOSE") else tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([vllm_python(python), str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)

@@ -15,11 +15,10 @@ Public override names (other tools and users rely on them): ``target.path``, ``d
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
-
-import dataclasses
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -108,10 +107,6 @@ class DrafterConfigBase:
         return [kind] * self.num_hidden_layers
 
 
-REGENERATE_ENGINES = ("hf", "ours", "vllm", "server")
-
-
-
 # ----------------------------------------------------------------------------- each drafter's schema
 
 @dataclass
@@ -185,6 +180,11 @@ class Eagle3Config(DrafterConfigBase):
         if self.fc_norm and self.norm_before_fc:
             raise ValueError("drafter.fc_norm and drafter.norm_before_fc are both true: one RMSNorm per target feature, or one "
                              "over their concatenation; set one")
+
+
+# ----------------------------------------------------------------------------- data, trainer, run
+
+REGENERATE_ENGINES = ("hf", "ours", "vllm", "server")
 
 
 @dataclass
