@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from train.config import to_train_config  # registers train_schema and each drafter's schema
+from train.config import check_paths, to_train_config  # registers train_schema and each drafter's schema
 
 log = logging.getLogger("train")
 
@@ -25,6 +25,7 @@ def main(cfg: DictConfig) -> None:
         logging.getLogger().setLevel(logging.WARNING)
     try:
         checked = to_train_config(cfg)  # schema and cross-field checks, before the heavy imports below
+        check_paths(checked)
         from train.trainer import train
 
         train(checked)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -508,6 +509,18 @@ def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
     if unknown:
         raise ValueError(f"unknown config key {', '.join(unknown)}: not in the schema (train/config.py); check its spelling")
     return OmegaConf.to_object(cfg)
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """Missing local paths fail in seconds, before the trainer imports and the target (or its first-use build) loads."""
+    from .data.dataset import resolve_source  # here, not at the top: the data package imports torch
+    from .data.readers import looks_local_but_missing
+
+    if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
+        raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
+    path = cfg.target.path
+    if not path.startswith("builtin:") and (Path(path).is_absolute() or path.startswith(".")) and not Path(path).is_dir():
+        raise ValueError(f"target.path={path!r}: no such folder")
 
 
 register_configs()

@@ -40,7 +40,7 @@ from models.target import TargetModel
 
 from . import deepspeed_engine
 from .checkpoint import Checkpointer
-from .config import TrainConfig, to_train_config  # noqa: F401  (to_train_config: callers import it from here too)
+from .config import TrainConfig, check_paths, to_train_config  # noqa: F401  (callers import these from here too)
 from .data import prepare_data
 from .data.dataset import collate_padded
 from .distributed import Ranks, barrier, init_process_group, launcher_env_restored, local_device, rank0_first, ranks_from_env
@@ -53,18 +53,6 @@ log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- set-up helpers
-
-def check_paths(cfg: TrainConfig) -> None:
-    """Missing local paths fail in a second, before the target (or its first-use build) loads."""
-    from .data.dataset import resolve_source
-    from .data.readers import looks_local_but_missing
-
-    if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
-        raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
-    path = cfg.target.path
-    if not path.startswith("builtin:") and (Path(path).is_absolute() or path.startswith(".")) and not Path(path).is_dir():
-        raise ValueError(f"target.path={path!r}: no such folder")
-
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
