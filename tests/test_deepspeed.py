@@ -74,7 +74,7 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_path: str) ->
 
 
 # The two-process ZeRO-2 run (torchrun, W&B offline): the run the two-process comparison checks and the uninterrupted
-# run the resume must repeat, launched once for both (a two-process launch is ~30 s of start-up on two cores)
+# run the resume must repeat, launched once for both (a two-process launch took 25-30 s on the 2-core machine)
 ZERO2_TWO_PROCESSES = ["experiment=dflash_swa_tiny", *COMMON, "trainer.grad_accum=1", "trainer.deepspeed=zero2"]
 
 

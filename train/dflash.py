@@ -1,4 +1,5 @@
-"""DFlash training (``drafter.kind=dflash``): its config schema, the drafter it builds and its step.
+"""DFlash training (``drafter.kind=dflash``): the drafter it builds and its step (its config schema,
+``DFlashConfig``, is in ``train/config.py``).
 
 For every sequence, anchors are drawn at random (``num_anchors``, capped by what the sequence holds)
 among positions a whose token and next token are both in the loss mask. Block n is

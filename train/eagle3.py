@@ -1,5 +1,5 @@
-"""EAGLE-3 training (``drafter.kind=eagle3``): its config schema, the drafter it builds, the
-training-time test (TTT) and its masks, and its step.
+"""EAGLE-3 training (``drafter.kind=eagle3``): the drafter it builds, the training-time test (TTT) and
+its masks, and its step (its config schema, ``Eagle3Config``, is in ``train/config.py``).
 
 Index t of a sequence holds the target's features at position t and, at step j, the ground-truth
 token x_{t+j+1} (teacher forcing); step 0 reads ``fc(features)``, step j > 0 the drafter's own
