@@ -170,7 +170,9 @@ def verify_stages(target, drafter, sampling: SamplingConfig) -> int | None:
     acceptance is the longest prefix of drafts the target's argmax matches, so checking the first ``VERIFY_FIRST`` and
     verifying the rest only where all of them matched gives the same tokens and counts over fewer verified tokens.
     A GPU's verify is memory-bound (16 tokens cost about one), so it runs one pass; sampling draws its acceptance
-    in order over the whole block, and trees and short chains have no long tail to skip."""
+    in order over the whole block, and trees and short chains have no long tail to skip. EAGLE-3 chains are left out:
+    its static drafter takes the whole verify block (``appends_whole_block``) into a pending block, which has not been
+    checked to ignore the rejected tail's features (DFlash's block never sees past the accepted context)."""
     if drafter is None or drafter.tree or not sampling.greedy or not isinstance(target, StaticTarget) or target.capture:
         return None
     if target.device.type != "cpu" or not isinstance(drafter, (DFlashDrafter, StaticDFlashDrafter)):

@@ -19,7 +19,6 @@ from .config import DRAFTER_SCHEMAS
 @dataclass(frozen=True)
 class Drafter:
     module: ModuleType  # the training file
-    schema: type  # its drafter config schema
     step: type  # its step class
 
     @property
@@ -28,7 +27,7 @@ class Drafter:
 
 
 DRAFTERS = {
-    "dflash": Drafter(dflash, DRAFTER_SCHEMAS["dflash"], dflash.DFlashStep),
-    "eagle3": Drafter(eagle3, DRAFTER_SCHEMAS["eagle3"], eagle3.Eagle3Step),
+    "dflash": Drafter(dflash, dflash.DFlashStep),
+    "eagle3": Drafter(eagle3, eagle3.Eagle3Step),
 }
-assert tuple(DRAFTERS) == tuple(DRAFTER_SCHEMAS)
+assert tuple(DRAFTERS) == tuple(DRAFTER_SCHEMAS)  # a schema per training file, and the other way round
