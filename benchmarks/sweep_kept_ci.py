@@ -2,6 +2,7 @@
 
     python benchmarks/sweep_kept_ci.py SWEEP_DIR [SWEEP_DIR ...] [--resamples 10000] [--seed 0]
     python benchmarks/sweep_kept_ci.py SWEEP_DIR --against OTHER_SWEEP_DIR     # two drafters, cell by cell
+    python benchmarks/sweep_kept_ci.py SHARD_DIR [SHARD_DIR ...] --merge NAME   # one sweep run as shards (one per GPU)
 
 "Kept" is τ behind P prefill tokens over τ at prefill 0, both cells on the same questions, with its paired-bootstrap
 interval over questions (``eval/bootstrap.py``; ``python -m eval sweep`` prints the same in ``sweep.md``, for sweeps
@@ -12,6 +13,10 @@ made before it did, or for other draw counts). Reads ``cells/*.json`` (the draft
 cell, with the same paired interval. The target's greedy text is the same for both drafters (up to batch rounding), so
 this compares drafters on the same text, where "kept" compares one drafter across texts (behind the filler the
 target's answers change).
+
+``--merge NAME``: the folders are shards of one sweep (the same settings over disjoint prompt files, e.g.
+``benchmarks/prompts_that_fit.py --shards``): their cells are joined and read as one sweep called NAME; a question id in
+two shards is refused.
 """
 
 from __future__ import annotations
@@ -52,13 +57,30 @@ def read_cells(sweep: Path) -> dict[tuple[str, int], list[dict]]:
     return cells
 
 
+def merge_shards(shards: list[Path]) -> dict[tuple[str, int], list[dict]]:
+    """One sweep's cells from its shards: the records of each cell every shard holds, joined."""
+    per_shard = [read_cells(shard) for shard in shards]
+    owner: dict[str, int] = {}
+    for i, cells in enumerate(per_shard):
+        for records in cells.values():
+            for r in records:
+                if owner.setdefault(str(r["id"]), i) != i:
+                    raise ValueError(f"question {r['id']} is in two shards ({shards[owner[str(r['id'])]]}, {shards[i]}); "
+                                     "expected disjoint prompt files")
+    common = set.intersection(*(set(cells) for cells in per_shard))
+    return {key: [r for cells in per_shard for r in cells[key]] for key in sorted(common)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweeps", nargs="+", type=Path)
     parser.add_argument("--resamples", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--against", type=Path, help="another sweep folder: print each cell's τ over that sweep's same cell")
+    parser.add_argument("--merge", metavar="NAME", help="the folders are shards of one sweep: read them as one, called NAME")
     args = parser.parse_args()
+    if args.merge is not None and args.against is not None:
+        parser.error("--merge and --against: one at a time")
     if args.against is not None:
         other = read_cells(args.against)
         print(f"| sweep | window | prefill | questions | τ | τ of {args.against.name} | ratio | 95% interval |")
@@ -72,18 +94,21 @@ def main() -> None:
                 print(f"| {sweep.name} | {key[0]} | {key[1]} | {len(set(mine) & set(theirs))} | {pooled_tau(mine):.3f} | "
                       f"{pooled_tau(theirs):.3f} | {ratio:.3f} | {low:.3f}-{high:.3f} |")
         return
+    groups = [(args.merge, merge_shards(args.sweeps))] if args.merge is not None else [(s.name, read_cells(s)) for s in args.sweeps]
     print("| sweep | window | prefill | questions | τ at 0 | τ behind | kept | 95% interval |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
-    for sweep in args.sweeps:
-        cells = read_cells(sweep)
+    for name, cells in groups:
         for (window, prefill), records in sorted(cells.items()):
             if prefill == 0 or (window, 0) not in cells:
                 continue
             base, behind = per_question(cells[(window, 0)]), per_question(records)
             kept, low, high = ratio_with_interval(base, behind, args.resamples, args.seed)
-            print(f"| {sweep.name} | {window} | {prefill} | {len(set(base) & set(behind))} | {pooled_tau(base):.3f} | {pooled_tau(behind):.3f} | "
+            print(f"| {name} | {window} | {prefill} | {len(set(base) & set(behind))} | {pooled_tau(base):.3f} | {pooled_tau(behind):.3f} | "
                   f"{100 * kept:.1f}% | {100 * low:.1f}-{100 * high:.1f}% |")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as e:
+        sys.exit(f"error: {e}")

@@ -74,3 +74,26 @@ def test_gzipped_committed_sweeps_read_as_the_device_summarised_them() -> None:
         assert f"{low:.0%}-{high:.0%}" == interval, window
     _, low, high = ratio_with_interval(per_question(block[("prompt lookup", 0)]), per_question(block[("prompt lookup", 31979)]))
     assert f"{low:.0%}-{high:.0%}" == "120%-144%"
+
+
+def test_shards_of_a_sweep_merge_into_the_sweep_and_overlapping_shards_are_refused(tmp_path: Path) -> None:
+    """A committed sweep cut by question into two shard folders (as one sweep per GPU writes them) reads back whole."""
+    whole = ci.read_cells(SWEEP)
+    ids = sorted({str(r["id"]) for records in whole.values() for r in records})
+    halves = [set(ids[0::2]), set(ids[1::2])]
+    shards = []
+    for i, half in enumerate(halves):
+        shard = tmp_path / f"shard{i}"
+        (shard / "cells").mkdir(parents=True)
+        for (window, prefill), records in whole.items():
+            name = f"pld_prefill-{prefill}.json" if window == "prompt lookup" else f"window-{window}_prefill-{prefill}.json"
+            mine = [r for r in records if str(r["id"]) in half]
+            (shard / "cells" / name).write_text(json.dumps({"records": mine}))
+        shards.append(shard)
+    merged = ci.merge_shards(shards)
+    assert set(merged) == set(whole)
+    for key, records in whole.items():
+        assert pooled_tau(per_question(merged[key])) == pytest.approx(pooled_tau(per_question(records)), abs=1e-12)
+        assert sorted(str(r["id"]) for r in merged[key]) == sorted(str(r["id"]) for r in records)
+    with pytest.raises(ValueError, match="in two shards"):
+        ci.merge_shards([shards[0], shards[0]])
