@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import torch
 
@@ -180,18 +181,27 @@ def verify_stages(target, drafter, sampling: SamplingConfig) -> int | None:
     return VERIFY_FIRST if drafter.verify_tokens - 1 >= 2 * VERIFY_FIRST else None
 
 
-def staged_verify(target: StaticTarget, ids: torch.Tensor, pos: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def staged_verify(target: StaticTarget, ids: torch.Tensor, pos: torch.Tensor, first: int,
+                  draft_rest: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``target.step(ids, pos)`` for greedy chains in two passes: ``ids`` [B, n] (each row's token and its n - 1 drafts)
     first [B, first] (the predictions that check drafts 1 .. ``first``), then the rest only for the rows whose checked
     drafts all matched (``step``'s ``lengths``: the other rows run one token, their outputs unused); when no row matched,
     no second pass. Returns logits [B, n, V] and features [B, n, k*H] whose positions past a row's first mismatch may be
     zeros or another row's padding: greedy acceptance never reads past the first mismatch, and the drafter's context
     never shows a position past the accepted ones (its next append writes over them). One host sync (whether any row
-    matched) between the passes."""
+    matched) between the passes.
+
+    draft_rest: the drafts past ``first`` are not drafted yet (``ids`` holds placeholders there): ``draft_rest(rows)``
+    drafts them [R, n - 1 - first] for the matched rows (``rows`` [R]) only, and they are written into ``ids`` in place
+    before the second pass (the block-causal DFlash drafter's ``first_drafts`` / ``rest_drafts``). The other rows'
+    placeholders stay: acceptance stops at their first mismatch, among the checked drafts."""
     logits, features = target.step(ids[:, :first], pos)
     matched = (logits.argmax(-1) == ids[:, 1:first + 1]).all(1)  # [B]
     rest = ids.shape[1] - first
     if bool(matched.any()):
+        if draft_rest is not None:
+            rows = matched.nonzero()[:, 0]
+            ids[rows, first + 1:] = draft_rest(rows)
         lengths = torch.where(matched, rest, 1)
         more_logits, more_features = target.step(ids[:, first:], pos + first, lengths)
     else:
@@ -292,7 +302,15 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             new, token = tree_step(target, drafter, token, pos, timer, prompt_list + out if drafter.tree_lookup else None)
             stats.accepted_per_step.append(len(new) - 1)
         else:
-            draft_tokens, draft_probs = drafter.draft(token, pos, sampling, generator) if ahead is None else ahead
+            # a block-causal DFlash drafter under a staged verify drafts the checked slots first, the rest only if they all
+            # match (``staged_verify``'s draft_rest): the same drafts, most of the block pass skipped on most steps
+            in_stages = first is not None and ahead is None and accept_per_step is None and getattr(drafter, "drafts_in_stages", False)
+            if in_stages:
+                anchor = torch.tensor([pos], device=device)
+                head = drafter.first_drafts(token.reshape(1), anchor, first)[0]
+                draft_tokens, draft_probs = torch.cat([head, head.new_zeros(drafter.drafts - first)]), None
+            else:
+                draft_tokens, draft_probs = drafter.draft(token, pos, sampling, generator) if ahead is None else ahead
             ahead = None
             timer.mark("draft")
             num_drafts = draft_tokens.shape[0]  # k; prompt lookup: 0 .. k, what it found
@@ -302,8 +320,11 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
                 # the block padded to its full length (copies of its last token); only its real part is verified
                 block_ids = torch.cat([block_ids, block_ids[-1:].expand(block - 1 - num_drafts)])
             if first is not None and first < num_drafts and accept_per_step is None:
-                logits, features = staged_verify(target, block_ids[None], torch.tensor([pos], device=device), first)
+                at = torch.tensor([pos], device=device)
+                rest = (lambda rows: drafter.rest_drafts(at[rows], rows, first)) if in_stages else None
+                logits, features = staged_verify(target, block_ids[None], at, first, rest)
                 logits, features = logits[0], None if features is None else features[0]
+                draft_tokens = block_ids[1:]  # with the rest drafted in the verify, where it was
             else:
                 logits, features = target.forward(block_ids, pos)
             timer.mark("verify")

@@ -914,8 +914,8 @@ class StaticDFlashDrafter:
             raise ValueError(f"draft_tokens={draft_tokens}: a DFlash chain verifies 1 .. {self.block - 1} drafts (its block of "
                              f"{self.block}); trees take --tree-tokens")
         self.drafts = self.block - 1 if draft_tokens is None else draft_tokens
-        block_causal = all(rule.causal for rule in layer_attention(model, window))
-        self.pass_slots = self.drafts + 1 if block_causal else self.block
+        self.block_causal = all(rule.causal for rule in layer_attention(model, window))
+        self.pass_slots = self.drafts + 1 if self.block_causal else self.block
         self.block_size = self.block if self.tree else self.drafts + 1  # the loop's protocol: most tokens one step makes
         self.verify_tokens = self.tree_tokens + tree_lookup + 1 if self.tree else self.drafts + 1
         self.mask_token_id = model.mask_token_id
@@ -1031,12 +1031,14 @@ class StaticDFlashDrafter:
         return {rule: rows_visible(block_visible(slot_pos[:anchor.shape[0]], anchor, b, rule), rows)[:, None, None]
                 for rule, slot_pos in self.slot_pos.items()}
 
-    def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None) -> torch.Tensor:
+    def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None, drafts: int | None = None) -> torch.Tensor:
         # the block pass alone (trees take their top-k, not the argmax): ids [B, b] -> logits [B, d, Vd] fp32 (d: b-1, or
         # the chain's kept drafts if fewer), the block's keys in each layer's scratch slots; ids [B, R, b] -> [B, R, b-1,
         # Vd], R blocks per row over the same context (``block_tree``'s re-drafts): the context's slots then the R blocks'
         # keys, each block seeing its own.
         # visible: ``_visible(anchor, R)`` when the caller already has it (a tree's re-drafts share one)
+        # drafts: how many of the slots after the anchor reach the head (default the chain's, ``self.drafts``)
+        drafts = self.drafts if drafts is None else drafts
         multi = ids.dim() == 3
         bsz, rows, b = ids.shape if multi else (ids.shape[0], 1, ids.shape[1])
         n = rows * b
@@ -1068,9 +1070,61 @@ class StaticDFlashDrafter:
         # block pass of 16 slots writes, casts and reads back k rows of 152K logits, not 15 (its argmax: ``argmax_split``).
         # contiguous: the slot slice is a strided 4-D view, which nn.Linear multiplies as a bmm against the head expanded
         # per row (on the CPU a third of the speed of one matrix product over the rows)
-        hidden = self.model.norm(x.view(bsz, rows, b, -1)[:, :, 1:1 + self.drafts].contiguous())
+        hidden = self.model.norm(x.view(bsz, rows, b, -1)[:, :, 1:1 + drafts].contiguous())
         logits = self.linear(hidden.to(self.head.weight.dtype), self.fused.head, self.fused.bhead).float()
         return logits if multi else logits[:, 0]
+
+    def _rest_of_block(self, anchor: torch.Tensor, rows: torch.Tensor, first: int) -> torch.Tensor:
+        # slots first+1 .. block-1 of the blocks at anchor [R] of batch rows ``rows`` [R], after ``first_drafts`` wrote
+        # slots 0 .. first into every row's scratch: logits [R, block-1-first, Vd] fp32. The rows' buffers are gathered
+        # (a copy: this pass's keys go to the copy's scratch, which nothing reads after it)
+        b, s0, n = self.block, first + 1, self.drafts - first  # slots s0 .. drafts (a trimmed chain stops short of the block)
+        hq, hkv, d = self.model.config.num_attention_heads, self.model.config.num_key_value_heads, self.model.config.head_dim
+        r = rows.shape[0]
+        ids = torch.full((r, n), self.mask_token_id, dtype=torch.long, device=anchor.device)
+        x = self.embed_tokens(ids).to(self.model.fc.weight.dtype)  # [R, n, H]
+        q_pos = anchor[:, None] + torch.arange(s0, b, device=anchor.device)  # [R, n]
+        cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]
+        # the whole block's visibility, its last n query rows: slot j sees the context and slots 0 .. j (block-causal)
+        visible = {rule: block_visible(slot_pos[rows], anchor, b, rule)[:, None, None, s0:s0 + n]
+                   for rule, slot_pos in self.slot_pos.items()}
+        for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
+            slots = k_buf.shape[2] - b
+            keys, values = k_buf[rows, :, :slots + b], v_buf[rows, :, :slots + b]  # [R, Hkv, S + b, D], copies
+            attn = layer.self_attn
+            q, k, v = self.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
+            q = rotate(attn.q_norm(q.view(r, n, hq, d)), cos, sin)
+            keys[:, :, slots + s0:slots + s0 + n] = rotate(attn.k_norm(k.view(r, n, hkv, d)), cos, sin).transpose(1, 2)
+            values[:, :, slots + s0:slots + s0 + n] = v.view(r, n, hkv, d).transpose(1, 2)
+            qg = q.transpose(1, 2).reshape(r, hkv, hq // hkv * n, d)
+            out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
+            x = x + self.linear(out.view(r, hq, n, d).transpose(1, 2).reshape(r, n, hq * d), w.wo, w.bo)
+            gate, up = self.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
+            x = x + self.linear(layer.mlp.act_fn(gate) * up, w.w2, w.b2)
+        hidden = self.model.norm(x)
+        return self.linear(hidden.to(self.head.weight.dtype), self.fused.head, self.fused.bhead).float()
+
+    @property
+    def drafts_in_stages(self) -> bool:
+        """Whether a chain's block can be drafted in two passes (``first_drafts``, then ``rest_drafts`` for some rows):
+        every layer causal inside the block (slot j sees no later slot, so the first slots alone draft what the whole
+        block's would), uncaptured (the second pass's rows vary), a chain."""
+        return self.block_causal and not self.capture and not self.tree
+
+    @torch.no_grad()
+    def first_drafts(self, token: torch.Tensor, anchor: torch.Tensor, first: int) -> torch.Tensor:
+        """The greedy drafts [B, first] (target ids) of the blocks after ``token`` [B] at ``anchor`` [B]: the block pass
+        over slots 0 .. first alone, its keys left in each row's scratch for ``rest_drafts``. ``drafts_in_stages`` only."""
+        if not self.drafts_in_stages or not 1 <= first < self.drafts:
+            raise ValueError(f"first_drafts({first}): needs a block-causal chain drafter, uncaptured, and 1 <= first < {self.drafts}")
+        logits = self._block_pass(block_ids(token, first + 1, self.mask_token_id), anchor, drafts=first)
+        return self.model.draft_to_target(argmax_split(logits))
+
+    @torch.no_grad()
+    def rest_drafts(self, anchor: torch.Tensor, rows: torch.Tensor, first: int) -> torch.Tensor:
+        """The greedy drafts first+1 .. of the blocks ``first_drafts`` began, for batch rows ``rows`` [R] (their anchors
+        ``anchor`` [R]): [R, drafts - first] target ids, the same as the whole block's pass drafts there."""
+        return self.model.draft_to_target(argmax_split(self._rest_of_block(anchor, rows, first)))
 
     def _draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):
         # every re-drafted depth's k blocks sit at the same anchor over the same context: one visibility for them all

@@ -6,13 +6,14 @@ References, independent of the loop: Hugging Face ``generate`` (greedy) and the 
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from models.dflash import DFlashDrafter, StaticDFlashDrafter
+from models.dflash import DFlashDraftModel, DFlashDrafter, StaticDFlashDrafter
 from infer.batch import generate_batch
 from infer.generate import generate
 from infer.prompts import long_prompt_ids, mt_bench_questions
@@ -168,6 +169,59 @@ def test_a_staged_verify_gives_the_one_pass_tokens_and_counts(setup, first, monk
     assert any(1 in lengths and k + 1 - first in lengths for _, lengths in passes if lengths), passes
     with pytest.raises(ValueError, match="verify_first=2: a staged verify checks >= 1 drafts of a greedy chain"):
         generate(target, drafter, prompts[0], 8, SamplingConfig(temperature=0.8), verify_first=2)
+
+
+def block_causal_copy(drafter_model: DFlashDraftModel) -> DFlashDraftModel:
+    """The memorised drafter's weights with every layer sliding (its full layer, bidirectional inside the block, made
+    causal there): a block-causal drafter, as the recipes' are, that still accepts whole blocks on the memorised prompts."""
+    config = copy.deepcopy(drafter_model.config)
+    config.layer_types = ["sliding_attention"] * len(config.layer_types)
+    causal = DFlashDraftModel(config)
+    causal.load_state_dict(drafter_model.state_dict())
+    return causal.eval().requires_grad_(False)
+
+
+def test_drafting_in_stages_gives_the_one_pass_drafts_tokens_and_counts(setup, monkeypatch) -> None:
+    """A block-causal DFlash drafter under a staged verify drafts the checked slots first and the rest of the block only
+    for the rows whose checked drafts all matched (``StaticDFlashDrafter.first_drafts`` / ``rest_drafts``, through
+    ``staged_verify``'s draft_rest). Directly: the two stages draft what one block pass does (greedy ids; logits to
+    float rounding), for a subset of rows too. In the loop: batch 1 and three rows in flight over four prompts (two
+    memorised, two not) give the one-pass loop's tokens (Hugging Face's greedy ones) and accepted counts, with the rest
+    drafted on some steps only, batched for part of the rows. A drafter with a bidirectional layer is not staged."""
+    model, tokenizer, questions, drafter_model, target = setup
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    drafter = StaticDFlashDrafter(block_causal_copy(drafter_model), embed, head)
+    assert drafter.drafts_in_stages
+    assert not StaticDFlashDrafter(drafter_model, embed, head).drafts_in_stages  # its full layer sees later slots
+    with pytest.raises(ValueError, match="first_drafts"):
+        StaticDFlashDrafter(drafter_model, embed, head).first_drafts(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 3)
+    k, first = drafter.drafts, 3
+
+    torch.manual_seed(0)  # a context of 40 positions of arbitrary features in 3 rows, blocks at different anchors
+    drafter.allocate(128, 3)
+    for start in range(0, 40, 8):
+        drafter.append(0.1 * torch.randn(3, 8, drafter.model.fc.in_features), torch.full((3,), start))
+    token, anchor = torch.tensor([11, 12, 13]), torch.tensor([40, 37, 33])
+    block_logits, greedy = (t.clone() for t in drafter.block_logits(token, anchor))
+    assert torch.equal(drafter.first_drafts(token, anchor, first), greedy[:, :first])
+    rows = torch.tensor([0, 2])
+    assert torch.equal(drafter.rest_drafts(anchor[rows], rows, first), greedy[rows, first:])
+    torch.testing.assert_close(drafter._rest_of_block(anchor[rows], rows, first), block_logits[rows, first:], rtol=1e-4, atol=1e-4)
+
+    prompts = [long_prompt_ids(tokenizer, q) for q in questions[:4]]
+    want = [generate(target, drafter, p, 40, verify_first=None) for p in prompts]
+    assert [w.tokens for w in want] == [hf_greedy(model, p, 40) for p in prompts]
+    rests, rest_drafts = [], drafter.rest_drafts
+    monkeypatch.setattr(drafter, "rest_drafts", lambda anchor, rows, first: rests.append(len(rows)) or rest_drafts(anchor, rows, first))
+    one = [generate(target, drafter, p, 40, verify_first=first) for p in prompts]
+    alone, rests[:] = list(rests), []
+    batched = generate_batch(target, drafter, prompts, 40, batch_size=3, verify_first=first)
+    for got in (one, batched):
+        assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
+    steps = sum(len(w.stats.accepted_per_step) for w in want)
+    assert 0 < len(alone) < steps and set(alone) == {1}, alone
+    assert rests and min(rests) < 3 and sum(a >= first for w in want for a in w.stats.accepted_per_step) > 0, rests
+    assert any(0 < a < k for w in want for a in w.stats.accepted_per_step)  # partly accepted blocks too
 
 
 def test_a_dflash_tree_accepts_more_than_the_block(setup) -> None:
