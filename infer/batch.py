@@ -4,7 +4,8 @@
             request once a wave of rows is free (their prompts prefilled together, each from position 0 of its own
             row: what the row held before is never visible again, every key the new prompt sees is written first)
     step:   draft every row's block -> verify all rows in one [B, k+1] target pass (greedy DFlash chains on the CPU:
-            the first drafts of every row, then the rest of the rows whose checked drafts all matched, ``staged_verify``)
+            the first drafts of every row, then the rest of the rows whose checked drafts all matched, ``staged_verify``;
+            a block-causal drafter drafts that rest only for those rows too, ``first_drafts`` / ``rest_drafts``)
             -> accept per row ->
             append every row's verified block to the drafter (fixed shapes) -> one host sync for all rows
             (prompt lookup: each row's real drafts, 0 .. k, padded to the longest row's; uncaptured, the padding skips

@@ -173,7 +173,10 @@ def verify_stages(target, drafter, sampling: SamplingConfig) -> int | None:
     A GPU's verify is memory-bound (16 tokens cost about one), so it runs one pass; sampling draws its acceptance
     in order over the whole block, and trees and short chains have no long tail to skip. EAGLE-3 chains are left out:
     its static drafter takes the whole verify block (``appends_whole_block``) into a pending block, which has not been
-    checked to ignore the rejected tail's features (DFlash's block never sees past the accepted context)."""
+    checked to ignore the rejected tail's features (DFlash's block never sees past the accepted context).
+    A block-causal static DFlash drafter (``drafts_in_stages``: the recipes') drafts in the same two stages: its first
+    ``VERIFY_FIRST`` slots, and the rest of the block only for the rows the second pass verifies (``staged_verify``'s
+    draft_rest)."""
     if drafter is None or drafter.tree or not sampling.greedy or not isinstance(target, StaticTarget) or target.capture:
         return None
     if target.device.type != "cpu" or not isinstance(drafter, (DFlashDrafter, StaticDFlashDrafter)):
