@@ -306,6 +306,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             draft_probs = None
             ids = torch.cat([tokens[:m, None], head, head.new_zeros(m, drafter.drafts - first)], dim=1)
             draft_tokens = ids[:, 1:]  # a view: the staged verify writes the rest into ids
+
             def rest_of_blocks(rows: torch.Tensor, anchors: torch.Tensor = positions[:m]) -> torch.Tensor:
                 return drafter.rest_drafts(anchors[rows], rows, first)
 

@@ -1075,15 +1075,15 @@ class StaticDFlashDrafter:
         return logits if multi else logits[:, 0]
 
     def _rest_of_block(self, anchor: torch.Tensor, rows: torch.Tensor, first: int) -> torch.Tensor:
-        # slots first+1 .. block-1 of the blocks at anchor [R] of batch rows ``rows`` [R], after ``first_drafts`` wrote
-        # slots 0 .. first into every row's scratch: logits [R, block-1-first, Vd] fp32. The rows' buffers are gathered
+        # slots first+1 .. drafts of the blocks at anchor [R] of batch rows ``rows`` [R], after ``first_drafts`` wrote
+        # slots 0 .. first into every row's scratch: logits [R, drafts-first, Vd] fp32. The rows' buffers are gathered
         # (a copy: this pass's keys go to the copy's scratch, which nothing reads after it)
         b, s0, n = self.block, first + 1, self.drafts - first  # slots s0 .. drafts (a trimmed chain stops short of the block)
         hq, hkv, d = self.model.config.num_attention_heads, self.model.config.num_key_value_heads, self.model.config.head_dim
         r = rows.shape[0]
         ids = torch.full((r, n), self.mask_token_id, dtype=torch.long, device=anchor.device)
         x = self.embed_tokens(ids).to(self.model.fc.weight.dtype)  # [R, n, H]
-        q_pos = anchor[:, None] + torch.arange(s0, b, device=anchor.device)  # [R, n]
+        q_pos = anchor[:, None] + torch.arange(s0, s0 + n, device=anchor.device)  # [R, n]
         cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]
         # the whole block's visibility, its last n query rows: slot j sees the context and slots 0 .. j (block-causal)
         visible = {rule: block_visible(slot_pos[rows], anchor, b, rule)[:, None, None, s0:s0 + n]

@@ -207,6 +207,13 @@ def test_drafting_in_stages_gives_the_one_pass_drafts_tokens_and_counts(setup, m
     rows = torch.tensor([0, 2])
     assert torch.equal(drafter.rest_drafts(anchor[rows], rows, first), greedy[rows, first:])
     torch.testing.assert_close(drafter._rest_of_block(anchor[rows], rows, first), block_logits[rows, first:], rtol=1e-4, atol=1e-4)
+    trimmed = StaticDFlashDrafter(drafter.model, embed, head, draft_tokens=k - 1)  # a chain of k - 1 drafts: its pass stops short
+    trimmed.allocate(128, 3)
+    for start in range(0, 40, 8):
+        trimmed.append(0.1 * torch.randn(3, 8, drafter.model.fc.in_features), torch.full((3,), start))
+    greedy = trimmed.block_logits(token, anchor)[1].clone()
+    assert greedy.shape[1] == k - 1 and torch.equal(trimmed.first_drafts(token, anchor, first), greedy[:, :first])
+    assert torch.equal(trimmed.rest_drafts(anchor[rows], rows, first), greedy[rows, first:])
 
     prompts = [long_prompt_ids(tokenizer, q) for q in questions[:4]]
     want = [generate(target, drafter, p, 40, verify_first=None) for p in prompts]
