@@ -307,7 +307,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         else:
             # a block-causal DFlash drafter under a staged verify drafts the checked slots first, the rest only if they all
             # match (``staged_verify``'s draft_rest): the same drafts, most of the block pass skipped on most steps
-            in_stages = first is not None and ahead is None and accept_per_step is None and getattr(drafter, "drafts_in_stages", False)
+            in_stages = (first is not None and ahead is None and accept_per_step is None and getattr(drafter, "drafts_in_stages", False)
+                         and first < drafter.drafts)
             if in_stages:
                 anchor = torch.tensor([pos], device=device)
                 head = drafter.first_drafts(token.reshape(1), anchor, first)[0]

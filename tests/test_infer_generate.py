@@ -229,6 +229,7 @@ def test_drafting_in_stages_gives_the_one_pass_drafts_tokens_and_counts(setup, m
     assert 0 < len(alone) < steps and set(alone) == {1}, alone
     assert rests and min(rests) < 3 and sum(a >= first for w in want for a in w.stats.accepted_per_step) > 0, rests
     assert any(0 < a < k for w in want for a in w.stats.accepted_per_step)  # partly accepted blocks too
+    assert generate(target, drafter, prompts[0], 16, verify_first=k).tokens == want[0].tokens[:16]  # nothing to stage: one pass
 
 
 def test_a_dflash_tree_accepts_more_than_the_block(setup) -> None:
