@@ -13,7 +13,6 @@ calls and milliseconds a call ("other": the rest of the loop).
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.profile_regen import Timed  # noqa: E402
 from eval.runner import run_conversations  # noqa: E402
 from infer.loading import eos_ids, load_models  # noqa: E402
 from infer.prompts import mt_bench  # noqa: E402
@@ -42,25 +42,12 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     target, drafter, tokenizer = load_models(args.target, args.drafter, "cpu", batch_size=args.batch_size)
-    seconds, calls = collections.defaultdict(float), collections.Counter()
-
-    def timed(owner, name: str, label: str) -> None:
-        method = getattr(owner, name)
-
-        def wrapper(*a, **k):
-            t = time.perf_counter()
-            out = method(*a, **k)
-            seconds[label] += time.perf_counter() - t
-            calls[label] += 1
-            return out
-        setattr(owner, name, wrapper)
-
-    for name in TARGET_METHODS:
-        if hasattr(target, name):
-            timed(target, name, f"target.{name}")
-    for name in DRAFTER_METHODS:
-        if hasattr(drafter, name):
-            timed(drafter, name, f"drafter.{name}")
+    timers = {}  # label -> the method's timer (``profile_regen.Timed``; its device sync is a no-op on the CPU)
+    for owner, prefix, names in ((target, "target", TARGET_METHODS), (drafter, "drafter", DRAFTER_METHODS)):
+        for name in names:
+            if hasattr(owner, name):
+                timers[f"{prefix}.{name}"] = Timed(getattr(owner, name))
+                setattr(owner, name, timers[f"{prefix}.{name}"])
     t0 = time.perf_counter()
     records = run_conversations(target, drafter, tokenizer, mt_bench(args.questions), prefill_tokens=0, sampling=SamplingConfig(),
                                 max_new_tokens=args.max_new_tokens, eos_token_ids=eos_ids(tokenizer, target.model), baseline=False,
@@ -71,9 +58,11 @@ def main() -> None:
     print(f"batch {args.batch_size}, {args.threads} thread(s): {new} tokens in {wall:.1f} s, {new / wall:.1f} tokens/s, "
           f"{len(steps)} row-steps, τ {sum(a + 1 for a in steps) / len(steps):.3f}")
     print("| method | s | share | calls | ms a call |\n|---|---:|---:|---:|---:|")
-    for label, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        print(f"| {label} | {s:.2f} | {100 * s / wall:.1f}% | {calls[label]} | {1e3 * s / calls[label]:.2f} |")
-    print(f"| other | {wall - sum(seconds.values()):.2f} | {100 * (wall - sum(seconds.values())) / wall:.1f}% | | |")
+    used = sorted((t for t in timers.items() if t[1].calls), key=lambda t: -t[1].seconds)
+    for label, t in used:
+        print(f"| {label} | {t.seconds:.2f} | {100 * t.seconds / wall:.1f}% | {t.calls} | {1e3 * t.seconds / t.calls:.2f} |")
+    other = wall - sum(t.seconds for _, t in used)
+    print(f"| other | {other:.2f} | {100 * other / wall:.1f}% | | |")
 
 
 if __name__ == "__main__":

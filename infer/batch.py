@@ -289,7 +289,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         t0 = time.perf_counter()
         m = pack() if packable else rows_n
         num_drafts, lengths = None, None  # prompt lookup: each row's real drafts, and + 1 the tokens it verifies
-        draft_rest = None  # a block-causal DFlash chain's drafts past the checked ones, drafted in the staged verify
+        in_stages = False  # a block-causal DFlash chain: its drafts past the checked ones drafted in the staged verify
         if drafter is None:
             ids = tokens[:m, None]
             draft_tokens = draft_probs = None
@@ -301,16 +301,12 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             ids = torch.cat([tokens[:, None], tree_tokens], dim=1)
         elif isinstance(drafter, StaticDFlashDrafter) and staged and drafter.drafts_in_stages:
             # block-causal: the checked slots drafted now, the rest in the staged verify for the rows whose checked drafts
-            # all matched (``staged_verify``'s draft_rest; the same drafts as one block pass, most of it skipped)
+            # all matched (``staged_verify``'s drafter; the same drafts as one block pass, most of it skipped)
             head = drafter.first_drafts(tokens[:m], positions[:m], first)
             draft_probs = None
             ids = torch.cat([tokens[:m, None], head, head.new_zeros(m, drafter.drafts - first)], dim=1)
             draft_tokens = ids[:, 1:]  # a view: the staged verify writes the rest into ids
-
-            def rest_of_blocks(rows: torch.Tensor, anchors: torch.Tensor = positions[:m]) -> torch.Tensor:
-                return drafter.rest_drafts(anchors[rows], rows, first)
-
-            draft_rest = rest_of_blocks
+            in_stages = True
         elif isinstance(drafter, StaticDFlashDrafter):
             logits, greedy = drafter.block_logits(tokens[:m], positions[:m])  # m < B: a packed draining batch (the CPU)
             if sampling.greedy:
@@ -343,7 +339,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             keys = max(row.pos if row else parked(r) for r, row in enumerate(rows)) + ids.shape[1]
             logits, features = target.tree_step(ids, positions, torch.cat([depths.new_zeros(m, 1), depths], dim=1), tree_mask, keys)
         elif staged:  # greedy DFlash chains on the CPU: the first drafts of every row, the rest where they all matched
-            logits, features = staged_verify(target, ids, positions[:m], first, draft_rest)
+            logits, features = staged_verify(target, ids, positions[:m], first, drafter if in_stages else None)
         else:
             logits, features = target.step(ids, positions[:m], lengths)
         t2 = time.perf_counter()

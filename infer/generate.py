@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import torch
 
@@ -176,7 +175,7 @@ def verify_stages(target, drafter, sampling: SamplingConfig) -> int | None:
     checked to ignore the rejected tail's features (DFlash's block never sees past the accepted context).
     A block-causal static DFlash drafter (``drafts_in_stages``: the recipes') drafts in the same two stages: its first
     ``VERIFY_FIRST`` slots, and the rest of the block only for the rows the second pass verifies (``staged_verify``'s
-    draft_rest)."""
+    drafter)."""
     if drafter is None or drafter.tree or not sampling.greedy or not isinstance(target, StaticTarget) or target.capture:
         return None
     if target.device.type != "cpu" or not isinstance(drafter, (DFlashDrafter, StaticDFlashDrafter)):
@@ -185,7 +184,7 @@ def verify_stages(target, drafter, sampling: SamplingConfig) -> int | None:
 
 
 def staged_verify(target: StaticTarget, ids: torch.Tensor, pos: torch.Tensor, first: int,
-                  draft_rest: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  drafter: StaticDFlashDrafter | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``target.step(ids, pos)`` for greedy chains in two passes: ``ids`` [B, n] (each row's token and its n - 1 drafts)
     first [B, first] (the predictions that check drafts 1 .. ``first``), then the rest only for the rows whose checked
     drafts all matched (``step``'s ``lengths``: the other rows run one token, their outputs unused); when no row matched,
@@ -194,17 +193,17 @@ def staged_verify(target: StaticTarget, ids: torch.Tensor, pos: torch.Tensor, fi
     never shows a position past the accepted ones (its next append writes over them). One host sync (whether any row
     matched) between the passes.
 
-    draft_rest: the drafts past ``first`` are not drafted yet (``ids`` holds placeholders there): ``draft_rest(rows)``
-    drafts them [R, n - 1 - first] for the matched rows (``rows`` [R]) only, and they are written into ``ids`` in place
-    before the second pass (the block-causal DFlash drafter's ``first_drafts`` / ``rest_drafts``). The other rows'
-    placeholders stay: acceptance stops at their first mismatch, among the checked drafts."""
+    drafter: a block-causal DFlash drafter whose drafts past ``first`` are not drafted yet (``ids`` holds placeholders
+    there, after its ``first_drafts``): its ``rest_drafts`` drafts them for the matched rows only, written into ``ids``
+    in place before the second pass. The other rows' placeholders stay: acceptance stops at their first mismatch, among
+    the checked drafts."""
     logits, features = target.step(ids[:, :first], pos)
     matched = (logits.argmax(-1) == ids[:, 1:first + 1]).all(1)  # [B]
     rest = ids.shape[1] - first
     if bool(matched.any()):
-        if draft_rest is not None:
+        if drafter is not None:
             rows = matched.nonzero()[:, 0]
-            ids[rows, first + 1:] = draft_rest(rows)
+            ids[rows, first + 1:] = drafter.rest_drafts(pos[rows], rows, first)
         lengths = torch.where(matched, rest, 1)
         more_logits, more_features = target.step(ids[:, first:], pos + first, lengths)
     else:
@@ -306,7 +305,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             stats.accepted_per_step.append(len(new) - 1)
         else:
             # a block-causal DFlash drafter under a staged verify drafts the checked slots first, the rest only if they all
-            # match (``staged_verify``'s draft_rest): the same drafts, most of the block pass skipped on most steps
+            # match (``staged_verify``'s drafter): the same drafts, most of the block pass skipped on most steps
             in_stages = (first is not None and ahead is None and accept_per_step is None and getattr(drafter, "drafts_in_stages", False)
                          and first < drafter.drafts)
             if in_stages:
@@ -325,8 +324,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
                 block_ids = torch.cat([block_ids, block_ids[-1:].expand(block - 1 - num_drafts)])
             if first is not None and first < num_drafts and accept_per_step is None:
                 at = torch.tensor([pos], device=device)
-                rest = (lambda rows: drafter.rest_drafts(at[rows], rows, first)) if in_stages else None
-                logits, features = staged_verify(target, block_ids[None], at, first, rest)
+                logits, features = staged_verify(target, block_ids[None], at, first, drafter if in_stages else None)
                 logits, features = logits[0], None if features is None else features[0]
                 draft_tokens = block_ids[1:]  # with the rest drafted in the verify, where it was
             else:

@@ -1031,25 +1031,30 @@ class StaticDFlashDrafter:
         return {rule: rows_visible(block_visible(slot_pos[:anchor.shape[0]], anchor, b, rule), rows)[:, None, None]
                 for rule, slot_pos in self.slot_pos.items()}
 
-    def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None, drafts: int | None = None) -> torch.Tensor:
+    def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None, drafts: int | None = None,
+                    start: int = 0, batch_rows: torch.Tensor | None = None) -> torch.Tensor:
         # the block pass alone (trees take their top-k, not the argmax): ids [B, b] -> logits [B, d, Vd] fp32 (d: b-1, or
         # the chain's kept drafts if fewer), the block's keys in each layer's scratch slots; ids [B, R, b] -> [B, R, b-1,
         # Vd], R blocks per row over the same context (``block_tree``'s re-drafts): the context's slots then the R blocks'
         # keys, each block seeing its own.
         # visible: ``_visible(anchor, R)`` when the caller already has it (a tree's re-drafts share one)
         # drafts: how many of the slots after the anchor reach the head (default the chain's, ``self.drafts``)
+        # start, batch_rows (``_rest_of_block``): ids are the block's slots start .. start+b-1 (its earlier slots' keys are
+        # in the scratch already), for the batch rows ``batch_rows`` (their buffers gathered: this pass's keys go to the
+        # copies); every slot reaches the head when start > 0 (slot 0, the anchor, drafts nothing)
         drafts = self.drafts if drafts is None else drafts
         multi = ids.dim() == 3
         bsz, rows, b = ids.shape if multi else (ids.shape[0], 1, ids.shape[1])
         n = rows * b
         hq, hkv, d = self.model.config.num_attention_heads, self.model.config.num_key_value_heads, self.model.config.head_dim
         x = self.embed_tokens(ids.reshape(bsz, n)).to(self.model.fc.weight.dtype)  # [B, R*b, H]
-        q_pos = anchor[:, None] + torch.arange(b, device=ids.device)  # [B, b]
+        q_pos = anchor[:, None] + torch.arange(start, start + b, device=ids.device)  # [B, b]
         q_pos = q_pos.repeat(1, rows) if multi else q_pos  # [B, R*b]
         cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, R*b, 1, D]
         visible = self._visible(anchor, rows, b) if visible is None else visible
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
-            k_buf, v_buf = k_buf[:bsz], v_buf[:bsz]  # the first B rows (a packed batch: B < the allocated rows)
+            # the first B rows (a packed batch: B < the allocated rows), or the rows asked for (copies)
+            k_buf, v_buf = (k_buf[:bsz], v_buf[:bsz]) if batch_rows is None else (k_buf[batch_rows], v_buf[batch_rows])
             attn = layer.self_attn
             q, k, v = self.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
             q = rotate(attn.q_norm(q.view(bsz, n, hq, d)), cos, sin)  # [B, R*b, Hq, D]
@@ -1059,8 +1064,9 @@ class StaticDFlashDrafter:
             if multi:
                 keys, values = torch.cat([k_buf[:, :, :slots], k], dim=2), torch.cat([v_buf[:, :, :slots], v], dim=2)
             else:
-                k_buf[:, :, slots:slots + b], v_buf[:, :, slots:slots + b] = k, v
-                keys, values = k_buf[:, :, :slots + b], v_buf[:, :, :slots + b]
+                end = slots + start + b
+                k_buf[:, :, end - b:end], v_buf[:, :, end - b:end] = k, v
+                keys, values = k_buf[:, :, :end], v_buf[:, :, :end]
             qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * n, d)  # rows (g, slot): heads h * G + g
             out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
             x = x + self.linear(out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d), w.wo, w.bo)
@@ -1070,39 +1076,20 @@ class StaticDFlashDrafter:
         # block pass of 16 slots writes, casts and reads back k rows of 152K logits, not 15 (its argmax: ``argmax_split``).
         # contiguous: the slot slice is a strided 4-D view, which nn.Linear multiplies as a bmm against the head expanded
         # per row (on the CPU a third of the speed of one matrix product over the rows)
-        hidden = self.model.norm(x.view(bsz, rows, b, -1)[:, :, 1:1 + drafts].contiguous())
+        first_head = 1 if start == 0 else 0
+        hidden = self.model.norm(x.view(bsz, rows, b, -1)[:, :, first_head:first_head + drafts].contiguous())
         logits = self.linear(hidden.to(self.head.weight.dtype), self.fused.head, self.fused.bhead).float()
         return logits if multi else logits[:, 0]
 
     def _rest_of_block(self, anchor: torch.Tensor, rows: torch.Tensor, first: int) -> torch.Tensor:
         # slots first+1 .. drafts of the blocks at anchor [R] of batch rows ``rows`` [R], after ``first_drafts`` wrote
-        # slots 0 .. first into every row's scratch: logits [R, drafts-first, Vd] fp32. The rows' buffers are gathered
-        # (a copy: this pass's keys go to the copy's scratch, which nothing reads after it)
-        b, s0, n = self.block, first + 1, self.drafts - first  # slots s0 .. drafts (a trimmed chain stops short of the block)
-        hq, hkv, d = self.model.config.num_attention_heads, self.model.config.num_key_value_heads, self.model.config.head_dim
-        r = rows.shape[0]
-        ids = torch.full((r, n), self.mask_token_id, dtype=torch.long, device=anchor.device)
-        x = self.embed_tokens(ids).to(self.model.fc.weight.dtype)  # [R, n, H]
-        q_pos = anchor[:, None] + torch.arange(s0, s0 + n, device=anchor.device)  # [R, n]
-        cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]
-        # the whole block's visibility, its last n query rows: slot j sees the context and slots 0 .. j (block-causal)
-        visible = {rule: block_visible(slot_pos[rows], anchor, b, rule)[:, None, None, s0:s0 + n]
+        # slots 0 .. first into every row's scratch: logits [R, drafts-first, Vd] fp32
+        s0, n = first + 1, self.drafts - first  # a trimmed chain stops short of the block
+        ids = torch.full((rows.shape[0], n), self.mask_token_id, dtype=torch.long, device=anchor.device)
+        # the visibility of a block of s0 + n slots, its last n query rows: slot j sees the context and slots 0 .. j
+        visible = {rule: block_visible(slot_pos[rows], anchor, s0 + n, rule)[:, None, None, s0:]
                    for rule, slot_pos in self.slot_pos.items()}
-        for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
-            slots = k_buf.shape[2] - b
-            keys, values = k_buf[rows, :, :slots + b], v_buf[rows, :, :slots + b]  # [R, Hkv, S + b, D], copies
-            attn = layer.self_attn
-            q, k, v = self.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
-            q = rotate(attn.q_norm(q.view(r, n, hq, d)), cos, sin)
-            keys[:, :, slots + s0:slots + s0 + n] = rotate(attn.k_norm(k.view(r, n, hkv, d)), cos, sin).transpose(1, 2)
-            values[:, :, slots + s0:slots + s0 + n] = v.view(r, n, hkv, d).transpose(1, 2)
-            qg = q.transpose(1, 2).reshape(r, hkv, hq // hkv * n, d)
-            out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
-            x = x + self.linear(out.view(r, hq, n, d).transpose(1, 2).reshape(r, n, hq * d), w.wo, w.bo)
-            gate, up = self.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
-            x = x + self.linear(layer.mlp.act_fn(gate) * up, w.w2, w.b2)
-        hidden = self.model.norm(x)
-        return self.linear(hidden.to(self.head.weight.dtype), self.fused.head, self.fused.bhead).float()
+        return self._block_pass(ids, anchor, visible, drafts=n, start=s0, batch_rows=rows)
 
     @property
     def drafts_in_stages(self) -> bool:

@@ -184,7 +184,7 @@ def block_causal_copy(drafter_model: DFlashDraftModel) -> DFlashDraftModel:
 def test_drafting_in_stages_gives_the_one_pass_drafts_tokens_and_counts(setup, monkeypatch) -> None:
     """A block-causal DFlash drafter under a staged verify drafts the checked slots first and the rest of the block only
     for the rows whose checked drafts all matched (``StaticDFlashDrafter.first_drafts`` / ``rest_drafts``, through
-    ``staged_verify``'s draft_rest). Directly: the two stages draft what one block pass does (greedy ids; logits to
+    ``staged_verify``'s drafter). Directly: the two stages draft what one block pass does (greedy ids; logits to
     float rounding), for a subset of rows too. In the loop: batch 1 and three rows in flight over four prompts (two
     memorised, two not) give the one-pass loop's tokens (Hugging Face's greedy ones) and accepted counts, with the rest
     drafted on some steps only, batched for part of the rows. A drafter with a bidirectional layer is not staged."""
