@@ -1024,12 +1024,24 @@ class StaticDFlashDrafter:
         logits = self._block_pass(block_ids(token, self.pass_slots, self.mask_token_id), anchor)[:, :self.drafts]
         return logits, self.model.draft_to_target(argmax_split(logits))
 
+    def _context_slots(self, anchor: torch.Tensor, slots: int) -> int:
+        """How many of a layer's ``slots`` context slots a pass over blocks at ``anchor`` [B] reads: on the CPU the first
+        ``min(slots, max(anchor))`` (slot j < S holds position j or j + kS, and only positions before a row's anchor are
+        seen, so the slots from the furthest anchor on are invisible to every row; reading the anchor costs no sync
+        there; at MT-Bench's lengths most of a 2,064-slot ring is empty); elsewhere all of them (fixed shapes for the
+        graphs)."""
+        return min(slots, int(anchor.max())) if anchor.device.type == "cpu" else slots
+
     def _visible(self, anchor: torch.Tensor, rows: int = 1, slots: int | None = None) -> dict:
-        # [B, 1, 1, R*b, S + R*b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot));
-        # b = ``slots`` (the block's first b slots; default the whole block)
+        # [B, 1, 1, R*b, S' + R*b] per rule, broadcast over the KV heads and the G query heads of each (rows (g, slot));
+        # b = ``slots`` (the block's first b slots; default the whole block); S' = ``_context_slots``
         b = slots or self.block
-        return {rule: rows_visible(block_visible(slot_pos[:anchor.shape[0]], anchor, b, rule), rows)[:, None, None]
+        return {rule: rows_visible(block_visible(self._context_of(slot_pos[:anchor.shape[0]], anchor), anchor, b, rule),
+                                   rows)[:, None, None]
                 for rule, slot_pos in self.slot_pos.items()}
+
+    def _context_of(self, slot_pos: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        return slot_pos[:, :self._context_slots(anchor, slot_pos.shape[1])]
 
     def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None, drafts: int | None = None,
                     start: int = 0, batch_rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -1040,8 +1052,8 @@ class StaticDFlashDrafter:
         # visible: ``_visible(anchor, R)`` when the caller already has it (a tree's re-drafts share one)
         # drafts: how many of the slots after the anchor reach the head (default the chain's, ``self.drafts``)
         # start, batch_rows (``_rest_of_block``): ids are the block's slots start .. start+b-1 (its earlier slots' keys are
-        # in the scratch already), for the batch rows ``batch_rows`` (their buffers gathered: this pass's keys go to the
-        # copies); every slot reaches the head when start > 0 (slot 0, the anchor, drafts nothing)
+        # in the scratch already), for the batch rows ``batch_rows`` (their used slots gathered; this pass's keys are not
+        # written back); every slot reaches the head when start > 0 (slot 0, the anchor, drafts nothing)
         drafts = self.drafts if drafts is None else drafts
         multi = ids.dim() == 3
         bsz, rows, b = ids.shape if multi else (ids.shape[0], 1, ids.shape[1])
@@ -1053,20 +1065,25 @@ class StaticDFlashDrafter:
         cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, R*b, 1, D]
         visible = self._visible(anchor, rows, b) if visible is None else visible
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
-            # the first B rows (a packed batch: B < the allocated rows), or the rows asked for (copies)
-            k_buf, v_buf = (k_buf[:bsz], v_buf[:bsz]) if batch_rows is None else (k_buf[batch_rows], v_buf[batch_rows])
             attn = layer.self_attn
             q, k, v = self.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
             q = rotate(attn.q_norm(q.view(bsz, n, hq, d)), cos, sin)  # [B, R*b, Hq, D]
             k = rotate(attn.k_norm(k.view(bsz, n, hkv, d)), cos, sin).transpose(1, 2)
             v = v.view(bsz, n, hkv, d).transpose(1, 2)
             slots = k_buf.shape[2] - self.block  # the context's slots; the last block's worth: scratch for the block's keys
+            used = self._context_slots(anchor, slots)  # the slots ``visible`` covers
             if multi:
-                keys, values = torch.cat([k_buf[:, :, :slots], k], dim=2), torch.cat([v_buf[:, :, :slots], v], dim=2)
-            else:
+                keys, values = torch.cat([k_buf[:bsz, :, :used], k], dim=2), torch.cat([v_buf[:bsz, :, :used], v], dim=2)
+            elif batch_rows is not None:  # the rows asked for: their context and earlier slots gathered, then these slots
+                keys = torch.cat([k_buf[batch_rows, :, :used], k_buf[batch_rows, :, slots:slots + start], k], dim=2)
+                values = torch.cat([v_buf[batch_rows, :, :used], v_buf[batch_rows, :, slots:slots + start], v], dim=2)
+            else:  # the first B rows (a packed batch: B < the allocated rows): the keys into the scratch, read in place
                 end = slots + start + b
-                k_buf[:, :, end - b:end], v_buf[:, :, end - b:end] = k, v
-                keys, values = k_buf[:, :, :end], v_buf[:, :, :end]
+                k_buf[:bsz, :, end - b:end], v_buf[:bsz, :, end - b:end] = k, v
+                keys, values = k_buf[:bsz, :, :end], v_buf[:bsz, :, :end]
+                if used < slots:  # the used context slots, then the block's scratch
+                    keys = torch.cat([keys[:, :, :used], keys[:, :, slots:]], dim=2)
+                    values = torch.cat([values[:, :, :used], values[:, :, slots:]], dim=2)
             qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * n, d)  # rows (g, slot): heads h * G + g
             out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
             x = x + self.linear(out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d), w.wo, w.bo)
@@ -1087,7 +1104,7 @@ class StaticDFlashDrafter:
         s0, n = first + 1, self.drafts - first  # a trimmed chain stops short of the block
         ids = torch.full((rows.shape[0], n), self.mask_token_id, dtype=torch.long, device=anchor.device)
         # the visibility of a block of s0 + n slots, its last n query rows: slot j sees the context and slots 0 .. j
-        visible = {rule: block_visible(slot_pos[rows], anchor, s0 + n, rule)[:, None, None, s0:]
+        visible = {rule: block_visible(self._context_of(slot_pos[rows], anchor), anchor, s0 + n, rule)[:, None, None, s0:]
                    for rule, slot_pos in self.slot_pos.items()}
         return self._block_pass(ids, anchor, visible, drafts=n, start=s0, batch_rows=rows)
 
