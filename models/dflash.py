@@ -1041,6 +1041,8 @@ class StaticDFlashDrafter:
                 for rule, slot_pos in self.slot_pos.items()}
 
     def _context_of(self, slot_pos: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        # a rule's slot positions [B, S] cut to the slots the pass reads ([B, S'], S' = ``_context_slots``): the masks and
+        # the keys of one pass must cover the same slots
         return slot_pos[:, :self._context_slots(anchor, slot_pos.shape[1])]
 
     def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None, drafts: int | None = None,
