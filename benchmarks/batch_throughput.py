@@ -93,7 +93,7 @@ def main() -> None:
     for name, d in drafters.items():
         first = None
         for bs in [b for b in args.batch_sizes for _ in range(args.repeat)]:
-            set_threads(device, args.threads, bs)  # eval's default for this batch size unless --threads says
+            set_threads(device, args.threads, bs, target.model)  # eval's default for this batch size and target unless --threads says
             # --threads sets the one-process runs (batch 1's faster count, say); forked workers run one thread each
             workers = cpu_workers(device, bs, None, args.cpu_workers)
             threads = torch.get_num_threads() if workers == 1 else f"1 x {workers} workers"

@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
                                                  tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft)
+        set_threads(args.device, args.threads, args.batch_size, target.model)  # batch 1: one per core for a large target
         check_context_fits(tokenizer, conversations, args.prefills if args.command == "sweep" else [args.prefill_tokens],
                            args.max_new_tokens, max_positions(target))
         workers = cpu_workers(args.device, args.batch_size, args.threads, args.cpu_workers) if args.engine == "ours" else 1

@@ -222,13 +222,23 @@ def sync(device: torch.device) -> None:
 DEFAULT_THREADS = torch.get_num_threads()  # torch's default (one per core): the CLIs import this module before setting any
 
 
-def set_threads(device: str, threads: int | None, batch_size: int = 1) -> None:
-    """CPU intra-op threads. Default on CPU: 1 at batch size 1, where decoding a small model is a chain of tiny matmuls
-    and each OpenMP parallel region was measured to cost ~16 ms of wake-up on 2-core machines (the tiny target's
-    MT-Bench run: 150 tok/s on 1 thread, 32 on 2); one per core when batched, where a verify's rows x tokens make
-    matmuls large enough to split (the reference target at batch 8 on 2 cores: 2 threads 1.6-1.8x one; BENCHMARKS.md,
-    issue 24). Threads change speed only: batched rows on 2 threads give batch 1's tokens (tests/test_batch.py)."""
+# At batch 1 on the CPU, targets of fewer parameters run on one thread (see ``set_threads``)
+ONE_THREAD_BELOW_PARAMS = 10_000_000
+
+
+def set_threads(device: str, threads: int | None, batch_size: int = 1, target_model: torch.nn.Module | None = None) -> None:
+    """CPU intra-op threads. Default on CPU: one per core when batched, where a verify's rows x tokens make matmuls large
+    enough to split (the reference target at batch 8 on 2 cores: 2 threads 1.6-1.8x one; BENCHMARKS.md, issue 24). At
+    batch size 1, one per core for a target of at least ``ONE_THREAD_BELOW_PARAMS`` parameters (the 27M reference
+    target, 16 MT-Bench conversations, 2-core AVX-512 machine, 2 threads against 1: the target alone 100.2 / 77.4
+    tokens/s, prompt lookup 231.7 / 218.2, the recipe's DFlash drafter 104.4 / 89.0; the AVX2 kind's benchmarks ran
+    batch 1 on 2 threads for the same reason), and 1 for a smaller one or before the target is loaded
+    (``target_model`` None): decoding a tiny model is a chain of tiny matmuls and each OpenMP parallel region cost ~16
+    ms of wake-up on 2-core machines (the tiny target's MT-Bench run: 150 tok/s on 1 thread, 32 on 2). The CLIs call it
+    before loading and again with the loaded target. Threads change speed only: batched rows on 2 threads give batch
+    1's tokens (tests/test_batch.py)."""
     if threads is not None and threads < 1:
         raise SystemExit(f"error: --threads {threads}; expected >= 1")
     if threads is not None or str(device).startswith("cpu"):
-        torch.set_num_threads(threads or (1 if batch_size == 1 else DEFAULT_THREADS))
+        large = target_model is not None and sum(p.numel() for p in target_model.parameters()) >= ONE_THREAD_BELOW_PARAMS
+        torch.set_num_threads(threads or (DEFAULT_THREADS if batch_size > 1 or large else 1))

@@ -429,8 +429,9 @@ def test_prepacked_linears_give_the_plain_matrices_tokens(setup) -> None:
 @pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 @pytest.mark.parametrize("drafter_kind", ["pld", "dflash", "eagle3"])
 def test_batched_rows_on_two_threads_equal_batch_one_on_one(setup, drafter_kind) -> None:
-    """eval's CPU default (infer.loading.set_threads): 1 thread at batch 1, one per core when batched. The thread count
-    changes speed, not tokens: batched rows on 2 threads against batch 1 on 1 (greedy, tokens and accepted counts)."""
+    """eval's CPU default (infer.loading.set_threads) for a tiny target: 1 thread at batch 1, one per core when batched.
+    The thread count changes speed, not tokens: batched rows on 2 threads against batch 1 on 1 (greedy, tokens and
+    accepted counts)."""
     from infer.loading import set_threads
 
     prompts, eos = setup[2], setup[3]
@@ -446,16 +447,31 @@ def test_batched_rows_on_two_threads_equal_batch_one_on_one(setup, drafter_kind)
     assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
 
 
-def test_eval_threads_default_to_one_at_batch_one_and_one_per_core_when_batched() -> None:
-    from infer.loading import DEFAULT_THREADS, set_threads
+def test_eval_threads_default_by_batch_size_and_target_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``set_threads``: one per core when batched; at batch 1 one per core from ``ONE_THREAD_BELOW_PARAMS`` target
+    parameters on, else (and before a target is loaded) one; ``--threads`` over both."""
+    from infer import loading
+    from infer.loading import ONE_THREAD_BELOW_PARAMS, set_threads
 
+    # one per core = torch's default at import, 1 in the test workers (OMP_NUM_THREADS=1): a count both cases can tell apart
+    monkeypatch.setattr(loading, "DEFAULT_THREADS", 3)
+    DEFAULT_THREADS = 3
+    small = torch.nn.Linear(ONE_THREAD_BELOW_PARAMS // 1000 - 1, 1000, bias=False)  # one row short of the line: 1 thread
+    large = torch.nn.Linear(ONE_THREAD_BELOW_PARAMS // 1000, 1000, bias=False)  # at the line: one per core
+    assert sum(p.numel() for p in small.parameters()) < ONE_THREAD_BELOW_PARAMS <= sum(p.numel() for p in large.parameters())
     before = torch.get_num_threads()
     try:
         set_threads("cpu", None, batch_size=8)
         assert torch.get_num_threads() == DEFAULT_THREADS
-        set_threads("cpu", None, batch_size=1)
+        set_threads("cpu", None, batch_size=8, target_model=small)
+        assert torch.get_num_threads() == DEFAULT_THREADS
+        set_threads("cpu", None, batch_size=1)  # before the target is loaded
         assert torch.get_num_threads() == 1
-        set_threads("cpu", 3, batch_size=1)  # --threads wins
+        set_threads("cpu", None, batch_size=1, target_model=small)
+        assert torch.get_num_threads() == 1
+        set_threads("cpu", None, batch_size=1, target_model=large)
+        assert torch.get_num_threads() == DEFAULT_THREADS
+        set_threads("cpu", 3, batch_size=1, target_model=large)  # --threads wins
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
