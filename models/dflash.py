@@ -1066,6 +1066,8 @@ class StaticDFlashDrafter:
         q_pos = q_pos.repeat(1, rows) if multi else q_pos  # [B, R*b]
         cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, R*b, 1, D]
         visible = self._visible(anchor, rows, b) if visible is None else visible
+        # the context slots each layer reads (the slots ``visible`` covers): the anchor read once a pass, not once a layer
+        used_of = {slots: self._context_slots(anchor, slots) for slots in {k_buf.shape[2] - self.block for k_buf in self.k}}
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
             attn = layer.self_attn
             q, k, v = self.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
@@ -1073,7 +1075,7 @@ class StaticDFlashDrafter:
             k = rotate(attn.k_norm(k.view(bsz, n, hkv, d)), cos, sin).transpose(1, 2)
             v = v.view(bsz, n, hkv, d).transpose(1, 2)
             slots = k_buf.shape[2] - self.block  # the context's slots; the last block's worth: scratch for the block's keys
-            used = self._context_slots(anchor, slots)  # the slots ``visible`` covers
+            used = used_of[slots]
             if multi:
                 keys, values = torch.cat([k_buf[:bsz, :, :used], k], dim=2), torch.cat([v_buf[:bsz, :, :used], v], dim=2)
             elif batch_rows is not None:  # the rows asked for: their context and earlier slots gathered, then these slots
