@@ -133,6 +133,9 @@ def main() -> None:
     p.add_argument("--dflash-products", nargs="+", default=["default"], choices=["default", "cublas", "triton"],
                    help="the dflash rows once per choice of the block pass's few-row products (StaticDFlashDrafter's "
                    "triton_products: kernels/skinny_gemm.py where it has a measured tiling, else cuBLAS); default: the loop's")
+    p.add_argument("--dflash-weights", nargs="+", default=["model"], choices=["model", "int8"],
+                   help="the dflash rows once per choice of the drafter's matrices: the model's (bf16) or weight-only int8 copies "
+                   "(StaticDFlashDrafter's weights; the LM head it drafts with included, the target's untouched)")
     p.add_argument("--out")
     args = p.parse_args()
     if any(not 0 <= k < DFLASH_BLOCK for k in args.dflash_draft_steps):
@@ -193,19 +196,20 @@ def main() -> None:
     spec = result["speculative"] = []
     print(f"drafter | tau | drafts/step | tok/s | speedup over AR at {args.contexts[0]} | draft % | verify % | other %", flush=True)
     dflash_rows = lambda name: name in ("dflash", "dflash-vocab")  # noqa: E731
-    runs = [(name, k, products) for name in args.drafters for k in (args.dflash_draft_steps if dflash_rows(name) else [0])
-            for products in (args.dflash_products if dflash_rows(name) else ["default"])]
-    for name, k, products in runs:
+    runs = [(name, k, products, weights) for name in args.drafters for k in (args.dflash_draft_steps if dflash_rows(name) else [0])
+            for products in (args.dflash_products if dflash_rows(name) else ["default"])
+            for weights in (args.dflash_weights if dflash_rows(name) else ["model"])]
+    for name, k, products, weights in runs:
         for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
             if k and tau - 1 > k:
                 print(f"{name} (block {k + 1}) | {tau} | skipped: a chain of {k} drafts accepts at most {k} a step", flush=True)
                 continue
             if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
                 drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=k or None,
-                                              triton_products=PRODUCTS[products])
+                                              triton_products=PRODUCTS[products], weights=weights)
             elif name == "dflash-vocab":  # the same layers, the head the target's rows of --draft-vocab ids
                 drafter = StaticDFlashDrafter(with_draft_vocab(dflash_model, target.lm_head, args.draft_vocab), target.embed_tokens, target.lm_head,
-                                              draft_tokens=k or None, triton_products=PRODUCTS[products])
+                                              draft_tokens=k or None, triton_products=PRODUCTS[products], weights=weights)
             elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             elif name == "eagle3":  # the loop's default for chains: fixed-shape caches, step 0 and the chain in one captured graph
@@ -220,11 +224,13 @@ def main() -> None:
             generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             run = generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             s = run.stats
-            row = {"drafter": name, "draft_steps": k or None, "products": products if dflash_rows(name) else None, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
+            row = {"drafter": name, "draft_steps": k or None, "products": products if dflash_rows(name) else None,
+                   "weights": weights if dflash_rows(name) else None, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
                    "speedup": s.tokens_per_s / base["tokens_per_s"], "draft_frac": s.draft_s / s.decode_s,
                    "verify_frac": s.verify_s / s.decode_s, "other_frac": s.other_s / s.decode_s, "ms_per_step": 1e3 * s.decode_s / s.steps}
             spec.append(row)
-            label = f"{name} (block {drafter.block_size}{'' if products == 'default' else ', ' + products})"
+            label = (f"{name} (block {drafter.block_size}{'' if products == 'default' else ', ' + products}"
+                     f"{'' if weights == 'model' else ', ' + weights})")
             print(f"{label} | {s.tau:.2f} | {drafter.block_size - 1} | {s.tokens_per_s:.1f} | {row['speedup']:.2f}x "
                   f"({row['speedup'] / s.tau:.2f} of tau) | {100 * row['draft_frac']:.1f} | {100 * row['verify_frac']:.1f} | "
                   f"{100 * row['other_frac']:.1f}", flush=True)

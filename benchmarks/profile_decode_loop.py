@@ -44,6 +44,8 @@ def main() -> None:
                    help="--dflash-block: once per K, a chain verifying the block's first K drafts (0: the whole block)")
     p.add_argument("--products", nargs="+", default=["default"], choices=["default", "cublas", "triton"],
                    help="--dflash-block: once per choice of the pass's few-row products (StaticDFlashDrafter's triton_products)")
+    p.add_argument("--dflash-weights", nargs="+", default=["model"], choices=["model", "int8"],
+                   help="--dflash-block: once per choice of the drafter's matrices (StaticDFlashDrafter's weights)")
     p.add_argument("--verify-split", type=int, default=0, metavar="N",
                    help="the captured forward of 1 token against N tokens, kernel by kernel (where a verify's extra time goes)")
     args = p.parse_args()
@@ -55,12 +57,13 @@ def main() -> None:
 
         for k in args.draft_tokens:
             for products in args.products:
-                print(f"\n--- draft tokens {k or 'the whole block'}, products {products}")
-                dflash_block(model, dflash_model, args.context, k or None, PRODUCTS[products])
-                for size in args.draft_vocab:
-                    print(f"\n--- the same drafter with a draft vocabulary of {size} ids")
-                    dflash_block(model, with_draft_vocab(dflash_model, model.get_output_embeddings(), size), args.context, k or None,
-                                 PRODUCTS[products])
+                for weights in args.dflash_weights:
+                    print(f"\n--- draft tokens {k or 'the whole block'}, products {products}, weights {weights}")
+                    dflash_block(model, dflash_model, args.context, k or None, PRODUCTS[products], weights)
+                    for size in args.draft_vocab:
+                        print(f"\n--- the same drafter with a draft vocabulary of {size} ids")
+                        dflash_block(model, with_draft_vocab(dflash_model, model.get_output_embeddings(), size), args.context,
+                                     k or None, PRODUCTS[products], weights)
         return
     target = StaticTarget(model, [], compile_layers=True)
     ids = torch.randint(100, 100_000, (args.context,)).tolist()
@@ -105,15 +108,17 @@ def main() -> None:
     report_idle(prof, args.tokens, "token")
 
 
-def dflash_block(model, dflash_model, context: int, draft_tokens: int | None = None, triton_products: bool | None = None) -> None:
+def dflash_block(model, dflash_model, context: int, draft_tokens: int | None = None, triton_products: bool | None = None,
+                 weights: str = "model") -> None:
     from benchmarks.decode_speed import cuda_ms, measured_bandwidth
+    from kernels.int8_weights import Int8Weight
     from models.dflash import StaticDFlashDrafter
     from models.static_target import CapturedSteps
 
     bandwidth = measured_bandwidth()["TBps"]
     target = StaticTarget(model, [], compile_layers=True)
     drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=draft_tokens,
-                                  triton_products=triton_products)
+                                  triton_products=triton_products, weights=weights)
     b, width = drafter.block_size, dflash_model.fc.weight.shape[1]  # b: the positions an append takes (a verify's)
     drafter.allocate(context + 256, batch=1)
     features = torch.randn(1, context, width, device="cuda", dtype=torch.bfloat16)
@@ -122,18 +127,18 @@ def dflash_block(model, dflash_model, context: int, draft_tokens: int | None = N
     block_features = torch.randn(1, b, width, device="cuda", dtype=torch.bfloat16)
     block_ms = cuda_ms(lambda: drafter.block_logits(token, anchor), repeats=50)
     append_ms = cuda_ms(lambda: drafter.append(block_features, anchor), repeats=50)
-    weights = [w for layer in drafter.fused.layers for w in (layer.wqkv, layer.w13)]
-    weights += [layer.self_attn.o_proj.weight for layer in dflash_model.layers] + [layer.mlp.down_proj.weight for layer in dflash_model.layers]
-    weights.append(drafter.head.weight)  # the target's LM head, or a draft vocabulary's rows of it
-    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
-    x = {w.shape[1]: torch.randn(b, w.shape[1], device="cuda", dtype=torch.bfloat16) for w in weights}
+    # the pass's matrices as it multiplies them (int8 copies with weights="int8"); the head: the target's LM head, or a
+    # draft vocabulary's rows of it
+    mats = [m for layer in drafter.fused.layers for m in (layer.wqkv, layer.w13, layer.wo, layer.w2)] + [drafter.fused.head]
+    weight_bytes = sum(m.q.numel() + 4 * m.scale.numel() if isinstance(m, Int8Weight) else m.numel() * m.element_size() for m in mats)
+    x = {m.shape[1]: torch.randn(b, m.shape[1], device="cuda", dtype=torch.bfloat16) for m in mats}
     graphs = CapturedSteps()
-    products = lambda: [torch.nn.functional.linear(x[w.shape[1]], w) for w in weights]  # noqa: E731
+    products = lambda: [drafter.linear(x[m.shape[1]], m, None) for m in mats]  # noqa: E731  (the pass's own kernels)
     gemm_ms = cuda_ms(lambda: graphs("gemms", products), repeats=50)
     print(f"DFlash block pass at context {context} (5 layers + the LM head, {b} rows), captured: {block_ms:.3f} ms; append of {b} "
           f"positions {append_ms:.3f} ms")
     print(f"  floors: weights read once at {bandwidth:.2f} TB/s {weight_bytes / bandwidth / 1e9:.3f} ms ({weight_bytes / 1e9:.2f} GB); "
-          f"the {len(weights)} products alone, captured {gemm_ms:.3f} ms ({weight_bytes / gemm_ms / 1e9:.2f} TB/s)")
+          f"the {len(mats)} products alone (the pass's kernels), captured {gemm_ms:.3f} ms ({weight_bytes / gemm_ms / 1e9:.2f} TB/s)")
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -68,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--tree-redraft", type=int, default=0, help="DFlash trees: the nodes expanded at depths 1 .. N are drafted "
                                                                      "again with their path in place of mask tokens (one block pass "
                                                                      "per node; a drafter trained with drafter.reveal_prob); default 0")
+    common.add_argument("--drafter-weights", default="model", choices=["model", "int8"],
+                        help="DFlash: the drafter's matrices as loaded, or weight-only int8 copies of them and of the LM head it "
+                             "drafts with (half the bytes a drafting pass reads on a GPU; the target untouched, its output the same)")
     common.add_argument("--batch-size", type=int, default=1,
                         help="conversations decoded at once (DFlash, EAGLE-3, prompt lookup or the target alone; each row's tokens and "
                              "acceptance are batch 1's)")
@@ -114,6 +117,8 @@ def default_out(args, source: dict) -> Path:
     """The same command (same drafter, target, prompts and settings) gets the same folder: reruns resume."""
     # batch size and threads change the speed, not the tokens: a rerun with another one resumes the same folder
     settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "wandb", "wandb_project", "threads", "runs_dir", "batch_size", "cpu_workers")}
+    if settings.get("drafter_weights") == "model":  # the default: the folders of runs from before the option keep their hash
+        del settings["drafter_weights"]
     settings.update(source)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
     name = "pld" if source["drafter"] == "pld" else Path(source.get("run") or source["drafter"]).name
@@ -176,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
-                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft)
+                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft,
+                                                 drafter_weights=args.drafter_weights)
         set_threads(args.device, args.threads, args.batch_size, target.model)  # batch 1: one per core for a large target
         check_context_fits(tokenizer, conversations, args.prefills if args.command == "sweep" else [args.prefill_tokens],
                            args.max_new_tokens, max_positions(target))

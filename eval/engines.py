@@ -57,6 +57,9 @@ def check_engine_args(args, windows) -> None:
     if args.tree_topk is not None or args.tree_tokens is not None or args.tree_lookup:
         raise ValueError(f"--engine {args.engine}: tree drafting (--tree-topk/--tree-tokens/--tree-lookup) is our loop's; the engine "
                          "drafts the export's chain or block")
+    if getattr(args, "drafter_weights", "model") != "model":
+        raise ValueError(f"--engine {args.engine}: --drafter-weights {args.drafter_weights} is our loop's; the engine loads the "
+                         "export's weights as they are")
 
 
 def start_engine(args, source: dict, target, drafter, tokenizer):

@@ -43,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                                "as one more branch (hybrid drafting; default 0: none)")
     p.add_argument("--tree-redraft", type=int, default=0, help="DFlash trees: the nodes expanded at depths 1 .. N are drafted again "
                                                                 "with their path in place (a drafter trained with drafter.reveal_prob)")
+    p.add_argument("--drafter-weights", default="model", choices=["model", "int8"],
+                   help="DFlash: the drafter's matrices as loaded, or weight-only int8 copies (and of the LM head it drafts with)")
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     p.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
     p.add_argument("--dtype", default="auto")
@@ -91,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--target is required unless --drafter is a training run folder (which records its target)")
         target, drafter, tokenizer = load_models(target_path, drafter_path, args.device, args.dtype, window, args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
-                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft)
+                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft,
+                                                 drafter_weights=args.drafter_weights)
         set_threads(args.device, args.threads, args.batch_size if args.prompts else 1, target.model)  # batch 1: one per core for a large target
         warning = window_warning(drafter, window)
         if warning:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from models.dflash import DFlashDrafter, StaticDFlashDrafter
+from models.dflash import DRAFTER_WEIGHTS, DFlashDrafter, StaticDFlashDrafter
 from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from infer.prompt_lookup import PromptLookupDrafter
 from models.static_target import StaticTarget
@@ -60,7 +60,8 @@ def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DF
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
                 attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
-                tree_tokens: int | None = None, tree_lookup: int = 0, batch_size: int = 1, tree_redraft: int = 0) -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
+                tree_tokens: int | None = None, tree_lookup: int = 0, batch_size: int = 1, tree_redraft: int = 0,
+                drafter_weights: str = "model") -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
     drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
@@ -70,6 +71,8 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
         its block's marginals, as deep as the block).
     tree_lookup: trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
     tree_redraft: DFlash trees only: the depths whose nodes are drafted again with their path in place (0: none).
+    drafter_weights: ``model`` (the drafter's matrices as loaded) or ``int8`` (DFlash on the static drafter: weight-only
+        int8 copies of its matrices and of the LM head it drafts with, ``kernels/int8_weights.py``; the target untouched).
     batch_size: the loop's rows: trees above 1 draft over static caches (``StaticEagle3Drafter``,
         ``StaticDFlashDrafter``: batched and captured); at 1 the eager drafter drafts them (``infer.generate``).
     """
@@ -97,6 +100,11 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
         if eagle3 and config.get("vocab_size") != target.model.config.get_text_config().vocab_size:
             raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
                              f"{target.model.config.get_text_config().vocab_size}")
+        if drafter_weights not in DRAFTER_WEIGHTS:
+            raise ValueError(f"--drafter-weights {drafter_weights}: expected one of {', '.join(DRAFTER_WEIGHTS)}")
+        if drafter_weights != "model" and eagle3:
+            raise ValueError(f"drafter {drafter_path} is an EAGLE-3 drafter: --drafter-weights {drafter_weights} is for DFlash "
+                             "drafters (the static DFlash drafter's products)")
         model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
         trees = dict(tree_topk=tree_topk, tree_tokens=tree_tokens, tree_lookup=tree_lookup)
         # chains, blocks and batched trees: the static drafters (fixed-shape caches, the whole draft captured on a GPU, beside
@@ -107,10 +115,15 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                        Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend, **trees))
         else:
             trees["tree_redraft"] = tree_redraft
+            if drafter_weights != "model" and not static:
+                raise ValueError(f"--drafter-weights {drafter_weights} runs on the static DFlash drafter: --backend "
+                                 f"{attention_backend} with these options drafts with the eager one; use --backend sdpa (and "
+                                 "--batch-size 2 or more for trees)")
             if draft_steps is not None and not static:
                 raise ValueError(f"--draft-steps with a DFlash drafter runs on the static drafter: --backend {attention_backend} "
                                  "drafts with the eager one, which verifies whole blocks; use --backend sdpa")
-            drafter = (StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, draft_tokens=draft_steps, **trees)
+            drafter = (StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, draft_tokens=draft_steps,
+                                           weights=drafter_weights, **trees)
                        if static else
                        DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend, **trees))
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
@@ -125,17 +138,18 @@ def drafting_label(drafter) -> str:
         return f"prompt lookup, up to {drafter.num_draft_tokens} drafts"
     eagle3 = isinstance(drafter, (StaticEagle3Drafter, Eagle3Drafter))
     depth = drafter.steps if eagle3 else drafter.block_size - 1
+    int8 = ", int8 weights" if getattr(drafter, "weights", "model") == "int8" else ""
     if not drafter.tree:
         if eagle3:
             return f"EAGLE-3 chain of {depth}"
         block = getattr(drafter, "block", drafter.block_size)
-        return f"DFlash block of {block}" + (f", its first {depth} drafts verified" if depth < block - 1 else "")
+        return f"DFlash block of {block}" + (f", its first {depth} drafts verified" if depth < block - 1 else "") + int8
     label = f"{'EAGLE-3' if eagle3 else 'DFlash'} tree top-{drafter.tree_topk}, {drafter.tree_tokens} nodes, depth {depth}"
     if drafter.tree_lookup:
         label += f", + prompt lookup's chain of {drafter.tree_lookup}"
     if getattr(drafter, "tree_redraft", 0):
         label += f", depths 1-{drafter.tree_redraft} re-drafted"
-    return label
+    return label + int8
 
 
 def decoding_target(model, layer_ids: list[int], attention_backend: str = "sdpa") -> StaticTarget | CachedTarget:

@@ -39,11 +39,14 @@ class Config:
 if available:
 
     @triton.jit
-    def _skinny_mm(x_ptr, w_ptr, out_ptr, M, N, K_PER_SPLIT, stride_xm, stride_wn, stride_os, stride_om,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _skinny_mm(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K_PER_SPLIT, stride_xm, stride_wn, stride_os, stride_om,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALED: tl.constexpr):
+        # SCALED: w holds int8 values, each output column n scaled by s[n] (weight-only int8, ``int8_linear``); the
+        # int8 tile is widened to x's dtype before the product (exact: |q| <= 127), the scale applied to the fp32 sums
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
-        offs_m = tl.arange(0, BLOCK_M)
+        pid_m = tl.program_id(2)  # blocks of BLOCK_M rows (one block for the few-row products)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         k_start = pid_s * K_PER_SPLIT
@@ -54,10 +57,14 @@ if available:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for _ in range(0, K_PER_SPLIT, BLOCK_K):
             x = tl.load(x_ptrs, mask=row_ok, other=0.0)
-            w = tl.load(w_ptrs, mask=col_ok, other=0.0, eviction_policy="evict_first")  # read once: keep it out of L2
+            w = tl.load(w_ptrs, mask=col_ok, other=0, eviction_policy="evict_first")  # read once: keep it out of L2
+            if SCALED:
+                w = w.to(x.dtype)
             acc += tl.dot(x, tl.trans(w))
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
+        if SCALED:
+            acc = acc * tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
         out = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok & (offs_n[None, :] < N))
 
@@ -79,9 +86,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: Config = Config()) -> torch
     return _products(x2, w, config).view(*lead, w.shape[0])
 
 
-def _products(x2: torch.Tensor, w: torch.Tensor, config: Config) -> torch.Tensor:
-    # x2 [M, K] -> a fresh [M, N] (no view of anything: what a custom op may return)
-    check(x2, w, config)
+def _products(x2: torch.Tensor, w: torch.Tensor, config: Config, scale: torch.Tensor | None = None,
+              block_m: int = MAX_ROWS) -> torch.Tensor:
+    # x2 [M, K] -> a fresh [M, N] (no view of anything: what a custom op may return); with ``scale`` w is int8 and
+    # column n is scaled by scale[n]; M over ceil(M / block_m) row blocks (each reads the weights again)
+    if scale is None:
+        check(x2, w, config)
     m, k = x2.shape
     n = w.shape[0]
     if config.splits == 1:
@@ -90,10 +100,10 @@ def _products(x2: torch.Tensor, w: torch.Tensor, config: Config) -> torch.Tensor
     else:
         out = torch.empty(config.splits, m, n, dtype=torch.float32, device=x2.device)
         stride_split = out.stride(0)
-    grid = (triton.cdiv(n, config.block_n), config.splits)
-    _skinny_mm[grid](x2, w, out, m, n, k // config.splits, x2.stride(0), w.stride(0), stride_split, out.stride(-2),
-                     BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                     num_warps=config.num_warps, num_stages=config.num_stages)
+    grid = (triton.cdiv(n, config.block_n), config.splits, triton.cdiv(m, block_m))
+    _skinny_mm[grid](x2, w, w if scale is None else scale, out, m, n, k // config.splits, x2.stride(0), w.stride(0),
+                     stride_split, out.stride(-2), BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                     SCALED=scale is not None, num_warps=config.num_warps, num_stages=config.num_stages)
     return out if config.splits == 1 else out.sum(0).to(x2.dtype)
 
 

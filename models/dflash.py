@@ -85,6 +85,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from kernels import skinny_gemm
+from kernels.int8_weights import Int8Weight, int8_linear, int8_weight
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, argmax_split, choose
@@ -779,47 +780,63 @@ class DFlashDrafter:
 
 # ----------------------------------------------------------------------------- drafting over static caches
 
+Matrix = torch.Tensor | Int8Weight  # a drafter matrix as the static drafter multiplies it (``drafter_products``)
+
+DRAFTER_WEIGHTS = ("model", "int8")  # StaticDFlashDrafter(weights=...): the model's dtype, or weight-only int8
+
+
 @dataclass
 class FusedLayer:
     """One layer's projections that share an input, concatenated (``models.static_target.concat_linears``), and its
-    other two (the model's own matrices, or prepacked copies)."""
+    other two (the model's own matrices, prepacked copies, or int8 copies)."""
 
-    wqkv: torch.Tensor  # q | k | v rows, [(Hq + 2 Hkv) D, H]
+    wqkv: Matrix  # q | k | v rows, [(Hq + 2 Hkv) D, H]
     bqkv: torch.Tensor | None
-    w13: torch.Tensor  # gate | up rows, [2 I, H]
+    w13: Matrix  # gate | up rows, [2 I, H]
     b13: torch.Tensor | None
-    wo: torch.Tensor  # o_proj
+    wo: Matrix  # o_proj
     bo: torch.Tensor | None
-    w2: torch.Tensor  # down_proj
+    w2: Matrix  # down_proj
     b2: torch.Tensor | None
 
 
 @dataclass
 class FusedWeights:
     """``StaticDFlashDrafter``'s matrices: the fused ones copies made once (the model's parameters are not touched);
-    with ``prepack``, every one a copy in oneDNN's blocked layout for ``prepacked_linear`` (the CPU in fp32)."""
+    with ``prepack``, every one a copy in oneDNN's blocked layout for ``prepacked_linear`` (the CPU in fp32); with
+    ``int8``, every one (the LM head drafting decodes with included: a copy, the target's own stays as it is) a
+    weight-only int8 copy (``kernels/int8_weights.py``). Biases and norms stay in the model's dtype."""
 
     layers: list[FusedLayer]
-    wkv: torch.Tensor  # every layer's k | v rows, layer after layer: [L * 2 Hkv D, H] (an append's one product)
+    wkv: Matrix  # every layer's k | v rows, layer after layer: [L * 2 Hkv D, H] (an append's one product)
     bkv: torch.Tensor | None
-    fc: torch.Tensor  # the feature projection [H, k H]
+    fc: Matrix  # the feature projection [H, k H]
     bfc: torch.Tensor | None
-    head: torch.Tensor  # the LM head drafting decodes with (the target's, or a draft vocabulary's)
+    head: Matrix  # the LM head drafting decodes with (the target's, or a draft vocabulary's)
     bhead: torch.Tensor | None
 
     @staticmethod
     @torch.no_grad()
-    def of(model: DFlashDraftModel, head: nn.Linear, prepack: bool = False) -> "FusedWeights":
+    def of(model: DFlashDraftModel, head: nn.Linear, prepack: bool = False, int8: bool = False) -> "FusedWeights":
         pack = prepacked_copy if prepack else (lambda m: m)
+        matrix = (lambda m: int8_weight(m, pack)) if int8 else pack
         layers = []
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             wqkv, bqkv = concat_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             w13, b13 = concat_linears([mlp.gate_proj, mlp.up_proj])
-            layers.append(FusedLayer(pack(wqkv), bqkv, pack(w13), b13, pack(attn.o_proj.weight), attn.o_proj.bias,
-                                     pack(mlp.down_proj.weight), mlp.down_proj.bias))
+            layers.append(FusedLayer(matrix(wqkv), bqkv, matrix(w13), b13, matrix(attn.o_proj.weight), attn.o_proj.bias,
+                                     matrix(mlp.down_proj.weight), mlp.down_proj.bias))
         wkv, bkv = concat_linears([lin for layer in model.layers for lin in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
-        return FusedWeights(layers, pack(wkv), bkv, pack(model.fc.weight), model.fc.bias, pack(head.weight), head.bias)
+        return FusedWeights(layers, matrix(wkv), bkv, matrix(model.fc.weight), model.fc.bias, matrix(head.weight), head.bias)
+
+
+def drafter_products(linear):
+    """``linear(x, weight, bias)`` (``few_row_products``'s) that also takes ``Int8Weight`` matrices: those through
+    ``int8_linear``, its non-kernel path running ``linear`` over their float codes."""
+    def products(x: torch.Tensor, w: Matrix, bias: torch.Tensor | None) -> torch.Tensor:
+        return int8_linear(x, w, bias, linear) if isinstance(w, Int8Weight) else linear(x, w, bias)
+    return products
 
 
 def block_visible(slot_pos: torch.Tensor, anchor: torch.Tensor, block_size: int, rule: LayerAttention) -> torch.Tensor:
@@ -891,7 +908,10 @@ class StaticDFlashDrafter:
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None,
                  compile: bool | None = None, fused: "FusedWeights | None" = None, tree_topk: int | None = None,
                  tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0, draft_tokens: int | None = None,
-                 triton_products: bool | None = None, prepack: bool | None = None):
+                 triton_products: bool | None = None, prepack: bool | None = None, weights: str = "model"):
+        if weights not in DRAFTER_WEIGHTS:
+            raise ValueError(f"weights={weights!r}; expected one of {', '.join(DRAFTER_WEIGHTS)} (the drafter's matrices as "
+                             "the model holds them, or weight-only int8 copies)")
         self.model = model.eval().requires_grad_(False)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
@@ -901,7 +921,10 @@ class StaticDFlashDrafter:
         if prepack is None:
             prepack = prepack_by_default(self.device, model.fc.weight.dtype)
         self.prepack = prepack
-        self.fused = fused or FusedWeights.of(model, self.head, prepack)
+        # weights="int8": every matrix of the pass and the append (the head it decodes with included) a weight-only int8
+        # copy, half the bytes a few-row product reads on a GPU; the drafts move by the rounding, the output does not
+        self.weights = weights
+        self.fused = fused or FusedWeights.of(model, self.head, prepack, int8=weights == "int8")
         self.block = model.block_size  # the trained block: the caches' scratch and a tree's depth
         # trees (``DFlashDrafter``'s options; batched in ``infer.batch``): the accepted path comes back as one block
         self.tree, self.tree_topk, self.tree_tokens = dflash_tree_options(model, tree_topk, tree_tokens, tree_lookup, tree_redraft)
@@ -927,7 +950,7 @@ class StaticDFlashDrafter:
         # the pass's few-row products through kernels/skinny_gemm.py where it has a measured tiling (q|k|v, gate|up, the
         # head at Qwen3-8B's widths: 4-7% faster than cuBLAS there); cuBLAS for the rest, on the CPU and at more rows
         self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
-        self.linear = few_row_products(prepack, self.triton_products)
+        self.linear = drafter_products(few_row_products(prepack, self.triton_products))
         if self.compile:  # the block pass's norms, RoPE, masks and activations fused (one compiled graph per batch size)
             from kernels.attention import raise_recompile_limit
 
@@ -947,7 +970,8 @@ class StaticDFlashDrafter:
     def with_window(self, window) -> "StaticDFlashDrafter":
         return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused,
                                    self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup,
-                                   self.tree_redraft, None if self.tree else self.drafts, self.triton_products, self.prepack)
+                                   self.tree_redraft, None if self.tree else self.drafts, self.triton_products, self.prepack,
+                                   self.weights)
 
     @property
     def device(self) -> torch.device:

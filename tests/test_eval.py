@@ -77,6 +77,7 @@ def test_prompts_file_and_its_errors(runs_dir, tmp_path, capsys) -> None:
     (["mtbench", "--prefill-tokens", "40000", "--num-questions", "1"], "more than the target's max_position_embeddings=32768"),
     (["sweep", "--prefills", "0", "32700", "--num-questions", "1"], "behind 32700 prefill tokens"),
     (["mtbench", "--drafter", "/nonexistent"], "--drafter given without --target"),
+    (["mtbench", "--engine", "zlab", "--drafter-weights", "int8"], "--engine zlab: --drafter-weights int8 is our loop's"),
 ])
 def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) -> None:
     assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
@@ -108,6 +109,19 @@ def test_a_prefill_some_turn_may_outgrow_is_refused_before_decoding(reference_to
         real = len(turn_prompt(reference_tokenizer, conversations[index], index, 1, [answer, ""], 32000)) + 256
         bound = len(turn_prompt(reference_tokenizer, conversations[index], index, 1, ["", ""], 32000)) + (256 + 16) + 256
         assert real <= bound
+
+
+def test_int8_drafter_weights_keep_the_output_and_get_their_own_folder(runs_dir, monkeypatch, tmp_path) -> None:
+    """``--drafter-weights int8``: the same turns as the target alone (the baseline check), the summary's drafter labelled,
+    and a default results folder apart from the model-weights run's (a rerun of one never resumes the other)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["mtbench", "--runs-dir", str(runs_dir), "--num-questions", "1", "--max-new-tokens", "10"]
+    assert main(argv + ["--drafter-weights", "int8"]) == 0 and main(argv) == 0
+    folders = sorted((tmp_path / "outputs" / "eval" / "mtbench").iterdir())
+    assert len(folders) == 2
+    results = [json.loads((f / "results.json").read_text()) for f in folders]
+    int8 = next(r for r in results if r["config"].get("drafter_weights") == "int8")
+    assert int8["summary"]["same_as_baseline"] == 1.0 and "int8 weights" in (folders[results.index(int8)] / "summary.md").read_text()
 
 
 def test_no_training_run_is_a_clear_error(tmp_path, capsys) -> None:

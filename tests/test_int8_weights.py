@@ -1,0 +1,222 @@
+"""Weight-only int8 drafter matrices (``kernels/int8_weights.py``, ``StaticDFlashDrafter(weights="int8")``): the codes
+and scales against a row-by-row reference, the products against the dequantized matrix's, the static drafter against
+the eager drafter over a model whose matrices were replaced by their dequantized copies, the loop still the target's
+own greedy output; the Triton kernel under its interpreter (CPU) and compiled (GPU)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from infer.generate import generate
+from kernels.int8_weights import Int8Weight, config_for, dequantized, int8_linear, int8_weight, quantize_rows
+from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config
+from models.static_target import prepacked_copy
+
+pytestmark = pytest.mark.usefixtures("single_cpu_thread")
+
+
+def test_codes_and_scales_row_by_row() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(6, 9)
+    w[2] = 0.0  # an all-zero row
+    w[3, 4] = 50.0  # one large value: the rest of the row rounds to few codes
+    w[4] = -w[4].abs()  # every value negative: its largest magnitude codes to -127
+    q, scale = quantize_rows(w)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32
+    for i in range(w.shape[0]):
+        row = w[i].numpy().astype(np.float32)
+        s = np.float32(np.abs(row).max()) / np.float32(127) if np.abs(row).max() > 0 else np.float32(np.finfo(np.float32).tiny)
+        assert scale[i].item() == s
+        for j in range(w.shape[1]):
+            code = int(np.clip(np.round(row[j] / s), -127, 127))  # numpy rounds half to even, as torch
+            assert q[i, j].item() == code, (i, j)
+    assert q[4].min().item() == -127 and q[2].abs().max().item() == 0
+    # the codes stand for the matrix within half a step of each row's scale
+    assert ((dequantized(Int8Weight(q, scale, None)) - w).abs() <= scale[:, None] / 2 + 1e-7).all()
+
+
+def test_bad_matrices_are_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match=r"quantize_rows: a floating-point matrix \[N, K\] expected, got torch.int64 \(3,\)"):
+        quantize_rows(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="weights='fp8'; expected one of model, int8"):
+        StaticDFlashDrafter(*tiny_drafter()[:3], weights="fp8")
+
+
+@pytest.mark.parametrize("pack", ["plain", "prepacked"])
+def test_cpu_products_equal_the_dequantized_matrixs(pack) -> None:
+    torch.manual_seed(1)
+    w, bias = torch.randn(1536, 512), torch.randn(1536)  # large enough to be prepacked
+    weight = int8_weight(w, prepacked_copy if pack == "prepacked" else (lambda m: m))
+    assert weight.dense is not None  # the CPU: no kernel
+    from models.static_target import prepacked_linear
+
+    for rows in (1, 5, 16, 40):
+        x = torch.randn(2, rows, 512)
+        got = int8_linear(x, weight, bias, prepacked_linear if pack == "prepacked" else torch.nn.functional.linear)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, dequantized(weight), bias), rtol=1e-5, atol=1e-4)
+
+
+def tiny_drafter():
+    torch.manual_seed(0)
+    from transformers import Qwen3Config
+
+    target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8)
+    model = DFlashDraftModel(make_dflash_config(target, num_hidden_layers=2, block_size=4, mask_token_id=1, target_layer_ids=[0, 2],
+                                                layer_types=["sliding_attention", "full_attention"], sliding_window=5)).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.3) if p.dim() > 1 else None
+    return model, nn.Embedding(64, 32), nn.Linear(32, 64, bias=False)
+
+
+def dequantized_copy(model: nn.Module, head: nn.Linear) -> tuple[nn.Module, nn.Linear]:
+    """The reference: every linear of the drafter (and the head it decodes with) replaced by its int8 codes times their
+    scales, in the model's dtype; nothing else touched."""
+    model, head = copy.deepcopy(model), copy.deepcopy(head)
+    for module in list(model.modules()) + [head]:
+        if isinstance(module, nn.Linear):
+            q, scale = quantize_rows(module.weight.data)
+            module.weight.data = (q.float() * scale[:, None]).to(module.weight.dtype)
+    return model, head
+
+
+def test_static_int8_drafts_equal_the_eager_drafter_over_dequantized_weights() -> None:
+    model, embed, head = tiny_drafter()
+    ref_model, ref_head = dequantized_copy(model, head)
+    eager = DFlashDrafter(ref_model, embed, ref_head)
+    static = StaticDFlashDrafter(model, embed, head, weights="int8")
+    assert isinstance(static.fused.head, Int8Weight) and isinstance(static.fused.layers[1].w2, Int8Weight)
+    plain = StaticDFlashDrafter(model, embed, head)  # the same drafter without int8: different logits (the test can fail)
+    g = torch.Generator().manual_seed(0)
+    for d in (eager, static, plain):
+        d.reset(200)
+    features = torch.randn(9, 64, generator=g)
+    for d in (eager, static, plain):
+        d.append_context(features, 0)
+    pos, moved = 9, 0.0
+    for acc in [0, 3, 1, 2, 0, 3, 3, 1] * 2:  # past the sliding ring's wrap-around
+        token = torch.randint(2, 64, (), generator=g)
+        want = eager.draft_logits(token, pos)
+        got, greedy = static.block_logits(token.reshape(1), torch.tensor([pos]))
+        torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(greedy[0], want.argmax(-1))
+        moved = max(moved, (plain.block_logits(token.reshape(1), torch.tensor([pos]))[0][0] - want).abs().max().item())
+        block_features = torch.randn(4, 64, generator=g)
+        eager.append_context(block_features[:acc + 1], pos)
+        static.append_context(block_features, pos)
+        plain.append_context(block_features, pos)
+        pos += acc + 1
+    assert moved > 1e-3  # int8 rounding moves the logits: the comparison above is not the plain drafter's by accident
+    assert static.with_window(None).fused is static.fused  # another window shares the int8 copies
+
+
+def test_the_loop_with_int8_drafter_weights_stays_the_targets_greedy_output(reference_target_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
+                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
+    torch.manual_seed(0)
+    drafter_model = DFlashDraftModel(config).eval()
+    target = StaticTarget(model, [1, 3])
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    ref_model, ref_head = dequantized_copy(drafter_model, head)
+    prompt = torch.randint(10, 8000, (40,)).tolist()
+    alone = generate(target, None, prompt, 40).tokens
+    got = generate(target, StaticDFlashDrafter(drafter_model, embed, head, weights="int8"), prompt, 40)
+    want = generate(target, DFlashDrafter(ref_model, embed, ref_head), prompt, 40)
+    assert got.tokens == alone and got.stats.accepted_per_step == want.stats.accepted_per_step
+    forced = [generate(target, d, prompt, 40, accept_per_step=2).tokens  # the drafts themselves, two per step
+              for d in (DFlashDrafter(ref_model, embed, ref_head), StaticDFlashDrafter(drafter_model, embed, head, weights="int8"))]
+    assert forced[0] == forced[1]
+    # the target's own head is not quantized: the int8 copy is the drafter's
+    assert head.weight.dtype == torch.float32 and not torch.equal(head.weight, ref_head.weight)
+
+
+def test_kernel_tiling_fills_the_gpu_and_divides_k() -> None:
+    for m, n, k in [(16, 4096, 12288), (15, 151936, 4096), (16, 6144, 4096), (120, 4096, 20480), (1, 10240, 4096), (3, 64, 48)]:
+        config, block_m = config_for(m, n, k)
+        assert k % (config.splits * config.block_k) == 0 and block_m >= min(m, 64) or block_m == 64
+        programs = -(-n // config.block_n) * -(-m // block_m) * config.splits
+        assert programs >= 264 or config.splits == 8 or k % (2 * config.splits * config.block_k), (m, n, k, config)
+
+
+INTERPRETED = """
+import torch
+from kernels import skinny_gemm as sg
+from kernels.int8_weights import config_for, quantize_rows
+torch.manual_seed(0)
+for m, n, k in [(1, 96, 256), (16, 200, 512), (17, 64, 128), (70, 130, 256)]:
+    w = torch.randn(n, k)
+    q, scale = quantize_rows(w)
+    x = torch.randn(m, k).to(torch.float16)
+    config, block_m = config_for(m, n, k)
+    for splits in sorted({1, config.splits}):
+        c = sg.Config(block_n=config.block_n, block_k=config.block_k, splits=splits)
+        y = sg._products(x, q, c, scale, block_m)
+        assert y.dtype == torch.float16 and y.shape == (m, n)
+        want = x.float() @ (q.float() * scale[:, None]).T
+        torch.testing.assert_close(y.float(), want, rtol=1e-2, atol=2e-2)
+print("ok")
+"""
+
+
+@pytest.mark.slow  # the Triton interpreter
+def test_int8_kernel_equals_the_dequantized_product_under_the_interpreter() -> None:
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # read when the kernel is defined: a fresh process
+    out = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_int8_kernel_on_the_gpu_at_the_8b_widths() -> None:
+    torch.manual_seed(0)
+    for m, (n, k) in [(16, (6144, 4096)), (1, (4096, 12288)), (15, (151936, 4096)), (16, (4096, 20480)), (120, (10240, 4096))]:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        weight = int8_weight(w)
+        assert weight.dense is None  # the kernel runs every product
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        want = x.float() @ dequantized(weight).T
+        got = int8_linear(x, weight)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_int8_drafter_on_cuda_drafts_what_the_dequantized_eager_one_drafts() -> None:
+    model, embed, head = tiny_drafter()
+    model, embed, head = model.cuda().to(torch.bfloat16), embed.cuda().to(torch.bfloat16), head.cuda().to(torch.bfloat16)
+    ref_model, ref_head = dequantized_copy(model, head)
+    # K = 32 and 48: multiples of 16, so every product runs the kernel
+    static = StaticDFlashDrafter(model, embed, head, weights="int8")
+    assert static.capture and static.fused.layers[0].wqkv.dense is None
+    eager = StaticDFlashDrafter(ref_model, embed, ref_head, capture=False, compile=False, triton_products=False)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    features = torch.randn(1, 20, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    for d in (static, eager):
+        d.allocate(100)
+        d.append(features, torch.tensor([0], device="cuda"))
+    pos = 20
+    for step in range(5):
+        token, anchor = torch.randint(2, 64, (1,), device="cuda", generator=g), torch.tensor([pos], device="cuda")
+        (got, greedy), (want, _) = ((t.clone() for t in d.block_logits(token, anchor)) for d in (static, eager))
+        torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2 * want.abs().max().item())
+        top2 = want.topk(2, dim=-1).values
+        clear = (top2[..., 0] - top2[..., 1]) > 2 * (got - want).abs().max()
+        assert torch.equal(greedy[clear], want.argmax(-1)[clear])
+        block = torch.randn(1, 4, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        for d in (static, eager):
+            d.append(block, anchor)
+        pos += 1 + step % 3
