@@ -1,8 +1,11 @@
 """Few-row products at a real shape: cuBLAS (``F.linear``) against ``kernels/skinny_gemm.py`` over a grid of tilings,
 each captured in a CUDA graph of 20 calls (no launch gaps in the figure), at 1 and 16 rows. Prints µs per product and
-TB/s of weights read, the best tiling per shape, and writes them as JSON (``--out``).
+TB/s of weights read, the best tiling per shape, and writes them as JSON (``--out``). ``--int8``: the same kernel on
+weight-only int8 copies (``kernels/int8_weights.py``): its default tiling (``config_for``) and the best of the grid,
+beside cuBLAS on the bf16 matrix (TB/s of the bytes each reads).
 
     python benchmarks/skinny_gemm.py --out skinny.json
+    python benchmarks/skinny_gemm.py --int8 --rows 16 --out int8.json
 """
 
 from __future__ import annotations
@@ -19,33 +22,73 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import captured_us  # noqa: E402
 from kernels import skinny_gemm  # noqa: E402
+from kernels.int8_weights import config_for, dequantized, int8_weight  # noqa: E402
 
 # Qwen3-8B's target matrices (q|k|v and gate|up fused) and a DFlash drafter's (fc over 5 features, a 32K draft head)
 SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w13": (24576, 4096), "w2": (4096, 12288), "lm_head": (151936, 4096),
-          "dflash_fc": (4096, 20480), "draft_head_32k": (32000, 4096)}
+          "dflash_fc": (4096, 20480), "draft_head_32k": (32000, 4096), "dflash_wkv": (10240, 4096)}
 CALLS = 20
 
 
-def configs(n: int, k: int, sms: int):
+def configs(n: int, k: int, sms: int, w_bytes: int = 2, rows: int = skinny_gemm.MAX_ROWS):
     for block_n, block_k, warps, stages, splits in itertools.product((32, 64, 128), (128, 256), (4, 8), (3, 4, 6), (1, 2, 4, 8)):
         programs = -(-n // block_n) * splits
         if k % (splits * block_k) or not sms <= programs <= 16 * sms or (splits > 1 and programs > 4 * sms):
             continue
-        if stages * (block_n + skinny_gemm.MAX_ROWS) * block_k * 2 > 220 * 1024:  # the tiles in flight must fit shared memory
+        if stages * (block_n * w_bytes + rows * 2) * block_k > 220 * 1024:  # the tiles in flight must fit shared memory
             continue
         yield skinny_gemm.Config(block_n, block_k, splits, warps, stages)
+
+
+def int8_rows(name: str, n: int, k: int, rows: int, sms: int) -> dict:
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    weight = int8_weight(w)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    ref = F.linear(x, dequantized(weight, torch.bfloat16))
+    gb8, gb16 = (weight.q.numel() + 4 * n) / 1e9, w.numel() * 2 / 1e9
+    cublas = captured_us(lambda: F.linear(x, w), CALLS)
+    default, block_m = config_for(rows, n, k)
+    run = lambda c: skinny_gemm._products(x, weight.q, c, weight.scale, block_m)  # noqa: E731
+    default_us = captured_us(lambda: run(default), CALLS)
+    best, tried = (default_us, default), 0
+    for config in configs(n, k, sms, w_bytes=1, rows=block_m):
+        tried += 1
+        try:
+            got = run(config)
+        except Exception as error:  # noqa: BLE001  (a tiling this GPU cannot run: say so, try the next)
+            print(f"  skipped {config}: {type(error).__name__}", flush=True)
+            continue
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+        us = captured_us(lambda: run(config), CALLS)
+        if us < best[0]:
+            best = (us, config)
+    row = {"matrix": name, "rows": rows, "n": n, "k": k, "cublas_bf16_us": cublas, "cublas_TBps": gb16 / cublas * 1e3,
+           "int8_default_us": default_us, "int8_default_TBps": gb8 / default_us * 1e3, "default_config": vars(default),
+           "int8_best_us": best[0], "int8_best_TBps": gb8 / best[0] * 1e3, "best_config": vars(best[1]), "tried": tried}
+    print(f"{name} | {rows} | {cublas:.1f} | {row['cublas_TBps']:.2f} | {default_us:.1f} | {row['int8_default_TBps']:.2f} | "
+          f"{best[0]:.1f} | {row['int8_best_TBps']:.2f} | {best[1]} | {tried}", flush=True)
+    return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--int8", action="store_true", help="the kernel on int8 copies of the matrices (see the docstring)")
     p.add_argument("--out")
     args = p.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {sms} SMs | {CALLS} calls per graph")
-    print("matrix | rows | cuBLAS us | TB/s | best skinny_gemm us | TB/s | its config | configs tried")
     results = []
+    if args.int8:
+        print("matrix | rows | cuBLAS bf16 us | TB/s | int8 default us | TB/s | int8 best us | TB/s | its config | configs tried")
+        for name in args.shapes:
+            for rows in args.rows:
+                results.append(int8_rows(name, *SHAPES[name], rows, sms))
+        if args.out:
+            Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "int8": True, "results": results}, indent=2))
+        return
+    print("matrix | rows | cuBLAS us | TB/s | best skinny_gemm us | TB/s | its config | configs tried")
     for name in args.shapes:
         n, k = SHAPES[name]
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
