@@ -900,7 +900,8 @@ class StaticDFlashDrafter:
     step for each distinct rule (layers of one rule share their slot positions), broadcast over the query heads.
     These matrices are inference-only copies made at construction (the ``DFlashDraftModel`` is left as it is, so it
     still trains and runs as the reference): weights loaded into the model afterwards are not seen; ``with_window``
-    shares them.
+    shares them. ``weights="int8"`` makes them weight-only int8 copies (``kernels/int8_weights.py``), the LM head the
+    drafter decodes with included: half the bytes a pass reads on a GPU, the drafts moved by the rounding only.
     """
 
     appends_whole_block = True  # infer.generate passes every verified position's features, not the accepted ones only

@@ -146,7 +146,8 @@ def test_the_loop_with_int8_drafter_weights_stays_the_targets_greedy_output(refe
 def test_kernel_tiling_fills_the_gpu_and_divides_k() -> None:
     for m, n, k in [(16, 4096, 12288), (15, 151936, 4096), (16, 6144, 4096), (120, 4096, 20480), (1, 10240, 4096), (3, 64, 48)]:
         config, block_m = config_for(m, n, k)
-        assert k % (config.splits * config.block_k) == 0 and block_m >= min(m, 64) or block_m == 64
+        assert k % (config.splits * config.block_k) == 0  # the kernel's K loop covers K exactly
+        assert block_m in (16, 32, 64) and block_m >= min(m, 64)  # one row block up to 64 rows, blocks of 64 beyond
         programs = -(-n // config.block_n) * -(-m // block_m) * config.splits
         assert programs >= 264 or config.splits == 8 or k % (2 * config.splits * config.block_k), (m, n, k, config)
 
