@@ -133,9 +133,9 @@ def main() -> None:
     p.add_argument("--dflash-products", nargs="+", default=["default"], choices=["default", "cublas", "triton"],
                    help="the dflash rows once per choice of the block pass's few-row products (StaticDFlashDrafter's "
                    "triton_products: kernels/skinny_gemm.py where it has a measured tiling, else cuBLAS); default: the loop's")
-    p.add_argument("--dflash-weights", nargs="+", default=["model"], choices=["model", "int8"],
-                   help="the dflash rows once per choice of the drafter's matrices: the model's (bf16) or weight-only int8 copies "
-                   "(StaticDFlashDrafter's weights; the LM head it drafts with included, the target's untouched)")
+    p.add_argument("--drafter-weights", "--dflash-weights", dest="drafter_weights", nargs="+", default=["model"], choices=["model", "int8"],
+                   help="the dflash and eagle3 rows once per choice of the drafter's matrices: the model's (bf16) or weight-only "
+                   "int8 copies (the drafters' weights=; DFlash's LM head it drafts with included, the target's untouched)")
     p.add_argument("--out")
     args = p.parse_args()
     if any(not 0 <= k < DFLASH_BLOCK for k in args.dflash_draft_steps):
@@ -198,7 +198,7 @@ def main() -> None:
     dflash_rows = lambda name: name in ("dflash", "dflash-vocab")  # noqa: E731
     runs = [(name, k, products, weights) for name in args.drafters for k in (args.dflash_draft_steps if dflash_rows(name) else [0])
             for products in (args.dflash_products if dflash_rows(name) else ["default"])
-            for weights in (args.dflash_weights if dflash_rows(name) else ["model"])]
+            for weights in (args.drafter_weights if dflash_rows(name) or name == "eagle3" else ["model"])]
     for name, k, products, weights in runs:
         for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
             if k and tau - 1 > k:
@@ -213,7 +213,7 @@ def main() -> None:
             elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             elif name == "eagle3":  # the loop's default for chains: fixed-shape caches, step 0 and the chain in one captured graph
-                drafter = StaticEagle3Drafter(eagle3_model, steps=tau)  # a chain one longer than what it accepts
+                drafter = StaticEagle3Drafter(eagle3_model, steps=tau, weights=weights)  # a chain one longer than what it accepts
             else:  # before issue 24: Python-managed caches, eager
                 drafter = Eagle3Drafter(eagle3_model, steps=tau)
             target.set_feature_layers(drafter.target_layer_ids)
@@ -225,7 +225,7 @@ def main() -> None:
             run = generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             s = run.stats
             row = {"drafter": name, "draft_steps": k or None, "products": products if dflash_rows(name) else None,
-                   "weights": weights if dflash_rows(name) else None, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
+                   "weights": weights if dflash_rows(name) or name == "eagle3" else None, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
                    "speedup": s.tokens_per_s / base["tokens_per_s"], "draft_frac": s.draft_s / s.decode_s,
                    "verify_frac": s.verify_s / s.decode_s, "other_frac": s.other_s / s.decode_s, "ms_per_step": 1e3 * s.decode_s / s.steps}
             spec.append(row)

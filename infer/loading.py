@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from models.dflash import DRAFTER_WEIGHTS, DFlashDrafter, StaticDFlashDrafter
+from kernels.int8_weights import DRAFTER_WEIGHTS
+from models.dflash import DFlashDrafter, StaticDFlashDrafter
 from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from infer.prompt_lookup import PromptLookupDrafter
 from models.static_target import StaticTarget
@@ -71,8 +72,9 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
         its block's marginals, as deep as the block).
     tree_lookup: trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
     tree_redraft: DFlash trees only: the depths whose nodes are drafted again with their path in place (0: none).
-    drafter_weights: ``model`` (the drafter's matrices as loaded) or ``int8`` (DFlash on the static drafter: weight-only
-        int8 copies of its matrices and of the LM head it drafts with, ``kernels/int8_weights.py``; the target untouched).
+    drafter_weights: ``model`` (the drafter's matrices as loaded) or ``int8`` (weight-only int8 copies of the drafter's
+        matrices, a DFlash drafter's of the LM head it drafts with too, ``kernels/int8_weights.py``; the target untouched;
+        DFlash on its static drafter).
     batch_size: the loop's rows: trees above 1 draft over static caches (``StaticEagle3Drafter``,
         ``StaticDFlashDrafter``: batched and captured); at 1 the eager drafter drafts them (``infer.generate``).
     """
@@ -102,17 +104,15 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                              f"{target.model.config.get_text_config().vocab_size}")
         if drafter_weights not in DRAFTER_WEIGHTS:
             raise ValueError(f"--drafter-weights {drafter_weights}: expected one of {', '.join(DRAFTER_WEIGHTS)}")
-        if drafter_weights != "model" and eagle3:
-            raise ValueError(f"drafter {drafter_path} is an EAGLE-3 drafter: --drafter-weights {drafter_weights} is for DFlash "
-                             "drafters (the static DFlash drafter's products)")
         model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
         trees = dict(tree_topk=tree_topk, tree_tokens=tree_tokens, tree_lookup=tree_lookup)
         # chains, blocks and batched trees: the static drafters (fixed-shape caches, the whole draft captured on a GPU, beside
         # the static target); trees at batch 1 and FlashInfer attention: the eager ones (both refuse tree_lookup without a tree)
         static = attention_backend != "flashinfer" and (batch_size > 1 or (tree_topk is None and tree_tokens is None and not tree_lookup))
         if eagle3:
-            drafter = (StaticEagle3Drafter(model, window=window, steps=draft_steps, **trees) if static else
-                       Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend, **trees))
+            drafter = (StaticEagle3Drafter(model, window=window, steps=draft_steps, weights=drafter_weights, **trees) if static else
+                       Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend,
+                                     weights=drafter_weights, **trees))
         else:
             trees["tree_redraft"] = tree_redraft
             if drafter_weights != "model" and not static:
@@ -141,7 +141,7 @@ def drafting_label(drafter) -> str:
     int8 = ", int8 weights" if getattr(drafter, "weights", "model") == "int8" else ""
     if not drafter.tree:
         if eagle3:
-            return f"EAGLE-3 chain of {depth}"
+            return f"EAGLE-3 chain of {depth}" + int8
         block = getattr(drafter, "block", drafter.block_size)
         return f"DFlash block of {block}" + (f", its first {depth} drafts verified" if depth < block - 1 else "") + int8
     label = f"{'EAGLE-3' if eagle3 else 'DFlash'} tree top-{drafter.tree_topk}, {drafter.tree_tokens} nodes, depth {depth}"

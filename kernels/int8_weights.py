@@ -15,16 +15,26 @@ the same arithmetic, for measuring τ anywhere.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from kernels import skinny_gemm
 
 QMAX = 127  # symmetric: -127 .. 127 (the int8 -128 unused, so negating a row negates its codes)
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+DRAFTER_WEIGHTS = ("model", "int8")  # a drafter's ``weights=``: its matrices as the model holds them, or int8 copies
+
+
+def check_weights(weights: str) -> str:
+    if weights not in DRAFTER_WEIGHTS:
+        raise ValueError(f"weights={weights!r}; expected one of {', '.join(DRAFTER_WEIGHTS)} (the drafter's matrices as "
+                         "the model holds them, or weight-only int8 copies)")
+    return weights
 
 
 @dataclass
@@ -110,3 +120,35 @@ def int8_linear(x: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None
     else:
         out = (dense_linear(x, w.dense, None).float() * w.scale).to(x.dtype)
     return out if bias is None else out + bias
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear``'s forward over an int8 copy of its weight (``int8_linear``), for drafters that run through their
+    modules (EAGLE-3). Its ``weight`` is gone; ``in_features``/``out_features``/``bias`` stay."""
+
+    def __init__(self, linear: nn.Linear, pack: Callable[[torch.Tensor], torch.Tensor] = lambda m: m):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.int8 = int8_weight(linear.weight.data, pack)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_linear(x, self.int8, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight, bias={self.bias is not None}"
+
+
+@torch.no_grad()
+def int8_linears(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose every ``nn.Linear`` is an ``Int8Linear``; everything else (embeddings, norms, buffers)
+    shared with the original, which is left as it is. A model without ``nn.Linear`` comes back as the same object."""
+    if not any(isinstance(m, nn.Linear) for m in model.modules()):
+        return model
+    shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}  # no tensor copied
+    quantized = copy.deepcopy(model, memo=shared)
+    for name, module in list(quantized.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, child_name, Int8Linear(child))
+    return quantized

@@ -85,7 +85,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from kernels import skinny_gemm
-from kernels.int8_weights import Int8Weight, int8_linear, int8_weight
+from kernels.int8_weights import DRAFTER_WEIGHTS, Int8Weight, check_weights, int8_linear, int8_weight  # noqa: F401  (DRAFTER_WEIGHTS: re-exported)
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, argmax_split, choose
@@ -782,8 +782,6 @@ class DFlashDrafter:
 
 Matrix = torch.Tensor | Int8Weight  # a drafter matrix as the static drafter multiplies it (``drafter_products``)
 
-DRAFTER_WEIGHTS = ("model", "int8")  # StaticDFlashDrafter(weights=...): the model's dtype, or weight-only int8
-
 
 @dataclass
 class FusedLayer:
@@ -910,9 +908,7 @@ class StaticDFlashDrafter:
                  compile: bool | None = None, fused: "FusedWeights | None" = None, tree_topk: int | None = None,
                  tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0, draft_tokens: int | None = None,
                  triton_products: bool | None = None, prepack: bool | None = None, weights: str = "model"):
-        if weights not in DRAFTER_WEIGHTS:
-            raise ValueError(f"weights={weights!r}; expected one of {', '.join(DRAFTER_WEIGHTS)} (the drafter's matrices as "
-                             "the model holds them, or weight-only int8 copies)")
+        check_weights(weights)
         self.model = model.eval().requires_grad_(False)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head

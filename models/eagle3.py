@@ -68,6 +68,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaPreTrainedModel, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from kernels.attention import aligned_visible, cached_attention, grouped_attention
+from kernels.int8_weights import check_weights, int8_linears
 from models.sampling import SamplingConfig, logits_to_probs, sample
 from models.static_target import CapturedSteps
 from models.target import ContextKV
@@ -289,6 +290,14 @@ def layer_windows(model: Eagle3DraftModel, window="trained") -> list[int | None]
     return [window if t == "sliding_attention" else None for t in model.layer_types]
 
 
+def drafter_model(model: "Eagle3DraftModel", weights: str) -> "Eagle3DraftModel":
+    """The model a drafter runs, in eval mode, frozen: ``model`` itself, or with ``weights="int8"`` a copy whose every
+    linear (fc, the layer's projections, the draft head) multiplies an int8 copy of its weight
+    (``kernels.int8_weights.int8_linears``; the embedding, norms and d2t shared, the model left as it is)."""
+    model = model.eval().requires_grad_(False)
+    return int8_linears(model) if weights == "int8" else model
+
+
 class Eagle3Drafter:
     """Drafts a chain of ``steps`` tokens, or a dynamic tree, with an ``Eagle3DraftModel``.
 
@@ -309,8 +318,9 @@ class Eagle3Drafter:
 
     def __init__(self, model: Eagle3DraftModel, window="trained", steps: int | None = None, tree_topk: int | None = None,
                  tree_tokens: int | None = None, attention_backend: str = "sdpa", keep_slack: int = 1024, extend_chunk: int = 512,
-                 tree_lookup: int = 0):
-        self.model = model.eval().requires_grad_(False)
+                 tree_lookup: int = 0, weights: str = "model"):
+        self.weights = check_weights(weights)
+        self.model = drafter_model(model, weights)
         self.window_arg = window
         self.windows = layer_windows(model, window)
         self.steps = model.ttt_length if steps is None else steps
@@ -335,15 +345,15 @@ class Eagle3Drafter:
     def with_window(self, window) -> "Eagle3Drafter":
         """The same drafter and drafting mode under another inference window."""
         return Eagle3Drafter(self.model, window, self.steps, self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None,
-                             self.attention_backend, self.keep_slack, self.extend_chunk, self.tree_lookup)
+                             self.attention_backend, self.keep_slack, self.extend_chunk, self.tree_lookup, self.weights)
 
     @property
     def device(self) -> torch.device:
-        return self.model.fc.weight.device
+        return self.model.norm.weight.device  # (fc may be an Int8Linear)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.fc.weight.dtype
+        return self.model.norm.weight.dtype
 
     def reset(self, max_positions: int) -> None:
         """Empty caches able to hold indices ``0 .. max_positions-1``."""
@@ -613,8 +623,9 @@ class StaticEagle3Drafter:
 
     def __init__(self, model: Eagle3DraftModel, window="trained", steps: int | None = None, capture: bool | None = None,
                  compile: bool | None = None, extend_chunk: int = 512, tree_topk: int | None = None, tree_tokens: int | None = None,
-                 tree_lookup: int = 0):
-        self.model = model.eval().requires_grad_(False)
+                 tree_lookup: int = 0, weights: str = "model"):
+        self.weights = check_weights(weights)
+        self.model = drafter_model(model, weights)
         self.window_arg = window
         self.windows = layer_windows(model, window)
         self.steps = model.ttt_length if steps is None else steps
@@ -652,15 +663,16 @@ class StaticEagle3Drafter:
     def with_window(self, window) -> "StaticEagle3Drafter":
         """The same drafter under another inference window."""
         return StaticEagle3Drafter(self.model, window, self.steps, self.capture, self.compile, self.extend_chunk,
-                                   self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup)
+                                   self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup,
+                                   self.weights)
 
     @property
     def device(self) -> torch.device:
-        return self.model.fc.weight.device
+        return self.model.norm.weight.device  # (fc may be an Int8Linear)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.fc.weight.dtype
+        return self.model.norm.weight.dtype
 
     def allocate(self, capacity: int, batch: int = 1) -> None:
         """Empty caches for key positions ``0 .. capacity-1`` in ``batch`` rows (buffers, and the graphs on them, kept

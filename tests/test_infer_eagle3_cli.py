@@ -43,8 +43,9 @@ def test_load_models_detects_eagle3(reference_target_path, eagle3_dir) -> None:
     assert (drafting_label(drafter), drafting_label(chain)) == ("EAGLE-3 tree top-3, 7 nodes, depth 2", "EAGLE-3 chain of 3")
     with pytest.raises(ValueError, match="is an EAGLE-3 drafter: --tree-redraft is a DFlash option"):
         load_models(str(reference_target_path), str(eagle3_dir), tree_topk=3, tree_redraft=1)
-    with pytest.raises(ValueError, match="is an EAGLE-3 drafter: --drafter-weights int8 is for DFlash drafters"):
-        load_models(str(reference_target_path), str(eagle3_dir), drafter_weights="int8")
+    _, int8_chain, _ = load_models(str(reference_target_path), str(eagle3_dir), drafter_weights="int8")
+    assert isinstance(int8_chain, StaticEagle3Drafter) and drafting_label(int8_chain) == "EAGLE-3 chain of 3, int8 weights"
+    assert int8_chain.with_window(4).weights == "int8"
 
 
 @pytest.mark.parametrize("flags", [[], ["--draft-steps", "2", "--tree-topk", "3", "--tree-tokens", "6"]])

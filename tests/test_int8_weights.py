@@ -221,3 +221,86 @@ def test_captured_int8_drafter_on_cuda_drafts_what_the_dequantized_eager_one_dra
         for d in (static, eager):
             d.append(block, anchor)
         pos += 1 + step % 3
+
+
+def test_int8_linears_replaces_every_linear_and_shares_the_rest() -> None:
+    from kernels.int8_weights import Int8Linear, int8_linears
+
+    model, embed, head = tiny_drafter()
+    model.embed = embed  # a module that is not a linear: shared, not copied
+    quantized = int8_linears(model)
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert linears and all(isinstance(quantized.get_submodule(n), Int8Linear) for n in linears)
+    assert not any(isinstance(m, nn.Linear) for m in quantized.modules())
+    assert all(isinstance(model.get_submodule(n), nn.Linear) for n in linears)  # the original left as it is
+    assert quantized.embed.weight is model.embed.weight and quantized.norm.weight is model.norm.weight
+    assert int8_linears(quantized) is quantized  # nothing left to quantize
+    x = torch.randn(3, 64)
+    fc = quantized.get_submodule("fc")
+    torch.testing.assert_close(fc(x), torch.nn.functional.linear(x, dequantized(fc.int8), model.fc.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_eagle3_with_int8_weights_computes_its_dequantized_copy_and_stays_lossless(reference_target_path) -> None:
+    """EAGLE-3 with ``weights="int8"``: the drafter's model is its copy with int8 linears, whose features projection,
+    layer and draft logits equal those of a copy holding the dequantized int8 values (the drafters run nothing else
+    through the weights); in the loop (static chains, eager trees) the output is the target's own greedy output."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kernels.int8_weights import Int8Linear
+    from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config
+    from models.static_target import StaticTarget
+
+    torch.manual_seed(0)
+    config = make_eagle3_config(AutoConfig.from_pretrained(reference_target_path), num_hidden_layers=1, target_layer_ids=[1, 3, 4],
+                                layer_types=["sliding_attention"], sliding_window=8, draft_vocab_size=1024, ttt_length=3)
+    drafter_model = Eagle3DraftModel(config).eval()
+    ref_model, _ = dequantized_copy(drafter_model, nn.Linear(1, 1))
+    static = StaticEagle3Drafter(drafter_model, weights="int8")
+    quantized = static.model
+    assert isinstance(quantized.fc, Int8Linear) and isinstance(quantized.lm_head, Int8Linear) and drafter_model.fc.weight is not None
+    features = torch.randn(2, 5, 3 * 512)
+    h = quantized.project_features(features)
+    torch.testing.assert_close(h, ref_model.project_features(features), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(quantized.logits(h), ref_model.logits(h), rtol=1e-5, atol=1e-4)
+    x = torch.randn(2, 5, 2 * 512)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        got = getattr(quantized.layers[0].self_attn, name)(x)
+        torch.testing.assert_close(got, getattr(ref_model.layers[0].self_attn, name)(x), rtol=1e-5, atol=1e-5)
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    target = StaticTarget(model, [1, 3, 4])
+    prompt = torch.randint(10, 8000, (30,)).tolist()
+    alone = generate(target, None, prompt, 24).tokens
+    for drafter in (static, Eagle3Drafter(drafter_model, tree_topk=2, tree_tokens=5, weights="int8")):
+        assert generate(target, drafter, prompt, 24).tokens == alone
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_int8_eagle3_on_cuda_drafts_what_the_dequantized_uncaptured_one_drafts() -> None:
+    from models.eagle3 import StaticEagle3Drafter
+    from models.sampling import SamplingConfig
+    from test_static_eagle3 import VOCAB, tiny
+
+    model = tiny("sliding").cuda().to(torch.bfloat16)
+    ref_model, _ = dequantized_copy(model, nn.Linear(1, 1))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    drafters = [StaticEagle3Drafter(model, weights="int8"), StaticEagle3Drafter(ref_model, capture=False, compile=False)]
+    assert drafters[0].capture and drafters[0].model.fc.int8.dense is None  # K = 32 / 96: the kernel runs
+    features = torch.randn(2, 9, model.fc.in_features, device="cuda", dtype=torch.bfloat16, generator=g)
+    ids = torch.randint(0, VOCAB, (2, 9), device="cuda", generator=g)
+    for d in drafters:
+        d.allocate(100, batch=2)
+        for row in range(2):
+            d.prefill(features[row], 0, ids[row], row=row)
+    pos = torch.tensor([9, 9], device="cuda")
+    for step in range(8):
+        token = torch.randint(0, VOCAB, (2,), device="cuda", generator=g)
+        (got_ids, got, *_), (want_ids, want, *_) = (
+            [t.clone() if torch.is_tensor(t) else t for t in d.draft_chain(token, pos, SamplingConfig(), None)] for d in drafters)
+        # the first draft's logits (the context alone decides them; a near tie flipped by rounding would change the
+        # later drafts' inputs, so those are not compared)
+        torch.testing.assert_close(got[:, 0], want[:, 0], rtol=3e-2, atol=3e-2 * want[:, 0].abs().max().item())
+        block_ids = torch.cat([token[:, None], want_ids], dim=1)
+        more = torch.randn(2, 4, model.fc.in_features, device="cuda", dtype=torch.bfloat16, generator=g)
+        for d in drafters:
+            d.append(more, pos, block_ids)
+        pos = pos + torch.tensor([1 + step % 4, 4 - step % 4], device="cuda")
