@@ -15,3 +15,6 @@ python benchmarks/decode_speed.py ... (as call 1) --out decode3.json  # decode3.
 # call 4
 python benchmarks/decode_speed.py ... (as call 1) --out decode4.json  # decode4.txt
 python benchmarks/profile_decode_loop.py --dflash-block --dflash-weights model int8  # block.txt
+# call 5 (EAGLE-3 with int8 weights, de707a6)
+python -m pytest -q -rA -p no:cacheprovider -o addopts="" tests/test_int8_weights.py tests/test_static_eagle3.py -k "cuda or gpu"  # gpu_tests_eagle3.txt
+python benchmarks/decode_speed.py --compile --no-eager-baseline --attention split_kv --contexts 1024 --taus 3 --drafters eagle3 --drafter-weights model int8 --out eagle3.json  # eagle3.txt
