@@ -8,7 +8,9 @@ int8 drafter weights beside the model's own, and prompt lookup's).
 
 On CUDA with Triton and bf16/fp16 activations the products run ``kernels/skinny_gemm.py``'s kernel on the int8 tiles
 (each widened to the activations' dtype, exact for |q| <= 127; the scale applied to the fp32 sums), rows in blocks of
-16 to 64. Elsewhere (the CPU, fp32 activations, no Triton) the integer matrix is kept as a float copy in the compute
+16 to 64. Each block of rows reads the matrix again (from L2 where it fits): a speculative step's few rows read it once,
+but a pass of several hundred rows over a large matrix (batched re-drafted trees at 8B scale) reads more bytes than
+cuBLAS on the bf16 matrix would; that regime is not measured. Elsewhere (the CPU, fp32 activations, no Triton) the integer matrix is kept as a float copy in the compute
 dtype (oneDNN-prepacked on the CPU in fp32, as the model's own matrices are there) and the scale follows the product:
 the same arithmetic, for measuring τ anywhere.
 """
