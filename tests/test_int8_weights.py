@@ -1,7 +1,7 @@
-"""Weight-only int8 drafter matrices (``kernels/int8_weights.py``, ``StaticDFlashDrafter(weights="int8")``): the codes
-and scales against a row-by-row reference, the products against the dequantized matrix's, the static drafter against
-the eager drafter over a model whose matrices were replaced by their dequantized copies, the loop still the target's
-own greedy output; the Triton kernel under its interpreter (CPU) and compiled (GPU)."""
+"""Weight-only int8 drafter matrices (``kernels/int8_weights.py``; ``weights="int8"`` of the DFlash and EAGLE-3 drafters):
+the codes and scales against a row-by-row reference, the products against the dequantized matrix's, each drafter against
+its model with every matrix replaced by its dequantized copy, the loop still the target's own greedy output; the Triton
+kernel under its interpreter (CPU) and compiled (GPU), the captured drafters on CUDA."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_bad_matrices_are_refused_in_one_line() -> None:
 
 
 @pytest.mark.parametrize("pack", ["plain", "prepacked"])
-def test_cpu_products_equal_the_dequantized_matrixs(pack) -> None:
+def test_cpu_products_equal_the_dequantized_matrix_products(pack) -> None:
     torch.manual_seed(1)
     w, bias = torch.randn(1536, 512), torch.randn(1536)  # large enough to be prepacked
     weight = int8_weight(w, prepacked_copy if pack == "prepacked" else (lambda m: m))
