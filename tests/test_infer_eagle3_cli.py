@@ -48,7 +48,7 @@ def test_load_models_detects_eagle3(reference_target_path, eagle3_dir) -> None:
     assert int8_chain.with_window(4).weights == "int8"
 
 
-@pytest.mark.parametrize("flags", [[], ["--draft-steps", "2", "--tree-topk", "3", "--tree-tokens", "6"]])
+@pytest.mark.parametrize("flags", [[], ["--draft-steps", "2", "--tree-topk", "3", "--tree-tokens", "6"], ["--drafter-weights", "int8"]])
 def test_cli_chain_and_tree(reference_target_path, eagle3_dir, tmp_path, capsys, flags) -> None:
     out = tmp_path / "stats.json"
     rc = infer_main(["--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--question", "81", "--max-new-tokens", "8",
@@ -56,7 +56,7 @@ def test_cli_chain_and_tree(reference_target_path, eagle3_dir, tmp_path, capsys,
     assert rc == 0
     assert "identical output: True" in capsys.readouterr().err
     stats = json.loads(out.read_text())["speculative"]
-    assert stats["block_size"] == (3 if flags else 4) and stats["new_tokens"] == 8
+    assert stats["block_size"] == (3 if "--tree-topk" in flags else 4) and stats["new_tokens"] == 8
 
 
 @pytest.mark.parametrize("batch_size", [pytest.param(1, marks=pytest.mark.slow), 2])
