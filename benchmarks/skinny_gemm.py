@@ -40,6 +40,24 @@ def configs(n: int, k: int, sms: int, w_bytes: int = 2, rows: int = skinny_gemm.
         yield skinny_gemm.Config(block_n, block_k, splits, warps, stages)
 
 
+def fastest(run, ref: torch.Tensor, candidates, atol: float, best: tuple | None = None) -> tuple[tuple, int]:
+    """The fastest of ``candidates`` (tilings) for ``run(config)`` captured, each checked against ``ref`` first (rtol 2e-2,
+    ``atol``); ``best`` (us, config) to beat. Returns (us, config) and how many were tried."""
+    tried = 0
+    for config in candidates:
+        tried += 1
+        try:
+            got = run(config)
+        except Exception as error:  # noqa: BLE001  (a tiling this GPU cannot run: say so, try the next)
+            print(f"  skipped {config}: {type(error).__name__}", flush=True)
+            continue
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=atol)
+        us = captured_us(lambda: run(config), CALLS)
+        if best is None or us < best[0]:
+            best = (us, config)
+    return best, tried
+
+
 def int8_rows(name: str, n: int, k: int, rows: int, sms: int) -> dict:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     weight = int8_weight(w)
@@ -50,18 +68,8 @@ def int8_rows(name: str, n: int, k: int, rows: int, sms: int) -> dict:
     default, block_m = config_for(rows, n, k)
     run = lambda c: skinny_gemm._products(x, weight.q, c, weight.scale, block_m)  # noqa: E731
     default_us = captured_us(lambda: run(default), CALLS)
-    best, tried = (default_us, default), 0
-    for config in configs(n, k, sms, w_bytes=1, rows=block_m):
-        tried += 1
-        try:
-            got = run(config)
-        except Exception as error:  # noqa: BLE001  (a tiling this GPU cannot run: say so, try the next)
-            print(f"  skipped {config}: {type(error).__name__}", flush=True)
-            continue
-        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item())
-        us = captured_us(lambda: run(config), CALLS)
-        if us < best[0]:
-            best = (us, config)
+    best, tried = fastest(run, ref, configs(n, k, sms, w_bytes=1, rows=block_m), 2e-2 * ref.abs().max().item(),
+                          best=(default_us, default))
     row = {"matrix": name, "rows": rows, "n": n, "k": k, "cublas_bf16_us": cublas, "cublas_TBps": gb16 / cublas * 1e3,
            "int8_default_us": default_us, "int8_default_TBps": gb8 / default_us * 1e3, "default_config": vars(default),
            "int8_best_us": best[0], "int8_best_TBps": gb8 / best[0] * 1e3, "best_config": vars(best[1]), "tried": tried}
@@ -97,18 +105,7 @@ def main() -> None:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, w)
             cublas = captured_us(lambda: F.linear(x, w), CALLS)
-            best, tried = None, 0
-            for config in configs(n, k, sms):
-                tried += 1
-                try:
-                    got = skinny_gemm.linear(x, w, config)
-                except Exception as error:  # noqa: BLE001  (a tiling this GPU cannot run: say so, try the next)
-                    print(f"  skipped {config}: {type(error).__name__}", flush=True)
-                    continue
-                torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-1)
-                us = captured_us(lambda: skinny_gemm.linear(x, w, config), CALLS)
-                if best is None or us < best[0]:
-                    best = (us, config)
+            best, tried = fastest(lambda c: skinny_gemm.linear(x, w, c), ref, configs(n, k, sms), 2e-1)
             row = {"matrix": name, "rows": rows, "n": n, "k": k, "cublas_us": cublas, "cublas_TBps": gb / cublas * 1e3,
                    "skinny_us": best[0], "skinny_TBps": gb / best[0] * 1e3, "config": vars(best[1]), "tried": tried}
             results.append(row)

@@ -85,7 +85,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from kernels import skinny_gemm
-from kernels.int8_weights import DRAFTER_WEIGHTS, Int8Weight, check_weights, int8_linear, int8_weight  # noqa: F401  (DRAFTER_WEIGHTS: re-exported)
+from kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_weight
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, argmax_split, choose
@@ -831,7 +831,8 @@ class FusedWeights:
 
 def drafter_products(linear):
     """``linear(x, weight, bias)`` (``few_row_products``'s) that also takes ``Int8Weight`` matrices: those through
-    ``int8_linear``, its non-kernel path running ``linear`` over their float codes."""
+    ``int8_linear``, its non-kernel path running ``linear`` over their float codes (only int8 drafters take the wrapper:
+    the others keep the plain product, with no type check a call)."""
     def products(x: torch.Tensor, w: Matrix, bias: torch.Tensor | None) -> torch.Tensor:
         return int8_linear(x, w, bias, linear) if isinstance(w, Int8Weight) else linear(x, w, bias)
     return products
@@ -947,7 +948,9 @@ class StaticDFlashDrafter:
         # the pass's few-row products through kernels/skinny_gemm.py where it has a measured tiling (q|k|v, gate|up, the
         # head at Qwen3-8B's widths: 4-7% faster than cuBLAS there); cuBLAS for the rest, on the CPU and at more rows
         self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
-        self.linear = drafter_products(few_row_products(prepack, self.triton_products))
+        self.linear = few_row_products(prepack, self.triton_products)
+        if weights == "int8":  # its matrices are Int8Weight copies: their products through int8_linear
+            self.linear = drafter_products(self.linear)
         if self.compile:  # the block pass's norms, RoPE, masks and activations fused (one compiled graph per batch size)
             from kernels.attention import raise_recompile_limit
 

@@ -167,3 +167,21 @@ class PartlyScriptedEagle3(Eagle3Drafter):
                 logits[row] = -1e9
                 logits[row, self.draft_id[self.script[i]]] = 1e9
         return logits
+
+
+def random_dflash_on_reference(reference_target_path):
+    """The reference target (fp32) with a random 2-layer DFlash drafter reading its layers 1 and 3 (block 4, one sliding
+    layer of window 6 and one full), the static target over those layers and a 40-token random prompt:
+    (hf model, static target, drafter model, embed, head, prompt)."""
+    from transformers import AutoModelForCausalLM
+
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
+                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
+    torch.manual_seed(0)
+    drafter_model = DFlashDraftModel(config).eval()
+    target = StaticTarget(model, [1, 3])
+    prompt = torch.randint(10, 8000, (40,)).tolist()
+    return model, target, drafter_model, model.get_input_embeddings(), model.get_output_embeddings(), prompt

@@ -17,7 +17,9 @@ from torch import nn
 
 from infer.generate import generate
 from kernels.int8_weights import Int8Weight, config_for, dequantized, int8_linear, int8_weight, quantize_rows
-from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config
+from infer_helpers import random_dflash_on_reference
+from models.dflash import DFlashDrafter, StaticDFlashDrafter
+from test_static_drafters import tiny
 from models.static_target import prepacked_copy
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
@@ -65,16 +67,7 @@ def test_cpu_products_equal_the_dequantized_matrix_products(pack) -> None:
 
 
 def tiny_drafter():
-    torch.manual_seed(0)
-    from transformers import Qwen3Config
-
-    target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8)
-    model = DFlashDraftModel(make_dflash_config(target, num_hidden_layers=2, block_size=4, mask_token_id=1, target_layer_ids=[0, 2],
-                                                layer_types=["sliding_attention", "full_attention"], sliding_window=5)).eval()
-    for p in model.parameters():
-        p.data.normal_(0, 0.3) if p.dim() > 1 else None
-    return model, nn.Embedding(64, 32), nn.Linear(32, 64, bias=False)
+    return tiny("sliding+full")  # test_static_drafters' tiny drafter: a sliding layer (window 5) and a full one, block 4
 
 
 def dequantized_copy(model: nn.Module, head: nn.Linear) -> tuple[nn.Module, nn.Linear]:
@@ -119,19 +112,8 @@ def test_static_int8_drafts_equal_the_eager_drafter_over_dequantized_weights() -
 
 
 def test_the_loop_with_int8_drafter_weights_stays_the_targets_greedy_output(reference_target_path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from models.static_target import StaticTarget
-
-    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
-    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
-                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
-    torch.manual_seed(0)
-    drafter_model = DFlashDraftModel(config).eval()
-    target = StaticTarget(model, [1, 3])
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    _, target, drafter_model, embed, head, prompt = random_dflash_on_reference(reference_target_path)
     ref_model, ref_head = dequantized_copy(drafter_model, head)
-    prompt = torch.randint(10, 8000, (40,)).tolist()
     alone = generate(target, None, prompt, 40).tokens
     got = generate(target, StaticDFlashDrafter(drafter_model, embed, head, weights="int8"), prompt, 40)
     want = generate(target, DFlashDrafter(ref_model, embed, ref_head), prompt, 40)

@@ -11,6 +11,7 @@ from torch import nn
 from transformers import Qwen3Config
 
 from infer.generate import generate
+from infer_helpers import random_dflash_on_reference
 from models.dflash import (DFlashDrafter, DFlashDraftModel, LayerAttention, StaticDFlashDrafter, block_visible,
                            make_dflash_config)
 from models.static_target import concat_linears
@@ -104,18 +105,7 @@ def test_each_row_of_a_batch_drafts_as_if_alone() -> None:
 
 
 def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from models.static_target import StaticTarget
-
-    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
-    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
-                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
-    torch.manual_seed(0)
-    drafter_model = DFlashDraftModel(config).eval()
-    target = StaticTarget(model, [1, 3])
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    prompt = torch.randint(10, 8000, (40,)).tolist()
+    _, target, drafter_model, embed, head, prompt = random_dflash_on_reference(reference_target_path)
     want = generate(target, DFlashDrafter(drafter_model, embed, head), prompt, 40)
     got = generate(target, StaticDFlashDrafter(drafter_model, embed, head), prompt, 40)
     assert got.tokens == want.tokens and got.stats.accepted_per_step == want.stats.accepted_per_step
