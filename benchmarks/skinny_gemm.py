@@ -58,19 +58,21 @@ def fastest(run, ref: torch.Tensor, candidates, atol: float, best: tuple | None 
     return best, tried
 
 
-def int8_rows(name: str, n: int, k: int, rows: int, sms: int) -> dict:
+def int8_rows(name: str, n: int, k: int, rows: int, sms: int, search: bool = True, block_m: int | None = None) -> dict:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     weight = int8_weight(w)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     ref = F.linear(x, dequantized(weight, torch.bfloat16))
     gb8, gb16 = (weight.q.numel() + 4 * n) / 1e9, w.numel() * 2 / 1e9
     cublas = captured_us(lambda: F.linear(x, w), CALLS)
-    default, block_m = config_for(rows, n, k)
+    default, default_block_m = config_for(rows, n, k)
+    block_m = block_m or default_block_m
     run = lambda c: skinny_gemm._products(x, weight.q, c, weight.scale, block_m)  # noqa: E731
+    torch.testing.assert_close(run(default).float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item())
     default_us = captured_us(lambda: run(default), CALLS)
-    best, tried = fastest(run, ref, configs(n, k, sms, w_bytes=1, rows=block_m), 2e-2 * ref.abs().max().item(),
+    best, tried = fastest(run, ref, configs(n, k, sms, w_bytes=1, rows=block_m) if search else [], 2e-2 * ref.abs().max().item(),
                           best=(default_us, default))
-    row = {"matrix": name, "rows": rows, "n": n, "k": k, "cublas_bf16_us": cublas, "cublas_TBps": gb16 / cublas * 1e3,
+    row = {"matrix": name, "rows": rows, "block_m": block_m, "n": n, "k": k, "cublas_bf16_us": cublas, "cublas_TBps": gb16 / cublas * 1e3,
            "int8_default_us": default_us, "int8_default_TBps": gb8 / default_us * 1e3, "default_config": vars(default),
            "int8_best_us": best[0], "int8_best_TBps": gb8 / best[0] * 1e3, "best_config": vars(best[1]), "tried": tried}
     print(f"{name} | {rows} | {cublas:.1f} | {row['cublas_TBps']:.2f} | {default_us:.1f} | {row['int8_default_TBps']:.2f} | "
@@ -83,6 +85,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--int8", action="store_true", help="the kernel on int8 copies of the matrices (see the docstring)")
+    p.add_argument("--default-only", action="store_true", help="--int8: time the default tiling only (no search)")
+    p.add_argument("--block-m", type=int, help="--int8: rows per row block (default: config_for's)")
     p.add_argument("--out")
     args = p.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -92,7 +96,7 @@ def main() -> None:
         print("matrix | rows | cuBLAS bf16 us | TB/s | int8 default us | TB/s | int8 best us | TB/s | its config | configs tried")
         for name in args.shapes:
             for rows in args.rows:
-                results.append(int8_rows(name, *SHAPES[name], rows, sms))
+                results.append(int8_rows(name, *SHAPES[name], rows, sms, not args.default_only, args.block_m))
         if args.out:
             Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "int8": True, "results": results}, indent=2))
         return

@@ -8,9 +8,12 @@ int8 drafter weights beside the model's own, and prompt lookup's).
 
 On CUDA with Triton and bf16/fp16 activations the products run ``kernels/skinny_gemm.py``'s kernel on the int8 tiles
 (each widened to the activations' dtype, exact for |q| <= 127; the scale applied to the fp32 sums), rows in blocks of
-16 to 64. Each block of rows reads the matrix again (from L2 where it fits): a speculative step's few rows read it once,
-but a pass of several hundred rows over a large matrix (batched re-drafted trees at 8B scale) reads more bytes than
-cuBLAS on the bf16 matrix would; that regime is not measured. Elsewhere (the CPU, fp32 activations, no Triton) the integer matrix is kept as a float copy in the compute
+16 to 128, a weight tile's row blocks side by side (it comes from memory once, then from L2). Measured at Qwen3-8B's
+widths on an H200 (BENCHMARKS.md, "int8 products by row count"): up to 32 rows the int8 products beat cuBLAS on the bf16
+matrix by the bytes they save (1-16 rows: 1.0-2.0x, the larger the matrix the more; 32 rows: 0.84-1.5x), at 64 rows
+they run 0.5-1.0x its speed, and past that the kernel is compute-bound (~400 TFLOP/s at most), 1.3-3.0x slower than
+cuBLAS: int8 drafter weights serve the few-row steps of batch 1-2 (DFlash's block pass is batch x 16 rows), not large
+batches or long prefills. Elsewhere (the CPU, fp32 activations, no Triton) the integer matrix is kept as a float copy in the compute
 dtype (oneDNN-prepacked on the CPU in fp32, as the model's own matrices are there) and the scale follows the product:
 the same arithmetic, for measuring τ anywhere.
 """
@@ -82,16 +85,19 @@ def dequantized(w: Int8Weight, dtype: torch.dtype = torch.float32) -> torch.Tens
 
 
 def config_for(m: int, n: int, k: int) -> tuple[skinny_gemm.Config, int]:
-    """The kernel's tiling for x [m, k] @ q[n, k].T and its row block: 64 columns of 128-wide K tiles, K split until
-    the programs fill ~2 waves of an H100/H200's 132 SMs (a few-row product has too few column blocks otherwise)."""
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    """The kernel's tiling for x [m, k] @ q[n, k].T and its row block: up to 64 rows, 64 columns of 128-wide K tiles
+    on 4 warps; more rows, 128 x 128 tiles on 8 warps in 3 stages (the best of the search at 128 and 512 rows on an
+    H200: ~400 TFLOP/s against ~270 for the small tiles, which are compute-bound past ~32 rows). K split until the
+    programs fill ~2 waves of an H100/H200's 132 SMs (a few-row product has too few column blocks otherwise)."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
     block_k = next(b for b in (128, 64, 32, 16) if k % b == 0)
-    block_n = 64
+    block_n = 64 if block_m <= 64 else 128
     programs = -(-n // block_n) * -(-m // block_m)
     splits = 1
     while programs * splits < 264 and splits < 8 and k % (2 * splits * block_k) == 0:
         splits *= 2
-    return skinny_gemm.Config(block_n=block_n, block_k=block_k, splits=splits, num_warps=4, num_stages=4), block_m
+    warps, stages = (4, 4) if block_m <= 64 else (8, 3)
+    return skinny_gemm.Config(block_n=block_n, block_k=block_k, splits=splits, num_warps=warps, num_stages=stages), block_m
 
 
 if skinny_gemm.available:

@@ -44,12 +44,16 @@ if available:
 
     @triton.jit
     def _skinny_mm(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K_PER_SPLIT, stride_xm, stride_wn, stride_os, stride_om,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALED: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALED: tl.constexpr,
+                   W_EVICTION: tl.constexpr):
         # SCALED: w holds int8 values, each output column n scaled by s[n] (weight-only int8, ``int8_linear``); the
-        # int8 tile is widened to x's dtype before the product (exact: |q| <= 127), the scale applied to the fp32 sums
-        pid_n = tl.program_id(0)
-        pid_s = tl.program_id(1)
-        pid_m = tl.program_id(2)  # blocks of BLOCK_M rows (one block for the few-row products)
+        # int8 tile is widened to x's dtype before the product (exact: |q| <= 127), the scale applied to the fp32 sums.
+        # Row blocks are the fastest grid axis: the programs of one weight tile run side by side, so only the first
+        # reads it from memory and the others from L2 (W_EVICTION "evict_last"); a single row block reads each tile
+        # once ("evict_first": keep it out of L2)
+        pid_m = tl.program_id(0)  # blocks of BLOCK_M rows (one block for the few-row products)
+        pid_n = tl.program_id(1)
+        pid_s = tl.program_id(2)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
@@ -61,7 +65,7 @@ if available:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for _ in range(0, K_PER_SPLIT, BLOCK_K):
             x = tl.load(x_ptrs, mask=row_ok, other=0.0)
-            w = tl.load(w_ptrs, mask=col_ok, other=0, eviction_policy="evict_first")  # read once: keep it out of L2
+            w = tl.load(w_ptrs, mask=col_ok, other=0, eviction_policy=W_EVICTION)
             if SCALED:
                 w = w.to(x.dtype)
             acc += tl.dot(x, tl.trans(w))
@@ -104,21 +108,23 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: Config = Config()) -> torch
 def _products(x2: torch.Tensor, w: torch.Tensor, config: Config, scale: torch.Tensor | None = None,
               block_m: int = MAX_ROWS) -> torch.Tensor:
     # x2 [M, K] -> a fresh [M, N] (no view of anything: what a custom op may return); with ``scale`` w is int8 and
-    # column n is scaled by scale[n]; M over ceil(M / block_m) row blocks (each reads the weights again)
+    # column n is scaled by scale[n]; M over ceil(M / block_m) row blocks (a weight tile's row blocks run together)
     if scale is None:
         check(x2, w, config)
     m, k = x2.shape
     n = w.shape[0]
     if config.splits == 1:
         out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-        stride_split = 0  # one split: program_id(1) is 0
+        stride_split = 0  # one split: program_id(2) is 0
     else:
         out = torch.empty(config.splits, m, n, dtype=torch.float32, device=x2.device)
         stride_split = out.stride(0)
-    grid = (triton.cdiv(n, config.block_n), config.splits, triton.cdiv(m, block_m))
+    row_blocks = triton.cdiv(m, block_m)
+    grid = (row_blocks, triton.cdiv(n, config.block_n), config.splits)
     _skinny_mm[grid](x2, w, w if scale is None else scale, out, m, n, k // config.splits, x2.stride(0), w.stride(0),
                      stride_split, out.stride(-2), BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                     SCALED=scale is not None, num_warps=config.num_warps, num_stages=config.num_stages)
+                     SCALED=scale is not None, W_EVICTION="evict_first" if row_blocks == 1 else "evict_last",
+                     num_warps=config.num_warps, num_stages=config.num_stages)
     if config.splits == 1:
         return out
     total = torch.empty(m, n, dtype=x2.dtype, device=x2.device)

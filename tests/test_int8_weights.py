@@ -129,7 +129,8 @@ def test_kernel_tiling_fills_the_gpu_and_divides_k() -> None:
     for m, n, k in [(16, 4096, 12288), (15, 151936, 4096), (16, 6144, 4096), (120, 4096, 20480), (1, 10240, 4096), (3, 64, 48)]:
         config, block_m = config_for(m, n, k)
         assert k % (config.splits * config.block_k) == 0  # the kernel's K loop covers K exactly
-        assert block_m in (16, 32, 64) and block_m >= min(m, 64)  # one row block up to 64 rows, blocks of 64 beyond
+        assert block_m in (16, 32, 64, 128) and block_m >= min(m, 64)  # one row block up to 64 rows, blocks of 128 beyond
+        assert (block_m, config.block_n, config.num_warps) == ((block_m, 64, 4) if m <= 64 else (128, 128, 8))
         programs = -(-n // config.block_n) * -(-m // block_m) * config.splits
         assert programs >= 264 or config.splits == 8 or k % (2 * config.splits * config.block_k), (m, n, k, config)
 
@@ -139,7 +140,7 @@ import torch
 from kernels import skinny_gemm as sg
 from kernels.int8_weights import config_for, quantize_rows
 torch.manual_seed(0)
-for m, n, k in [(1, 96, 256), (16, 200, 512), (17, 64, 128), (70, 130, 256)]:
+for m, n, k in [(1, 96, 256), (16, 200, 512), (17, 64, 128), (70, 130, 256), (300, 260, 256)]:
     w = torch.randn(n, k)
     q, scale = quantize_rows(w)
     x = torch.randn(m, k).to(torch.float16)
