@@ -10,6 +10,8 @@ python benchmarks/skinny_gemm.py --int8 --rows 128 --shapes dflash_fc --block-m 
 python benchmarks/skinny_gemm.py --int8 --default-only --rows 1 16 32 64 96 128 256 512 --shapes lm_head w13 w2 dflash_fc wqkv wo dflash_wkv
 python benchmarks/decode_speed.py --compile --no-eager-baseline --attention split_kv --contexts 1024 --taus 3 --drafters dflash \
   --dflash-draft-steps 0 --drafter-weights model int8
+# 4) old_grid_old_tiles.*: 3e0a30f's kernels/ with this benchmark script (a copy under .dev/old), a later lease
+#   (cd OLD && python benchmarks/skinny_gemm.py --int8 --default-only --rows 16 64 128 256 512 --shapes lm_head w13 dflash_fc wqkv wo)
 # gpu_tests.txt: tests/test_int8_weights.py tests/test_skinny_gemm.py on the device without the reference target (two
 # setup errors: it was not carried); the two interpreter tests fail there inside triton 3.6's interpreter (`int()` of a
 # numpy array in its range(); the device image's triton and numpy), and pass on the CPU with triton 3.9 (CI's)
