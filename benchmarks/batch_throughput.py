@@ -7,6 +7,9 @@ whether every turn's tokens and accepted counts per step are the same.
 Runs MT-Bench's first ``--questions`` conversations (both turns) through ``eval.runner.run_conversations`` for the
 target alone, prompt lookup and the drafter (when given), once per batch size (``--repeat``: that many passes each, the
 first of a shape compiling and capturing its step graphs on a GPU, the later ones warm); prints one row per pass.
+``--interleave`` runs the repeats as pairs (1 8 1 8 ...), each pass's "vs batch 1" against the pass of the first batch
+size just before it, and prints the median of those ratios: on a machine whose speed drifts by 10-20% within the hour
+(the 2-core CPU machines), a pair measured side by side says more than passes minutes apart.
 EAGLE-3 options as eval's (``--draft-steps``, ``--tree-topk/--tree-tokens/--tree-lookup``; trees batched, so every
 batch size above 1).
 ``--phase-times`` (GPU) adds each pass's device time per batch step by phase (draft, verify, tree acceptance, path moves,
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -64,6 +68,9 @@ def main() -> None:
     p.add_argument("--tree-lookup", type=int, default=0)
     p.add_argument("--tree-redraft", type=int, default=0, help="DFlash trees: depths re-drafted with their path in place")
     p.add_argument("--repeat", type=int, default=1, help="passes per batch size (on a GPU the first compiles and captures)")
+    p.add_argument("--interleave", action="store_true",
+                   help="with --repeat: the batch sizes in turn (1 8 1 8 ...), each pass compared with the latest pass of the first "
+                        "batch size, and the ratios' median printed: a machine whose speed drifts moves both sides of a pair together")
     p.add_argument("--phase-times", action="store_true",
                    help="GPU: CUDA events around each phase of a step (draft, verify, acceptance, path moves, drafter append); "
                         "prints each pass's device time per batch step by phase beside its wall time per step")
@@ -91,8 +98,12 @@ def main() -> None:
           "same tokens and steps as batch 1")
     rows = []
     for name, d in drafters.items():
-        first = None
-        for bs in [b for b in args.batch_sizes for _ in range(args.repeat)]:
+        first = None  # the first pass of the first batch size: the tokens and steps every pass must repeat
+        latest = None  # with --interleave, the latest pass of the first batch size: what a pass's speed is compared with
+        ratios: dict[int, list[float]] = {}
+        order = ([b for _ in range(args.repeat) for b in args.batch_sizes] if args.interleave else
+                 [b for b in args.batch_sizes for _ in range(args.repeat)])
+        for bs in order:
             set_threads(device, args.threads, bs, target.model)  # eval's default for this batch size and target unless --threads says
             # --threads sets the one-process runs (batch 1's faster count, say); forked workers run one thread each
             workers = cpu_workers(device, bs, None, args.cpu_workers)
@@ -109,11 +120,15 @@ def main() -> None:
             outcome = [(r["output_ids"], r["stats"]["accepted_per_step"]) for r in records]
             if first is None:
                 first = (new / wall, outcome, new / cpu)
+            if latest is None or (args.interleave and bs == args.batch_sizes[0]):
+                latest = (new / wall, outcome, new / cpu)
             same = sum(a == b for a, b in zip(outcome, first[1]))
             row = {"drafter": name, "batch_size": bs, "turns": len(records), "new_tokens": new, "wall_s": wall, "tokens_per_s": new / wall,
-                   "vs_first": new / wall / first[0], "cpu_s": cpu, "tokens_per_cpu_s": new / cpu,
-                   "vs_first_cpu": new / cpu / first[2], "threads": threads, "tau": sum(a + 1 for a in steps) / max(len(steps), 1), "same": f"{same}/{len(records)}"}
+                   "vs_first": new / wall / latest[0], "cpu_s": cpu, "tokens_per_cpu_s": new / cpu,
+                   "vs_first_cpu": new / cpu / latest[2], "threads": threads, "tau": sum(a + 1 for a in steps) / max(len(steps), 1), "same": f"{same}/{len(records)}"}
             rows.append(row)
+            if bs != args.batch_sizes[0]:
+                ratios.setdefault(bs, []).append(row["vs_first"])
             print(f"{name} | {bs} | {threads} | {row['turns']} | {new} | {wall:.1f} | {row['tokens_per_s']:.1f} | {row['vs_first']:.2f}x | {cpu:.1f} | "
                   f"{row['tokens_per_cpu_s']:.1f} | {row['vs_first_cpu']:.2f}x | {row['tau']:.3f} | "
                   f"{row['same']}", flush=True)
@@ -121,6 +136,9 @@ def main() -> None:
                 row["phase_ms_per_step"], row["batch_steps"] = phases.finish()
                 print(f"  device ms per batch step ({row['batch_steps']} steps, wall {1e3 * wall / max(row['batch_steps'], 1):.2f} ms per step, "
                       "prefills included): " + ", ".join(f"{k} {v:.3f}" for k, v in row["phase_ms_per_step"].items()), flush=True)
+        for bs, got in ratios.items():
+            print(f"  {name}, batch {bs} / batch {args.batch_sizes[0]}: {', '.join(f'{r:.2f}x' for r in got)}; median "
+                  f"{statistics.median(got):.2f}x", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device_name, "args": vars(args), "rows": rows}, indent=2))
 
