@@ -169,6 +169,8 @@ def verify_stages(target, drafter, sampling: SamplingConfig) -> int | None:
     few of them (the recipe's drafter on 12 MT-Bench first turns: 22% of steps accept 4 or more, 10% 7 or more). Greedy
     acceptance is the longest prefix of drafts the target's argmax matches, so checking the first ``VERIFY_FIRST`` and
     verifying the rest only where all of them matched gives the same tokens and counts over fewer verified tokens.
+    Prompt lookup's chains stay one pass: staged (its rows' own draft counts as ``lengths``), batch 8 gained 2-5% and
+    batch 1 lost 8-12% on all 80 MT-Bench conversations (BENCHMARKS.md, tried and not kept).
     A GPU's verify is memory-bound (16 tokens cost about one), so it runs one pass; sampling draws its acceptance
     in order over the whole block, and trees and short chains have no long tail to skip. EAGLE-3 chains are left out:
     its static drafter takes the whole verify block (``appends_whole_block``) into a pending block, which has not been
