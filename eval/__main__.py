@@ -70,8 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                                      "per node; a drafter trained with drafter.reveal_prob); default 0")
     common.add_argument("--drafter-weights", default="model", choices=["model", "int8"],
                         help="the drafter's matrices as loaded, or weight-only int8 copies of them (DFlash: and of the LM head it "
-                             "drafts with; half the bytes a drafting pass reads on a GPU, faster up to ~32 rows a product (DFlash: "
-                             "batch x block), slower past ~64; the target untouched, its output the same)")
+                             "drafts with; half the bytes a drafting pass reads on a GPU, faster up to 16-32 rows a product (DFlash: "
+                             "batch x block), slower past 64; the target untouched, its output the same)")
     common.add_argument("--batch-size", type=int, default=1,
                         help="conversations decoded at once (DFlash, EAGLE-3, prompt lookup or the target alone; each row's tokens and "
                              "acceptance are batch 1's)")

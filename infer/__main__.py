@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                                 "with their path in place (a drafter trained with drafter.reveal_prob)")
     p.add_argument("--drafter-weights", default="model", choices=["model", "int8"],
                    help="the drafter's matrices as loaded, or weight-only int8 copies (DFlash: and of the LM head it drafts with; "
-                        "on a GPU faster up to ~32 rows a product, DFlash's being batch x block, slower past ~64)")
+                        "on a GPU faster up to 16-32 rows a product, DFlash's being batch x block, slower past 64)")
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     p.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
     p.add_argument("--dtype", default="auto")

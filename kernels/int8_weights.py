@@ -13,9 +13,9 @@ widths on an H200 (BENCHMARKS.md, "int8 products by row count"): up to 32 rows t
 matrix by the bytes they save (1-16 rows: 1.0-2.0x, the larger the matrix the more; 32 rows: 0.84-1.5x), at 64 rows
 they run 0.5-1.0x its speed, and past that the kernel is compute-bound (~400 TFLOP/s at most), 1.3-3.0x slower than
 cuBLAS: int8 drafter weights serve the few-row steps of batch 1-2 (DFlash's block pass is batch x 16 rows), not large
-batches or long prefills. Elsewhere (the CPU, fp32 activations, no Triton) the integer matrix is kept as a float copy in the compute
-dtype (oneDNN-prepacked on the CPU in fp32, as the model's own matrices are there) and the scale follows the product:
-the same arithmetic, for measuring τ anywhere.
+batches or long prefills. Elsewhere (the CPU, fp32 activations, no Triton) the integer matrix is kept as a float copy
+in the compute dtype (oneDNN-prepacked on the CPU in fp32, as the model's own matrices are there) and the scale follows
+the product: the same arithmetic, for measuring τ anywhere.
 """
 
 from __future__ import annotations
