@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from infer.prompt_lookup import PromptLookupDrafter
+from models.sampling import SamplingConfig
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 
@@ -38,6 +39,32 @@ def test_proposals_equal_a_plain_reference() -> None:
         assert got == want, (sequence, k, max_ngram, min_ngram)
         lengths.add((len(got), k))
     assert {(0, 5), (2, 5), (5, 5)} <= lengths  # no match, a match near the end, a full proposal
+
+
+def test_drafts_from_the_growing_index_equal_the_reference_at_every_step() -> None:
+    """``draft`` reads ``NgramIndex`` (the context's n-grams by their latest end) instead of scanning the sequence: a
+    context arriving in chunks of 1-5 tokens, as the loop appends accepted tokens, with a draft after every chunk; each
+    step's drafts equal the plain reference's for the context plus the token about to be verified."""
+    rng = random.Random(1)
+    seen = set()
+    for trial in range(1500):
+        k, max_ngram = rng.randint(1, 8), rng.randint(1, 4)
+        min_ngram = rng.randint(1, max_ngram)
+        sequence = [rng.randint(0, rng.choice([3, 6, 20])) for _ in range(rng.randint(2, 40))]
+        drafter = PromptLookupDrafter(num_draft_tokens=k, max_ngram=max_ngram, min_ngram=min_ngram)
+        drafter.reset(64)
+        pos = 0
+        while True:
+            chunk = sequence[pos:pos + rng.randint(1, 5)]
+            drafter.append_context(None, pos, torch.tensor(chunk))
+            pos += len(chunk)
+            if pos >= len(sequence):
+                break
+            got = drafter.draft(torch.tensor(sequence[pos]), pos, SamplingConfig(), torch.Generator())[0].tolist()
+            want = reference_proposal(sequence[:pos + 1], k, max_ngram, min_ngram)
+            assert got == want, (sequence[:pos + 1], k, max_ngram, min_ngram)
+            seen.add((len(got) == k, len(got) == 0, bool(got) and got[-1] == sequence[pos] and len(got) < k))
+    assert len(seen) == 3  # full proposals, none, and short ones ending with the token being verified
 
 
 def test_draft_gives_the_real_proposal_and_one_hot_rows_for_it() -> None:
