@@ -43,7 +43,7 @@ from typing import Callable, Sequence
 import torch
 
 from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes, staged_verify, verify_stages
-from infer.prompt_lookup import PromptLookupDrafter, lookup_drafts
+from infer.prompt_lookup import GrowingLookup, PromptLookupDrafter
 from models.dflash import StaticDFlashDrafter
 from models.eagle3 import StaticEagle3Drafter
 from models.trees import accept_trees, merge_chains
@@ -65,6 +65,7 @@ class Row:
     drafter: PromptLookupDrafter | None = None  # prompt lookup keeps a copy per row
     ended: bool = False  # an end-of-sequence token came out
     prompt: list[int] | None = None
+    lookup: GrowingLookup | None = None  # the trees' lookup branch over the row's prompt and output (``tree_lookup``)
 
     def seen(self) -> list[int]:
         """The tokens whose keys/values the row's cache holds at positions 0 .. pos-1."""
@@ -193,6 +194,8 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             row = Row(stream, n, [first], n, GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block, reused_tokens=skip[r]),
                       firsts[r][1], prompt=prompt)
             row.ended = first in eos
+            if tree and drafter.tree_lookup:
+                row.lookup = GrowingLookup()
             if isinstance(drafter, PromptLookupDrafter):
                 row.drafter = copy.copy(drafter)
                 row.drafter.reset(n + max_new_tokens + block)
@@ -296,7 +299,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         elif tree:  # every row's tree: tokens, parents, depths [B, N], mask [B, N+1, N+1] (captured: the graph's buffers)
             tree_tokens, parents, depths, tree_mask = drafter.draft_tree(tokens, positions)
             if drafter.tree_lookup:  # prompt lookup's chain over each row's text joins its tree (host: one more sync)
-                chains = [lookup_drafts(row.prompt + row.out, drafter.tree_lookup) if row else [] for row in rows]
+                chains = [row.lookup(row.prompt, row.out, drafter.tree_lookup) if row else [] for row in rows]
                 tree_tokens, parents, depths, tree_mask = merge_chains(tree_tokens, parents, depths, chains, drafter.tree_lookup)
             ids = torch.cat([tokens[:, None], tree_tokens], dim=1)
         elif isinstance(drafter, StaticDFlashDrafter) and staged and drafter.drafts_in_stages:

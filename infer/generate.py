@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import torch
 
 from models.dflash import DFlashDrafter, StaticDFlashDrafter
 from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from models.trees import accept_tree, merge_chain
-from infer.prompt_lookup import PromptLookupDrafter, lookup_drafts
+from infer.prompt_lookup import GrowingLookup, PromptLookupDrafter
 from models.sampling import SamplingConfig, choose, verify
 from models.static_target import StaticTarget
 from models.target import CachedTarget
@@ -259,6 +260,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     if first is not None and (not sampling.greedy or not isinstance(target, StaticTarget) or drafter is None or drafter.tree or first < 1):
         raise ValueError(f"verify_first={first}: a staged verify checks >= 1 drafts of a greedy chain on a static target")
     prompt_list = prompt_ids.reshape(-1).tolist() if torch.is_tensor(prompt_ids) else [int(t) for t in prompt_ids]  # once
+    lookup = GrowingLookup()  # the trees' lookup branch (``tree_lookup``) over the prompt and the output so far
     reuse = reusable_prefix(target, drafter, cached_ids, prompt_list)
     if reuse:
         reuse = min(reuse, target.allocate(n + max_new_tokens + verify_len, keep=reuse))
@@ -303,7 +305,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             new = [int(token)]  # host sync
             stats.accepted_per_step.append(0)
         elif drafter.tree:
-            new, token = tree_step(target, drafter, token, pos, timer, prompt_list + out if drafter.tree_lookup else None)
+            new, token = tree_step(target, drafter, token, pos, timer,
+                                   (lambda: lookup(prompt_list, out, drafter.tree_lookup)) if drafter.tree_lookup else None)
             stats.accepted_per_step.append(len(new) - 1)
         else:
             # a block-causal DFlash drafter under a staged verify drafts the checked slots first, the rest only if they all
@@ -386,15 +389,15 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
 
 
 def tree_step(target: CachedTarget, drafter: Eagle3Drafter | DFlashDrafter, token: torch.Tensor, pos: int, timer: PhaseTimer,
-              sequence: list[int] | None = None) -> tuple[list[int], torch.Tensor]:
+              lookup_chain: Callable[[], list[int]] | None = None) -> tuple[list[int], torch.Tensor]:
     """Draft a tree after ``token`` (at ``pos``), verify it in one forward, commit the accepted path.
 
-    sequence: the token ids at positions 0 .. pos (``token`` last) when the drafter adds prompt lookup's chain to its
-    trees (``tree_lookup``). Returns the new tokens (accepted path + bonus) and the bonus token [] on the device.
+    lookup_chain: prompt lookup's chain after the token ids at positions 0 .. pos (``token`` last), when the drafter adds
+    it to its trees (``tree_lookup``). Returns the new tokens (accepted path + bonus) and the bonus token [] on the device.
     """
     tree = drafter.draft_tree(token, pos)
     if drafter.tree_lookup:
-        tree = merge_chain(tree, lookup_drafts(sequence, drafter.tree_lookup))
+        tree = merge_chain(tree, lookup_chain())
     timer.mark("draft")
     ids = torch.cat([token[None], tree.tokens])  # [N+1], row 0 = the root
     positions = pos + torch.cat([tree.depths.new_zeros(1), tree.depths])

@@ -119,6 +119,23 @@ class NgramIndex:
         return []
 
 
+class GrowingLookup:
+    """``lookup_drafts`` over one generation's prompt and output, a sequence that only grows between calls (the trees'
+    lookup branch, ``--tree-lookup``, drafts over it every step): an ``NgramIndex`` of all but its newest token catches
+    up with the tokens added since the last call. One per generation (a row's next request gets a new one)."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.index = NgramIndex(min_ngram, max_ngram)
+
+    def __call__(self, prompt: list[int], out: list[int], k: int) -> list[int]:
+        """``lookup_drafts(prompt + out, k)``; ``prompt + out`` extends the sequence of the call before."""
+        length, seen = len(prompt) + len(out), len(self.index.tokens)
+        if seen < length - 1:
+            new = prompt[seen:] + out if seen < len(prompt) else out[seen - len(prompt):]
+            self.index.extend(new[:length - 1 - seen])
+        return self.index.drafts_after(out[-1] if out else prompt[-1], k)
+
+
 def lookup_drafts(sequence: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
     """The (up to) k tokens that followed the most recent earlier occurrence of the longest matching suffix of
     ``sequence``; [] when no suffix of ``min_ngram`` .. ``max_ngram`` tokens occurs earlier."""

@@ -67,6 +67,24 @@ def test_drafts_from_the_growing_index_equal_the_reference_at_every_step() -> No
     assert len(seen) == 3  # full proposals, none, and short ones ending with the token being verified
 
 
+def test_the_trees_growing_lookup_equals_the_reference_at_every_step() -> None:
+    """``GrowingLookup`` (the trees' lookup branch over a generation's prompt and output): the output grows by 1-5
+    tokens a step, the index catching up; every step's chain equals the plain reference's over prompt + output, including
+    the first step (an output of one token) and prompts of one token."""
+    from infer.prompt_lookup import GrowingLookup
+
+    rng = random.Random(2)
+    for trial in range(800):
+        k = rng.randint(1, 8)
+        vocab = rng.choice([3, 6, 20])
+        prompt = [rng.randint(0, vocab) for _ in range(rng.randint(1, 25))]
+        out = [rng.randint(0, vocab)]
+        lookup = GrowingLookup()
+        for _ in range(rng.randint(1, 8)):
+            assert lookup(prompt, out, k) == reference_proposal(prompt + out, k, 3, 1), (prompt, out, k)
+            out += [rng.randint(0, vocab) for _ in range(rng.randint(1, 5))]
+
+
 def test_draft_gives_the_real_proposal_and_one_hot_rows_for_it() -> None:
     drafter = PromptLookupDrafter(num_draft_tokens=4, vocab_size=10)
     from models.sampling import SamplingConfig
