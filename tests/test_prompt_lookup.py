@@ -27,14 +27,21 @@ def reference_proposal(sequence: list[int], k: int, max_ngram: int, min_ngram: i
     return sequence[e + 1:e + 1 + k] if n >= min_ngram else []
 
 
+def random_case(rng: random.Random, shortest: int, longest: int) -> tuple[PromptLookupDrafter, list[int]]:
+    """A drafter of random k (1-8) and n-gram sizes (1-4) and a sequence of ``shortest`` .. ``longest`` tokens from a
+    small vocabulary (3, 6 or 20 ids: many repeats)."""
+    k, max_ngram = rng.randint(1, 8), rng.randint(1, 4)
+    min_ngram = rng.randint(1, max_ngram)
+    sequence = [rng.randint(0, rng.choice([3, 6, 20])) for _ in range(rng.randint(shortest, longest))]
+    return PromptLookupDrafter(num_draft_tokens=k, max_ngram=max_ngram, min_ngram=min_ngram), sequence
+
+
 def test_proposals_equal_a_plain_reference() -> None:
     rng = random.Random(0)
     lengths = set()
     for trial in range(3000):
-        k, max_ngram = rng.randint(1, 8), rng.randint(1, 4)
-        min_ngram = rng.randint(1, max_ngram)
-        sequence = [rng.randint(0, rng.choice([3, 6, 20])) for _ in range(rng.randint(1, 30))]
-        drafter = PromptLookupDrafter(num_draft_tokens=k, max_ngram=max_ngram, min_ngram=min_ngram)
+        drafter, sequence = random_case(rng, 1, 30)
+        k, max_ngram, min_ngram = drafter.num_draft_tokens, drafter.max_ngram, drafter.min_ngram
         got, want = drafter.propose(sequence), reference_proposal(sequence, k, max_ngram, min_ngram)
         assert got == want, (sequence, k, max_ngram, min_ngram)
         lengths.add((len(got), k))
@@ -48,10 +55,8 @@ def test_drafts_from_the_growing_index_equal_the_reference_at_every_step() -> No
     rng = random.Random(1)
     seen = set()
     for trial in range(1500):
-        k, max_ngram = rng.randint(1, 8), rng.randint(1, 4)
-        min_ngram = rng.randint(1, max_ngram)
-        sequence = [rng.randint(0, rng.choice([3, 6, 20])) for _ in range(rng.randint(2, 40))]
-        drafter = PromptLookupDrafter(num_draft_tokens=k, max_ngram=max_ngram, min_ngram=min_ngram)
+        drafter, sequence = random_case(rng, 2, 40)
+        k, max_ngram, min_ngram = drafter.num_draft_tokens, drafter.max_ngram, drafter.min_ngram
         drafter.reset(64)
         pos = 0
         while True:
