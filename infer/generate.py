@@ -146,9 +146,12 @@ def common_prefix(a, b) -> int:
 
 
 def reuses_prefixes(drafter) -> bool:
-    """Whether a prompt's cached prefix can skip the prefill with this drafter: the target alone and prompt lookup (tokens
-    only); the feature-reading drafters keep their own caches of the prompt's features and prefill whole prompts."""
-    return drafter is None or isinstance(drafter, PromptLookupDrafter)
+    """Whether a prompt's cached prefix can skip the prefill with this drafter: the target alone, prompt lookup (tokens
+    only) and the static DFlash drafter, whose context caches hold the prefix's features as the target's cache holds its
+    keys (``StaticDFlashDrafter.kept_prefix``: 0 where a sliding layer's ring no longer holds what the prompt's window
+    reads). EAGLE-3 keeps a pending block of the newest features besides its context and prefills whole prompts, as
+    the eager drafters do."""
+    return drafter is None or isinstance(drafter, (PromptLookupDrafter, StaticDFlashDrafter))
 
 
 def reusable_prefix(target, drafter, cached_ids, prompt_ids: list[int]) -> int:
@@ -236,7 +239,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         cached_ids: the token ids whose keys/values row 0 of the target's cache holds at positions 0 .. (the previous
             generation's ``Generation.cache_ids``, nothing written to the target since): the prompt's common prefix with
             them is not prefilled again (a conversation's next turn holds the earlier turns and answers). A static
-            target with the target alone or prompt lookup (``reusable_prefix``); ignored otherwise.
+            target with the target alone, prompt lookup or the static DFlash drafter, whose context keeps the prefix's
+            features likewise (``reusable_prefix``); ignored otherwise.
     """
     device = target.device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
@@ -266,7 +270,14 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         reuse = min(reuse, target.allocate(n + max_new_tokens + verify_len, keep=reuse))
     else:
         target.allocate(n + max_new_tokens + verify_len)
-    if drafter is not None:
+    if isinstance(drafter, StaticDFlashDrafter):
+        # its context holds the features of the tokens its last generation saw (``context_ids``; not the target's cache:
+        # a baseline run in between moves that alone), kept where its rings still hold what the prompt's window reads
+        reuse = min(reuse, common_prefix(drafter.context_ids, prompt_list))
+        drafter.reset(n + max_new_tokens + verify_len, keep=reuse)
+        reuse = drafter.kept_prefix(0, reuse, n) if reuse else 0
+        drafter.context_ids = []  # until this generation ends
+    elif drafter is not None:
         drafter.reset(n + max_new_tokens + verify_len)
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
     eos = set(int(t) for t in eos_token_ids)
@@ -274,7 +285,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
 
     timer = PhaseTimer(device)
     timer.mark("start")
-    if reuse and drafter is not None:  # prompt lookup: the tokens only
+    if reuse and isinstance(drafter, PromptLookupDrafter):  # the tokens only
         drafter.append_context(None, 0, prompt[:reuse])
     for start in range(reuse, n, prefill_chunk):
         logits, features = target.forward(prompt[start:start + prefill_chunk], start, last_logits_only=True)
@@ -367,6 +378,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             break
     timer.mark("other")
     cache_ids = prompt_list + out[:pos - n]  # every token the target has seen, the newest (at pos) not yet
+    if isinstance(drafter, StaticDFlashDrafter):
+        drafter.context_ids = cache_ids
 
     for i, t in enumerate(out):
         if t in eos:

@@ -966,6 +966,9 @@ class StaticDFlashDrafter:
         self.capacity = self.batch = 0
         self.graphs = CapturedSteps()
         self._pos = None
+        # the batch-1 protocol (``infer.generate``): the token ids whose features row 0's context holds at positions 0 ..
+        # after the last generation, what a next turn's prompt may reuse (``kept_prefix``)
+        self.context_ids: list[int] = []
 
     def with_window(self, window) -> "StaticDFlashDrafter":
         return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused,
@@ -977,11 +980,15 @@ class StaticDFlashDrafter:
     def device(self) -> torch.device:
         return self.model.fc.weight.device
 
-    def allocate(self, capacity: int, batch: int = 1) -> None:
-        """Empty caches for positions ``0 .. capacity-1`` in ``batch`` rows (buffers reused while the size fits)."""
+    def allocate(self, capacity: int, batch: int = 1, keep: int = 0) -> None:
+        """Caches for positions ``0 .. capacity-1`` in ``batch`` rows (buffers reused while the size fits), empty but for
+        ``keep``: positions ``0 .. keep-1`` of every row stay where the buffers stay and move to their slots in new
+        buffers of the same batch (a prefix the next request reuses, ``infer.generate``'s ``cached_ids``; a ring keeps
+        its last ``slots`` of them). ``kept_prefix`` says how much of that a prompt can use."""
         # buffers (and the graphs on them) kept while they fit and are at most twice (or 2048 positions more than) asked
         if batch != self.batch or not capacity <= self.capacity <= max(2 * capacity, capacity + 2048):
             cfg, dtype = self.model.config, self.model.fc.weight.dtype
+            old = (self.k, self.v, self.slot_pos) if keep and batch == self.batch else None
             self.k, self.v, self.slot_pos = [], [], {}
             self.graphs.clear()
             for rule in self.rules:
@@ -995,12 +1002,43 @@ class StaticDFlashDrafter:
             cos, sin = self.model.rotary_emb(self.k[0], positions)
             self.cos, self.sin = cos[0], sin[0]  # [capacity + block, D]
             self.capacity, self.batch = capacity, batch
+            if old is not None:
+                self._move_prefix(*old, keep)
         for slot_pos in self.slot_pos.values():
-            slot_pos.fill_(-1)
+            slot_pos.masked_fill_(slot_pos >= keep, -1)
 
-    def reset(self, max_positions: int) -> None:
-        """``infer.generate``'s batch-1 protocol."""
-        self.allocate(max_positions + self.block, 1)
+    def _move_prefix(self, old_k: list[torch.Tensor], old_v: list[torch.Tensor], old_slot_pos: dict, keep: int) -> None:
+        # every row's positions < keep from the old buffers into their slots (position mod slots) in the new ones: the
+        # last ``slots`` of them where the new ring is shorter
+        moves = {}
+        for rule, held in old_slot_pos.items():
+            new = self.slot_pos[rule]
+            rows, old_slots = ((held >= max(0, keep - new.shape[1])) & (held < keep)).nonzero(as_tuple=True)
+            new_slots = held[rows, old_slots] % new.shape[1]
+            new[rows, new_slots] = held[rows, old_slots]
+            moves[rule] = rows, old_slots, new_slots
+        for rule, k_new, v_new, k_old, v_old in zip(self.rules, self.k, self.v, old_k, old_v):
+            rows, old_slots, new_slots = moves[rule]
+            k_new[rows, :, new_slots], v_new[rows, :, new_slots] = k_old[rows, :, old_slots], v_old[rows, :, old_slots]
+
+    def reset(self, max_positions: int, keep: int = 0) -> None:
+        """``infer.generate``'s batch-1 protocol (``keep``: the positions a reused prefix holds, as ``allocate``)."""
+        self.allocate(max_positions + self.block, 1, keep)
+
+    def kept_prefix(self, row: int, keep: int, length: int) -> int:
+        """How many leading positions of row ``row``'s context a prompt of ``length`` tokens reuses, given that its first
+        ``keep`` tokens are what the row held there (their features in the row's slots, written by the turn before):
+        ``keep`` when every position below it that the prompt's next blocks can see is still held (a sliding layer's ring
+        of W + block slots has written over positions more than that far behind its newest), else 0. The row forgets
+        every position from the returned count on (the prefill writes them again). One host sync."""
+        for rule, held in self.slot_pos.items():
+            low = 0 if rule.window is None else max(0, length - rule.window)  # the first block's window starts past it
+            if keep > low and int(((held[row] >= low) & (held[row] < keep)).sum()) != keep - low:
+                keep = 0
+                break
+        for held in self.slot_pos.values():
+            held[row].masked_fill_(held[row] >= keep, -1)
+        return keep
 
     def clear_row(self, row: int) -> None:
         """Forget row ``row``'s context (a new prompt in that row of a batch)."""

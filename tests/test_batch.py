@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from infer.batch import check_batchable, generate_batch
-from infer.generate import VERIFY_FIRST, generate, verify_stages
+from infer.generate import VERIFY_FIRST, common_prefix, generate, verify_stages
 from infer.prompt_lookup import PromptLookupDrafter
 from models.dflash import DFlashDraftModel, StaticDFlashDrafter, make_dflash_config
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config
@@ -540,16 +540,103 @@ def test_a_next_turn_reuses_the_cached_turn_and_gives_the_tokens_of_a_fresh_pref
     assert f.cache_ids == p + f.tokens[:len(f.cache_ids) - len(p)] and len(f.cache_ids) == len(p) + sum(a + 1 for a in f.stats.untrimmed_steps)
 
 
-def test_feature_drafters_prefill_whole_prompts(setup, reference_tokenizer) -> None:
-    """DFlash reads the target's features of every prompt position from its own caches: no reuse."""
+def test_eagle3_prefills_whole_prompts(setup, reference_tokenizer) -> None:
+    """EAGLE-3 keeps a pending block of the newest features besides its context: no reuse (``reuses_prefixes``)."""
     prompts, eos = setup[2][:1], setup[3]
-    target, drafter = make_drafter(setup, "dflash")
+    target, drafter = make_drafter(setup, "eagle3")
     first = generate(target, drafter, prompts[0], 16, eos_token_ids=eos)
     q = second_turns(prompts, [first.tokens], reference_tokenizer)[0]
     assert generate(target, drafter, q, 16, eos_token_ids=eos, cached_ids=first.cache_ids).stats.reused_tokens == 0
 
 
-@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld"])  # quick tier: pld
+def held_context(drafter: StaticDFlashDrafter, row: int, below: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per layer, the positions < ``below`` row ``row``'s context holds (sorted) and their keys and values."""
+    out = []
+    for rule, k_buf, v_buf in zip(drafter.rules, drafter.k, drafter.v):
+        held = drafter.slot_pos[rule][row]
+        slots = ((held >= 0) & (held < below)).nonzero()[:, 0]
+        order = held[slots].argsort()
+        slots = slots[order]
+        out.append((held[slots], k_buf[row, :, slots], v_buf[row, :, slots]))
+    return out
+
+
+def assert_same_context(got: list, want: list) -> None:
+    for (pos_a, k_a, v_a), (pos_b, k_b, v_b) in zip(got, want):
+        assert pos_a.tolist() == pos_b.tolist()
+        torch.testing.assert_close(k_a, k_b, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(v_a, v_b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])
+def test_dflash_next_turn_reuses_its_context_and_equals_a_fresh_prefill(setup, reference_tokenizer, temperature) -> None:
+    """The static DFlash drafter keeps a turn's features for the next (batch 1, ``cached_ids``; its test config has a
+    ring layer of window 6 and a full layer). Turn 2 prefills past the prefix and gives the tokens and accepted counts of
+    a fresh target and drafter prefilling it whole, and the drafter's context (every held position's keys and values,
+    both layers) equals the fresh one's. Between the turns a baseline generation (no drafter) rewrites the target's
+    cache, as eval's baseline does (sampled, its tokens differ): the reuse stops where the drafter's own tokens
+    (``context_ids``) stop matching. A prompt whose window reads positions the ring has written over (a short prompt
+    sharing an early prefix) reuses nothing; one whose window the ring still holds reuses its prefix."""
+    prompts, eos = setup[2][:3], setup[3]
+    sampling = SamplingConfig(temperature=temperature, seed=7)
+    target, drafter = make_drafter(setup, "dflash")
+    window = drafter.rules[0].window
+    assert window == 6 and drafter.rules[1].window is None
+    for p in prompts:
+        one = generate(target, drafter, p, 24, sampling, eos_token_ids=eos)
+        base = generate(target, None, p, 24, sampling, eos_token_ids=eos, cached_ids=one.cache_ids)
+        q = second_turns([p], [one.tokens], reference_tokenizer)[0]
+        ring_lost = one.cache_ids[:20] + [one.cache_ids[5]] * 2  # its window reads positions 16 .. 19, long written over
+        ring_held = one.cache_ids[:-2] + [one.cache_ids[5]]  # its window reads the newest positions
+        cases = [(q, base.cache_ids), (q, one.cache_ids), (ring_lost, one.cache_ids), (ring_held, one.cache_ids)]
+        for i, (prompt, cached) in enumerate(cases):
+            if i:  # the caches hold turn 1 again
+                generate(target, drafter, p, 24, sampling, eos_token_ids=eos)
+            got = generate(target, drafter, prompt, 24, sampling, eos_token_ids=eos, cached_ids=cached)
+            fresh_target, fresh = make_drafter(setup, "dflash")
+            want = generate(fresh_target, fresh, prompt, 24, sampling, eos_token_ids=eos)
+            assert (got.tokens, got.stats.accepted_per_step) == (want.tokens, want.stats.accepted_per_step)
+            assert_same_context(held_context(drafter, 0, len(got.cache_ids)), held_context(fresh, 0, len(want.cache_ids)))
+            expected = min(common_prefix(cached, prompt), common_prefix(one.cache_ids, prompt), len(prompt) - 1)
+            if prompt is ring_lost:
+                assert len(prompt) - window < expected and got.stats.reused_tokens == 0
+            else:
+                assert got.stats.reused_tokens == expected > len(p)
+        if temperature > 0:  # the baseline's sampled reply differs: the target's cache alone would have claimed more
+            assert common_prefix(base.cache_ids, one.cache_ids) < len(one.cache_ids)
+
+
+def test_dflash_rows_reuse_their_context_through_the_batched_prefill(setup, reference_tokenizer) -> None:
+    """``generate_streams``' own prefill path (rows prefilled together past their kept prefixes, the drafter fed from
+    there): when a row finishes turn 2, its DFlash context over turn 2's prompt equals a fresh drafter's after a whole
+    prefill of that prompt at batch 1, and turn 2 reused turn 1."""
+    from infer.batch import generate_streams
+
+    prompts, eos = setup[2][:3], setup[3]
+    target, drafter = make_drafter(setup, "dflash")
+    got, contexts = {}, {}
+
+    def driver(stream, finished):
+        if finished is None:
+            return prompts[stream]
+        got.setdefault(stream, []).append(finished)
+        if len(got[stream]) == 1:
+            return second_turns([prompts[stream]], [finished.tokens], reference_tokenizer)[0]
+        q = second_turns([prompts[stream]], [got[stream][0].tokens], reference_tokenizer)[0]
+        contexts[stream] = (q, held_context(drafter, 0, len(q)))  # one row: every stream's turns in row 0
+        return None
+
+    generate_streams(target, drafter, driver, len(prompts), batch_size=1, capacity=512, max_new_tokens=24, eos_token_ids=eos)
+    for s, (q, context) in contexts.items():
+        fresh_target, fresh = make_drafter(setup, "dflash")
+        want = generate(fresh_target, fresh, q, 24, eos_token_ids=eos)
+        assert (got[s][1].tokens, got[s][1].stats.accepted_per_step) == (want.tokens, want.stats.accepted_per_step)
+        assert_same_context(context, held_context(fresh, 0, len(q)))
+        assert got[s][1].stats.reused_tokens > len(prompts[s])
+    assert len(contexts) == len(prompts)
+
+
+@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld", pytest.param("dflash", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("prefill_chunk", [4096, pytest.param(48, marks=pytest.mark.slow)])
 def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tokenizer, drafter_kind, prefill_chunk, monkeypatch) -> None:
     """Two-turn streams, 3 rows, rows refilled in waves of 2 (a finished row waits, stepping idle past its cached
