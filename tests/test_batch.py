@@ -676,21 +676,25 @@ def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tok
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("drafter_kind", ["none", "pld"])
+@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash"])
 def test_captured_rows_reuse_their_turns_on_a_gpu(setup, reference_tokenizer, drafter_kind) -> None:
     """The captured target (CUDA graphs, fp32): two-turn streams with reuse give the tokens and accepted counts of the
     same streams prefilled whole, at batch 3 (idle rows parked past their cached turns in the captured steps) and at
-    batch 1 (``cached_ids``), and turn 2 reused its turn 1."""
+    batch 1 (``cached_ids``), and turn 2 reused its turn 1. DFlash: its block pass and append captured too, its
+    context kept with the prefix."""
     import copy
 
     from infer.batch import generate_streams
 
     model = copy.deepcopy(setup[0]).cuda()
     prompts, eos = setup[2], setup[3]
-    drafter = PromptLookupDrafter(num_draft_tokens=3, vocab_size=8192) if drafter_kind == "pld" else None
+    drafter = {"none": None, "pld": PromptLookupDrafter(num_draft_tokens=3, vocab_size=8192),
+               "dflash": StaticDFlashDrafter(copy.deepcopy(setup[1]).cuda(), model.get_input_embeddings(), model.get_output_embeddings(),
+                                             compile=False)}[drafter_kind]
+    layers = [1, 3] if drafter_kind == "dflash" else []
 
     def run(reuse: bool) -> dict:
-        target, got = StaticTarget(model, []), {}
+        target, got = StaticTarget(model, layers), {}
 
         def driver(stream, finished):
             if finished is None:
@@ -703,7 +707,7 @@ def test_captured_rows_reuse_their_turns_on_a_gpu(setup, reference_tokenizer, dr
         return got
 
     reused, whole = run(True), run(False)
-    target = StaticTarget(model, [])
+    target = StaticTarget(model, layers)
     for s, p in enumerate(prompts):
         assert [(g.tokens, g.stats.accepted_per_step) for g in reused[s]] == [(g.tokens, g.stats.accepted_per_step) for g in whole[s]]
         assert reused[s][1].stats.reused_tokens > len(p) and whole[s][1].stats.reused_tokens == 0
