@@ -312,6 +312,74 @@ def test_eval_batched_records_equal_batch_one(setup, reference_tokenizer, tmp_pa
     assert sorted((r["id"], r["turn"], r["output_ids"]) for r in again) == sorted((r["id"], r["turn"], r["output_ids"]) for r in got)
 
 
+@pytest.mark.parametrize("drafter_kind,temperature", [("none", 0.0), ("pld", 0.8), pytest.param("dflash", 0.8, marks=pytest.mark.slow),
+                                                      pytest.param("dflash", 0.0, marks=pytest.mark.slow)])
+def test_rows_swapped_through_pickle_between_steps_equal_batch_one(setup, drafter_kind, temperature) -> None:
+    """``generate_streams``' ``rebalance`` as a CPU worker uses it: every other step two live rows leave (``give``), are
+    pickled as a queue carries them to another process, and come back in the other order (``take``: into the first
+    free rows), so rows land in rows that held others. Every request's tokens and accepted counts equal batch 1's
+    (sampled: each row's generator moves with it; prompt lookup: its index), and the generations count their moves."""
+    import itertools
+    import pickle
+
+    from infer.batch import generate_streams
+
+    prompts, eos = setup[2], setup[3]
+    target, drafter = make_drafter(setup, drafter_kind)
+    sampling = SamplingConfig(temperature=temperature, seed=7)
+    want = [generate(target, drafter, p, 24, sampling, eos_token_ids=eos) for p in prompts]
+    got, steps, swaps = {}, itertools.count(), []
+    sources, landed = [], []
+    row_state, load_row = target.row_state, target.load_row
+    target.row_state = lambda r, n: sources.append(r) or row_state(r, n)
+    target.load_row = lambda r, kv: landed.append(r) or load_row(r, kv)
+
+    def rebalance(live, free, give, take):
+        if live >= 2 and next(steps) % 2 == 0:
+            first, second = give(), give()
+            for stream, row in (second, first):
+                take(stream, pickle.loads(pickle.dumps(row)))
+            swaps.append((first[0], second[0]))
+        return False
+
+    def driver(stream, finished):
+        if finished is None:
+            return prompts[stream]
+        got[stream] = finished
+        return None
+
+    generate_streams(target, drafter, driver, len(prompts), batch_size=3, capacity=256, max_new_tokens=24, sampling=sampling,
+                     eos_token_ids=eos, rebalance=rebalance)
+    for s, w in enumerate(want):
+        assert (got[s].tokens, got[s].stats.accepted_per_step) == (w.tokens, w.stats.accepted_per_step)
+    assert len(swaps) >= 3 and sum(g.stats.moved for g in got.values()) == 2 * len(swaps)
+    assert any(a != b for a, b in zip(sources, landed))  # rows landed in rows that held other requests
+
+
+def test_a_dflash_row_context_moves_into_another_rows_slots(setup) -> None:
+    """``row_context`` / ``load_row_context`` (pickled between): a row whose ring (window 6) has wrapped, moved into another
+    row of another drafter, holds the same positions, keys and values there and drafts the same block logits."""
+    import pickle
+
+    _, dflash, _, _, _ = setup
+    model = setup[0]
+    one, two = (StaticDFlashDrafter(dflash, model.get_input_embeddings(), model.get_output_embeddings()) for _ in range(2))
+    one.allocate(64, batch=3)
+    two.allocate(64, batch=3)
+    torch.manual_seed(1)
+    width = dflash.fc.weight.shape[1]
+    for r in range(3):
+        one.append(torch.randn(1, 30, width), torch.tensor([0]), row=r)
+        two.append(torch.randn(1, 30, width), torch.tensor([0]), row=r)
+    context = pickle.loads(pickle.dumps(one.row_context(0, 25)))
+    assert [len(c[0]) for c in context] == [5, 25]  # the ring's positions 20 .. 24 below 25; the full layer's 0 .. 24
+    two.load_row_context(2, context)
+    assert_same_context(held_context(two, 2, 25), held_context(one, 0, 25))
+    token, anchor = torch.tensor([7]), torch.tensor([25])
+    torch.testing.assert_close(two.block_logits(torch.tensor([0, 0, 7]), torch.tensor([0, 0, 25]))[0][2],
+                               one.block_logits(token, anchor)[0][0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow  # worker processes
 @pytest.mark.parametrize("drafter_kind", ["pld", "dflash", "none"])
 def test_eval_records_from_cpu_workers_equal_batch_one(setup, reference_tokenizer, tmp_path, drafter_kind) -> None:
