@@ -62,9 +62,6 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=["alone", "pld", "drafter"], help="run only these (default: all three)")
     p.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                    help="prefill every turn's whole prompt (default: as eval, past what the row's cache holds from the turn before)")
-    p.add_argument("--no-row-moves", dest="move_rows", action="store_false",
-                   help="forked CPU workers keep their rows to the end (default: as eval, live rows move to a worker with fewer "
-                        "once no conversation is left to claim)")
     p.add_argument("--draft-steps", type=int)
     p.add_argument("--tree-topk", type=int)
     p.add_argument("--tree-tokens", type=int)
@@ -115,8 +112,7 @@ def main() -> None:
             t0, c0 = time.perf_counter(), cpu_now()
             records = run_conversations(target, d, tokenizer, conversations, prefill_tokens=0, sampling=SamplingConfig(),
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=bs,
-                                        desc=f"{name}, batch {bs}", reuse_prefixes=args.prefix_reuse, workers=workers,
-                                        move_rows=args.move_rows)
+                                        desc=f"{name}, batch {bs}", reuse_prefixes=args.prefix_reuse, workers=workers)
             wall, cpu = time.perf_counter() - t0, cpu_now() - c0
             records = sorted(records, key=lambda r: (str(r["id"]), r["turn"]))
             new = sum(r["stats"]["new_tokens"] for r in records)

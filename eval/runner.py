@@ -9,7 +9,6 @@ question i starts 997*i tokens into the bundled ShareGPT sample), identical for 
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 import multiprocessing
 import os
@@ -81,7 +80,7 @@ def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
 def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, tokenizer, conversations: list[Conversation], *,
                       prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, baseline: bool,
                       desc: str = "eval", partial: Path | None = None, engine=None, batch_size: int = 1,
-                      reuse_prefixes: bool = True, workers: int = 1, move_rows: bool = True) -> list[dict]:
+                      reuse_prefixes: bool = True, workers: int = 1) -> list[dict]:
     """One record per (conversation, turn) with the tokens, the accepted counts and the timings.
 
     ``engine``: an ``eval.engines.VllmEngine`` decoding every turn in place of our loop (greedy; the
@@ -95,13 +94,11 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
     earlier turns and answers; the target alone, prompt lookup and DFlash, ``infer.generate.reusable_prefix``), at every batch
     size.
 
-    ``workers``: batched on the CPU, the batch's rows split over that many forked one-thread processes (``cpu_workers``);
-    ``move_rows``: live rows move between them at the batch's tail (``decode_in_workers``)."""
+    ``workers``: batched on the CPU, the batch's rows split over that many forked one-thread processes (``cpu_workers``)."""
     if batch_size > 1 and engine is None:
         return run_conversations_batched(target, drafter, tokenizer, conversations, prefill_tokens=prefill_tokens, sampling=sampling,
                                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, baseline=baseline, desc=desc,
-                                         partial=partial, batch_size=batch_size, reuse_prefixes=reuse_prefixes, workers=workers,
-                                         move_rows=move_rows)
+                                         partial=partial, batch_size=batch_size, reuse_prefixes=reuse_prefixes, workers=workers)
     limit = max_positions(target)
     records = []
     done = read_partial(partial)
@@ -211,7 +208,7 @@ def cpu_workers(device, batch_size: int, threads: int | None, requested: int | N
 
 def run_conversations_batched(target, drafter, tokenizer, conversations: list[Conversation], *, prefill_tokens: int, sampling: SamplingConfig,
                               max_new_tokens: int, eos_token_ids, baseline: bool, desc: str, partial: Path | None, batch_size: int,
-                              reuse_prefixes: bool = True, workers: int = 1, move_rows: bool = True) -> list[dict]:
+                              reuse_prefixes: bool = True, workers: int = 1) -> list[dict]:
     """``run_conversations`` with ``batch_size`` conversations in flight (``infer/batch.py``): each finished turn is written
     to ``partial`` at once and its conversation's next turn enters the batch; the autoregressive baseline, when asked for,
     runs batched afterwards over the same prompts (a record is written again with it; the last line of a turn counts).
@@ -240,8 +237,7 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
     try:
         t0 = time.perf_counter()
         if workers > 1:
-            records, prompts = decode_in_workers(target, drafter, tokenizer, conversations, workers, batch_size, write, bar, decode_args,
-                                                 move_rows)
+            records, prompts = decode_in_workers(target, drafter, tokenizer, conversations, workers, batch_size, write, bar, decode_args)
         else:
             order = iter(range(len(conversations)))
             by_index, prompts = decode_batched(target, drafter, tokenizer, conversations, lambda: next(order, None), batch_size,
@@ -273,15 +269,13 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
 
 def decode_batched(target, drafter, tokenizer, conversations: list[Conversation], claim, batch_size: int, write, finished_one, *,
                    prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, limit: int, done: dict, capacity: int,
-                   reuse_prefixes: bool, rebalance=None) -> tuple[dict[int, list[dict]], dict[tuple[int, int], list[int]]]:
+                   reuse_prefixes: bool) -> tuple[dict[int, list[dict]], dict[tuple[int, int], list[int]]]:
     """Turns of ``conversations`` through ``generate_streams`` with ``batch_size`` rows: (the records of each conversation
     decoded here, by its index in ``conversations``; the prompts by (that index, turn)). A row that frees takes the next
     conversation ``claim()`` gives (an index; None when none is left): in order in one process, from a counter the CPU
     workers share (``decode_in_workers``), so no worker idles while another still has conversations queued. The index
     is also the conversation's filler document's offset. ``write(record)`` as each turn ends, ``finished_one()`` as each
-    conversation does. ``rebalance(live, free, give, take)`` (``decode_in_workers``): ``generate_streams``' hook with
-    conversations: ``give()`` hands out a live row with its conversation's records and prompts (dropped here),
-    ``take(payload)`` takes one in."""
+    conversation does."""
     from infer.batch import generate_streams
 
     records: dict[int, list[dict]] = {}
@@ -318,39 +312,19 @@ def decode_batched(target, drafter, tokenizer, conversations: list[Conversation]
         finished_one()
         return None
 
-    moved_in = itertools.count(len(conversations))  # streams of rows moved in: numbered past generate_streams' own
-
-    def give_conversation(give) -> dict:
-        stream, row = give()
-        i = assigned.pop(stream)
-        return {"conversation": i, "records": records.pop(i), "prompts": {k: v for k, v in prompts.items() if k[0] == i}, "row": row}
-
-    def take_conversation(take, payload: dict) -> None:
-        stream, i = next(moved_in), payload["conversation"]
-        assigned[stream], records[i] = i, payload["records"]
-        prompts.update(payload["prompts"])
-        take(stream, payload["row"])
-
-    streams_rebalance = None if rebalance is None else (
-        lambda live, free, give, take: rebalance(live, free, lambda: give_conversation(give), lambda payload: take_conversation(take, payload)))
     generate_streams(target, drafter, next_prompt, len(conversations), batch_size=batch_size, capacity=capacity,
-                     max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, reuse_prefixes=reuse_prefixes,
-                     rebalance=streams_rebalance)
+                     max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids, reuse_prefixes=reuse_prefixes)
     return records, prompts
 
 
 def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversation], workers: int, batch_size: int, write, bar,
-                      decode_args: dict, move_rows: bool = True) -> tuple[list[list[dict]], dict[tuple[int, int], list[int]]]:
+                      decode_args: dict) -> tuple[list[list[dict]], dict[tuple[int, int], list[int]]]:
     """``decode_batched`` in ``workers`` forked one-thread processes, each with its share of the ``batch_size`` rows; a
     worker's free row claims the next conversation from a counter they share (in order: a worker that drew short ones
     takes more rather than idling while the other finishes a fixed half; measured against round-robin halves on 16
     conversations it changed nothing, both left the 2-core machine's workers busy ~81% of the wall time, the batch's end
     being what idles them: BENCHMARKS.md; letting the workers still decoding take a finished one's core, from a parent
-    that never started its OpenMP pool, kept both cores busy but did not shorten the pass: tried, not kept).
-    ``move_rows``: once every conversation is claimed, a worker with at least two more live rows than another gives it
-    rows (``generate_streams``' ``rebalance``: the row's request, newest token, target keys/values and DFlash context
-    move through a queue), so the batch's tail spreads over the cores; a worker left with no row waits while one could
-    still come. Rows that move are those a draining batch packs (the target alone, prompt lookup, DFlash chains). The turns
+    that never started its OpenMP pool, kept both cores busy but did not shorten the pass: tried, not kept). The turns
     come back through a queue as they end (written here, in the order they end) and each worker's records and prompts
     at its end. A worker's ValueError (bad
     input) is raised here as the one-process run raises it; another error as a RuntimeError with the worker's traceback."""
@@ -359,42 +333,6 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
     messages = context.Queue()
     claimed = context.Value("i", 0)  # the next conversation to hand out (its own lock)
     rows = [batch_size // workers + (w < batch_size % workers) for w in range(workers)]
-    # moving rows: each worker's live rows as of its last step and the rows given to it not taken yet (under `lock`),
-    # and each worker's inbox of rows given to it
-    lock = context.Lock()
-    live, incoming = context.Array("i", workers, lock=False), context.Array("i", workers, lock=False)
-    inboxes = [context.Queue() for _ in range(workers)]
-
-    def rebalancer(w: int):
-        def rebalance(n_live: int, n_free: int, give, take) -> bool:
-            """Between worker ``w``'s steps: take the rows given to it; once every conversation is claimed, give rows to
-            the worker with the fewest (live + on their way) while it has at least two more. Returns whether ``w``,
-            with no live row, waits for more (rows on their way, or a worker that could still give)."""
-            while True:
-                try:
-                    payload = inboxes[w].get_nowait()
-                except queue.Empty:
-                    break
-                take(payload)
-                n_live += 1
-                with lock:
-                    incoming[w] -= 1
-            to = []
-            with lock:
-                live[w] = n_live
-                if claimed.value >= len(conversations):
-                    while True:
-                        loads = [live[v] + incoming[v] for v in range(workers)]
-                        v = min((v for v in range(workers) if v != w and loads[v] < rows[v]), key=loads.__getitem__, default=None)
-                        if v is None or loads[w] < loads[v] + 2 or live[w] < 1:
-                            break
-                        live[w], incoming[v] = live[w] - 1, incoming[v] + 1
-                        to.append(v)
-                wait = incoming[w] > 0 or claimed.value < len(conversations) or any(live[v] >= 2 for v in range(workers) if v != w)
-            for v in to:  # pickled by the queue's feeder thread while this worker steps on
-                inboxes[v].put(give())
-            return wait
-        return rebalance
 
     def claim() -> int | None:
         with claimed.get_lock():
@@ -409,7 +347,7 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
             torch.set_num_threads(1)
             records, prompts = decode_batched(target, drafter, tokenizer, conversations, claim, rows[w],
                                               lambda record: messages.put(("record", record)), lambda: messages.put(("finished", None)),
-                                              rebalance=rebalancer(w) if move_rows else None, **decode_args)
+                                              **decode_args)
             messages.put(("done", (w, records, prompts)))
         except BaseException as e:
             messages.put(("error", (w, type(e).__name__, str(e), traceback.format_exc())))

@@ -16,8 +16,6 @@
             or idle row steps past that prefix, not over it
     drain:  once no request waits, an uncaptured target with no drafter caches (the CPU; the target alone or prompt
             lookup) moves its live rows to the front and steps only those
-    move:   ``rebalance`` (eval's CPU workers): between steps, a live row's whole state (its request, newest token, the
-            target's keys/values and the DFlash context below its position) leaves for another process's free row
 
 Each row's output and accepted counts are the batch-1 loop's (``infer.generate.generate``): greedy acceptance is
 per row, and sampling draws from a generator per row seeded as ``generate`` seeds its own (from ``sampling.seed``, or
@@ -75,22 +73,6 @@ class Row:
         return self.prompt + self.out[:self.pos - self.prompt_len]
 
 
-@dataclass
-class MovedRow:
-    """A live row between processes (``generate_streams``' ``rebalance``): everything the next step reads of it. Its
-    ``Row`` travels without the generator (not picklable): the generator's state beside it."""
-    row: Row
-    generator_state: torch.Tensor
-    token: int
-    target_kv: tuple[torch.Tensor, torch.Tensor]
-    drafter_context: list | None  # StaticDFlashDrafter.row_context
-
-
-# rebalance(live rows, free rows, give, take) -> whether to wait for rows when none is live here; give() hands the cheapest
-# live row out as (stream, MovedRow) and frees it; take(stream, MovedRow) puts one into a free row
-Rebalance = Callable[[int, int, Callable[[], tuple[int, MovedRow]], Callable[[int, MovedRow], None]], bool]
-
-
 def check_batchable(drafter, batch_size: int) -> None:
     if batch_size > 1 and drafter is not None and not isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter, PromptLookupDrafter)):
         name = type(drafter).__name__
@@ -103,8 +85,7 @@ def check_batchable(drafter, batch_size: int) -> None:
 def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams: int, *, batch_size: int, capacity: int,
                      max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
                      refill_wave: int | None = None, run_steps: int = 8, reuse_prefixes: bool = True,
-                     stream_seeds: Sequence[int] | None = None, verify_first: int | None | str = "auto",
-                     rebalance: Rebalance | None = None) -> None:
+                     stream_seeds: Sequence[int] | None = None, verify_first: int | None | str = "auto") -> None:
     """Run ``num_streams`` request streams through ``batch_size`` rows; every finished generation goes to ``driver``.
 
     capacity: the most positions one request needs (prompt + ``max_new_tokens`` + a verify block); a longer request
@@ -121,10 +102,6 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         ``SamplingConfig(seed=...)``); default ``sampling.seed`` for all. n samples of one prompt: n streams, n seeds.
     verify_first: as ``generate``'s (greedy DFlash chains on the CPU check the first drafts of every row, then verify
         the rest of the rows whose checked drafts all matched: ``staged_verify``).
-    rebalance: called between steps while no request waits for a row (``Rebalance``): eval's CPU workers move live
-        rows from a worker with more of them to one with fewer once no conversation is left to claim, so one worker
-        does not finish the batch's tail alone. Rows that can move are those a draining batch packs (uncaptured: the
-        target alone, prompt lookup, DFlash chains); with no live row left, the loop waits while it returns True.
     """
     check_batchable(drafter, batch_size)
     if stream_seeds is not None and len(stream_seeds) != num_streams:
@@ -312,40 +289,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         positions.copy_(torch.tensor([row.pos if row else parked(r) for r, row in enumerate(rows)]))
         settle()
 
-    def give() -> tuple[int, MovedRow]:
-        """The live row with the fewest positions (the least to copy) out of this batch, its row freed."""
-        r = min((r for r, row in enumerate(rows) if row is not None), key=lambda r: rows[r].pos)
-        row = rows[r]
-        context = drafter.row_context(r, row.pos) if isinstance(drafter, StaticDFlashDrafter) else None
-        moved = MovedRow(copy.copy(row), row.generator.get_state(), int(tokens[r]), target.row_state(r, row.pos), context)
-        moved.row.generator = None
-        rows[r], cached[r] = None, []
-        positions[r] = parked(r)
-        return row.stream, moved
-
-    def take(stream: int, moved: MovedRow) -> None:
-        """A moved row into a free row of this batch, as request ``stream`` (``driver``'s numbering)."""
-        r = next(r for r, row in enumerate(rows) if row is None and all(r != w[0] for w in waiting))
-        row = copy.copy(moved.row)
-        row.stream, row.generator = stream, torch.Generator(device=device)
-        row.generator.set_state(moved.generator_state)
-        target.load_row(r, moved.target_kv)
-        if moved.drafter_context is not None:
-            drafter.load_row_context(r, moved.drafter_context)
-        row.stats.moved += 1
-        rows[r], cached[r] = row, []
-        tokens[r], positions[r] = moved.token, row.pos
-
-    movable, wait = rebalance is not None and packable, False
-    while True:
-        if movable and not waiting:
-            live = sum(row is not None for row in rows)
-            wait = rebalance(live, rows_n - live, give, take)
-        if not any(row is not None for row in rows):  # settle leaves no request waiting without a row decoding
-            if movable and wait:
-                time.sleep(0.002)
-                continue
-            break
+    while any(row is not None for row in rows):  # settle leaves no request waiting without a row decoding
         if alone:
             decode_alone(pack() if packable else rows_n)
             continue

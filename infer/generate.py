@@ -94,7 +94,6 @@ class GenerationStats:
     # accepted_per_step (vLLM's counters do count them: ``untrimmed_steps`` is what they compare with)
     accepted_past_end: int = 0
     reused_tokens: int = 0  # leading prompt tokens whose keys/values the cache held already (not prefilled; ``cached_ids``)
-    moved: int = 0  # times the request's row moved to another CPU worker process (``infer.batch``'s ``rebalance``)
 
     @property
     def untrimmed_steps(self) -> list[int]:

@@ -1054,27 +1054,6 @@ class StaticDFlashDrafter:
         for slot_pos in self.slot_pos.values():
             slot_pos[dst] = slot_pos[src]
 
-    def row_context(self, row: int, below: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Row ``row``'s context at positions ``< below`` (a live row's: every position it holds there is verified),
-        per layer the positions and their keys and values (copies, for another process's ``load_row_context``:
-        ``infer.batch`` moves a live row between CPU workers)."""
-        out = []
-        for rule, k_buf, v_buf in zip(self.rules, self.k, self.v):
-            held = self.slot_pos[rule][row]
-            slots = ((held >= 0) & (held < below)).nonzero()[:, 0]
-            out.append((held[slots].clone(), k_buf[row, :, slots].clone(), v_buf[row, :, slots].clone()))
-        return out
-
-    def load_row_context(self, row: int, context: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
-        """``row_context``'s positions into row ``row``, each in its slot here (position mod slots); the row's other
-        positions are forgotten."""
-        self.clear_row(row)
-        for rule, k_buf, v_buf, (positions, k, v) in zip(self.rules, self.k, self.v, context):
-            held = self.slot_pos[rule][row]
-            slots = positions % held.shape[0]
-            held[slots] = positions
-            k_buf[row, :, slots], v_buf[row, :, slots] = k, v
-
     # --------------------------------------------------------------------------------------- the two passes
 
     def _append(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:

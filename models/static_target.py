@@ -499,17 +499,6 @@ class StaticTarget:
         self.k_cache[:, dst, :, :length] = self.k_cache[:, src, :, :length]
         self.v_cache[:, dst, :, :length] = self.v_cache[:, src, :, :length]
 
-    def row_state(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row ``row``'s cached keys and values at positions ``< length`` (copies, for another process's ``load_row``:
-        ``infer.batch`` moves a live row between CPU workers)."""
-        return self.k_cache[:, row, :, :length].clone(), self.v_cache[:, row, :, :length].clone()
-
-    def load_row(self, row: int, state: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """``row_state``'s keys and values into row ``row`` at positions 0 .. (what the row held there is gone)."""
-        k, v = state
-        self.k_cache[:, row, :, :k.shape[2]] = k
-        self.v_cache[:, row, :, :v.shape[2]] = v
-
     # ------------------------------------------------------------------------------------------ prefill, trees
 
     def _eager_layer(self, i: int, x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
