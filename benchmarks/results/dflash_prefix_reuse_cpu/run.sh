@@ -1,0 +1,11 @@
+#!/bin/bash
+# the repository root, the venv active; EXPORT: the recipe's DFlash drafter (results/issue24_recipe_drafter_h200)
+T=../shared/targets/qwen3-27m-sharegpt
+# one eval cell behind 8,000 filler tokens, 4 MT-Bench conversations (both turns), with and without prefix reuse
+/usr/bin/time -f "%e s wall" python -m eval mtbench --target $T --drafter EXPORT --prefill-tokens 8000 --num-questions 4 --max-new-tokens 64 --out OUT_REUSE
+/usr/bin/time -f "%e s wall" python -m eval mtbench --target $T --drafter EXPORT --prefill-tokens 8000 --num-questions 4 --max-new-tokens 64 --out OUT_WHOLE --no-prefix-reuse
+# issue 24's CPU ratio, interleaved pairs (q16_interleaved_before.txt: the same command at 76dbeac, this session, before)
+python benchmarks/batch_throughput.py --target $T --drafter EXPORT --max-new-tokens 128 --batch-sizes 1 8 --threads 2 --interleave \
+  --questions 16 --repeat 3 --only drafter > q16_interleaved.txt
+# the drain's timeline at 76dbeac (drain_timeline_76dbeac.txt)
+python benchmarks/results/dflash_prefix_reuse_cpu/timeline.py 16 EXPORT && python benchmarks/results/dflash_prefix_reuse_cpu/analyze_timeline.py timeline.jsonl
