@@ -7,5 +7,9 @@ T=../shared/targets/qwen3-27m-sharegpt
 # issue 24's CPU ratio, interleaved pairs (q16_interleaved_before.txt: the same command at 76dbeac, this session, before)
 python benchmarks/batch_throughput.py --target $T --drafter EXPORT --max-new-tokens 128 --batch-sizes 1 8 --threads 2 --interleave \
   --questions 16 --repeat 3 --only drafter > q16_interleaved.txt
+python benchmarks/batch_throughput.py --target $T --drafter EXPORT --max-new-tokens 128 --batch-sizes 1 8 --threads 2 --interleave \
+  --questions 80 --repeat 2 --only drafter > q80_interleaved.txt
 # the drain's timeline at 76dbeac (drain_timeline_76dbeac.txt)
 python benchmarks/results/dflash_prefix_reuse_cpu/timeline.py 16 EXPORT && python benchmarks/results/dflash_prefix_reuse_cpu/analyze_timeline.py timeline.jsonl
+# one step's cost by rows and tokens (stepcost.txt)
+python benchmarks/results/dflash_prefix_reuse_cpu/stepcost.py 1 4 EXPORT; python benchmarks/results/dflash_prefix_reuse_cpu/stepcost.py 2 1 EXPORT
