@@ -10,10 +10,10 @@
             append every row's verified block to the drafter (fixed shapes) -> one host sync for all rows
             (prompt lookup: each row's real drafts, 0 .. k, padded to the longest row's; uncaptured, the padding skips
             the target's linears, and a row accepts at most its real drafts, as at batch 1)
-    reuse:  the target alone, prompt lookup and the static DFlash drafter (its context keeps the prefix's features): a
-            row's next prompt is prefilled only past its common prefix with what the row's cache holds (a
-            conversation's next turn holds its earlier turns and answers), as ``generate``'s ``cached_ids``; a waiting
-            or idle row steps past that prefix, not over it
+    reuse:  the target alone, prompt lookup and the static drafters (their contexts keep the prefix): a row's next
+            prompt is prefilled only past its common prefix with what the row's cache holds (a conversation's next
+            turn holds its earlier turns and answers), as ``generate``'s ``cached_ids``; a waiting or idle row steps
+            past that prefix, not over it
     drain:  once no request waits, an uncaptured target with no drafter caches (the CPU; the target alone or prompt
             lookup) moves its live rows to the front and steps only those
 
@@ -95,9 +95,9 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         regeneration on small targets (default: an eighth of the rows). A row's tokens do not depend on when it starts.
     run_steps: the target alone, greedy, steps this many times between host syncs (``decode_alone``): per-row host
         bookkeeping after every step bounded regeneration on small targets, not the GPU. 1: a sync every step.
-    reuse_prefixes: the target alone, prompt lookup and the static DFlash drafter prefill a row's next prompt only past
-        its common prefix with the row's cached tokens (the earlier turns of the same stream land in the same row; the
-        drafter's context keeps their features, ``StaticDFlashDrafter.kept_prefix``). Off: every prompt whole.
+    reuse_prefixes: the target alone, prompt lookup and the static drafters prefill a row's next prompt only past its
+        common prefix with the row's cached tokens (the earlier turns of the same stream land in the same row; the
+        drafter's context keeps them, its ``kept_prefix``). Off: every prompt whole.
     stream_seeds: each stream's sampling seed (its requests' generators start from it, as ``generate`` with
         ``SamplingConfig(seed=...)``); default ``sampling.seed`` for all. n samples of one prompt: n streams, n seeds.
     verify_first: as ``generate``'s (greedy DFlash chains on the CPU check the first drafts of every row, then verify
@@ -163,10 +163,8 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         skip = {r: min(common_prefix(cached[r], prompt), len(prompt) - 1) for r, _, prompt in waiting}
         for r, _, prompt in waiting:
             cached[r] = []
-            if isinstance(drafter, StaticDFlashDrafter):  # its context keeps the prefix's features where its rings still hold them
+            if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):  # its context keeps the prefix where its rings hold it
                 skip[r] = drafter.kept_prefix(r, skip[r], len(prompt))
-            elif isinstance(drafter, StaticEagle3Drafter):
-                drafter.clear_row(r)
         entries = sorted(waiting, key=lambda e: len(e[2]) - skip[e[0]])
         waiting.clear()
         ids = {r: torch.as_tensor(prompt, dtype=torch.long, device=device) for r, _, prompt in entries}

@@ -147,11 +147,10 @@ def common_prefix(a, b) -> int:
 
 def reuses_prefixes(drafter) -> bool:
     """Whether a prompt's cached prefix can skip the prefill with this drafter: the target alone, prompt lookup (tokens
-    only) and the static DFlash drafter, whose context caches hold the prefix's features as the target's cache holds its
-    keys (``StaticDFlashDrafter.kept_prefix``: 0 where a sliding layer's ring no longer holds what the prompt's window
-    reads). EAGLE-3 keeps a pending block of the newest features besides its context and prefills whole prompts, as
-    the eager drafters do."""
-    return drafter is None or isinstance(drafter, (PromptLookupDrafter, StaticDFlashDrafter))
+    only) and the static drafters, whose context caches hold the prefix as the target's cache holds its keys
+    (``kept_prefix``: how much, 0 where a sliding layer's ring no longer holds what the prompt's window reads; EAGLE-3
+    resumes a position earlier, its keys being made with the next token). The eager drafters prefill whole prompts."""
+    return drafter is None or isinstance(drafter, (PromptLookupDrafter, StaticDFlashDrafter, StaticEagle3Drafter))
 
 
 def reusable_prefix(target, drafter, cached_ids, prompt_ids: list[int]) -> int:
@@ -239,8 +238,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         cached_ids: the token ids whose keys/values row 0 of the target's cache holds at positions 0 .. (the previous
             generation's ``Generation.cache_ids``, nothing written to the target since): the prompt's common prefix with
             them is not prefilled again (a conversation's next turn holds the earlier turns and answers). A static
-            target with the target alone, prompt lookup or the static DFlash drafter, whose context keeps the prefix's
-            features likewise (``reusable_prefix``); ignored otherwise.
+            target with the target alone, prompt lookup or a static drafter, whose context keeps the prefix likewise
+            (``reusable_prefix``); ignored otherwise.
     """
     device = target.device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
@@ -270,7 +269,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         reuse = min(reuse, target.allocate(n + max_new_tokens + verify_len, keep=reuse))
     else:
         target.allocate(n + max_new_tokens + verify_len)
-    if isinstance(drafter, StaticDFlashDrafter):
+    if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
         # its context holds the features of the tokens its last generation saw (``context_ids``; not the target's cache:
         # a baseline run in between moves that alone), kept where its rings still hold what the prompt's window reads
         reuse = min(reuse, common_prefix(drafter.context_ids, prompt_list))
@@ -378,7 +377,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             break
     timer.mark("other")
     cache_ids = prompt_list + out[:pos - n]  # every token the target has seen, the newest (at pos) not yet
-    if isinstance(drafter, StaticDFlashDrafter):
+    if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
         drafter.context_ids = cache_ids
 
     for i, t in enumerate(out):

@@ -657,6 +657,9 @@ class StaticEagle3Drafter:
         self.graphs = CapturedSteps()
         self._pos = None
         self._waiting: list[int | None] = []  # per row: the prompt index waiting in the pending block's row 0 (host)
+        self._resume: list[int | None] = []  # per row: the position a kept prefix's prefill resumes at (``kept_prefix``)
+        # the batch-1 protocol (``infer.generate``): the token ids its context was made from after the last generation
+        self.context_ids: list[int] = []
         self._pending_at: int | None = None  # batch-1 protocol: the pending block's first position (host)
         self._drafted_at: int | None = None  # batch-1 protocol: the position of the last draft since an append (host)
 
@@ -674,13 +677,16 @@ class StaticEagle3Drafter:
     def dtype(self) -> torch.dtype:
         return self.model.norm.weight.dtype
 
-    def allocate(self, capacity: int, batch: int = 1) -> None:
-        """Empty caches for key positions ``0 .. capacity-1`` in ``batch`` rows (buffers, and the graphs on them, kept
-        while they fit and a full layer's is at most twice, or 2048 positions more than, what is asked)."""
+    def allocate(self, capacity: int, batch: int = 1, keep: int = 0) -> None:
+        """Caches for key positions ``0 .. capacity-1`` in ``batch`` rows (buffers, and the graphs on them, kept while
+        they fit and a full layer's is at most twice, or 2048 positions more than, what is asked), empty but for
+        ``keep``: keys at positions ``< keep`` and each row's pending position stay where the buffers stay and move
+        into new buffers of the same batch (a prefix the next request reuses; ``kept_prefix`` says how much of it)."""
         p = self.block_size
         slots = [capacity if w is None or w + p >= capacity else w + p for w in self.windows]
         if batch != self.batch or not all(need <= have <= max(2 * need, need + 2048) for need, have in zip(slots, self.slots)):
             cfg, dtype, device = self.model.config, self.dtype, self.device
+            old = (self.k, self.v, self.slot_pos, self.pending_start) if keep and batch == self.batch else None
             self.k, self.v, self.slot_pos = [], [], []
             self.graphs.clear()
             for s in slots:
@@ -693,21 +699,54 @@ class StaticEagle3Drafter:
             self.pending_start = torch.zeros(batch, dtype=torch.long, device=device)
             self.noise = torch.ones(batch, self.steps, cfg.draft_vocab_size, device=device)  # Exp(1) draws for sampling
             self.slots, self.batch = slots, batch
+            if old is not None:
+                self._move_keys(*old, keep)
         for slot_pos in self.slot_pos:
-            slot_pos.fill_(-1)
+            slot_pos.masked_fill_(slot_pos >= keep, -1)
         self._waiting = [None] * batch
+        self._resume = [None] * batch
         self._pending_at = self._drafted_at = None
 
-    def reset(self, max_positions: int) -> None:
+    def _move_keys(self, old_k: list[torch.Tensor], old_v: list[torch.Tensor], old_slot_pos: list[torch.Tensor], old_pending: torch.Tensor,
+                   keep: int) -> None:
+        # every row's keys at positions < keep into their slots (position mod slots) of the new buffers (a shorter ring:
+        # the last of them), and the rows' pending positions (``kept_prefix`` reads them)
+        for k_new, v_new, new, k_old, v_old, held in zip(self.k, self.v, self.slot_pos, old_k, old_v, old_slot_pos):
+            rows, old_slots = ((held >= max(0, keep - new.shape[1])) & (held < keep)).nonzero(as_tuple=True)
+            new_slots = held[rows, old_slots] % new.shape[1]
+            new[rows, new_slots] = held[rows, old_slots]
+            k_new[rows, :, new_slots], v_new[rows, :, new_slots] = k_old[rows, :, old_slots], v_old[rows, :, old_slots]
+        self.pending_start.copy_(old_pending)
+
+    def kept_prefix(self, row: int, keep: int, length: int) -> int:
+        """Where a prompt of ``length`` tokens whose first ``keep`` are what row ``row`` held there resumes its prefill (the
+        target's too): index t's key sits at position t + 1 and was made with the token at t + 1, so keys at positions
+        up to ``keep - 1`` and up to the row's pending position (later ones may hold rejected drafts') are the
+        prompt's; kept when every one the prompt's first index sees is still held (a sliding layer's ring of W + P
+        slots writes over older ones), else 0. The row forgets every later key; its next ``prefill`` starts there
+        without a pending index. One host sync."""
+        start = min(keep - 1, int(self.pending_start[row])) if keep > 0 else 0
+        for held, window in zip(self.slot_pos, self.windows):
+            low = 1 if window is None else max(1, start + 2 - window)  # the first index (position start + 1) sees past it
+            if start > 0 and low <= start and int(((held[row] >= low) & (held[row] <= start)).sum()) != start - low + 1:
+                start = 0
+                break
+        start = max(start, 0)
+        for held in self.slot_pos:
+            held[row].masked_fill_(held[row] > start, -1)
+        self._waiting[row], self._resume[row] = None, start or None
+        return start
+
+    def reset(self, max_positions: int, keep: int = 0) -> None:
         """``infer.generate``'s batch-1 protocol: positions ``0 .. max_positions-1`` (keys one position later, and
-        rejected drafts' keys up to a block past the last position)."""
-        self.allocate(max_positions + self.block_size, 1)
+        rejected drafts' keys up to a block past the last position); ``keep`` as ``allocate``'s."""
+        self.allocate(max_positions + self.block_size, 1, keep)
 
     def clear_row(self, row: int) -> None:
         """Forget row ``row``'s context (a new prompt in that row of a batch)."""
         for slot_pos in self.slot_pos:
             slot_pos[row] = -1
-        self._waiting[row] = None
+        self._waiting[row] = self._resume[row] = None
 
     # --------------------------------------------------------------------------------------- prompts (eager)
 
@@ -716,17 +755,19 @@ class StaticEagle3Drafter:
         """A prompt chunk into row ``row``: target features [m, k*H] and tokens [m] of positions ``start ..
         start+m-1``, the chunks in order from position 0. Runs step 0 for every index whose next token is known
         (the previous chunk's last index included); the last one waits in the pending block."""
+        resume = start > 0 and self._resume[row] == start  # a kept prefix (``kept_prefix``): index start-1's key is held
         if start == 0:
             self.clear_row(row)
-        elif self._waiting[row] != start - 1:
+        elif not resume and self._waiting[row] != start - 1:
             expected = "0" if self._waiting[row] is None else str(self._waiting[row] + 1)
             raise ValueError(f"prefill at position {start}; row {row} expects its prompt's position {expected} next")
+        self._resume[row] = None
         feats = features.to(self.dtype)
         ids = torch.as_tensor(token_ids, device=self.device).reshape(-1)
-        if start > 0:  # index start-1 has waited for this chunk's first token
+        if start > 0 and not resume:  # index start-1 has waited for this chunk's first token
             feats = torch.cat([self.pending_features[row, :1], feats])
             ids = torch.cat([self.pending_ids[row, :1], ids])
-        first = max(start - 1, 0)
+        first = start if resume else max(start - 1, 0)
         n = feats.shape[0]
         for c in range(0, n - 1, self.extend_chunk):
             e = min(c + self.extend_chunk, n - 1)

@@ -540,23 +540,15 @@ def test_a_next_turn_reuses_the_cached_turn_and_gives_the_tokens_of_a_fresh_pref
     assert f.cache_ids == p + f.tokens[:len(f.cache_ids) - len(p)] and len(f.cache_ids) == len(p) + sum(a + 1 for a in f.stats.untrimmed_steps)
 
 
-def test_eagle3_prefills_whole_prompts(setup, reference_tokenizer) -> None:
-    """EAGLE-3 keeps a pending block of the newest features besides its context: no reuse (``reuses_prefixes``)."""
-    prompts, eos = setup[2][:1], setup[3]
-    target, drafter = make_drafter(setup, "eagle3")
-    first = generate(target, drafter, prompts[0], 16, eos_token_ids=eos)
-    q = second_turns(prompts, [first.tokens], reference_tokenizer)[0]
-    assert generate(target, drafter, q, 16, eos_token_ids=eos, cached_ids=first.cache_ids).stats.reused_tokens == 0
-
-
-def held_context(drafter: StaticDFlashDrafter, row: int, below: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per layer, the positions < ``below`` row ``row``'s context holds (sorted) and their keys and values."""
+def held_context(drafter, row: int, below: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per layer of a static drafter, the positions < ``below`` row ``row``'s context holds (sorted) and their keys and
+    values (DFlash: slot positions per rule; EAGLE-3: per layer)."""
+    slot_pos = [drafter.slot_pos[rule] for rule in drafter.rules] if isinstance(drafter, StaticDFlashDrafter) else drafter.slot_pos
     out = []
-    for rule, k_buf, v_buf in zip(drafter.rules, drafter.k, drafter.v):
-        held = drafter.slot_pos[rule][row]
+    for positions, k_buf, v_buf in zip(slot_pos, drafter.k, drafter.v):
+        held = positions[row]
         slots = ((held >= 0) & (held < below)).nonzero()[:, 0]
-        order = held[slots].argsort()
-        slots = slots[order]
+        slots = slots[held[slots].argsort()]
         out.append((held[slots], k_buf[row, :, slots], v_buf[row, :, slots]))
     return out
 
@@ -568,52 +560,61 @@ def assert_same_context(got: list, want: list) -> None:
         torch.testing.assert_close(v_a, v_b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
 @pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])
-def test_dflash_next_turn_reuses_its_context_and_equals_a_fresh_prefill(setup, reference_tokenizer, temperature) -> None:
-    """The static DFlash drafter keeps a turn's features for the next (batch 1, ``cached_ids``; its test config has a
-    ring layer of window 6 and a full layer). Turn 2 prefills past the prefix and gives the tokens and accepted counts of
-    a fresh target and drafter prefilling it whole, and the drafter's context (every held position's keys and values,
-    both layers) equals the fresh one's. Between the turns a baseline generation (no drafter) rewrites the target's
-    cache, as eval's baseline does (sampled, its tokens differ): the reuse stops where the drafter's own tokens
-    (``context_ids``) stop matching. A prompt whose window reads positions the ring has written over (a short prompt
-    sharing an early prefix) reuses nothing; one whose window the ring still holds reuses its prefix."""
+def test_static_drafters_next_turn_reuses_their_context_and_equals_a_fresh_prefill(setup, reference_tokenizer, drafter_kind,
+                                                                                    temperature) -> None:
+    """The static drafters keep a turn's context for the next (batch 1, ``cached_ids``; DFlash's test config has a ring
+    layer of window 6 and a full layer, EAGLE-3's a ring of window 1 and a full layer, its bigram head accepting often).
+    Turn 2 prefills past the prefix and gives the tokens and accepted counts of a fresh target and drafter prefilling it
+    whole, and the drafter's context (every held position's keys and values, every layer) equals the fresh one's.
+    Between the turns a baseline generation (no drafter) rewrites the target's cache, as eval's baseline does (sampled,
+    its tokens differ): the reuse stops where the drafter's own tokens (``context_ids``) stop matching. EAGLE-3 resumes
+    a position earlier (its keys are made with the next token) and no later than its pending block (later keys may be
+    rejected drafts'). A prompt whose window reads positions DFlash's ring has written over (a short prompt sharing an
+    early prefix) reuses nothing; one whose window it holds reuses its prefix."""
     prompts, eos = setup[2][:3], setup[3]
     sampling = SamplingConfig(temperature=temperature, seed=7)
-    target, drafter = make_drafter(setup, "dflash")
-    window = drafter.rules[0].window
-    assert window == 6 and drafter.rules[1].window is None
+    target, drafter = make_drafter(setup, drafter_kind)
+    dflash, accepted = drafter_kind == "dflash", []
+    if dflash:
+        assert drafter.rules[0].window == 6 and drafter.rules[1].window is None
     for p in prompts:
         one = generate(target, drafter, p, 24, sampling, eos_token_ids=eos)
+        pending = None if dflash else int(drafter.pending_start[0])
         base = generate(target, None, p, 24, sampling, eos_token_ids=eos, cached_ids=one.cache_ids)
         q = second_turns([p], [one.tokens], reference_tokenizer)[0]
-        ring_lost = one.cache_ids[:20] + [one.cache_ids[5]] * 2  # its window reads positions 16 .. 19, long written over
+        ring_lost = one.cache_ids[:20] + [one.cache_ids[5]] * 2  # DFlash's window reads positions 16 .. 19, long written over
         ring_held = one.cache_ids[:-2] + [one.cache_ids[5]]  # its window reads the newest positions
         cases = [(q, base.cache_ids), (q, one.cache_ids), (ring_lost, one.cache_ids), (ring_held, one.cache_ids)]
         for i, (prompt, cached) in enumerate(cases):
             if i:  # the caches hold turn 1 again
                 generate(target, drafter, p, 24, sampling, eos_token_ids=eos)
             got = generate(target, drafter, prompt, 24, sampling, eos_token_ids=eos, cached_ids=cached)
-            fresh_target, fresh = make_drafter(setup, "dflash")
+            fresh_target, fresh = make_drafter(setup, drafter_kind)
             want = generate(fresh_target, fresh, prompt, 24, sampling, eos_token_ids=eos)
             assert (got.tokens, got.stats.accepted_per_step) == (want.tokens, want.stats.accepted_per_step)
             assert_same_context(held_context(drafter, 0, len(got.cache_ids)), held_context(fresh, 0, len(want.cache_ids)))
-            expected = min(common_prefix(cached, prompt), common_prefix(one.cache_ids, prompt), len(prompt) - 1)
-            if prompt is ring_lost:
-                assert len(prompt) - window < expected and got.stats.reused_tokens == 0
-            else:
-                assert got.stats.reused_tokens == expected > len(p)
+            accepted += got.stats.accepted_per_step
+            common = min(common_prefix(cached, prompt), common_prefix(one.cache_ids, prompt), len(prompt) - 1)
+            lost = dflash and prompt is ring_lost
+            assert got.stats.reused_tokens == (0 if lost else common if dflash else min(common - 1, pending))
+            assert (len(prompt) - 6 < common) if lost else (prompt is not q or got.stats.reused_tokens >= len(p))
         if temperature > 0:  # the baseline's sampled reply differs: the target's cache alone would have claimed more
             assert common_prefix(base.cache_ids, one.cache_ids) < len(one.cache_ids)
+    if not dflash:  # its drafts are accepted: the kept context is what they read
+        assert any(a > 0 for a in accepted)
 
 
-def test_dflash_rows_reuse_their_context_through_the_batched_prefill(setup, reference_tokenizer) -> None:
+@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
+def test_static_drafter_rows_reuse_their_context_through_the_batched_prefill(setup, reference_tokenizer, drafter_kind) -> None:
     """``generate_streams``' own prefill path (rows prefilled together past their kept prefixes, the drafter fed from
-    there): when a row finishes turn 2, its DFlash context over turn 2's prompt equals a fresh drafter's after a whole
-    prefill of that prompt at batch 1, and turn 2 reused turn 1."""
+    there): when a row finishes turn 2, its drafter's context over turn 2's prompt equals a fresh drafter's after a whole
+    prefill of that prompt at batch 1, with the same tokens and accepted counts, and turn 2 reused turn 1."""
     from infer.batch import generate_streams
 
     prompts, eos = setup[2][:3], setup[3]
-    target, drafter = make_drafter(setup, "dflash")
+    target, drafter = make_drafter(setup, drafter_kind)
     got, contexts = {}, {}
 
     def driver(stream, finished):
@@ -628,7 +629,7 @@ def test_dflash_rows_reuse_their_context_through_the_batched_prefill(setup, refe
 
     generate_streams(target, drafter, driver, len(prompts), batch_size=1, capacity=512, max_new_tokens=24, eos_token_ids=eos)
     for s, (q, context) in contexts.items():
-        fresh_target, fresh = make_drafter(setup, "dflash")
+        fresh_target, fresh = make_drafter(setup, drafter_kind)
         want = generate(fresh_target, fresh, q, 24, eos_token_ids=eos)
         assert (got[s][1].tokens, got[s][1].stats.accepted_per_step) == (want.tokens, want.stats.accepted_per_step)
         assert_same_context(context, held_context(fresh, 0, len(q)))
@@ -636,7 +637,8 @@ def test_dflash_rows_reuse_their_context_through_the_batched_prefill(setup, refe
     assert len(contexts) == len(prompts)
 
 
-@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld", pytest.param("dflash", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld", pytest.param("dflash", marks=pytest.mark.slow),
+                                          pytest.param("eagle3", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("prefill_chunk", [4096, pytest.param(48, marks=pytest.mark.slow)])
 def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tokenizer, drafter_kind, prefill_chunk, monkeypatch) -> None:
     """Two-turn streams, 3 rows, rows refilled in waves of 2 (a finished row waits, stepping idle past its cached
@@ -676,12 +678,12 @@ def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tok
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash"])
+@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash", "eagle3"])
 def test_captured_rows_reuse_their_turns_on_a_gpu(setup, reference_tokenizer, drafter_kind) -> None:
     """The captured target (CUDA graphs, fp32): two-turn streams with reuse give the tokens and accepted counts of the
     same streams prefilled whole, at batch 3 (idle rows parked past their cached turns in the captured steps) and at
-    batch 1 (``cached_ids``), and turn 2 reused its turn 1. DFlash: its block pass and append captured too, its
-    context kept with the prefix."""
+    batch 1 (``cached_ids``), and turn 2 reused its turn 1. The static drafters: their steps captured too, their
+    contexts kept with the prefix."""
     import copy
 
     from infer.batch import generate_streams
@@ -690,8 +692,9 @@ def test_captured_rows_reuse_their_turns_on_a_gpu(setup, reference_tokenizer, dr
     prompts, eos = setup[2], setup[3]
     drafter = {"none": None, "pld": PromptLookupDrafter(num_draft_tokens=3, vocab_size=8192),
                "dflash": StaticDFlashDrafter(copy.deepcopy(setup[1]).cuda(), model.get_input_embeddings(), model.get_output_embeddings(),
-                                             compile=False)}[drafter_kind]
-    layers = [1, 3] if drafter_kind == "dflash" else []
+                                             compile=False),
+               "eagle3": StaticEagle3Drafter(copy.deepcopy(setup[4]).cuda(), compile=False)}[drafter_kind]
+    layers = {"dflash": [1, 3], "eagle3": [1, 3, 4]}.get(drafter_kind, [])
 
     def run(reuse: bool) -> dict:
         target, got = StaticTarget(model, layers), {}
