@@ -82,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(default 0 = on Linux, one per core when --batch-size gives every core at least 4 rows and --threads is not set; "
                              "1 = one process); each row's tokens are the same")
     common.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
-                        help="prefill every turn's whole prompt (default: the target alone, prompt lookup and DFlash prefill a turn only "
+                        help="prefill every turn's whole prompt (default: the target alone, prompt lookup, DFlash and EAGLE-3 prefill a turn only "
                              "past what the caches hold from the turn before, its earlier turns and answers)")
     common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     common.add_argument("--engine", default="ours", choices=["ours", "vllm", "server", "zlab"],

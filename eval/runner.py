@@ -91,7 +91,7 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
     later turns as before.
 
     ``reuse_prefixes``: a turn's prompt is prefilled only past what the target's cache holds from the turn before (its
-    earlier turns and answers; the target alone, prompt lookup and DFlash, ``infer.generate.reusable_prefix``), at every batch
+    earlier turns and answers; the target alone, prompt lookup and the static drafters, ``infer.generate.reusable_prefix``), at every batch
     size.
 
     ``workers``: batched on the CPU, the batch's rows split over that many forked one-thread processes (``cpu_workers``)."""
