@@ -89,7 +89,8 @@ from kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_we
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
 from models.sampling import SamplingConfig, argmax_split, choose
-from models.static_target import CapturedSteps, concat_linears, few_row_products, prepack_by_default, prepacked_copy, rotate
+from models.static_target import (CapturedSteps, concat_linears, few_row_products, move_kept_positions, prepack_by_default,
+                                  prepacked_copy, rotate)
 from models.target import ContextKV
 from models.trees import DraftTree, select_trees, tree_masks, tree_options
 
@@ -1002,24 +1003,12 @@ class StaticDFlashDrafter:
             cos, sin = self.model.rotary_emb(self.k[0], positions)
             self.cos, self.sin = cos[0], sin[0]  # [capacity + block, D]
             self.capacity, self.batch = capacity, batch
-            if old is not None:
-                self._move_prefix(*old, keep)
+            if old is not None:  # the kept prefix into the new buffers (a rule's positions written once per layer of it)
+                old_k, old_v, old_pos = old
+                for rule, k_new, v_new, k_old, v_old in zip(self.rules, self.k, self.v, old_k, old_v):
+                    move_kept_positions(self.slot_pos[rule], k_new, v_new, old_pos[rule], k_old, v_old, keep)
         for slot_pos in self.slot_pos.values():
             slot_pos.masked_fill_(slot_pos >= keep, -1)
-
-    def _move_prefix(self, old_k: list[torch.Tensor], old_v: list[torch.Tensor], old_slot_pos: dict, keep: int) -> None:
-        # every row's positions < keep from the old buffers into their slots (position mod slots) in the new ones: the
-        # last ``slots`` of them where the new ring is shorter
-        moves = {}
-        for rule, held in old_slot_pos.items():
-            new = self.slot_pos[rule]
-            rows, old_slots = ((held >= max(0, keep - new.shape[1])) & (held < keep)).nonzero(as_tuple=True)
-            new_slots = held[rows, old_slots] % new.shape[1]
-            new[rows, new_slots] = held[rows, old_slots]
-            moves[rule] = rows, old_slots, new_slots
-        for rule, k_new, v_new, k_old, v_old in zip(self.rules, self.k, self.v, old_k, old_v):
-            rows, old_slots, new_slots = moves[rule]
-            k_new[rows, :, new_slots], v_new[rows, :, new_slots] = k_old[rows, :, old_slots], v_old[rows, :, old_slots]
 
     def reset(self, max_positions: int, keep: int = 0) -> None:
         """``infer.generate``'s batch-1 protocol (``keep``: the positions a reused prefix holds, as ``allocate``)."""

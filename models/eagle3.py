@@ -70,7 +70,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaPreTrainedMo
 from kernels.attention import aligned_visible, cached_attention, grouped_attention
 from kernels.int8_weights import check_weights, int8_linears
 from models.sampling import SamplingConfig, logits_to_probs, sample
-from models.static_target import CapturedSteps
+from models.static_target import CapturedSteps, move_kept_positions
 from models.target import ContextKV
 from models.trees import DraftTree, select_trees, tree_masks, tree_options
 
@@ -699,24 +699,15 @@ class StaticEagle3Drafter:
             self.pending_start = torch.zeros(batch, dtype=torch.long, device=device)
             self.noise = torch.ones(batch, self.steps, cfg.draft_vocab_size, device=device)  # Exp(1) draws for sampling
             self.slots, self.batch = slots, batch
-            if old is not None:
-                self._move_keys(*old, keep)
+            if old is not None:  # the kept prefix into the new buffers, and each row's pending position (``kept_prefix``)
+                for k_new, v_new, pos_new, k_old, v_old, pos_old in zip(self.k, self.v, self.slot_pos, *old[:3]):
+                    move_kept_positions(pos_new, k_new, v_new, pos_old, k_old, v_old, keep)
+                self.pending_start.copy_(old[3])
         for slot_pos in self.slot_pos:
             slot_pos.masked_fill_(slot_pos >= keep, -1)
         self._waiting = [None] * batch
         self._resume = [None] * batch
         self._pending_at = self._drafted_at = None
-
-    def _move_keys(self, old_k: list[torch.Tensor], old_v: list[torch.Tensor], old_slot_pos: list[torch.Tensor], old_pending: torch.Tensor,
-                   keep: int) -> None:
-        # every row's keys at positions < keep into their slots (position mod slots) of the new buffers (a shorter ring:
-        # the last of them), and the rows' pending positions (``kept_prefix`` reads them)
-        for k_new, v_new, new, k_old, v_old, held in zip(self.k, self.v, self.slot_pos, old_k, old_v, old_slot_pos):
-            rows, old_slots = ((held >= max(0, keep - new.shape[1])) & (held < keep)).nonzero(as_tuple=True)
-            new_slots = held[rows, old_slots] % new.shape[1]
-            new[rows, new_slots] = held[rows, old_slots]
-            k_new[rows, :, new_slots], v_new[rows, :, new_slots] = k_old[rows, :, old_slots], v_old[rows, :, old_slots]
-        self.pending_start.copy_(old_pending)
 
     def kept_prefix(self, row: int, keep: int, length: int) -> int:
         """Where a prompt of ``length`` tokens whose first ``keep`` are what row ``row`` held there resumes its prefill (the

@@ -667,6 +667,18 @@ def choose_decode_attention(name: str | None, device: torch.device) -> str:
     return "split_kv"
 
 
+def move_kept_positions(new_pos: torch.Tensor, new_k: torch.Tensor, new_v: torch.Tensor, old_pos: torch.Tensor, old_k: torch.Tensor,
+                        old_v: torch.Tensor, keep: int) -> None:
+    """The static drafters' slot caches grown with a kept prefix: every row's entries at positions ``< keep`` of the old
+    cache (slot positions ``[B, S]``, keys/values ``[B, Hkv, S + scratch, D]``) into the new one's slots (position mod
+    its S; a shorter ring takes the last S of them)."""
+    rows, old_slots = ((old_pos >= max(0, keep - new_pos.shape[1])) & (old_pos < keep)).nonzero(as_tuple=True)
+    positions = old_pos[rows, old_slots]
+    new_slots = positions % new_pos.shape[1]
+    new_pos[rows, new_slots] = positions
+    new_k[rows, :, new_slots], new_v[rows, :, new_slots] = old_k[rows, :, old_slots], old_v[rows, :, old_slots]
+
+
 class CapturedSteps:
     """Step functions captured as CUDA graphs on first use and replayed after: one graph per key (a name and the
     inputs' shapes), all in one memory pool. ``clear`` when the buffers they were captured on are replaced; the next
