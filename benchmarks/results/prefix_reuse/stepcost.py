@@ -1,6 +1,6 @@
 """One CPU step of the target (StaticTarget.step, B rows x k tokens) and of the DFlash drafter's first slots, median of 30.
 
-    python benchmarks/results/dflash_prefix_reuse_cpu/stepcost.py THREADS ROWS EXPORT   # from the repository root
+    python benchmarks/results/prefix_reuse/stepcost.py THREADS ROWS EXPORT   # from the repository root
 """
 import sys, time
 sys.path.insert(0, ".")

@@ -1,8 +1,8 @@
 """Timeline of a batched CPU pass (batch 8 over eval's two workers): per worker pid, (time, live rows) per verify step,
 and when each conversation was claimed and each turn ended, into timeline.jsonl.
 
-    python benchmarks/results/dflash_prefix_reuse_cpu/timeline.py QUESTIONS EXPORT   # from the repository root
-    python benchmarks/results/dflash_prefix_reuse_cpu/analyze_timeline.py timeline.jsonl
+    python benchmarks/results/prefix_reuse/timeline.py QUESTIONS EXPORT   # from the repository root
+    python benchmarks/results/prefix_reuse/analyze_timeline.py timeline.jsonl
 """
 import os, sys, time, json
 sys.path.insert(0, ".")
