@@ -326,8 +326,8 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
     being what idles them: BENCHMARKS.md; letting the workers still decoding take a finished one's core, from a parent
     that never started its OpenMP pool, kept both cores busy but did not shorten the pass: tried, not kept). The turns
     come back through a queue as they end (written here, in the order they end) and each worker's records and prompts
-    at its end. A worker's ValueError (bad
-    input) is raised here as the one-process run raises it; another error as a RuntimeError with the worker's traceback."""
+    at its end. A worker's ValueError (bad input) is raised here as the one-process run raises it; another error as a
+    RuntimeError with the worker's traceback."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer's Rust threads do not survive a fork either
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
