@@ -10,8 +10,8 @@ first of a shape compiling and capturing its step graphs on a GPU, the later one
 ``--interleave`` runs the repeats as pairs (1 8 1 8 ...), each pass's "vs batch 1" against the pass of the first batch
 size just before it, and prints the median of those ratios: on a machine whose speed drifts by 10-20% within the hour
 (the 2-core CPU machines), a pair measured side by side says more than passes minutes apart.
-EAGLE-3 options as eval's (``--draft-steps``, ``--tree-topk/--tree-tokens/--tree-lookup``; trees batched, so every
-batch size above 1).
+Drafting options as eval's (``--draft-steps``, ``--tree-topk/--tree-tokens/--tree-lookup/--tree-redraft``; trees at
+every batch size, batch 1 included, on the static drafters).
 ``--phase-times`` (GPU) adds each pass's device time per batch step by phase (draft, verify, tree acceptance, path moves,
 drafter append; CUDA events around each) beside its wall time per step: what the host costs between the graphs.
 Each batch size runs on eval's default CPU threads for it (1 at batch 1, one per core when batched) unless ``--threads``
@@ -76,13 +76,9 @@ def main() -> None:
                         "prints each pass's device time per batch step by phase beside its wall time per step")
     p.add_argument("--out")
     args = p.parse_args()
-    trees = args.tree_topk is not None or args.tree_tokens is not None
-    if trees and min(args.batch_sizes) < 2:
-        p.error(f"--batch-sizes {args.batch_sizes}: trees run batched here (static caches); give sizes of 2 or more")
     device = resolve_device(args.device)
     target, drafter, tokenizer = load_models(args.target, args.drafter, device, draft_steps=args.draft_steps, tree_topk=args.tree_topk,
-                                             tree_tokens=args.tree_tokens, tree_lookup=args.tree_lookup, batch_size=max(args.batch_sizes),
-                                             tree_redraft=args.tree_redraft)
+                                             tree_tokens=args.tree_tokens, tree_lookup=args.tree_lookup, tree_redraft=args.tree_redraft)
     eos = eos_ids(tokenizer, target.model)
     conversations = mt_bench(args.questions)
     drafters = {"target alone": None, "prompt lookup": PromptLookupDrafter(num_draft_tokens=(drafter.block_size - 1) if drafter else 7,

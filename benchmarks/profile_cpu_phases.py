@@ -41,7 +41,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    target, drafter, tokenizer = load_models(args.target, args.drafter, "cpu", batch_size=args.batch_size)
+    target, drafter, tokenizer = load_models(args.target, args.drafter, "cpu")
     timers = {}  # label -> the method's timer (``profile_regen.Timed``; its device sync is a no-op on the CPU)
     for owner, prefix, names in ((target, "target", TARGET_METHODS), (drafter, "drafter", DRAFTER_METHODS)):
         for name in names:

@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
-                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft,
+                                                 tree_lookup=args.tree_lookup, tree_redraft=args.tree_redraft,
                                                  drafter_weights=args.drafter_weights)
         set_threads(args.device, args.threads, args.batch_size, target.model)  # batch 1: one per core for a large target
         check_context_fits(tokenizer, conversations, args.prefills if args.command == "sweep" else [args.prefill_tokens],

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--target is required unless --drafter is a training run folder (which records its target)")
         target, drafter, tokenizer = load_models(target_path, drafter_path, args.device, args.dtype, window, args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
-                                                 tree_lookup=args.tree_lookup, batch_size=args.batch_size, tree_redraft=args.tree_redraft,
+                                                 tree_lookup=args.tree_lookup, tree_redraft=args.tree_redraft,
                                                  drafter_weights=args.drafter_weights)
         set_threads(args.device, args.threads, args.batch_size if args.prompts else 1, target.model)  # batch 1: one per core for a large target
         warning = window_warning(drafter, window)

@@ -85,7 +85,8 @@ def check_batchable(drafter, batch_size: int) -> None:
 def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams: int, *, batch_size: int, capacity: int,
                      max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
                      refill_wave: int | None = None, run_steps: int = 8, reuse_prefixes: bool = True,
-                     stream_seeds: Sequence[int] | None = None, verify_first: int | None | str = "auto") -> None:
+                     stream_seeds: Sequence[int] | None = None, verify_first: int | None | str = "auto",
+                     cached_ids: Sequence[int] | None = None) -> None:
     """Run ``num_streams`` request streams through ``batch_size`` rows; every finished generation goes to ``driver``.
 
     capacity: the most positions one request needs (prompt + ``max_new_tokens`` + a verify block); a longer request
@@ -102,6 +103,9 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         ``SamplingConfig(seed=...)``); default ``sampling.seed`` for all. n samples of one prompt: n streams, n seeds.
     verify_first: as ``generate``'s (greedy DFlash chains on the CPU check the first drafts of every row, then verify
         the rest of the rows whose checked drafts all matched: ``staged_verify``).
+    cached_ids: one row only (``generate``'s batch-1 protocol, its static trees): the token ids whose keys/values and
+        drafter context the row holds at positions 0 .. from the last generation on these caches; the first prompt
+        reuses its common prefix with them, as a stream's next turn does.
     """
     check_batchable(drafter, batch_size)
     if stream_seeds is not None and len(stream_seeds) != num_streams:
@@ -118,9 +122,15 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     staged = first is not None and first < block - 1
     rows_n = min(batch_size, num_streams)
     alone = drafter is None and sampling.greedy and run_steps > 1  # no per-step host work: runs of run_steps steps
-    target.allocate(capacity + (run_steps if alone else 0), batch=rows_n)
+    reuse = reuse_prefixes and reuses_prefixes(drafter)
+    if cached_ids and rows_n != 1:
+        raise ValueError(f"cached_ids: one row's cache (batch_size 1, one stream); got {rows_n} rows")
+    keep = len(cached_ids) if cached_ids and reuse else 0  # positions the new buffers keep (``allocate``'s keep)
+    keep = min(keep, target.allocate(capacity + (run_steps if alone else 0), batch=rows_n, keep=keep))
     if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
-        drafter.allocate(capacity + block, batch=rows_n)  # keys of rejected drafts land up to a block past the last position
+        # keys of rejected drafts land up to a block past the last position
+        drafter.allocate(capacity + block, batch=rows_n, keep=keep)
+        drafter.context_ids = []  # the batch-1 protocol's record of row 0's context: rewritten here (``generate`` sets it)
     idle_generator = torch.Generator(device=device)  # an idle row's sampled drafts (discarded) draw from this, not the global one
     eos = set(int(t) for t in eos_token_ids)
     pending = iter(range(num_streams))
@@ -128,8 +138,9 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     tokens = torch.zeros(rows_n, dtype=torch.long, device=device)  # each row's newest token
     positions = torch.zeros(rows_n, dtype=torch.long, device=device)
     # a free row's cached tokens (keys/values at positions 0 ..), reusable by its next prompt
-    reuse = reuse_prefixes and reuses_prefixes(drafter)
     cached: list[list[int]] = [[] for _ in range(rows_n)]
+    if keep:
+        cached[0] = list(cached_ids[:keep])
 
     def parked(r: int) -> int:
         """Where a free row steps (idle steps write keys there): past its cached tokens, 0 without."""
@@ -228,7 +239,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         while True:
             for r, row in enumerate(rows):
                 if row is not None and (len(row.out) >= max_new_tokens or row.ended):
-                    finish(r, row, max_new_tokens, eos, next_request)
+                    finish(r, row, max_new_tokens, eos, next_request, with_ids=cached_ids is not None)
             decoding = sum(row is not None for row in rows)
             if not waiting or (len(waiting) < wave and len(waiting) < decoding):
                 return
@@ -403,8 +414,9 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         settle()
 
 
-def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request) -> None:
-    """Trim the row's output as ``generate`` does (first end-of-sequence token, the budget), hand it on, refill the row."""
+def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request, with_ids: bool = False) -> None:
+    """Trim the row's output as ``generate`` does (first end-of-sequence token, the budget), hand it on, refill the row.
+    ``with_ids``: the generation carries the tokens its row's caches hold (``Generation.cache_ids``, the batch-1 protocol)."""
     out = row.out
     for i, t in enumerate(out):
         if t in eos:
@@ -419,7 +431,7 @@ def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request) -> Non
         stats.accepted_past_end = stats.accepted_per_step[-1] - kept
         stats.accepted_per_step[-1] = kept
     stats.decode_s = stats.draft_s + stats.verify_s + stats.other_s
-    next_request(r, Generation(tokens=out, stats=stats), row.stream)
+    next_request(r, Generation(tokens=out, stats=stats, cache_ids=row.seen() if with_ids else []), row.stream)
 
 
 def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_new_tokens: int = 256, *, batch_size: int = 8,

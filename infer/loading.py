@@ -61,7 +61,7 @@ def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DF
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
                 attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
-                tree_tokens: int | None = None, tree_lookup: int = 0, batch_size: int = 1, tree_redraft: int = 0,
+                tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0,
                 drafter_weights: str = "model") -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
@@ -75,8 +75,8 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     drafter_weights: ``model`` (the drafter's matrices as loaded) or ``int8`` (weight-only int8 copies of the drafter's
         matrices, a DFlash drafter's of the LM head it drafts with too, ``kernels/int8_weights.py``; the target untouched;
         DFlash on its static drafter).
-    batch_size: the loop's rows: trees above 1 draft over static caches (``StaticEagle3Drafter``,
-        ``StaticDFlashDrafter``: batched and captured); at 1 the eager drafter drafts them (``infer.generate``).
+    The drafter is the static one (``StaticEagle3Drafter``, ``StaticDFlashDrafter``: any batch size, captured on a GPU)
+    but under FlashInfer attention (``Eagle3Drafter``, ``DFlashDrafter``: batch 1).
     """
     target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
     drafter = None
@@ -106,9 +106,10 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
             raise ValueError(f"--drafter-weights {drafter_weights}: expected one of {', '.join(DRAFTER_WEIGHTS)}")
         model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
         trees = dict(tree_topk=tree_topk, tree_tokens=tree_tokens, tree_lookup=tree_lookup)
-        # chains, blocks and batched trees: the static drafters (fixed-shape caches, the whole draft captured on a GPU, beside
-        # the static target); trees at batch 1 and FlashInfer attention: the eager ones (both refuse tree_lookup without a tree)
-        static = attention_backend != "flashinfer" and (batch_size > 1 or (tree_topk is None and tree_tokens is None and not tree_lookup))
+        # chains, blocks and trees at any batch size: the static drafters (fixed-shape caches, the whole draft captured on a
+        # GPU, beside the static target; batch-1 trees run the batched tree step on one row, ``generate_tree_row``);
+        # FlashInfer attention: the eager ones (both refuse tree_lookup without a tree)
+        static = attention_backend != "flashinfer"
         if eagle3:
             drafter = (StaticEagle3Drafter(model, window=window, steps=draft_steps, weights=drafter_weights, **trees) if static else
                        Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend,
@@ -117,8 +118,7 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
             trees["tree_redraft"] = tree_redraft
             if drafter_weights != "model" and not static:
                 raise ValueError(f"--drafter-weights {drafter_weights} runs on the static DFlash drafter: --backend "
-                                 f"{attention_backend} with these options drafts with the eager one; use --backend sdpa (and "
-                                 "--batch-size 2 or more for trees)")
+                                 f"{attention_backend} drafts with the eager one; use --backend sdpa")
             if draft_steps is not None and not static:
                 raise ValueError(f"--draft-steps with a DFlash drafter runs on the static drafter: --backend {attention_backend} "
                                  "drafts with the eager one, which verifies whole blocks; use --backend sdpa")

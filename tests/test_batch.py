@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from infer.batch import check_batchable, generate_batch
 from infer.generate import VERIFY_FIRST, common_prefix, generate, verify_stages
 from infer.prompt_lookup import PromptLookupDrafter
-from models.dflash import DFlashDraftModel, StaticDFlashDrafter, make_dflash_config
+from models.dflash import DFlashDraftModel, DFlashDrafter, StaticDFlashDrafter, make_dflash_config
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config
 from models.sampling import SamplingConfig
 from models.static_target import StaticTarget
@@ -718,3 +718,43 @@ def test_captured_rows_reuse_their_turns_on_a_gpu(setup, reference_tokenizer, dr
         two = generate(target, drafter, second_turns([p], [one.tokens], reference_tokenizer)[0], 24, eos_token_ids=eos, cached_ids=one.cache_ids)
         assert two.stats.reused_tokens > len(p)
         assert (two.tokens, two.stats.accepted_per_step) == (whole[s][1].tokens, whole[s][1].stats.accepted_per_step)
+
+
+@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
+def test_batch_one_trees_on_the_static_drafters_equal_the_eager_trees_and_reuse_their_turns(setup, reference_tokenizer, drafter_kind) -> None:
+    """``generate`` with a static drafter's trees (``generate_tree_row``: the batched tree step on one row, what
+    ``load_models`` builds for trees at batch 1 now) against the eager drafter's trees (``tree_step``, the reference loop
+    it replaced) on each prompt: the same tokens and accepted counts, with prompt lookup's chain joining the tree. Turn 2
+    with ``cached_ids`` prefills past turn 1 (its ``cache_ids``: what the row's caches hold) and gives the tokens of the
+    eager drafter and of a fresh static one prefilling it whole; the drafter's context equals the fresh one's. A
+    baseline run between the turns (the target alone) bounds the reuse by what the drafter's context saw."""
+    model, dflash, prompts, eos, eagle3 = setup
+    trees = dict(tree_topk=2, tree_tokens=6, tree_lookup=3)
+
+    def pair():
+        if drafter_kind == "eagle3":
+            return StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(eagle3, **trees), Eagle3Drafter(eagle3, **trees)
+        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        return (StaticTarget(model, [1, 3]), StaticDFlashDrafter(dflash, embed, head, **trees),
+                DFlashDrafter(dflash, embed, head, **trees))
+
+    target, static, eager = pair()
+    accepted = []
+    for p in prompts[:3]:
+        one = generate(target, static, p, 24, eos_token_ids=eos)
+        ref = generate(target, eager, p, 24, eos_token_ids=eos)
+        assert (one.tokens, one.stats.accepted_per_step) == (ref.tokens, ref.stats.accepted_per_step)
+        generate(target, static, p, 24, eos_token_ids=eos)  # the caches hold turn 1 again
+        assert one.cache_ids == p + one.tokens[:len(one.cache_ids) - len(p)] and static.context_ids == one.cache_ids
+        base = generate(target, None, p, 30, eos_token_ids=eos, cached_ids=one.cache_ids)  # longer: more than the drafter saw
+        q = second_turns([p], [one.tokens], reference_tokenizer)[0]
+        got = generate(target, static, q, 24, eos_token_ids=eos, cached_ids=base.cache_ids)
+        fresh_target, fresh, fresh_eager = pair()
+        want = generate(fresh_target, fresh, q, 24, eos_token_ids=eos)
+        eager_two = generate(fresh_target, fresh_eager, q, 24, eos_token_ids=eos)
+        assert (got.tokens, got.stats.accepted_per_step) == (want.tokens, want.stats.accepted_per_step)
+        assert (got.tokens, got.stats.accepted_per_step) == (eager_two.tokens, eager_two.stats.accepted_per_step)
+        assert_same_context(held_context(static, 0, len(got.cache_ids)), held_context(fresh, 0, len(want.cache_ids)))
+        assert len(p) < got.stats.reused_tokens <= common_prefix(one.cache_ids, q) and want.stats.reused_tokens == 0
+        accepted += got.stats.accepted_per_step + one.stats.accepted_per_step
+    assert any(a > 0 for a in accepted)

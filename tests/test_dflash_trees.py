@@ -216,10 +216,10 @@ def test_tree_options_are_checked_in_one_line() -> None:
     check_batchable(StaticDFlashDrafter(model, embed, head, tree_topk=2, tree_lookup=3), 4)
 
 
-def test_load_models_drafts_dflash_trees_eagerly_at_batch_one_and_static_when_batched(reference_target_path, tmp_path) -> None:
-    """``--tree-topk/--tree-tokens`` with a DFlash export: the eager drafter at batch 1 (as EAGLE-3's trees), the static one
-    batched; ``--draft-steps`` on a chain verifies the block's first drafts, and is refused in one line with a tree or
-    the eager drafter."""
+def test_load_models_drafts_dflash_trees_on_the_static_drafter_and_eagerly_under_flashinfer(reference_target_path, tmp_path) -> None:
+    """``--tree-topk/--tree-tokens`` with a DFlash export: the static drafter (every batch size, batch 1 included), the
+    eager one under FlashInfer attention only; ``--draft-steps`` on a chain verifies the block's first drafts, and is
+    refused in one line with a tree or the eager drafter."""
     from transformers import AutoConfig
 
     from infer.loading import drafting_label, load_models
@@ -228,18 +228,18 @@ def test_load_models_drafts_dflash_trees_eagerly_at_batch_one_and_static_when_ba
     config = make_dflash_config(AutoConfig.from_pretrained(reference_target_path), num_hidden_layers=1, block_size=8, mask_token_id=3,
                                 target_layer_ids=[1, 3], layer_types=["sliding_attention"], sliding_window=64)
     DFlashDraftModel(config).save_pretrained(tmp_path)
-    _, eager, _ = load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_tokens=16, batch_size=1)
-    _, static, _ = load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_tokens=16, tree_lookup=7, batch_size=4)
+    _, eager, _ = load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_tokens=16, attention_backend="flashinfer")
+    _, static, _ = load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_tokens=16, tree_lookup=7)
     assert type(eager) is DFlashDrafter and eager.tree and eager.verify_tokens == 17
     assert type(static) is StaticDFlashDrafter and static.tree and static.verify_tokens == 24 and static.tree_lookup == 7
     with pytest.raises(ValueError, match="is a DFlash drafter: --draft-steps .* is for chains; a tree's size is --tree-tokens"):
-        load_models(str(reference_target_path), str(tmp_path), draft_steps=4, tree_topk=4, tree_tokens=16, batch_size=4)
+        load_models(str(reference_target_path), str(tmp_path), draft_steps=4, tree_topk=4, tree_tokens=16)
     with pytest.raises(ValueError, match="--draft-steps with a DFlash drafter runs on the static drafter: --backend flashinfer"):
         load_models(str(reference_target_path), str(tmp_path), draft_steps=4, attention_backend="flashinfer")
     _, short, _ = load_models(str(reference_target_path), str(tmp_path), draft_steps=4)
     assert type(short) is StaticDFlashDrafter and (short.block_size, short.verify_tokens, short.pass_slots) == (5, 5, 5)
     assert drafting_label(short) == "DFlash block of 8, its first 4 drafts verified"
-    _, redrafting, _ = load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_tokens=16, tree_redraft=2, batch_size=4)
+    _, redrafting, _ = load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_tokens=16, tree_redraft=2)
     assert type(redrafting) is StaticDFlashDrafter and redrafting.tree_redraft == 2 and redrafting.verify_tokens == 17
     assert drafting_label(eager) == "DFlash tree top-4, 16 nodes, depth 7"
     assert drafting_label(static) == "DFlash tree top-4, 16 nodes, depth 7, + prompt lookup's chain of 7"

@@ -34,7 +34,9 @@ def eagle3_dir(reference_target_path, tmp_path_factory) -> Path:
 
 def test_load_models_detects_eagle3(reference_target_path, eagle3_dir) -> None:
     target, drafter, _ = load_models(str(reference_target_path), str(eagle3_dir), window=4, draft_steps=2, tree_topk=3, tree_tokens=7)
-    assert isinstance(drafter, Eagle3Drafter) and target.feature_layer_ids == [1, 3, 4]
+    assert isinstance(drafter, StaticEagle3Drafter) and target.feature_layer_ids == [1, 3, 4]  # trees at batch 1 too
+    _, eager, _ = load_models(str(reference_target_path), str(eagle3_dir), tree_topk=3, tree_tokens=7, attention_backend="flashinfer")
+    assert type(eager) is Eagle3Drafter and eager.tree
     assert drafter.tree and drafter.steps == 2 and drafter.windows == [4] and drafter.verify_tokens == 8
     assert torch.equal(drafter.model.d2t, torch.arange(1024) * 7 % 8192 - torch.arange(1024))
     _, chain, _ = load_models(str(reference_target_path), str(eagle3_dir))
