@@ -24,7 +24,7 @@ from tqdm import tqdm
 from infer.prompts import Conversation
 from models.dflash import DFlashDrafter
 from models.eagle3 import Eagle3Drafter
-from infer.generate import generate, pooled_acceptance
+from infer.generate import generate, pooled_acceptance, trees_on_rows
 from infer.prompts import chat_ids, first_turn_content
 from models.sampling import SamplingConfig
 from models.target import CachedTarget
@@ -94,8 +94,10 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
     earlier turns and answers; the target alone, prompt lookup and the static drafters, ``infer.generate.reusable_prefix``), at every batch
     size.
 
-    ``workers``: batched on the CPU, the batch's rows split over that many forked one-thread processes (``cpu_workers``)."""
-    if batch_size > 1 and engine is None:
+    ``workers``: batched on the CPU, the batch's rows split over that many forked one-thread processes (``cpu_workers``).
+
+    A static drafter's trees run through the batched runner at batch 1 too (one row; ``infer.generate.trees_on_rows``)."""
+    if engine is None and (batch_size > 1 or trees_on_rows(drafter)):
         return run_conversations_batched(target, drafter, tokenizer, conversations, prefill_tokens=prefill_tokens, sampling=sampling,
                                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, baseline=baseline, desc=desc,
                                          partial=partial, batch_size=batch_size, reuse_prefixes=reuse_prefixes, workers=workers)

@@ -138,7 +138,7 @@ def run_many(args: argparse.Namespace, target, drafter, tokenizer, sampling) -> 
     import time
 
     from infer.batch import generate_batch
-    from infer.generate import generate
+    from infer.generate import generate, trees_on_rows
     from infer.loading import eos_ids
     from infer.prompts import long_prompt_ids, prompts_file
     from models.static_target import StaticTarget
@@ -147,7 +147,7 @@ def run_many(args: argparse.Namespace, target, drafter, tokenizer, sampling) -> 
     prompts = [long_prompt_ids(tokenizer, c.turns[0], args.prefill_tokens) for c in conversations]
     eos = eos_ids(tokenizer, target.model)
     start = time.perf_counter()
-    if args.batch_size == 1:  # any target and drafter (FlashInfer attention, EAGLE-3 trees), one prompt after another
+    if args.batch_size == 1 and not trees_on_rows(drafter):  # any target and drafter (FlashInfer attention), one prompt after another
         results = [generate(target, drafter, p, args.max_new_tokens, sampling, eos) for p in prompts]
     elif not isinstance(target, StaticTarget):
         raise ValueError(f"--batch-size {args.batch_size}: batched decoding runs on the static target; --backend flashinfer "

@@ -162,6 +162,13 @@ def reusable_prefix(target, drafter, cached_ids, prompt_ids: list[int]) -> int:
     return min(common_prefix(cached_ids, prompt_ids), len(prompt_ids) - 1)
 
 
+def trees_on_rows(drafter) -> bool:
+    """A static drafter's trees: drafted by the batched loop's tree step at every batch size (``generate_tree_row`` at
+    batch 1). Callers with many prompts at batch 1 run them through ``infer.batch`` on one row: one capacity for all
+    of them, so a GPU compiles and captures the tree step once, not again each time a prompt outgrows the caches."""
+    return isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)) and drafter.tree
+
+
 def generate_tree_row(target: StaticTarget, drafter: StaticDFlashDrafter | StaticEagle3Drafter, prompt: torch.Tensor,
                       max_new_tokens: int, eos_token_ids, prefill_chunk: int, cached_ids) -> Generation:
     """``generate`` for a static drafter's trees: the batched loop's tree step (``infer.batch``) on one row, so batch 1
@@ -280,7 +287,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
     if drafter is not None and drafter.tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
-    if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)) and drafter.tree:
+    if trees_on_rows(drafter):
         return generate_tree_row(target, drafter, prompt, max_new_tokens, eos_token_ids, prefill_chunk, cached_ids)
     if accept_per_step is not None and (drafter is None or drafter.tree or not 0 <= accept_per_step < drafter.block_size):
         raise ValueError(f"accept_per_step={accept_per_step}: needs a chain drafter and 0 <= it < its block size")

@@ -179,7 +179,7 @@ def test_cli_batch_size_mistakes_are_one_line_and_trees_batch(reference_target_p
     common = ["--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--max-new-tokens", "4", "--threads", "1"]
     assert infer_main([*common, "--prompt", "Hi", "--batch-size", "2"]) == 2
     assert capsys.readouterr().err.strip() == "error: --batch-size 2; expected >= 1, and above 1 only with --prompts FILE"
-    # trees batch (static caches): the same text and τ as batch 1's eager trees
+    # trees on the static caches at every batch size (batch 1: one row of the batched loop): the same text and τ
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hi", "Tell me a story about a cat.", "Why is the sky blue?"]))
     tree = ["--prompts", str(prompts), "--tree-topk", "2", "--tree-tokens", "4", "--draft-steps", "2", "--max-new-tokens", "12"]
     capsys.readouterr()
