@@ -96,8 +96,10 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
 
     ``workers``: batched on the CPU, the batch's rows split over that many forked one-thread processes (``cpu_workers``).
 
-    A static drafter's trees run through the batched runner at batch 1 too (one row; ``infer.generate.trees_on_rows``)."""
-    if engine is None and (batch_size > 1 or trees_on_rows(drafter)):
+    A static drafter's trees on a captured target (a GPU) run through the batched runner at batch 1 too (one row, one
+    capacity for the cell: the tree step is compiled and captured once, ``infer.generate.trees_on_rows``); on the CPU
+    turn by turn, where each turn's caches are as long as it needs and the baseline reuses the turn's prefill."""
+    if engine is None and (batch_size > 1 or (trees_on_rows(drafter) and getattr(target, "capture", False))):
         return run_conversations_batched(target, drafter, tokenizer, conversations, prefill_tokens=prefill_tokens, sampling=sampling,
                                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, baseline=baseline, desc=desc,
                                          partial=partial, batch_size=batch_size, reuse_prefixes=reuse_prefixes, workers=workers)

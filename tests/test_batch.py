@@ -760,21 +760,25 @@ def test_batch_one_trees_on_the_static_drafters_equal_the_eager_trees_and_reuse_
     assert any(a > 0 for a in accepted)
 
 
-def test_eval_runs_batch_one_trees_on_one_row_with_the_eager_trees_records(setup, reference_tokenizer) -> None:
-    """``run_conversations`` at batch 1 with a static drafter's trees takes the batched runner on one row (one capacity
-    for the cell): every turn's tokens and accepted counts equal the eager tree drafter's turn by turn (``run_turns``,
-    ``generate`` per turn), turn 2 reuses turn 1's row, and the baseline check holds."""
+def test_eval_batch_one_trees_turn_by_turn_and_on_one_row_give_the_eager_trees_records(setup, reference_tokenizer) -> None:
+    """``run_conversations`` at batch 1 with a static drafter's trees: on the CPU turn by turn (``generate_tree_row``),
+    on a captured target (a GPU) the batched runner on one row, called here directly; both give the eager tree drafter's
+    records turn by turn (``run_turns``, ``generate`` per turn): tokens, accepted counts, the baseline check; turn 2
+    reuses turn 1's caches."""
     from infer.prompts import mt_bench
-    from eval.runner import run_conversations
+    from eval.runner import run_conversations, run_conversations_batched
 
     model, _, _, eos, eagle3 = setup
     trees = dict(tree_topk=2, tree_tokens=6, tree_lookup=3)
     kwargs = dict(prefill_tokens=0, sampling=SamplingConfig(), max_new_tokens=16, eos_token_ids=eos, baseline=True)
     conversations = mt_bench(2)
     want = run_conversations(StaticTarget(model, [1, 3, 4]), Eagle3Drafter(eagle3, **trees), reference_tokenizer, conversations, **kwargs)
-    got = run_conversations(StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(eagle3, **trees), reference_tokenizer, conversations, **kwargs)
+    turns = run_conversations(StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(eagle3, **trees), reference_tokenizer, conversations, **kwargs)
+    rows = run_conversations_batched(StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(eagle3, **trees), reference_tokenizer, conversations,
+                                     desc="rows", partial=None, batch_size=1, **kwargs)
     fields = lambda r: (r["id"], r["turn"], r["prompt_tokens"], r["output_ids"], r["stats"]["accepted_per_step"], r["same_as_baseline"])  # noqa: E731
-    assert [fields(r) for r in got] == [fields(r) for r in want]
-    assert all(r["stats"]["batch"]["size"] == 1 for r in got) and all("batch" not in r["stats"] for r in want)
-    assert [r["stats"]["reused_tokens"] > r["prompt_tokens"] // 2 for r in got] == [False, True, False, True]
-    assert all(r["same_as_baseline"] for r in got)
+    assert [fields(r) for r in turns] == [fields(r) for r in rows] == [fields(r) for r in want]
+    assert all("batch" not in r["stats"] for r in turns) and all(r["stats"]["batch"]["size"] == 1 for r in rows)
+    for got in (turns, rows):
+        assert [r["stats"]["reused_tokens"] > r["prompt_tokens"] // 2 for r in got] == [False, True, False, True]
+    assert all(r["same_as_baseline"] for r in want)
