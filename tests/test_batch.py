@@ -720,7 +720,7 @@ def test_captured_rows_reuse_their_turns_on_a_gpu(setup, reference_tokenizer, dr
         assert (two.tokens, two.stats.accepted_per_step) == (whole[s][1].tokens, whole[s][1].stats.accepted_per_step)
 
 
-@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
+@pytest.mark.parametrize("drafter_kind", [pytest.param("dflash", marks=pytest.mark.slow), "eagle3"])  # quick tier: EAGLE-3's (it accepts)
 def test_batch_one_trees_on_the_static_drafters_equal_the_eager_trees_and_reuse_their_turns(setup, reference_tokenizer, drafter_kind) -> None:
     """``generate`` with a static drafter's trees (``generate_tree_row``: the batched tree step on one row, what
     ``load_models`` builds for trees at batch 1 now) against the eager drafter's trees (``tree_step``, the reference loop
@@ -760,6 +760,7 @@ def test_batch_one_trees_on_the_static_drafters_equal_the_eager_trees_and_reuse_
     assert any(a > 0 for a in accepted)
 
 
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_eval_batch_one_trees_turn_by_turn_and_on_one_row_give_the_eager_trees_records(setup, reference_tokenizer) -> None:
     """``run_conversations`` at batch 1 with a static drafter's trees: on the CPU turn by turn (``generate_tree_row``),
     on a captured target (a GPU) the batched runner on one row, called here directly; both give the eager tree drafter's
