@@ -174,7 +174,7 @@ def generate_tree_row(target: StaticTarget, drafter: StaticDFlashDrafter | Stati
                       max_new_tokens: int, eos_token_ids, prefill_chunk: int, cached_ids) -> Generation:
     """``generate`` for a static drafter's trees: the batched loop's tree step (``infer.batch``) on one row, so batch 1
     drafts trees on the same static (on a GPU captured) caches as any batch, with the same tokens and accepted counts
-    as the eager drafters' ``tree_step`` (on the CPU the static drafter was 25% faster). The batch-1 protocol holds:
+    as the eager drafters' ``tree_step`` (on the CPU as fast on one thread, 25% faster on two). The batch-1 protocol holds:
     ``cached_ids`` (bounded by the drafter's ``context_ids``) is reused, and the result's ``cache_ids`` is what the
     row's caches hold."""
     from infer.batch import generate_streams  # infer.batch builds on this module
@@ -288,8 +288,6 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
     if drafter is not None and drafter.tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
-    if trees_on_rows(drafter):
-        return generate_tree_row(target, drafter, prompt, max_new_tokens, eos_token_ids, prefill_chunk, cached_ids)
     if accept_per_step is not None and (drafter is None or drafter.tree or not 0 <= accept_per_step < drafter.block_size):
         raise ValueError(f"accept_per_step={accept_per_step}: needs a chain drafter and 0 <= it < its block size")
     block = drafter.block_size if drafter is not None else 1
@@ -297,6 +295,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     first = verify_stages(target, drafter, sampling) if verify_first == "auto" else verify_first
     if first is not None and (not sampling.greedy or not isinstance(target, StaticTarget) or drafter is None or drafter.tree or first < 1):
         raise ValueError(f"verify_first={first}: a staged verify checks >= 1 drafts of a greedy chain on a static target")
+    if trees_on_rows(drafter):
+        return generate_tree_row(target, drafter, prompt, max_new_tokens, eos_token_ids, prefill_chunk, cached_ids)
     prompt_list = prompt_ids.reshape(-1).tolist() if torch.is_tensor(prompt_ids) else [int(t) for t in prompt_ids]  # once
     lookup = GrowingLookup()  # the trees' lookup branch (``tree_lookup``) over the prompt and the output so far
     reuse = reusable_prefix(target, drafter, cached_ids, prompt_list)

@@ -75,8 +75,8 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     drafter_weights: ``model`` (the drafter's matrices as loaded) or ``int8`` (weight-only int8 copies of the drafter's
         matrices, a DFlash drafter's of the LM head it drafts with too, ``kernels/int8_weights.py``; the target untouched;
         DFlash on its static drafter).
-    The drafter is the static one (``StaticEagle3Drafter``, ``StaticDFlashDrafter``: any batch size, captured on a GPU)
-    but under FlashInfer attention (``Eagle3Drafter``, ``DFlashDrafter``: batch 1).
+    The drafter is the static one (``StaticEagle3Drafter``, ``StaticDFlashDrafter``: any batch size, captured on a GPU),
+    except under FlashInfer attention: the eager one (``Eagle3Drafter``, ``DFlashDrafter``: batch 1).
     """
     target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
     drafter = None

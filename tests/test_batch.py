@@ -758,6 +758,8 @@ def test_batch_one_trees_on_the_static_drafters_equal_the_eager_trees_and_reuse_
         assert len(p) < got.stats.reused_tokens <= common_prefix(one.cache_ids, q) and want.stats.reused_tokens == 0
         accepted += got.stats.accepted_per_step + one.stats.accepted_per_step
     assert any(a > 0 for a in accepted)
+    with pytest.raises(ValueError, match="accept_per_step=1: needs a chain drafter"):  # checked before the trees take one row
+        generate(target, static, prompts[0], 4, accept_per_step=1)
 
 
 @pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
