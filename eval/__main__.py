@@ -84,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                         help="prefill every turn's whole prompt (default: the target alone, prompt lookup, DFlash and EAGLE-3 prefill a turn only "
                              "past what the caches hold from the turn before, its earlier turns and answers)")
+    common.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                        help="batched passes (any --batch-size above 1, and batch-1 trees on a GPU) first run a few untimed steps of "
+                             "their shapes, so tok/s, latency and speedup are steady-state (default: on a GPU, where those steps "
+                             "compile and capture the graphs; the summary prints how long it took)")
     common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     common.add_argument("--engine", default="ours", choices=["ours", "vllm", "server", "zlab"],
                         help="who decodes: our loop, vLLM in its own environment, a running server (--server), or z-lab's "
@@ -117,7 +121,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def default_out(args, source: dict) -> Path:
     """The same command (same drafter, target, prompts and settings) gets the same folder: reruns resume."""
     # batch size and threads change the speed, not the tokens: a rerun with another one resumes the same folder
-    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "wandb", "wandb_project", "threads", "runs_dir", "batch_size", "cpu_workers")}
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "wandb", "wandb_project", "threads", "runs_dir", "batch_size", "cpu_workers", "warmup")}
     if settings.get("drafter_weights") == "model":  # the default: the folders of runs from before the option keep their hash
         del settings["drafter_weights"]
     settings.update(source)
@@ -198,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out) if args.out else default_out(args, source)
     eos = eos_ids(tokenizer, target.model)
+    warmup = getattr(target, "capture", False) if args.warmup is None else args.warmup  # a GPU compiles and captures there
     config = {**vars(args), **source}
     print(f"target {source['target']} | drafter {source['drafter']} | {len(conversations)} prompts -> {out}", file=sys.stderr)
     for window in windows:
@@ -218,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
             records = run_conversations(target, pld, tokenizer, conversations, prefill_tokens=prefill, sampling=sampling,
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=args.batch_size,
                                         desc=f"prompt lookup, prefill {prefill}", partial=out / "partial" / f"pld_prefill-{prefill}.jsonl",
-                                        reuse_prefixes=args.prefix_reuse, workers=workers)
+                                        reuse_prefixes=args.prefix_reuse, workers=workers, warmup=warmup)
             pld_summaries[prefill] = summarize(records)
             pld_questions[prefill] = per_question(records)
         return pld_summaries[prefill]
@@ -230,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
                                     max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=baseline,
                                     desc=f"{args.engine}: window {label}, prefill {prefill}", engine=engine, batch_size=args.batch_size,
                                     partial=out / "partial" / f"window-{label}_prefill-{prefill}{'_baseline' if baseline else ''}.jsonl",
-                                    reuse_prefixes=args.prefix_reuse, workers=workers)
+                                    reuse_prefixes=args.prefix_reuse, workers=workers, warmup=warmup)
         summary = summarize(records)
         pld = prompt_lookup(prefill)
         if pld is not None:

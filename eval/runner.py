@@ -80,7 +80,7 @@ def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
 def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, tokenizer, conversations: list[Conversation], *,
                       prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int, eos_token_ids, baseline: bool,
                       desc: str = "eval", partial: Path | None = None, engine=None, batch_size: int = 1,
-                      reuse_prefixes: bool = True, workers: int = 1) -> list[dict]:
+                      reuse_prefixes: bool = True, workers: int = 1, warmup: bool = False) -> list[dict]:
     """One record per (conversation, turn) with the tokens, the accepted counts and the timings.
 
     ``engine``: an ``eval.engines.VllmEngine`` decoding every turn in place of our loop (greedy; the
@@ -98,11 +98,15 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
 
     A static drafter's trees on a captured target (a GPU) run through the batched runner at batch 1 too (one row, one
     capacity for the cell: the tree step is compiled and captured once, ``infer.generate.trees_on_rows``); on the CPU
-    turn by turn, where each turn's caches are as long as it needs and the baseline reuses the turn's prefill."""
+    turn by turn, where each turn's caches are as long as it needs and the baseline reuses the turn's prefill.
+
+    ``warmup``: the batched runner first runs a few steps of its pass's shapes (``warm_up``), untimed, so its speeds are
+    steady-state on a GPU (eval turns it on there); the turn-by-turn path has no fixed shapes to warm."""
     if engine is None and (batch_size > 1 or (trees_on_rows(drafter) and getattr(target, "capture", False))):
         return run_conversations_batched(target, drafter, tokenizer, conversations, prefill_tokens=prefill_tokens, sampling=sampling,
                                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, baseline=baseline, desc=desc,
-                                         partial=partial, batch_size=batch_size, reuse_prefixes=reuse_prefixes, workers=workers)
+                                         partial=partial, batch_size=batch_size, reuse_prefixes=reuse_prefixes, workers=workers,
+                                         warmup=warmup)
     limit = max_positions(target)
     records = []
     done = read_partial(partial)
@@ -212,7 +216,7 @@ def cpu_workers(device, batch_size: int, threads: int | None, requested: int | N
 
 def run_conversations_batched(target, drafter, tokenizer, conversations: list[Conversation], *, prefill_tokens: int, sampling: SamplingConfig,
                               max_new_tokens: int, eos_token_ids, baseline: bool, desc: str, partial: Path | None, batch_size: int,
-                              reuse_prefixes: bool = True, workers: int = 1) -> list[dict]:
+                              reuse_prefixes: bool = True, workers: int = 1, warmup: bool = False) -> list[dict]:
     """``run_conversations`` with ``batch_size`` conversations in flight (``infer/batch.py``): each finished turn is written
     to ``partial`` at once and its conversation's next turn enters the batch; the autoregressive baseline, when asked for,
     runs batched afterwards over the same prompts (a record is written again with it; the last line of a turn counts).
@@ -238,7 +242,11 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
 
     decode_args = dict(prefill_tokens=prefill_tokens, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                        limit=limit, done=done, capacity=capacity, reuse_prefixes=reuse_prefixes)
+    todo_turns = any((str(c.id), t + 1) not in done for c in conversations for t in range(len(c.turns)))
+    warm = dict(rows=min(batch_size, len(conversations)), batch_size=batch_size, sampling=sampling, max_new_tokens=max_new_tokens,
+                prompt=turn_prompt(tokenizer, conversations[0], 0, 0, [""], 0)) if warmup and workers == 1 else None
     try:
+        warm_s = warm_up(target, drafter, capacity=capacity, **warm) if warm and todo_turns else 0.0
         t0 = time.perf_counter()
         if workers > 1:
             records, prompts = decode_in_workers(target, drafter, tokenizer, conversations, workers, batch_size, write, bar, decode_args)
@@ -253,13 +261,16 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
         fresh = [r for r in flat if (str(r["id"]), r["turn"]) not in done]
         for r in fresh:  # the rows' own decode times overlap: the pass's throughput is its tokens over its wall time
             r["stats"]["batch"] = {"size": batch_size, "workers": workers, "pass_s": wall,
-                                   "pass_tokens": sum(x["stats"]["new_tokens"] for x in fresh)}
+                                   "pass_tokens": sum(x["stats"]["new_tokens"] for x in fresh), "warmup_s": warm_s}
         todo = [(i, r) for i, conv_records in enumerate(records) for r in conv_records
                 if baseline and drafter is not None and "baseline_stats" not in r]
         if todo:
             base_prompts = [prompts.get((i, r["turn"] - 1)) or turn_prompt(tokenizer, conversations[i], i, r["turn"] - 1,
                                                                            [x["output_text"] for x in records[i]], prefill_tokens)
                             for i, r in todo]
+            if warm:  # the target alone's pass: its own shapes (generate_batch's capacity for these prompts)
+                warm_up(target, None, capacity=max(len(p) for p in base_prompts) + max_new_tokens + 1,
+                        **{**warm, "rows": min(batch_size, len(base_prompts))})
             for (_, record), base in zip(todo, generate_batch(target, None, base_prompts, max_new_tokens, batch_size=batch_size,
                                                               sampling=sampling, eos_token_ids=eos_token_ids)):
                 record["baseline_stats"] = base.stats.to_dict()
@@ -269,6 +280,23 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
         if sink is not None:
             sink.close()
     return flat
+
+
+def warm_up(target, drafter, *, prompt: list[int], rows: int, batch_size: int, capacity: int, sampling: SamplingConfig,
+            max_new_tokens: int) -> float:
+    """A few untimed steps of a batched pass's shapes before it: ``rows`` copies of a short ``prompt`` through
+    ``generate_streams`` with the pass's batch size and capacity (so the same buffers and graphs), up to 16 new tokens
+    each, no end-of-sequence token. On a GPU the pass's step graphs compile and capture here (an H200 spent 75 s on the
+    first step of batch-1 trees), so the pass's tokens/s, latency and speedup are steady-state. Nothing it writes is
+    read later: a pass prefills every row it decodes. Returns its seconds."""
+    from infer.batch import generate_streams
+
+    t0 = time.perf_counter()
+    generate_streams(target, drafter, lambda stream, finished: list(prompt) if finished is None else None, rows, batch_size=batch_size,
+                     capacity=capacity, max_new_tokens=min(max_new_tokens, 16), sampling=sampling, reuse_prefixes=False)
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def decode_batched(target, drafter, tokenizer, conversations: list[Conversation], claim, batch_size: int, write, finished_one, *,
@@ -417,6 +445,7 @@ def summarize(records: list[dict]) -> dict:
     if batched:  # batched decoding: per-row tokens/s above, the batch's throughput here
         summary["batch_size"] = batched[0]["size"]
         summary["batch_tokens_per_s"] = batched[0]["pass_tokens"] / batched[0]["pass_s"] if batched[0]["pass_s"] else 0.0
+        summary["warmup_s"] = batched[0].get("warmup_s", 0.0)
     base = [r["baseline_stats"] for r in records if "baseline_stats" in r]
     summary["engine"] = records[0]["stats"].get("engine", "ours") if records else "ours"
     if base and summary["engine"] != "ours":  # another engine's speed over our baseline's is no speedup: only the lossless check

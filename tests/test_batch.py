@@ -785,3 +785,31 @@ def test_eval_batch_one_trees_turn_by_turn_and_on_one_row_give_the_eager_trees_r
     for got in (turns, rows):
         assert [r["stats"]["reused_tokens"] > r["prompt_tokens"] // 2 for r in got] == [False, True, False, True]
     assert all(r["same_as_baseline"] for r in want)
+
+
+@pytest.mark.parametrize("drafter_kind", ["eagle3", pytest.param("pld", marks=pytest.mark.slow)])
+def test_a_warmup_before_a_batched_pass_changes_no_record(setup, reference_tokenizer, tmp_path, drafter_kind) -> None:
+    """``warmup=True`` (eval's default on a GPU): a few untimed steps of the pass's shapes first, for the drafter's pass and
+    the baseline's; every record (tokens, accepted counts, the baseline check) is the one without it, nothing of it reaches
+    the partial file, and the summary says how long it took."""
+    from infer.prompts import mt_bench
+    from eval.report import summary_table
+    from eval.runner import run_conversations, summarize
+
+    eos = setup[3]
+    kwargs = dict(prefill_tokens=0, sampling=SamplingConfig(), max_new_tokens=16, eos_token_ids=eos, baseline=True, batch_size=2)
+    conversations = mt_bench(3)
+    got = {}
+    for warm in (False, True):
+        target, drafter = make_drafter(setup, drafter_kind)
+        got[warm] = run_conversations(target, drafter, reference_tokenizer, conversations, partial=tmp_path / f"{warm}.jsonl", warmup=warm, **kwargs)
+    fields = lambda r: (r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"], r["same_as_baseline"])  # noqa: E731
+    assert [fields(r) for r in got[True]] == [fields(r) for r in got[False]]
+    # every line as written (a turn's line, then again with its baseline)
+    lines = lambda warm: [json.loads(x) for x in (tmp_path / f"{warm}.jsonl").read_text().splitlines()]  # noqa: E731
+    line_fields = lambda r: (r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"], str(r.get("same_as_baseline")))  # noqa: E731
+    assert sorted(map(line_fields, lines(True))) == sorted(map(line_fields, lines(False)))
+    assert len(lines(True)) == 2 * len(got[True])
+    assert all(r["stats"]["batch"]["warmup_s"] > 0 for r in got[True]) and all(r["stats"]["batch"]["warmup_s"] == 0 for r in got[False])
+    assert "A warm-up of the pass's shapes took" in summary_table(summarize(got[True]), "t")
+    assert "warm-up" not in summary_table(summarize(got[False]), "t")
