@@ -787,17 +787,21 @@ def test_eval_batch_one_trees_turn_by_turn_and_on_one_row_give_the_eager_trees_r
     assert all(r["same_as_baseline"] for r in want)
 
 
-@pytest.mark.parametrize("drafter_kind", ["eagle3", pytest.param("pld", marks=pytest.mark.slow)])
-def test_a_warmup_before_a_batched_pass_changes_no_record(setup, reference_tokenizer, tmp_path, drafter_kind) -> None:
+@pytest.mark.parametrize("drafter_kind,temperature", [("eagle3", 0.0), pytest.param("pld", 0.0, marks=pytest.mark.slow),
+                                                      pytest.param("eagle3", 0.8, marks=pytest.mark.slow),
+                                                      pytest.param("dflash", 0.8, marks=pytest.mark.slow)])
+def test_a_warmup_before_a_batched_pass_changes_no_record(setup, reference_tokenizer, tmp_path, drafter_kind, temperature) -> None:
     """``warmup=True`` (eval's default on a GPU): a few untimed steps of the pass's shapes first, for the drafter's pass and
-    the baseline's; every record (tokens, accepted counts, the baseline check) is the one without it, nothing of it reaches
-    the partial file, and the summary says how long it took."""
+    the baseline's; every record (tokens, accepted counts, the baseline check; sampled too: the warm-up draws from
+    generators of its own) is the one without it, nothing of it reaches the partial file, and the summary says how long
+    it took."""
     from infer.prompts import mt_bench
     from eval.report import summary_table
     from eval.runner import run_conversations, summarize
 
     eos = setup[3]
-    kwargs = dict(prefill_tokens=0, sampling=SamplingConfig(), max_new_tokens=16, eos_token_ids=eos, baseline=True, batch_size=2)
+    kwargs = dict(prefill_tokens=0, sampling=SamplingConfig(temperature=temperature, seed=3), max_new_tokens=16, eos_token_ids=eos,
+                  baseline=True, batch_size=2)
     conversations = mt_bench(3)
     got = {}
     for warm in (False, True):
