@@ -30,6 +30,8 @@ def summary_table(summary: dict, title: str) -> str:
     ]
     if summary.get("batch_size"):
         warm = f" A warm-up of the pass's shapes took {summary['warmup_s']:.1f} s before it (not counted)." if summary.get("warmup_s") else ""
+        if summary.get("baseline_warmup_s"):
+            warm += f" The baseline's: {summary['baseline_warmup_s']:.1f} s."
         rows += ["", f"Batched, {summary['batch_size']} conversations in flight: the rows' own tok/s above; the batch decoded "
                      f"{summary['batch_tokens_per_s']:.1f} tokens/s.{warm}"]
     cats = summary.get("tau_by_category", {})

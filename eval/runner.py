@@ -268,12 +268,11 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
             base_prompts = [prompts.get((i, r["turn"] - 1)) or turn_prompt(tokenizer, conversations[i], i, r["turn"] - 1,
                                                                            [x["output_text"] for x in records[i]], prefill_tokens)
                             for i, r in todo]
-            if warm:  # the target alone's pass: its own shapes (generate_batch's capacity for these prompts)
-                warm_up(target, None, capacity=max(len(p) for p in base_prompts) + max_new_tokens + 1,
-                        **{**warm, "rows": min(batch_size, len(base_prompts))})
+            base_warm_s = warm_up(target, None, capacity=max(len(p) for p in base_prompts) + max_new_tokens + 1,
+                                  **{**warm, "rows": min(batch_size, len(base_prompts))}) if warm else 0.0  # generate_batch's shapes
             for (_, record), base in zip(todo, generate_batch(target, None, base_prompts, max_new_tokens, batch_size=batch_size,
                                                               sampling=sampling, eos_token_ids=eos_token_ids)):
-                record["baseline_stats"] = base.stats.to_dict()
+                record["baseline_stats"] = {**base.stats.to_dict(), "warmup_s": base_warm_s}
                 record["same_as_baseline"] = base.tokens == record["output_ids"]
                 write(record)
     finally:
@@ -455,6 +454,7 @@ def summarize(records: list[dict]) -> dict:
         summary["baseline_tokens_per_s"] = base_tps
         summary["speedup"] = summary["tokens_per_s"] / base_tps
         summary["same_as_baseline"] = sum(r["same_as_baseline"] for r in records) / len(records)
+        summary["baseline_warmup_s"] = max(b.get("warmup_s", 0.0) for b in base)
     by_category: dict[str, list[int]] = {}
     for r in records:
         by_category.setdefault(r["category"] or "-", []).extend(r["stats"]["accepted_per_step"])

@@ -815,5 +815,6 @@ def test_a_warmup_before_a_batched_pass_changes_no_record(setup, reference_token
     assert sorted(map(line_fields, lines(True))) == sorted(map(line_fields, lines(False)))
     assert len(lines(True)) == 2 * len(got[True])
     assert all(r["stats"]["batch"]["warmup_s"] > 0 for r in got[True]) and all(r["stats"]["batch"]["warmup_s"] == 0 for r in got[False])
-    assert "A warm-up of the pass's shapes took" in summary_table(summarize(got[True]), "t")
+    assert all(r["baseline_stats"]["warmup_s"] > 0 for r in got[True]) and all(r["baseline_stats"]["warmup_s"] == 0 for r in got[False])
+    assert "A warm-up of the pass's shapes took" in summary_table(summarize(got[True]), "t") and "The baseline's: " in summary_table(summarize(got[True]), "t")
     assert "warm-up" not in summary_table(summarize(got[False]), "t")
