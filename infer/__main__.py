@@ -27,7 +27,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     src.add_argument("--question", type=int, help="an MT-Bench question_id (first turn), from the bundled copy")
     src.add_argument("--prompts", help="a JSONL file of prompts ({prompt} / {turns} / {messages}: each record's first user turn)")
     p.add_argument("--batch-size", type=int, default=1, help="--prompts: prompts decoded at once (each row's tokens and acceptance "
-                                                             "are batch 1's; DFlash, EAGLE-3 chains, prompt lookup or the target alone)")
+                                                             "are batch 1's; DFlash and EAGLE-3 blocks, chains and trees, prompt lookup or the target alone)")
     p.add_argument("--prefill-tokens", type=int, default=0, help="filler tokens placed before the question (long-context runs)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
