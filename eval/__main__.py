@@ -85,9 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="prefill every turn's whole prompt (default: the target alone, prompt lookup, DFlash and EAGLE-3 prefill a turn only "
                              "past what the caches hold from the turn before, its earlier turns and answers)")
     common.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
-                        help="batched passes (any --batch-size above 1, and batch-1 trees on a GPU) first run a few untimed steps of "
-                             "their shapes, so tok/s, latency and speedup are steady-state (default: on a GPU, where those steps "
-                             "compile and capture the graphs; the summary prints how long it took)")
+                        help="untimed, before each pass: a batched pass runs a few steps of its shapes, a batch-1 pass decodes its "
+                             "first turn once, so tok/s, latency and speedup are steady-state (default: on a GPU, where this compiles "
+                             "and captures the graphs; the summary prints how long it took)")
     common.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     common.add_argument("--engine", default="ours", choices=["ours", "vllm", "server", "zlab"],
                         help="who decodes: our loop, vLLM in its own environment, a running server (--server), or z-lab's "

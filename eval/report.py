@@ -29,11 +29,11 @@ def summary_table(summary: dict, title: str) -> str:
         f"{summary['mean_prompt_tokens']:.0f} | {summary['mean_latency_s']:.2f} | {split_text} | {acc} |",
     ]
     if summary.get("batch_size"):
-        warm = f" A warm-up of the pass's shapes took {summary['warmup_s']:.1f} s before it (not counted)." if summary.get("warmup_s") else ""
-        if summary.get("baseline_warmup_s"):
-            warm += f" The baseline's: {summary['baseline_warmup_s']:.1f} s."
         rows += ["", f"Batched, {summary['batch_size']} conversations in flight: the rows' own tok/s above; the batch decoded "
-                     f"{summary['batch_tokens_per_s']:.1f} tokens/s.{warm}"]
+                     f"{summary['batch_tokens_per_s']:.1f} tokens/s."]
+    if summary.get("warmup_s"):
+        baseline = f" (the baseline's pass: {summary['baseline_warmup_s']:.1f} s)" if summary.get("baseline_warmup_s") else ""
+        rows += ["", f"A warm-up of the pass's shapes took {summary['warmup_s']:.1f} s before it{baseline}, not counted above."]
     cats = summary.get("tau_by_category", {})
     if len(cats) > 1:
         rows += ["", "| category | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats),

@@ -100,8 +100,8 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
     capacity for the cell: the tree step is compiled and captured once, ``infer.generate.trees_on_rows``); on the CPU
     turn by turn, where each turn's caches are as long as it needs and the baseline reuses the turn's prefill.
 
-    ``warmup``: the batched runner first runs a few steps of its pass's shapes (``warm_up``), untimed, so its speeds are
-    steady-state on a GPU (eval turns it on there); the turn-by-turn path has no fixed shapes to warm."""
+    ``warmup``: untimed, so the speeds are steady-state on a GPU (eval turns it on there): the batched runner first runs
+    a few steps of its pass's shapes (``warm_up``), the turn-by-turn path the cell's first turn once (``warm_up_turn``)."""
     if engine is None and (batch_size > 1 or (trees_on_rows(drafter) and getattr(target, "capture", False))):
         return run_conversations_batched(target, drafter, tokenizer, conversations, prefill_tokens=prefill_tokens, sampling=sampling,
                                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, baseline=baseline, desc=desc,
@@ -114,14 +114,38 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
         partial.parent.mkdir(parents=True, exist_ok=True)
     sink = open(partial, "a", encoding="utf-8") if partial is not None else None
     cache = [] if reuse_prefixes else None  # what the target's cache holds after the last generation (generate's cache_ids)
+    todo_turns = any((str(c.id), t + 1) not in done for c in conversations for t in range(len(c.turns)))
+    warm_s = warm_up_turn(target, drafter, tokenizer, conversations[0], prefill_tokens, sampling, max_new_tokens, eos_token_ids,
+                          baseline, limit) if warmup and engine is None and todo_turns else 0.0
     try:
         for index, conv in enumerate(tqdm(conversations, desc=desc, unit="q")):
-            records += run_turns(target, drafter, tokenizer, conv, index, prefill_tokens, sampling, max_new_tokens, eos_token_ids,
-                                 baseline, limit, done, sink, engine, cache)
+            fresh = run_turns(target, drafter, tokenizer, conv, index, prefill_tokens, sampling, max_new_tokens, eos_token_ids,
+                              baseline, limit, done, sink, engine, cache)
+            for r in fresh:
+                if (str(r["id"]), r["turn"]) not in done:
+                    r["stats"]["warmup_s"] = warm_s
+            records += fresh
     finally:
         if sink is not None:
             sink.close()
     return records
+
+
+def warm_up_turn(target, drafter, tokenizer, conv: Conversation, prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int,
+                 eos_token_ids, baseline: bool, limit: int) -> float:
+    """The turn-by-turn path's warm-up: the cell's first turn decoded once, untimed, by the drafter (and the target alone
+    when a baseline runs), so its caches' shapes are compiled and captured before the first timed turn (later turns
+    mostly fit the same buffers: ``StaticTarget.allocate`` keeps them while they are at most twice what is asked). The
+    first timed turn reuses nothing of it (the runner's cache record starts empty). Returns its seconds."""
+    prompt = turn_prompt(tokenizer, conv, 0, 0, [""] * len(conv.turns), prefill_tokens)
+    if len(prompt) + max_new_tokens > limit:
+        return 0.0  # the turn itself reports the error
+    t0 = time.perf_counter()
+    for d in [drafter] + ([None] if baseline and drafter is not None else []):
+        generate(target, d, prompt, max_new_tokens, sampling, eos_token_ids)
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def run_turns(target, drafter, tokenizer, conv: Conversation, index: int, prefill_tokens: int, sampling: SamplingConfig,
@@ -444,7 +468,7 @@ def summarize(records: list[dict]) -> dict:
     if batched:  # batched decoding: per-row tokens/s above, the batch's throughput here
         summary["batch_size"] = batched[0]["size"]
         summary["batch_tokens_per_s"] = batched[0]["pass_tokens"] / batched[0]["pass_s"] if batched[0]["pass_s"] else 0.0
-        summary["warmup_s"] = batched[0].get("warmup_s", 0.0)
+    summary["warmup_s"] = max((r["stats"].get("warmup_s", r["stats"].get("batch", {}).get("warmup_s", 0.0)) for r in records), default=0.0)
     base = [r["baseline_stats"] for r in records if "baseline_stats" in r]
     summary["engine"] = records[0]["stats"].get("engine", "ours") if records else "ours"
     if base and summary["engine"] != "ours":  # another engine's speed over our baseline's is no speedup: only the lossless check

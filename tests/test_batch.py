@@ -816,5 +816,27 @@ def test_a_warmup_before_a_batched_pass_changes_no_record(setup, reference_token
     assert len(lines(True)) == 2 * len(got[True])
     assert all(r["stats"]["batch"]["warmup_s"] > 0 for r in got[True]) and all(r["stats"]["batch"]["warmup_s"] == 0 for r in got[False])
     assert all(r["baseline_stats"]["warmup_s"] > 0 for r in got[True]) and all(r["baseline_stats"]["warmup_s"] == 0 for r in got[False])
-    assert "A warm-up of the pass's shapes took" in summary_table(summarize(got[True]), "t") and "The baseline's: " in summary_table(summarize(got[True]), "t")
+    assert "A warm-up of the pass's shapes took" in summary_table(summarize(got[True]), "t") and "the baseline's pass: " in summary_table(summarize(got[True]), "t")
     assert "warm-up" not in summary_table(summarize(got[False]), "t")
+
+
+@pytest.mark.parametrize("drafter_kind", ["dflash", pytest.param("eagle3", marks=pytest.mark.slow)])
+def test_a_warmup_before_turn_by_turn_decoding_changes_no_record(setup, reference_tokenizer, drafter_kind) -> None:
+    """Batch 1, turn by turn (``warm_up_turn``: the cell's first turn decoded once, untimed, by the drafter and the target
+    alone): every record equals the one without it (the first timed turn reuses nothing of the warm-up, its cache record
+    starting empty), and the records carry its seconds."""
+    from infer.prompts import mt_bench
+    from eval.report import summary_table
+    from eval.runner import run_conversations, summarize
+
+    kwargs = dict(prefill_tokens=0, sampling=SamplingConfig(), max_new_tokens=16, eos_token_ids=setup[3], baseline=True)
+    got = {}
+    for warm in (False, True):
+        target, drafter = make_drafter(setup, drafter_kind)
+        got[warm] = run_conversations(target, drafter, reference_tokenizer, mt_bench(2), warmup=warm, **kwargs)
+    fields = lambda r: (r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"], r["stats"]["reused_tokens"],  # noqa: E731
+                        r["same_as_baseline"])
+    assert [fields(r) for r in got[True]] == [fields(r) for r in got[False]]
+    assert [r["stats"]["reused_tokens"] > 0 for r in got[True]] == [False, True, True, True]  # turn 1 of q82: the chat template's head
+    assert all(r["stats"]["warmup_s"] > 0 for r in got[True]) and all(r["stats"]["warmup_s"] == 0 for r in got[False])
+    assert "A warm-up of the pass's shapes took" in summary_table(summarize(got[True]), "t")
