@@ -25,6 +25,7 @@ from infer.prompts import Conversation
 from models.dflash import DFlashDrafter
 from models.eagle3 import Eagle3Drafter
 from infer.generate import generate, pooled_acceptance, trees_on_rows
+from infer.loading import sync
 from infer.prompts import chat_ids, first_turn_content
 from models.sampling import SamplingConfig
 from models.target import CachedTarget
@@ -114,7 +115,7 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
         partial.parent.mkdir(parents=True, exist_ok=True)
     sink = open(partial, "a", encoding="utf-8") if partial is not None else None
     cache = [] if reuse_prefixes else None  # what the target's cache holds after the last generation (generate's cache_ids)
-    todo_turns = any((str(c.id), t + 1) not in done for c in conversations for t in range(len(c.turns)))
+    todo_turns = turns_left(conversations, done)
     warm_s = warm_up_turn(target, drafter, tokenizer, conversations[0], prefill_tokens, sampling, max_new_tokens, eos_token_ids,
                           baseline, limit) if warmup and engine is None and todo_turns else 0.0
     try:
@@ -131,6 +132,11 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
     return records
 
 
+def turns_left(conversations: list[Conversation], done: dict) -> bool:
+    """Whether any turn of ``conversations`` is not among ``done`` (``read_partial``'s): a rerun with nothing left warms nothing."""
+    return any((str(c.id), t + 1) not in done for c in conversations for t in range(len(c.turns)))
+
+
 def warm_up_turn(target, drafter, tokenizer, conv: Conversation, prefill_tokens: int, sampling: SamplingConfig, max_new_tokens: int,
                  eos_token_ids, baseline: bool, limit: int) -> float:
     """The turn-by-turn path's warm-up: the cell's first turn decoded once, untimed, by the drafter (and the target alone
@@ -143,8 +149,7 @@ def warm_up_turn(target, drafter, tokenizer, conv: Conversation, prefill_tokens:
     t0 = time.perf_counter()
     for d in [drafter] + ([None] if baseline and drafter is not None else []):
         generate(target, d, prompt, max_new_tokens, sampling, eos_token_ids)
-    if target.device.type == "cuda":
-        torch.cuda.synchronize()
+    sync(target.device)
     return time.perf_counter() - t0
 
 
@@ -266,7 +271,7 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
 
     decode_args = dict(prefill_tokens=prefill_tokens, sampling=sampling, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                        limit=limit, done=done, capacity=capacity, reuse_prefixes=reuse_prefixes)
-    todo_turns = any((str(c.id), t + 1) not in done for c in conversations for t in range(len(c.turns)))
+    todo_turns = turns_left(conversations, done)
     warm = dict(rows=min(batch_size, len(conversations)), batch_size=batch_size, sampling=sampling, max_new_tokens=max_new_tokens,
                 prompt=turn_prompt(tokenizer, conversations[0], 0, 0, [""], 0)) if warmup and workers == 1 else None
     try:
@@ -317,8 +322,7 @@ def warm_up(target, drafter, *, prompt: list[int], rows: int, batch_size: int, c
     t0 = time.perf_counter()
     generate_streams(target, drafter, lambda stream, finished: list(prompt) if finished is None else None, rows, batch_size=batch_size,
                      capacity=capacity, max_new_tokens=min(max_new_tokens, 16), sampling=sampling, reuse_prefixes=False)
-    if target.device.type == "cuda":
-        torch.cuda.synchronize()
+    sync(target.device)
     return time.perf_counter() - t0
 
 

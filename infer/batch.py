@@ -437,9 +437,9 @@ def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request, with_i
 def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_new_tokens: int = 256, *, batch_size: int = 8,
                    sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
                    refill_wave: int | None = None, run_steps: int = 8, seeds: Sequence[int] | None = None,
-                   verify_first: int | None | str = "auto") -> list[Generation]:
+                   verify_first: int | None | str = "auto", cached_ids: Sequence[int] | None = None) -> list[Generation]:
     """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order. ``seeds``: one sampling
-    seed per prompt (default ``sampling.seed`` for every one); ``verify_first``: ``generate_streams``'."""
+    seed per prompt (default ``sampling.seed`` for every one); ``verify_first``, ``cached_ids``: ``generate_streams``'."""
     results: list[Generation | None] = [None] * len(prompts)
 
     def driver(stream: int, finished: Generation | None):
@@ -452,5 +452,5 @@ def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_
     capacity = max(len(p) for p in prompts) + max_new_tokens + verify_len
     generate_streams(target, drafter, driver, len(prompts), batch_size=batch_size, capacity=capacity, max_new_tokens=max_new_tokens,
                      sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk, refill_wave=refill_wave,
-                     run_steps=run_steps, stream_seeds=seeds, verify_first=verify_first)
+                     run_steps=run_steps, stream_seeds=seeds, verify_first=verify_first, cached_ids=cached_ids)
     return results

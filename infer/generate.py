@@ -177,25 +177,16 @@ def generate_tree_row(target: StaticTarget, drafter: StaticDFlashDrafter | Stati
     as the eager drafters' ``tree_step`` (on the CPU as fast on one thread, 25% faster on two). The batch-1 protocol holds:
     ``cached_ids`` (bounded by the drafter's ``context_ids``) is reused, and the result's ``cache_ids`` is what the
     row's caches hold."""
-    from infer.batch import generate_streams  # infer.batch builds on this module
+    from infer.batch import generate_batch  # infer.batch builds on this module
 
     prompt_list = prompt.tolist()
-    cached = None
+    cached = []
     if cached_ids and reuses_prefixes(drafter):  # what both the target's cache and the drafter's context hold
         cached = list(cached_ids[:min(common_prefix(cached_ids, prompt_list), common_prefix(drafter.context_ids, prompt_list))])
-    results: list[Generation] = []
-
-    def driver(stream: int, finished: Generation | None):
-        if finished is not None:
-            results.append(finished)
-            return None
-        return prompt_list
-
-    generate_streams(target, drafter, driver, 1, batch_size=1, capacity=len(prompt_list) + max_new_tokens + drafter.verify_tokens,
-                     max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk,
-                     cached_ids=cached or [])
-    drafter.context_ids = results[0].cache_ids
-    return results[0]
+    result = generate_batch(target, drafter, [prompt_list], max_new_tokens, batch_size=1, eos_token_ids=eos_token_ids,
+                            prefill_chunk=prefill_chunk, cached_ids=cached)[0]  # cached_ids given: the result carries cache_ids
+    drafter.context_ids = result.cache_ids
+    return result
 
 
 VERIFY_FIRST = 4  # drafts a staged verify checks in its first pass (``verify_stages``)
