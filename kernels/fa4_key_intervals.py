@@ -213,26 +213,57 @@ def _check_hopper(x: torch.Tensor) -> None:
                            f"{torch.cuda.get_device_name(x.device)}")
 
 
-def forward(q, k, v, fwd_tables, softmax_scale):
-    """out [B, Tq, Hq, D], lse [B, Hq, Tq]; the tables' rows are packed by KV group (FA4's pack_gqa)
-    unless q already is (Hq = Hkv)."""
+# FA4's Python entry points are not traceable: Dynamo breaks the graph at their DLPack wrappers, so a training step
+# compiled whole (trainer.compile_scope=step) ran in pieces around every attention call, 51-56 ms a step against flex's
+# 40 ms on an H200 (BENCHMARKS.md, "FlashAttention-4 as one opaque node"). As custom ops each direction is one node the
+# compiler does not enter; the fakes give it the output shapes and (contiguous) strides: FA4 allocates out and lse
+# afresh and dq, dk, dv like q, k, v, which the backward makes contiguous first (no copy for the drafter's rows).
+
+
+@torch.library.custom_op("swa_drafters::fa4_key_intervals_forward", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
+                softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     _check_hopper(q)
     big = k.shape[1]  # any window: FA4 then takes its local-attention code path, whose bounds we replace
     with _interval_kernels() as fa4:
         out, lse = fa4._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, window_size_left=big,
                                        window_size_right=big, pack_gqa=q.shape[2] != k.shape[2], return_lse=True,
                                        tile_mn=(128, 128),  # the tables' tiles (kernels.key_intervals)
-                                       aux_tensors=list(fwd_tables))[:2]
-    return out, lse
+                                       aux_tensors=list(tables))[:2]
+    return out.contiguous(), lse.contiguous()
 
 
-def backward(q, k, v, out, dout, lse, bwd_tables, softmax_scale):
+@_forward_op.register_fake
+def _(q, k, v, tables, softmax_scale):
+    b, t, h, _ = q.shape
+    return q.new_empty(b, t, h, v.shape[-1]), q.new_empty(b, h, t, dtype=torch.float32)
+
+
+@torch.library.custom_op("swa_drafters::fa4_key_intervals_backward", mutates_args=())
+def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+                 tables: list[torch.Tensor], softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = (x.contiguous() for x in (q, k, v))  # FA4 allocates dq, dk, dv like them
     big = k.shape[1]
     with _interval_kernels() as fa4:
         dq, dk, dv = fa4._flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=softmax_scale,
                                          window_size_left=big, window_size_right=big,
-                                         aux_tensors=list(bwd_tables))[:3]
-    return dq, dk, dv
+                                         aux_tensors=list(tables))[:3]
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@_backward_op.register_fake
+def _(q, k, v, out, dout, lse, tables, softmax_scale):
+    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+
+
+def forward(q, k, v, fwd_tables, softmax_scale):
+    """out [B, Tq, Hq, D], lse [B, Hq, Tq]; the tables' rows are packed by KV group (FA4's pack_gqa)
+    unless q already is (Hq = Hkv)."""
+    return _forward_op(q, k, v, list(fwd_tables), softmax_scale)
+
+
+def backward(q, k, v, out, dout, lse, bwd_tables, softmax_scale):
+    return _backward_op(q, k, v, out, dout, lse, list(bwd_tables), softmax_scale)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -165,30 +165,31 @@ def _cudnn_band_ops():
 @functools.cache
 def _fa4_band_ops():
     # FlashAttention-4's own entry points: its autograd function cannot take the merged output and
-    # log-sum-exp the diagonal keys need in the backward (see the module docstring)
-    fa4 = interface("FlashAttention-4's window (trainer.attention_backend=fa4, EAGLE-3)")
-    _flash_attn_fwd, _flash_attn_bwd = fa4._flash_attn_fwd, fa4._flash_attn_bwd
+    # log-sum-exp the diagonal keys need in the backward (see the module docstring); as custom ops
+    # (kernels.fa4_window) a compiled step keeps them as single nodes
+    interface("FlashAttention-4's window (trainer.attention_backend=fa4, EAGLE-3)")  # version and signatures first
+    from . import fa4_window
+
     bshd = lambda x: x.transpose(1, 2)  # noqa: E731  (FA4's layout [B, T, H, D]; the models' projections are already)
 
     def left(window):
         return None if window is None else window - 1  # FlashAttention's left window excludes the query
 
     def forward(q, k, v, window, scale):
-        out, lse, *_ = _flash_attn_fwd(bshd(q), bshd(k), bshd(v), softmax_scale=scale, causal=True,
-                                       window_size_left=left(window), return_lse=True)
+        out, lse = fa4_window.window_forward(bshd(q), bshd(k), bshd(v), left(window), scale)
         return bshd(out), lse
 
     def backward(dout, q, k, v, out, lse, window, scale):
-        grads = _flash_attn_bwd(bshd(q), bshd(k), bshd(v), bshd(out), bshd(dout), lse.float().contiguous(), scale, causal=True,
-                                window_size_left=left(window))
-        return tuple(bshd(g) for g in grads[:3])
+        grads = fa4_window.window_backward(bshd(q), bshd(k), bshd(v), bshd(out), bshd(dout), lse, left(window), scale)
+        return tuple(bshd(g) for g in grads)
 
     def backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, window, scale):
-        from .fa4_diagonal import supported, window_backward_with_diagonal  # its gradient in FA4's preprocess
+        from .fa4_diagonal import supported  # its gradient in FA4's preprocess
 
         if not supported(q, diag_k):
             return None
-        return window_backward_with_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, left(window), scale)
+        dq, dk, dv, ddiag_k, ddiag_v = fa4_window.window_backward_diagonal(dout, q, k, v, out, lse, diag_k, diag_v, left(window), scale)
+        return (bshd(dq), bshd(dk), bshd(dv)), (ddiag_k, ddiag_v)
 
     return BandOps("fa4-band", forward, backward, backward_with_diagonal)
 

@@ -135,6 +135,35 @@ def test_gpu_fa4_fused_diagonal(b: int, t: int, window: int | None, steps: int, 
         assert rel < 5e-3, f"{name}: relative difference {rel:.2e} against the unfused kernels"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashAttention-4 needs a GPU")
+@pytest.mark.parametrize("steps", [0, 3])
+def test_gpu_fa4_band_compiles_as_one_graph(steps: int) -> None:
+    """FA4's window and its fused diagonal backward are custom ops (kernels/fa4_window.py): the attention
+    compiles with ``fullgraph=True`` (Dynamo broke the graph inside FA4's Python before) and gives
+    eager's output and gradients exactly (the same kernels)."""
+    if not fa4_available():
+        pytest.skip("FlashAttention-4's window needs the flash-attn-4 package and a Hopper GPU")
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    b, t, hq, hkv, d = 2, 1000, 8, 2, 128
+    bshd = lambda h: torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()  # noqa: E731
+    q, k, v = bshd(hq), bshd(hkv), bshd(hkv)
+    dk, dv = (torch.randn(steps, b, hkv, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    inputs = [q, k, v] + ([dk, dv] if steps else [])
+    diag = (dk, dv) if steps else (None, None)
+    dout = torch.randn(b, hq, t, d, device="cuda", dtype=torch.bfloat16)
+    ops = band_ops("fa4-band")
+
+    def attend(q, k, v, dk, dv):
+        return window_attention(q, k, v, 256, None, dk, dv, ops=ops)
+
+    compiled = torch.compile(attend, fullgraph=True)
+    got = grads(lambda: compiled(q, k, v, *diag), inputs, dout)
+    want = grads(lambda: attend(q, k, v, *diag), inputs, dout)
+    for name, g, w in zip(["out", "dq", "dk", "dv", "ddiag_k", "ddiag_v"], got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+
+
 def test_unknown_band_engine() -> None:
     with pytest.raises(ValueError, match="'flash3'.*fa4-band"):
         band_ops("flash3")
