@@ -449,4 +449,10 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
         raise ValueError(f"window={window}; expected a positive number of keys or None")
     ops = ops or default_ops(q.is_cuda)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if torch.is_autocast_enabled(q.device.type):
+        # what autocast does for PyTorch's own attention, done here for kernels it does not see: one dtype for all
+        # (RoPE with fp32 cos/sin, from an fp32 hidden state, lifts q and k out of bf16; FA4 refuses mixed dtypes)
+        low = torch.get_autocast_dtype(q.device.type)
+        q, k, v = (x.to(low) for x in (q, k, v))
+        diag_k, diag_v = (None if x is None else x.to(low) for x in (diag_k, diag_v))
     return _WindowAttention.apply(q, k, v, diag_k, diag_v, window, scale, ops)

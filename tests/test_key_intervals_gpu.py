@@ -89,7 +89,8 @@ def test_group_major_heads_and_head_swap() -> None:
 @pytest.mark.parametrize("group_major", [False, True])
 def test_key_intervals_compile_as_one_graph(group_major: bool) -> None:
     """FA4's entry points are custom ops: the attention compiles with ``fullgraph=True`` (Dynamo broke the
-    graph inside FA4's Python before) and gives eager's output and gradients bit for bit (the same kernels)."""
+    graph inside FA4's Python before) and gives eager's output and gradients (the same kernels; FA4's backward
+    adds dQ with atomics, so a few elements differ by an ulp between any two runs)."""
     torch._dynamo.reset()
     hq, hkv, block = 8, 2, 16
     anchors, lengths, q, k, v = dflash_tensors(2000, 32, hq, hkv, block, seed=2)
@@ -102,4 +103,5 @@ def test_key_intervals_compile_as_one_graph(group_major: bool) -> None:
     eager = grads(attend, q, k, v)
     compiled = grads(torch.compile(attend, fullgraph=True), q, k, v)
     for name, a, b in zip(("out", "dq", "dk", "dv"), compiled, eager):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+        rel = float((a - b).norm() / b.norm())
+        assert rel < 1e-4, f"{name}: relative difference {rel:.2e}"
