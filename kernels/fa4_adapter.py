@@ -138,7 +138,13 @@ def check() -> Fa4Check:
     try:
         importlib.import_module("flash_attn.cute.interface")
     except Exception as e:  # its compiler libraries (nvidia-cutlass-dsl) missing or not loading
-        return Fa4Check(False, version, f"{DISTRIBUTION} {version} does not import: {type(e).__name__}: {e}")
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "cutlass":
+            # the DSL's Python sources ship in nvidia-cutlass-dsl-libs-core (a dependency of -libs-base since 4.6):
+            # pip resolves it, a --no-deps or --target install of the wheels named in the extra does not
+            hint = (" (cutlass.cute comes with nvidia-cutlass-dsl-libs-core; install nvidia-cutlass-dsl[cu13] with its "
+                    "dependencies, or add -libs-core and -libs-cu13 to a --no-deps install)")
+        return Fa4Check(False, version, f"{DISTRIBUTION} {version} does not import: {type(e).__name__}: {e}{hint}")
     wrong = mismatches(_live)
     if wrong:
         return Fa4Check(False, version, f"{DISTRIBUTION} {version}'s internals differ from the recorded ones: {'; '.join(wrong)}")

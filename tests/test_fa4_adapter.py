@@ -121,6 +121,28 @@ def test_not_installed_is_quietly_unavailable(monkeypatch, fresh_check, caplog) 
         fa4_adapter.require("x")
 
 
+def test_missing_cutlass_sources_name_the_package(monkeypatch, fresh_check) -> None:
+    """FA4 installed without nvidia-cutlass-dsl-libs-core (a --no-deps install of the extra's wheels): the reason
+    names the package that holds cutlass.cute; another import error gets no such hint."""
+    monkeypatch.setattr(fa4_adapter, "installed_version", lambda: PINNED_VERSION)
+    real = fa4_adapter.importlib.import_module
+
+    def failing(error):
+        def import_module(name, *args):
+            if name == "flash_attn.cute.interface":
+                raise error
+            return real(name, *args)
+        return import_module
+
+    monkeypatch.setattr(fa4_adapter.importlib, "import_module", failing(ModuleNotFoundError("No module named 'cutlass'", name="cutlass")))
+    result = check()
+    assert not result.ok and "No module named 'cutlass'" in result.reason and "nvidia-cutlass-dsl-libs-core" in result.reason
+    check.cache_clear()
+    monkeypatch.setattr(fa4_adapter.importlib, "import_module", failing(ImportError("libcuda.so.1: cannot open shared object file")))
+    result = check()
+    assert not result.ok and "libcuda" in result.reason and "libs-core" not in result.reason
+
+
 def test_no_patch_without_a_passing_check(monkeypatch, fresh_check) -> None:
     monkeypatch.setattr(fa4_adapter, "installed_version", lambda: "4.1.0")
     with pytest.raises(ValueError, match="4.1.0"):
