@@ -1,4 +1,13 @@
 #!/bin/bash
+# As run on the device (no network), from wheels carried in pieces. The wheels (pip download on a machine with the
+# registry: pip download 'flash-attn-4[cu13]==4.0.0b36' 'nvidia-cutlass-dsl[cu13]==4.8.1' --python-version 3.12
+# --only-binary=:all: --platform manylinux_2_28_x86_64, then keep these):
+#   flash_attn_4-4.0.0b36, nvidia_cutlass_dsl-4.8.1 (a .pth only), nvidia_cutlass_dsl_libs_base-4.8.1,
+#   nvidia_cutlass_dsl_libs_core-4.8.1 (cutlass/ and cutlass/cute/ Python sources: the piece earlier sessions missed),
+#   nvidia_cutlass_dsl_libs_cu13-4.8.1 (92 MB; carried unpacked as cu13.tar.xz, 63.5 MB, in four 16 MiB pieces),
+#   quack_kernels-0.6.5, apache_tvm_ffi-0.1.15.post2, torch_c_dlpack_ext-0.1.5, einops-0.8.2,
+#   and cuda-bindings / cuda-pathfinder / protobuf / typing_extensions where the image lacks them.
+# PYTHONPATH then needs /tmp/site/nvidia_cutlass_dsl/dsl_packages too (the .pth is not read from a --target folder).
 # call 5: FlashAttention-4 + cutlass DSL (libs-core was the missing piece) + hydra wheels into /tmp/site
 set -u
 S=/tmp/stage; mkdir -p $S /tmp/site; cp .dev/fa5/* $S/
