@@ -561,9 +561,10 @@ def assert_same_context(got: list, want: list) -> None:
 
 
 @pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
-@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("temperature,num_prompts", [(0.0, 1), pytest.param(0.0, 3, marks=pytest.mark.slow),
+                                                     pytest.param(0.8, 3, marks=pytest.mark.slow)])  # the quick tier: one prompt
 def test_static_drafters_next_turn_reuses_their_context_and_equals_a_fresh_prefill(setup, reference_tokenizer, drafter_kind,
-                                                                                    temperature) -> None:
+                                                                                    temperature, num_prompts) -> None:
     """The static drafters keep a turn's context for the next (batch 1, ``cached_ids``; DFlash's test config has a ring
     layer of window 6 and a full layer, EAGLE-3's a ring of window 1 and a full layer, its bigram head accepting often).
     Turn 2 prefills past the prefix and gives the tokens and accepted counts of a fresh target and drafter prefilling it
@@ -573,7 +574,7 @@ def test_static_drafters_next_turn_reuses_their_context_and_equals_a_fresh_prefi
     a position earlier (its keys are made with the next token) and no later than its pending block (later keys may be
     rejected drafts'). A prompt whose window reads positions DFlash's ring has written over (a short prompt sharing an
     early prefix) reuses nothing; one whose window it holds reuses its prefix."""
-    prompts, eos = setup[2][:3], setup[3]
+    prompts, eos = setup[2][:num_prompts], setup[3]
     sampling = SamplingConfig(temperature=temperature, seed=7)
     target, drafter = make_drafter(setup, drafter_kind)
     dflash, accepted = drafter_kind == "dflash", []
