@@ -215,7 +215,7 @@ def _check_hopper(x: torch.Tensor) -> None:
 
 # FA4's Python entry points are not traceable: Dynamo breaks the graph at their DLPack wrappers, so a training step
 # compiled whole (trainer.compile_scope=step) ran in pieces around every attention call, 51-56 ms a step against flex's
-# 40 ms on an H200 (BENCHMARKS.md, "FlashAttention-4 as one opaque node"). As custom ops each direction is one node the
+# 40 ms on an H200 (BENCHMARKS.md, "FlashAttention-4 installs after all"). As custom ops each direction is one node the
 # compiler does not enter; the fakes give it the output shapes and (contiguous) strides: FA4 allocates out and lse
 # afresh and dq, dk, dv like q, k, v, which the backward makes contiguous first (no copy for the drafter's rows).
 
