@@ -140,7 +140,7 @@ def test_gpu_fa4_fused_diagonal(b: int, t: int, window: int | None, steps: int, 
 def test_gpu_fa4_band_compiles_as_one_graph(steps: int) -> None:
     """FA4's window and its fused diagonal backward are custom ops (kernels/fa4_window.py): the attention
     compiles with ``fullgraph=True`` (Dynamo broke the graph inside FA4's Python before) and gives
-    eager's output and gradients (the same kernels, up to FA4's atomic dQ sums and bf16 ulps); q and k in
+    eager's output and gradients (the same kernels, up to FA4's atomic dQ sums and the diagonal share merged in another order); q and k in
     fp32 beside bf16 values under autocast (RoPE from an fp32 hidden state) run as bf16, as autocast runs SDPA."""
     if not fa4_available():
         pytest.skip("FlashAttention-4's window needs the flash-attn-4 package and a Hopper GPU")
