@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.window_attention import CUDNN, REFERENCE, REFERENCE_BAND, band_ops, cudnn_band_available, fa4_available, window_attention
+from kernels.window_attention import CUDNN, REFERENCE, REFERENCE_BAND, BandOps, band_ops, cudnn_band_available, fa4_available, window_attention
 from train.eagle3 import ttt_dense_mask
 
 
@@ -176,3 +176,36 @@ def test_gpu_fa4_band_compiles_as_one_graph(steps: int) -> None:
 def test_unknown_band_engine() -> None:
     with pytest.raises(ValueError, match="'flash3'.*fa4-band"):
         band_ops("flash3")
+
+
+def test_autocast_hands_the_band_kernels_one_dtype(monkeypatch) -> None:
+    """EAGLE-3's recipe under autocast (``norm_output``: from step 1 on the hidden state, hence RoPE's cos/sin and q, is
+    fp32) gives window_attention q and the diagonal keys in fp32 beside bf16 step-0 keys and values; FlashAttention-4
+    refuses mixed dtypes (an H200 run of the recipe stopped so), so window_attention casts to autocast's dtype first,
+    as autocast does for PyTorch's own attention. A spy band engine records what the kernels get (CPU autocast)."""
+    from transformers import Qwen3Config
+
+    import train.eagle3 as eagle3_train
+    from models.eagle3 import Eagle3DraftModel, make_eagle3_config
+
+    seen, inputs = [], []
+    spy = BandOps("spy", lambda q, k, v, window, scale: (seen.append((q.dtype, k.dtype, v.dtype)), REFERENCE_BAND.forward(q, k, v, window, scale))[1],
+                  REFERENCE_BAND.backward)
+
+    def recording(q, k, v, window, scale, diag_k=None, diag_v=None, ops=None):
+        inputs.append((q.dtype, k.dtype, None if diag_k is None else diag_k.dtype))
+        return window_attention(q, k, v, window, scale, diag_k, diag_v, ops=ops)
+
+    monkeypatch.setattr(eagle3_train, "window_kernels", lambda backend, on_gpu=True: spy)
+    monkeypatch.setattr(eagle3_train, "window_attention", recording)
+    target = Qwen3Config(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_hidden_layers=6, vocab_size=256)
+    config = make_eagle3_config(target, num_hidden_layers=1, target_layer_ids=[1, 3, 5], layer_types=["sliding_attention"],
+                                sliding_window=16, draft_vocab_size=128, ttt_length=3, norm_before_fc=True, norm_output=True)
+    torch.manual_seed(0)
+    model = Eagle3DraftModel(config)
+    features = torch.randn(1, 24, 3 * 64).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eagle3_train.unroll(model, features, torch.randint(0, 256, (1, 24)), torch.ones(1, 24, dtype=torch.bool), 3, backend="fa4")
+    assert inputs[1][0] == torch.float32 and inputs[1][1] == torch.bfloat16  # the mixed dtypes the recipe produces
+    assert len(seen) == 3 and all(dtypes == (torch.bfloat16,) * 3 for dtypes in seen), seen
