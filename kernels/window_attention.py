@@ -443,7 +443,7 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
             chunks; the PyTorch reference elsewhere).
 
     Returns:
-        [B, Hq, T, D] in q's dtype.
+        [B, Hq, T, D] in q's dtype (under autocast, autocast's: every input is cast to it first).
     """
     if window is not None and window < 1:
         raise ValueError(f"window={window}; expected a positive number of keys or None")
