@@ -209,3 +209,31 @@ def test_autocast_hands_the_band_kernels_one_dtype(monkeypatch) -> None:
         eagle3_train.unroll(model, features, torch.randint(0, 256, (1, 24)), torch.ones(1, 24, dtype=torch.bool), 3, backend="fa4")
     assert inputs[1][0] == torch.float32 and inputs[1][1] == torch.bfloat16  # the mixed dtypes the recipe produces
     assert len(seen) == 3 and all(dtypes == (torch.bfloat16,) * 3 for dtypes in seen), seen
+
+
+def test_fa4_window_ops_fakes_match_the_reference_layouts() -> None:
+    """The custom ops' fakes (what a compiled step plans its buffers with; kernels/fa4_window.py) give the shapes, dtypes
+    and contiguous strides of what the band engine hands back, checked against the PyTorch reference band's outputs
+    (FA4's [B, T, H, D] layout); runs without a GPU or FA4 (the fakes only)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kernels import fa4_window
+
+    b, t, hq, hkv, d, steps = 2, 40, 8, 2, 16, 3
+    q, k, v = (torch.randn(b, h, t, d) for h in (hq, hkv, hkv))  # the window module's layout [B, H, T, D]
+    diag_k, diag_v = torch.randn(steps, b, hkv, t, d), torch.randn(steps, b, hkv, t, d)
+    out, lse = REFERENCE_BAND.forward(q, k, v, 8, d**-0.5)
+    grads = REFERENCE_BAND.backward(torch.randn_like(out), q, k, v, out, lse, 8, d**-0.5)
+    bshd = lambda x: x.transpose(1, 2)  # noqa: E731
+    real = [x.to(torch.bfloat16) for x in (q, k, v, out)] + [lse] + [x.to(torch.bfloat16) for x in (diag_k, diag_v)]
+    with FakeTensorMode() as mode:
+        fq, fk, fv, fout, flse, fdk, fdv = (mode.from_tensor(x) for x in real)
+        fake_out, fake_lse = fa4_window.window_forward(bshd(fq), bshd(fk), bshd(fv), 7, 0.25)
+        fake_grads = fa4_window.window_backward(bshd(fq), bshd(fk), bshd(fv), bshd(fout), bshd(fout), flse, 7, 0.25)
+        fake_diag = fa4_window.window_backward_diagonal(fout, fq, fk, fv, fout, flse, fdk, fdv, 7, 0.25)
+    assert fake_out.shape == bshd(out).shape and fake_out.is_contiguous() and fake_out.dtype == torch.bfloat16
+    assert fake_lse.shape == lse.shape and fake_lse.dtype == torch.float32 and fake_lse.is_contiguous()
+    for fake, want in zip(fake_grads, grads):
+        assert fake.shape == bshd(want).shape and fake.is_contiguous() and fake.dtype == torch.bfloat16
+    for fake, want in zip(fake_diag, [*(bshd(g) for g in grads), diag_k, diag_v]):
+        assert fake.shape == want.shape and fake.is_contiguous()
