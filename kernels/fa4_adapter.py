@@ -180,6 +180,18 @@ def interface(what: str = "FlashAttention-4"):
     return importlib.import_module("flash_attn.cute.interface")
 
 
+def forward_outputs_like(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty tensors laid out as ``_flash_attn_fwd`` allocates its results (4.0.0b36, no varlen): out [B, T, Hq, Dv]
+    in q's dtype and lse [B, Hq, T] fp32, both contiguous: the fakes of the custom ops around it."""
+    b, t, h, _ = q.shape
+    return q.new_empty(b, t, h, v.shape[-1]), q.new_empty(b, h, t, dtype=torch.float32)
+
+
+def grads_like(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Empty tensors laid out as ``_flash_attn_bwd`` allocates dq, dk, dv for contiguous q, k, v (``empty_like``)."""
+    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in inputs)
+
+
 @contextlib.contextmanager
 def swapped(what: str, **attributes):
     """FA4's ``interface`` with ``attributes`` replaced for the duration (FA4 looks them up by name at

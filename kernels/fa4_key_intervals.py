@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .fa4_adapter import require, swapped
+from .fa4_adapter import forward_outputs_like, grads_like, require, swapped
 
 require("FlashAttention-4 key-interval attention (trainer.attention_backend=fa4, DFlash)")  # before any FA4 import or patch
 
@@ -221,49 +221,40 @@ def _check_hopper(x: torch.Tensor) -> None:
 
 
 @torch.library.custom_op("swa_drafters::fa4_key_intervals_forward", mutates_args=())
-def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
-                softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fwd_tables: list[torch.Tensor],
+            softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """out [B, Tq, Hq, D], lse [B, Hq, Tq]; the tables' rows are packed by KV group (FA4's pack_gqa)
+    unless q already is (Hq = Hkv)."""
     _check_hopper(q)
     big = k.shape[1]  # any window: FA4 then takes its local-attention code path, whose bounds we replace
     with _interval_kernels() as fa4:
         out, lse = fa4._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, window_size_left=big,
                                        window_size_right=big, pack_gqa=q.shape[2] != k.shape[2], return_lse=True,
                                        tile_mn=(128, 128),  # the tables' tiles (kernels.key_intervals)
-                                       aux_tensors=list(tables))[:2]
+                                       aux_tensors=list(fwd_tables))[:2]
     return out.contiguous(), lse.contiguous()
 
 
-@_forward_op.register_fake
-def _(q, k, v, tables, softmax_scale):
-    b, t, h, _ = q.shape
-    return q.new_empty(b, t, h, v.shape[-1]), q.new_empty(b, h, t, dtype=torch.float32)
+@forward.register_fake
+def _(q, k, v, fwd_tables, softmax_scale):
+    return forward_outputs_like(q, v)
 
 
 @torch.library.custom_op("swa_drafters::fa4_key_intervals_backward", mutates_args=())
-def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
-                 tables: list[torch.Tensor], softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+             bwd_tables: list[torch.Tensor], softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = (x.contiguous() for x in (q, k, v))  # FA4 allocates dq, dk, dv like them
     big = k.shape[1]
     with _interval_kernels() as fa4:
         dq, dk, dv = fa4._flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=softmax_scale,
                                          window_size_left=big, window_size_right=big,
-                                         aux_tensors=list(tables))[:3]
+                                         aux_tensors=list(bwd_tables))[:3]
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
-@_backward_op.register_fake
-def _(q, k, v, out, dout, lse, tables, softmax_scale):
-    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
-
-
-def forward(q, k, v, fwd_tables, softmax_scale):
-    """out [B, Tq, Hq, D], lse [B, Hq, Tq]; the tables' rows are packed by KV group (FA4's pack_gqa)
-    unless q already is (Hq = Hkv)."""
-    return _forward_op(q, k, v, list(fwd_tables), softmax_scale)
-
-
-def backward(q, k, v, out, dout, lse, bwd_tables, softmax_scale):
-    return _backward_op(q, k, v, out, dout, lse, list(bwd_tables), softmax_scale)
+@backward.register_fake
+def _(q, k, v, out, dout, lse, bwd_tables, softmax_scale):
+    return grads_like(q, k, v)
 
 
 # ---------------------------------------------------------------------------------------------

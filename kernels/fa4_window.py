@@ -11,11 +11,14 @@ backward makes contiguous first: no copy for the drafter's projections, which al
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from .fa4_adapter import interface
+from .fa4_adapter import forward_outputs_like, grads_like, interface
 
 
+@functools.cache  # once per process (checked there), not per attention call
 def _fa4():
     return interface("FlashAttention-4's window (trainer.attention_backend=fa4, EAGLE-3)")
 
@@ -31,8 +34,7 @@ def window_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_lef
 
 @window_forward.register_fake
 def _(q, k, v, window_left, scale):
-    b, t, h, _ = q.shape
-    return q.new_empty(b, t, h, v.shape[-1]), q.new_empty(b, h, t, dtype=torch.float32)
+    return forward_outputs_like(q, v)
 
 
 @torch.library.custom_op("swa_drafters::fa4_window_backward", mutates_args=())
@@ -46,7 +48,7 @@ def window_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 
 @window_backward.register_fake
 def _(q, k, v, out, dout, lse, window_left, scale):
-    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+    return grads_like(q, k, v)
 
 
 @torch.library.custom_op("swa_drafters::fa4_window_backward_diagonal", mutates_args=())
@@ -64,5 +66,4 @@ def window_backward_diagonal(dout: torch.Tensor, q: torch.Tensor, k: torch.Tenso
 @window_backward_diagonal.register_fake
 def _(dout, q, k, v, out, lse, diag_k, diag_v, window_left, scale):
     grads = tuple(x.new_empty(x.shape[0], x.shape[2], x.shape[1], x.shape[3]) for x in (q, k, v))
-    return (*grads, torch.empty_like(diag_k, memory_format=torch.contiguous_format),
-            torch.empty_like(diag_v, memory_format=torch.contiguous_format))
+    return (*grads, *grads_like(diag_k, diag_v))
