@@ -5,7 +5,7 @@
 Builds the run exactly as ``python -m train`` does (``train.trainer.build``: target, data, drafter,
 optimizer, the step of ``drafter.kind``), then runs ``--warmup`` untimed optimizer steps and ``--steps``
 timed ones through ``train.trainer.train_step`` with the loop's own batch collation, synchronising
-only at the end. Prints tokens/s (real tokens, padding excluded, as ``train/tokens_per_s``), the loss
+only at the end. Prints tokens/s, the host's time to queue a step (near the step's time: the host is the bound) (real tokens, padding excluded, as ``train/tokens_per_s``), the loss
 per step (to compare two implementations at the same global batch) and, with ``--profile N``, the
 top operators of N steps by host and by device time (where a host-bound step spends its time).
 ``--json OUT`` writes the numbers. Any Hydra override of the training config is passed through.
@@ -87,6 +87,7 @@ def measure(args: argparse.Namespace) -> None:
         stats, t = one_step(n)
         tokens += t
         timed.append(stats)
+    host_seconds = time.perf_counter() - start  # the host has queued every step: at ~seconds, the host is the bound
     sync()
     seconds = time.perf_counter() - start
     losses += [float(s.loss_sum / s.num_labels) for s in timed]
@@ -95,11 +96,13 @@ def measure(args: argparse.Namespace) -> None:
         "device": torch.cuda.get_device_name() if run.device.type == "cuda" else "cpu",
         "drafter": cfg.drafter.kind, "attention": step.ctx.backend, "batch_size": tc.batch_size, "grad_accum": tc.grad_accum,
         "max_length": cfg.data.max_length, "steps": args.steps, "seconds": seconds, "tokens": tokens,
-        "tokens_per_s": tokens / seconds, "ms_per_step": 1e3 * seconds / args.steps, "losses": losses,
+        "tokens_per_s": tokens / seconds, "ms_per_step": 1e3 * seconds / args.steps,
+        "host_ms_per_step": 1e3 * host_seconds / args.steps, "losses": losses,
         "overrides": args.overrides,
     }
     print(f"{result['device']}: {cfg.drafter.kind} ({step.ctx.backend}), batch {tc.batch_size} x accum {tc.grad_accum} x "
-          f"{cfg.data.max_length} tokens: {result['tokens_per_s']:,.0f} tokens/s, {result['ms_per_step']:.1f} ms/step")
+          f"{cfg.data.max_length} tokens: {result['tokens_per_s']:,.0f} tokens/s, {result['ms_per_step']:.1f} ms/step "
+          f"(the host queued a step in {result['host_ms_per_step']:.1f} ms)")
     print("loss by step:", " ".join(f"{x:.4f}" for x in losses))
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
