@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,6 +86,39 @@ def test_collate_padded() -> None:
     assert torch.equal(batch["input_ids"], torch.tensor([[5, 6, 7], [8, 0, 0]]))
     assert torch.equal(batch["loss_mask"], torch.tensor([[False, True, True], [True, False, False]]))
     assert torch.equal(batch["attention_mask"], torch.tensor([[1, 1, 1], [1, 0, 0]]))
+
+
+def test_row_reader_and_collate_equal_an_element_by_element_reference() -> None:
+    """Rows read in one Arrow take as NumPy arrays (``RowReader``), collated, equal a batch written element by element
+    from the rows as Python lists: ids, loss mask, attention mask, packed rows' segments; padded to the longest row or
+    to ``pad_to``; a plain list of rows is read row by row."""
+    import datasets
+
+    from train.data.dataset import RowReader
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in (7, 1, 12, 5):
+        ids = rng.integers(1, 500, n).tolist()
+        rows.append({"input_ids": ids, "loss_mask": rng.integers(0, 2, n).tolist(), "segments": [n] if n % 2 else [n - 3, 3]})
+    ds = datasets.Dataset.from_list(rows, features=datasets.Features({
+        "input_ids": datasets.Sequence(datasets.Value("int32")), "loss_mask": datasets.Sequence(datasets.Value("int8")),
+        "segments": datasets.Sequence(datasets.Value("int32"))}))
+    order = [2, 0, 3, 1, 2]
+    for reader in (RowReader(ds), RowReader(rows)):
+        for pad_to in (None, 16):
+            batch = collate_padded(reader(order), pad_token_id=9, pad_to=pad_to)
+            width = pad_to or 12
+            for b, i in enumerate(order):
+                r = rows[i]
+                for t in range(width):
+                    real = t < len(r["input_ids"])
+                    assert batch["input_ids"][b, t].item() == (r["input_ids"][t] if real else 9)
+                    assert batch["loss_mask"][b, t].item() == (bool(r["loss_mask"][t]) if real else False)
+                    assert batch["attention_mask"][b, t].item() == int(real)
+                assert batch["segments"][b] == r["segments"] and all(type(x) is int for x in batch["segments"][b])
+            assert batch["input_ids"].dtype == torch.long and batch["loss_mask"].dtype == torch.bool
+            assert batch["input_ids"].shape == (len(order), width)
 
 
 def test_split_holds_out_prompts_no_training_row_shares() -> None:

@@ -42,7 +42,7 @@ from . import deepspeed_engine
 from .checkpoint import Checkpointer
 from .config import TrainConfig, check_paths, to_train_config  # noqa: F401  (callers import these from here too)
 from .data import prepare_data
-from .data.dataset import collate_padded
+from .data.dataset import RowReader, collate_padded
 from .distributed import Ranks, barrier, init_process_group, launcher_env_restored, local_device, rank0_first, ranks_from_env
 from .drafters import DRAFTERS, Drafter
 from .features.spec import open_store
@@ -237,12 +237,12 @@ def train_step(step, micro_batches: list[dict[str, torch.Tensor]], step_num: int
 def evaluate(step, eval_ds, pad_id: int, max_batches: int | None) -> dict[str, float]:
     step.drafter.eval()
     total, pld_tokens, pld_steps = None, 0, 0
-    bs = step.cfg.trainer.batch_size
+    bs, read = step.cfg.trainer.batch_size, RowReader(eval_ds)
     for i, start in enumerate(range(0, len(eval_ds), bs)):
         if max_batches is not None and i >= max_batches:
             break
         rows = list(range(start, min(start + bs, len(eval_ds))))
-        batch = step.ctx.collate([eval_ds[j] for j in rows], pad_id, "eval", rows)
+        batch = step.ctx.collate(read(rows), pad_id, "eval", rows)
         stats = step.evaluate_batch(batch)
         total = stats if total is None else total + stats
         tokens, steps = prompt_lookup_block_tau(batch, drafts_per_step(step.cfg.drafter))
@@ -285,6 +285,9 @@ class Run:
     num_params: int
     run_config: dict
 
+    def __post_init__(self) -> None:
+        self.read_train = RowReader(self.train_ds)  # one Arrow take a micro-batch, off Python lists
+
     @property
     def drafter(self) -> torch.nn.Module:
         return self.step.drafter
@@ -292,7 +295,7 @@ class Run:
     def next_micro_batches(self) -> list[dict]:
         """The next optimizer step's micro-batches (every rank's, in order), collated as the step's backend pads them."""
         pad_id = self.target.pad_id
-        return [self.step.ctx.collate([self.train_ds[i] for i in rows], pad_id, "train", rows)
+        return [self.step.ctx.collate(self.read_train(rows), pad_id, "train", rows)
                 for rows in (self.batches.next() for _ in range(self.micro_per_step))]
 
 

@@ -284,21 +284,43 @@ def collate_padded(rows: list[dict[str, Any]], pad_token_id: int, pad_to: int | 
 
     Returns ``input_ids [B, T]`` (long), ``loss_mask [B, T]`` (bool) and
     ``attention_mask [B, T]`` (long, 1 on real tokens); packed rows (``pack_conversations``) also ``segments``, each
-    row's list of lengths the target reads apart.
+    row's list of lengths the target reads apart. Rows hold Python lists or NumPy arrays (``take_rows``); the
+    padding is written into NumPy buffers (a torch copy per row took ~5 ms a step of 16 x 2048 tokens, on the
+    host's critical path of a GPU step the host already bounds).
     """
-    length = max(len(r["input_ids"]) for r in rows)
+    lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
+    length = int(lengths.max())
     if pad_to is not None:
         assert length <= pad_to, (length, pad_to)
         length = pad_to
-    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    input_ids = np.full((len(rows), length), pad_token_id, dtype=np.int64)
+    loss_mask = np.zeros((len(rows), length), dtype=bool)
     for i, r in enumerate(rows):
-        n = len(r["input_ids"])
-        input_ids[i, :n] = torch.as_tensor(r["input_ids"])
-        loss_mask[i, :n] = torch.as_tensor(r["loss_mask"], dtype=torch.bool)
-        attention_mask[i, :n] = 1
-    batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+        input_ids[i, :lengths[i]] = r["input_ids"]
+        loss_mask[i, :lengths[i]] = r["loss_mask"]
+    attention_mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int64)
+    batch = {"input_ids": torch.from_numpy(input_ids), "loss_mask": torch.from_numpy(loss_mask),
+             "attention_mask": torch.from_numpy(attention_mask)}
     if "segments" in rows[0]:
-        batch["segments"] = [list(r["segments"]) for r in rows]
+        batch["segments"] = [np.asarray(r["segments"]).tolist() for r in rows]
     return batch
+
+
+class RowReader:
+    """Rows of a tokenized dataset by index, as ``collate_padded`` reads them. A ``datasets.Dataset`` is read in one
+    Arrow take per batch as NumPy arrays: indexing it row by row converts every row to Python lists, ~1 ms a step of
+    16 x 2048 tokens (and ~5 ms more to collate them) on the host's critical path. Anything else indexable is read
+    row by row."""
+
+    def __init__(self, dataset):
+        import datasets
+
+        self.dataset = dataset
+        self._numpy = dataset.with_format("numpy") if isinstance(dataset, datasets.Dataset) else None
+
+    def __call__(self, indices) -> list[dict[str, Any]]:
+        indices = [int(i) for i in indices]
+        if self._numpy is None:
+            return [self.dataset[i] for i in indices]
+        columns = self._numpy[indices]
+        return [{name: values[j] for name, values in columns.items()} for j in range(len(indices))]
