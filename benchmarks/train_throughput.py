@@ -5,8 +5,9 @@
 Builds the run exactly as ``python -m train`` does (``train.trainer.build``: target, data, drafter,
 optimizer, the step of ``drafter.kind``), then runs ``--warmup`` untimed optimizer steps and ``--steps``
 timed ones through ``train.trainer.train_step`` with the loop's own batch collation, synchronising
-only at the end. Prints tokens/s, the host's time to queue a step (near the step's time: the host is the bound) (real tokens, padding excluded, as ``train/tokens_per_s``), the loss
-per step (to compare two implementations at the same global batch) and, with ``--profile N``, the
+only at the end. Prints tokens/s (real tokens, padding excluded, as ``train/tokens_per_s``), the host's time
+to queue a step (near the step's time: the host, not the GPU, is the bound), the loss per step (to compare two
+implementations at the same global batch) and, with ``--profile N``, the
 top operators of N steps by host and by device time (where a host-bound step spends its time).
 ``--json OUT`` writes the numbers. Any Hydra override of the training config is passed through.
 """

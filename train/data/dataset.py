@@ -284,7 +284,7 @@ def collate_padded(rows: list[dict[str, Any]], pad_token_id: int, pad_to: int | 
 
     Returns ``input_ids [B, T]`` (long), ``loss_mask [B, T]`` (bool) and
     ``attention_mask [B, T]`` (long, 1 on real tokens); packed rows (``pack_conversations``) also ``segments``, each
-    row's list of lengths the target reads apart. Rows hold Python lists or NumPy arrays (``take_rows``); the
+    row's list of lengths the target reads apart. Rows hold Python lists or NumPy arrays (``RowReader``); the
     padding is written into NumPy buffers (a torch copy per row took ~5 ms a step of 16 x 2048 tokens, on the
     host's critical path of a GPU step the host already bounds).
     """
