@@ -25,7 +25,7 @@ stamp start
 tp old1 /tmp/old dflash_swa_small --steps 30 --warmup 10 &
 tp new1 $NEW dflash_swa_small $OLD $CAP --steps 30 --warmup 10 &
 tp e3old /tmp/old eagle3_swa_small --steps 20 --warmup 5 &
-tp e3new $NEW eagle3_swa_small $OLDE3 target.compile_capture=true --steps 20 --warmup 5 &
+tp e3new $NEW eagle3_swa_small $OLDE3 target.compile_capture=true --steps 20 --warmup 5 --profile 2 &  # GPU busy against the host: is EAGLE-3 host-bound too?
 tp old2 /tmp/old dflash_swa_small --steps 30 --warmup 10 &
 tp new2 $NEW dflash_swa_small $OLD $CAP --steps 30 --warmup 10 &
 wait; stamp "wave done"
