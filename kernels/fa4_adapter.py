@@ -25,6 +25,7 @@ import importlib
 import importlib.metadata
 import inspect
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -165,6 +166,26 @@ def available() -> bool:
         _warned = True
         log.warning("FlashAttention-4 not used: %s; the next attention backend runs instead", result.reason)
     return result.ok
+
+
+# FA4's persistent kernel cache (off by default; FA4 reads this variable at import) stores compiled kernels on disk under
+# a fingerprint of FA4's own sources. kernels/fa4_key_intervals.py compiles *patched copies* of FA4's SM90 kernels,
+# which live outside those sources: with the cache on, a kernel compiled from one version of the patch would be served
+# to another (FA4's compile key does not see the patch), silently. The key intervals refuse to run with it on.
+PERSISTENT_CACHE_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+
+
+def persistent_cache_enabled() -> bool:
+    """FA4's on-disk kernel cache is on (``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1``, FA4's own reading)."""
+    return os.environ.get(PERSISTENT_CACHE_ENV, "0") == "1"
+
+
+def refuse_persistent_cache(what: str) -> None:
+    """Raise ``ValueError`` (one line) when FA4's persistent kernel cache is on: ``what`` runs patched FA4 kernels."""
+    if persistent_cache_enabled():
+        raise ValueError(f"{what} compiles patched copies of FlashAttention-4's kernels, which FA4's persistent kernel cache "
+                         f"({PERSISTENT_CACHE_ENV}=1) keys by FA4's own sources only: it could serve a kernel built from "
+                         f"another version of the patch; unset {PERSISTENT_CACHE_ENV} (or use trainer.attention_backend=flex-flash)")
 
 
 def require(what: str) -> None:

@@ -31,9 +31,10 @@ import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .fa4_adapter import forward_outputs_like, grads_like, require, swapped
+from .fa4_adapter import forward_outputs_like, grads_like, refuse_persistent_cache, require, swapped
 
 require("FlashAttention-4 key-interval attention (trainer.attention_backend=fa4, DFlash)")  # before any FA4 import or patch
+refuse_persistent_cache("FlashAttention-4 key-interval attention (trainer.attention_backend=fa4, DFlash)")
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402

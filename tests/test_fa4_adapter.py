@@ -166,3 +166,42 @@ def test_the_replaced_preprocess_takes_exactly_the_recorded_parameters() -> None
     with pytest.raises(RuntimeError, match="fake_mode"):
         preprocess(*args, fake_mode=True)
     assert len(launched) == 1
+
+
+@pytest.mark.skipif(not FA4_INSTALLED, reason="flash-attn-4 not installed (pip install --no-deps flash-attn-4==4.0.0b36)")
+def test_the_persistent_cache_switch_is_fa4s() -> None:
+    """FA4 turns its on-disk kernel cache on with the variable ``fa4_adapter`` reads (its default off, on at "1")."""
+    source = source_of("flash_attn.cute.cache_utils").read_text(encoding="utf-8")
+    assert f'os.getenv("{fa4_adapter.PERSISTENT_CACHE_ENV}", "0") == "1"' in source
+
+
+def test_key_intervals_refuse_fa4s_persistent_cache(monkeypatch, caplog) -> None:
+    """With FA4's persistent cache on, the patched key-interval kernels refuse (a one-line error naming the variable), an
+    explicit trainer.attention_backend=fa4 fails at DFlash's start-up, and auto takes flex-flash with a warning; with it
+    off, auto takes fa4 (on a Hopper GPU, FA4 usable: both faked here)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from train import dflash
+
+    monkeypatch.setattr(dflash, "fa4_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    drafter = SimpleNamespace(config=SimpleNamespace(head_dim=64))
+    env = fa4_adapter.PERSISTENT_CACHE_ENV
+    monkeypatch.delenv(env, raising=False)
+    fa4_adapter.refuse_persistent_cache("key intervals")
+    assert dflash.fastest_gpu_backend(None, drafter) == "fa4"
+    monkeypatch.setenv(env, "0")
+    assert dflash.fastest_gpu_backend(None, drafter) == "fa4"
+
+    monkeypatch.setenv(env, "1")
+    with pytest.raises(ValueError, match=env) as error:
+        fa4_adapter.refuse_persistent_cache("key intervals")
+    assert "\n" not in str(error.value)
+    with caplog.at_level(logging.WARNING):
+        assert dflash.fastest_gpu_backend(None, drafter) == "flex-flash"
+    assert env in caplog.text
+    ctx = SimpleNamespace(cfg=None, backend="fa4", device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="trainer.attention_backend=fa4"):
+        dflash.DFlashStep(ctx, drafter)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from common.transfer import to_device_async
+from kernels import fa4_adapter
 from kernels.attention import FLASH_KERNELS, triton_flex_options
 from kernels.window_attention import fa4_available
 from models.dflash import (DFlashDraftModel, LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask, key_interval_mask,
@@ -55,7 +56,12 @@ def fastest_gpu_backend(cfg: TrainConfig, drafter: DFlashDraftModel) -> str:
     calls as custom ops): FA4 35.1 ms, flex 41.9 ms."""
     if fa4_available():
         hopper = torch.cuda.get_device_capability()[0] == 9
-        return "fa4" if hopper and drafter.config.head_dim <= 128 else "flex-flash"
+        if hopper and drafter.config.head_dim <= 128:
+            if not fa4_adapter.persistent_cache_enabled():
+                return "fa4"
+            log.warning("trainer.attention_backend=auto: not fa4 (key intervals) while %s=1 (FA4's persistent kernel cache "
+                        "does not see this project's patch to its kernels); flex-flash runs instead", fa4_adapter.PERSISTENT_CACHE_ENV)
+        return "flex-flash"
     return "flex"
 
 
@@ -116,6 +122,8 @@ class DFlashStep:
         if ctx.backend == "fa4" and torch.cuda.get_device_capability(ctx.device)[0] != 9:
             raise ValueError("trainer.attention_backend=fa4 trains DFlash with FlashAttention-4's SM90 kernels (key intervals): "
                              "it needs a Hopper GPU; use flex-flash or flex")
+        if ctx.backend == "fa4":  # at start-up, not at the first attention call
+            fa4_adapter.refuse_persistent_cache("trainer.attention_backend=fa4 (DFlash's key intervals)")
         self.block_size = self.cfg.drafter.block_size
         self.gamma = self.cfg.drafter.loss_gamma or default_gamma(self.block_size)
         self.dpace_alpha = self.cfg.drafter.dpace_alpha if self.cfg.drafter.loss_weighting == "dpace" else None
