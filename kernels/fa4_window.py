@@ -65,5 +65,4 @@ def window_backward_diagonal(dout: torch.Tensor, q: torch.Tensor, k: torch.Tenso
 
 @window_backward_diagonal.register_fake
 def _(dout, q, k, v, out, lse, diag_k, diag_v, window_left, scale):
-    grads = tuple(x.new_empty(x.shape[0], x.shape[2], x.shape[1], x.shape[3]) for x in (q, k, v))
-    return (*grads, *grads_like(diag_k, diag_v))
+    return (*grads_like(*(x.transpose(1, 2) for x in (q, k, v))), *grads_like(diag_k, diag_v))  # dq, dk, dv in [B, T, H, D]
