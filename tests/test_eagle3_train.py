@@ -13,7 +13,7 @@ from compose import compose_train
 from safetensors.torch import load_file
 from transformers import LlamaConfig
 
-from train.eagle3 import STEP_DECAY, target_labels, ttt_loss, unroll
+from train.eagle3 import STEP_DECAY, step_masks, target_labels, ttt_loss, unroll, unroll_and_loss
 from models.target import TargetModel
 from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from train.trainer import train
@@ -237,6 +237,42 @@ def test_chunked_soft_cross_entropy_has_the_same_gradients() -> None:
     assert grads[0].keys() == grads[1].keys() and "lm_head.weight" in grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("chunk_rows", [4096, 7])
+def test_unroll_and_loss_compiles_as_one_graph_with_the_same_gradients(chunk_rows: int) -> None:
+    """``trainer.compile_scope=step`` for EAGLE-3 compiles ``unroll_and_loss`` whole: it must trace as one graph
+    (``fullgraph=True``: the unroll's growing key lists, the masks as inputs, the soft CE's checkpointed chunks) and
+    give the eager function's loss, stats and gradients. Dynamo and AOTAutograd here (backend ``aot_eager``, the
+    graph the GPU's Inductor compiles); Inductor's kernels against eager on the GPU: tests/test_gpu.py."""
+    model = small_drafter(["sliding_attention", "full_attention"], 5, norm_output=True)
+    generator = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 40, (2, 12), generator=generator)
+    attention_mask = torch.ones(2, 12, dtype=torch.long)
+    attention_mask[1, 9:] = 0
+    loss_mask = (torch.rand(2, 12, generator=generator) < 0.8).long() * attention_mask
+    features, target_logits = torch.randn(2, 12, 96, generator=generator), torch.randn(2, 12, 40, generator=generator)
+    ctx_valid = attention_mask.bool()
+    with torch.no_grad():  # a target that often agrees with the drafter, so the accuracy and chain stats count something
+        for j, h in enumerate(unroll(model, features, ids, ctx_valid, 3)):
+            guess = model.draft_ids_in_target()[model.logits(h).argmax(-1)]
+            keep = torch.rand(2, 12, generator=generator) < 0.7
+            target_logits.scatter_add_(-1, shift(guess, j + 1)[..., None], 20.0 * shift(keep, j + 1)[..., None].float())
+    labels = target_logits.argmax(-1), target_logits.index_select(-1, model.draft_ids_in_target())
+    masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, 3, "sdpa")
+    torch._dynamo.reset()
+    results = []
+    for fn in (unroll_and_loss, torch.compile(unroll_and_loss, backend="aot_eager", fullgraph=True, dynamic=False)):
+        model.zero_grad()
+        stats = fn(model, features, ids, ctx_valid, loss_mask, attention_mask, labels, 3, "sdpa", masks, False, chunk_rows=chunk_rows)
+        stats.loss_sum.backward()
+        results.append((stats, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (eager, eager_grads), (compiled, compiled_grads) = results
+    for field in ("loss_sum", "num_labels", "step_loss", "step_correct", "step_count", "accepted_sum"):
+        torch.testing.assert_close(getattr(compiled, field).detach(), getattr(eager, field).detach(), rtol=1e-6, atol=1e-6, msg=field)
+    assert eager.accepted_sum > 0 and "lm_head.weight" in eager_grads and eager_grads.keys() == compiled_grads.keys()
+    for name, g in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], g, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def shift(x: torch.Tensor, n: int) -> torch.Tensor:

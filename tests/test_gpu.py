@@ -104,6 +104,16 @@ def test_compiled_training_step_equals_eager(scope: list[str], tmp_path) -> None
                      training_step_results([*common, "trainer.compile_drafter=true", *scope], tmp_path / "compiled"))
 
 
+@pytest.mark.parametrize("extra", [[], ["trainer.activation_checkpointing=true"]], ids=["compiled", "checkpointed-eager"])
+def test_eagle3_compiled_training_step_equals_eager(extra: list[str], tmp_path) -> None:
+    """EAGLE-3's ``trainer.compile_scope=step`` (the TTT unroll and its soft-CE loss as one compiled function, flex's
+    block masks as inputs) against the eager step on the GPU's flex backend: the same loss, stats and gradients; with
+    checkpointed TTT steps the step stays eager (said in a warning) and equals it too."""
+    common = ["experiment=eagle3_swa_tiny", "trainer.attention_backend=flex", *extra]
+    assert_same_step(training_step_results([*common, "trainer.compile_drafter=false"], tmp_path / "eager"),
+                     training_step_results([*common, "trainer.compile_drafter=true", "trainer.compile_scope=step"], tmp_path / "compiled"))
+
+
 @pytest.mark.parametrize("kind", ["dflash", "eagle3"])
 def test_flex_training_step_equals_dense_masks(kind: str, tmp_path) -> None:
     """The trainers' flex path (tile structures from the anchors / the TTT rule, the Triton tile options) against
@@ -114,14 +124,16 @@ def test_flex_training_step_equals_dense_masks(kind: str, tmp_path) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="FA4's key intervals: Hopper")
-def test_fa4_compiled_training_step_equals_dense_masks(tmp_path) -> None:
-    """DFlash's ``fa4`` backend (FlashAttention-4 with per-row key intervals) inside the step compiled as one function,
-    against SDPA with the element-by-element masks, both in bf16: the same loss and gradients to bf16's precision."""
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_fa4_compiled_training_step_equals_dense_masks(kind: str, tmp_path) -> None:
+    """The ``fa4`` backend (DFlash: FlashAttention-4 with per-row key intervals; EAGLE-3: its window band and the
+    diagonal keys) inside the step compiled as one function, against SDPA with the element-by-element masks, both in
+    bf16: the same loss and gradients to bf16's precision."""
     from kernels.fa4_adapter import available
 
     if not available():
         pytest.skip("flash-attn-4 (pip install '.[fa4]') is not installed")
-    common = ["experiment=dflash_swa_tiny", "trainer.compile_scope=step"]
+    common = [f"experiment={kind}_swa_tiny", "trainer.compile_scope=step"]
     (stats_a, grads_a), (stats_b, grads_b) = (
         training_step_results([*common, "trainer.compile_drafter=false", "trainer.attention_backend=sdpa"], tmp_path / "sdpa", bf16=True),
         training_step_results([*common, "trainer.compile_drafter=true", "trainer.attention_backend=fa4"], tmp_path / "fa4", bf16=True))

@@ -309,15 +309,18 @@ class TrainerConfig:
     # EAGLE-3: recompute each TTT step's layers in the backward instead of keeping their activations
     # (a 32K-token step at the 8B shape: 108 GiB peak without, see BENCHMARKS.md)
     activation_checkpointing: bool = False
-    # GPU only: the drafter's small ops compiled (DFlash: the regions around attention and the LM head's loss;
-    # fused kernels instead of hundreds of launches per step on small targets). false = eager, the reference
+    # GPU only: the drafter's small ops compiled (DFlash: the regions around attention and the LM head's loss, or the
+    # step, below; EAGLE-3: the step, below; fused kernels instead of hundreds of launches per step on small targets).
+    # false = eager, the reference
     compile_drafter: bool = True
     # What compile_drafter compiles for DFlash's training step: "regions" (each layer's pieces around attention, the
     # context projection and the head's loss: ~17 compiled calls forward and as many backward, each ~0.8 ms of host
     # time on an H100, so a small target's step is host-bound) or "step" (the drafter, the head and the loss as one
     # compiled function with flex attention inside: one call forward, one backward). Evaluation keeps the regions.
     # step on one H100 (BENCHMARKS.md, "One compiled graph for DFlash's training step"): reference target 55.4 against
-    # 60.4 ms in one run, 55.6 against 55.3 in another; the 8B shape 224.8 against 226.4 ms (the MFU does not drop)
+    # 60.4 ms in one run, 55.6 against 55.3 in another; the 8B shape 224.8 against 226.4 ms (the MFU does not drop).
+    # EAGLE-3: "step" compiles the TTT unroll and its soft-CE loss as one function (eager without
+    # activation_checkpointing's checkpointed TTT steps, which Dynamo cannot trace); "regions" leaves it eager
     compile_scope: str = "step"
     # flex attention's Triton kernel options for DFlash's training masks, over kernels.attention.triton_flex_options'
     # measured defaults; set it with a leading +, e.g. '+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64,

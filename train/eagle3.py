@@ -33,6 +33,7 @@ flex_attention ``mask_mod`` (GPU), whose block mask skips every tile the window 
 from __future__ import annotations
 
 
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -120,6 +121,31 @@ class Eagle3Step:
         if ctx.backend in WINDOW_BACKENDS and window is not None and window < self.steps:
             raise ValueError(f"trainer.attention_backend={ctx.backend} needs drafter.sliding_window >= drafter.ttt_length "
                              f"({window} < {self.steps}); use flex")
+        # trainer.compile_scope=step on a GPU: the TTT unroll and its loss as one compiled function (one graph forward,
+        # one backward; FA4's calls are custom ops, flex's block masks are built outside it). Eager, each step's
+        # layers, masks and soft-CE chunks launch thousands of small kernels: the small-target step was host-bound
+        # (BENCHMARKS.md, "EAGLE-3's training step compiled whole"). Evaluation stays eager.
+        self.unroll_and_loss = unroll_and_loss
+        trainer_cfg = self.cfg.trainer
+        if trainer_cfg.compile_drafter and trainer_cfg.compile_scope == "step" and ctx.device.type == "cuda":
+            if trainer_cfg.activation_checkpointing:
+                # Dynamo cannot trace the unroll's key lists growing inside a checkpointed step: eager, said once
+                log.warning("EAGLE-3 with trainer.activation_checkpointing=true: the training step runs eager "
+                            "(trainer.compile_scope=step compiles only steps without checkpointed TTT steps)")
+                return
+            from kernels.attention import raise_recompile_limit
+
+            raise_recompile_limit()  # one graph per padded length (trainer.pad_multiple)
+            self.unroll_and_loss = torch.compile(unroll_and_loss, dynamic=False)
+
+    @contextlib.contextmanager
+    def eager(self):
+        """The step with the compiled function off (module hooks fire: FLOP counting)."""
+        compiled, self.unroll_and_loss = self.unroll_and_loss, unroll_and_loss
+        try:
+            yield self
+        finally:
+            self.unroll_and_loss = compiled
 
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> None:
         return None  # nothing random: every index is a start
@@ -147,10 +173,24 @@ class Eagle3Step:
         labels = target_labels(self.drafter.draft_ids_in_target(), captured.final_hidden, self.ctx.target.lm_head)
         features = captured.features
         del captured  # the final hidden state is no longer needed
+        ctx_valid = attention_mask.bool()
+        backend = self.ctx.backend
+        # flex's block masks are built here, outside the compiled function (their tile structure has its own)
+        masks = None if backend in WINDOW_BACKENDS else step_masks(ctx_valid, self.drafter.layer_types, self.drafter.sliding_window,
+                                                                   self.steps, backend)
+        fn = self.unroll_and_loss if torch.is_grad_enabled() and not per_start else unroll_and_loss
         with self.ctx.autocast():
-            outputs = unroll(self.drafter, features, input_ids, attention_mask.bool(), self.steps, self.ctx.backend,
-                             checkpoint_steps=self.cfg.trainer.activation_checkpointing)
-            return ttt_loss(self.drafter, outputs, None, input_ids, loss_mask, attention_mask, labels=labels, per_start=per_start)
+            return fn(self.drafter, features, input_ids, ctx_valid, loss_mask, attention_mask, labels, self.steps, backend, masks,
+                      self.cfg.trainer.activation_checkpointing, per_start)
+
+
+def unroll_and_loss(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Tensor, ctx_valid: torch.Tensor,
+                    loss_mask: torch.Tensor, attention_mask: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor], steps: int,
+                    backend: str, masks: list[dict] | None, checkpoint_steps: bool, per_start: bool = False, chunk_rows: int = 4096):
+    """The TTT unroll and its loss (``unroll`` then ``ttt_loss``): ``trainer.compile_scope=step`` compiles it whole
+    (the soft CE's checkpointed chunks included; not ``checkpoint_steps``, whose key lists grow inside the checkpoint)."""
+    outputs = unroll(model, features, input_ids, ctx_valid, steps, backend, masks=masks, checkpoint_steps=checkpoint_steps)
+    return ttt_loss(model, outputs, None, input_ids, loss_mask, attention_mask, chunk_rows, labels=labels, per_start=per_start)
 
 
 # ----------------------------------------------------------------------------- the training-time test
