@@ -238,7 +238,8 @@ class TargetModel:
                 layer.forward = torch.compile(layer.forward)
 
     def compile_capture(self, layer_ids: list[int]) -> None:
-        """``capture(layer_ids)`` (features only) as one compiled graph: the embedding, the stack's mask building, the
+        """``capture(layer_ids)`` (features only, or with ``with_final_hidden``: every layer and the final norm, EAGLE-3's
+        capture) as one compiled graph: the embedding, the stack's mask building, the
         layers up to the deepest one read and the concatenation, one call where ``compile_layers`` makes one per layer
         with the stack's eager glue between them (on a 27M target each call costs more host time than its GPU work).
         The layers' hooks are registered once here and record only during that call, so the graph sees no hook
@@ -264,7 +265,14 @@ class TargetModel:
             recorded.clear()
             return out
 
-        self._compiled_capture = (ids, state, torch.compile(features, dynamic=False))
+        def features_and_final(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            # EAGLE-3's capture (with_final_hidden): the whole stack and its final norm in the graph
+            final = self.stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+            out = torch.cat([recorded[i] for i in ids], dim=-1)
+            recorded.clear()
+            return out, final
+
+        self._compiled_capture = (ids, state, torch.compile(features, dynamic=False), torch.compile(features_and_final, dynamic=False))
 
     def release_layers(self) -> None:
         """Free the decoder layers (a run reading a feature store needs only the embedding, the LM
@@ -320,13 +328,17 @@ class TargetModel:
         self.check_layer_ids(layer_ids)
         deepest = max(layer_ids)
         compiled = getattr(self, "_compiled_capture", None)
-        if compiled is not None and compiled[0] == list(layer_ids) and not (with_logits or with_final_hidden):
-            ids, state, features = compiled
+        if compiled is not None and compiled[0] == list(layer_ids) and not with_logits:
+            ids, state, features, features_and_final = compiled
             # no padding mask: one causal pass per row (the trainer's right-padded rows; CAUSAL_SDPA drops the mask)
             causal = whole_causal_pass() if attention_mask is None else contextlib.nullcontext()
-            with self._stack_cut_after(deepest + 1), causal:
+            stack = contextlib.nullcontext() if with_final_hidden else self._stack_cut_after(deepest + 1)
+            with stack, causal:
                 state["on"] = True
                 try:
+                    if with_final_hidden:
+                        out, final = features_and_final(input_ids, attention_mask)
+                        return TargetFeatures(features=out, logits=None, final_hidden=final)
                     return TargetFeatures(features=features(input_ids, attention_mask), logits=None, final_hidden=None)
                 finally:
                     state["on"] = False

@@ -219,8 +219,9 @@ def test_causal_sdpa_mask_is_dropped_only_for_a_whole_unpadded_causal_pass() -> 
 @pytest.mark.slow  # compiles the capture on the CPU (~40 s): the quick tier stays under 3 minutes (README)
 def test_compiled_capture_without_a_mask_runs_causal_and_keeps_masks_when_given(reference_target_path) -> None:
     """After ``compile_capture`` (the model on ``CAUSAL_SDPA``): the compiled capture of a right-padded batch with no
-    padding mask equals HF's masked ``output_hidden_states`` on every real token, and a plain forward with a left-padding
-    mask still honours the mask (equal to a fresh SDPA model's)."""
+    padding mask equals HF's masked ``output_hidden_states`` on every real token (with the final hidden state too,
+    EAGLE-3's capture), and a plain forward with a left-padding mask still honours the mask (equal to a fresh SDPA
+    model's)."""
     from models.target import CAUSAL_SDPA
 
     target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
@@ -236,6 +237,17 @@ def test_compiled_capture_without_a_mask_runs_causal_and_keeps_masks_when_given(
     H = target.hidden_size
     for j, layer_id in enumerate(layer_ids):
         torch.testing.assert_close(got[..., j * H:(j + 1) * H][real], ref[layer_id + 1][real], rtol=1e-5, atol=1e-5)
+    # EAGLE-3's capture (with_final_hidden) compiled too: every layer and the final norm, against a fresh model's masked one
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    with_final = target.capture(batch["input_ids"], layer_ids, with_final_hidden=True)
+    assert counters["stats"]["unique_graphs"] == graphs + 1  # its own graph, not the eager stack
+    fresh_final = fresh.capture(batch["input_ids"], layer_ids, attention_mask=batch["attention_mask"], with_final_hidden=True)
+    torch.testing.assert_close(with_final.features[real], fresh_final.features[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(with_final.final_hidden[real], fresh_final.final_hidden[real], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(with_final.final_hidden[real], with_final.features[..., -H:][real], atol=1e-3)  # past layer 4, normed
+    assert target._compiled_capture[1] == {"on": False}
     shift = [int(batch["input_ids"].shape[1] - n) for n in batch["attention_mask"].sum(1)]
     left = {k: torch.stack([v[i].roll(s) for i, s in enumerate(shift)]) for k, v in batch.items() if isinstance(v, torch.Tensor)}
     with torch.no_grad():

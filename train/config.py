@@ -52,7 +52,8 @@ class TargetConfig:
     compile_layers: bool = True
     # GPU training only: the feature capture (embedding, mask building, the layers the drafter reads up to the deepest,
     # the concatenation) as one compiled graph instead of one compiled call per layer with eager glue between them
-    # (models/target.py TargetModel.compile_capture): on small targets each call costs more host time than its GPU work
+    # (models/target.py TargetModel.compile_capture): on small targets each call costs more host time than its GPU work.
+    # EAGLE-3's capture (every layer and the final norm, for its soft labels) compiles as its own graph
     compile_capture: bool = False
 
     def __post_init__(self) -> None:
