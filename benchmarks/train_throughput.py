@@ -6,7 +6,9 @@ Builds the run exactly as ``python -m train`` does (``train.trainer.build``: tar
 optimizer, the step of ``drafter.kind``), then runs ``--warmup`` untimed optimizer steps and ``--steps``
 timed ones through ``train.trainer.train_step`` with the loop's own batch collation, synchronising
 only at the end. Prints tokens/s (real tokens, padding excluded, as ``train/tokens_per_s``), the host's time
-to queue a step (near the step's time: the host, not the GPU, is the bound), the loss per step (to compare two
+to queue a step (near the step's time: the host, not the GPU, is the bound, unless the step synchronises inside:
+``--sync-debug`` runs one more step with CUDA's synchronisation debugging on, which warns at every synchronising call with
+where it came from), the loss per step (to compare two
 implementations at the same global batch) and, with ``--profile N``, the
 top operators of N steps by host and by device time (where a host-bound step spends its time).
 ``--json OUT`` writes the numbers. Any Hydra override of the training config is passed through.
@@ -44,6 +46,9 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps after the timed ones")
     parser.add_argument("--cprofile", type=int, default=0, help="cProfile this many steps: the host's Python time by function")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--sync-debug", action="store_true",
+                        help="after the timed steps, one step under torch.cuda.set_sync_debug_mode('warn'): every call that "
+                             "makes the host wait for the GPU warns, with its stack")
     parser.add_argument("--serial-timing", nargs=2, metavar=("DIR", "N"), default=None,
                         help="several runs on one GPU: compile in parallel, time one at a time. After its warm-up each run "
                              "writes DIR/ready.PID (a run that fails writes DIR/failed.PID), waits until N have (at most 10 minutes), "
@@ -105,6 +110,22 @@ def measure(args: argparse.Namespace) -> None:
           f"{cfg.data.max_length} tokens: {result['tokens_per_s']:,.0f} tokens/s, {result['ms_per_step']:.1f} ms/step "
           f"(the host queued a step in {result['host_ms_per_step']:.1f} ms)")
     print("loss by step:", " ".join(f"{x:.4f}" for x in losses))
+    if args.sync_debug and run.device.type == "cuda":
+        import traceback
+        import warnings
+
+        def show(message, category, filename, lineno, file=None, line=None):  # the stack of each synchronising call
+            print(f"SYNC: {message}\n" + "".join(traceback.format_stack(limit=14)[:-1]), flush=True)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                one_step(20_000)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        sync()
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
