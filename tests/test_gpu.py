@@ -104,14 +104,17 @@ def test_compiled_training_step_equals_eager(scope: list[str], tmp_path) -> None
                      training_step_results([*common, "trainer.compile_drafter=true", *scope], tmp_path / "compiled"))
 
 
-@pytest.mark.parametrize("extra", [[], ["trainer.activation_checkpointing=true"]], ids=["compiled", "checkpointed-eager"])
+@pytest.mark.parametrize("extra", [[], ["trainer.activation_checkpointing=true"], ["target.compile_capture=true"]],
+                         ids=["compiled", "checkpointed-eager", "compiled-target-capture"])
 def test_eagle3_compiled_training_step_equals_eager(extra: list[str], tmp_path) -> None:
     """EAGLE-3's ``trainer.compile_scope=step`` (the TTT unroll and its soft-CE loss as one compiled function, flex's
     block masks as inputs) against the eager step on the GPU's flex backend: the same loss, stats and gradients; with
-    checkpointed TTT steps the step stays eager (said in a warning) and equals it too."""
-    common = ["experiment=eagle3_swa_tiny", "trainer.attention_backend=flex", *extra]
-    assert_same_step(training_step_results([*common, "trainer.compile_drafter=false"], tmp_path / "eager"),
-                     training_step_results([*common, "trainer.compile_drafter=true", "trainer.compile_scope=step"], tmp_path / "compiled"))
+    checkpointed TTT steps the step stays eager (said in a warning) and equals it too; with the target's capture
+    compiled (its final hidden state included) on the compiled side only."""
+    common = ["experiment=eagle3_swa_tiny", "trainer.attention_backend=flex"]
+    eager_extra = [] if extra == ["target.compile_capture=true"] else extra
+    assert_same_step(training_step_results([*common, *eager_extra, "trainer.compile_drafter=false"], tmp_path / "eager"),
+                     training_step_results([*common, *extra, "trainer.compile_drafter=true", "trainer.compile_scope=step"], tmp_path / "compiled"))
 
 
 @pytest.mark.parametrize("kind", ["dflash", "eagle3"])
