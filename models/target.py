@@ -38,6 +38,7 @@ beside the target's own KV cache.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -128,6 +129,26 @@ def default_layer_ids(drafter: str, num_layers: int, num_features: int | None = 
         start, end = 1, num_layers - 3
         return [int(round(start + i * (end - start) / (k - 1))) for i in range(k)]
     raise ValueError(f"drafter={drafter!r}; expected 'dflash' or 'eagle3'")
+
+
+@functools.cache
+def takes_prebuilt_masks(stack_type: type) -> bool:
+    """Whether this transformers' decoder stack (``Qwen3Model``, ...) takes masks built beforehand: ``attention_mask`` as a
+    dict from layer type to mask, passed to the layers as they are (``if not isinstance(causal_mask_mapping :=
+    attention_mask, dict)`` in its forward; transformers 5.x for Qwen3, not for Llama). Read off its source once, so a
+    transformers that changes it falls back to building the mask, said once."""
+    import inspect
+
+    try:
+        source = inspect.getsource(stack_type.forward)
+    except (OSError, TypeError):
+        source = ""
+    takes = "attention_mask, dict)" in source
+    if not takes:
+        log.warning("%s.forward builds its causal mask itself (no prebuilt-mask dict): a target forward with no padding "
+                    "mask checks its position ids for packed sequences on the host (one GPU synchronisation per forward)",
+                    stack_type.__name__)
+    return takes
 
 
 def decoder_stack(model: nn.Module) -> nn.Module:
@@ -305,6 +326,20 @@ class TargetModel:
             if norm is not None:
                 self.stack.norm = norm
 
+    def stack_mask(self, attention_mask: torch.Tensor | None):
+        """The ``attention_mask`` to hand the decoder stack. With no padding mask (the trainer's right-padded rows: one
+        causal pass each), on SDPA with full-attention layers only and a stack that takes prebuilt masks: ``{"full_attention":
+        None}``, so transformers builds no mask and SDPA runs its causal kernel. Built by transformers (5.17-5.24), that
+        mask first checks the position ids for packed sequences with a Python branch on a device tensor
+        (``masking_utils.find_packed_sequence_indices``): a host synchronisation per forward, so one per training step
+        (BENCHMARKS.md, "EAGLE-3's training step compiled whole"). Anything else: ``attention_mask`` as given."""
+        if attention_mask is not None or self.config._attn_implementation not in ("sdpa", CAUSAL_SDPA):
+            return attention_mask
+        types = set(getattr(self.config, "layer_types", None) or ["full_attention"])
+        if types != {"full_attention"} or not takes_prebuilt_masks(type(self.stack)):
+            return attention_mask
+        return {"full_attention": None}
+
     @torch.no_grad()
     def capture(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask: torch.Tensor | None = None, with_logits: bool = False,
                 with_final_hidden: bool = False) -> TargetFeatures:
@@ -345,14 +380,15 @@ class TargetModel:
         captured: dict[int, torch.Tensor] = {}
         handles = [self.layers[i].register_forward_hook(output_recorder(captured, i)) for i in set(layer_ids)]
         logits = final_hidden = None
+        mask = self.stack_mask(attention_mask)
         try:
             if with_logits:
-                logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=0).logits
+                logits = self.model(input_ids=input_ids, attention_mask=mask, use_cache=False, logits_to_keep=0).logits
             elif with_final_hidden:
-                final_hidden = self.stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+                final_hidden = self.stack(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
             else:
                 with self._stack_cut_after(deepest + 1) as stack:
-                    stack(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+                    stack(input_ids=input_ids, attention_mask=mask, use_cache=False)
         finally:
             for h in handles:
                 h.remove()

@@ -192,6 +192,39 @@ def test_trainer_capture_without_padding_mask_equals_masked_on_real_tokens(refer
     assert not torch.allclose(unmasked[left["attention_mask"].bool()], masked[left["attention_mask"].bool()], atol=1e-3)
 
 
+def test_capture_without_padding_mask_builds_no_mask_where_the_stack_takes_prebuilt_masks(reference_target: TargetModel,
+                                                                                         monkeypatch) -> None:
+    """With no padding mask (the trainer's captures) a Qwen3 stack gets ``{"full_attention": None}``: transformers builds
+    no mask, so it never checks the position ids for packed sequences on the host (``find_packed_sequence_indices``: a
+    GPU synchronisation per forward), and SDPA runs causal. The same features, final hidden state and logits as a
+    forward given an all-ones padding mask (a mask transformers builds). A Llama stack, which builds its mask itself,
+    keeps the check (counted), with the same results."""
+    import transformers.masking_utils as masking
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from models.target import takes_prebuilt_masks
+
+    calls = []
+    original = masking.find_packed_sequence_indices
+    monkeypatch.setattr(masking, "find_packed_sequence_indices", lambda *a, **k: calls.append(1) or original(*a, **k))
+    ids = padded_batch(reference_target)["input_ids"][:, :64]  # rows without padding inside the first 64 tokens
+    ones = torch.ones_like(ids)
+    llama_model = LlamaForCausalLM(LlamaConfig(vocab_size=reference_target.vocab_size, hidden_size=64, intermediate_size=128,
+                                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                               attn_implementation="sdpa")).eval()
+    llama = TargetModel(llama_model, reference_target.tokenizer, "llama-random")
+    for target, prebuilt in ((reference_target, True), (llama, False)):
+        assert takes_prebuilt_masks(type(target.stack)) is prebuilt
+        for options in ({}, {"with_final_hidden": True}, {"with_logits": True}):
+            calls.clear()
+            got = target.capture(ids, [1, 2], **options)
+            assert bool(calls) is not prebuilt, (type(target.stack).__name__, options)
+            want = target.capture(ids, [1, 2], attention_mask=ones, **options)
+            for name in ("features", "final_hidden", "logits"):
+                if getattr(want, name) is not None:
+                    torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_causal_sdpa_mask_is_dropped_only_for_a_whole_unpadded_causal_pass() -> None:
     """``CAUSAL_SDPA``'s mask function: None (SDPA's is_causal) only inside ``whole_causal_pass()`` and there only with
     no padding mask, no offsets, as many queries as keys and no window (transformers' compiled tracing passes
