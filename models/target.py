@@ -141,13 +141,15 @@ def takes_prebuilt_masks(stack_type: type) -> bool:
 
     try:
         source = inspect.getsource(stack_type.forward)
-    except (OSError, TypeError):
-        source = ""
+    except (OSError, TypeError) as e:
+        log.warning("%s.forward: its source is unreadable (%s); captures let transformers build the causal mask (on a GPU "
+                    "one host synchronisation per target forward)", stack_type.__name__, e)
+        return False
     takes = "attention_mask, dict)" in source
-    if not takes:
-        log.warning("%s.forward builds its causal mask itself (no prebuilt-mask dict): a target forward with no padding "
-                    "mask checks its position ids for packed sequences on the host (one GPU synchronisation per forward)",
-                    stack_type.__name__)
+    if not takes:  # Llama's stack, for one: the normal path, said once
+        log.info("%s.forward builds its causal mask itself: a capture with no padding mask checks the position ids for "
+                 "packed sequences on the host (on a GPU one synchronisation per target forward; target.compile_capture=true "
+                 "avoids it)", stack_type.__name__)
     return takes
 
 
