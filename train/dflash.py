@@ -36,7 +36,6 @@ from models.target import TargetModel, default_layer_ids
 from .config import DFlashConfig, TrainConfig  # noqa: F401  (DFlashConfig: the schema, in the light config module)
 from .cross_entropy import logits_cross_entropy
 from .loop_eval import leading_correct, tau_summaries, walk_segments
-from .step_graphs import compile_step
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +145,7 @@ class DFlashStep:
             if trainer_cfg.compile_scope == "step":
                 # mode="reduce-overhead" (the graphs replayed as CUDA graphs) ran 95-98 ms a step against 53-55 (H100,
                 # reference target, BENCHMARKS.md): not offered
-                self.drafter_and_loss = compile_step(drafter_and_loss, trainer_cfg.cuda_graphs)
+                self.drafter_and_loss = torch.compile(drafter_and_loss, dynamic=False)
 
     @contextlib.contextmanager
     def eager(self):

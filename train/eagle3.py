@@ -48,7 +48,6 @@ from models.target import TargetModel, default_layer_ids
 
 from .config import Eagle3Config, TrainConfig  # noqa: F401  (Eagle3Config: the schema, in the light config module)
 from .loop_eval import tau_summaries, walk_segments
-from .step_graphs import compile_step
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +136,7 @@ class Eagle3Step:
             from kernels.attention import raise_recompile_limit
 
             raise_recompile_limit()  # one graph per padded length (trainer.pad_multiple)
-            self.unroll_and_loss = compile_step(unroll_and_loss, trainer_cfg.cuda_graphs)
+            self.unroll_and_loss = torch.compile(unroll_and_loss, dynamic=False)
 
     @contextlib.contextmanager
     def eager(self):
