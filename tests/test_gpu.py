@@ -117,46 +117,6 @@ def test_eagle3_compiled_training_step_equals_eager(extra: list[str], tmp_path) 
                      training_step_results([*common, *extra, "trainer.compile_drafter=true", "trainer.compile_scope=step"], tmp_path / "compiled"))
 
 
-def optimizer_steps_results(overrides: list[str], tmp_path, steps: int = 6) -> tuple[list[float], dict, list]:
-    """``steps`` optimizer steps of a tiny experiment through the trainer's own ``train_step`` (its batches, plans and
-    AdamW): the loss of every step, the drafter's parameters after the last, and every step's stats as returned."""
-    from compose import compose_train
-
-    from train.trainer import build, to_train_config, train_step
-
-    cfg = to_train_config(compose_train(["trainer.progress=false", "data.num_eval=0", "trainer.device=cuda", "trainer.precision=bf16",
-                                         "target.dtype=bfloat16", "trainer.batch_size=4", f"output_dir={tmp_path}", *overrides]))
-    run = build(cfg)
-    kept = []
-    for n in range(1, steps + 1):
-        stats, _ = train_step(run.step, run.next_micro_batches(), n, run.optimizer, run.scheduler, run.engine, run.ranks)
-        kept.append(stats)
-    losses = [float(s.loss_sum / s.num_labels) for s in kept]  # read after the last step: earlier steps' stats must survive
-    return losses, {n: p.detach().float().clone() for n, p in run.drafter.named_parameters()}, kept
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="FA4's key intervals: Hopper")
-def test_cuda_graph_step_equals_compiled_step(tmp_path) -> None:
-    """``trainer.cuda_graphs`` (DFlash's compiled step replayed as CUDA graphs over stable input buffers,
-    train/step_graphs.py) against the same compiled step launched kernel by kernel, FA4's key intervals in both, over
-    six optimizer steps (warm-up, recording, replays): the same loss at every step, the same stats and parameters."""
-    from kernels.fa4_adapter import available
-
-    if not available():
-        pytest.skip("flash-attn-4 (pip install '.[fa4]') is not installed")
-    common = ["experiment=dflash_swa_tiny", "trainer.attention_backend=fa4", "trainer.compile_scope=step"]
-    losses_a, params_a, stats_a = optimizer_steps_results(common, tmp_path / "compiled")
-    torch.compiler.reset()
-    losses_b, params_b, stats_b = optimizer_steps_results([*common, "trainer.cuda_graphs=true"], tmp_path / "graphs")
-    assert losses_a[0] != losses_a[-1]  # the steps train
-    torch.testing.assert_close(torch.tensor(losses_b), torch.tensor(losses_a), rtol=1e-3, atol=1e-4)
-    for a, b in zip(stats_a, stats_b):
-        for name, x in vars(a).items():
-            torch.testing.assert_close(getattr(b, name).float(), x.float(), rtol=1e-3, atol=1e-3, msg=name)
-    for name, p in params_a.items():
-        torch.testing.assert_close(params_b[name], p, rtol=2e-2, atol=1e-3, msg=name)
-
-
 @pytest.mark.parametrize("kind", ["dflash", "eagle3"])
 def test_flex_training_step_equals_dense_masks(kind: str, tmp_path) -> None:
     """The trainers' flex path (tile structures from the anchors / the TTT rule, the Triton tile options) against

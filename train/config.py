@@ -323,10 +323,6 @@ class TrainerConfig:
     # EAGLE-3: "step" compiles the TTT unroll and its soft-CE loss as one function (eager without
     # activation_checkpointing's checkpointed TTT steps, which Dynamo cannot trace); "regions" leaves it eager
     compile_scope: str = "step"
-    # GPU, DFlash on the fa4 backend, compile_scope=step: the compiled step's forward and backward replayed as CUDA graphs
-    # (torch.compile mode="reduce-overhead" over stable input buffers, train/step_graphs.py): a small target's step is
-    # bound by the host queueing ~900 launches; a replay is one. One micro-batch per optimizer step, no DeepSpeed
-    cuda_graphs: bool = False
     # flex attention's Triton kernel options for DFlash's training masks, over kernels.attention.triton_flex_options'
     # measured defaults; set it with a leading +, e.g. '+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64,
     # BLOCK_M2: 64, BLOCK_N2: 32}' (the backward's tiles: benchmarks/probe_flex_dflash.py times them)
@@ -395,16 +391,6 @@ class TrainerConfig:
                 raise ValueError(f"trainer.export_formats: {fmt!r} is not one of dflash, sglang, speculators")
         if self.compile_scope not in ("regions", "step"):
             raise ValueError(f"trainer.compile_scope={self.compile_scope!r}; expected regions or step")
-        if self.cuda_graphs:
-            if self.compile_scope != "step" or not self.compile_drafter:
-                raise ValueError("trainer.cuda_graphs=true replays the compiled step: it needs trainer.compile_drafter=true and "
-                                 f"trainer.compile_scope=step (got compile_drafter={self.compile_drafter}, compile_scope={self.compile_scope})")
-            if self.grad_accum != 1:
-                raise ValueError(f"trainer.cuda_graphs=true with trainer.grad_accum={self.grad_accum}: a replay overwrites the graph "
-                                 "memory the earlier micro-batches' gradients live in; expected grad_accum=1 (raise batch_size instead)")
-            if self.deepspeed is not None:
-                raise ValueError(f"trainer.cuda_graphs=true with trainer.deepspeed={self.deepspeed!r}: DeepSpeed's gradient hooks run "
-                                 "outside the graphs; expected deepspeed=null")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"trainer.attention_backend={self.attention_backend!r}; expected one of {', '.join(ATTENTION_BACKENDS)}")
 

@@ -36,7 +36,6 @@ from models.target import TargetModel, default_layer_ids
 from .config import DFlashConfig, TrainConfig  # noqa: F401  (DFlashConfig: the schema, in the light config module)
 from .cross_entropy import logits_cross_entropy
 from .loop_eval import leading_correct, tau_summaries, walk_segments
-from .step_graphs import compile_step
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +122,6 @@ class DFlashStep:
         if ctx.backend == "fa4" and torch.cuda.get_device_capability(ctx.device)[0] != 9:
             raise ValueError("trainer.attention_backend=fa4 trains DFlash with FlashAttention-4's SM90 kernels (key intervals): "
                              "it needs a Hopper GPU; use flex-flash or flex")
-        if self.cfg.trainer.cuda_graphs and ctx.backend != "fa4" and ctx.device.type == "cuda":
-            raise ValueError(f"trainer.cuda_graphs=true replays DFlash's step on the fa4 backend (key intervals: plain tensors); "
-                             f"trainer.attention_backend resolved to {ctx.backend} (flex's block masks keep tensors in their mask "
-                             "functions, which a replay would read stale)")
         if ctx.backend == "fa4":  # at start-up, not at the first attention call
             fa4_adapter.refuse_persistent_cache("trainer.attention_backend=fa4 (DFlash's key intervals)")
         self.block_size = self.cfg.drafter.block_size
@@ -150,7 +145,7 @@ class DFlashStep:
             if trainer_cfg.compile_scope == "step":
                 # mode="reduce-overhead" (the graphs replayed as CUDA graphs) ran 95-98 ms a step against 53-55 (H100,
                 # reference target, BENCHMARKS.md): not offered
-                self.drafter_and_loss = compile_step(drafter_and_loss, trainer_cfg.cuda_graphs)
+                self.drafter_and_loss = torch.compile(drafter_and_loss, dynamic=False)
 
     @contextlib.contextmanager
     def eager(self):

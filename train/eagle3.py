@@ -127,9 +127,6 @@ class Eagle3Step:
         # (BENCHMARKS.md, "EAGLE-3's training step compiled whole"). Evaluation stays eager.
         self.unroll_and_loss = unroll_and_loss
         trainer_cfg = self.cfg.trainer
-        if trainer_cfg.cuda_graphs and ctx.device.type == "cuda":
-            # measured: its first replay failed (a tensor in the graph pool not tracked as an output; BENCHMARKS.md)
-            raise ValueError("trainer.cuda_graphs=true serves DFlash only; EAGLE-3's compiled step runs without CUDA graphs")
         if trainer_cfg.compile_drafter and trainer_cfg.compile_scope == "step" and ctx.device.type == "cuda":
             if trainer_cfg.activation_checkpointing:
                 # Dynamo cannot trace the unroll's key lists growing inside a checkpointed step: eager, said once

@@ -311,9 +311,6 @@ def build(cfg: TrainConfig) -> Run:
         ds_config = deepspeed_engine.deepspeed_config(tc.deepspeed or "zero2", tc.batch_size, tc.grad_accum, tc.grad_clip, ranks.world_size)
         if tc.optimizer == "muon":
             raise ValueError("trainer.optimizer=muon runs without DeepSpeed (one process); DeepSpeed brings its own AdamW")
-        if tc.cuda_graphs:
-            raise ValueError(f"trainer.cuda_graphs=true runs without DeepSpeed (one process); this launch has {ranks.world_size} "
-                             "processes, which train under DeepSpeed ZeRO")
         init_process_group(device, ranks, single_process=True)
     torch.manual_seed(tc.seed)
     output_dir = Path(cfg.output_dir)
