@@ -143,8 +143,10 @@ class DFlashStep:
             drafter.compile_regions()  # evaluation's forward, and training's with compile_scope=regions
             self.head_and_loss = torch.compile(head_and_loss, dynamic=False)  # logits, fp32 CE and stats fused around the product
             if trainer_cfg.compile_scope == "step":
-                # mode="reduce-overhead" (the graphs replayed as CUDA graphs) ran 95-98 ms a step against 53-55 (H100,
-                # reference target, BENCHMARKS.md): not offered
+                # mode="reduce-overhead" (CUDA graphs) is not offered: as is, CUDA Graph Trees re-record the backward at
+                # every step (FA4's key-interval tables, new addresses each step, enter it as static inputs): 95-134 ms
+                # against 38.5 on an H200; with every input copied to stable buffers it replays, but 34.7 against 34.9 ms
+                # (the step's 32.9 ms of kernels bound it; BENCHMARKS.md, "CUDA graphs for the training step")
                 self.drafter_and_loss = torch.compile(drafter_and_loss, dynamic=False)
 
     @contextlib.contextmanager
