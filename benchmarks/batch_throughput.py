@@ -55,11 +55,14 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="the models' dtype, as eval's --dtype (auto: bfloat16 on a GPU, float32 on the CPU)")
     p.add_argument("--threads", type=int, help="CPU threads for every batch size (default: eval's, 1 at batch 1, one per core above)")
     p.add_argument("--cpu-workers", type=int, default=0,
                    help="batched on the CPU: forked one-thread processes (eval's --cpu-workers; default 0 = eval's auto, here whatever "
                         "--threads says; 1 = one process)")
     p.add_argument("--only", nargs="+", choices=["alone", "pld", "drafter"], help="run only these (default: all three)")
+    p.add_argument("--pld-drafts", type=int, default=None,
+                   help="prompt lookup's drafts per step (default: the drafter's block size - 1 with --drafter, else 7)")
     p.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                    help="prefill every turn's whole prompt (default: as eval, past what the row's cache holds from the turn before)")
     p.add_argument("--draft-steps", type=int)
@@ -77,11 +80,14 @@ def main() -> None:
     p.add_argument("--out")
     args = p.parse_args()
     device = resolve_device(args.device)
-    target, drafter, tokenizer = load_models(args.target, args.drafter, device, draft_steps=args.draft_steps, tree_topk=args.tree_topk,
+    target, drafter, tokenizer = load_models(args.target, args.drafter, device, dtype=args.dtype, draft_steps=args.draft_steps, tree_topk=args.tree_topk,
                                              tree_tokens=args.tree_tokens, tree_lookup=args.tree_lookup, tree_redraft=args.tree_redraft)
     eos = eos_ids(tokenizer, target.model)
     conversations = mt_bench(args.questions)
-    drafters = {"target alone": None, "prompt lookup": PromptLookupDrafter(num_draft_tokens=(drafter.block_size - 1) if drafter else 7,
+    if args.pld_drafts is not None and args.pld_drafts < 1:
+        p.error(f"--pld-drafts {args.pld_drafts}: expected a positive number of drafts")
+    pld_drafts = args.pld_drafts or ((drafter.block_size - 1) if drafter else 7)
+    drafters = {"target alone": None, "prompt lookup": PromptLookupDrafter(num_draft_tokens=pld_drafts,
                                                                             vocab_size=target.lm_head.weight.shape[0])}
     if drafter is not None:
         drafters[f"{type(drafter).__name__} ({drafting_label(drafter)})"] = drafter
