@@ -10,7 +10,7 @@ first of a shape compiling and capturing its step graphs on a GPU, the later one
 ``--interleave`` runs the repeats as pairs (1 8 1 8 ...), each pass's "vs batch 1" against the pass of the first batch
 size just before it, and prints the median of those ratios: on a machine whose speed drifts by 10-20% within the hour
 (the 2-core CPU machines), a pair measured side by side says more than passes minutes apart.
-Prompt lookup drafts ``--pld-drafts`` tokens a step (default: a DFlash drafter's block less its anchor, else 7); ``--dtype``
+Prompt lookup drafts ``--pld-drafts`` tokens a step (default: as many as the drafter's step verifies, else 7); ``--dtype``
 as eval's (bf16 on a CPU with AMX is faster, but its products are not batch-invariant: the last column then says so).
 Drafting options as eval's (``--draft-steps``, ``--tree-topk/--tree-tokens/--tree-lookup/--tree-redraft``; trees at
 every batch size, batch 1 included, on the static drafters).
