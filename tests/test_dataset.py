@@ -121,6 +121,30 @@ def test_row_reader_and_collate_equal_an_element_by_element_reference() -> None:
             assert batch["input_ids"].shape == (len(order), width)
 
 
+def test_rows_are_read_without_datasets_numpy_formatter(monkeypatch) -> None:
+    """``RowReader`` and ``split_train_eval`` read through Arrow, not ``with_format("numpy")``: datasets 4.4.1's NumPy
+    formatter imports ``torchvision.io.VideoReader`` once torchvision is imported, which recent torchvision lacks (an
+    ImportError on a GPU image). With the formatter made to raise that error, both still read every row as written."""
+    import datasets
+    from datasets.formatting import np_formatter
+
+    from train.data.dataset import RowReader, split_train_eval
+
+    def no_video_reader(self, value):
+        raise ImportError("cannot import name 'VideoReader' from 'torchvision.io'")
+
+    monkeypatch.setattr(np_formatter.NumpyFormatter, "_tensorize", no_video_reader)
+    rows = [{"id": f"c{i}", "input_ids": [100 + i, 7, 1, 2, i], "loss_mask": [0, 0, 1, 1, 1]} for i in range(30)]
+    ds = datasets.Dataset.from_list(rows)
+    with pytest.raises(ImportError):  # the formatter is the path that fails
+        ds.with_format("numpy")[[0]]
+    read = RowReader(ds)([4, 0, 29])
+    assert [r["input_ids"].tolist() for r in read] == [rows[i]["input_ids"] for i in (4, 0, 29)]
+    assert [r["loss_mask"].tolist() for r in read] == [rows[i]["loss_mask"] for i in (4, 0, 29)]
+    train, held, _ = split_train_eval(ds, num_eval=3, seed=0)
+    assert len(held) == 3 and len(train) == 27
+
+
 def test_split_holds_out_prompts_no_training_row_shares() -> None:
     """Rows built by hand: prompt groups (same tokens before the first loss token), exact duplicates among them. The
     split must drop the duplicates, and no training row may open with a held-out prompt (checked row by row against

@@ -198,6 +198,18 @@ def prompt_key(input_ids: Any, loss_mask: Any) -> bytes:
     return ids[:first].tobytes()
 
 
+def numpy_columns(ds: Any, indices: list[int] | None = None) -> dict[str, Any]:
+    """The columns of a ``datasets.Dataset``'s rows (all, or ``indices`` in that order) as NumPy, read from Arrow in one
+    take: a list column comes back as an object array of one NumPy array a row, a scalar column as an array.
+
+    Not ``ds.with_format("numpy")``: in datasets 4.4.1 its formatter imports ``torchvision.io.VideoReader`` for every
+    value once torchvision is imported, and recent torchvision has none: the trainer failed at its data split on a GPU
+    image with torch 2.11 (BENCHMARKS.md, "CUDA graphs for the training step"; datasets 5.2.0 catches the error). Arrow's
+    own conversion does not look."""
+    table = ds.with_format("arrow")[indices if indices is not None else slice(None)]
+    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+
+
 def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None, dict[str, int]]:
     """Drop exact duplicate rows, then hold out ``num_eval`` conversations (at most a tenth of the data) whose first
     prompt no training conversation shares.
@@ -211,7 +223,7 @@ def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None
 
     Returns ``(train, eval or None, counts)``: counts of duplicate rows dropped and of training rows removed because
     they share a held-out prompt."""
-    rows = ds.with_format("numpy")
+    rows = numpy_columns(ds)
     keys, seen, keep = [], set(), []
     for i, (ids, mask) in enumerate(zip(rows["input_ids"], rows["loss_mask"])):
         whole = np.asarray(ids, dtype=np.int32).tobytes() + b"|" + np.asarray(mask, dtype=np.int8).tobytes()
@@ -309,18 +321,18 @@ def collate_padded(rows: list[dict[str, Any]], pad_token_id: int, pad_to: int | 
 class RowReader:
     """Rows of a tokenized dataset by index, as ``collate_padded`` reads them. A ``datasets.Dataset`` is read in one
     Arrow take per batch as NumPy arrays: indexing it row by row converts every row to Python lists, ~1 ms a step of
-    16 x 2048 tokens (and ~5 ms more to collate them) on the host's critical path. Anything else indexable is read
+    16 x 2048 tokens (and ~5 ms more to collate them) on the host's critical path (``numpy_columns``). Anything else indexable is read
     row by row."""
 
     def __init__(self, dataset):
         import datasets
 
         self.dataset = dataset
-        self._numpy = dataset.with_format("numpy") if isinstance(dataset, datasets.Dataset) else None
+        self._arrow = isinstance(dataset, datasets.Dataset)
 
     def __call__(self, indices) -> list[dict[str, Any]]:
         indices = [int(i) for i in indices]
-        if self._numpy is None:
+        if not self._arrow:
             return [self.dataset[i] for i in indices]
-        columns = self._numpy[indices]
+        columns = numpy_columns(self.dataset, indices)
         return [{name: values[j] for name, values in columns.items()} for j in range(len(indices))]
