@@ -320,9 +320,9 @@ def collate_padded(rows: list[dict[str, Any]], pad_token_id: int, pad_to: int | 
 
 class RowReader:
     """Rows of a tokenized dataset by index, as ``collate_padded`` reads them. A ``datasets.Dataset`` is read in one
-    Arrow take per batch as NumPy arrays: indexing it row by row converts every row to Python lists, ~1 ms a step of
-    16 x 2048 tokens (and ~5 ms more to collate them) on the host's critical path (``numpy_columns``). Anything else indexable is read
-    row by row."""
+    Arrow take per batch as NumPy arrays (``numpy_columns``): indexing it row by row converts every row to Python lists,
+    ~1 ms a step of 16 x 2048 tokens (and ~5 ms more to collate them) on the host's critical path. Anything else
+    indexable is read row by row."""
 
     def __init__(self, dataset):
         import datasets
