@@ -10,7 +10,7 @@ first of a shape compiling and capturing its step graphs on a GPU, the later one
 ``--interleave`` runs the repeats as pairs (1 8 1 8 ...), each pass's "vs batch 1" against the pass of the first batch
 size just before it, and prints the median of those ratios: on a machine whose speed drifts by 10-20% within the hour
 (the 2-core CPU machines), a pair measured side by side says more than passes minutes apart.
-Prompt lookup drafts ``--pld-drafts`` tokens a step (default: as many as the drafter's step verifies, else 7); ``--dtype``
+Prompt lookup drafts ``--pld-drafts`` tokens a step (default: the drafter's block size less one, else 7); ``--dtype``
 as eval's (bf16 on a CPU with AMX is faster, but its products are not batch-invariant: the last column then says so).
 Drafting options as eval's (``--draft-steps``, ``--tree-topk/--tree-tokens/--tree-lookup/--tree-redraft``; trees at
 every batch size, batch 1 included, on the static drafters).
@@ -81,13 +81,13 @@ def main() -> None:
                         "prints each pass's device time per batch step by phase beside its wall time per step")
     p.add_argument("--out")
     args = p.parse_args()
+    if args.pld_drafts is not None and args.pld_drafts < 1:
+        p.error(f"--pld-drafts {args.pld_drafts}: expected a positive number of drafts")
     device = resolve_device(args.device)
     target, drafter, tokenizer = load_models(args.target, args.drafter, device, dtype=args.dtype, draft_steps=args.draft_steps, tree_topk=args.tree_topk,
                                              tree_tokens=args.tree_tokens, tree_lookup=args.tree_lookup, tree_redraft=args.tree_redraft)
     eos = eos_ids(tokenizer, target.model)
     conversations = mt_bench(args.questions)
-    if args.pld_drafts is not None and args.pld_drafts < 1:
-        p.error(f"--pld-drafts {args.pld_drafts}: expected a positive number of drafts")
     pld_drafts = args.pld_drafts or ((drafter.block_size - 1) if drafter else 7)
     drafters = {"target alone": None, "prompt lookup": PromptLookupDrafter(num_draft_tokens=pld_drafts,
                                                                             vocab_size=target.lm_head.weight.shape[0])}
