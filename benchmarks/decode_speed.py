@@ -133,6 +133,9 @@ def main() -> None:
     p.add_argument("--dflash-products", nargs="+", default=["default"], choices=["default", "cublas", "triton"],
                    help="the dflash rows once per choice of the block pass's few-row products (StaticDFlashDrafter's "
                    "triton_products: kernels/skinny_gemm.py where it has a measured tiling, else cuBLAS); default: the loop's")
+    p.add_argument("--dflash-attention", nargs="+", default=["default"], choices=["default", "products", "split_kv"],
+                   help="the dflash rows once per block attention (StaticDFlashDrafter's block_attention: kernels/block_attention.py's "
+                   "split-KV kernel or two products and a masked softmax); default: the loop's")
     p.add_argument("--drafter-weights", "--dflash-weights", dest="drafter_weights", nargs="+", default=["model"], choices=["model", "int8"],
                    help="the dflash and eagle3 rows once per choice of the drafter's matrices: the model's (bf16) or weight-only "
                    "int8 copies (the drafters' weights=; DFlash's LM head it drafts with included, the target's untouched)")
@@ -196,20 +199,24 @@ def main() -> None:
     spec = result["speculative"] = []
     print(f"drafter | tau | drafts/step | tok/s | speedup over AR at {args.contexts[0]} | draft % | verify % | other %", flush=True)
     dflash_rows = lambda name: name in ("dflash", "dflash-vocab")  # noqa: E731
-    runs = [(name, k, products, weights) for name in args.drafters for k in (args.dflash_draft_steps if dflash_rows(name) else [0])
+    runs = [(name, k, products, weights, attention) for name in args.drafters for k in (args.dflash_draft_steps if dflash_rows(name) else [0])
             for products in (args.dflash_products if dflash_rows(name) else ["default"])
-            for weights in (args.drafter_weights if dflash_rows(name) or name == "eagle3" else ["model"])]
-    for name, k, products, weights in runs:
+            for weights in (args.drafter_weights if dflash_rows(name) or name == "eagle3" else ["model"])
+            for attention in (args.dflash_attention if dflash_rows(name) else ["default"])]
+    block_attention = lambda a: None if a == "default" else a  # noqa: E731
+    for name, k, products, weights, attention in runs:
         for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
             if k and tau - 1 > k:
                 print(f"{name} (block {k + 1}) | {tau} | skipped: a chain of {k} drafts accepts at most {k} a step", flush=True)
                 continue
             if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
                 drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=k or None,
-                                              triton_products=PRODUCTS[products], weights=weights)
+                                              triton_products=PRODUCTS[products], weights=weights,
+                                              block_attention=block_attention(attention))
             elif name == "dflash-vocab":  # the same layers, the head the target's rows of --draft-vocab ids
                 drafter = StaticDFlashDrafter(with_draft_vocab(dflash_model, target.lm_head, args.draft_vocab), target.embed_tokens, target.lm_head,
-                                              draft_tokens=k or None, triton_products=PRODUCTS[products], weights=weights)
+                                              draft_tokens=k or None, triton_products=PRODUCTS[products], weights=weights,
+                                              block_attention=block_attention(attention))
             elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             elif name == "eagle3":  # the loop's default for chains: fixed-shape caches, step 0 and the chain in one captured graph
@@ -225,12 +232,14 @@ def main() -> None:
             run = generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
             s = run.stats
             row = {"drafter": name, "draft_steps": k or None, "products": products if dflash_rows(name) else None,
+                   "block_attention": drafter.block_attention if dflash_rows(name) else None,
                    "weights": weights if dflash_rows(name) or name == "eagle3" else None, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
                    "speedup": s.tokens_per_s / base["tokens_per_s"], "draft_frac": s.draft_s / s.decode_s,
                    "verify_frac": s.verify_s / s.decode_s, "other_frac": s.other_s / s.decode_s, "ms_per_step": 1e3 * s.decode_s / s.steps}
             spec.append(row)
             label = (f"{name} (block {drafter.block_size}{'' if products == 'default' else ', ' + products}"
-                     f"{'' if weights == 'model' else ', ' + weights})")
+                     f"{'' if weights == 'model' else ', ' + weights}"
+                     f"{', ' + drafter.block_attention + ' attention' if dflash_rows(name) else ''})")
             print(f"{label} | {s.tau:.2f} | {drafter.block_size - 1} | {s.tokens_per_s:.1f} | {row['speedup']:.2f}x "
                   f"({row['speedup'] / s.tau:.2f} of tau) | {100 * row['draft_frac']:.1f} | {100 * row['verify_frac']:.1f} | "
                   f"{100 * row['other_frac']:.1f}", flush=True)

@@ -46,6 +46,8 @@ def main() -> None:
                    help="--dflash-block: once per choice of the pass's few-row products (StaticDFlashDrafter's triton_products)")
     p.add_argument("--dflash-weights", nargs="+", default=["model"], choices=["model", "int8"],
                    help="--dflash-block: once per choice of the drafter's matrices (StaticDFlashDrafter's weights)")
+    p.add_argument("--dflash-attention", nargs="+", default=["default"], choices=["default", "products", "split_kv"],
+                   help="--dflash-block: once per block attention (StaticDFlashDrafter's block_attention)")
     p.add_argument("--verify-split", type=int, default=0, metavar="N",
                    help="the captured forward of 1 token against N tokens, kernel by kernel (where a verify's extra time goes)")
     args = p.parse_args()
@@ -58,12 +60,14 @@ def main() -> None:
         for k in args.draft_tokens:
             for products in args.products:
                 for weights in args.dflash_weights:
-                    print(f"\n--- draft tokens {k or 'the whole block'}, products {products}, weights {weights}")
-                    dflash_block(model, dflash_model, args.context, k or None, PRODUCTS[products], weights)
-                    for size in args.draft_vocab:
-                        print(f"\n--- the same drafter with a draft vocabulary of {size} ids")
-                        dflash_block(model, with_draft_vocab(dflash_model, model.get_output_embeddings(), size), args.context,
-                                     k or None, PRODUCTS[products], weights)
+                    for attention in args.dflash_attention:
+                        attn = None if attention == "default" else attention
+                        print(f"\n--- draft tokens {k or 'the whole block'}, products {products}, weights {weights}, attention {attention}")
+                        dflash_block(model, dflash_model, args.context, k or None, PRODUCTS[products], weights, attn)
+                        for size in args.draft_vocab:
+                            print(f"\n--- the same drafter with a draft vocabulary of {size} ids")
+                            dflash_block(model, with_draft_vocab(dflash_model, model.get_output_embeddings(), size), args.context,
+                                         k or None, PRODUCTS[products], weights, attn)
         return
     target = StaticTarget(model, [], compile_layers=True)
     ids = torch.randint(100, 100_000, (args.context,)).tolist()
@@ -109,7 +113,7 @@ def main() -> None:
 
 
 def dflash_block(model, dflash_model, context: int, draft_tokens: int | None = None, triton_products: bool | None = None,
-                 weights: str = "model") -> None:
+                 weights: str = "model", block_attention: str | None = None) -> None:
     from benchmarks.decode_speed import cuda_ms, measured_bandwidth
     from kernels.int8_weights import Int8Weight
     from models.dflash import StaticDFlashDrafter
@@ -118,7 +122,8 @@ def dflash_block(model, dflash_model, context: int, draft_tokens: int | None = N
     bandwidth = measured_bandwidth()["TBps"]
     target = StaticTarget(model, [], compile_layers=True)
     drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=draft_tokens,
-                                  triton_products=triton_products, weights=weights)
+                                  triton_products=triton_products, weights=weights, block_attention=block_attention)
+    print(f"  block attention: {drafter.block_attention}")
     b, width = drafter.block_size, dflash_model.fc.weight.shape[1]  # b: the positions an append takes (a verify's)
     drafter.allocate(context + 256, batch=1)
     features = torch.randn(1, context, width, device="cuda", dtype=torch.bfloat16)

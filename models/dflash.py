@@ -84,7 +84,9 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from kernels import block_attention as block_attention_kernel
 from kernels import skinny_gemm
+from kernels.block_attention import block_attention
 from kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_weight
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
@@ -878,6 +880,20 @@ def _softmax_over_slots(scores: torch.Tensor, visible: torch.Tensor, scale: floa
     return masked_softmax(scores.view(b, h, -1, visible.shape[-2], keys), visible, scale, dtype).view(b, h, rows, keys)
 
 
+def choose_block_attention(name: str | None, device: torch.device, head_dim: int) -> str:
+    """``split_kv`` or ``products`` for ``StaticDFlashDrafter``'s block attention: by default the kernel on a GPU with
+    Triton and a power-of-two head dimension, the products elsewhere; an explicit ``split_kv`` that cannot run is an error."""
+    if name not in (None, "split_kv", "products"):
+        raise ValueError(f"block_attention={name!r}; expected 'split_kv' or 'products'")
+    runnable = block_attention_kernel.available() and not head_dim & (head_dim - 1)
+    if name == "split_kv" and not runnable:
+        raise ValueError(f"block_attention='split_kv' needs Triton (pip install triton) and a power-of-two head_dim "
+                         f"(this drafter's: {head_dim}); use 'products'")
+    if name is not None:
+        return name
+    return "split_kv" if device.type == "cuda" and runnable else "products"
+
+
 class StaticDFlashDrafter:
     """DFlash drafting for the static loop: fixed-shape buffers for a batch of rows, so the block pass and the
     context append are captured as CUDA graphs (``models.static_target.CapturedStep``) on a GPU.
@@ -909,7 +925,8 @@ class StaticDFlashDrafter:
     def __init__(self, model: DFlashDraftModel, embed_tokens: nn.Module, lm_head: nn.Module, window="trained", capture: bool | None = None,
                  compile: bool | None = None, fused: "FusedWeights | None" = None, tree_topk: int | None = None,
                  tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0, draft_tokens: int | None = None,
-                 triton_products: bool | None = None, prepack: bool | None = None, weights: str = "model"):
+                 triton_products: bool | None = None, prepack: bool | None = None, weights: str = "model",
+                 block_attention: str | None = None):
         check_weights(weights)
         self.model = model.eval().requires_grad_(False)
         self.embed_tokens = embed_tokens
@@ -950,6 +967,10 @@ class StaticDFlashDrafter:
         # head at Qwen3-8B's widths: 4-7% faster than cuBLAS there); cuBLAS for the rest, on the CPU and at more rows
         self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
         self.linear = few_row_products(prepack, self.triton_products)
+        # a chain's block attention: ``split_kv`` (kernels/block_attention.py, Triton: one pass over the slots, the mask
+        # from the slot positions in the kernel) or ``products`` (two products and a masked softmax over a mask tensor);
+        # trees' re-drafts and the CPU's staged passes keep the products
+        self.block_attention = choose_block_attention(block_attention, self.device, model.config.head_dim)
         if weights == "int8":  # its matrices are Int8Weight copies: their products through int8_linear
             self.linear = drafter_products(self.linear)
         if self.compile:  # the block pass's norms, RoPE, masks and activations fused (one compiled graph per batch size)
@@ -975,7 +996,7 @@ class StaticDFlashDrafter:
         return StaticDFlashDrafter(self.model, self.embed_tokens, self.lm_head, window, self.capture, self.compile, self.fused,
                                    self.tree_topk if self.tree else None, self.tree_tokens if self.tree else None, self.tree_lookup,
                                    self.tree_redraft, None if self.tree else self.drafts, self.triton_products, self.prepack,
-                                   self.weights)
+                                   self.weights, self.block_attention)
 
     @property
     def device(self) -> torch.device:
@@ -1116,7 +1137,10 @@ class StaticDFlashDrafter:
         q_pos = anchor[:, None] + torch.arange(start, start + b, device=ids.device)  # [B, b]
         q_pos = q_pos.repeat(1, rows) if multi else q_pos  # [B, R*b]
         cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, R*b, 1, D]
-        visible = self._visible(anchor, rows, b) if visible is None else visible
+        # one kernel a layer over the slots (its mask from the slot positions): a single block from slot 0, every row
+        split_kv = self.block_attention == "split_kv" and not multi and batch_rows is None and start == 0
+        if not split_kv:
+            visible = self._visible(anchor, rows, b) if visible is None else visible
         # the context slots each layer reads (the slots ``visible`` covers): the anchor read once a pass, not once a layer
         used_of = {slots: self._context_slots(anchor, slots) for slots in {k_buf.shape[2] - self.block for k_buf in self.k}}
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
@@ -1127,6 +1151,14 @@ class StaticDFlashDrafter:
             v = v.view(bsz, n, hkv, d).transpose(1, 2)
             slots = k_buf.shape[2] - self.block  # the context's slots; the last block's worth: scratch for the block's keys
             used = used_of[slots]
+            if split_kv:  # the block's keys into the scratch, then every slot read in place by the kernel
+                k_buf[:bsz, :, slots:slots + b], v_buf[:bsz, :, slots:slots + b] = k, v
+                out = block_attention(q, k_buf[:bsz], v_buf[:bsz], self.slot_pos[rule][:bsz], anchor, attn.scaling,
+                                      rule.causal, rule.window)  # [B, b, Hq, D]
+                x = x + self.linear(out.view(bsz, n, hq * d), w.wo, w.bo)
+                gate, up = self.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
+                x = x + self.linear(layer.mlp.act_fn(gate) * up, w.w2, w.b2)
+                continue
             if multi:
                 keys, values = torch.cat([k_buf[:bsz, :, :used], k], dim=2), torch.cat([v_buf[:bsz, :, :used], v], dim=2)
             elif batch_rows is not None:  # the rows asked for: their context and earlier slots gathered, then these slots
