@@ -47,6 +47,9 @@ if triton is not None:
         bh = tl.program_id(1)
         b = bh // num_kv_heads
         h = bh % num_kv_heads
+        # fp32 whatever the launcher typed it as (under torch.compile a Python float argument arrived as fp64, which
+        # turned the online softmax's statistics fp64)
+        qk_scale = tl.cast(qk_scale, tl.float32)
         anchor = tl.load(ANCHOR + b)
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
