@@ -882,13 +882,14 @@ def _softmax_over_slots(scores: torch.Tensor, visible: torch.Tensor, scale: floa
 
 def choose_block_attention(name: str | None, device: torch.device, head_dim: int) -> str:
     """``split_kv`` or ``products`` for ``StaticDFlashDrafter``'s block attention: by default the kernel on a GPU with
-    Triton and a power-of-two head dimension, the products elsewhere; an explicit ``split_kv`` that cannot run is an error."""
+    Triton and a power-of-two head dimension >= 16, the products elsewhere; an explicit ``split_kv`` that cannot run is an error."""
     if name not in (None, "split_kv", "products"):
         raise ValueError(f"block_attention={name!r}; expected 'split_kv' or 'products'")
-    runnable = block_attention_kernel.available() and not head_dim & (head_dim - 1)
+    # tl.dot multiplies over the head dimension: at least 16 wide on a GPU
+    runnable = block_attention_kernel.available() and head_dim >= 16 and not head_dim & (head_dim - 1)
     if name == "split_kv" and not runnable:
-        raise ValueError(f"block_attention='split_kv' needs Triton (pip install triton) and a power-of-two head_dim "
-                         f"(this drafter's: {head_dim}); use 'products'")
+        raise ValueError(f"block_attention='split_kv' needs Triton (pip install triton) and a power-of-two head_dim of at "
+                         f"least 16 (this drafter's: {head_dim}); use 'products'")
     if name is not None:
         return name
     return "split_kv" if device.type == "cuda" and runnable else "products"

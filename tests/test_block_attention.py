@@ -96,7 +96,7 @@ def drafter_differences() -> list[float]:
     try:
         for shape in sorted(sd.SHAPES):
             for window in ("trained", None, 2):
-                model, embed, head = sd.tiny(shape)
+                model, embed, head = sd.tiny(shape, head_dim=16)  # tl.dot's K >= 16 (the kernel's GPU rule, kept here)
                 diffs = [(got - want).abs().max().item() for want, got, _ in sd.run_both(model, embed, head, window, [0, 3, 1, 2, 0, 3, 3] * 2)]
                 worst.append(max(diffs))
     finally:
@@ -133,6 +133,8 @@ def test_block_attention_choice_is_checked() -> None:
         choose_block_attention("flash", torch.device("cpu"), 128)
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         choose_block_attention("split_kv", torch.device("cpu"), 80)
+    with pytest.raises(ValueError, match="at least 16"):
+        choose_block_attention("split_kv", torch.device("cpu"), 8)
     assert choose_block_attention(None, torch.device("cpu"), 128) == "products"  # the CPU keeps the products
     assert choose_block_attention("products", torch.device("cuda"), 128) == "products"
 
@@ -171,7 +173,10 @@ def test_captured_kernel_drafter_equals_the_products_at_the_8b_widths(draft_toke
         token = torch.randint(2, 4096, (1,), device="cuda", generator=gen)
         (want, want_ids), (got, got_ids) = (d.block_logits(token, pos) for d in drafters)
         torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
-        assert (got_ids == want_ids).float().mean() > 0.9  # near-ties may flip in bf16
+        # a draft may differ only at a near-tie of the products' logits (bf16 sums in another order; random weights give
+        # flat logits): the kernel's pick scores within the tolerance of the products' best
+        picked = want[0].gather(-1, got_ids[0][:, None])[:, 0]  # no draft vocabulary here: ids index the logits
+        assert ((got_ids == want_ids)[0] | (picked >= want[0].max(-1).values - 0.1)).all()
         features = torch.randn(1, drafters[0].block_size, 2 * 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
         for d in drafters:
             d.append(features, pos)

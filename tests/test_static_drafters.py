@@ -26,10 +26,10 @@ SHAPES = {  # (layer types, trained window, causal sliding layers)
 }
 
 
-def tiny(shape: str, block: int = 4):
+def tiny(shape: str, block: int = 4, head_dim: int = 8):
     torch.manual_seed(0)
     target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8)
+                         num_key_value_heads=2, head_dim=head_dim)
     types, window, causal = SHAPES[shape]
     model = DFlashDraftModel(make_dflash_config(target, num_hidden_layers=len(types), block_size=block, mask_token_id=1,
                                                 target_layer_ids=[0, 2], layer_types=types, sliding_window=window,
@@ -203,10 +203,12 @@ def test_concatenated_linears_give_the_linears_outputs_side_by_side() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("compile", [False, True])
-def test_captured_drafter_equals_the_uncaptured_one_on_cuda(shape, compile) -> None:
-    model, embed, head = (m.cuda() for m in tiny(shape))
+@pytest.mark.parametrize("head_dim", [8, 16])  # 16: the block attention through kernels/block_attention.py (tl.dot: K >= 16)
+def test_captured_drafter_equals_the_uncaptured_one_on_cuda(shape, compile, head_dim) -> None:
+    model, embed, head = (m.cuda() for m in tiny(shape, head_dim=head_dim))
     g = torch.Generator(device="cuda").manual_seed(0)
     drafters = [StaticDFlashDrafter(model, embed, head, capture=c, compile=c and compile) for c in (False, True)]
+    assert drafters[0].block_attention == ("split_kv" if head_dim == 16 else "products")
     for d in drafters:
         d.allocate(100, batch=2)
         d.append(torch.randn(2, 9, 64, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)), torch.tensor([0, 0], device="cuda"))
