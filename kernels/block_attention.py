@@ -113,7 +113,8 @@ if triton is not None:
 
 
 def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor,
-                    anchor: torch.Tensor, scale: float, causal: bool, window: int | None) -> torch.Tensor:
+                    anchor: torch.Tensor, scale: float, causal: bool, window: int | None,
+                    keys_per_split: int | None = None) -> torch.Tensor:
     """Attention of a DFlash block's n query slots over a static drafter cache, split over the keys.
 
     Args:
@@ -124,6 +125,8 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         scale: the softmax scale (``head_dim ** -0.5``).
         causal, window: the layer's rule (``models.dflash.LayerAttention``): in-block causality; W keys visible
             including the query (None: all).
+        keys_per_split: slots per program of pass 1 (rounded up to whole tiles); default ``decode_attention.split_size``'s
+            rule (``benchmarks/block_attention.py`` times others).
 
     Returns:
         [B, n, Hq, D] in q's dtype, the layout ``o_proj`` reads.
@@ -147,7 +150,10 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     groups = hq // hkv
     rows = groups * n
     keys = context_slots + n
-    size = split_size(keys, bsz * hkv, q.device, rows)
+    if keys_per_split is None:
+        size = split_size(keys, bsz * hkv, q.device, rows)
+    else:
+        size = BLOCK_N * max(1, math.ceil(keys_per_split / BLOCK_N))
     splits = math.ceil(keys / size)
     o_part = torch.empty(bsz, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
     m_part = torch.empty(bsz, hkv, splits, rows, dtype=torch.float32, device=q.device)

@@ -1,0 +1,79 @@
+"""DFlash's block attention at a real shape: ``kernels/block_attention.py``'s split-KV kernel against the two-product
+path the drafter ran before (``grouped_attention`` over the mask ``block_visible`` builds from the slot positions), one
+layer, each captured in a CUDA graph of 20 calls. Qwen3-8B's drafter widths (32 query heads, 8 KV heads, head_dim 128),
+a block of 16 slots, bf16; a sliding layer's ring (W + block slots, W = 2048) and a full layer's cache (the capacity),
+with the context filled up to each anchor. Prints µs per call for the products and for the kernel at its default split
+and at the ``--keys-per-split`` values, and the largest difference from the products' output.
+
+    python benchmarks/block_attention.py --anchors 1024 8192 32768 --keys-per-split 128 256 512 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.measure import captured_us  # noqa: E402
+from kernels.attention import grouped_attention  # noqa: E402
+from kernels.block_attention import block_attention  # noqa: E402
+from models.dflash import LayerAttention, _softmax_over_slots, block_visible  # noqa: E402
+
+HQ, HKV, D, BLOCK, WINDOW = 32, 8, 128, 16, 2048
+
+
+def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
+    slots = capacity if rule.window is None else min(capacity, rule.window + BLOCK)  # as StaticDFlashDrafter.allocate
+    g = torch.Generator(device="cuda").manual_seed(anchor)
+    k, v = (torch.randn(1, HKV, slots + BLOCK, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    q = torch.randn(1, BLOCK, HQ, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    held = torch.arange(anchor, device="cuda")
+    slot_pos = torch.full((1, slots), -1, dtype=torch.long, device="cuda")
+    slot_pos[0, held[-slots:] % slots] = held[-slots:]
+    anchor_t = torch.tensor([anchor], device="cuda")
+    scale = D ** -0.5
+
+    def products():  # the drafter's path before the kernel: the mask from the slot positions, two products, a softmax
+        visible = block_visible(slot_pos, anchor_t, BLOCK, rule)[:, None, None]
+        qg = q.transpose(1, 2).reshape(1, HKV, HQ // HKV * BLOCK, D)
+        out = grouped_attention(qg, k, v, visible, scale, softmax=_softmax_over_slots)
+        return out.view(1, HQ, BLOCK, D).transpose(1, 2)
+
+    want = products().float()
+    row = {"anchor": anchor, "layer": "full" if rule.window is None else f"sliding W={rule.window}", "slots": slots,
+           "products_us": captured_us(products)}
+    for size in [None, *ARGS.keys_per_split]:
+        fn = lambda: block_attention(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, keys_per_split=size)  # noqa: E731
+        row[f"kernel_{size or 'default'}_us"] = captured_us(fn)
+        row[f"kernel_{size or 'default'}_maxdiff"] = (fn().float() - want).abs().max().item()
+    return row
+
+
+def main() -> None:
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--anchors", type=int, nargs="+", default=[1024, 8192, 32768])
+    p.add_argument("--keys-per-split", type=int, nargs="*", default=[128, 256, 512, 1024])
+    p.add_argument("--out")
+    ARGS = p.parse_args()
+    rows = []
+    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__}")
+    for anchor in ARGS.anchors:
+        capacity = anchor + 256 + BLOCK  # decode_speed's: the context, the new tokens, a block
+        for rule in (LayerAttention(causal=True, window=WINDOW), LayerAttention(causal=False, window=None)):
+            row = layer_case(anchor, rule, capacity)
+            rows.append(row)
+            kernels = " | ".join(f"{k[7:-3]} {v:.1f}" for k, v in row.items() if k.startswith("kernel_") and k.endswith("_us"))
+            diff = max(v for k, v in row.items() if k.endswith("maxdiff"))
+            print(f"anchor {anchor:>6} | {row['layer']:<16} | {row['slots']:>6} slots | products {row['products_us']:.1f} us | "
+                  f"kernel: {kernels} | max diff {diff:.3g}", flush=True)
+    if ARGS.out:
+        Path(ARGS.out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
