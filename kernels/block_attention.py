@@ -112,6 +112,23 @@ if triton is not None:
         tl.store(OUT + b * sout_b + (row % n_slots) * sout_t + head * sout_h + offs_d, out.to(OUT.dtype.element_ty))
 
 
+if triton is not None:
+
+    # An opaque op to torch.compile (as kernels/skinny_gemm.py's): its graph calls it and CUDA graphs capture the launches.
+    # Traced as a user-defined Triton kernel instead, inductor's scheduler failed on drafters whose layers attend right
+    # after writing their block's keys into the caches (KeyError in compute_ancestors, torch 2.11, H200: the tiny
+    # two-layer drafters of tests/test_static_drafters.py; the 8B-shape drafter compiled)
+    @torch.library.custom_op("swa_drafters::dflash_block_attention", mutates_args=())
+    def _block_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor,
+                            anchor: torch.Tensor, scale: float, causal: bool, window: int | None,
+                            keys_per_split: int | None) -> torch.Tensor:
+        return _launch(q, k_cache, v_cache, slot_pos, anchor, scale, causal, window, keys_per_split)
+
+    @_block_attention_op.register_fake
+    def _(q, k_cache, v_cache, slot_pos, anchor, scale, causal, window, keys_per_split):
+        return q.new_empty(q.shape)
+
+
 def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor,
                     anchor: torch.Tensor, scale: float, causal: bool, window: int | None,
                     keys_per_split: int | None = None) -> torch.Tensor:
@@ -133,6 +150,12 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     if not available():
         raise ValueError("block_attention needs Triton (pip install triton); the drafter's 'products' path runs without it")
+    return torch.ops.swa_drafters.dflash_block_attention(q, k_cache, v_cache, slot_pos, anchor, scale, causal, window,
+                                                         keys_per_split)
+
+
+def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor, anchor: torch.Tensor,
+            scale: float, causal: bool, window: int | None, keys_per_split: int | None) -> torch.Tensor:
     bsz, n, hq, d = q.shape
     hkv, slots_total = k_cache.shape[1], k_cache.shape[2]
     context_slots = slot_pos.shape[1]
