@@ -913,7 +913,9 @@ class StaticDFlashDrafter:
 
     Fewer, larger kernels (at the 8B shape the block pass's weights take ~1.1 ms to read and its ~0.8 ms more was
     launches and small kernels): each layer's q|k|v and gate|up projections are one matrix each (``FusedLayer``), an
-    append projects every layer's keys and values in one product (``wkv``), and the visibility mask is built once per
+    append projects every layer's keys and values in one product (``wkv``), and on a GPU a chain's block attention is one
+    split-KV kernel a layer (``block_attention="split_kv"``, ``kernels/block_attention.py``) that reads which slots a
+    query sees from the slot positions; elsewhere (the CPU, trees' re-drafts) the visibility mask is built once per
     step for each distinct rule (layers of one rule share their slot positions), broadcast over the query heads.
     These matrices are inference-only copies made at construction (the ``DFlashDraftModel`` is left as it is, so it
     still trains and runs as the reference): weights loaded into the model afterwards are not seen; ``with_window``
