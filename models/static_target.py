@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import skinny_gemm
-from kernels.attention import cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
+from kernels.attention import aligned_mask, cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
 from kernels.decode_attention import Rope
 from kernels.decode_attention import decode_attention as split_kv_attention
 from models.target import check_supported, decoder_layers
@@ -135,6 +135,10 @@ def prepack_supported() -> bool:
 # against 240/369/921/3290. So matrices under 2^19 elements stay plain: the tiny test and builtin targets' loops ran
 # several times slower on prepacked 32 x 64 matrices than on F.linear.
 PREPACK_MIN_ELEMENTS = 1 << 19
+
+# ``_packed_step`` on the CPU: each row's real queries over its own keys (True), or one SDPA over the padded layout (False,
+# the path before; kept for the A/B in BENCHMARKS.md and for the GPU, where the uncaptured packed step keeps it)
+ROW_ATTENTION_ON_CPU = True
 
 
 def prepacked_copy(m: torch.Tensor) -> torch.Tensor:
@@ -405,8 +409,20 @@ class StaticTarget:
         positions = pos[:, None] + steps  # [B, n]
         real = (steps < lengths[:, None]).reshape(-1).nonzero()[:, 0]  # [N] indices of the real tokens in the B*n block
         keys = int(pos.max()) + n
-        visible, index = self._visible(positions, keys), self._cache_index(positions)
         real_positions = positions.reshape(-1)[real]  # [N]
+        per_row = None
+        if pos.device.type == "cpu" and ROW_ATTENTION_ON_CPU:
+            # Attention is per-row work (no weights to share), and over the padded [B, n] layout with every row's keys up
+            # to the furthest row it was mostly padding: prompt lookup proposes 0 .. k drafts a row, rows sit at different
+            # lengths. On the CPU each row's real queries attend over its own keys instead (one SDPA a row and layer,
+            # the shapes batch 1 runs): a batch-4 prompt-lookup worker on one core spent 17% of its time in the padded
+            # attention (BENCHMARKS.md "Prompt lookup's batched verify attends row by row on the CPU")
+            starts, counts = pos.tolist(), lengths.tolist()
+            per_row = (starts, counts, [aligned_mask(m, p + m, True, None, pos.device) for p, m in zip(starts, counts)])
+            real_rows = torch.arange(b, device=pos.device).repeat_interleave(lengths)  # [N]
+            visible = index = None
+        else:
+            visible, index = self._visible(positions, keys), self._cache_index(positions)
         cos, sin = self.cos[real_positions][:, None], self.sin[real_positions][:, None]  # [N, 1, D]
 
         def padded(t):  # [N, ...] -> [B, n, ...], zeros at the padding
@@ -417,6 +433,11 @@ class StaticTarget:
 
         def attend(i, q, k, v):  # q [N, Hq, D], k/v [N, Hkv, D] normed and rotated -> the attention output [N, Hq, D]
             k_cache, v_cache = self.k_cache[i, :b, :, :keys], self.v_cache[i, :b, :, :keys]
+            if per_row is not None:  # the CPU: each row's real queries over its own keys, as batch 1 attends
+                k_cache[real_rows, :, real_positions] = k
+                v_cache[real_rows, :, real_positions] = v
+                return torch.cat([self._row_attention(q_r, k_cache[r, :, :p + m], v_cache[r, :, :p + m], mask)
+                                  for r, (q_r, p, m, mask) in enumerate(zip(q.split(per_row[1]), per_row[0], per_row[1], per_row[2]))])
             k_cache.scatter_(2, index, unpack(k))
             v_cache.scatter_(2, index, unpack(v))
             q = unpack(q).reshape(b, hkv, (hq // hkv) * n, d)  # rows (g, t) per KV head, as ``_pre_attention`` groups them
@@ -432,6 +453,17 @@ class StaticTarget:
         logits = self.linear(rms_norm(x, self.norm.weight, self.eps), self.head_weight, self.lm_head.bias).float()  # [N, V]
         packed = self._ordered_features(features)  # [N, k*H] or None
         return padded(logits), None if packed is None else padded(packed)
+
+    def _row_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """One row's m queries [m, Hq, D] over its keys/values [Hkv, K, D] (the queries at the last m positions), ``mask``
+        [m, K] or None (all visible): [m, Hq, D], grouped per KV head as the batched path (rows (g, t))."""
+        m, hq, d = q.shape
+        hkv = k.shape[0]
+        groups = hq // hkv
+        qg = q.transpose(0, 1).reshape(1, hkv, groups * m, d)
+        mask = None if mask is None else mask.repeat(groups, 1)  # rows (g, t): token t's mask for every g
+        out = grouped_attention(qg, k[None], v[None], mask, self.scale)  # [1, Hkv, G*m, D]; the CPU: SDPA, mask None = all
+        return out.view(hq, m, d).transpose(0, 1)
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, pos: torch.Tensor,

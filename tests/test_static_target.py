@@ -105,11 +105,17 @@ def test_a_row_moved_down_and_a_step_of_the_first_rows_match_their_own_sequences
         torch.testing.assert_close(logits[row], ref, rtol=1e-4, atol=1e-4)
 
 
-def test_a_step_of_padded_rows_runs_only_the_real_tokens_and_equals_the_unpacked_step(reference_target_path) -> None:
+@pytest.mark.parametrize("row_attention", [True, False])
+def test_a_step_of_padded_rows_runs_only_the_real_tokens_and_equals_the_unpacked_step(reference_target_path, row_attention,
+                                                                                      monkeypatch) -> None:
     """Rows with 3, 1, 6 and 4 real tokens of a 6-token step (prompt lookup's shorter drafts): the linears see only the
     14 real tokens (``_packed_step``), the logits and features of the real tokens equal the same step unpacked (every
     token through the linears) and HF's forward of each row's own sequence, and the padding's keys, written past each
-    row's real tokens, change nothing in the next step (fp32, CPU)."""
+    row's real tokens, change nothing in the next step (fp32, CPU). ``row_attention`` (the CPU's default): each row's
+    real queries attend over its own keys alone, one SDPA a row and layer; else one SDPA over the padded layout."""
+    import models.static_target as static_target
+
+    monkeypatch.setattr(static_target, "ROW_ATTENTION_ON_CPU", row_attention)
     model = load(reference_target_path)
     torch.manual_seed(3)
     lengths = [3, 1, 6, 4]
@@ -126,9 +132,19 @@ def test_a_step_of_padded_rows_runs_only_the_real_tokens_and_equals_the_unpacked
     pos = torch.tensor(starts)
     rows_through_linears, linear = [], packed.linear
     packed.linear = lambda x, w, b: rows_through_linears.append(x.shape[:-1].numel()) or linear(x, w, b)
+    attended, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: attended.append((q.shape[0], q.shape[2], k.shape[2])) or sdpa(q, k, v, **kw))
     logits, features = packed.step(ids, pos, torch.tensor(lengths))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
     packed.linear = linear
     assert set(rows_through_linears) == {sum(lengths)}
+    groups = model.config.num_attention_heads // model.config.num_key_value_heads
+    if row_attention:  # (rows, query rows (g, t), keys) per call: each row's real tokens over its own keys, every layer
+        assert attended == [(1, groups * n, start + n) for _ in range(model.config.num_hidden_layers)
+                            for start, n in zip(starts, lengths)]
+    else:  # every row padded to the step's 6 tokens, over the furthest row's keys
+        assert set(attended) == {(4, groups * 6, max(starts) + 6)}
     want_logits, want_features = plain.step(ids, pos)
     for row, (seq, start, n) in enumerate(zip(seqs, starts, lengths)):
         torch.testing.assert_close(logits[row, :n], want_logits[row, :n], rtol=1e-5, atol=1e-5)
