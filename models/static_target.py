@@ -100,12 +100,27 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
-def prepacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+@dataclass(frozen=True)
+class RowsPrepacked:
+    """A mid-sized matrix kept twice (``prepacked_copy``): plain for products of fewer than ``PREPACK_MIN_ROWS`` rows,
+    prepacked for more."""
+
+    plain: torch.Tensor
+    packed: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.plain.shape
+
+
+def prepacked_linear(x: torch.Tensor, weight: "torch.Tensor | RowsPrepacked", bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear`` with ``weight`` prepacked by ``torch.ops.mkldnn._reorder_linear_weight`` (oneDNN's blocked layout):
     x [..., in] -> [..., out]. One core of the 2-core CPU machine, the reference target's linears (8 layers + head,
     fp32, weights 108 MB): 1 row 21 -> 18 ms, 8 rows 35 -> 18 ms, 64 rows (8 rows x 8 verified tokens) 112 -> 37 ms
     against MKL's sgemm on the plain matrices, which streams and repacks them every call. A matrix ``prepacked_copy``
-    left plain (too small to gain) runs ``F.linear``."""
+    left plain (too small to gain) runs ``F.linear``; a ``RowsPrepacked`` one runs its copy for the row count."""
+    if isinstance(weight, RowsPrepacked):
+        weight = weight.packed if x.numel() >= PREPACK_MIN_ROWS * x.shape[-1] else weight.plain
     if not weight.is_mkldnn:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -135,6 +150,19 @@ def prepack_supported() -> bool:
 # against 240/369/921/3290. So matrices under 2^19 elements stay plain: the tiny test and builtin targets' loops ran
 # several times slower on prepacked 32 x 64 matrices than on F.linear.
 PREPACK_MIN_ELEMENTS = 1 << 19
+# Between 2^17 and 2^19 elements (the reference target's q|k|v [768, 512] and o [512, 512]) the answer depends on the rows:
+# one core of a 2-core AVX-512 EPYC, µs at 1 / 8 / 16 / 32 / 64 rows, F.linear against prepacked: [512 -> 768]
+# 35/111/182/326/602 against 48/54/87/177/313, [512 -> 512] 24/84/123/219/401 against 42/47/65/112/196. Such a matrix is
+# kept both ways (``RowsPrepacked``, its bytes twice) and products of ``PREPACK_MIN_ROWS`` rows or more run prepacked:
+# a batched verify's many rows, not batch 1's one-token steps. Only where torch runs AVX-512 kernels: on the AVX2 machine
+# above prepacked [512 -> 512] was 8-19% slower at 16-64 rows, so there these matrices stay plain as before
+PREPACK_BY_ROWS_MIN_ELEMENTS = 1 << 17
+PREPACK_MIN_ROWS = 8
+
+
+@functools.cache
+def prepack_by_rows() -> bool:
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 # ``_packed_step`` on the CPU: each row's real queries over its own keys (True), or one SDPA over the padded layout (False,
 # the path before; kept for the A/B in BENCHMARKS.md and for the GPU, where the uncaptured packed step keeps it)
@@ -143,9 +171,12 @@ ROW_ATTENTION_ON_CPU = True
 
 def prepacked_copy(m: torch.Tensor) -> torch.Tensor:
     """A copy of the matrix [out, in] in oneDNN's blocked layout, for ``prepacked_linear``; a matrix of fewer than
-    ``PREPACK_MIN_ELEMENTS`` elements comes back as it is (``prepacked_linear`` runs ``F.linear`` on it)."""
-    if m.numel() < PREPACK_MIN_ELEMENTS:
+    ``PREPACK_MIN_ELEMENTS`` elements comes back as it is (``prepacked_linear`` runs ``F.linear`` on it), but for one of
+    ``PREPACK_BY_ROWS_MIN_ELEMENTS`` or more on an AVX-512 CPU: both copies (``RowsPrepacked``)."""
+    if m.numel() < PREPACK_BY_ROWS_MIN_ELEMENTS or (m.numel() < PREPACK_MIN_ELEMENTS and not prepack_by_rows()):
         return m
+    if m.numel() < PREPACK_MIN_ELEMENTS:
+        return RowsPrepacked(m, torch.ops.mkldnn._reorder_linear_weight(m, None))
     return torch.ops.mkldnn._reorder_linear_weight(m, None)
 
 

@@ -370,6 +370,28 @@ def test_triton_products_give_cublas_logits_at_the_8b_widths() -> None:
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN (CPU) only")
+def test_mid_sized_matrices_run_prepacked_for_many_rows_on_avx512(monkeypatch) -> None:
+    """Between ``PREPACK_BY_ROWS_MIN_ELEMENTS`` and ``PREPACK_MIN_ELEMENTS`` elements a matrix is kept both ways where
+    torch runs AVX-512 kernels, and plain elsewhere; products of ``PREPACK_MIN_ROWS`` rows or more run the prepacked
+    copy, fewer the plain one (which copy ran: the plain one is an ordinary tensor F.linear reads; counted here)."""
+    import models.static_target as static_target
+
+    if not static_target.prepack_supported():
+        pytest.skip("oneDNN's prepacked linear is not usable with this torch")
+    m = torch.randn(768, 512)
+    monkeypatch.setattr(static_target, "prepack_by_rows", lambda: False)
+    assert static_target.prepacked_copy(m) is m  # AVX2 and others: plain, as measured there
+    monkeypatch.setattr(static_target, "prepack_by_rows", lambda: True)
+    both = static_target.prepacked_copy(m)
+    assert isinstance(both, static_target.RowsPrepacked) and both.packed.is_mkldnn and both.plain is m and both.shape == m.shape
+    plain_calls, linear = [], torch.nn.functional.linear
+    monkeypatch.setattr(static_target.F, "linear", lambda x, w, b=None: plain_calls.append(x.shape[0]) or linear(x, w, b))
+    for rows in (1, static_target.PREPACK_MIN_ROWS - 1, static_target.PREPACK_MIN_ROWS, 40):
+        x = torch.randn(rows, 512)
+        torch.testing.assert_close(static_target.prepacked_linear(x, both, None), linear(x, m), rtol=1e-5, atol=1e-4)
+    assert plain_calls == [1, static_target.PREPACK_MIN_ROWS - 1]
+
+
 def test_small_matrices_stay_plain_and_every_product_equals_f_linear() -> None:
     """``prepacked_copy`` packs a matrix of at least ``PREPACK_MIN_ELEMENTS`` elements (oneDNN's layout) and leaves a
     smaller one as it is; ``prepacked_linear`` gives ``F.linear``'s result on both (1, 5 and 16 rows, with a bias)."""
@@ -380,7 +402,7 @@ def test_small_matrices_stay_plain_and_every_product_equals_f_linear() -> None:
     torch.manual_seed(0)
     small, large = torch.randn(64, 32), torch.randn(PREPACK_MIN_ELEMENTS // 512, 512)
     assert prepacked_copy(small) is small and prepacked_copy(large).is_mkldnn
-    for m in (small, large):
+    for m in (small, large, torch.randn(768, 512)):  # the last: mid-sized, both copies on an AVX-512 CPU (run by rows)
         packed, bias = prepacked_copy(m), torch.randn(m.shape[0])
         for rows in (1, 5, 16):
             x = torch.randn(rows, m.shape[1])
