@@ -11,8 +11,8 @@ reads each visible key once:
     pass 1 (grid: splits x B*Hkv): one KV head's query rows (the G heads of its group x n slots, ``[M = G*n, D]``) over
             a split of the S + n slots, an online softmax in fp32 (``decode_attention._attend``); which keys a row sees
             comes from the slot positions, computed in the kernel (no mask tensor);
-    pass 2 (grid: B*Hkv x M): merges the splits of each row and writes it as ``[B, n, Hq, D]``, the layout the output
-            projection reads (no transpose copy after it).
+    pass 2 (grid: B*Hkv x M): ``decode_attention.merge_splits`` merges the splits of each row and writes it as
+            ``[B, n, Hq, D]``, the layout the output projection reads (no transpose copy after it).
 
 Visibility, the repo's one rule (``kernels.attention.aligned_visible``, the window counting the query itself: W keys):
 query slot t sits at ``anchor + t``; a context slot is a key if it holds a position in ``[0, anchor)`` (later ones are
@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from kernels.decode_attention import BLOCK_N, LOG2E, available, split_size
+from kernels.decode_attention import BLOCK_N, LOG2E, available, merge_splits, split_size
 from kernels.decode_attention import triton, tl
 
 if triton is not None:
@@ -88,28 +88,6 @@ if triton is not None:
         stat = b * sm_b + h * sm_h + split * sm_s + offs_m
         tl.store(MP + stat, m_i, mask=live)
         tl.store(LP + stat, l_i, mask=live)
-
-    @triton.jit
-    def _block_merge_kernel(OP, MP, LP, OUT, num_kv_heads, groups, n_slots, splits,
-                            so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s, sout_b, sout_t, sout_h,
-                            D: tl.constexpr, SPLITS: tl.constexpr):
-        bh = tl.program_id(0)
-        row = tl.program_id(1)
-        b = bh // num_kv_heads
-        h = bh % num_kv_heads
-        offs_s = tl.arange(0, SPLITS)
-        offs_d = tl.arange(0, D)
-        used = offs_s < splits
-        stat = b * sm_b + h * sm_h + offs_s * sm_s + row
-        m = tl.load(MP + stat, mask=used, other=float("-inf"))
-        l = tl.load(LP + stat, mask=used, other=0.0)
-        m_max = tl.max(m, 0)  # finite: every row sees at least its own slot's key
-        w = tl.math.exp2(m - m_max)  # 0 for splits the row saw nothing of
-        seen = used & (m > float("-inf"))
-        o = tl.load(OP + b * so_b + h * so_h + offs_s[:, None] * so_s + row * so_m + offs_d[None, :], mask=seen[:, None], other=0.0)
-        out = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
-        head = h * groups + row // n_slots
-        tl.store(OUT + b * sout_b + (row % n_slots) * sout_t + head * sout_h + offs_d, out.to(OUT.dtype.element_ty))
 
 
 if triton is not None:
@@ -190,9 +168,6 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_
         hkv, groups, rows, n, context_slots, window or 0, scale * LOG2E, size,
         D=d, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, TILES=size // BLOCK_N,
         CAUSAL=causal, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
-    _block_merge_kernel[(bsz * hkv, rows)](
-        o_part, m_part, l_part, out, hkv, groups, n, splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        D=d, SPLITS=triton.next_power_of_2(splits), num_warps=4)
+    # out [B, n, Hq, D]: row (g, t) of KV head h is head h * G + g, token t
+    merge_splits(o_part, m_part, l_part, out, n, (out.stride(0), groups * out.stride(2), out.stride(2), out.stride(1)))
     return out

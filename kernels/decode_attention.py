@@ -175,8 +175,8 @@ if triton is not None:
         tl.store(LP + stat, l_i, mask=offs_m < rows)
 
     @triton.jit
-    def _merge_kernel(OP, MP, LP, OUT, num_kv_heads, splits,
-                      so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s, sout_b, sout_h, sout_m,
+    def _merge_kernel(OP, MP, LP, OUT, num_kv_heads, splits, n_tokens,
+                      so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s, sout_b, sout_h, sout_g, sout_t,
                       D: tl.constexpr, SPLITS: tl.constexpr):
         bh = tl.program_id(0)
         row = tl.program_id(1)
@@ -193,7 +193,21 @@ if triton is not None:
         seen = used & (m > float("-inf"))  # splits past the row's position wrote nothing: read nothing
         o = tl.load(OP + b * so_b + h * so_h + offs_s[:, None] * so_s + row * so_m + offs_d[None, :], mask=seen[:, None], other=0.0)
         out = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
-        tl.store(OUT + b * sout_b + h * sout_h + row * sout_m + offs_d, out.to(OUT.dtype.element_ty))
+        # row = (head in group g, token t), written where the caller's layout keeps it
+        dst = OUT + b * sout_b + h * sout_h + (row // n_tokens) * sout_g + (row % n_tokens) * sout_t
+        tl.store(dst + offs_d, out.to(OUT.dtype.element_ty))
+
+
+def merge_splits(o_part: torch.Tensor, m_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor, n_tokens: int,
+                 out_strides: tuple[int, int, int, int]) -> None:
+    """Pass 2: every row's splits (partials ``o_part`` [B, Hkv, S, M, D], statistics ``m_part``/``l_part`` [B, Hkv, S, M],
+    rows M = (g, t) over ``n_tokens`` tokens) merged into ``out``, row (b, h, g, t) at ``b*s_b + h*s_h + g*s_g + t*s_t``
+    (``out_strides`` = (s_b, s_h, s_g, s_t), in elements)."""
+    b, hkv, splits, rows, d = o_part.shape
+    _merge_kernel[(b * hkv, rows)](
+        o_part, m_part, l_part, out, hkv, splits, n_tokens,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
+        *out_strides, D=d, SPLITS=triton.next_power_of_2(splits), num_warps=4)
 
 
 @functools.cache
@@ -272,9 +286,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, TILES=size // BLOCK_N, BLOCK_T=max(16, triton.next_power_of_2(n_tokens)),
         HAS_NEW=has_new, ROTATE=rope is not None, HAS_NORM=has_norm, HAS_WINDOW=window is not None,
         IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
-    _merge_kernel[(b * hkv, rows)](
-        o_part, m_part, l_part, out, hkv, splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        D=d, SPLITS=triton.next_power_of_2(splits), num_warps=4)
+    # out [B, Hkv, G*n, D]: row (g, t) at g * n + t
+    merge_splits(o_part, m_part, l_part, out, n_tokens, (out.stride(0), out.stride(1), n_tokens * out.stride(2), out.stride(2)))
     return out

@@ -86,7 +86,6 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedMo
 
 from kernels import block_attention as block_attention_kernel
 from kernels import skinny_gemm
-from kernels.block_attention import block_attention
 from kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_weight
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
@@ -1154,14 +1153,6 @@ class StaticDFlashDrafter:
             v = v.view(bsz, n, hkv, d).transpose(1, 2)
             slots = k_buf.shape[2] - self.block  # the context's slots; the last block's worth: scratch for the block's keys
             used = used_of[slots]
-            if split_kv:  # the block's keys into the scratch, then every slot read in place by the kernel
-                k_buf[:bsz, :, slots:slots + b], v_buf[:bsz, :, slots:slots + b] = k, v
-                out = block_attention(q, k_buf[:bsz], v_buf[:bsz], self.slot_pos[rule][:bsz], anchor, attn.scaling,
-                                      rule.causal, rule.window)  # [B, b, Hq, D]
-                x = x + self.linear(out.view(bsz, n, hq * d), w.wo, w.bo)
-                gate, up = self.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
-                x = x + self.linear(layer.mlp.act_fn(gate) * up, w.w2, w.b2)
-                continue
             if multi:
                 keys, values = torch.cat([k_buf[:bsz, :, :used], k], dim=2), torch.cat([v_buf[:bsz, :, :used], v], dim=2)
             elif batch_rows is not None:  # the rows asked for: their context and earlier slots gathered, then these slots
@@ -1171,12 +1162,17 @@ class StaticDFlashDrafter:
                 end = slots + start + b
                 k_buf[:bsz, :, end - b:end], v_buf[:bsz, :, end - b:end] = k, v
                 keys, values = k_buf[:bsz, :, :end], v_buf[:bsz, :, :end]
-                if used < slots:  # the used context slots, then the block's scratch
+                if used < slots and not split_kv:  # the used context slots, then the block's scratch
                     keys = torch.cat([keys[:, :, :used], keys[:, :, slots:]], dim=2)
                     values = torch.cat([values[:, :, :used], values[:, :, slots:]], dim=2)
-            qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * n, d)  # rows (g, slot): heads h * G + g
-            out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
-            x = x + self.linear(out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d), w.wo, w.bo)
+            if split_kv:  # every slot read in place, the visibility from the slot positions: [B, b, Hq, D]
+                out = block_attention_kernel.block_attention(q, k_buf[:bsz], v_buf[:bsz], self.slot_pos[rule][:bsz], anchor,
+                                                             attn.scaling, rule.causal, rule.window).view(bsz, n, hq * d)
+            else:
+                qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * n, d)  # rows (g, slot): heads h * G + g
+                out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
+                out = out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d)
+            x = x + self.linear(out, w.wo, w.bo)
             gate, up = self.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
             x = x + self.linear(layer.mlp.act_fn(gate) * up, w.w2, w.b2)
         # only the slots whose drafts are kept reach the norm and the head: a chain of k drafts (``draft_tokens``) over a

@@ -164,6 +164,7 @@ PREPACK_MIN_ROWS = 8
 def prepack_by_rows() -> bool:
     return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
+
 # ``_packed_step`` on the CPU: each row's real queries over its own keys (True), or one SDPA over the padded layout (False,
 # the path before; kept for the A/B in BENCHMARKS.md and for the GPU, where the uncaptured packed step keeps it)
 ROW_ATTENTION_ON_CPU = True
@@ -441,15 +442,18 @@ class StaticTarget:
         real = (steps < lengths[:, None]).reshape(-1).nonzero()[:, 0]  # [N] indices of the real tokens in the B*n block
         keys = int(pos.max()) + n
         real_positions = positions.reshape(-1)[real]  # [N]
-        per_row = None
-        if pos.device.type == "cpu" and ROW_ATTENTION_ON_CPU:
+        per_row = pos.device.type == "cpu" and ROW_ATTENTION_ON_CPU
+        if per_row:
             # Attention is per-row work (no weights to share), and over the padded [B, n] layout with every row's keys up
             # to the furthest row it was mostly padding: prompt lookup proposes 0 .. k drafts a row, rows sit at different
             # lengths. On the CPU each row's real queries attend over its own keys instead (one SDPA a row and layer,
             # the shapes batch 1 runs): a batch-4 prompt-lookup worker on one core spent 17% of its time in the padded
             # attention (BENCHMARKS.md "Prompt lookup's batched verify attends row by row on the CPU")
+            groups = hq // hkv
             starts, counts = pos.tolist(), lengths.tolist()
-            per_row = (starts, counts, [aligned_mask(m, p + m, True, None, pos.device) for p, m in zip(starts, counts)])
+            # each row's mask [G*m, p+m] (rows (g, t): token t's for every g), built once a step for every layer
+            masks = [None if mask is None else mask.repeat(groups, 1)
+                     for mask in (aligned_mask(m, p + m, True, None, pos.device) for p, m in zip(starts, counts))]
             real_rows = torch.arange(b, device=pos.device).repeat_interleave(lengths)  # [N]
             visible = index = None
         else:
@@ -464,11 +468,11 @@ class StaticTarget:
 
         def attend(i, q, k, v):  # q [N, Hq, D], k/v [N, Hkv, D] normed and rotated -> the attention output [N, Hq, D]
             k_cache, v_cache = self.k_cache[i, :b, :, :keys], self.v_cache[i, :b, :, :keys]
-            if per_row is not None:  # the CPU: each row's real queries over its own keys, as batch 1 attends
+            if per_row:  # the CPU: each row's real queries over its own keys, as batch 1 attends
                 k_cache[real_rows, :, real_positions] = k
                 v_cache[real_rows, :, real_positions] = v
                 return torch.cat([self._row_attention(q_r, k_cache[r, :, :p + m], v_cache[r, :, :p + m], mask)
-                                  for r, (q_r, p, m, mask) in enumerate(zip(q.split(per_row[1]), per_row[0], per_row[1], per_row[2]))])
+                                  for r, (q_r, p, m, mask) in enumerate(zip(q.split(counts), starts, counts, masks))])
             k_cache.scatter_(2, index, unpack(k))
             v_cache.scatter_(2, index, unpack(v))
             q = unpack(q).reshape(b, hkv, (hq // hkv) * n, d)  # rows (g, t) per KV head, as ``_pre_attention`` groups them
@@ -487,12 +491,9 @@ class StaticTarget:
 
     def _row_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One row's m queries [m, Hq, D] over its keys/values [Hkv, K, D] (the queries at the last m positions), ``mask``
-        [m, K] or None (all visible): [m, Hq, D], grouped per KV head as the batched path (rows (g, t))."""
+        [G*m, K] over rows (g, t) or None (all visible): [m, Hq, D], grouped per KV head as the batched path."""
         m, hq, d = q.shape
-        hkv = k.shape[0]
-        groups = hq // hkv
-        qg = q.transpose(0, 1).reshape(1, hkv, groups * m, d)
-        mask = None if mask is None else mask.repeat(groups, 1)  # rows (g, t): token t's mask for every g
+        qg = q.transpose(0, 1).reshape(1, k.shape[0], hq // k.shape[0] * m, d)
         out = grouped_attention(qg, k[None], v[None], mask, self.scale)  # [1, Hkv, G*m, D]; the CPU: SDPA, mask None = all
         return out.view(hq, m, d).transpose(0, 1)
 
