@@ -19,3 +19,9 @@ python -m pytest -q -rA -p no:cacheprovider -o addopts="" tests/test_block_atten
   # call5_gpu_tests_cut_at_130s.txt: 5 of 6 passed before the cut, none failed; 16-True-sliding+full not reached
 python benchmarks/decode_speed.py --compile --no-eager-baseline --attention split_kv --contexts 1024 --taus 3 --drafters dflash \
   --dflash-attention products split_kv --out decode4.json   # decode4.txt
+# a later session, the tree at 008d7cc (the shared merge kernel), two more calls; the reference target carried in call 7
+# (benchmarks/results and the tiny Qwen3 weights moved aside for that call, to fit the 64 MiB carry)
+python -m pytest -q -rA -p no:cacheprovider -o addopts="" tests/test_block_attention.py tests/test_static_drafters.py \
+  tests/test_decode_attention.py -k "(gpu or cuda or triton or 8b_widths) and not target_alone"   # call6_gpu_tests.txt
+SWA_REFERENCE_TARGET=$PWD/.target/qwen3-27m-sharegpt python -m pytest -q -rA -p no:cacheprovider -o addopts="" \
+  tests/test_decode_attention.py tests/test_static_target.py tests/test_infer_gpu.py -k "gpu or cuda"   # call7_gpu_tests.txt
