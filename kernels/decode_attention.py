@@ -46,6 +46,29 @@ BLOCK_N = 64  # keys per tile
 
 
 @dataclass(frozen=True)
+class Tiling:
+    """Pass 1's launch: keys per tile, warps, pipelined loads (``benchmarks/attention_tilings.py`` times the choices)."""
+
+    block_n: int = BLOCK_N
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+# Pass 1's tiling by query rows per KV head (H200, 36 calls captured, µs per call at 1K / 8K / 32K;
+# benchmarks/attention_tilings.py): a one-token step (4 rows at Qwen3-8B) 6.3 / 12.3 / 39.8 with two stages in flight,
+# 6.1 / 12.1 / 42.6 with three; a 16-token verify (64 rows), whose tiles do 16x the arithmetic over the same keys,
+# 9.0 / 21.7 / 55.7 with two, 9.0 / 21.0 / 52.1 with three (wider tiles and more warps were slower at both)
+FEW_ROWS = Tiling(num_stages=2)
+MANY_ROWS = Tiling(num_stages=3)
+MANY_ROWS_FROM = 64  # query rows per KV head: the measured verify; fewer rows keep FEW_ROWS
+TILING: Tiling | None = None  # a benchmark's override of the rule above (split sizes stay whole tiles of its block_n)
+
+
+def tiling_for(rows: int) -> Tiling:
+    return TILING if TILING is not None else (MANY_ROWS if rows >= MANY_ROWS_FROM else FEW_ROWS)
+
+
+@dataclass(frozen=True)
 class Rope:
     """What the kernel applies to raw q/k projections: RoPE tables cos/sin [C, D] (row = position, Hugging Face's
     rotate_half layout, in the model's dtype), Qwen3's per-head RMSNorm weights [D] (None: Llama, no norm) and its eps."""
@@ -218,7 +241,7 @@ def _num_sms(device_index: int) -> int:
 KEYS_PER_ROW = 8  # a split reads up to this many keys per query row it writes partials for (benchmarks/attention_splits.py)
 
 
-def split_size(capacity: int, programs_per_split: int, device: torch.device, rows: int = 1) -> int:
+def split_size(capacity: int, programs_per_split: int, device: torch.device, rows: int = 1, block_n: int = BLOCK_N) -> int:
     """Keys per split: enough splits for about four programs per SM (at most 128 splits), whole tiles; and, for many
     query rows, up to ``KEYS_PER_ROW * rows`` keys as long as the programs still fill the SMs once. Every split writes
     ``rows x D`` fp32 partials that the merge reads back: a 16-token verify has 64 query rows per KV head (Qwen3-8B),
@@ -229,7 +252,7 @@ def split_size(capacity: int, programs_per_split: int, device: torch.device, row
     splits = max(1, min(128, math.ceil(4 * sms / programs_per_split)))
     one_wave = capacity / max(1, math.ceil(sms / programs_per_split))  # keys per split when the programs fill the SMs once
     keys = max(math.ceil(capacity / splits), min(KEYS_PER_ROW * rows, one_wave))
-    return BLOCK_N * max(1, math.ceil(keys / BLOCK_N))
+    return block_n * max(1, math.ceil(keys / block_n))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, n_tokens: int,
@@ -266,7 +289,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("decode_attention: the head dimension must be contiguous in q and the caches")
     if d & (d - 1):
         raise ValueError(f"decode_attention: head_dim {d}; a power of two expected")
-    size = split_size(capacity, b * hkv, q.device, rows)
+    tiling = tiling_for(rows)
+    size = split_size(capacity, b * hkv, q.device, rows, tiling.block_n)
     splits = math.ceil(capacity / size)
     o_part = torch.empty(b, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
     m_part = torch.empty(b, hkv, splits, rows, dtype=torch.float32, device=q.device)
@@ -283,9 +307,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         v_new.stride(0), v_new.stride(1), v_new.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
         cos.stride(0), hkv, rows, n_tokens, capacity, window or 0, scale * LOG2E, size, rope.eps if rope is not None else 0.0,
-        D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, TILES=size // BLOCK_N, BLOCK_T=max(16, triton.next_power_of_2(n_tokens)),
+        D=d, BLOCK_M=block_m, BLOCK_N=tiling.block_n, TILES=size // tiling.block_n, BLOCK_T=max(16, triton.next_power_of_2(n_tokens)),
         HAS_NEW=has_new, ROTATE=rope is not None, HAS_NORM=has_norm, HAS_WINDOW=window is not None,
-        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+        IEEE=q.dtype == torch.float32, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
     # out [B, Hkv, G*n, D]: row (g, t) at g * n + t
     merge_splits(o_part, m_part, l_part, out, n_tokens, (out.stride(0), out.stride(1), n_tokens * out.stride(2), out.stride(2)))
     return out

@@ -127,3 +127,17 @@ def test_split_kv_on_the_gpu(dtype) -> None:
 def test_static_target_split_kv_on_the_gpu(reference_target_path, tiny_llama3_path) -> None:
     assert static_step_difference("cuda", str(reference_target_path)) < 1e-3
     assert static_step_difference("cuda", tiny_llama3_path) < 1e-3
+
+
+def test_pass_one_tiling_by_query_rows(monkeypatch) -> None:
+    """A one-token step keeps two loads in flight, the 16-token verify's 64 rows per KV head three (measured,
+    ``benchmarks/attention_tilings.py``); a benchmark's override wins over both; split sizes are whole tiles."""
+    from kernels import decode_attention as da
+
+    assert da.tiling_for(4) == da.FEW_ROWS and da.tiling_for(da.MANY_ROWS_FROM - 1) == da.FEW_ROWS
+    assert da.tiling_for(64) == da.MANY_ROWS and da.MANY_ROWS.num_stages == 3 and da.FEW_ROWS.num_stages == 2
+    monkeypatch.setattr(da, "TILING", da.Tiling(block_n=32, num_warps=4, num_stages=3))
+    assert da.tiling_for(4) == da.tiling_for(64) == da.Tiling(32, 4, 3)
+    for rows in (4, 64):
+        assert da.split_size(33040, 8, torch.device("cpu"), rows, 32) % 32 == 0
+        assert da.split_size(33040, 8, torch.device("cpu"), rows) % da.BLOCK_N == 0
