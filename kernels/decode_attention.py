@@ -64,8 +64,19 @@ MANY_ROWS_FROM = 64  # query rows per KV head: the measured verify; fewer rows k
 TILING: Tiling | None = None  # a benchmark's override of the rule above (split sizes stay whole tiles of its block_n)
 
 
-def tiling_for(rows: int) -> Tiling:
-    return TILING if TILING is not None else (MANY_ROWS if rows >= MANY_ROWS_FROM else FEW_ROWS)
+@functools.cache
+def _hopper(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def tiling_for(rows: int, device: torch.device) -> Tiling:
+    """Pass 1's tiling for ``rows`` query rows per KV head. Three stages only where they were measured, Hopper (228 KB of
+    shared memory per SM; at head_dim 128 three stages of key and value tiles and the query rows take ~112 KB, more
+    than the ~100 KB a block gets on consumer GPUs): elsewhere every step keeps the two-stage tiling."""
+    if TILING is not None:
+        return TILING
+    many = rows >= MANY_ROWS_FROM and device.type == "cuda" and _hopper(device.index if device.index is not None else torch.cuda.current_device())
+    return MANY_ROWS if many else FEW_ROWS
 
 
 @dataclass(frozen=True)
@@ -289,7 +300,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("decode_attention: the head dimension must be contiguous in q and the caches")
     if d & (d - 1):
         raise ValueError(f"decode_attention: head_dim {d}; a power of two expected")
-    tiling = tiling_for(rows)
+    tiling = tiling_for(rows, q.device)
     size = split_size(capacity, b * hkv, q.device, rows, tiling.block_n)
     splits = math.ceil(capacity / size)
     o_part = torch.empty(b, hkv, splits, rows, d, dtype=torch.float32, device=q.device)

@@ -134,10 +134,15 @@ def test_pass_one_tiling_by_query_rows(monkeypatch) -> None:
     ``benchmarks/attention_tilings.py``); a benchmark's override wins over both; split sizes are whole tiles."""
     from kernels import decode_attention as da
 
-    assert da.tiling_for(4) == da.FEW_ROWS and da.tiling_for(da.MANY_ROWS_FROM - 1) == da.FEW_ROWS
-    assert da.tiling_for(64) == da.MANY_ROWS and da.MANY_ROWS.num_stages == 3 and da.FEW_ROWS.num_stages == 2
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.setattr(da, "_hopper", lambda index: True)
+    assert da.tiling_for(4, cuda) == da.FEW_ROWS and da.tiling_for(da.MANY_ROWS_FROM - 1, cuda) == da.FEW_ROWS
+    assert da.tiling_for(64, cuda) == da.MANY_ROWS and da.MANY_ROWS.num_stages == 3 and da.FEW_ROWS.num_stages == 2
+    assert da.tiling_for(64, cpu) == da.FEW_ROWS  # the interpreter
+    monkeypatch.setattr(da, "_hopper", lambda index: False)  # measured on Hopper only: other GPUs keep two stages
+    assert da.tiling_for(64, cuda) == da.FEW_ROWS
     monkeypatch.setattr(da, "TILING", da.Tiling(block_n=32, num_warps=4, num_stages=3))
-    assert da.tiling_for(4) == da.tiling_for(64) == da.Tiling(32, 4, 3)
+    assert da.tiling_for(4, cuda) == da.tiling_for(64, cpu) == da.Tiling(32, 4, 3)
     for rows in (4, 64):
         assert da.split_size(33040, 8, torch.device("cpu"), rows, 32) % 32 == 0
         assert da.split_size(33040, 8, torch.device("cpu"), rows) % da.BLOCK_N == 0
