@@ -36,7 +36,8 @@ def mt_bench_questions(path: str | Path = MT_BENCH) -> list[dict]:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(record.get("turns"), list) or not record["turns"]:
+            turns = record.get("turns") if isinstance(record, dict) else None
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
                 raise ValueError(f"{path}:{line_no}: field 'turns' must be a non-empty list of strings")
             records.append(record)
     return records
@@ -129,8 +130,14 @@ def prompts_file(path: str | Path, num_questions: int | None = None) -> list[Con
                 turns = [record["prompt"]]
             elif "turns" in record:
                 turns = record["turns"]
+                if not isinstance(turns, list):  # a bare string would read as one turn per character
+                    raise ValueError(f"{where}: 'turns' is {type(turns).__name__} {turns!r:.40}; expected a list of user messages")
             elif "messages" in record:
-                turns = [m.get("content") for m in record["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+                messages = record["messages"]
+                if not isinstance(messages, list):
+                    raise ValueError(f"{where}: 'messages' is {type(messages).__name__} {messages!r:.40}; expected a list of "
+                                     "{role, content} objects")
+                turns = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
             else:
                 raise ValueError(f"{where}: expected a field 'prompt', 'turns' or 'messages'")
             if not turns or not all(isinstance(t, str) and t for t in turns):

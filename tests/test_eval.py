@@ -71,6 +71,26 @@ def test_prompts_file_and_its_errors(runs_dir, tmp_path, capsys) -> None:
     assert not (tmp_path / "q").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("line,message", [
+    ('{"turns": 5}', "'turns' is int 5; expected a list of user messages"),
+    ('{"turns": "Hello?"}', "'turns' is str 'Hello?'; expected a list"),  # not five one-letter turns
+    ('{"turns": ["Hi", 3]}', "the user turns must be non-empty strings"),
+    ('{"messages": 7}', "'messages' is int 7; expected a list of {role, content} objects"),
+    ('{"messages": [{"role": "system", "content": "s"}]}', "the user turns must be non-empty strings"),
+    ('["Hi"]', "expected a JSON object with 'prompt', 'turns' or 'messages'"),
+    ('{"text": "Hi"}', "expected a field 'prompt', 'turns' or 'messages'"),
+])
+def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
+    from infer.prompts import prompts_file
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "fine"}\n\n' + line + "\n")
+    with pytest.raises(ValueError) as caught:
+        prompts_file(path)
+    assert str(caught.value).startswith(f"{path}:3: ") and message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["mtbench", "--window", "0"], "--window '0'; expected 'trained', 'none' or a positive integer"),
     (["prompts", "--prompts", "/nonexistent.jsonl"], "--prompts /nonexistent.jsonl: no such file"),
@@ -220,3 +240,14 @@ def test_sweep_tables_kept_and_same_text() -> None:
     same = table.split("**turns with the same target text as at prefill 0**")[1]
     assert "| none | 2/2 | 1/2 |" in same and "| 64 | 2/2 | 2/2 |" in same
     assert "**turns with" not in sweep_tables(cells)  # no texts given: no such table
+
+
+@pytest.mark.parametrize("line", ['["What?"]', '{"turns": []}', '{"turns": ["Hi", null]}', '{"question_id": 1}'])
+def test_mt_bench_reader_names_the_bad_line(tmp_path, line) -> None:
+    from infer.prompts import mt_bench_questions
+
+    path = tmp_path / "question.jsonl"
+    path.write_text('{"question_id": 81, "turns": ["One?"]}\n' + line + "\n")
+    with pytest.raises(ValueError, match=rf"^{path}:2: field 'turns' must be a non-empty list of strings$"):
+        mt_bench_questions(path)
+    assert len(mt_bench_questions()) == 80  # the bundled copy reads
