@@ -164,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
         with atomic_open(path) as f:
             json.dump(obj, f, indent=1)
 
-    args.device = resolve_device(args.device)
-    set_threads(args.device, args.threads, args.batch_size)
     try:
+        args.device = resolve_device(args.device)
+        set_threads(args.device, args.threads, args.batch_size)
         windows = [parse_window(w) for w in (args.windows if args.command == "sweep" else [args.window])]
         if args.prefill_tokens < 0 or any(p < 0 for p in getattr(args, "prefills", [])):
             raise ValueError("prefill tokens must be >= 0")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 
@@ -48,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "on a GPU faster up to 16-32 rows a product, DFlash's being batch x block, slower past 64)")
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     p.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     p.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1; batch-1 decoding of small models runs faster on one)")
     p.add_argument("--baseline", action="store_true", help="also run autoregressive decoding and report the speedup")
     p.add_argument("--json", help="write the statistics here as JSON")
@@ -81,12 +82,17 @@ def run(args: argparse.Namespace) -> int:
     from infer.prompts import long_prompt_ids, mt_bench_questions
     from models.sampling import SamplingConfig
 
-    args.device = resolve_device(args.device)
     if args.batch_size < 1 or (args.batch_size > 1 and args.prompts is None):
         print(f"error: --batch-size {args.batch_size}; expected >= 1, and above 1 only with --prompts FILE", file=sys.stderr)
         return 2
-    set_threads(args.device, args.threads, args.batch_size if args.prompts else 1)
     try:
+        args.device = resolve_device(args.device)
+        set_threads(args.device, args.threads, args.batch_size if args.prompts else 1)
+        if args.prompt is not None and not args.prompt.strip():
+            raise ValueError(f"--prompt {args.prompt!r} is empty; expected the user message")
+        if args.json and (Path(args.json).is_dir() or any(p.is_file() for p in Path(args.json).parents)):
+            raise ValueError(f"--json {args.json}: {'a folder' if Path(args.json).is_dir() else 'a file stands in its path'}; "
+                             "expected a file path to write the statistics to")
         window = parse_window(args.window)
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         target_path, drafter_path, _ = resolve_run(args.target, args.drafter)

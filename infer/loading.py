@@ -7,6 +7,7 @@ in config.json, or its trainer's ``--save-path`` folder: ``infer/speculators_che
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -30,20 +31,29 @@ PROMPT_LOOKUP = "pld"  # --drafter pld: prompt-lookup (n-gram) drafting, no trai
 def read_drafter_config(path: str | Path) -> dict:
     config_file = Path(path) / "config.json"
     if not config_file.exists():
-        raise ValueError(f"drafter {path}: no config.json there; expected an exported DFlash or EAGLE-3 drafter folder")
+        what = "a file, not a folder" if Path(path).is_file() else "no config.json there"
+        raise ValueError(f"drafter {path}: {what}; expected an exported DFlash or EAGLE-3 drafter folder")
     try:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_file}: not valid JSON ({e.msg})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file}: a JSON {type(config).__name__}; expected an object (the drafter's config)")
     if speculators_checkpoint.is_speculators_config(config):  # mapped to our config; the weights by load_drafter_model
         return speculators_checkpoint.read_config(path)
     if config.get("architectures") == EAGLE3_ARCHITECTURES:
-        if "target_layer_ids" not in config:
-            raise ValueError(f"{config_file}: an Eagle3DraftModel config without 'target_layer_ids'")
-        return config
-    if "dflash_config" not in config:
+        field, ids = "target_layer_ids", config.get("target_layer_ids")
+    elif "dflash_config" not in config:
         raise ValueError(f"{config_file}: no 'dflash_config' field and architectures {config.get('architectures')!r}; expected a DFlash "
                          f"drafter (our 'dflash' export format) or an EAGLE-3 drafter (architectures {EAGLE3_ARCHITECTURES})")
+    else:
+        dflash = config["dflash_config"]
+        if not isinstance(dflash, dict) or not all(isinstance(dflash.get(k), int) for k in ("block_size", "mask_token_id")):
+            raise ValueError(f"{config_file}: dflash_config={dflash!r:.80}; expected an object with integer block_size and mask_token_id "
+                             f"and a list target_layer_ids")
+        field, ids = "dflash_config.target_layer_ids", dflash.get("target_layer_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"{config_file}: {field}={ids!r}; expected a non-empty list of target layer ids (integers)")
     return config
 
 
@@ -56,7 +66,32 @@ def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DF
     if speculators_checkpoint.is_speculators_config(json.loads((Path(path) / "config.json").read_text())):
         return speculators_checkpoint.load_model(path, config, dtype)
     model_class = Eagle3DraftModel if is_eagle3(config) else DFlashDraftModel
+    check_drafter_weights(path, config, model_class)
     return model_class.from_pretrained(path, dtype=dtype)
+
+
+def check_drafter_weights(path: str | Path, config: dict, model_class: type) -> None:
+    """Refuse a missing, unreadable (truncated, corrupt) or mismatched ``model.safetensors`` in one line: ``from_pretrained``
+    answers those with a traceback, and a missing tensor it starts from random values (a drafter that drafts noise)."""
+    from safetensors import SafetensorError, safe_open
+
+    file = Path(path) / "model.safetensors"
+    if not file.is_file():
+        raise ValueError(f"drafter {path}: no model.safetensors there; expected an exported drafter folder (config.json + model.safetensors)")
+    try:
+        with safe_open(file, framework="pt") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{file}: not a readable safetensors file ({e}); truncated or corrupt?") from None
+    with torch.device("meta"):  # the tensors the architecture needs, and their shapes, without allocating them
+        expected = {name: tuple(t.shape) for name, t in model_class(model_class.config_class.from_dict(config)).state_dict().items()}
+    for name in sorted(set(expected) | set(shapes)):
+        if name not in shapes:
+            raise ValueError(f"{file}: missing tensor {name!r}")
+        if name not in expected:
+            raise ValueError(f"{file}: unexpected tensor {name!r}; the drafter its config.json describes has no such parameter")
+        if shapes[name] != expected[name]:
+            raise ValueError(f"{file}: tensor {name!r} has shape {shapes[name]}, expected {expected[name]} from its config.json")
 
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
@@ -78,10 +113,13 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     The drafter is the static one (``StaticEagle3Drafter``, ``StaticDFlashDrafter``: any batch size, captured on a GPU),
     except under FlashInfer attention: the eager one (``Eagle3Drafter``, ``DFlashDrafter``: batch 1).
     """
+    check_target_folder(target_path)
     target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
     drafter = None
     layer_ids: list[int] = []
     if drafter_path == PROMPT_LOOKUP:
+        if draft_steps is not None and draft_steps < 1:  # else ``draft_steps or 15`` takes 0 for the default
+            raise ValueError(f"--draft-steps {draft_steps}; expected >= 1 (prompt lookup's drafts per step)")
         if tree_topk is not None or tree_tokens is not None or tree_lookup or tree_redraft:
             raise ValueError("--drafter pld drafts chains only: leave out --tree-topk/--tree-tokens/--tree-lookup/--tree-redraft")
         drafter = PromptLookupDrafter(num_draft_tokens=draft_steps or 15, vocab_size=target.vocab_size)
@@ -127,6 +165,15 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
                        if static else
                        DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend, **trees))
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
+
+
+def check_target_folder(path: str) -> None:
+    """A local target path that is no model folder, in one line (transformers answers an empty or wrong folder with five
+    lines about tokenizers, a missing one as a malformed hub id); hub ids and ``builtin:`` names pass."""
+    local = Path(path)
+    if (local.is_absolute() or path.startswith(".") or local.exists()) and not (local / "config.json").is_file():
+        what = "no config.json there" if local.is_dir() else "a file, not a folder" if local.exists() else "no such folder"
+        raise ValueError(f"target {path}: {what}; expected a Hugging Face model folder (config.json, weights, tokenizer)")
 
 
 def drafting_label(drafter) -> str:
@@ -199,9 +246,15 @@ def window_warning(drafter, window) -> str | None:
 
 def resolve_device(name: str) -> str:
     """``auto``: the GPU when there is one."""
-    if name != "auto":
-        return name
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r}; expected auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA GPU(s); expected auto, cpu or a GPU it has")
+    return name
 
 
 def eos_ids(tokenizer, model) -> list[int]:
@@ -252,7 +305,8 @@ def set_threads(device: str, threads: int | None, batch_size: int = 1, target_mo
     before loading and again with the loaded target. Threads change speed only: batched rows on 2 threads give batch
     1's tokens (tests/test_batch.py)."""
     if threads is not None and threads < 1:
-        raise SystemExit(f"error: --threads {threads}; expected >= 1")
+        print(f"error: --threads {threads}; expected >= 1", file=sys.stderr)
+        raise SystemExit(2)  # the CLIs' exit status for bad input
     if threads is not None or str(device).startswith("cpu"):
         large = target_model is not None and sum(p.numel() for p in target_model.parameters()) >= ONE_THREAD_BELOW_PARAMS
         torch.set_num_threads(threads or (DEFAULT_THREADS if batch_size > 1 or large else 1))

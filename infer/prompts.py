@@ -113,7 +113,7 @@ def mt_bench(num_questions: int | None = None) -> list[Conversation]:
 def prompts_file(path: str | Path, num_questions: int | None = None) -> list[Conversation]:
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--prompts {path}: no such file")
+        raise ValueError(f"--prompts {path}: {'a folder' if path.is_dir() else 'no such file'}; expected a JSONL file of prompts")
     out = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):

@@ -207,8 +207,8 @@ class TargetModel:
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
-        except OSError as e:
-            raise ValueError(f"target.path={path!r}: cannot load a causal LM and tokenizer there ({e})") from None
+        except (OSError, ValueError) as e:  # transformers raises ValueError for a folder it cannot read (no model_type, no tokenizer)
+            raise ValueError(f"target.path={path!r}: cannot load a causal LM and tokenizer there ({' '.join(str(e).split())})") from None
         return cls(model.to(device), tokenizer, path)
 
     @property

@@ -86,6 +86,14 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["data.pack_fresh_fraction=0.5"], "data.pack_fresh_fraction=0.5 without data.pack_length"),
         (["data.pack_length=4096", "data.pack_fresh_fraction=1.5"], "data.pack_fresh_fraction=1.5; expected a share in"),
         (["trainer.max_steps=0"], "trainer.max_steps=0"),
+        (["trainer.log_every=0"], "trainer.log_every=0; expected >= 1"),  # was a ZeroDivisionError traceback at step 1
+        (["trainer.eval_every=-5"], "trainer.eval_every=-5; expected >= 0"),
+        (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every=-1; expected >= 0"),
+        (["trainer.keep_checkpoints=-1"], "trainer.keep_checkpoints=-1; expected >= 0"),
+        (["trainer.eval_batches=0"], "trainer.eval_batches=0; expected >= 1 or null"),  # was KeyError: 'eval/loss'
+        (["trainer.min_lr_ratio=2"], "trainer.min_lr_ratio=2.0; expected in [0, 1]"),
+        (["trainer.grad_clip=-1"], "trainer.grad_clip=-1.0; expected >= 0"),
+        (["trainer.weight_decay=-0.1"], "trainer.weight_decay=-0.1; expected >= 0"),
         (["logger.mode=sometimes"], "logger.mode='sometimes'"),
         (["target.dtype=int8"], "target.dtype='int8'"),
         (["trainer.attention_backend=triton"], "trainer.attention_backend='triton'"),
@@ -106,6 +114,14 @@ def test_cross_field_checks_name_the_field(overrides: list[str], message: str) -
     cfg = compose_train(overrides + ["output_dir=/tmp/x"])
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
         to_train_config(cfg)
+
+
+def test_unknown_device_fails_in_one_line() -> None:
+    """trainer.device=tpu was a RuntimeError traceback listing torch's twenty device types."""
+    from train.trainer import pick_device
+
+    with pytest.raises(ValueError, match=r"trainer.device='tpu'; expected auto, cpu, cuda or cuda:N"):
+        pick_device("tpu")
 
 
 def test_resolved_layer_types() -> None:
@@ -166,6 +182,19 @@ def test_cli_typo_fails_in_seconds_naming_the_key(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir()), "a failed start must not leave a run folder"
 
 
+@pytest.mark.parametrize("sub", ["", "run"])
+def test_cli_output_dir_that_is_a_file_fails_in_one_line(tmp_path: Path, sub: str) -> None:
+    """Hydra makes the run folder before the config is checked: a FileExistsError / NotADirectoryError traceback."""
+    file = tmp_path / "notes.txt"
+    file.write_text("x")
+    out = file / sub if sub else file
+    proc = subprocess.run([sys.executable, "-m", "train", "experiment=dflash_swa_tiny", f"output_dir={out}"],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"output_dir={str(out)!r}: {file} is a file; expected a folder for the run (new, or a run's to resume)"
+    assert file.read_text() == "x"
+
+
 @pytest.mark.parametrize("override", ["+trainer.max_step=10", "+data.regenerate.tempreature=1", "+foo=1"])
 def test_appended_key_the_schema_lacks_fails_naming_it(override: str) -> None:
     """Hydra's own hint for a missing key is ``+key=value``; a typed node then takes any name in silence."""
@@ -195,6 +224,16 @@ def test_missing_paths_fail_before_the_target_loads(tmp_path: Path, override: st
     assert proc.returncode == 2 and message in proc.stdout + proc.stderr
     assert "target builtin" not in proc.stdout + proc.stderr  # failed before the target was loaded or built
     assert time.perf_counter() - start < 30 and not (tmp_path / "run").exists()
+
+
+def test_target_folder_without_config_json_fails_before_the_target_loads(tmp_path: Path) -> None:
+    """A folder that is not a model (empty, or the wrong one) used to reach transformers: five lines about tokenizers."""
+    from train.config import check_paths
+
+    (tmp_path / "readme.txt").write_text("x")
+    cfg = to_train_config(compose_train([f"target.path={tmp_path}", "output_dir=/tmp/x"]))
+    with pytest.raises(ValueError, match=rf"target.path='{tmp_path}': no config.json there; expected a Hugging Face model folder"):
+        check_paths(cfg)
 
 
 @pytest.mark.slow

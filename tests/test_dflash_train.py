@@ -84,6 +84,21 @@ def test_start_up_errors_need_the_target(tmp_path: Path, override: str, message:
     assert not (tmp_path / "run.json").exists()
 
 
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_unreadable_checkpoint_is_a_one_line_error(tmp_path: Path, damage: str) -> None:
+    """A cut or overwritten state.pt was torch's RuntimeError / UnpicklingError traceback at resume."""
+    from train.checkpoint import load_checkpoint
+
+    folder = tmp_path / "checkpoints" / "step_00000002"
+    folder.mkdir(parents=True)
+    torch.save({"model": {"w": torch.zeros(1000)}, "train_state": {"step": 2}}, folder / "state.pt")
+    data = (folder / "state.pt").read_bytes()
+    (folder / "state.pt").write_bytes({"truncate": data[: len(data) // 2], "garbage": b"garbage\n", "empty": b""}[damage])
+    with pytest.raises(ValueError, match=r"trainer.resume: .*step_00000002/state.pt is not a readable checkpoint \(.+\); delete") as e:
+        load_checkpoint(folder)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.slow
 def test_compiled_whole_step_equals_eager(tmp_path: Path) -> None:
     """trainer.compile_scope=step's function (drafter, head and loss as one torch.compile graph; on the CPU with SDPA's

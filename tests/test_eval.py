@@ -94,10 +94,12 @@ def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
 @pytest.mark.parametrize("argv,message", [
     (["mtbench", "--window", "0"], "--window '0'; expected 'trained', 'none' or a positive integer"),
     (["prompts", "--prompts", "/nonexistent.jsonl"], "--prompts /nonexistent.jsonl: no such file"),
+    (["prompts", "--prompts", "/tmp"], "--prompts /tmp: a folder; expected a JSONL file of prompts"),
     (["mtbench", "--prefill-tokens", "40000", "--num-questions", "1"], "more than the target's max_position_embeddings=32768"),
     (["sweep", "--prefills", "0", "32700", "--num-questions", "1"], "behind 32700 prefill tokens"),
     (["mtbench", "--drafter", "/nonexistent"], "--drafter given without --target"),
     (["mtbench", "--engine", "zlab", "--drafter-weights", "int8"], "--engine zlab: --drafter-weights int8 is our loop's"),
+    (["mtbench", "--device", "bogus"], "--device 'bogus'; expected auto, cpu, cuda or cuda:N"),
 ])
 def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) -> None:
     assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2

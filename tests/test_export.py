@@ -195,3 +195,60 @@ def test_speculators_causality_flag_per_drafter_shape(layer_types, block_causal,
                                           "trainer.export_formats=[dflash,speculators]"]))
     else:
         assert speculators_non_causal(config) is expected
+
+
+def test_bad_sources_and_outputs_are_one_line_and_keep_what_is_there(tmp_path: Path, capsys) -> None:
+    """Malformed run.json / config.json, a truncated model.safetensors or state.pt, a config without its layer ids: each
+    used to be a traceback. An existing folder that is not an export used to be deleted whole by the rename; a file as
+    the output, or in its path, a traceback."""
+    from transformers import Qwen3Config
+
+    from train.export import main
+
+    small = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=8, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
+    config = make_dflash_config(small, num_hidden_layers=1, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
+                                layer_types=["full_attention"], sliding_window=None)
+    good = tmp_path / "good"
+    DFlashDraftModel(config).save_pretrained(good)
+    config_dict = json.loads((good / "config.json").read_text())
+
+    def source(name: str, files: dict[str, str | bytes]) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        for file in ("config.json", "model.safetensors"):
+            (path / file).write_bytes((good / file).read_bytes())
+        for file, content in files.items():
+            (path / file).write_bytes(content.encode() if isinstance(content, str) else content)
+        return path
+
+    no_ids = {**config_dict, "dflash_config": {"block_size": 4, "mask_token_id": 5}}
+    cases = [
+        (source("run_json", {"run.json": "{"}), r"run\.json: not valid JSON \(Expecting property name"),
+        (source("config_json", {"config.json": '{"architectures": ['}), r"config\.json: not valid JSON"),
+        (source("config_list", {"config.json": "[1]"}), r"config\.json: a JSON list; expected an object"),
+        (source("no_ids", {"config.json": json.dumps(no_ids)}), r"config dflash_config\.target_layer_ids=None; expected a non-empty list"),
+        (source("truncated", {"model.safetensors": (good / "model.safetensors").read_bytes()[:3000]}),
+         r"model\.safetensors: not a readable safetensors file .*truncated or corrupt"),
+        (source("state", {"state.pt": b"not a checkpoint"}), r"state\.pt: not a readable checkpoint"),
+        (good / "config.json", r"config\.json: a file; expected a run folder"),
+    ]
+    for src, message in cases:
+        with pytest.raises(ExportError, match=message):
+            export(src, tmp_path / "out", dtype="float32")
+        assert not (tmp_path / "out").exists()
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    with pytest.raises(ExportError, match=r"mine: exists and is not an export \(holds 'notes\.txt'\)"):
+        export(good, user, dtype="float32")
+    assert (user / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ExportError, match=r"notes\.txt: a file; expected a new output folder"):
+        export(good, user / "notes.txt", dtype="float32")
+    with pytest.raises(ExportError, match=r"notes\.txt is a file; expected the output folder's place"):
+        export(good, user / "notes.txt" / "out", dtype="float32")
+    assert export(good, tmp_path / "out", dtype="float32")["max_abs_logit_diff"] == 0.0
+    assert export(good, tmp_path / "out", dtype="float32")["max_abs_logit_diff"] == 0.0  # a previous export is replaced
+    assert main([str(good), str(tmp_path / "out2"), "--target", str(tmp_path)]) == 2  # a ValueError, not only ExportError
+    err = capsys.readouterr().err
+    assert f"error: target {tmp_path}: no config.json there" in err and "Traceback" not in err and not (tmp_path / "out2").exists()

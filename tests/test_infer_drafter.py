@@ -121,3 +121,54 @@ def test_bad_window_is_refused() -> None:
     model, embed, lm_head = make_drafter(["sliding_attention"], 6)
     with pytest.raises(ValueError, match="window=0"):
         DFlashDrafter(model, embed, lm_head, window=0)
+
+
+def test_a_broken_drafter_folder_is_one_line(tmp_path) -> None:
+    """config.json fields of the wrong type, and a model.safetensors that is truncated, short of a tensor or mis-shaped, used
+    to end in a traceback, or (a missing tensor) in a drafter drafting from random weights."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from infer.loading import load_drafter_model, read_drafter_config
+
+    model, _, _ = make_drafter(["sliding_attention"], 16)
+    good = tmp_path / "good"
+    model.save_pretrained(good)
+    config = json.loads((good / "config.json").read_text())
+
+    def folder(name, config_text=None, weights=None, raw=None):
+        path = tmp_path / name
+        model.save_pretrained(path)
+        if config_text is not None:
+            (path / "config.json").write_text(config_text)
+        if weights is not None:
+            save_file(weights, str(path / "model.safetensors"))
+        if raw is not None:
+            (path / "model.safetensors").write_bytes(raw)
+        return path
+
+    with pytest.raises(ValueError, match=r"config\.json: a JSON list; expected an object"):
+        read_drafter_config(folder("list", "[1, 2]"))
+    no_ids = {**config, "dflash_config": {k: v for k, v in config["dflash_config"].items() if k != "target_layer_ids"}}
+    with pytest.raises(ValueError, match=r"dflash_config\.target_layer_ids=None; expected a non-empty list"):
+        read_drafter_config(folder("no_ids", json.dumps(no_ids)))
+    with pytest.raises(ValueError, match=r"dflash_config='x'; expected an object"):
+        read_drafter_config(folder("str", json.dumps({**config, "dflash_config": "x"})))
+    with pytest.raises(ValueError, match=r"drafter .*config\.json: a file, not a folder"):
+        read_drafter_config(good / "config.json")
+
+    weights = load_file(good / "model.safetensors")
+    cases = {
+        "truncated": (dict(raw=(good / "model.safetensors").read_bytes()[:5000]), r"not a readable safetensors file .*truncated or corrupt"),
+        "missing": (dict(weights={k: v for k, v in weights.items() if k != "fc.weight"}), r"missing tensor 'fc\.weight'"),
+        "shape": (dict(weights={**weights, "norm.weight": torch.ones(7)}), r"tensor 'norm\.weight' has shape \(7,\), expected \(32,\)"),
+        "extra": (dict(weights={**weights, "extra.weight": torch.ones(2)}), r"unexpected tensor 'extra\.weight'"),
+    }
+    for name, (change, message) in cases.items():
+        with pytest.raises(ValueError, match=message):
+            load_drafter_model(folder(name, **change), config, torch.float32)
+    (folder("none") / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"no model\.safetensors there"):
+        load_drafter_model(tmp_path / "none", config, torch.float32)
+    assert load_drafter_model(good, read_drafter_config(good), torch.float32).fc.weight.shape == (32, 64)

@@ -189,3 +189,35 @@ def test_cli_batch_size_mistakes_are_one_line_and_trees_batch(reference_target_p
     two = capsys.readouterr()
     assert one.out == two.out and one.out.count("### ") == 3
     assert one.err.split("| tau ")[-1] == two.err.split("| tau ")[-1]  # "tau T over S steps"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--prompt", "  "], "--prompt '  ' is empty; expected the user message"),
+    (["--prompt", "Hi", "--device", "bogus"], "--device 'bogus'; expected auto, cpu, cuda or cuda:N"),
+    (["--prompt", "Hi", "--device", "cuda:99"], "--device cuda:99: this machine has"),
+    (["--prompt", "Hi", "--json", "{tmp}"], "a folder; expected a file path to write the statistics to"),
+    (["--prompt", "Hi", "--drafter", "pld", "--draft-steps", "0"], "--draft-steps 0; expected >= 1"),  # was: 0 read as the default 15
+])
+def test_bad_cli_values_are_one_line_before_generating(reference_target_path, tmp_path, capsys, argv, message) -> None:
+    """Each used to end in a traceback (some after the whole generation), or ran on silently with another value."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert infer_main(["--target", str(reference_target_path), "--max-new-tokens", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1 and "Traceback" not in err
+
+
+def test_bad_target_threads_and_dtype_exit_2_in_one_line(tmp_path, capsys) -> None:
+    """A folder that is no model (transformers: five lines about tokenizers), a file, a missing path (a malformed hub id);
+    --threads 0 (was exit status 1); --dtype float17 (was an AttributeError traceback)."""
+    (tmp_path / "file.txt").write_text("x")
+    for target, what in [(tmp_path, "no config.json there"), (tmp_path / "file.txt", "a file, not a folder"),
+                         (tmp_path / "missing", "no such folder")]:
+        assert infer_main(["--target", str(target), "--prompt", "Hi"]) == 2
+        err = capsys.readouterr().err
+        assert f"error: target {target}: {what}; expected a Hugging Face model folder" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_:
+        infer_main(["--target", str(tmp_path), "--prompt", "Hi", "--threads", "0"])
+    assert exit_.value.code == 2 and "error: --threads 0; expected >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        infer_main(["--target", str(tmp_path), "--prompt", "Hi", "--dtype", "float17"])
+    assert exit_.value.code == 2 and "invalid choice: 'float17'" in capsys.readouterr().err

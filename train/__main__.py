@@ -48,7 +48,22 @@ def remove_if_unstarted(output_dir) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def refuse_file_output_dir(argv: list[str]) -> None:
+    """Hydra makes the run folder (``hydra.run.dir: ${output_dir}``) before ``main`` runs: an ``output_dir=`` that is, or
+    lies under, a file failed there with a traceback."""
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") != "output_dir" or not value:
+            continue
+        path = Path(value)
+        existing = next((p for p in (path, *path.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            print(f"output_dir={value!r}: {existing} is a file; expected a folder for the run (new, or a run's to resume)", file=sys.stderr)
+            sys.exit(2)
+
+
 if __name__ == "__main__":
     # The deepspeed launcher appends --local_rank=N (it also sets LOCAL_RANK); Hydra takes key=value only.
     sys.argv = [a for a in sys.argv if not a.startswith("--local_rank")]
+    refuse_file_output_dir(sys.argv[1:])
     main()

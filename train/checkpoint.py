@@ -10,6 +10,7 @@ always complete; resuming picks the newest one.
 from __future__ import annotations
 
 import logging
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -57,7 +58,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     file = Path(path) / "state.pt" if Path(path).is_dir() else Path(path)
     if not file.exists():
         raise ValueError(f"trainer.resume={str(path)!r}: no checkpoint there (expected {file})")
-    return torch.load(file, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError) as e:  # truncated or overwritten: torch's message runs on for lines
+        reason = str(e).split(". ")[0].splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"trainer.resume: {file} is not a readable checkpoint ({reason}); delete its folder "
+                         "to resume from an older one, or start over with trainer.resume=never") from None
 
 
 def rng_state() -> dict[str, Any]:

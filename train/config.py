@@ -370,6 +370,18 @@ class TrainerConfig:
         for name in ("batch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name}={getattr(self, name)}; expected >= 1")
+        if self.log_every < 1:
+            raise ValueError(f"trainer.log_every={self.log_every}; expected >= 1")
+        for name in ("eval_every", "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name}={getattr(self, name)}; expected >= 0")
+        if self.eval_batches is not None and self.eval_batches < 1:
+            raise ValueError(f"trainer.eval_batches={self.eval_batches}; expected >= 1 or null (all)")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"trainer.min_lr_ratio={self.min_lr_ratio}; expected in [0, 1]")
+        for name in ("grad_clip", "weight_decay", "muon_weight_decay"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name}={getattr(self, name)}; expected >= 0")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"trainer.warmup_ratio={self.warmup_ratio}; expected in [0, 1)")
         if self.lr <= 0:
@@ -523,8 +535,12 @@ def check_paths(cfg: TrainConfig) -> None:
     if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
         raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
     path = cfg.target.path
-    if not path.startswith("builtin:") and (Path(path).is_absolute() or path.startswith(".")) and not Path(path).is_dir():
-        raise ValueError(f"target.path={path!r}: no such folder")
+    if not path.startswith("builtin:") and (Path(path).is_absolute() or path.startswith(".") or Path(path).is_dir()):
+        if not Path(path).is_dir():
+            raise ValueError(f"target.path={path!r}: no such folder")
+        if not (Path(path) / "config.json").is_file():
+            raise ValueError(f"target.path={path!r}: no config.json there; expected a Hugging Face model folder "
+                             "(config.json, weights, tokenizer)")
 
 
 register_configs()

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from common.atomic import atomic_dir
@@ -50,7 +51,7 @@ from infer.speculators_checkpoint import eagle3_config as speculators_eagle3_con
 from models.dflash import DFlashDraftModel, sliding_block_causal
 
 from . import engines
-from .checkpoint import list_checkpoints, load_checkpoint
+from .checkpoint import list_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,12 @@ class ExportError(ValueError):
 def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any] | None]:
     """-> (drafter config dict, weights, run record or None) from a run, export or checkpoint folder."""
     source = Path(source)
+    if not source.is_dir():
+        raise ExportError(f"{source}: {'a file' if source.exists() else 'no such folder'}; expected a run folder, an export "
+                          f"folder (config.json + {WEIGHTS}) or a checkpoint folder (state.pt)")
     run_record = None
     if (source / "run.json").exists():
-        run_record = json.loads((source / "run.json").read_text())
+        run_record = read_json(source / "run.json")
         if (source / "export" / WEIGHTS).exists():
             source = source / "export"
         else:
@@ -78,16 +82,72 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
                 raise ExportError(f"{source}: run folder has neither export/ nor a checkpoint")
             source = found[-1]
     if (source / "state.pt").exists():
-        state = load_checkpoint(source)
-        if "model_config" not in state:
-            raise ExportError(f"{source / 'state.pt'}: checkpoint has no 'model_config' (written by an older version)")
+        try:
+            state = torch.load(source / "state.pt", map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch.load's errors for a truncated or foreign file vary (RuntimeError, UnpicklingError, EOFError, KeyError)
+            reason = str(e).split(". ")[0].splitlines()[0] if str(e) else ""  # torch's message runs on for lines
+            raise ExportError(f"{source / 'state.pt'}: not a readable checkpoint ({type(e).__name__}: {reason}); truncated or corrupt?") from None
+        if not isinstance(state, dict) or "model_config" not in state or "model" not in state:
+            raise ExportError(f"{source / 'state.pt'}: checkpoint has no 'model_config' and 'model' (written by an older version?)")
         return state["model_config"], state["model"], run_record
     if not (source / "config.json").exists():
         raise ExportError(f"{source}: expected a run folder, an export folder (config.json) or a checkpoint (state.pt)")
     if not (source / WEIGHTS).exists():
         raise ExportError(f"{source}: no {WEIGHTS}")
-    config = json.loads((source / "config.json").read_text())
-    return config, load_file(source / WEIGHTS), run_record
+    config = read_json(source / "config.json")
+    try:
+        weights = load_file(source / WEIGHTS)
+    except SafetensorError as e:
+        raise ExportError(f"{source / WEIGHTS}: not a readable safetensors file ({e}); truncated or corrupt?") from None
+    return config, weights, run_record
+
+
+def read_json(file: Path) -> dict[str, Any]:
+    """A JSON object from ``file``, else a one-line ExportError naming it."""
+    try:
+        obj = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{file}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(obj, dict):
+        raise ExportError(f"{file}: a JSON {type(obj).__name__}; expected an object")
+    return obj
+
+
+def check_config(config: dict[str, Any], source: Path) -> None:
+    """The fields the export reads before building the drafter, each with its type (else a KeyError deep in the model)."""
+    if not isinstance(config, dict):
+        raise ExportError(f"{source}: the drafter config is a {type(config).__name__}; expected an object")
+    if is_eagle3(config):
+        fields = {"target_layer_ids": config.get("target_layer_ids")}
+    elif "dflash_config" in config:
+        if not isinstance(config["dflash_config"], dict):
+            raise ExportError(f"{source}: config dflash_config={config['dflash_config']!r:.60}; expected an object "
+                              "{target_layer_ids, block_size, mask_token_id}")
+        fields = {f"dflash_config.{k}": config["dflash_config"].get(k) for k in ("target_layer_ids", "block_size", "mask_token_id")}
+    else:
+        return  # build_model names what it is not
+    for field, value in fields.items():
+        ok = (isinstance(value, list) and value and all(isinstance(i, int) for i in value)) if field.endswith("target_layer_ids") \
+            else isinstance(value, int)
+        if not ok:
+            expected = "a non-empty list of integer layer ids" if field.endswith("target_layer_ids") else "an integer"
+            raise ExportError(f"{source}: config {field}={value!r}; expected {expected}")
+
+
+def check_output(output: Path) -> None:
+    """The destination must be a new folder, or a previous export (config.json and model.safetensors only) that the export
+    replaces: any other folder would be deleted whole by the rename, and a file cannot become a folder."""
+    output = Path(output)
+    parent = next((p for p in output.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ExportError(f"{output}: {parent} is a file; expected the output folder's place (a folder, or nothing yet)")
+    if output.exists() and not output.is_dir():
+        raise ExportError(f"{output}: a file; expected a new output folder (or a previous export, which is replaced)")
+    if output.is_dir():
+        other = sorted(p.name for p in output.iterdir() if p.name not in ("config.json", WEIGHTS))
+        if other:
+            raise ExportError(f"{output}: exists and is not an export (holds {other[0]!r}); expected a new output folder or a "
+                              f"previous export (config.json + {WEIGHTS}), which is replaced")
 
 
 def is_eagle3(config_dict: dict[str, Any]) -> bool:
@@ -243,7 +303,9 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     """
     if fmt is not None and fmt not in FORMATS:
         raise ExportError(f"--format {fmt!r}; expected one of {FORMATS}")
+    check_output(output)
     config, weights, run_record = load_source(source)
+    check_config(config, Path(source))
     if fmt is None:  # the CLI without --format: each drafter's first format
         fmt = EAGLE3_FORMATS[0] if is_eagle3(config) else "speculators" if config.get("draft_vocab_size") else "dflash"
     if is_eagle3(config):
@@ -263,6 +325,10 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     if target_model is not None or target_path is not None:
         from models.target import TargetModel
 
+        if target_model is None:
+            from infer.loading import check_target_folder
+
+            check_target_folder(target_path)
         tgt = target_model or TargetModel.from_pretrained(target_path, "cpu")
         embed, head = tgt.embed_tokens, tgt.lm_head
     else:  # no target at hand: compare through a fixed random head of the right shape
@@ -510,6 +576,9 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
         elif target_path is not None:
             from transformers import AutoConfig
 
+            from infer.loading import check_target_folder
+
+            check_target_folder(target_path)
             verifier_architectures = list(AutoConfig.from_pretrained(target_path).architectures or [])
         else:
             raise ExportError("--format speculators needs the target (--target PATH): speculators_config names the verifier")
@@ -563,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         report = export(args.source, args.output, args.format, args.target, args.dtype)
-    except ExportError as e:
+    except ValueError as e:  # ExportError, and a target that does not load (models/target.py)
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"exported {report['output']} ({report['format']}, {report['dtype']}); reload max |Δ logits| = {report['max_abs_logit_diff']:.3g}")

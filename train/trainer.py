@@ -59,7 +59,10 @@ def pick_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"trainer.device={name!r} but no CUDA device is visible")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:  # torch's message lists twenty device types this trainer does not run on
+        raise ValueError(f"trainer.device={name!r}; expected auto, cpu, cuda or cuda:N") from None
 
 
 def target_layer_ids(cfg: TrainConfig, target: TargetModel) -> list[int]:

@@ -90,11 +90,15 @@ def normalise_record(record: Any, where: str, stats: ReadStats) -> Conversation 
         raise DataError(f"{where}: expected a list of turns, got {type(turns).__name__}")
     messages = []
     for i, turn in enumerate(turns):
-        if not isinstance(turn, dict) or role_key not in turn:
+        if not isinstance(turn, dict):
+            raise DataError(f"{where}: turn {i} is of type {type(turn).__name__}; expected an object with {role_key!r} and {text_key!r}")
+        if role_key not in turn:
             raise DataError(f"{where}: turn {i} has no {role_key!r} field")
         role = normalise_role(turn[role_key], f"{where} turn {i}")
         stats.roles[role] += 1
         content = turn.get(text_key)
+        if content is not None and not isinstance(content, str):  # str() would train on a Python repr ("[{'type': ...")
+            raise DataError(f"{where} turn {i}: {text_key!r} is of type {type(content).__name__}; expected a string")
         messages.append({"role": role, "content": "" if content is None else str(content)})
     # Split ShareGPT records often start mid-dialogue with the assistant; the reply has no
     # question to answer and strict templates refuse it (FastChat's preprocessing drops it too).
@@ -255,6 +259,9 @@ def read_conversations(
             conversations.append(conversation)
         if max_records is not None and stats.records >= max_records:
             break
+    if not conversations and stats.records == 0:  # an empty file, or one cut off inside its first record
+        cut = f", cut off at byte {stats.truncated_at_byte} inside its first record" if stats.truncated_at_byte is not None else ""
+        raise DataError(f"data.path={str(source)!r}: no records{cut}; expected ShareGPT or messages JSON/JSONL records")
     if not conversations:
         raise DataError(f"data.path={str(source)!r}: no conversation with an assistant turn")
     return conversations, stats
