@@ -27,10 +27,17 @@ def latest_run(root: Path = Path("outputs")) -> dict:
     """The newest ``run.json`` under ``root`` whose export folder exists (what ``python -m train`` wrote)."""
     runs = sorted(root.glob("**/run.json"), key=lambda p: p.stat().st_mtime, reverse=True) if root.exists() else []
     for path in runs:
-        run = json.loads(path.read_text())
-        export = run.get("export")
+        try:
+            run = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e}); expected a training run's run.json (pass --target and --drafter, "
+                             "or another --runs-dir)") from None
+        export = run.get("export") if isinstance(run, dict) else None
         if export and (Path(export) / "config.json").exists():
-            return {"target": run["target"]["path"], "drafter": export, "run": str(path.parent)}
+            target = run.get("target")
+            if not isinstance(target, dict) or not isinstance(target.get("path"), str):
+                raise ValueError(f"{path}: field 'target' is {target!r}; expected {{\"path\": TARGET}} (pass --target and --drafter)")
+            return {"target": target["path"], "drafter": export, "run": str(path.parent)}
     raise ValueError(f"no --drafter given and no finished training run (run.json with an export) under {root}/; "
                      "run `python -m train ...` first or pass --target and --drafter")
 
@@ -130,6 +137,24 @@ def default_out(args, source: dict) -> Path:
     return Path("outputs") / "eval" / args.command / f"{name}-{digest}"
 
 
+def check_out(out: Path) -> None:
+    """--out must be a folder or a path one can be made at: not a file, nor under one."""
+    blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise ValueError(f"--out {out}: {blocked} is a file; expected a results folder")
+
+
+def read_cell(path: Path) -> dict:
+    """A finished sweep cell (cells/*.json), or one clear error naming the file."""
+    try:
+        done = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); delete it to compute the cell again") from None
+    if not isinstance(done, dict) or not isinstance(done.get("summary"), dict) or not isinstance(done.get("records"), list):
+        raise ValueError(f"{path}: expected a finished cell with 'summary' and 'records'; delete it to compute the cell again")
+    return done
+
+
 def conversations_for(args):
     from infer.prompts import mt_bench, prompts_file
 
@@ -168,6 +193,10 @@ def run(args: argparse.Namespace) -> int:
         args.device = resolve_device(args.device)
         set_threads(args.device, args.threads, args.batch_size)
         windows = [parse_window(w) for w in (args.windows if args.command == "sweep" else [args.window])]
+        for name, values in (("--windows", windows), ("--prefills", getattr(args, "prefills", []))):
+            for i, value in enumerate(values):
+                if value in values[:i]:
+                    raise ValueError(f"{name}: {'none' if value is None else value} given twice; expected each once")
         if args.prefill_tokens < 0 or any(p < 0 for p in getattr(args, "prefills", [])):
             raise ValueError("prefill tokens must be >= 0")
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -184,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
             source = {"target": target_path, "drafter": drafter_path, **({"run": run_dir} if run_dir else {})}
         if args.batch_size < 1:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
+        out = Path(args.out) if args.out else default_out(args, source)
+        check_out(out)
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
                                                  tree_lookup=args.tree_lookup, tree_redraft=args.tree_redraft,
@@ -200,7 +231,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else default_out(args, source)
     eos = eos_ids(tokenizer, target.model)
     warmup = getattr(target, "capture", False) if args.warmup is None else args.warmup  # a GPU compiles and captures there
     config = {**vars(args), **source}
@@ -268,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
                 label = "none" if window is None else str(window)
                 path = out / "cells" / f"window-{label}_prefill-{prefill}.json"
                 if path.exists():  # resumable: a finished cell is never recomputed
-                    done = json.loads(path.read_text())
+                    done = read_cell(path)
                     keep(label, prefill, done["summary"], done["records"])
                     continue
                 label, records, summary = run_cell(window, prefill, bool(args.baseline))

@@ -64,18 +64,37 @@ def check_context_fits(tokenizer, conversations: list[Conversation], prefills: l
 
 def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
     """Records a previous run of the same cell finished: (conversation id, turn) -> record. A line cut off
-    by a kill (the last one) is dropped."""
+    by a kill is dropped (its turn is decoded again); a whole line of another shape is refused, naming it."""
     done = {}
     if path is not None and path.exists():
         # committed result folders keep them gzipped (benchmarks/results/*)
         text = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text(encoding="utf-8")
-        for line in text.splitlines():
+        for number, line in enumerate(text.splitlines(), 1):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            missing = [k for k in PARTIAL_KEYS if k not in record] if isinstance(record, dict) else list(PARTIAL_KEYS)
+            if missing or not isinstance(record["turn"], int):
+                raise ValueError(f"{path}:{number}: not a finished turn's record (expected an object with "
+                                 f"{', '.join(PARTIAL_KEYS)}); delete the file to decode the cell again")
             done[(str(record["id"]), record["turn"])] = record
     return done
+
+
+PARTIAL_KEYS = ("id", "turn", "output_ids", "output_text", "stats")
+
+
+def open_partial(path: Path):
+    """``path`` for appending records; a line a kill cut off is ended first, so the next record starts its own line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sink = open(path, "a", encoding="utf-8")
+    if sink.tell() > 0:
+        with open(path, "rb") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                sink.write("\n")
+    return sink
 
 
 def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | None, tokenizer, conversations: list[Conversation], *,
@@ -111,9 +130,7 @@ def run_conversations(target: CachedTarget, drafter: DFlashDrafter | Eagle3Draft
     limit = max_positions(target)
     records = []
     done = read_partial(partial)
-    if partial is not None:
-        partial.parent.mkdir(parents=True, exist_ok=True)
-    sink = open(partial, "a", encoding="utf-8") if partial is not None else None
+    sink = open_partial(partial) if partial is not None else None
     cache = [] if reuse_prefixes else None  # what the target's cache holds after the last generation (generate's cache_ids)
     todo_turns = turns_left(conversations, done)
     warm_s = warm_up_turn(target, drafter, tokenizer, conversations[0], prefill_tokens, sampling, max_new_tokens, eos_token_ids,
@@ -255,9 +272,7 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
 
     limit = max_positions(target)
     done = read_partial(partial)
-    if partial is not None:
-        partial.parent.mkdir(parents=True, exist_ok=True)
-    sink = open(partial, "a", encoding="utf-8") if partial is not None else None
+    sink = open_partial(partial) if partial is not None else None
     bar = tqdm(total=len(conversations), desc=desc, unit="q")
     verify_len = drafter.verify_tokens if drafter is not None else 1
     # the most positions a turn can need: every user turn and filler, plus room for each earlier answer (re-tokenised)

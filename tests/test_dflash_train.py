@@ -99,6 +99,20 @@ def test_unreadable_checkpoint_is_a_one_line_error(tmp_path: Path, damage: str) 
     assert "\n" not in str(e.value)
 
 
+def test_step_folder_without_state_is_skipped_with_a_warning(tmp_path: Path, caplog) -> None:
+    """Checkpoints are written whole, so a step folder without state.pt is not one: resume skips it, and says so."""
+    from train.checkpoint import list_checkpoints
+
+    for step in (1, 3):
+        (tmp_path / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+        torch.save({"train_state": {"step": step}}, tmp_path / "checkpoints" / f"step_{step:08d}" / "state.pt")
+    (tmp_path / "checkpoints" / "step_00000005").mkdir()
+    with caplog.at_level("WARNING", logger="train.checkpoint"):
+        found = list_checkpoints(tmp_path)
+    assert [p.name for p in found] == ["step_00000001", "step_00000003"]
+    assert "step_00000005 without state.pt, not a checkpoint: skipped" in caplog.text
+
+
 @pytest.mark.slow
 def test_compiled_whole_step_equals_eager(tmp_path: Path) -> None:
     """trainer.compile_scope=step's function (drafter, head and loss as one torch.compile graph; on the CPU with SDPA's

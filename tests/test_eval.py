@@ -100,11 +100,57 @@ def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
     (["mtbench", "--drafter", "/nonexistent"], "--drafter given without --target"),
     (["mtbench", "--engine", "zlab", "--drafter-weights", "int8"], "--engine zlab: --drafter-weights int8 is our loop's"),
     (["mtbench", "--device", "bogus"], "--device 'bogus'; expected auto, cpu, cuda or cuda:N"),
+    (["sweep", "--windows", "none", "none", "--num-questions", "1"], "--windows: none given twice; expected each once"),
+    (["sweep", "--prefills", "0", "0", "--num-questions", "1"], "--prefills: 0 given twice; expected each once"),
 ])
 def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) -> None:
     assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
+
+
+def test_out_at_or_under_a_file_is_one_clear_line(runs_dir, tmp_path, capsys) -> None:
+    file = tmp_path / "results.json"
+    file.write_text("{}")
+    for out in (file, file / "sub"):
+        assert main(["mtbench", "--num-questions", "1", "--runs-dir", str(runs_dir), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: {file} is a file; expected a results folder" in err and "Traceback" not in err
+    assert file.read_text() == "{}"
+
+
+def test_a_malformed_run_json_is_named(runs_dir, tmp_path, capsys) -> None:
+    run_json = tmp_path / "runs" / "run1" / "run.json"
+    run_json.parent.mkdir(parents=True)
+    run_json.write_text('{"target": ')  # cut off
+    assert main(["mtbench", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "o")]) == 2
+    assert f"error: {run_json}: not valid JSON" in capsys.readouterr().err
+    run_json.write_text(json.dumps({"export": str(runs_dir / "run1" / "export")}))  # an export, but no target recorded
+    assert main(["mtbench", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "o")]) == 2
+    assert f"error: {run_json}: field 'target' is None" in capsys.readouterr().err
+
+
+def test_resume_files_of_another_shape_are_named(tmp_path) -> None:
+    from eval.__main__ import read_cell
+    from eval.runner import open_partial, read_partial
+
+    record = {"id": "81", "turn": 1, "output_ids": [1], "output_text": "a", "stats": {}}
+    partial = tmp_path / "partial" / "cell.jsonl"
+    partial.parent.mkdir()
+    partial.write_text(json.dumps(record) + "\n" + json.dumps({**record, "turn": 2})[:-9])  # the last line cut off by a kill
+    assert list(read_partial(partial)) == [("81", 1)]
+    with open_partial(partial) as sink:  # the next record starts its own line, not the cut one's
+        sink.write(json.dumps({**record, "turn": 2}) + "\n")
+    assert list(read_partial(partial)) == [("81", 1), ("81", 2)]
+    for line in ("[1, 2]", '{"id": "81"}', '{"id": "81", "turn": 1}'):
+        partial.write_text(json.dumps(record) + "\n" + line + "\n")
+        with pytest.raises(ValueError, match=rf"cell.jsonl:2: not a finished turn's record"):
+            read_partial(partial)
+    cell = tmp_path / "cell.json"
+    for text, message in (('{"summary": {', "not valid JSON"), ('{"summary": {}}', "expected a finished cell with 'summary' and 'records'")):
+        cell.write_text(text)
+        with pytest.raises(ValueError, match=f"cell.json: {message}"):
+            read_cell(cell)
 
 
 @pytest.mark.slow

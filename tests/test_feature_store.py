@@ -167,3 +167,36 @@ def test_features_command_without_a_path_exits_with_one_line(tmp_path: Path, tin
     assert result.returncode == 2
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line]  # Hydra logs to stdout
     assert len(errors) == 1 and "features.path is null" in errors[0], result.stdout + result.stderr
+
+
+def test_store_files_of_another_shape_are_one_clear_error(tmp_path: Path) -> None:
+    """A store's folder at or under a file, a cut-off or reshaped store.json, complete.json or shard mark: a
+    StoreError naming the file (python -m train and python -m train.features print it as their one line)."""
+    from train.features.store import StoreSpec, StoreWriter
+
+    spec = StoreSpec(target={"config": "c", "weights": "w"}, layer_ids=[1], with_final_hidden=False, dtype="float32", hidden_size=4,
+                     max_length=8, batch_size=1, data={"train": "d"}, rows={"train": 2}, rows_per_shard=1)
+    file = tmp_path / "file"
+    file.write_text("x")
+    for path, message in ((file, "a file; expected a folder"), (file / "store", f"{file} is a file; expected a folder")):
+        with pytest.raises(StoreError, match=message):
+            StoreWriter(path, spec)
+    store = tmp_path / "store"
+    writer = StoreWriter(store, spec)
+    for shard in range(2):
+        writer.write_shard("train", shard, {f"{shard}.features": torch.ones(3, 4)}, 3)
+    writer.finish()
+    FeatureStore(store)
+    spec_text = (store / "store.json").read_text()
+    for name, text, message in (("store.json", "[1]", "a JSON list"), ("store.json", '{"layer_ids": ', "not valid JSON")):
+        (store / name).write_text(text)
+        with pytest.raises(StoreError, match=rf"store.json: {message}"):
+            StoreWriter(store, spec)
+    (store / "store.json").write_text(spec_text)
+    for name, text, message in (("complete.json", '{"tokens": ', "not valid JSON"), ("complete.json", "[]", "a JSON list"),
+                                ("train/shard_00001.json", '{"rows": [1, 2]}', "no 'sha256'")):
+        good = (store / name).read_text()
+        (store / name).write_text(text)
+        with pytest.raises(StoreError, match=rf"{name}: {message}.*; expected"):
+            FeatureStore(store)
+        (store / name).write_text(good)

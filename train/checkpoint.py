@@ -50,7 +50,11 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     root = checkpoint_dir(output_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / "state.pt").exists()]
+    steps = [p for p in root.iterdir() if STEP_DIR.match(p.name)]
+    found = [p for p in steps if (p / "state.pt").exists()]
+    if len(found) < len(steps):  # checkpoints are written whole (temp name, then rename): such a folder is not ours
+        log.warning("%s: %s without state.pt, not a checkpoint: skipped (resuming from the newest complete one)", root,
+                    ", ".join(sorted(p.name for p in steps if p not in found)))
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 

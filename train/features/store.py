@@ -96,6 +96,19 @@ def target_digest(model: torch.nn.Module) -> dict[str, str]:
             "weights": weights.hexdigest()}
 
 
+def read_json(path: Path, what: str, keys: Iterable[str] = ()) -> dict[str, Any]:
+    """A store's JSON file (spec, shard mark, totals) as a dict with ``keys``, or one StoreError naming the file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StoreError(f"{path}: not valid JSON ({e}); expected {what} (delete it and rerun python -m train.features)") from None
+    missing = [k for k in keys if k not in data] if isinstance(data, dict) else None
+    if missing is None or missing:
+        got = f"a JSON {type(data).__name__}" if missing is None else f"no {missing[0]!r}"
+        raise StoreError(f"{path}: {got}; expected {what} (delete it and rerun python -m train.features)")
+    return data
+
+
 def shard_file(root: Path, split: str, shard: int) -> Path:
     """A shard's file; its completion mark is the same name with ``.json``."""
     return Path(root) / split / f"shard_{shard:05d}.safetensors"
@@ -142,8 +155,13 @@ class StoreWriter:
         self.path, self.spec = Path(path), spec
         self.pool = ThreadPoolExecutor(threads) if spec.compression == "zlib" else None
         spec_file = self.path / "store.json"
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"features.path={str(self.path)!r}: a file; expected a folder for the feature store")
+        blocked = next((p for p in self.path.parents if p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            raise StoreError(f"features.path={str(self.path)!r}: {blocked} is a file; expected a folder for the feature store")
         if spec_file.exists():
-            check_spec(json.loads(spec_file.read_text()), asdict(spec), self.path)
+            check_spec(read_json(spec_file, "a feature store spec (store.json)"), asdict(spec), self.path)
         else:
             with atomic_open(spec_file) as f:
                 json.dump(asdict(spec), f, indent=2)
@@ -190,7 +208,7 @@ class StoreWriter:
                 mark_file = shard_file(self.path, split, shard).with_suffix(".json")
                 if not mark_file.exists():
                     raise StoreError(f"{mark_file}: shard not written yet (run the writer again to finish the store)")
-                mark = json.loads(mark_file.read_text())
+                mark = read_json(mark_file, "a shard's completion mark", ("tokens", "bytes"))
                 totals["tokens"] += mark["tokens"]
                 totals["bytes"] += mark["bytes"]
                 totals["shards"] += 1
@@ -228,7 +246,7 @@ class FeatureStore:
             raise StoreError(f"{spec_file}: not a feature store spec this code reads ({e})") from None
         if self.spec.format_version != FORMAT_VERSION:
             raise StoreError(f"{spec_file}: format_version {self.spec.format_version}; this code reads {FORMAT_VERSION}")
-        self.totals = json.loads(complete.read_text())
+        self.totals = read_json(complete, "the store's totals (complete.json)", ("tokens", "bytes_per_token"))
         self.open_shards = open_shards
         self._handles: OrderedDict[tuple[str, int], Any] = OrderedDict()
         self.pool = ThreadPoolExecutor(threads)  # hashing, reading and inflating release the GIL
@@ -244,7 +262,7 @@ class FeatureStore:
             mark_file = file.with_suffix(".json")
             if not file.exists() or not mark_file.exists():
                 raise StoreError(f"{file}: missing from a store marked complete")
-            expected = json.loads(mark_file.read_text())["sha256"]
+            expected = read_json(mark_file, "a shard's completion mark", ("sha256",))["sha256"]
             digest = file_sha256(file)
             if digest != expected:
                 raise StoreError(f"{file}: sha256 {digest[:16]}… does not match {mark_file.name}'s {expected[:16]}… "
