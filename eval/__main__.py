@@ -146,11 +146,11 @@ def check_out(out: Path) -> None:
 
 def read_cell(path: Path) -> dict:
     """A finished sweep cell (cells/*.json), or one clear error naming the file."""
-    try:
-        done = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e}); delete it to compute the cell again") from None
-    if not isinstance(done, dict) or not isinstance(done.get("summary"), dict) or not isinstance(done.get("records"), list):
+    from common.json_file import read_json_object
+
+    expected = "a finished cell with 'summary' and 'records'; delete it to compute the cell again"
+    done = read_json_object(path, expected)
+    if not isinstance(done.get("summary"), dict) or not isinstance(done.get("records"), list):
         raise ValueError(f"{path}: expected a finished cell with 'summary' and 'records'; delete it to compute the cell again")
     return done
 

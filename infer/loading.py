@@ -22,6 +22,7 @@ from models.dflash import DFlashDraftModel
 from models.eagle3 import Eagle3DraftModel
 from models.target import TargetModel
 from models.builtin_targets import resolve_target_path
+from common.json_file import read_json_object
 from infer import speculators_checkpoint
 
 EAGLE3_ARCHITECTURES = ["Eagle3DraftModel"]
@@ -33,28 +34,32 @@ def read_drafter_config(path: str | Path) -> dict:
     if not config_file.exists():
         what = "a file, not a folder" if Path(path).is_file() else "no config.json there"
         raise ValueError(f"drafter {path}: {what}; expected an exported DFlash or EAGLE-3 drafter folder")
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config_file}: not valid JSON ({e.msg})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_file}: a JSON {type(config).__name__}; expected an object (the drafter's config)")
+    config = read_json_object(config_file, "an object (the drafter's config)")
     if speculators_checkpoint.is_speculators_config(config):  # mapped to our config; the weights by load_drafter_model
         return speculators_checkpoint.read_config(path)
-    if config.get("architectures") == EAGLE3_ARCHITECTURES:
-        field, ids = "target_layer_ids", config.get("target_layer_ids")
-    elif "dflash_config" not in config:
+    if not is_eagle3(config) and "dflash_config" not in config:
         raise ValueError(f"{config_file}: no 'dflash_config' field and architectures {config.get('architectures')!r}; expected a DFlash "
                          f"drafter (our 'dflash' export format) or an EAGLE-3 drafter (architectures {EAGLE3_ARCHITECTURES})")
-    else:
+    check_drafter_fields(config, f"{config_file}:")
+    return config
+
+
+def check_drafter_fields(config: dict, where: str) -> None:
+    """The fields read before a DFlash or EAGLE-3 drafter is built, each of its type (else a KeyError or TypeError deep in
+    the model), as one ValueError starting with ``where``: EAGLE-3's target_layer_ids; DFlash's dflash_config object, its
+    integer block_size and mask_token_id and its target_layer_ids. Configs of neither kind pass (their loaders say so)."""
+    if is_eagle3(config):
+        field, ids = "target_layer_ids", config.get("target_layer_ids")
+    elif "dflash_config" in config:
         dflash = config["dflash_config"]
         if not isinstance(dflash, dict) or not all(isinstance(dflash.get(k), int) for k in ("block_size", "mask_token_id")):
-            raise ValueError(f"{config_file}: dflash_config={dflash!r:.80}; expected an object with integer block_size and mask_token_id "
+            raise ValueError(f"{where} dflash_config={dflash!r:.80}; expected an object with integer block_size and mask_token_id "
                              f"and a list target_layer_ids")
         field, ids = "dflash_config.target_layer_ids", dflash.get("target_layer_ids")
+    else:
+        return
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"{config_file}: {field}={ids!r}; expected a non-empty list of target layer ids (integers)")
-    return config
+        raise ValueError(f"{where} {field}={ids!r}; expected a non-empty list of target layer ids (integers)")
 
 
 def is_eagle3(config: dict) -> bool:

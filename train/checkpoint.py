@@ -10,7 +10,6 @@ always complete; resuming picks the newest one.
 from __future__ import annotations
 
 import logging
-import pickle
 import re
 import shutil
 from pathlib import Path
@@ -63,11 +62,24 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not file.exists():
         raise ValueError(f"trainer.resume={str(path)!r}: no checkpoint there (expected {file})")
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError) as e:  # truncated or overwritten: torch's message runs on for lines
-        reason = str(e).split(". ")[0].splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"trainer.resume: {file} is not a readable checkpoint ({reason}); delete its folder "
+        return read_state(file)
+    except UnreadableCheckpoint as e:
+        raise ValueError(f"trainer.resume: {file} is not a readable checkpoint ({e}); delete its folder "
                          "to resume from an older one, or start over with trainer.resume=never") from None
+
+
+class UnreadableCheckpoint(ValueError):
+    """A state.pt torch cannot read back (cut off, overwritten, not a checkpoint); the message is why, in one line."""
+
+
+def read_state(file: Path) -> Any:
+    """``torch.load`` of a checkpoint file (weights only, on the CPU); any failure as one ``UnreadableCheckpoint``: torch's
+    errors for a cut-off or foreign file vary (RuntimeError, UnpicklingError, EOFError, KeyError) and run on for lines."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - see above
+        reason = str(e).split(". ")[0].splitlines()[0] if str(e) else ""
+        raise UnreadableCheckpoint(f"{type(e).__name__}: {reason}" if reason else type(e).__name__) from None
 
 
 def rng_state() -> dict[str, Any]:

@@ -47,11 +47,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from common.atomic import atomic_dir
+from common.json_file import read_json_object
 from infer.speculators_checkpoint import eagle3_config as speculators_eagle3_config
 from models.dflash import DFlashDraftModel, sliding_block_causal
 
 from . import engines
-from .checkpoint import list_checkpoints
+from .checkpoint import UnreadableCheckpoint, list_checkpoints, read_state
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
                           f"folder (config.json + {WEIGHTS}) or a checkpoint folder (state.pt)")
     run_record = None
     if (source / "run.json").exists():
-        run_record = read_json(source / "run.json")
+        run_record = read_json_object(source / "run.json", error=ExportError)
         if (source / "export" / WEIGHTS).exists():
             source = source / "export"
         else:
@@ -83,10 +84,9 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
             source = found[-1]
     if (source / "state.pt").exists():
         try:
-            state = torch.load(source / "state.pt", map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - torch.load's errors for a truncated or foreign file vary (RuntimeError, UnpicklingError, EOFError, KeyError)
-            reason = str(e).split(". ")[0].splitlines()[0] if str(e) else ""  # torch's message runs on for lines
-            raise ExportError(f"{source / 'state.pt'}: not a readable checkpoint ({type(e).__name__}: {reason}); truncated or corrupt?") from None
+            state = read_state(source / "state.pt")
+        except UnreadableCheckpoint as e:  # not load_checkpoint: its message speaks of trainer.resume
+            raise ExportError(f"{source / 'state.pt'}: not a readable checkpoint ({e}); truncated or corrupt?") from None
         if not isinstance(state, dict) or "model_config" not in state or "model" not in state:
             raise ExportError(f"{source / 'state.pt'}: checkpoint has no 'model_config' and 'model' (written by an older version?)")
         return state["model_config"], state["model"], run_record
@@ -94,7 +94,7 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
         raise ExportError(f"{source}: expected a run folder, an export folder (config.json) or a checkpoint (state.pt)")
     if not (source / WEIGHTS).exists():
         raise ExportError(f"{source}: no {WEIGHTS}")
-    config = read_json(source / "config.json")
+    config = read_json_object(source / "config.json", error=ExportError)
     try:
         weights = load_file(source / WEIGHTS)
     except SafetensorError as e:
@@ -102,36 +102,17 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
     return config, weights, run_record
 
 
-def read_json(file: Path) -> dict[str, Any]:
-    """A JSON object from ``file``, else a one-line ExportError naming it."""
-    try:
-        obj = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise ExportError(f"{file}: not valid JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(obj, dict):
-        raise ExportError(f"{file}: a JSON {type(obj).__name__}; expected an object")
-    return obj
-
-
 def check_config(config: dict[str, Any], source: Path) -> None:
-    """The fields the export reads before building the drafter, each with its type (else a KeyError deep in the model)."""
+    """The fields the export reads before building the drafter, each with its type: the loop's own check
+    (``infer.loading.check_drafter_fields``), as an ExportError."""
+    from infer.loading import check_drafter_fields
+
     if not isinstance(config, dict):
         raise ExportError(f"{source}: the drafter config is a {type(config).__name__}; expected an object")
-    if is_eagle3(config):
-        fields = {"target_layer_ids": config.get("target_layer_ids")}
-    elif "dflash_config" in config:
-        if not isinstance(config["dflash_config"], dict):
-            raise ExportError(f"{source}: config dflash_config={config['dflash_config']!r:.60}; expected an object "
-                              "{target_layer_ids, block_size, mask_token_id}")
-        fields = {f"dflash_config.{k}": config["dflash_config"].get(k) for k in ("target_layer_ids", "block_size", "mask_token_id")}
-    else:
-        return  # build_model names what it is not
-    for field, value in fields.items():
-        ok = (isinstance(value, list) and value and all(isinstance(i, int) for i in value)) if field.endswith("target_layer_ids") \
-            else isinstance(value, int)
-        if not ok:
-            expected = "a non-empty list of integer layer ids" if field.endswith("target_layer_ids") else "an integer"
-            raise ExportError(f"{source}: config {field}={value!r}; expected {expected}")
+    try:
+        check_drafter_fields(config, f"{source}: config")
+    except ValueError as e:
+        raise ExportError(str(e)) from None
 
 
 def check_output(output: Path) -> None:

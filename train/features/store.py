@@ -37,6 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
 from common.atomic import atomic_open
+from common.json_file import read_json_object
 
 FORMAT_VERSION = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -98,14 +99,11 @@ def target_digest(model: torch.nn.Module) -> dict[str, str]:
 
 def read_json(path: Path, what: str, keys: Iterable[str] = ()) -> dict[str, Any]:
     """A store's JSON file (spec, shard mark, totals) as a dict with ``keys``, or one StoreError naming the file."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise StoreError(f"{path}: not valid JSON ({e}); expected {what} (delete it and rerun python -m train.features)") from None
-    missing = [k for k in keys if k not in data] if isinstance(data, dict) else None
-    if missing is None or missing:
-        got = f"a JSON {type(data).__name__}" if missing is None else f"no {missing[0]!r}"
-        raise StoreError(f"{path}: {got}; expected {what} (delete it and rerun python -m train.features)")
+    expected = f"{what} (delete it and rerun python -m train.features)"
+    data = read_json_object(path, expected, StoreError)
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise StoreError(f"{path}: no {missing[0]!r}; expected {expected}")
     return data
 
 
