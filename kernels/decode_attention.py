@@ -249,7 +249,11 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count if torch.cuda.is_available() else 16
 
 
-KEYS_PER_ROW = 8  # a split reads up to this many keys per query row it writes partials for (benchmarks/attention_splits.py)
+# a split reads up to this many keys per query row it writes partials for. H200, a 16-token verify (64 rows) at 32K, 36
+# calls on 36 caches (benchmarks/attention_split_sizes.py): 51.7 µs a call with 512-key splits (8 keys a row, the rule
+# before), 44.4-44.9 with 1024 (16 a row), 54.6 with 768, 48.9 with 1536 (the keys' read floor 31.9); the DFlash loop at
+# 32K 0.78 -> 0.82 of τ. At 8K and 1K the one-wave cap of split_size binds first (the same splits as before)
+KEYS_PER_ROW = 16
 
 
 def split_size(capacity: int, programs_per_split: int, device: torch.device, rows: int = 1, block_n: int = BLOCK_N) -> int:
@@ -257,8 +261,8 @@ def split_size(capacity: int, programs_per_split: int, device: torch.device, row
     query rows, up to ``KEYS_PER_ROW * rows`` keys as long as the programs still fill the SMs once. Every split writes
     ``rows x D`` fp32 partials that the merge reads back: a 16-token verify has 64 query rows per KV head (Qwen3-8B),
     whose partials over 64-key splits moved twice the bytes of the keys. H100, one call at 1K / 8K / 32K: 9.7 / 27.0 /
-    66.6 µs with the splits by capacity alone, 9.1 / 22.9 / 66.4 with this rule; a one-token step (4 rows) keeps its
-    splits."""
+    66.6 µs with the splits by capacity alone, 9.1 / 22.9 / 66.4 with 8 keys a row; 16 a row since (``KEYS_PER_ROW``).
+    A one-token step (4 rows) keeps its splits."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 16
     splits = max(1, min(128, math.ceil(4 * sms / programs_per_split)))
     one_wave = capacity / max(1, math.ceil(sms / programs_per_split))  # keys per split when the programs fill the SMs once

@@ -143,6 +143,11 @@ def test_pass_one_tiling_by_query_rows(monkeypatch) -> None:
     assert da.tiling_for(64, cuda) == da.FEW_ROWS
     monkeypatch.setattr(da, "TILING", da.Tiling(block_n=32, num_warps=4, num_stages=3))
     assert da.tiling_for(4, cuda) == da.tiling_for(64, cpu) == da.Tiling(32, 4, 3)
+    # the splits at Qwen3-8B's 8 KV heads on a 132-SM GPU, as benchmarks/attention_split_sizes.py measured them: a verify's
+    # 64 rows read 1024 keys a split at 32K (16 a row), 512 at 8K and 128 at 1K (the one-wave cap); 4 rows keep 512
+    monkeypatch.setattr(da, "_num_sms", lambda index: 132)
+    assert [da.split_size(c, 8, cuda, 64) for c in (33040, 8464, 1296)] == [1024, 512, 128]
+    assert da.split_size(33040, 8, cuda, 4) == 512
     for rows in (4, 64):
         assert da.split_size(33040, 8, torch.device("cpu"), rows, 32) % 32 == 0
         assert da.split_size(33040, 8, torch.device("cpu"), rows) % da.BLOCK_N == 0

@@ -1,0 +1,85 @@
+"""The target's split-KV attention (kernels/decode_attention.py) at Qwen3-8B's heads (8 KV heads x 4, D 128) for each
+split size (keys per pass-1 program) and pass-1 tiling: µs per call, 36 calls captured in one CUDA graph, **each call on
+its own layer's cache** as in the loop (one cache reused by every call stays in L2 at 8K and flatters the time). One
+token and a 16-token verify at 1K / 8K / 32K, the keys' read floor at the measured bandwidth beside, the current rule's
+choice (``split_size``, ``tiling_for``) marked with ``*``.
+
+Why split sizes: every split writes its query rows' fp32 partials (rows x D x 4 bytes) that the merge reads back; a
+verify's 64 rows per KV head over 512-key splits move a quarter of the keys' bytes again, while longer splits leave
+fewer programs to hide each one's latency.
+
+    python benchmarks/attention_split_sizes.py [--contexts 8192 32768] [--tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.decode_speed import measured_bandwidth  # noqa: E402
+from benchmarks.measure import captured_us  # noqa: E402
+from kernels import decode_attention  # noqa: E402
+from kernels.decode_attention import Tiling  # noqa: E402
+
+KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
+SPLIT_KEYS = (128, 256, 512, 768, 1024, 1536, 2048, 4096)
+TILINGS = (Tiling(64, 4, 2), Tiling(64, 4, 3), Tiling(32, 4, 3))
+CAPACITY = {1024: 1296, 8192: 8464, 32768: 33040}  # the capacities decode_speed.py allocates at these contexts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192, 32768], choices=sorted(CAPACITY))
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16])
+    args = parser.parse_args()
+    bw = measured_bandwidth()["read_TBps"]
+    print(f"# {torch.cuda.get_device_name()} | µs per call, 36 calls on 36 caches | read bandwidth {bw:.2f} TB/s")
+    print("context | tokens | floor µs | split keys (programs, partial bytes / key bytes) | "
+          + " | ".join(f"{t.block_n}/{t.num_warps}w/{t.num_stages}s" for t in TILINGS))
+    rule_split, rule_tiling = decode_attention.split_size, decode_attention.TILING
+    try:
+        for pos in args.contexts:
+            capacity = CAPACITY[pos]
+            caches = [(torch.randn(1, KV_HEADS, capacity, HEAD_DIM, device="cuda", dtype=torch.bfloat16),
+                       torch.randn(1, KV_HEADS, capacity, HEAD_DIM, device="cuda", dtype=torch.bfloat16)) for _ in range(LAYERS)]
+            p = torch.tensor([pos], device="cuda")
+            floor = 2 * KV_HEADS * pos * HEAD_DIM * 2 / bw / 1e6
+            for n in args.tokens:
+                rows = GROUP * n
+                q = torch.randn(1, KV_HEADS, rows, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+                decode_attention.split_size, decode_attention.TILING = rule_split, rule_tiling  # the rule, for the reference
+                ref = decode_attention.decode_attention(q, *caches[0], p, n, 0.088).float()
+                chosen_tiling = decode_attention.tiling_for(rows, q.device)
+                chosen = rule_split(capacity, KV_HEADS, q.device, rows, chosen_tiling.block_n)
+                for keys in sorted(set(SPLIT_KEYS) | {chosen}):
+                    if keys > 2 * pos:
+                        continue
+                    splits = -(-capacity // keys)
+                    live = -(-pos // keys)  # splits holding keys the rows see
+                    partial = live * rows * HEAD_DIM * 4 * 2 / (2 * pos * HEAD_DIM * 2)  # written + read back
+                    row = []
+                    for tiling in TILINGS:
+                        if keys % tiling.block_n:  # a split is whole tiles
+                            row.append("-")
+                            continue
+                        decode_attention.TILING = tiling
+                        decode_attention.split_size = lambda *a, _k=keys, **kw: _k  # noqa: E731 (the swept size)
+                        out = decode_attention.decode_attention(q, *caches[0], p, n, 0.088)
+                        err = (out.float() - ref).abs().max().item()
+                        calls = iter(range(10**9))
+                        us = captured_us(lambda: decode_attention.decode_attention(q, *caches[next(calls) % LAYERS], p, n, 0.088), LAYERS)
+                        mark = "*" if (keys == chosen and tiling == chosen_tiling) else ""
+                        row.append(f"{us:.1f}{mark}" + ("" if err < 2e-2 else f" (diff {err:.1e})"))
+                    print(f"{pos} | {n} | {floor:.1f} | {keys} ({splits * KV_HEADS}, {partial:.0%}) | " + " | ".join(row), flush=True)
+            del caches
+            torch.cuda.empty_cache()
+    finally:
+        decode_attention.split_size, decode_attention.TILING = rule_split, rule_tiling
+
+
+if __name__ == "__main__":
+    main()
