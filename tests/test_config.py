@@ -80,6 +80,7 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["drafter.layer_types=[windowed]", "drafter.num_hidden_layers=1"], "'windowed' is not one of"),
         (["drafter.sliding_window=0"], "drafter.sliding_window=0"),
         (["drafter.target_layer_ids=[1,1]"], "has repeats"),
+        (["drafter.num_target_features=0"], "drafter.num_target_features=0; expected >= 1 or null"),  # was read as null
         (["data.max_length=1"], "data.max_length=1"),
         (["data.max_length=64", "data.pack_length=32"], "data.pack_length=32; expected >= data.max_length"),
         (["data.pack_length=4096", "features.path=/tmp/store"], "data.pack_length=4096 with features.path=/tmp/store"),
@@ -234,6 +235,22 @@ def test_target_folder_without_config_json_fails_before_the_target_loads(tmp_pat
     cfg = to_train_config(compose_train([f"target.path={tmp_path}", "output_dir=/tmp/x"]))
     with pytest.raises(ValueError, match=rf"target.path='{tmp_path}': no config.json there; expected a Hugging Face model folder"):
         check_paths(cfg)
+
+
+def test_feature_store_that_is_missing_or_unfinished_fails_before_the_target_loads(tmp_path: Path) -> None:
+    """features.path was opened after the target had loaded (and its data had been tokenized): minutes, then the error."""
+    from train.config import check_paths
+
+    store = tmp_path / "store"
+    cfg = to_train_config(compose_train(["experiment=dflash_swa_tiny", f"features.path={store}", "output_dir=/tmp/x"]))
+    with pytest.raises(ValueError, match=rf"features.path='{store}': no feature store there \(expected {store}/store.json"):
+        check_paths(cfg)
+    store.mkdir()
+    (store / "store.json").write_text("{}")
+    with pytest.raises(ValueError, match=rf"features.path='{store}': the store is unfinished \(no complete.json\)"):
+        check_paths(cfg)
+    (store / "complete.json").write_text("{}")
+    check_paths(cfg)  # complete as far as the start-up check goes; the store itself reads and checks its files
 
 
 @pytest.mark.slow

@@ -146,6 +146,9 @@ class DFlashConfig(DrafterConfigBase):
             raise ValueError(f"drafter.block_size={self.block_size}; expected >= 2")
         if self.num_anchors < 1:
             raise ValueError(f"drafter.num_anchors={self.num_anchors}; expected >= 1")
+        if self.num_target_features is not None and self.num_target_features < 1:
+            raise ValueError(f"drafter.num_target_features={self.num_target_features}; expected >= 1 or null (as many as "
+                             "drafter.num_hidden_layers)")
         if self.loss_gamma is not None and self.loss_gamma <= 0:
             raise ValueError(f"drafter.loss_gamma={self.loss_gamma}; expected > 0 or null")
         if self.loss_weighting not in ("exp", "dpace"):
@@ -541,6 +544,12 @@ def check_paths(cfg: TrainConfig) -> None:
         if not (Path(path) / "config.json").is_file():
             raise ValueError(f"target.path={path!r}: no config.json there; expected a Hugging Face model folder "
                              "(config.json, weights, tokenizer)")
+    if cfg.features.path is not None:  # a store to read (python -m train.features, which writes it, does not come here)
+        from .features.store import StoreError, unreadable_store  # a ValueError: exit 2, one line
+
+        problem = unreadable_store(cfg.features.path)
+        if problem is not None:
+            raise StoreError(problem)
 
 
 register_configs()

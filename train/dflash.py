@@ -44,7 +44,7 @@ NAME = "DFlash"
 
 def feature_layer_ids(d: DFlashConfig, num_layers: int) -> list[int]:
     """The target layers read when ``drafter.target_layer_ids`` is null: z-lab's even spacing."""
-    return default_layer_ids("dflash", num_layers, d.num_target_features or d.num_hidden_layers)
+    return default_layer_ids("dflash", num_layers, d.num_hidden_layers if d.num_target_features is None else d.num_target_features)
 
 
 def fastest_gpu_backend(cfg: TrainConfig, drafter: DFlashDraftModel) -> str:

@@ -226,18 +226,28 @@ def check_spec(stored: dict[str, Any], asked: dict[str, Any], path: Path) -> Non
 
 # ----------------------------------------------------------------------------- reading
 
+def unreadable_store(path: str | Path) -> str | None:
+    """Why ``path`` holds no complete store (one line naming it), or None: the trainer asks before it loads the target."""
+    path = Path(path)
+    spec_file = path / "store.json"
+    if not spec_file.exists():
+        return (f"features.path={str(path)!r}: no feature store there (expected {spec_file}; "
+                "write one with python -m train.features)")
+    if not (path / "complete.json").exists():
+        return (f"features.path={str(path)!r}: the store is unfinished (no complete.json); "
+                "run the same python -m train.features command again to finish it")
+    return None
+
+
 class FeatureStore:
     """Reads a complete store: ``gather(split, rows, length)`` -> zero-padded [B, length, F] batches."""
 
     def __init__(self, path: str | Path, verify: bool = True, open_shards: int = 64, threads: int = 8):
         self.path = Path(path)
+        problem = unreadable_store(self.path)
+        if problem is not None:
+            raise StoreError(problem)
         spec_file, complete = self.path / "store.json", self.path / "complete.json"
-        if not spec_file.exists():
-            raise StoreError(f"features.path={str(self.path)!r}: no feature store there (expected {spec_file}; "
-                             "write one with python -m train.features)")
-        if not complete.exists():
-            raise StoreError(f"features.path={str(self.path)!r}: the store is unfinished (no complete.json); "
-                             "run the same python -m train.features command again to finish it")
         try:
             self.spec = StoreSpec(**json.loads(spec_file.read_text()))
         except (TypeError, json.JSONDecodeError) as e:
