@@ -24,3 +24,6 @@ SWA_REFERENCE_TARGET=$PWD/.target/qwen3-27m-sharegpt python -m pytest -q -rA -p 
 # rule's choice, so in call1_split_sizes.txt the "*" marks of the 16-token rows and the "(diff ...)" notes are wrong:
 # the diffs are cells whose split size is not whole tiles (96 or 160 keys on 64-key tiles: those cells skipped part of
 # the keys; the script now skips them). The times of the valid cells stand. Fixed before call 2.
+# call 6 (a fresh machine): the 32K draft vocabulary beside the whole 152K head, at 8K and 32K
+for c in 8192 32768; do python benchmarks/decode_speed.py --compile --no-eager-baseline --attention split_kv --taus 3 \
+  --drafters dflash-vocab dflash --dflash-draft-steps 0 --contexts $c; done   # call6_vocab_*.txt, json/call6_vocab_*.json
