@@ -196,17 +196,22 @@ class TargetModel:
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | torch.device = "cpu", dtype: str = "auto", attn_implementation: str = "sdpa") -> "TargetModel":
-        """Load from a local folder or a hub id; bf16 on GPU and fp32 on CPU unless ``dtype`` says."""
+        """Load from a local folder or a hub id (offline: from the local hub cache, or a one-line error at once:
+        ``models.hub``); bf16 on GPU and fp32 on CPU unless ``dtype`` says."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from models.hub import local_files_only
+
+        local_only = local_files_only(path, "target.path")
         device = torch.device(device)
         if dtype == "auto":
             torch_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         else:
             torch_dtype = getattr(torch, dtype)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation,
+                                                         local_files_only=local_only)
         except (OSError, ValueError) as e:  # transformers raises ValueError for a folder it cannot read (no model_type, no tokenizer)
             raise ValueError(f"target.path={path!r}: cannot load a causal LM and tokenizer there ({' '.join(str(e).split())})") from None
         return cls(model.to(device), tokenizer, path)

@@ -558,9 +558,11 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
             from transformers import AutoConfig
 
             from infer.loading import check_target_folder
+            from models.hub import local_files_only
 
             check_target_folder(target_path)
-            verifier_architectures = list(AutoConfig.from_pretrained(target_path).architectures or [])
+            offline = local_files_only(target_path, "--target")  # a hub id offline: the cache, or one line at once
+            verifier_architectures = list(AutoConfig.from_pretrained(target_path, local_files_only=offline).architectures or [])
         else:
             raise ExportError("--format speculators needs the target (--target PATH): speculators_config names the verifier")
         out_config = eagle3_speculators_config_json(config, serve_target, verifier_architectures, num_steps)

@@ -1,0 +1,72 @@
+"""Hub ids on a machine that cannot reach the hub: answered in a second, not after the hub client's retries.
+
+Offline (a cluster's compute nodes, an air-gapped box), ``from_pretrained("Qwen/Qwen3-8B")`` asks the hub for each file
+and retries every refused connection with back-off: ~50 s before transformers says it found nothing, and as long again
+for a model that *is* in the local cache. Before loading a hub id, one connection to the hub's host is tried (a few
+milliseconds online): unreachable, a cached model loads from the cache alone (``local_files_only``) and an uncached one
+fails at once, in one line naming the id. Where a proxy is configured the proxy resolves the host, so nothing is tried
+and the hub client decides, as it does when ``HF_HUB_OFFLINE`` says offline already.
+
+Public API only: ``huggingface_hub.try_to_load_from_cache`` and transformers' ``local_files_only``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+PROBE_TIMEOUT_S = 3.0
+
+
+def is_hub_id(path: str) -> bool:
+    """``owner/name`` (or ``name``) that is not a local path: what transformers would look up on the hub."""
+    return not (Path(path).exists() or Path(path).is_absolute() or path.startswith((".", "~")) or path.count("/") > 1)
+
+
+def offline_env() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_host() -> str:
+    return urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+
+
+def unreachable() -> str | None:
+    """Why the hub cannot be reached (one connection tried), or None: reachable, behind a proxy, or declared offline."""
+    if offline_env() or any(os.environ.get(v) for v in PROXY_VARIABLES):
+        return None
+    host = hub_host()
+    try:
+        socket.create_connection((host, 443), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as e:  # no DNS, refused, unreachable, timed out
+        return f"{host} cannot be reached ({e.strerror or e})"
+    return None
+
+
+def cached(repo_id: str) -> bool:
+    """The model's config.json is in the local hub cache (``HF_HUB_CACHE``)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def local_files_only(path: str, what: str) -> bool:
+    """For ``from_pretrained(path)``: True when ``path`` is a hub id, the hub cannot be reached and the model is cached
+    (load it from the cache alone); False otherwise. Raises ValueError (one line, naming ``what=path``) for a hub id
+    that is neither reachable nor cached."""
+    if not is_hub_id(path):
+        return False
+    reason = unreachable()
+    if reason is None:
+        return False
+    if not cached(path):
+        raise ValueError(f"{what}={path!r}: not a local folder, not in the Hugging Face cache, and {reason}; download it "
+                         f"where there is network (hf download {path}) or pass a local model folder")
+    log.info("%s: %s; %s loads from the local Hugging Face cache", what, reason, path)
+    return True

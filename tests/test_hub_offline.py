@@ -1,0 +1,99 @@
+"""Hub ids without a network (models/hub.py): an uncached id fails at once in one line, a cached one loads from the
+cache alone; before, both waited out the hub client's ~50 s of retries. No test here reaches a network: every socket
+connection is refused in-process (and in the subprocess) before anything could leave the machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every connection refused as a machine without DNS refuses it; the attempts recorded. No proxy, not declared offline."""
+    attempts = []
+
+    def refuse(address, *args, **kwargs):
+        attempts.append(address)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", lambda self, address: refuse(address))
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+                 "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    return attempts
+
+
+def test_hub_ids_and_local_paths() -> None:
+    from models.hub import is_hub_id
+
+    assert is_hub_id("Qwen/Qwen3-8B") and is_hub_id("gpt2")
+    assert not any(is_hub_id(p) for p in ("./model", "../m", "/abs/model", "~/m", "a/b/c", str(ROOT)))
+
+
+def test_uncached_hub_id_fails_at_once_naming_it(no_network: list) -> None:
+    from models.target import TargetModel
+
+    repo = "swa-drafters-tests/no-such-model-3f9c1a"
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as err:
+        TargetModel.from_pretrained(repo, "cpu")
+    message = str(err.value)
+    assert message.startswith(f"target.path='{repo}': not a local folder, not in the Hugging Face cache, and huggingface.co "
+                              "cannot be reached (Name or service not known)") and "\n" not in message
+    assert no_network == [("huggingface.co", 443)]  # one probe; transformers never asked
+    assert time.perf_counter() - start < 10  # the hub client's retries took ~50 s
+
+
+def test_a_reachable_hub_or_a_proxy_leaves_the_hub_client_alone(no_network: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    from models import hub
+
+    assert hub.local_files_only("./a-folder", "target.path") is False and no_network == []  # a path: nothing tried
+    monkeypatch.setattr(socket, "create_connection", lambda address, timeout=None: type("Conn", (), {"close": lambda self: None})())
+    assert hub.local_files_only("swa-drafters-tests/anything", "target.path") is False  # reachable: transformers decides
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed behind a proxy"))
+    assert hub.unreachable() is None
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.unreachable() is None  # declared offline: the hub client fails fast by itself
+
+
+@pytest.mark.slow  # a subprocess (imports transformers) and two loads of the tiny target
+def test_cached_hub_id_loads_from_the_cache_without_the_network(tmp_path: Path, tiny_qwen3_path: str) -> None:
+    """A hub cache laid out as huggingface_hub writes it (refs/main -> snapshots/<commit>/files), holding the tiny target
+    as ``swa-tests/tiny-qwen3``: with every connection refused the id loads, its logits equal the folder's, no retries."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--swa-tests--tiny-qwen3"
+    shutil.copytree(tiny_qwen3_path, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    code = f"""
+import socket
+def refuse(*args, **kwargs):
+    raise socket.gaierror(-2, "Name or service not known")
+socket.create_connection = refuse
+socket.socket.connect = refuse
+import torch
+from models.target import TargetModel
+ids = torch.tensor([[1, 5, 9, 200, 31, 7]])
+a = TargetModel.from_pretrained("swa-tests/tiny-qwen3", "cpu").model(ids).logits
+b = TargetModel.from_pretrained({tiny_qwen3_path!r}, "cpu").model(ids).logits
+print("max diff", (a - b).abs().max().item())
+"""
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "max diff 0.0" in proc.stdout
+    assert "Retry" not in proc.stderr
