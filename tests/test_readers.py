@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from train.data.readers import DataError, read_conversations, sharegpt_package_file
+from train.data.readers import DataError, ReadStats, raw_records, read_conversations, sharegpt_package_file
 
 
 def sharegpt_record(i: int, turns: list[tuple[str, str]]) -> dict:
@@ -163,3 +163,19 @@ def test_file_with_no_complete_record_says_so(tmp_path: Path, text: str, message
     path.write_text(text)
     with pytest.raises(DataError, match=message):
         read_conversations(path)
+
+
+def test_hub_dataset_that_cannot_be_reached_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, a hub dataset name that is in no local cache: datasets raises ConnectionError (after its retries), which
+    ended the trainer in a traceback; now a DataError (a ValueError: exit 2, one line) naming data.path."""
+    import datasets
+
+    def unreachable(path, split=None, **kwargs):  # datasets 4's own message for this case
+        raise ConnectionError(f"Couldn't reach '{path}' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    with pytest.raises(DataError) as err:
+        list(raw_records("someone/some-dataset", ReadStats()))
+    assert str(err.value).startswith("data.path='someone/some-dataset': not a local file or folder, and the dataset hub cannot "
+                                     "be reached to load it (Couldn't reach 'someone/some-dataset' on the Hub")
+    assert "\n" not in str(err.value)
