@@ -30,6 +30,8 @@ PROMPT_LOOKUP = "pld"  # --drafter pld: prompt-lookup (n-gram) drafting, no trai
 
 
 def read_drafter_config(path: str | Path) -> dict:
+    """The drafter folder's config.json, checked; a speculators checkpoint's mapped to ours, and a z-lab DFlash checkpoint's
+    fields read where z-lab's loader finds them (``zlab_dflash_fields``)."""
     config_file = Path(path) / "config.json"
     if not config_file.exists():
         what = "a file, not a folder" if Path(path).is_file() else "no config.json there"
@@ -40,8 +42,42 @@ def read_drafter_config(path: str | Path) -> dict:
     if not is_eagle3(config) and "dflash_config" not in config:
         raise ValueError(f"{config_file}: no 'dflash_config' field and architectures {config.get('architectures')!r}; expected a DFlash "
                          f"drafter (our 'dflash' export format) or an EAGLE-3 drafter (architectures {EAGLE3_ARCHITECTURES})")
+    if not is_eagle3(config):
+        config = zlab_dflash_fields(config, config_file)
     check_drafter_fields(config, f"{config_file}:")
     return config
+
+
+# DFlash variants of z-lab's loader (PyPI dflash 0.1.0: selector heads, convolutions, other projectors, MLA, logit transforms)
+# that DFlashDraftModel does not implement; each key (in dflash_config or at the top level) with a value other than its
+# neutral one is refused in one line rather than loaded as a plain DFlash drafter that drafts noise
+ZLAB_VARIANT_FIELDS = {"selector_rank": None, "selector_top_k": None, "conv_kernel_size": None, "conv_group_size": None,
+                       "projector_type": None, "attention_mode": None, "input_embedding_scale": 1.0, "output_multiplier": 1.0,
+                       "final_logit_softcapping": None}
+
+
+def zlab_dflash_fields(config: dict, config_file: Path) -> dict:
+    """A DFlash config with ``dflash_config.block_size`` and ``mask_token_id`` where z-lab's loader reads them: from
+    ``dflash_config``, else the top level, ``block_size`` else 16 (z-lab's ``_draft_value``). z-lab's published checkpoints
+    (Qwen3-4B/8B-DFlash-b16 before mid-2026) keep ``block_size`` at the top level only; ours write both. Architectures
+    other than DFlashDraftModel, and z-lab's variant fields, are refused in one line."""
+    dflash = config.get("dflash_config")
+    if not isinstance(dflash, dict):
+        return config  # check_drafter_fields names it
+    architectures = config.get("architectures")
+    if architectures not in (None, ["DFlashDraftModel"]):
+        raise ValueError(f"{config_file}: architectures {architectures!r}; this loop builds DFlash (DFlashDraftModel) and EAGLE-3 "
+                         f"({EAGLE3_ARCHITECTURES}) drafters; z-lab's other variants run with --engine zlab")
+    for field, neutral in ZLAB_VARIANT_FIELDS.items():
+        value = dflash.get(field, config.get(field, neutral))
+        if value != neutral:
+            raise ValueError(f"{config_file}: {field}={value!r}, a z-lab DFlash variant this loop does not implement (plain "
+                             f"DFlashDraftModel only); run it with --engine zlab")
+    filled = dict(dflash)
+    for field, default in (("block_size", 16), ("mask_token_id", None)):
+        if field not in filled and config.get(field, default) is not None:
+            filled[field] = config.get(field, default)
+    return config if filled == dflash else {**config, "dflash_config": filled, "block_size": filled["block_size"]}
 
 
 def check_drafter_fields(config: dict, where: str) -> None:
@@ -72,6 +108,9 @@ def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DF
         return speculators_checkpoint.load_model(path, config, dtype)
     model_class = Eagle3DraftModel if is_eagle3(config) else DFlashDraftModel
     check_drafter_weights(path, config, model_class)
+    on_disk = read_json_object(Path(path) / "config.json", "an object (the drafter's config)")
+    if on_disk.get("dflash_config") != config.get("dflash_config"):  # z-lab's placements, filled in by read_drafter_config
+        return model_class.from_pretrained(path, config=model_class.config_class.from_dict(config), dtype=dtype)
     return model_class.from_pretrained(path, dtype=dtype)
 
 

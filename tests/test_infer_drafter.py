@@ -172,3 +172,54 @@ def test_a_broken_drafter_folder_is_one_line(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"no model\.safetensors there"):
         load_drafter_model(tmp_path / "none", config, torch.float32)
     assert load_drafter_model(good, read_drafter_config(good), torch.float32).fc.weight.shape == (32, 64)
+
+
+def test_a_zlab_published_dflash_checkpoint_loads_as_zlab_reads_it(tmp_path) -> None:
+    """z-lab's published DFlash checkpoints (Qwen3-4B/8B-DFlash-b16) keep block_size at the top level and dflash_config
+    {mask_token_id, target_layer_ids}: refused before (no dflash_config.block_size). Now read where z-lab's own loader (PyPI
+    dflash) reads them, giving the drafter that was saved; z-lab's variants we do not implement are refused in one line."""
+    import json
+
+    import dflash.model as zlab  # a dev dependency: a missing package fails, it does not skip
+
+    from infer.loading import load_drafter_model, read_drafter_config
+
+    model, embed, lm_head = make_drafter(["sliding_attention", "full_attention"], 16, block_size=8)
+    saved = json.loads(json.dumps(model.config.to_dict()))
+
+    def published(name: str, **changes) -> tuple:
+        path = tmp_path / name
+        model.save_pretrained(path)
+        config = json.loads((path / "config.json").read_text())
+        config["dflash_config"] = {k: v for k, v in config["dflash_config"].items() if k != "block_size"}  # z-lab's placement
+        for key, value in changes.items():
+            if value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        (path / "config.json").write_text(json.dumps(config))
+        return path, config
+
+    path, on_disk = published("zlab")
+    assert "block_size" not in on_disk["dflash_config"] and on_disk["block_size"] == 8
+    config = read_drafter_config(path)
+    assert config["dflash_config"] == saved["dflash_config"]  # block_size 8 from the top level, as saved
+    loaded = load_drafter_model(path, config, torch.float32).eval()
+    theirs = zlab.DFlashDraftModel.from_pretrained(path, dtype=torch.float32)
+    assert (loaded.block_size, loaded.mask_token_id, loaded.target_layer_ids) == (theirs.block_size, theirs.mask_token_id,
+                                                                                 theirs.target_layer_ids) == (8, 5, [1, 3])
+    features = torch.randn(40, 2 * HIDDEN)
+    torch.testing.assert_close(training_logits(loaded, embed, lm_head, features, 7, 30, 16),
+                               training_logits(model, embed, lm_head, features, 7, 30, 16), atol=0, rtol=0)
+
+    path, _ = published("no_block_size", block_size=None)  # nowhere: z-lab's default, 16
+    assert read_drafter_config(path)["dflash_config"]["block_size"] == 16 == zlab.DFlashDraftModel.from_pretrained(path).block_size
+    path, _ = published("selector", dflash_config={**on_disk["dflash_config"], "selector_rank": 256})
+    with pytest.raises(ValueError, match=r"config\.json: selector_rank=256, a z-lab DFlash variant this loop does not implement"):
+        read_drafter_config(path)
+    path, _ = published("softcap", final_logit_softcapping=20.0)
+    with pytest.raises(ValueError, match=r"final_logit_softcapping=20\.0, a z-lab DFlash variant"):
+        read_drafter_config(path)
+    path, _ = published("dflash2", architectures=["DFlash2DraftModel"])
+    with pytest.raises(ValueError, match=r"architectures \['DFlash2DraftModel'\]; this loop builds DFlash"):
+        read_drafter_config(path)
