@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--target", help="HF target folder/id (default: the target recorded in the training run)")
     common.add_argument("--drafter", help="a training run folder (python -m train's output_dir), an exported DFlash or EAGLE-3 "
-                                          "drafter, or 'pld' for prompt lookup (default: the newest run under --runs-dir)")
+                                          "drafter (a folder or a hub id), or 'pld' for prompt lookup (default: the newest run under --runs-dir)")
     common.add_argument("--pld", action=argparse.BooleanOptionalAction, default=True,
                         help="also run prompt lookup (n-gram drafting, as many drafts per step as the drafter) on the same prompts: "
                              "the free baseline beside every tau")

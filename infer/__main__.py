@@ -22,7 +22,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", help="HF causal LM folder or id, or builtin:tiny-qwen3 / builtin:tiny-llama3 "
                                     "(default: the target recorded in --drafter's run folder)")
     p.add_argument("--drafter", help="a training run folder (python -m train's output_dir), an exported DFlash or EAGLE-3 "
-                                     "drafter folder, or 'pld' (prompt lookup); leave out for plain autoregressive decoding")
+                                     "drafter (a folder or a hub id), or 'pld' (prompt lookup); leave out for plain autoregressive decoding")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the user message")
     src.add_argument("--question", type=int, help="an MT-Bench question_id (first turn), from the bundled copy")

@@ -22,6 +22,7 @@ from models.dflash import DFlashDraftModel
 from models.eagle3 import Eagle3DraftModel
 from models.target import TargetModel
 from models.builtin_targets import resolve_target_path
+from models import hub
 from common.json_file import read_json_object
 from infer import speculators_checkpoint
 
@@ -255,9 +256,12 @@ def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, st
     """(target, drafter, run folder). ``drafter`` may be a training run's folder (``python -m train``'s
     ``output_dir``, holding ``run.json``): its export is the drafter and, unless ``target`` is given, the
     target it was trained on is the target. A speculators ``--save-path`` folder resolves to its best (else newest)
-    checkpoint, so every engine (ours, vLLM) reads the same one."""
+    checkpoint, so every engine (ours, vLLM) reads the same one. A hub id (``owner/name``, no such local folder) is the
+    downloaded snapshot's folder (``models.hub.download``; offline, the cached one)."""
     if drafter is None or drafter == PROMPT_LOOKUP:
         return target, drafter, None
+    if hub.is_hub_id(drafter):  # a published drafter (z-lab's DFlash, a speculators checkpoint): its downloaded folder
+        drafter = hub.download(drafter, "--drafter")
     if not (Path(drafter) / "run.json").is_file():
         checkpoint = speculators_checkpoint.resolve_checkpoint(drafter)
         return target or speculators_checkpoint.verifier_path(checkpoint), drafter if checkpoint == Path(drafter) else str(checkpoint), None

@@ -25,8 +25,10 @@ PROBE_TIMEOUT_S = 3.0
 
 
 def is_hub_id(path: str) -> bool:
-    """``owner/name`` (or ``name``) that is not a local path: what transformers would look up on the hub."""
-    return not (Path(path).exists() or Path(path).is_absolute() or path.startswith((".", "~")) or path.count("/") > 1)
+    """``owner/name`` (or ``name``) that is not a local path: what transformers would look up on the hub. A name whose
+    first part is a local folder (``outputs/run`` with ``outputs/`` here) is a local path with a typo, not a hub id."""
+    return not (Path(path).exists() or Path(path).is_absolute() or path.startswith((".", "~")) or path.count("/") > 1
+                or ("/" in path and Path(path.split("/")[0]).exists()))
 
 
 def offline_env() -> bool:
@@ -70,3 +72,16 @@ def local_files_only(path: str, what: str) -> bool:
                          f"where there is network (hf download {path}) or pass a local model folder")
     log.info("%s: %s; %s loads from the local Hugging Face cache", what, reason, path)
     return True
+
+
+def download(repo_id: str, what: str) -> str:
+    """The local folder of hub model ``repo_id`` (``huggingface_hub.snapshot_download``: the whole repository, or the
+    cached snapshot alone when the hub cannot be reached); one line naming ``what=repo_id`` when neither works."""
+    from huggingface_hub import snapshot_download
+
+    offline = local_files_only(repo_id, what)
+    try:
+        return snapshot_download(repo_id, local_files_only=offline)
+    except Exception as e:  # not found, gated, no network mid-way: huggingface_hub's errors, each its own class
+        raise ValueError(f"{what}={repo_id!r}: not a local folder, and the hub did not give it ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]})") from None

@@ -34,11 +34,24 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> list:
     return attempts
 
 
-def test_hub_ids_and_local_paths() -> None:
+def test_hub_ids_and_local_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from models.hub import is_hub_id
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
     assert is_hub_id("Qwen/Qwen3-8B") and is_hub_id("gpt2")
     assert not any(is_hub_id(p) for p in ("./model", "../m", "/abs/model", "~/m", "a/b/c", str(ROOT)))
+    assert not is_hub_id("outputs/no-such-run")  # a local folder's typo, not a hub id
+
+
+def test_uncached_drafter_hub_id_fails_at_once_naming_it(no_network: list) -> None:
+    from infer.loading import resolve_run
+
+    repo = "swa-drafters-tests/no-such-drafter-3f9c1a"
+    with pytest.raises(ValueError, match=rf"^--drafter='{repo}': not a local folder, not in the Hugging Face cache, and "
+                                         r"huggingface.co cannot be reached \(Name or service not known\)"):
+        resolve_run(None, repo)
+    assert no_network == [("huggingface.co", 443)]
 
 
 def test_uncached_hub_id_fails_at_once_naming_it(no_network: list) -> None:
@@ -67,6 +80,35 @@ def test_a_reachable_hub_or_a_proxy_leaves_the_hub_client_alone(no_network: list
     monkeypatch.delenv("HTTPS_PROXY")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub.unreachable() is None  # declared offline: the hub client fails fast by itself
+
+
+@pytest.mark.slow  # a subprocess (imports huggingface_hub and the loader)
+def test_cached_drafter_hub_id_resolves_to_its_snapshot_without_the_network(tmp_path: Path) -> None:
+    """A published drafter in the hub cache (``--drafter owner/name``), every connection refused: ``resolve_run`` gives the
+    cached snapshot's folder, which ``read_drafter_config`` reads as any drafter folder."""
+    commit = "89abcdef0123456789abcdef0123456789abcdef"
+    repo = tmp_path / "hub" / "models--swa-tests--tiny-drafter"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text('{"architectures": ["DFlashDraftModel"], "block_size": 8, "hidden_size": 32, '
+                                          '"dflash_config": {"mask_token_id": 5, "target_layer_ids": [1, 3]}}')
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    code = """
+import socket
+def refuse(*args, **kwargs):
+    raise socket.gaierror(-2, "Name or service not known")
+socket.create_connection = refuse
+socket.socket.connect = refuse
+from infer.loading import read_drafter_config, resolve_run
+target, drafter, run = resolve_run("T", "swa-tests/tiny-drafter")
+print("resolved", target, drafter, run, read_drafter_config(drafter)["dflash_config"]["block_size"])
+"""
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"resolved T {snapshot} None 8" in proc.stdout and "Retry" not in proc.stderr
 
 
 @pytest.mark.slow  # a subprocess (imports transformers) and two loads of the tiny target
