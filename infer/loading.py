@@ -216,7 +216,7 @@ def check_target_folder(path: str) -> None:
     """A local target path that is no model folder, in one line (transformers answers an empty or wrong folder with five
     lines about tokenizers, a missing one as a malformed hub id); hub ids and ``builtin:`` names pass."""
     local = Path(path)
-    if (local.is_absolute() or path.startswith(".") or local.exists()) and not (local / "config.json").is_file():
+    if not path.startswith("builtin:") and not hub.is_hub_id(path) and not (local / "config.json").is_file():
         what = "no config.json there" if local.is_dir() else "a file, not a folder" if local.exists() else "no such folder"
         raise ValueError(f"target {path}: {what}; expected a Hugging Face model folder (config.json, weights, tokenizer)")
 

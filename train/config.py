@@ -532,13 +532,15 @@ def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
 
 def check_paths(cfg: TrainConfig) -> None:
     """Missing local paths fail in seconds, before the trainer imports and the target (or its first-use build) loads."""
+    from models.hub import is_hub_id
+
     from .data.dataset import resolve_source  # here, not at the top: the data package imports torch
     from .data.readers import looks_local_but_missing
 
     if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
         raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
     path = cfg.target.path
-    if not path.startswith("builtin:") and (Path(path).is_absolute() or path.startswith(".") or Path(path).is_dir()):
+    if not path.startswith("builtin:") and not is_hub_id(path):  # a local path (hub ids load from the hub or its cache)
         if not Path(path).is_dir():
             raise ValueError(f"target.path={path!r}: no such folder")
         if not (Path(path) / "config.json").is_file():
