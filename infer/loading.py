@@ -109,10 +109,8 @@ def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DF
         return speculators_checkpoint.load_model(path, config, dtype)
     model_class = Eagle3DraftModel if is_eagle3(config) else DFlashDraftModel
     check_drafter_weights(path, config, model_class)
-    on_disk = read_json_object(Path(path) / "config.json", "an object (the drafter's config)")
-    if on_disk.get("dflash_config") != config.get("dflash_config"):  # z-lab's placements, filled in by read_drafter_config
-        return model_class.from_pretrained(path, config=model_class.config_class.from_dict(config), dtype=dtype)
-    return model_class.from_pretrained(path, dtype=dtype)
+    # built from the config read_drafter_config checked (z-lab's placements filled in), not from the file once more
+    return model_class.from_pretrained(path, config=model_class.config_class.from_dict(config), dtype=dtype)
 
 
 def check_drafter_weights(path: str | Path, config: dict, model_class: type) -> None:
