@@ -183,11 +183,25 @@ def verify_split(model, context: int, tokens: int) -> None:
                 totals[e.name] = totals.get(e.name, 0.0) + e.time_range.elapsed_us() / 20
         per_kernel[n] = totals
         print(f"forward of {n} token(s) at {context}: {ms:.3f} ms (CUDA events), kernel time {sum(totals.values()) / 1e3:.3f} ms")
+        report_idle(prof, 20, "forward")
+        timeline(prof, 40)
     names = sorted(set(per_kernel[1]) | set(per_kernel[tokens]), key=lambda k: -(per_kernel[tokens].get(k, 0) - per_kernel[1].get(k, 0)))
     print(f"us per forward | 1 token | {tokens} tokens | difference | kernel")
     for name in names[:25]:
         a, b = per_kernel[1].get(name, 0.0), per_kernel[tokens].get(name, 0.0)
         print(f"{a:9.1f} | {b:9.1f} | {b - a:+9.1f} | {name[:100]}")
+
+
+def timeline(prof, count: int) -> None:
+    """The first ``count`` kernels of the last profiled replay: start (µs from the first), duration, the gap before it."""
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0),
+                     key=lambda e: e.time_range.start)
+    last = kernels[-len(kernels) // 20:]
+    t0, end = last[0].time_range.start, last[0].time_range.start
+    print("start us | duration us | gap before us | kernel (the last replay's first kernels)")
+    for e in last[:count]:
+        print(f"{e.time_range.start - t0:9.1f} | {e.time_range.elapsed_us():8.1f} | {e.time_range.start - end:7.1f} | {e.name[:90]}")
+        end = max(end, e.time_range.end)
 
 
 def report_idle(prof, units: int, unit: str) -> None:

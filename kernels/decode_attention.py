@@ -13,10 +13,15 @@ Tiles past a row's newest position load nothing (masked loads issue no reads), s
 length needs, not the capacity. The grid depends only on (B, Hkv, C): one CUDA graph per step shape keeps working as
 lengths grow.
 
-The new tokens' keys/values may come apart from the cache (``k_new``/``v_new``): split 0 writes them into the cache
-and attends to them after its own tiles, no split reads those slots, so no separate scatter kernel runs first. With
-``rope`` the projections come raw, as the fused q/k/v matrix writes them: Qwen3's per-head RMSNorm (if any) and RoPE
-are applied here, to q in every program and to the new keys in split 0 (two kernels per layer fewer).
+The new tokens' keys/values may come apart from the cache (``k_new``/``v_new``): the split holding the row's first
+new position writes them into the cache and attends to them after its own tiles, no split reads those slots, so no
+separate scatter kernel runs first. That split holds the fewest cached keys of the live ones (they end at the new
+position) and, on a GPU, runs only its live tiles, so the extra work no longer lengthens the kernel as it did on split
+0, a full one (H200, Qwen3-8B shape, with the output layout below: the DFlash loop +1.7-2.0% at 1K and 8K, the 16-token
+forward at 32K 6.35-6.50 -> 6.28-6.41 ms; BENCHMARKS.md "A verify's attention: new keys in the lightest split"). With ``rope`` the
+projections come raw, as the fused q/k/v matrix writes them: Qwen3's per-head RMSNorm (if any) and RoPE are applied
+here, to q in every program and to the new keys in that split (two kernels per layer fewer), and the output comes in
+q's layout, ``[B, n, Hq, D]``, the one o_proj reads (no transpose kernel after).
 
 Visibility (the repo's one convention, ``kernels.attention.aligned_visible``): row b's token t sits at position
 ``pos[b] + t`` and sees the keys at positions ``<=`` its own and, with a window W, ``> pos - W`` (W keys, itself
@@ -134,7 +139,7 @@ if triton is not None:
                       num_kv_heads, rows, n_tokens, capacity, window, qk_scale, split_size, eps,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
                       BLOCK_T: tl.constexpr, HAS_NEW: tl.constexpr, ROTATE: tl.constexpr, HAS_NORM: tl.constexpr,
-                      HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):
+                      HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, LIVE_TILES: tl.constexpr):
         split = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // num_kv_heads
@@ -165,10 +170,16 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # a fixed tile count per split (compiled once per capacity; Triton 3.6's interpreter, which the CPU tests run,
-        # cannot loop to a runtime bound under numpy 2.4); tiles past the row's newest key or before its window load
-        # nothing (masked loads issue no reads)
-        for i in range(TILES):
+        # LIVE_TILES (a GPU): only the tiles that hold keys before ``end``, so the split holding the newest key, which
+        # takes the new keys too, runs fewer tiles than a full one and splits past it none; masked tiles load nothing but
+        # still cost their products and softmax, as much as a live one at a verify's 64 rows. Else (Triton 3.6's
+        # interpreter, which the CPU tests run, cannot loop to a runtime bound under numpy 2.4) a fixed count per split;
+        # either way tiles before a row's window load nothing (masked loads issue no reads)
+        if LIVE_TILES:
+            tiles = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
+        else:
+            tiles = TILES
+        for i in range(tiles):
             offs_n = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
             in_range = offs_n < end
             if HAS_WINDOW:
@@ -179,9 +190,10 @@ if triton is not None:
             if HAS_WINDOW:
                 visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
             m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
-        if HAS_NEW:  # the new tokens' keys/values come as KN/VN: split 0 (normed and rotated with ROTATE) writes them into
-            # the cache and attends to them; no split reads those cache slots, so no kernel of its own writes them first
-            if split == 0:
+        if HAS_NEW:  # the new tokens' keys/values come as KN/VN: the split holding pos0 (normed and rotated with ROTATE)
+            # writes them into the cache and attends to them; no split reads those cache slots, so no kernel of its own
+            # writes them first. That split's cached keys end at pos0: the lightest live split takes the extra work
+            if split == pos0 // split_size:
                 offs_t = tl.arange(0, BLOCK_T)
                 new = offs_t < n_tokens
                 kn_row = KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t
@@ -282,7 +294,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     With ``rope``: the projections as they come out of the fused q/k/v matrix, q [B, n, Hq, D] and ``k_new`` / ``v_new``
     [B, n, Hkv, D] (views are fine); the kernel applies the per-head norm and RoPE (``Rope``) to q and the new keys,
     and writes the keys rotated.
-    Returns [B, Hkv, G*n, D] (rows (g, t)) in q's dtype.
+    Returns the output in q's layout and dtype: [B, Hkv, G*n, D] (rows (g, t)) without ``rope``, [B, n, Hq, D] with it
+    (o_proj's input as a view: a verify's 16 tokens need no transpose kernel after, ~1.6 µs a layer on an H200).
     """
     capacity = k_cache.shape[2]
     b, hkv, d = k_cache.shape[0], k_cache.shape[1], k_cache.shape[3]
@@ -310,7 +323,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     o_part = torch.empty(b, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
     m_part = torch.empty(b, hkv, splits, rows, dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
-    out = torch.empty(b, hkv, rows, d, dtype=q.dtype, device=q.device)
+    if rope is not None:  # [B, n, Hq, D], head h * G + g: row (b, h, g, t) at b*s0 + (h*G + g)*s2 + t*s1
+        out = torch.empty(b, n_tokens, hkv * groups, d, dtype=q.dtype, device=q.device)
+        out_strides = (out.stride(0), groups * out.stride(2), out.stride(2), out.stride(1))
+    else:  # [B, Hkv, G*n, D]: row (g, t) at g * n + t
+        out = torch.empty(b, hkv, rows, d, dtype=q.dtype, device=q.device)
+        out_strides = (out.stride(0), out.stride(1), n_tokens * out.stride(2), out.stride(2))
     block_m = max(16, triton.next_power_of_2(rows))
     cos, sin = (rope.cos, rope.sin) if rope is not None else (q, q)  # unused without rope
     has_norm = rope is not None and rope.q_norm is not None
@@ -324,7 +342,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         cos.stride(0), hkv, rows, n_tokens, capacity, window or 0, scale * LOG2E, size, rope.eps if rope is not None else 0.0,
         D=d, BLOCK_M=block_m, BLOCK_N=tiling.block_n, TILES=size // tiling.block_n, BLOCK_T=max(16, triton.next_power_of_2(n_tokens)),
         HAS_NEW=has_new, ROTATE=rope is not None, HAS_NORM=has_norm, HAS_WINDOW=window is not None,
-        IEEE=q.dtype == torch.float32, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
-    # out [B, Hkv, G*n, D]: row (g, t) at g * n + t
-    merge_splits(o_part, m_part, l_part, out, n_tokens, (out.stride(0), out.stride(1), n_tokens * out.stride(2), out.stride(2)))
+        IEEE=q.dtype == torch.float32, LIVE_TILES=q.is_cuda, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+    merge_splits(o_part, m_part, l_part, out, n_tokens, out_strides)
     return out

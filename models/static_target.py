@@ -346,10 +346,10 @@ class StaticTarget:
         return q.transpose(1, 2).reshape(b, hkv, (hq // hkv) * n, d), k.transpose(1, 2), v.transpose(1, 2)
 
     def _post_attention(self, x, out, wo, bo, post_norm, w13, b13, w2, b2, next_norm):
-        """The attention output [B, Hkv, G*n, D] through o_proj and the MLP, residuals included: the layer's output
-        x [B, n, H] and ``next_norm`` applied to it (the next layer's input norm, or the final norm), in one kernel."""
+        """The attention output [B, n, Hq, D] (a view is fine) through o_proj and the MLP, residuals included: the
+        layer's output x [B, n, H] and ``next_norm`` applied to it (the next layer's input norm, or the final norm)."""
         b, n, _ = x.shape
-        out = out.view(b, self.num_heads, n, self.head_dim).transpose(1, 2).reshape(b, n, -1)
+        out = out.reshape(b, n, -1)
         x = x + self.linear(out, wo, bo)
         gate, up = self.linear(rms_norm(x, post_norm, self.eps), w13, b13).chunk(2, dim=-1)
         x = x + self.linear(self.act(gate) * up, w2, b2)
@@ -366,12 +366,14 @@ class StaticTarget:
             qkv = self.linear(h, w.wqkv, w.bqkv).view(b, n, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
             q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
             rope = Rope(self.cos, self.sin, w.q_norm, w.k_norm, self.eps)
-            out = split_kv_attention(q, k_cache, v_cache, pos, n, self.scale, k_new=k, v_new=v, rope=rope)
+            out = split_kv_attention(q, k_cache, v_cache, pos, n, self.scale, k_new=k, v_new=v, rope=rope)  # [B, n, Hq, D]
         else:
             q, k, v = self.pre_attention(h, w.wqkv, w.bqkv, w.q_norm, w.k_norm, cos, sin)
             k_cache.scatter_(2, index, k)
             v_cache.scatter_(2, index, v)
             out = grouped_attention(q, k_cache, v_cache, visible, self.scale, softmax=self.masked_softmax)
+            b, n = x.shape[:2]
+            out = out.view(b, self.num_heads, n, self.head_dim).transpose(1, 2)  # rows (g, t) per KV head -> [B, n, Hq, D]
         return self.post_attention(x, out, w.wo, w.bo, w.post_norm, w.w13, w.b13, w.w2, w.b2, next_norm)
 
     def _step(self, input_ids: torch.Tensor, pos: torch.Tensor, depths: torch.Tensor | None = None,
