@@ -140,7 +140,7 @@ def check_drafter_weights(path: str | Path, config: dict, model_class: type) -> 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
                 attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
                 tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0,
-                drafter_weights: str = "model") -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
+                drafter_weights: str = "model", target_what: str = "--target") -> tuple[StaticTarget | CachedTarget, StaticDFlashDrafter | DFlashDrafter | StaticEagle3Drafter | Eagle3Drafter | None, object]:
     """(cached target, drafter or None, tokenizer); the target captures the layers the drafter reads.
 
     drafter_path ``"pld"``: prompt lookup (``infer/prompt_lookup.py``), ``draft_steps`` tokens per step (default 15).
@@ -155,9 +155,10 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
         DFlash on its static drafter).
     The drafter is the static one (``StaticEagle3Drafter``, ``StaticDFlashDrafter``: any batch size, captured on a GPU),
     except under FlashInfer attention: the eager one (``Eagle3Drafter``, ``DFlashDrafter``: batch 1).
+    target_what: what a bad target's one-line error names (the flag it came from, or the run that recorded it).
     """
-    check_target_folder(target_path)
-    target = TargetModel.from_pretrained(resolve_target_path(target_path), device=device, dtype=dtype)
+    check_target_folder(target_path, target_what)
+    target = TargetModel.from_pretrained(resolve_target_path(target_path, target_what), device=device, dtype=dtype, what=target_what)
     drafter = None
     layer_ids: list[int] = []
     if drafter_path == PROMPT_LOOKUP:
@@ -210,13 +211,16 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
 
 
-def check_target_folder(path: str) -> None:
-    """A local target path that is no model folder, in one line (transformers answers an empty or wrong folder with five
-    lines about tokenizers, a missing one as a malformed hub id); hub ids and ``builtin:`` names pass."""
+def check_target_folder(path: str, what: str = "--target") -> None:
+    """A local target path that is no model folder, in one line naming ``what`` (the flag, or the run that recorded it)
+    as train's start-up check names ``target.path`` (transformers answers an empty or wrong folder with five lines about
+    tokenizers, a missing one as a malformed hub id); hub ids and ``builtin:`` names pass."""
     local = Path(path)
     if not path.startswith("builtin:") and not hub.is_hub_id(path) and not (local / "config.json").is_file():
-        what = "no config.json there" if local.is_dir() else "a file, not a folder" if local.exists() else "no such folder"
-        raise ValueError(f"target {path}: {what}; expected a Hugging Face model folder (config.json, weights, tokenizer)")
+        why = "no config.json there" if local.is_dir() else "a file, not a folder" if local.exists() else "no such folder"
+        raise ValueError(f"{what}={path!r}: {why}; expected a Hugging Face model folder (config.json, weights, tokenizer)")
+
+RECORDED_TARGET = "target (recorded with the drafter)"  # what an error names for a target no flag gave (a run.json, a checkpoint)
 
 
 def drafting_label(drafter) -> str:

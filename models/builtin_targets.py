@@ -337,13 +337,14 @@ def build_builtin(path: str, name: str, out_dir: Path) -> None:
         build_tiny_target(name, out_dir)
 
 
-def resolve_target_path(path: str) -> str:
-    """``builtin:<name>`` -> the local folder of that builtin target (built on first use); else ``path``."""
+def resolve_target_path(path: str, what: str = "target.path") -> str:
+    """``builtin:<name>`` -> the local folder of that builtin target (built on first use); else ``path``. ``what``: the
+    setting an unknown name's error names."""
     if not path.startswith(BUILTIN_PREFIX):
         return path
     name = path[len(BUILTIN_PREFIX):]
     if name not in builtin_names():
-        raise ValueError(f"target.path={path!r}: unknown builtin target; expected one of {[BUILTIN_PREFIX + n for n in builtin_names()]}")
+        raise ValueError(f"{what}={path!r}: unknown builtin target; expected one of {[BUILTIN_PREFIX + n for n in builtin_names()]}")
     out_dir = builtin_folder(name)
     if not (out_dir / "config.json").exists():
         from filelock import FileLock

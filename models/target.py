@@ -195,14 +195,16 @@ class TargetModel:
         self.layers = self.stack.layers
 
     @classmethod
-    def from_pretrained(cls, path: str, device: str | torch.device = "cpu", dtype: str = "auto", attn_implementation: str = "sdpa") -> "TargetModel":
+    def from_pretrained(cls, path: str, device: str | torch.device = "cpu", dtype: str = "auto", attn_implementation: str = "sdpa",
+                        what: str = "target.path") -> "TargetModel":
         """Load from a local folder or a hub id (offline: from the local hub cache, or a one-line error at once:
-        ``models.hub``); bf16 on GPU and fp32 on CPU unless ``dtype`` says."""
+        ``models.hub``); bf16 on GPU and fp32 on CPU unless ``dtype`` says. ``what``: the setting a one-line error names
+        (``target.path`` in train, ``--target`` in infer, eval and export)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from models.hub import local_files_only
 
-        local_only = local_files_only(path, "target.path")
+        local_only = local_files_only(path, what)
         device = torch.device(device)
         if dtype == "auto":
             torch_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -213,7 +215,7 @@ class TargetModel:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation,
                                                          local_files_only=local_only)
         except (OSError, ValueError) as e:  # transformers raises ValueError for a folder it cannot read (no model_type, no tokenizer)
-            raise ValueError(f"target.path={path!r}: cannot load a causal LM and tokenizer there ({' '.join(str(e).split())})") from None
+            raise ValueError(f"{what}={path!r}: cannot load a causal LM and tokenizer there ({' '.join(str(e).split())})") from None
         return cls(model.to(device), tokenizer, path)
 
     @property

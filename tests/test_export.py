@@ -251,4 +251,4 @@ def test_bad_sources_and_outputs_are_one_line_and_keep_what_is_there(tmp_path: P
     assert export(good, tmp_path / "out", dtype="float32")["max_abs_logit_diff"] == 0.0  # a previous export is replaced
     assert main([str(good), str(tmp_path / "out2"), "--target", str(tmp_path)]) == 2  # a ValueError, not only ExportError
     err = capsys.readouterr().err
-    assert f"error: target {tmp_path}: no config.json there" in err and "Traceback" not in err and not (tmp_path / "out2").exists()
+    assert f"error: --target={str(tmp_path)!r}: no config.json there" in err and "Traceback" not in err and not (tmp_path / "out2").exists()

@@ -44,7 +44,7 @@ def test_hub_ids_and_local_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert not is_hub_id("outputs/no-such-run")  # a local folder's typo, not a hub id
     from infer.loading import check_target_folder
 
-    with pytest.raises(ValueError, match=r"^target outputs/no-such-model: no such folder; expected a Hugging Face model folder"):
+    with pytest.raises(ValueError, match=r"^--target='outputs/no-such-model': no such folder; expected a Hugging Face model folder"):
         check_target_folder("outputs/no-such-model")  # said at once, not sent to the hub as an id
     check_target_folder("Qwen/Qwen3-8B")  # a hub id passes (the loader asks the hub, or its cache)
 

@@ -214,10 +214,24 @@ def test_bad_target_threads_and_dtype_exit_2_in_one_line(tmp_path, capsys) -> No
                          (tmp_path / "missing", "no such folder")]:
         assert infer_main(["--target", str(target), "--prompt", "Hi"]) == 2
         err = capsys.readouterr().err
-        assert f"error: target {target}: {what}; expected a Hugging Face model folder" in err and err.count("\n") == 1
+        assert f"error: --target={str(target)!r}: {what}; expected a Hugging Face model folder" in err and err.count("\n") == 1
     with pytest.raises(SystemExit) as exit_:
         infer_main(["--target", str(tmp_path), "--prompt", "Hi", "--threads", "0"])
     assert exit_.value.code == 2 and "error: --threads 0; expected >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         infer_main(["--target", str(tmp_path), "--prompt", "Hi", "--dtype", "float17"])
     assert exit_.value.code == 2 and "invalid choice: 'float17'" in capsys.readouterr().err
+
+
+def test_a_recorded_target_that_moved_is_named_as_recorded(tmp_path, capsys) -> None:
+    """A training run folder as --drafter whose recorded target is gone: the one line says the target came from the
+    record, not from a --target flag that was never given."""
+    export = tmp_path / "run" / "export"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    gone = tmp_path / "moved-model"
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"export": str(export), "target": {"path": str(gone)}}))
+    assert infer_main(["--drafter", str(tmp_path / "run"), "--prompt", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: target (recorded with the drafter)={str(gone)!r}: no such folder; expected a Hugging Face model folder" in err
+    assert err.count("\n") == 1

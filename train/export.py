@@ -306,11 +306,12 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     if target_model is not None or target_path is not None:
         from models.target import TargetModel
 
-        if target_model is None:
-            from infer.loading import check_target_folder
+        from infer.loading import RECORDED_TARGET, check_target_folder
 
-            check_target_folder(target_path)
-        tgt = target_model or TargetModel.from_pretrained(target_path, "cpu")
+        what = "--target" if target else RECORDED_TARGET
+        if target_model is None:
+            check_target_folder(target_path, what)
+        tgt = target_model or TargetModel.from_pretrained(target_path, "cpu", what=what)
         embed, head = tgt.embed_tokens, tgt.lm_head
     else:  # no target at hand: compare through a fixed random head of the right shape
         generator = torch.Generator().manual_seed(0)
@@ -557,11 +558,12 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
         elif target_path is not None:
             from transformers import AutoConfig
 
-            from infer.loading import check_target_folder
+            from infer.loading import RECORDED_TARGET, check_target_folder
             from models.hub import local_files_only
 
-            check_target_folder(target_path)
-            offline = local_files_only(target_path, "--target")  # a hub id offline: the cache, or one line at once
+            what = "--target" if target else RECORDED_TARGET
+            check_target_folder(target_path, what)
+            offline = local_files_only(target_path, what)  # a hub id offline: the cache, or one line at once
             verifier_architectures = list(AutoConfig.from_pretrained(target_path, local_files_only=offline).architectures or [])
         else:
             raise ExportError("--format speculators needs the target (--target PATH): speculators_config names the verifier")
