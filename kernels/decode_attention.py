@@ -67,6 +67,7 @@ FEW_ROWS = Tiling(num_stages=2)
 MANY_ROWS = Tiling(num_stages=3)
 MANY_ROWS_FROM = 64  # query rows per KV head: the measured verify; fewer rows keep FEW_ROWS
 TILING: Tiling | None = None  # a benchmark's override of the rule above (split sizes stay whole tiles of its block_n)
+LIVE_TILES: bool | None = None  # a test's override of ``live_tiles`` (False: every split loops its fixed tile count)
 
 
 @functools.cache
@@ -98,6 +99,15 @@ class Rope:
 
 def available() -> bool:
     return triton is not None
+
+
+def live_tiles(device: torch.device) -> bool:
+    """Whether pass 1 loops only over a split's tiles that hold keys (a runtime bound) rather than a fixed count: on a GPU,
+    and in Triton's interpreter from 3.9 (3.6's calls ``int()`` on a numpy array in ``range()`` under numpy 2.4; 3.9's
+    runs it, so the CPU tests run the GPU's loop)."""
+    if LIVE_TILES is not None:
+        return LIVE_TILES
+    return device.type == "cuda" or tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 9)
 
 
 if triton is not None:
@@ -170,11 +180,10 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # LIVE_TILES (a GPU): only the tiles that hold keys before ``end``, so the split holding the newest key, which
-        # takes the new keys too, runs fewer tiles than a full one and splits past it none; masked tiles load nothing but
-        # still cost their products and softmax, as much as a live one at a verify's 64 rows. Else (Triton 3.6's
-        # interpreter, which the CPU tests run, cannot loop to a runtime bound under numpy 2.4) a fixed count per split;
-        # either way tiles before a row's window load nothing (masked loads issue no reads)
+        # LIVE_TILES (``live_tiles``): only the tiles that hold keys before ``end``, so the split holding the newest key,
+        # which takes the new keys too, runs fewer tiles than a full one and splits past it none; masked tiles load
+        # nothing but still cost their products and softmax, as much as a live one at a verify's 64 rows. Else (an older
+        # Triton's interpreter) a fixed count per split; either way tiles before a row's window load nothing
         if LIVE_TILES:
             tiles = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
         else:
@@ -342,6 +351,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         cos.stride(0), hkv, rows, n_tokens, capacity, window or 0, scale * LOG2E, size, rope.eps if rope is not None else 0.0,
         D=d, BLOCK_M=block_m, BLOCK_N=tiling.block_n, TILES=size // tiling.block_n, BLOCK_T=max(16, triton.next_power_of_2(n_tokens)),
         HAS_NEW=has_new, ROTATE=rope is not None, HAS_NORM=has_norm, HAS_WINDOW=window is not None,
-        IEEE=q.dtype == torch.float32, LIVE_TILES=q.is_cuda, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+        IEEE=q.dtype == torch.float32, LIVE_TILES=live_tiles(q.device), num_warps=tiling.num_warps, num_stages=tiling.num_stages)
     merge_splits(o_part, m_part, l_part, out, n_tokens, out_strides)
     return out

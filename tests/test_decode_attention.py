@@ -77,18 +77,28 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import torch
     from test_decode_attention import run_cases, static_step_difference
-    print(max(run_cases("cpu", torch.float32)), static_step_difference("cpu", {qwen!r}), static_step_difference("cpu", {llama!r}))
+    from kernels import decode_attention
+    live = max(run_cases("cpu", torch.float32))  # the rule: live tiles only where the interpreter loops to a runtime bound
+    decode_attention.LIVE_TILES = False  # every split's fixed tile count (older Tritons' interpreters)
+    fixed = max(run_cases("cpu", torch.float32))
+    decode_attention.LIVE_TILES = None
+    print(decode_attention.live_tiles(torch.device("cpu")), max(live, fixed), static_step_difference("cpu", {qwen!r}),
+          static_step_difference("cpu", {llama!r}))
 """)
 
 
-@pytest.mark.slow  # ~25 s: the interpreter runs every program of the grid in Python
+@pytest.mark.slow  # ~35 s: the interpreter runs every program of the grid in Python (the cases twice: both loops)
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CPU torch wheels come without it; [dev] installs it)")
 def test_split_kv_equals_a_softmax_written_out_in_the_interpreter(reference_target_path, tiny_llama3_path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     child = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"), qwen=str(reference_target_path), llama=str(tiny_llama3_path))
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    kernel_error, qwen_error, llama_error = map(float, proc.stdout.split()[-3:])
+    live, kernel_error, qwen_error, llama_error = proc.stdout.split()[-4:]
+    kernel_error, qwen_error, llama_error = map(float, (kernel_error, qwen_error, llama_error))
+    import triton
+
+    assert live == str(tuple(map(int, triton.__version__.split(".")[:2])) >= (3, 9))  # which loop the cases ran first
     assert kernel_error < 1e-5
     assert qwen_error < 1e-4  # q/k norms and RoPE inside the kernel (Qwen3)
     assert llama_error < 1e-4  # RoPE only (Llama)
