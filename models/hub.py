@@ -7,7 +7,11 @@ milliseconds online): unreachable, a cached model loads from the cache alone (``
 fails at once, in one line naming the id. Where a proxy is configured the proxy resolves the host, so nothing is tried
 and the hub client decides, as it does when ``HF_HUB_OFFLINE`` says offline already.
 
-Public API only: ``huggingface_hub.try_to_load_from_cache`` and transformers' ``local_files_only``.
+Hub dataset ids (``data.path``) the same way: unreachable, a dataset in the hub cache loads from its snapshot folder and
+an uncached one fails at once (``dataset_folder``).
+
+Public API only: ``huggingface_hub.try_to_load_from_cache``, ``snapshot_download(local_files_only=True)`` and
+transformers' ``local_files_only``.
 """
 
 from __future__ import annotations
@@ -72,6 +76,30 @@ def local_files_only(path: str, what: str) -> bool:
                          f"where there is network (hf download {path}) or pass a local model folder")
     log.info("%s: %s; %s loads from the local Hugging Face cache", what, reason, path)
     return True
+
+
+def dataset_folder(repo_id: str, what: str) -> str | None:
+    """For ``datasets.load_dataset(repo_id)``: None where datasets should ask the hub (a local path, a reachable hub, a
+    proxy, a declared offline mode). Where the hub cannot be reached: the dataset repository's snapshot in the local hub
+    cache (where datasets 3+ keeps a hub dataset's files, its docs' "Cache management"), which ``load_dataset`` reads
+    as a local folder at once (by id, datasets 5.2 retried for ~23 s and then failed even with the files cached), or a
+    one-line ValueError naming ``what=repo_id`` when the cache has no snapshot of it."""
+    if not is_hub_id(repo_id):
+        return None
+    reason = unreachable()
+    if reason is None:
+        return None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(repo_id, repo_type="dataset", local_files_only=True)
+    except LocalEntryNotFoundError:
+        raise ValueError(f"{what}={repo_id!r}: not a local file or folder, not in the Hugging Face cache, and {reason}; "
+                         f"download it where there is network (hf download {repo_id} --repo-type dataset) or pass a local "
+                         "file") from None
+    log.info("%s: %s; %s loads from its cached snapshot %s", what, reason, repo_id, folder)
+    return folder
 
 
 def download(repo_id: str, what: str) -> str:

@@ -4,6 +4,7 @@ connection is refused in-process (and in the subprocess) before anything could l
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -144,3 +145,49 @@ print("max diff", (a - b).abs().max().item())
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "max diff 0.0" in proc.stdout
     assert "Retry" not in proc.stderr
+
+
+def test_uncached_hub_dataset_fails_at_once_naming_it(no_network: list) -> None:
+    """``data.path`` a hub dataset id, the hub unreachable and the dataset not cached: one line at once (datasets' own
+    retries took ~23 s before its ConnectionError)."""
+    from train.data.readers import DataError, read_conversations
+
+    repo = "swa-drafters-tests/no-such-dataset-3f9c1a"
+    start = time.perf_counter()
+    with pytest.raises(DataError) as err:
+        read_conversations(repo)
+    message = str(err.value)
+    assert message.startswith(f"data.path='{repo}': not a local file or folder, not in the Hugging Face cache, and "
+                              "huggingface.co cannot be reached (Name or service not known)") and "\n" not in message
+    assert no_network == [("huggingface.co", 443)]
+    assert time.perf_counter() - start < 10
+
+
+@pytest.mark.slow  # a subprocess (imports datasets)
+def test_cached_hub_dataset_loads_from_its_snapshot_without_the_network(tmp_path: Path) -> None:
+    """A dataset repository in the hub cache (as huggingface_hub lays it out), every connection refused: its rows load
+    from the cached snapshot at once (by id, datasets 5.2 retried ~23 s and then failed with the files cached)."""
+    commit = "fedcba9876543210fedcba9876543210fedcba98"
+    repo = tmp_path / "hub" / "datasets--swa-tests--tiny-chats"
+    (repo / "snapshots" / commit / "data").mkdir(parents=True)
+    rows = [{"conversations": [{"from": "human", "value": f"question {i}"}, {"from": "gpt", "value": f"answer {i}"}]} for i in range(3)]
+    (repo / "snapshots" / commit / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    code = """
+import socket, time
+def refuse(*args, **kwargs):
+    raise socket.gaierror(-2, "Name or service not known")
+socket.create_connection = refuse
+socket.socket.connect = refuse
+from train.data.readers import read_conversations
+start = time.perf_counter()
+conversations, stats = read_conversations("swa-tests/tiny-chats")
+print("read", len(conversations), [m["content"] for m in conversations[2].messages], round(time.perf_counter() - start, 1))
+"""
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), HF_DATASETS_CACHE=str(tmp_path / "datasets"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "read 3 ['question 2', 'answer 2']" in proc.stdout and "Retry" not in proc.stderr
+    assert float(proc.stdout.split()[-1]) < 10

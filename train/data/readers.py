@@ -212,8 +212,14 @@ def iter_hf_dataset(source: str, split: str) -> Iterator[tuple[str, Any]]:
                 raise DataError(f"{path}: no split {split!r}; has {sorted(ds)}")
             ds = ds[split]
     else:
+        from models.hub import dataset_folder
+
         try:
-            ds = datasets.load_dataset(source, split=split)
+            folder = dataset_folder(source, "data.path")  # the hub unreachable: the cached snapshot, or one line at once
+        except ValueError as e:
+            raise DataError(str(e)) from None
+        try:
+            ds = datasets.load_dataset(folder or source, split=split)
         except FileNotFoundError as e:
             raise DataError(f"data.path={source!r}: no such file, folder or dataset ({e})") from None
         except ConnectionError as e:  # offline and not in the local caches: datasets' own error ended in a traceback
