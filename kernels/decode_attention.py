@@ -163,8 +163,8 @@ if triton is not None:
         q_t = offs_m % n_tokens  # row m = (head in group g, token t)
         q_pos = pos0 + q_t  # [M] each row's own position
         start = split * split_size
-        # the keys this split reads from the cache: with the new keys passed apart, those before pos0 (split 0 takes the
-        # new ones below); else every key up to the newest row's position
+        # the keys this split reads from the cache: with the new keys passed apart, those before pos0 (the split holding
+        # pos0 takes the new ones below); else every key up to the newest row's position
         end = tl.minimum(start + split_size, capacity)
         end = tl.minimum(end, pos0) if HAS_NEW else tl.minimum(end, pos0 + n_tokens)
         live = offs_m[:, None] < rows
