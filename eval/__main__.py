@@ -179,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
     from eval.bootstrap import per_question
     from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
     from eval.runner import check_context_fits, cpu_workers, max_positions, run_conversations, summarize
-    from infer.loading import (RECORDED_TARGET, drafting_label, eos_ids, load_models, parse_window, resolve_device, resolve_run,
-                               set_threads, window_warning)
+    from infer.loading import (drafting_label, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads,
+                               target_setting, window_warning)
     from infer.prompt_lookup import PromptLookupDrafter
     from models.sampling import SamplingConfig
     from common.atomic import atomic_open
@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
                                                  tree_lookup=args.tree_lookup, tree_redraft=args.tree_redraft,
                                                  drafter_weights=args.drafter_weights,
-                                                 target_what="--target" if args.target else RECORDED_TARGET)
+                                                 target_what=target_setting(args.target))
         set_threads(args.device, args.threads, args.batch_size, target.model)  # batch 1: one per core for a large target
         check_context_fits(tokenizer, conversations, args.prefills if args.command == "sweep" else [args.prefill_tokens],
                            args.max_new_tokens, max_positions(target))

@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
     from infer.generate import generate
-    from infer.loading import RECORDED_TARGET, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, window_warning
+    from infer.loading import eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, target_setting, window_warning
     from infer.prompts import long_prompt_ids, mt_bench_questions
     from models.sampling import SamplingConfig
 
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
                                                  tree_lookup=args.tree_lookup, tree_redraft=args.tree_redraft,
                                                  drafter_weights=args.drafter_weights,
-                                                 target_what="--target" if args.target else RECORDED_TARGET)
+                                                 target_what=target_setting(args.target))
         set_threads(args.device, args.threads, args.batch_size if args.prompts else 1, target.model)  # batch 1: one per core for a large target
         warning = window_warning(drafter, window)
         if warning:

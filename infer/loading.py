@@ -23,6 +23,7 @@ from models.eagle3 import Eagle3DraftModel
 from models.target import TargetModel
 from models.builtin_targets import resolve_target_path
 from models import hub
+from models.hub import check_target_folder
 from common.json_file import read_json_object
 from infer import speculators_checkpoint
 
@@ -211,16 +212,12 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
 
 
-def check_target_folder(path: str, what: str = "--target") -> None:
-    """A local target path that is no model folder, in one line naming ``what`` (the flag, or the run that recorded it)
-    as train's start-up check names ``target.path`` (transformers answers an empty or wrong folder with five lines about
-    tokenizers, a missing one as a malformed hub id); hub ids and ``builtin:`` names pass."""
-    local = Path(path)
-    if not path.startswith("builtin:") and not hub.is_hub_id(path) and not (local / "config.json").is_file():
-        why = "no config.json there" if local.is_dir() else "a file, not a folder" if local.exists() else "no such folder"
-        raise ValueError(f"{what}={path!r}: {why}; expected a Hugging Face model folder (config.json, weights, tokenizer)")
-
 RECORDED_TARGET = "target (recorded with the drafter)"  # what an error names for a target no flag gave (a run.json, a checkpoint)
+
+
+def target_setting(given: str | None) -> str:
+    """What a bad target's one-line error names: ``--target`` when the flag gave it, else the drafter's record."""
+    return "--target" if given else RECORDED_TARGET
 
 
 def drafting_label(drafter) -> str:

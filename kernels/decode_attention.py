@@ -101,13 +101,17 @@ def available() -> bool:
     return triton is not None
 
 
+# Triton's interpreter loops to a runtime bound from 3.9 (3.6's calls ``int()`` on a numpy array in ``range()`` under
+# numpy 2.4), so there the CPU tests run the GPU's loop
+INTERPRETER_LIVE_TILES = triton is not None and tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 9)
+
+
 def live_tiles(device: torch.device) -> bool:
     """Whether pass 1 loops only over a split's tiles that hold keys (a runtime bound) rather than a fixed count: on a GPU,
-    and in Triton's interpreter from 3.9 (3.6's calls ``int()`` on a numpy array in ``range()`` under numpy 2.4; 3.9's
-    runs it, so the CPU tests run the GPU's loop)."""
+    and in an interpreter that can (``INTERPRETER_LIVE_TILES``)."""
     if LIVE_TILES is not None:
         return LIVE_TILES
-    return device.type == "cuda" or tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 9)
+    return device.type == "cuda" or INTERPRETER_LIVE_TILES
 
 
 if triton is not None:

@@ -35,6 +35,16 @@ def is_hub_id(path: str) -> bool:
                 or ("/" in path and Path(path.split("/")[0]).exists()))
 
 
+def check_target_folder(path: str, what: str) -> None:
+    """A local target path that is no model folder, in one line naming ``what`` (``target.path``, ``--target``, or the
+    record it came from): transformers answers an empty or wrong folder with five lines about tokenizers, a missing one
+    as a malformed hub id. Hub ids and ``builtin:`` names pass (the loader or the builtin build answers for them)."""
+    local = Path(path)
+    if not path.startswith("builtin:") and not is_hub_id(path) and not (local / "config.json").is_file():
+        why = "no config.json there" if local.is_dir() else "a file, not a folder" if local.exists() else "no such folder"
+        raise ValueError(f"{what}={path!r}: {why}; expected a Hugging Face model folder (config.json, weights, tokenizer)")
+
+
 def offline_env() -> bool:
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
@@ -55,6 +65,11 @@ def unreachable() -> str | None:
     return None
 
 
+def unreachable_hub_id(path: str) -> str | None:
+    """Why ``path``, a hub id, cannot be fetched now (the hub unreachable), or None: a local path, or the hub client decides."""
+    return unreachable() if is_hub_id(path) else None
+
+
 def cached(repo_id: str) -> bool:
     """The model's config.json is in the local hub cache (``HF_HUB_CACHE``)."""
     from huggingface_hub import try_to_load_from_cache
@@ -66,9 +81,7 @@ def local_files_only(path: str, what: str) -> bool:
     """For ``from_pretrained(path)``: True when ``path`` is a hub id, the hub cannot be reached and the model is cached
     (load it from the cache alone); False otherwise. Raises ValueError (one line, naming ``what=path``) for a hub id
     that is neither reachable nor cached."""
-    if not is_hub_id(path):
-        return False
-    reason = unreachable()
+    reason = unreachable_hub_id(path)
     if reason is None:
         return False
     if not cached(path):
@@ -84,9 +97,7 @@ def dataset_folder(repo_id: str, what: str) -> str | None:
     cache (where datasets 3+ keeps a hub dataset's files, its docs' "Cache management"), which ``load_dataset`` reads
     as a local folder at once (by id, datasets 5.2 retried for ~23 s and then failed even with the files cached), or a
     one-line ValueError naming ``what=repo_id`` when the cache has no snapshot of it."""
-    if not is_hub_id(repo_id):
-        return None
-    reason = unreachable()
+    reason = unreachable_hub_id(repo_id)
     if reason is None:
         return None
     from huggingface_hub import snapshot_download

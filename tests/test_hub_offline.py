@@ -35,6 +35,23 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> list:
     return attempts
 
 
+def run_without_network(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter whose every connection is refused (as a machine without DNS refuses it), the hub
+    cache at ``tmp_path / "hub"``, no proxy, not declared offline."""
+    environ = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
+    environ.update(HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=str(ROOT), **env)
+    return subprocess.run([sys.executable, "-c", REFUSE_CONNECTIONS + code], env=environ, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180)
+
+
+REFUSE_CONNECTIONS = """import socket
+def refuse(*args, **kwargs):
+    raise socket.gaierror(-2, "Name or service not known")
+socket.create_connection = refuse
+socket.socket.connect = refuse
+"""
+
+
 def test_hub_ids_and_local_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from models.hub import is_hub_id
 
@@ -46,8 +63,8 @@ def test_hub_ids_and_local_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     from infer.loading import check_target_folder
 
     with pytest.raises(ValueError, match=r"^--target='outputs/no-such-model': no such folder; expected a Hugging Face model folder"):
-        check_target_folder("outputs/no-such-model")  # said at once, not sent to the hub as an id
-    check_target_folder("Qwen/Qwen3-8B")  # a hub id passes (the loader asks the hub, or its cache)
+        check_target_folder("outputs/no-such-model", "--target")  # said at once, not sent to the hub as an id
+    check_target_folder("Qwen/Qwen3-8B", "--target")  # a hub id passes (the loader asks the hub, or its cache)
 
 
 def test_uncached_drafter_hub_id_fails_at_once_naming_it(no_network: list) -> None:
@@ -101,18 +118,11 @@ def test_cached_drafter_hub_id_resolves_to_its_snapshot_without_the_network(tmp_
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     code = """
-import socket
-def refuse(*args, **kwargs):
-    raise socket.gaierror(-2, "Name or service not known")
-socket.create_connection = refuse
-socket.socket.connect = refuse
 from infer.loading import read_drafter_config, resolve_run
 target, drafter, run = resolve_run("T", "swa-tests/tiny-drafter")
 print("resolved", target, drafter, run, read_drafter_config(drafter)["dflash_config"]["block_size"])
 """
-    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
-    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    proc = run_without_network(code, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"resolved T {snapshot} None 8" in proc.stdout and "Retry" not in proc.stderr
 
@@ -127,11 +137,6 @@ def test_cached_hub_id_loads_from_the_cache_without_the_network(tmp_path: Path, 
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     code = f"""
-import socket
-def refuse(*args, **kwargs):
-    raise socket.gaierror(-2, "Name or service not known")
-socket.create_connection = refuse
-socket.socket.connect = refuse
 import torch
 from models.target import TargetModel
 ids = torch.tensor([[1, 5, 9, 200, 31, 7]])
@@ -139,9 +144,7 @@ a = TargetModel.from_pretrained("swa-tests/tiny-qwen3", "cpu").model(ids).logits
 b = TargetModel.from_pretrained({tiny_qwen3_path!r}, "cpu").model(ids).logits
 print("max diff", (a - b).abs().max().item())
 """
-    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
-    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    proc = run_without_network(code, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "max diff 0.0" in proc.stdout
     assert "Retry" not in proc.stderr
@@ -175,19 +178,13 @@ def test_cached_hub_dataset_loads_from_its_snapshot_without_the_network(tmp_path
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     code = """
-import socket, time
-def refuse(*args, **kwargs):
-    raise socket.gaierror(-2, "Name or service not known")
-socket.create_connection = refuse
-socket.socket.connect = refuse
+import time
 from train.data.readers import read_conversations
 start = time.perf_counter()
 conversations, stats = read_conversations("swa-tests/tiny-chats")
 print("read", len(conversations), [m["content"] for m in conversations[2].messages], round(time.perf_counter() - start, 1))
 """
-    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
-    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), HF_DATASETS_CACHE=str(tmp_path / "datasets"), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    proc = run_without_network(code, tmp_path, HF_DATASETS_CACHE=str(tmp_path / 'datasets'))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "read 3 ['question 2', 'answer 2']" in proc.stdout and "Retry" not in proc.stderr
     assert float(proc.stdout.split()[-1]) < 10

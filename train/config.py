@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -532,20 +531,14 @@ def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
 
 def check_paths(cfg: TrainConfig) -> None:
     """Missing local paths fail in seconds, before the trainer imports and the target (or its first-use build) loads."""
-    from models.hub import is_hub_id
+    from models.hub import check_target_folder
 
     from .data.dataset import resolve_source  # here, not at the top: the data package imports torch
     from .data.readers import looks_local_but_missing
 
     if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
         raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
-    path = cfg.target.path
-    if not path.startswith("builtin:") and not is_hub_id(path):  # a local path (hub ids load from the hub or its cache)
-        if not Path(path).is_dir():
-            raise ValueError(f"target.path={path!r}: no such folder")
-        if not (Path(path) / "config.json").is_file():
-            raise ValueError(f"target.path={path!r}: no config.json there; expected a Hugging Face model folder "
-                             "(config.json, weights, tokenizer)")
+    check_target_folder(cfg.target.path, "target.path")  # a local path (hub ids load from the hub or its cache)
     if cfg.features.path is not None:  # a store to read (python -m train.features, which writes it, does not come here)
         from .features.store import StoreError, unreadable_store  # a ValueError: exit 2, one line
 

@@ -306,9 +306,9 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     if target_model is not None or target_path is not None:
         from models.target import TargetModel
 
-        from infer.loading import RECORDED_TARGET, check_target_folder
+        from infer.loading import check_target_folder, target_setting
 
-        what = "--target" if target else RECORDED_TARGET
+        what = target_setting(target)
         if target_model is None:
             check_target_folder(target_path, what)
         tgt = target_model or TargetModel.from_pretrained(target_path, "cpu", what=what)
@@ -558,10 +558,10 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
         elif target_path is not None:
             from transformers import AutoConfig
 
-            from infer.loading import RECORDED_TARGET, check_target_folder
+            from infer.loading import check_target_folder, target_setting
             from models.hub import local_files_only
 
-            what = "--target" if target else RECORDED_TARGET
+            what = target_setting(target)
             check_target_folder(target_path, what)
             offline = local_files_only(target_path, what)  # a hub id offline: the cache, or one line at once
             verifier_architectures = list(AutoConfig.from_pretrained(target_path, local_files_only=offline).architectures or [])

@@ -1,9 +1,10 @@
 #!/bin/bash
-# call 3 (the tree then: new keys in the split holding pos0 and the output in o_proj's layout, every tile still looped): GPU tests; then the DFlash loop at 8K, the tree before (old/: split 0 takes the
+# call 3 (the tree then: new keys in the split holding pos0 and the output in o_proj's layout, every tile still looped): GPU tests; then the DFlash loop at 8K, the tree before (43131bc's files: split 0 takes the
 # new keys, the output transposed after) and this tree alternately, one process each
 R=$OUT; mkdir -p $R; D=benchmarks/results/verify_overheads_h200
 rm -rf /tmp/old && mkdir /tmp/old && git ls-files -z | xargs -0 -I{} cp --parents {} /tmp/old/ 2>/dev/null
-cp $D/old/decode_attention.py /tmp/old/kernels/; cp $D/old/static_target.py /tmp/old/models/
+# the tree before: 43131bc's two files (ran as copies kept in $D/old/, since dropped for git history)
+git show 43131bc:kernels/decode_attention.py > /tmp/old/kernels/decode_attention.py; git show 43131bc:models/static_target.py > /tmp/old/models/static_target.py
 timeout 150 python -m pytest -q -rA -p no:cacheprovider -o addopts="" tests/test_decode_attention.py tests/test_static_target.py -k "gpu or cuda or 8b_widths" 2>&1 | grep -v DEBUG | tail -25 > $R/gpu_tests.txt; echo "tests done"
 A="--compile --no-eager-baseline --attention split_kv --taus 3 --drafters dflash --dflash-draft-steps 0 --contexts 8192"
 for i in 1 2; do
