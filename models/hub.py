@@ -8,7 +8,7 @@ fails at once, in one line naming the id. Where a proxy is configured the proxy 
 and the hub client decides, as it does when ``HF_HUB_OFFLINE`` says offline already.
 
 Hub dataset ids (``data.path``) the same way: unreachable, a dataset in the hub cache loads from its snapshot folder and
-an uncached one fails at once (``dataset_folder``).
+an uncached one fails at once (``dataset_folder``); declared offline too, where datasets alone would not look there.
 
 Public API only: ``huggingface_hub.try_to_load_from_cache``, ``snapshot_download(local_files_only=True)`` and
 transformers' ``local_files_only``.
@@ -45,8 +45,17 @@ def check_target_folder(path: str, what: str) -> None:
         raise ValueError(f"{what}={path!r}: {why}; expected a Hugging Face model folder (config.json, weights, tokenizer)")
 
 
+def offline_reason() -> str | None:
+    """``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE``) as it was set, or None when neither declares the hub offline."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        value = os.environ.get(name, "").strip()
+        if value.lower() in ("1", "true", "yes", "on"):
+            return f"{name}={value} declares the hub offline"
+    return None
+
+
 def offline_env() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return offline_reason() is not None
 
 
 def hub_host() -> str:
@@ -93,11 +102,16 @@ def local_files_only(path: str, what: str) -> bool:
 
 def dataset_folder(repo_id: str, what: str) -> str | None:
     """For ``datasets.load_dataset(repo_id)``: None where datasets should ask the hub (a local path, a reachable hub, a
-    proxy, a declared offline mode). Where the hub cannot be reached: the dataset repository's snapshot in the local hub
-    cache (where datasets 3+ keeps a hub dataset's files, its docs' "Cache management"), which ``load_dataset`` reads
-    as a local folder at once (by id, datasets 5.2 retried for ~23 s and then failed even with the files cached), or a
-    one-line ValueError naming ``what=repo_id`` when the cache has no snapshot of it."""
-    reason = unreachable_hub_id(repo_id)
+    proxy). Where the hub cannot be reached, or ``HF_HUB_OFFLINE`` declares it offline: the dataset repository's snapshot
+    in the local hub cache (where ``hf download --repo-type dataset`` and datasets 3+ keep a hub dataset's files, its docs'
+    "Cache management"), which ``load_dataset`` reads as a local folder at once (by id, datasets 5.2 retried for ~23 s and
+    then failed even with the files cached; declared offline it failed at once, OfflineModeIsEnabled). Without a snapshot:
+    unreachable, a one-line ValueError naming ``what=repo_id``; declared offline, None (datasets' own cache may hold a copy
+    it prepared online; ``offline_reason`` words its failure)."""
+    if not is_hub_id(repo_id):
+        return None
+    declared = offline_reason()
+    reason = declared or unreachable()
     if reason is None:
         return None
     from huggingface_hub import snapshot_download
@@ -106,6 +120,8 @@ def dataset_folder(repo_id: str, what: str) -> str | None:
     try:
         folder = snapshot_download(repo_id, repo_type="dataset", local_files_only=True)
     except LocalEntryNotFoundError:
+        if declared:
+            return None
         raise ValueError(f"{what}={repo_id!r}: not a local file or folder, not in the Hugging Face cache, and {reason}; "
                          f"download it where there is network (hf download {repo_id} --repo-type dataset) or pass a local "
                          "file") from None

@@ -167,9 +167,11 @@ def test_uncached_hub_dataset_fails_at_once_naming_it(no_network: list) -> None:
 
 
 @pytest.mark.slow  # a subprocess (imports datasets)
-def test_cached_hub_dataset_loads_from_its_snapshot_without_the_network(tmp_path: Path) -> None:
+@pytest.mark.parametrize("declared", [False, True], ids=["unreachable", "HF_HUB_OFFLINE"])
+def test_cached_hub_dataset_loads_from_its_snapshot_without_the_network(tmp_path: Path, declared: bool) -> None:
     """A dataset repository in the hub cache (as huggingface_hub lays it out), every connection refused: its rows load
-    from the cached snapshot at once (by id, datasets 5.2 retried ~23 s and then failed with the files cached)."""
+    from the cached snapshot at once (by id, datasets 5.2 retried ~23 s and then failed with the files cached), and so
+    with HF_HUB_OFFLINE=1 (datasets alone failed at once: OfflineModeIsEnabled, it does not read the hub cache)."""
     commit = "fedcba9876543210fedcba9876543210fedcba98"
     repo = tmp_path / "hub" / "datasets--swa-tests--tiny-chats"
     (repo / "snapshots" / commit / "data").mkdir(parents=True)
@@ -184,7 +186,8 @@ start = time.perf_counter()
 conversations, stats = read_conversations("swa-tests/tiny-chats")
 print("read", len(conversations), [m["content"] for m in conversations[2].messages], round(time.perf_counter() - start, 1))
 """
-    proc = run_without_network(code, tmp_path, HF_DATASETS_CACHE=str(tmp_path / 'datasets'))
+    offline = {"HF_HUB_OFFLINE": "1"} if declared else {}
+    proc = run_without_network(code, tmp_path, HF_DATASETS_CACHE=str(tmp_path / 'datasets'), **offline)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "read 3 ['question 2', 'answer 2']" in proc.stdout and "Retry" not in proc.stderr
     assert float(proc.stdout.split()[-1]) < 10

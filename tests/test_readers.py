@@ -165,9 +165,11 @@ def test_file_with_no_complete_record_says_so(tmp_path: Path, text: str, message
         read_conversations(path)
 
 
-def test_hub_dataset_that_cannot_be_reached_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("declared", [False, True], ids=["unreachable", "HF_HUB_OFFLINE"])
+def test_hub_dataset_that_cannot_be_reached_is_one_line(monkeypatch: pytest.MonkeyPatch, declared: bool) -> None:
     """Offline, a hub dataset name that is in no local cache: datasets raises ConnectionError (after its retries), which
-    ended the trainer in a traceback; now a DataError (a ValueError: exit 2, one line) naming data.path."""
+    ended the trainer in a traceback; now a DataError (a ValueError: exit 2, one line) naming data.path, and with
+    HF_HUB_OFFLINE=1 saying that the variable, not the network, kept the hub out."""
     import datasets
 
     def unreachable(path, split=None, **kwargs):  # datasets 4's own message for this case
@@ -177,8 +179,17 @@ def test_hub_dataset_that_cannot_be_reached_is_one_line(monkeypatch: pytest.Monk
     from models import hub
 
     monkeypatch.setattr(hub, "unreachable", lambda: None)  # the probe passes (a proxy, say): datasets meets the failure itself
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    if declared:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(DataError) as err:
         list(raw_records("someone/some-dataset", ReadStats()))
-    assert str(err.value).startswith("data.path='someone/some-dataset': not a local file or folder, and the dataset hub cannot "
-                                     "be reached to load it (Couldn't reach 'someone/some-dataset' on the Hub")
+    if declared:  # no snapshot in the (test's) hub cache either
+        assert str(err.value).startswith("data.path='someone/some-dataset': not a local file or folder, not in the Hugging Face "
+                                         "caches, and HF_HUB_OFFLINE=1 declares the hub offline; download it")
+    else:
+        assert str(err.value).startswith("data.path='someone/some-dataset': not a local file or folder, the dataset hub cannot "
+                                         "be reached to load it (Couldn't reach 'someone/some-dataset' on the Hub")
     assert "\n" not in str(err.value)
