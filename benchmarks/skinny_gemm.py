@@ -5,6 +5,7 @@ weight-only int8 copies (``kernels/int8_weights.py``): its default tiling (``con
 beside cuBLAS on the bf16 matrix (TB/s of the bytes each reads).
 
     python benchmarks/skinny_gemm.py --out skinny.json
+    python benchmarks/skinny_gemm.py --copies 20 --shapes wo w2      # 20 distinct copies read in turn, as a forward's layers
     python benchmarks/skinny_gemm.py --int8 --rows 16 --out int8.json
 """
 
@@ -30,14 +31,16 @@ SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w13": (24576, 4096), "w2": 
 CALLS = 20
 
 
-def configs(n: int, k: int, sms: int, w_bytes: int = 2, rows: int = skinny_gemm.MAX_ROWS):
-    for block_n, block_k, warps, stages, splits in itertools.product((32, 64, 128), (128, 256), (4, 8), (3, 4, 6), (1, 2, 4, 8)):
+def configs(n: int, k: int, sms: int, w_bytes: int = 2, rows: int = skinny_gemm.MAX_ROWS, warps=(4, 8), stages=(3, 4, 6)):
+    # at least ~3/4 of the SMs busy: a 4096-wide output in 32-wide tiles is 128 programs, one short of an H100's or
+    # H200's 132, and runs without a second kernel adding K splits
+    for block_n, block_k, num_warps, num_stages, splits in itertools.product((16, 32, 64, 128), (128, 256), warps, stages, (1, 2, 4, 8)):
         programs = -(-n // block_n) * splits
-        if k % (splits * block_k) or not sms <= programs <= 16 * sms or (splits > 1 and programs > 4 * sms):
+        if k % (splits * block_k) or not 0.75 * sms <= programs <= 16 * sms or (splits > 1 and programs > 4 * sms):
             continue
-        if stages * (block_n * w_bytes + rows * 2) * block_k > 220 * 1024:  # the tiles in flight must fit shared memory
+        if num_stages * (block_n * w_bytes + rows * 2) * block_k > 220 * 1024:  # the tiles in flight must fit shared memory
             continue
-        yield skinny_gemm.Config(block_n, block_k, splits, warps, stages)
+        yield skinny_gemm.Config(block_n, block_k, splits, num_warps, num_stages)
 
 
 def fastest(run, ref: torch.Tensor, candidates, atol: float, best: tuple | None = None) -> tuple[tuple, int]:
@@ -87,10 +90,16 @@ def main() -> None:
     p.add_argument("--int8", action="store_true", help="the kernel on int8 copies of the matrices (see the docstring)")
     p.add_argument("--default-only", action="store_true", help="--int8: time the default tiling only (no search)")
     p.add_argument("--block-m", type=int, help="--int8: rows per row block (default: config_for's)")
+    p.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="the grid's warp counts")
+    p.add_argument("--stages", type=int, nargs="+", default=[3, 4, 6], help="the grid's pipeline depths")
+    p.add_argument("--copies", type=int, default=1,
+                   help="distinct copies of each matrix, the captured calls reading them in turn (a forward reads each layer's "
+                        "once: with 1, a matrix that fits L2, 50 MB on an H100, is read from it after the first call)")
     p.add_argument("--out")
     args = p.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {sms} SMs | {CALLS} calls per graph")
+    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {sms} SMs | {CALLS} calls per graph | "
+          f"{args.copies} copies of each matrix")
     results = []
     if args.int8:
         print("matrix | rows | cuBLAS bf16 us | TB/s | int8 default us | TB/s | int8 best us | TB/s | its config | configs tried")
@@ -105,12 +114,14 @@ def main() -> None:
         n, k = SHAPES[name]
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         gb = w.numel() * w.element_size() / 1e9
+        copies = [w] + [w.clone() for _ in range(args.copies - 1)]  # the same values: one reference checks every copy
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, w)
-            cublas = captured_us(lambda: F.linear(x, w), CALLS)
-            best, tried = fastest(lambda c: skinny_gemm.linear(x, w, c), ref, configs(n, k, sms), 2e-1)
-            row = {"matrix": name, "rows": rows, "n": n, "k": k, "cublas_us": cublas, "cublas_TBps": gb / cublas * 1e3,
+            turn = itertools.cycle(copies)
+            cublas = captured_us(lambda: F.linear(x, next(turn)), CALLS)
+            best, tried = fastest(lambda c: skinny_gemm.linear(x, next(turn), c), ref, configs(n, k, sms, warps=args.warps, stages=args.stages), 2e-1)
+            row = {"matrix": name, "rows": rows, "n": n, "k": k, "copies": args.copies, "cublas_us": cublas, "cublas_TBps": gb / cublas * 1e3,
                    "skinny_us": best[0], "skinny_TBps": gb / best[0] * 1e3, "config": vars(best[1]), "tried": tried}
             results.append(row)
             print(f"{name} | {rows} | {cublas:.1f} | {row['cublas_TBps']:.2f} | {best[0]:.1f} | {row['skinny_TBps']:.2f} | {best[1]} | {tried}",
