@@ -251,6 +251,10 @@ def decoding_target(model, layer_ids: list[int], attention_backend: str = "sdpa"
     return StaticTarget(model, layer_ids, compile_layers=next(model.parameters()).is_cuda)
 
 
+DRAFTER_FOLDERS = ("a training run folder (run.json), an exported DFlash or EAGLE-3 drafter (config.json), a speculators "
+                   "--save-path folder, a hub id, or pld (prompt lookup)")
+
+
 def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, str | None, str | None]:
     """(target, drafter, run folder). ``drafter`` may be a training run's folder (``python -m train``'s
     ``output_dir``, holding ``run.json``): its export is the drafter and, unless ``target`` is given, the
@@ -261,9 +265,15 @@ def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, st
         return target, drafter, None
     if hub.is_hub_id(drafter):  # a published drafter (z-lab's DFlash, a speculators checkpoint): its downloaded folder
         drafter = hub.download(drafter, "--drafter")
-    if not (Path(drafter) / "run.json").is_file():
+    folder = Path(drafter)
+    if not folder.is_dir():  # before anything loads (the target took seconds, then the error blamed a missing config.json)
+        raise ValueError(f"--drafter={drafter!r}: {'a file, not a folder' if folder.exists() else 'no such folder'}; expected {DRAFTER_FOLDERS}")
+    if not (folder / "run.json").is_file():
         checkpoint = speculators_checkpoint.resolve_checkpoint(drafter)
-        return target or speculators_checkpoint.verifier_path(checkpoint), drafter if checkpoint == Path(drafter) else str(checkpoint), None
+        if not (checkpoint / "config.json").is_file():  # else eval said "--drafter given without --target" for an empty folder
+            raise ValueError(f"--drafter={drafter!r}: no run.json or config.json there, and no speculators checkpoint in it; "
+                             f"expected {DRAFTER_FOLDERS}")
+        return target or speculators_checkpoint.verifier_path(checkpoint), drafter if checkpoint == folder else str(checkpoint), None
     record_file = Path(drafter) / "run.json"
     try:
         record = json.loads(record_file.read_text())

@@ -97,7 +97,7 @@ def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
     (["prompts", "--prompts", "/tmp"], "--prompts /tmp: a folder; expected a JSONL file of prompts"),
     (["mtbench", "--prefill-tokens", "40000", "--num-questions", "1"], "more than the target's max_position_embeddings=32768"),
     (["sweep", "--prefills", "0", "32700", "--num-questions", "1"], "behind 32700 prefill tokens"),
-    (["mtbench", "--drafter", "/nonexistent"], "--drafter given without --target"),
+    (["mtbench", "--drafter", "/nonexistent"], "--drafter='/nonexistent': no such folder; expected a training run folder"),
     (["mtbench", "--engine", "zlab", "--drafter-weights", "int8"], "--engine zlab: --drafter-weights int8 is our loop's"),
     (["mtbench", "--device", "bogus"], "--device 'bogus'; expected auto, cpu, cuda or cuda:N"),
     (["sweep", "--windows", "none", "none", "--num-questions", "1"], "--windows: none given twice; expected each once"),
@@ -107,6 +107,24 @@ def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) 
     assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
+
+
+def test_a_drafter_folder_that_holds_no_drafter_is_one_clear_line(runs_dir, tmp_path, capsys) -> None:
+    """An empty folder, a file, and an export without --target: each named in one line before any model loads (an empty
+    folder read as "--drafter given without --target")."""
+    empty, file = tmp_path / "empty", tmp_path / "model.safetensors"
+    empty.mkdir()
+    file.write_text("")
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text("{}")
+    for drafter, message in ((empty, f"--drafter='{empty}': no run.json or config.json there, and no speculators checkpoint in it"),
+                             (file, f"--drafter='{file}': a file, not a folder"),
+                             (export, "--drafter given without --target (a training run folder records its target")):
+        assert main(["mtbench", "--drafter", str(drafter), "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("error:") == 1 and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
 
 
 def test_out_at_or_under_a_file_is_one_clear_line(runs_dir, tmp_path, capsys) -> None:
