@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
     from infer.generate import generate
     from infer.loading import eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, target_setting, window_warning
-    from infer.prompts import long_prompt_ids, mt_bench_questions
+    from infer.prompts import long_prompt_ids, mt_bench_questions, prompts_file
     from models.sampling import SamplingConfig
 
     if args.batch_size < 1 or (args.batch_size > 1 and args.prompts is None):
@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
                              "expected a file path to write the statistics to")
         window = parse_window(args.window)
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        # the prompts file read before any model loads (an 8B target takes a minute to load before a typo surfaced)
+        conversations = prompts_file(args.prompts) if args.prompts is not None else None
         target_path, drafter_path, _ = resolve_run(args.target, args.drafter)
         if target_path is None:
             raise ValueError("--target is required unless --drafter is a training run folder (which records its target)")
@@ -107,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
         warning = window_warning(drafter, window)
         if warning:
             print(warning, file=sys.stderr)
-        if args.prompts is not None:
-            return run_many(args, target, drafter, tokenizer, sampling)
+        if conversations is not None:
+            return run_many(args, conversations, target, drafter, tokenizer, sampling)
         if args.question is not None:
             by_id = {q["question_id"]: q for q in mt_bench_questions()}
             if args.question not in by_id:
@@ -140,17 +142,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_many(args: argparse.Namespace, target, drafter, tokenizer, sampling) -> int:
-    """``--prompts``: every record's first user turn, ``--batch-size`` in flight; each output, then the pooled numbers."""
+def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer, sampling) -> int:
+    """``--prompts`` (``conversations``, its records): every record's first user turn, ``--batch-size`` in flight; each output,
+    then the pooled numbers."""
     import time
 
     from infer.batch import generate_batch
     from infer.generate import generate, trees_on_rows
     from infer.loading import eos_ids
-    from infer.prompts import long_prompt_ids, prompts_file
+    from infer.prompts import long_prompt_ids
     from models.static_target import StaticTarget
 
-    conversations = prompts_file(args.prompts)
     prompts = [long_prompt_ids(tokenizer, c.turns[0], args.prefill_tokens) for c in conversations]
     eos = eos_ids(tokenizer, target.model)
     start = time.perf_counter()

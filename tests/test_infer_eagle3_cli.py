@@ -235,3 +235,16 @@ def test_a_recorded_target_that_moved_is_named_as_recorded(tmp_path, capsys) -> 
     err = capsys.readouterr().err
     assert f"error: target (recorded with the drafter)={str(gone)!r}: no such folder; expected a Hugging Face model folder" in err
     assert err.count("\n") == 1
+
+
+def test_a_missing_prompts_file_or_drafter_is_named_before_any_model_loads(tmp_path, capsys) -> None:
+    """--prompts and --drafter are checked before the target loads (a missing prompts file surfaced after an 8B target's
+    minute of loading; a missing drafter as 'no config.json there' after it): with a target that is no model folder at all,
+    the error still names them, so nothing was loaded first."""
+    no_target = str(tmp_path / "no-target")
+    assert infer_main(["--target", no_target, "--prompts", str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --prompts {tmp_path / 'missing.jsonl'}: no such file; expected a JSONL file of prompts" in err and err.count("\n") == 1
+    assert infer_main(["--target", no_target, "--drafter", str(tmp_path / "missing"), "--prompt", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --drafter='{tmp_path / 'missing'}': no such folder; expected a training run folder" in err and err.count("\n") == 1
