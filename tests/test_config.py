@@ -177,10 +177,34 @@ def test_cli_typo_fails_in_seconds_naming_the_key(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )
     elapsed = time.perf_counter() - start
-    assert proc.returncode != 0
-    assert "Key 'max_stesp' not in 'TrainerConfig'" in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: Could not override 'trainer.max_stesp': Key 'max_stesp' not in 'TrainerConfig' "
+                                   "(full_key: trainer.max_stesp)")
     assert elapsed < 20
     assert not any(tmp_path.iterdir()), "a failed start must not leave a run folder"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("experiment=nope", "In 'train': Could not find 'experiment/nope'; Available options in 'experiment': dflash_swa, "
+                        "dflash_swa_small, dflash_swa_small_long, dflash_swa_tiny, eagle3_swa, eagle3_swa_small, eagle3_swa_tiny"),
+    ("trainer.batch_size=abc", "Error merging override trainer.batch_size=abc: Value 'abc' of type 'str' could not be "
+                               "converted to Integer (full_key: trainer.batch_size)"),
+    ("drafter=nope", "In 'train': Could not find 'drafter/nope'; Available options in 'drafter': dflash, eagle3"),
+    ("trainer.batch_size", "Error parsing override 'trainer.batch_size'; missing EQUAL at '<EOF>'"),
+    ("data.path=a=b", "data.path=a=b: mismatched input '=' expecting <EOF>"),
+])
+def test_a_bad_override_is_one_line_with_exit_2(capsys, override: str, message: str) -> None:
+    """Hydra printed these in 4-15 lines (its search path, a link, a ``+key`` hint the schema then refuses) and exited 1;
+    ``refuse_bad_overrides`` composes first and says the same in one line. Good overrides pass through to Hydra."""
+    from train.__main__ import refuse_bad_overrides
+
+    with pytest.raises(SystemExit) as exit_:
+        refuse_bad_overrides(["experiment=dflash_swa_tiny", override] if not override.startswith("experiment") else [override])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    refuse_bad_overrides(["experiment=eagle3_swa_tiny", "trainer.lr=1e-3", "hydra.job.chdir=true", "output_dir=/x"])  # no exit
+    refuse_bad_overrides(["--cfg", "job", "trainer.bogus=1"])  # Hydra's own flags: Hydra answers
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("sub", ["", "run"])
