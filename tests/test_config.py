@@ -196,7 +196,7 @@ def test_cli_typo_fails_in_seconds_naming_the_key(tmp_path: Path) -> None:
 def test_a_bad_override_is_one_line_with_exit_2(capsys, override: str, message: str) -> None:
     """Hydra printed these in 4-15 lines (its search path, a link, a ``+key`` hint the schema then refuses) and exited 1;
     ``refuse_bad_overrides`` composes first and says the same in one line. Good overrides pass through to Hydra."""
-    from train.__main__ import refuse_bad_overrides
+    from train.config import refuse_bad_overrides
 
     with pytest.raises(SystemExit) as exit_:
         refuse_bad_overrides(["experiment=dflash_swa_tiny", override] if not override.startswith("experiment") else [override])

@@ -16,6 +16,7 @@ Public override names (other tools and users rely on them): ``target.path``, ``d
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
@@ -545,6 +546,58 @@ def check_paths(cfg: TrainConfig) -> None:
         problem = unreadable_store(cfg.features.path)
         if problem is not None:
             raise StoreError(problem)
+
+
+def refuse_bad_overrides(argv: list[str]) -> None:
+    """Hydra answers a bad override (an unknown key, a value of the wrong type, a config group option that does not exist,
+    a malformed ``key=value``) in 4-15 lines and exit status 1; composed here first through Hydra's public compose API,
+    the same error comes as one line (``hydra_error_line``) and exit status 2. With Hydra's own flags (``--cfg``,
+    ``--multirun``, ``--help``, ...) Hydra answers as it does."""
+    if any(a.startswith("-") for a in argv):
+        return
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    def composed(overrides: list[str]) -> Exception | None:
+        try:
+            with initialize_config_module("configs", version_base="1.3"):
+                compose("train", overrides=overrides)
+        except (HydraException, OmegaConfBaseException) as e:
+            return e
+        return None
+
+    error = composed(argv)
+    if error is None:
+        return
+    line = hydra_error_line(error)
+    if isinstance(error, OverrideParseException) and not any(a in line for a in argv):  # e.g. "mismatched input '='": which one
+        line = next((f"{a}: {line}" for a in argv if isinstance(composed([a]), OverrideParseException)), line)
+    print(f"error: {line}", file=sys.stderr)
+    sys.exit(2)
+
+
+def hydra_error_line(e: Exception) -> str:
+    """Hydra's error and its cause in one line: the message, the cause's (OmegaConf's) reason and full key, a missing
+    option's choices (the ``*_schema`` nodes, internal, left out); its search path, links and the ``+key=`` hint (this
+    project's schema refuses appended keys too) dropped."""
+    text = str(e).split("Config search path:")[0]
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and not line.strip().startswith(("See https://", "To append to your config"))]
+    parts, options = [lines[0].rstrip(".")], []
+    for line in lines[1:]:
+        if options or parts[-1].endswith(":"):
+            if not line.endswith("_schema"):
+                options.append(line)
+        else:
+            parts.append(line.rstrip("."))
+    if options:
+        parts[-1] += " " + ", ".join(options)
+    cause = [line.strip() for line in str(e.__cause__ or "").splitlines() if line.strip()]
+    if cause:
+        key = next((c for c in cause if c.startswith("full_key:")), None)
+        parts[0] += f": {cause[0]}" + (f" ({key})" if key else "")
+    return "; ".join(parts)
 
 
 register_configs()

@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from train import config as _schema  # noqa: F401  (registers train_schema and each drafter's schema)
+from train.config import refuse_bad_overrides  # (the module registers train_schema and each drafter's schema)
 from train.features.store import StoreError
 from train.features.write import write_features
 
@@ -28,4 +28,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    refuse_bad_overrides(sys.argv[1:])
     main()
