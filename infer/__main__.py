@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         set_threads(args.device, args.threads, args.batch_size if args.prompts else 1)
         if args.prompt is not None and not args.prompt.strip():
             raise ValueError(f"--prompt {args.prompt!r} is empty; expected the user message")
+        if args.max_new_tokens < 1:  # before the models load (the loop said so after)
+            raise ValueError(f"--max-new-tokens {args.max_new_tokens}; expected >= 1")
         if args.json and (Path(args.json).is_dir() or any(p.is_file() for p in Path(args.json).parents)):
             raise ValueError(f"--json {args.json}: {'a folder' if Path(args.json).is_dir() else 'a file stands in its path'}; "
                              "expected a file path to write the statistics to")

@@ -100,6 +100,7 @@ def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
     (["mtbench", "--drafter", "/nonexistent"], "--drafter='/nonexistent': no such folder; expected a training run folder"),
     (["mtbench", "--engine", "zlab", "--drafter-weights", "int8"], "--engine zlab: --drafter-weights int8 is our loop's"),
     (["mtbench", "--device", "bogus"], "--device 'bogus'; expected auto, cpu, cuda or cuda:N"),
+    (["mtbench", "--max-new-tokens", "0"], "--max-new-tokens 0; expected >= 1"),  # was said mid-cell, an empty partial/ left
     (["sweep", "--windows", "none", "none", "--num-questions", "1"], "--windows: none given twice; expected each once"),
     (["sweep", "--prefills", "0", "0", "--num-questions", "1"], "--prefills: 0 given twice; expected each once"),
 ])
@@ -107,6 +108,7 @@ def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) 
     assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
+    assert not (tmp_path / "o").exists()  # nothing written for a refused command
 
 
 def test_a_drafter_folder_that_holds_no_drafter_is_one_clear_line(runs_dir, tmp_path, capsys) -> None:

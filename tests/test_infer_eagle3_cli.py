@@ -197,6 +197,7 @@ def test_cli_batch_size_mistakes_are_one_line_and_trees_batch(reference_target_p
     (["--prompt", "Hi", "--device", "cuda:99"], "--device cuda:99: this machine has"),
     (["--prompt", "Hi", "--json", "{tmp}"], "a folder; expected a file path to write the statistics to"),
     (["--prompt", "Hi", "--drafter", "pld", "--draft-steps", "0"], "--draft-steps 0; expected >= 1"),  # was: 0 read as the default 15
+    (["--prompt", "Hi", "--max-new-tokens", "0"], "--max-new-tokens 0; expected >= 1"),  # was said after the target loaded
 ])
 def test_bad_cli_values_are_one_line_before_generating(reference_target_path, tmp_path, capsys, argv, message) -> None:
     """Each used to end in a traceback (some after the whole generation), or ran on silently with another value."""
