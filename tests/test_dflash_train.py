@@ -154,3 +154,28 @@ def test_compiled_whole_step_equals_eager(tmp_path: Path) -> None:
 def test_start_up_errors_from_the_config(tmp_path: Path, override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         train(compose_fast([override, f"output_dir={tmp_path}"]))
+
+
+def test_a_run_folder_resumed_with_another_drafter_is_one_line(tmp_path: Path) -> None:
+    """The same output_dir, a deeper drafter (or the other kind): load_state_dict's traceback listed every tensor. Now one
+    line naming the checkpoint and the first difference, and the folder's record, export and checkpoints left as they were."""
+    common = ["trainer.max_steps=1", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=1", f"output_dir={tmp_path}"]
+    train(compose_fast(common))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and ".hydra" not in p.parts}
+    deeper = ["drafter.num_hidden_layers=3", "drafter.layer_types=[sliding_attention,sliding_attention,sliding_attention]"]
+    with pytest.raises(ValueError) as err:
+        train(compose_fast(common + deeper + ["trainer.max_steps=2"]))
+    message = str(err.value)
+    assert message.startswith(f"trainer.resume: {tmp_path / 'checkpoints' / 'step_00000001'} holds another drafter than this "
+                              "config builds (") and "tensors differ, first" in message and "\n" not in message
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and ".hydra" not in p.parts} == before
+
+
+def test_state_mismatch_names_the_first_difference() -> None:
+    from train.checkpoint import state_mismatch
+
+    saved = {"a": torch.zeros(2, 3), "b": torch.zeros(4)}
+    assert state_mismatch(saved, {"a": torch.ones(2, 3), "b": torch.ones(4)}) is None  # values may differ, shapes not
+    assert state_mismatch(saved, {"a": torch.zeros(2, 4), "b": torch.zeros(4)}) == "1 tensors differ, first a [2, 3] there, [2, 4] here"
+    assert state_mismatch(saved, {"a": torch.zeros(2, 3), "b": torch.zeros(4), "c": torch.zeros(1)}) == "1 tensors differ, first c not there"
+    assert state_mismatch(saved, {"a": torch.zeros(2, 3)}) == "1 tensors differ, first b not here"

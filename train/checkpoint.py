@@ -82,6 +82,22 @@ def read_state(file: Path) -> Any:
         raise UnreadableCheckpoint(f"{type(e).__name__}: {reason}" if reason else type(e).__name__) from None
 
 
+def state_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """How a checkpoint's model tensors differ from the drafter's (names, shapes), in a few words, or None when they
+    match: a run folder resumed with another drafter kind, depth or width."""
+    missing = [k for k in current if k not in saved]
+    extra = [k for k in saved if k not in current]
+    shapes = [k for k in current if k in saved and tuple(saved[k].shape) != tuple(current[k].shape)]
+    if not (missing or extra or shapes):
+        return None
+    if shapes:
+        k = shapes[0]
+        first = f"{k} {list(saved[k].shape)} there, {list(current[k].shape)} here"
+    else:
+        first = f"{missing[0]} not there" if missing else f"{extra[0]} not here"
+    return f"{len(missing) + len(extra) + len(shapes)} tensors differ, first {first}"
+
+
 def rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -180,6 +196,11 @@ class Checkpointer:
             if state.get("deepspeed"):
                 raise ValueError(f"trainer.resume: {path} was written under DeepSpeed; resume it with trainer.deepspeed set "
                                  "(or start over with trainer.resume=never)")
+            mismatch = state_mismatch(state["model"], self.drafter.state_dict())
+            if mismatch:  # load_state_dict's answer: a traceback listing every tensor
+                raise ValueError(f"trainer.resume: {path} holds another drafter than this config builds ({mismatch}); resume it "
+                                 "with the settings it was trained with, start over there with trainer.resume=never, or set "
+                                 "another output_dir")
             self.drafter.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["lr_scheduler"])
