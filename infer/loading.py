@@ -25,6 +25,7 @@ from models.builtin_targets import resolve_target_path
 from models import hub
 from models.hub import check_target_folder
 from common.json_file import read_json_object
+from common.tensor_shapes import shape_differences
 from infer import speculators_checkpoint
 
 EAGLE3_ARCHITECTURES = ["Eagle3DraftModel"]
@@ -129,13 +130,12 @@ def check_drafter_weights(path: str | Path, config: dict, model_class: type) -> 
         raise ValueError(f"{file}: not a readable safetensors file ({e}); truncated or corrupt?") from None
     with torch.device("meta"):  # the tensors the architecture needs, and their shapes, without allocating them
         expected = {name: tuple(t.shape) for name, t in model_class(model_class.config_class.from_dict(config)).state_dict().items()}
-    for name in sorted(set(expected) | set(shapes)):
-        if name not in shapes:
+    for name, found, wanted in shape_differences(shapes, expected)[:1]:
+        if found is None:
             raise ValueError(f"{file}: missing tensor {name!r}")
-        if name not in expected:
+        if wanted is None:
             raise ValueError(f"{file}: unexpected tensor {name!r}; the drafter its config.json describes has no such parameter")
-        if shapes[name] != expected[name]:
-            raise ValueError(f"{file}: tensor {name!r} has shape {shapes[name]}, expected {expected[name]} from its config.json")
+        raise ValueError(f"{file}: tensor {name!r} has shape {found}, expected {wanted} from its config.json")
 
 
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",

@@ -54,17 +54,13 @@ def offline_reason() -> str | None:
     return None
 
 
-def offline_env() -> bool:
-    return offline_reason() is not None
-
-
 def hub_host() -> str:
     return urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
 
 
 def unreachable() -> str | None:
     """Why the hub cannot be reached (one connection tried), or None: reachable, behind a proxy, or declared offline."""
-    if offline_env() or any(os.environ.get(v) for v in PROXY_VARIABLES):
+    if offline_reason() or any(os.environ.get(v) for v in PROXY_VARIABLES):
         return None
     host = hub_host()
     try:
@@ -122,11 +118,15 @@ def dataset_folder(repo_id: str, what: str) -> str | None:
     except LocalEntryNotFoundError:
         if declared:
             return None
-        raise ValueError(f"{what}={repo_id!r}: not a local file or folder, not in the Hugging Face cache, and {reason}; "
-                         f"download it where there is network (hf download {repo_id} --repo-type dataset) or pass a local "
-                         "file") from None
+        raise ValueError(uncached_dataset(repo_id, what, f"not in the Hugging Face cache, and {reason}")) from None
     log.info("%s: %s; %s loads from its cached snapshot %s", what, reason, repo_id, folder)
     return folder
+
+
+def uncached_dataset(repo_id: str, what: str, why: str) -> str:
+    """The one line for a hub dataset id that neither the caches nor the hub can give now, ``why`` saying which held."""
+    return (f"{what}={repo_id!r}: not a local file or folder, {why}; download it where there is network "
+            f"(hf download {repo_id} --repo-type dataset) or pass a local file")
 
 
 def download(repo_id: str, what: str) -> str:

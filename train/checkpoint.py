@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from common.atomic import atomic_dir
+from common.tensor_shapes import shape_differences
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +86,13 @@ def read_state(file: Path) -> Any:
 def state_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
     """How a checkpoint's model tensors differ from the drafter's (names, shapes), in a few words, or None when they
     match: a run folder resumed with another drafter kind, depth or width."""
-    missing = [k for k in current if k not in saved]
-    extra = [k for k in saved if k not in current]
-    shapes = [k for k in current if k in saved and tuple(saved[k].shape) != tuple(current[k].shape)]
-    if not (missing or extra or shapes):
+    differences = shape_differences({k: tuple(v.shape) for k, v in saved.items()}, {k: tuple(v.shape) for k, v in current.items()})
+    if not differences:
         return None
-    if shapes:
-        k = shapes[0]
-        first = f"{k} {list(saved[k].shape)} there, {list(current[k].shape)} here"
-    else:
-        first = f"{missing[0]} not there" if missing else f"{extra[0]} not here"
-    return f"{len(missing) + len(extra) + len(shapes)} tensors differ, first {first}"
+    name, there, here = differences[0]
+    first = (f"{name} not there" if there is None else f"{name} not here" if here is None
+             else f"{name} {list(there)} there, {list(here)} here")
+    return f"{len(differences)} tensors differ, first {first}"
 
 
 def rng_state() -> dict[str, Any]:

@@ -212,7 +212,7 @@ def iter_hf_dataset(source: str, split: str) -> Iterator[tuple[str, Any]]:
                 raise DataError(f"{path}: no split {split!r}; has {sorted(ds)}")
             ds = ds[split]
     else:
-        from models.hub import dataset_folder
+        from models.hub import dataset_folder, offline_reason, uncached_dataset
 
         try:
             folder = dataset_folder(source, "data.path")  # the hub unreachable: the cached snapshot, or one line at once
@@ -223,13 +223,10 @@ def iter_hf_dataset(source: str, split: str) -> Iterator[tuple[str, Any]]:
         except FileNotFoundError as e:
             raise DataError(f"data.path={source!r}: no such file, folder or dataset ({e})") from None
         except ConnectionError as e:  # offline and not in the local caches: datasets' own error ended in a traceback
-            from models.hub import offline_reason
-
             declared = offline_reason()
             why = (f"not in the Hugging Face caches, and {declared}" if declared else
                    f"the dataset hub cannot be reached to load it ({' '.join(str(e).split())})")
-            raise DataError(f"data.path={source!r}: not a local file or folder, {why}; download it where there is network "
-                            f"(hf download {source} --repo-type dataset) or pass a local file") from None
+            raise DataError(uncached_dataset(source, "data.path", why)) from None
     for i, record in enumerate(ds):
         yield f"{source}[{split}] row {i}", record
 
