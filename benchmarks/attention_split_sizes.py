@@ -8,7 +8,11 @@ Why split sizes: every split writes its query rows' fp32 partials (rows x D x 4 
 verify's 64 rows per KV head over 512-key splits move a quarter of the keys' bytes again, while longer splits leave
 fewer programs to hide each one's latency.
 
-    python benchmarks/attention_split_sizes.py [--contexts 8192 32768] [--tokens 16]
+Row blocks (``Tiling.block_m``): a KV head's query rows split over programs of ``block_m`` rows each, which read the same
+keys (all but the first from L2); a verify's 64 rows in blocks of 16 do a quarter of the arithmetic per tile in four
+times the programs. Tilings are written ``keys per tile/warps/stages[/rows per program]``.
+
+    python benchmarks/attention_split_sizes.py [--contexts 8192 32768] [--tokens 16] [--tilings 64/4/3 64/4/3/16]
 """
 
 from __future__ import annotations
@@ -27,7 +31,19 @@ from kernels.decode_attention import Tiling  # noqa: E402
 
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
 SPLIT_KEYS = (128, 256, 512, 768, 1024, 1536, 2048, 4096)
-TILINGS = (Tiling(64, 4, 2), Tiling(64, 4, 3), Tiling(32, 4, 3))
+TILINGS = ("64/4/2", "64/4/3", "32/4/3", "64/4/2/16", "64/4/3/16", "32/4/3/16", "64/4/3/32")
+
+
+def parse_tiling(text: str) -> Tiling:
+    """``keys per tile/warps/stages[/rows per program]`` -> Tiling."""
+    parts = [int(p) for p in text.split("/")]
+    if len(parts) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"--tilings {text!r}: expected keys/warps/stages[/rows], e.g. 64/4/3 or 64/4/3/16")
+    return Tiling(*parts)
+
+
+def label(t: Tiling) -> str:
+    return f"{t.block_n}/{t.num_warps}w/{t.num_stages}s" + ("" if t.block_m is None else f"/{t.block_m}m")
 CAPACITY = {1024: 1296, 8192: 8464, 32768: 33040}  # the capacities decode_speed.py allocates at these contexts
 
 
@@ -35,11 +51,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192, 32768], choices=sorted(CAPACITY))
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--tilings", type=parse_tiling, nargs="+", default=[parse_tiling(t) for t in TILINGS])
+    parser.add_argument("--split-keys", type=int, nargs="+", default=list(SPLIT_KEYS), help="keys per split to sweep")
     args = parser.parse_args()
+    tilings = args.tilings
     bw = measured_bandwidth()["read_TBps"]
     print(f"# {torch.cuda.get_device_name()} | µs per call, 36 calls on 36 caches | read bandwidth {bw:.2f} TB/s")
-    print("context | tokens | floor µs | split keys (programs, partial bytes / key bytes) | "
-          + " | ".join(f"{t.block_n}/{t.num_warps}w/{t.num_stages}s" for t in TILINGS))
+    print("context | tokens | floor µs | split keys (programs without row blocks, partial bytes / key bytes) | "
+          + " | ".join(label(t) for t in tilings))
     rule_split, rule_tiling = decode_attention.split_size, decode_attention.TILING
     try:
         for pos in args.contexts:
@@ -55,14 +74,14 @@ def main() -> None:
                 ref = decode_attention.decode_attention(q, *caches[0], p, n, 0.088).float()
                 chosen_tiling = decode_attention.tiling_for(rows, q.device)
                 chosen = rule_split(capacity, KV_HEADS, q.device, rows, chosen_tiling.block_n)
-                for keys in sorted(set(SPLIT_KEYS) | {chosen}):
+                for keys in sorted(set(args.split_keys) | {chosen}):
                     if keys > 2 * pos:
                         continue
                     splits = -(-capacity // keys)
                     live = -(-pos // keys)  # splits holding keys the rows see
                     partial = live * rows * HEAD_DIM * 4 * 2 / (2 * pos * HEAD_DIM * 2)  # written + read back
                     row = []
-                    for tiling in TILINGS:
+                    for tiling in tilings:
                         if keys % tiling.block_n:  # a split is whole tiles
                             row.append("-")
                             continue
