@@ -8,11 +8,11 @@ Why split sizes: every split writes its query rows' fp32 partials (rows x D x 4 
 verify's 64 rows per KV head over 512-key splits move a quarter of the keys' bytes again, while longer splits leave
 fewer programs to hide each one's latency.
 
-Row blocks (``Tiling.block_m``): a KV head's query rows split over programs of ``block_m`` rows each, which read the same
-keys (all but the first from L2); a verify's 64 rows in blocks of 16 do a quarter of the arithmetic per tile in four
-times the programs. Tilings are written ``keys per tile/warps/stages[/rows per program]``.
+Tilings are written ``keys per tile/warps/stages``. (Splitting a KV head's 64 verify rows over programs of 16 or 32
+rows, each reading the same keys, was slower at every context and split size: BENCHMARKS.md, "A verify's query rows
+in blocks".)
 
-    python benchmarks/attention_split_sizes.py [--contexts 8192 32768] [--tokens 16] [--tilings 64/4/3 64/4/3/16]
+    python benchmarks/attention_split_sizes.py [--contexts 8192 32768] [--tokens 16] [--tilings 64/4/3 32/4/3] [--split-keys 256 512]
 """
 
 from __future__ import annotations
@@ -31,19 +31,20 @@ from kernels.decode_attention import Tiling  # noqa: E402
 
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
 SPLIT_KEYS = (128, 256, 512, 768, 1024, 1536, 2048, 4096)
-TILINGS = ("64/4/2", "64/4/3", "32/4/3", "64/4/2/16", "64/4/3/16", "32/4/3/16", "64/4/3/32")
+TILINGS = ("64/4/2", "64/4/3", "32/4/3")
 
 
 def parse_tiling(text: str) -> Tiling:
-    """``keys per tile/warps/stages[/rows per program]`` -> Tiling."""
-    parts = [int(p) for p in text.split("/")]
-    if len(parts) not in (3, 4):
-        raise argparse.ArgumentTypeError(f"--tilings {text!r}: expected keys/warps/stages[/rows], e.g. 64/4/3 or 64/4/3/16")
-    return Tiling(*parts)
+    """``keys per tile/warps/stages`` -> Tiling."""
+    try:
+        block_n, warps, stages = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tilings {text!r}: expected keys per tile/warps/stages, e.g. 64/4/3") from None
+    return Tiling(block_n, warps, stages)
 
 
 def label(t: Tiling) -> str:
-    return f"{t.block_n}/{t.num_warps}w/{t.num_stages}s" + ("" if t.block_m is None else f"/{t.block_m}m")
+    return f"{t.block_n}/{t.num_warps}w/{t.num_stages}s"
 CAPACITY = {1024: 1296, 8192: 8464, 32768: 33040}  # the capacities decode_speed.py allocates at these contexts
 
 
@@ -57,7 +58,7 @@ def main() -> None:
     tilings = args.tilings
     bw = measured_bandwidth()["read_TBps"]
     print(f"# {torch.cuda.get_device_name()} | µs per call, 36 calls on 36 caches | read bandwidth {bw:.2f} TB/s")
-    print("context | tokens | floor µs | split keys (programs without row blocks, partial bytes / key bytes) | "
+    print("context | tokens | floor µs | split keys (programs, partial bytes / key bytes) | "
           + " | ".join(label(t) for t in tilings))
     rule_split, rule_tiling = decode_attention.split_size, decode_attention.TILING
     try:

@@ -52,15 +52,11 @@ BLOCK_N = 64  # keys per tile
 
 @dataclass(frozen=True)
 class Tiling:
-    """Pass 1's launch: keys per tile, warps, pipelined loads (``benchmarks/attention_tilings.py`` times the choices),
-    and query rows per program (``block_m``; None: all of a KV head's rows in one program, a power of two >= 16). With
-    fewer rows per program the KV head's row blocks run as programs of their own over the same keys (read from L2 by
-    all but the first): less arithmetic per tile and more programs to hide each one's latency."""
+    """Pass 1's launch: keys per tile, warps, pipelined loads (``benchmarks/attention_tilings.py`` times the choices)."""
 
     block_n: int = BLOCK_N
     num_warps: int = 4
     num_stages: int = 2
-    block_m: int | None = None
 
 
 # Pass 1's tiling by query rows per KV head (H200, 36 calls captured, µs per call at 1K / 8K / 32K;
@@ -160,11 +156,10 @@ if triton is not None:
                       HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, LIVE_TILES: tl.constexpr):
         split = tl.program_id(0)
         bh = tl.program_id(1)
-        row_block = tl.program_id(2)
         b = bh // num_kv_heads
         h = bh % num_kv_heads
         pos0 = tl.load(POS + b)
-        offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
         half = (offs_d + D // 2) % D  # rotate_half's partner of each element
         sign = tl.where(offs_d < D // 2, -1.0, 1.0)[None, :]
@@ -209,9 +204,8 @@ if triton is not None:
                 visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
             m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
         if HAS_NEW:  # the new tokens' keys/values come as KN/VN: the split holding pos0 (normed and rotated with ROTATE)
-            # writes them into the cache (its first row block only) and attends to them; no split reads those cache
-            # slots, so no kernel of its own writes them first. That split's cached keys end at pos0: the lightest live
-            # split takes the extra work
+            # writes them into the cache and attends to them; no split reads those cache slots, so no kernel of its own
+            # writes them first. That split's cached keys end at pos0: the lightest live split takes the extra work
             if split == pos0 // split_size:
                 offs_t = tl.arange(0, BLOCK_T)
                 new = offs_t < n_tokens
@@ -226,9 +220,8 @@ if triton is not None:
                     kn = tl.where(new[:, None], _norm_rope(kn.to(tl.float32), kn_half, kw, kw_half, t_cos, t_sin, sign, eps, D,
                                                            HAS_NORM, DTYPE), 0.0).to(DTYPE)
                 vn = tl.load(VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t + offs_d[None, :], mask=new[:, None], other=0.0)
-                write = (offs_t < tl.where(row_block == 0, n_tokens, 0))[:, None]  # the first row block writes
-                tl.store(K + b * sk_b + h * sk_h + (pos0 + offs_t)[:, None] * sk_c + offs_d[None, :], kn, mask=write)
-                tl.store(V + b * sv_b + h * sv_h + (pos0 + offs_t)[:, None] * sv_c + offs_d[None, :], vn, mask=write)
+                tl.store(K + b * sk_b + h * sk_h + (pos0 + offs_t)[:, None] * sk_c + offs_d[None, :], kn, mask=new[:, None])
+                tl.store(V + b * sv_b + h * sv_h + (pos0 + offs_t)[:, None] * sv_c + offs_d[None, :], vn, mask=new[:, None])
                 visible = new[None, :] & (offs_t[None, :] <= q_t[:, None])  # causal among the new tokens
                 if HAS_WINDOW:
                     visible = visible & (offs_t[None, :] > q_t[:, None] - window)
@@ -338,9 +331,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if d & (d - 1):
         raise ValueError(f"decode_attention: head_dim {d}; a power of two expected")
     tiling = tiling_for(rows, q.device)
-    block_m = max(16, triton.next_power_of_2(rows if tiling.block_m is None else min(rows, tiling.block_m)))
-    row_blocks = math.ceil(rows / block_m)
-    size = split_size(capacity, b * hkv * row_blocks, q.device, rows, tiling.block_n)
+    size = split_size(capacity, b * hkv, q.device, rows, tiling.block_n)
     splits = math.ceil(capacity / size)
     o_part = torch.empty(b, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
     m_part = torch.empty(b, hkv, splits, rows, dtype=torch.float32, device=q.device)
@@ -351,10 +342,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     else:  # [B, Hkv, G*n, D]: row (g, t) at g * n + t
         out = torch.empty(b, hkv, rows, d, dtype=q.dtype, device=q.device)
         out_strides = (out.stride(0), out.stride(1), n_tokens * out.stride(2), out.stride(2))
+    block_m = max(16, triton.next_power_of_2(rows))
     cos, sin = (rope.cos, rope.sin) if rope is not None else (q, q)  # unused without rope
     has_norm = rope is not None and rope.q_norm is not None
     q_w, k_w = (rope.q_norm, rope.k_norm) if has_norm else (q, q)
-    _split_kernel[(splits, b * hkv, row_blocks)](
+    _split_kernel[(splits, b * hkv)](
         q, k_cache, v_cache, k_new, v_new, pos, o_part, m_part, l_part, cos, sin, q_w, k_w,
         *q_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2),

@@ -42,7 +42,6 @@ CASES = [  # (rows B, KV heads, group G, tokens n, capacity C, head dim D, windo
     (3, 1, 4, 3, 700, 16, 100),  # a window: keys before it are skipped
     (2, 1, 2, 6, 200, 16, 4),  # a window narrower than the new tokens
     (1, 2, 4, 16, 700, 16, None),  # 64 query rows: longer splits (KEYS_PER_ROW), the last ones past the row, empty
-    (2, 1, 4, 6, 260, 16, 9),  # 24 rows: in blocks of 16 (``Tiling.block_m``) a full block and a part one
 ]
 
 
@@ -83,15 +82,12 @@ CHILD = textwrap.dedent("""
     decode_attention.LIVE_TILES = False  # every split's fixed tile count (older Tritons' interpreters)
     fixed = max(run_cases("cpu", torch.float32))
     decode_attention.LIVE_TILES = None
-    decode_attention.TILING = decode_attention.Tiling(block_m=16)  # a KV head's rows in blocks of 16, a program each
-    blocks = max(run_cases("cpu", torch.float32))
-    decode_attention.TILING = None
-    print(decode_attention.live_tiles(torch.device("cpu")), max(live, fixed, blocks), static_step_difference("cpu", {qwen!r}),
+    print(decode_attention.live_tiles(torch.device("cpu")), max(live, fixed), static_step_difference("cpu", {qwen!r}),
           static_step_difference("cpu", {llama!r}))
 """)
 
 
-@pytest.mark.slow  # ~50 s: the interpreter runs every program of the grid in Python (the cases three times: both loops, row blocks)
+@pytest.mark.slow  # ~35 s: the interpreter runs every program of the grid in Python (the cases twice: both loops)
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CPU torch wheels come without it; [dev] installs it)")
 def test_split_kv_equals_a_softmax_written_out_in_the_interpreter(reference_target_path, tiny_llama3_path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -132,13 +128,8 @@ def static_step_difference(device: str, path: str) -> float:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("block_m", [None, 16])  # the rule's tiling; a KV head's rows in blocks of 16, a program each
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_kv_on_the_gpu(dtype, block_m, monkeypatch) -> None:
-    from kernels import decode_attention
-
-    if block_m is not None:
-        monkeypatch.setattr(decode_attention, "TILING", decode_attention.Tiling(block_m=block_m))
+def test_split_kv_on_the_gpu(dtype) -> None:
     assert max(run_cases("cuda", dtype)) < (1e-4 if dtype == torch.float32 else 2e-2)
 
 
