@@ -1,5 +1,6 @@
 """Which named tensors two sets of them disagree on, by name and shape: a drafter's file or checkpoint against the
-model a config builds (``infer.loading.check_drafter_weights``, ``train.checkpoint.state_mismatch``)."""
+model a config builds (``infer.loading.check_drafter_weights``, ``train.checkpoint.state_mismatch``,
+``train.export.check_weights``)."""
 
 from __future__ import annotations
 

@@ -48,6 +48,7 @@ from safetensors.torch import load_file, save_file
 
 from common.atomic import atomic_dir
 from common.json_file import read_json_object
+from common.tensor_shapes import shape_differences
 from infer.speculators_checkpoint import eagle3_config as speculators_eagle3_config
 from models.dflash import DFlashDraftModel, sliding_block_causal
 
@@ -149,16 +150,16 @@ def build_model(config_dict: dict[str, Any]) -> torch.nn.Module:
 
 def check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
     """Refuse missing, unexpected or mis-shaped tensors, naming the first of each."""
-    expected = {k: v.shape for k, v in model.state_dict().items()}
-    missing = sorted(set(expected) - set(weights))
+    differences = shape_differences({k: tuple(v.shape) for k, v in weights.items()},
+                                    {k: tuple(v.shape) for k, v in model.state_dict().items()})
+    missing = [name for name, found, _ in differences if found is None]
     if missing:
         raise ExportError(f"{where}: missing tensor {missing[0]!r} ({len(missing)} missing in all)")
-    unexpected = sorted(set(weights) - set(expected))
+    unexpected = [name for name, _, wanted in differences if wanted is None]
     if unexpected:
         raise ExportError(f"{where}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all)")
-    for name, shape in expected.items():
-        if tuple(weights[name].shape) != tuple(shape):
-            raise ExportError(f"{where}: tensor {name!r} has shape {tuple(weights[name].shape)}, expected {tuple(shape)}")
+    for name, found, wanted in differences[:1]:
+        raise ExportError(f"{where}: tensor {name!r} has shape {found}, expected {wanted}")
 
 
 def _legacy_rope(out: dict[str, Any]) -> None:
