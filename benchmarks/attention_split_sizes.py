@@ -32,6 +32,7 @@ from kernels.decode_attention import Tiling  # noqa: E402
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
 SPLIT_KEYS = (128, 256, 512, 768, 1024, 1536, 2048, 4096)
 TILINGS = ("64/4/2", "64/4/3", "32/4/3")
+CAPACITY = {1024: 1296, 8192: 8464, 32768: 33040}  # the capacities decode_speed.py allocates at these contexts
 
 
 def parse_tiling(text: str) -> Tiling:
@@ -45,7 +46,6 @@ def parse_tiling(text: str) -> Tiling:
 
 def label(t: Tiling) -> str:
     return f"{t.block_n}/{t.num_warps}w/{t.num_stages}s"
-CAPACITY = {1024: 1296, 8192: 8464, 32768: 33040}  # the capacities decode_speed.py allocates at these contexts
 
 
 def main() -> None:
@@ -55,11 +55,10 @@ def main() -> None:
     parser.add_argument("--tilings", type=parse_tiling, nargs="+", default=[parse_tiling(t) for t in TILINGS])
     parser.add_argument("--split-keys", type=int, nargs="+", default=list(SPLIT_KEYS), help="keys per split to sweep")
     args = parser.parse_args()
-    tilings = args.tilings
     bw = measured_bandwidth()["read_TBps"]
     print(f"# {torch.cuda.get_device_name()} | µs per call, 36 calls on 36 caches | read bandwidth {bw:.2f} TB/s")
     print("context | tokens | floor µs | split keys (programs, partial bytes / key bytes) | "
-          + " | ".join(label(t) for t in tilings))
+          + " | ".join(label(t) for t in args.tilings))
     rule_split, rule_tiling = decode_attention.split_size, decode_attention.TILING
     try:
         for pos in args.contexts:
@@ -82,7 +81,7 @@ def main() -> None:
                     live = -(-pos // keys)  # splits holding keys the rows see
                     partial = live * rows * HEAD_DIM * 4 * 2 / (2 * pos * HEAD_DIM * 2)  # written + read back
                     row = []
-                    for tiling in tilings:
+                    for tiling in args.tilings:
                         if keys % tiling.block_n:  # a split is whole tiles
                             row.append("-")
                             continue
