@@ -32,7 +32,8 @@ from kernels.decode_attention import Tiling  # noqa: E402
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
 SPLIT_KEYS = (128, 256, 512, 768, 1024, 1536, 2048, 4096)
 TILINGS = ("64/4/2", "64/4/3", "32/4/3")
-CAPACITY = {1024: 1296, 8192: 8464, 32768: 33040}  # the capacities decode_speed.py allocates at these contexts
+# the capacities decode_speed.py allocates: context + 256 new + 16 verified tokens, which StaticTarget rounds up to 256s
+CAPACITY = {c: 256 * -(-(c + 272) // 256) for c in (1024, 2048, 4096, 8192, 16384, 32768)}
 
 
 def parse_tiling(text: str) -> Tiling:
