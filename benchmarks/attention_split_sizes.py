@@ -10,7 +10,8 @@ fewer programs to hide each one's latency.
 
 Tilings are written ``keys per tile/warps/stages``. (Splitting a KV head's 64 verify rows over programs of 16 or 32
 rows, each reading the same keys, was slower at every context and split size: BENCHMARKS.md, "A verify's query rows
-in blocks".)
+in blocks".) The attention alone, back to back, is a guide: a split rule faster here ran the DFlash loop 1.1% slower
+(BENCHMARKS.md, "The split rule between 1K and 32K"); ``decode_speed.py`` decides.
 
     python benchmarks/attention_split_sizes.py [--contexts 8192 32768] [--tokens 16] [--tilings 64/4/3 32/4/3] [--split-keys 256 512]
 """
