@@ -149,6 +149,13 @@ def measure(args: argparse.Namespace) -> None:
                              if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e3 / args.profile
             print(f"GPU busy: {kernels_ms:.1f} ms of kernels per step over {1e3 * profiled_s / args.profile:.1f} ms of wall time "
                   f"under the profiler ({kernels_ms / (1e3 * profiled_s / args.profile):.0%})")
+            # every kernel by its full name (the tables cut names at 55 characters, where Inductor's say what they fuse)
+            kernels = sorted((e for e in table if e.device_type == DeviceType.CUDA and not e.is_user_annotation),
+                             key=lambda e: -e.self_device_time_total)
+            print("kernels per step (ms, calls, name):")
+            for e in kernels:
+                if e.self_device_time_total / args.profile >= 5:  # >= 5 us a step
+                    print(f"  {e.self_device_time_total / 1e3 / args.profile:8.3f} {e.count / args.profile:6.1f}  {e.key[:200]}")
     if args.cprofile:
         import cProfile
         import pstats
