@@ -43,7 +43,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes, staged_verify, verify_stages
+from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes, staged_verify, trim_output, verify_stages
 from infer.prompt_lookup import GrowingLookup, PromptLookupDrafter
 from models.dflash import StaticDFlashDrafter
 from models.eagle3 import StaticEagle3Drafter
@@ -417,19 +417,8 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
 def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request, with_ids: bool = False) -> None:
     """Trim the row's output as ``generate`` does (first end-of-sequence token, the budget), hand it on, refill the row.
     ``with_ids``: the generation carries the tokens its row's caches hold (``Generation.cache_ids``, the batch-1 protocol)."""
-    out = row.out
-    for i, t in enumerate(out):
-        if t in eos:
-            out = out[:i + 1]
-            break
-    out = out[:max_new_tokens]
     stats = row.stats
-    stats.new_tokens = len(out)
-    excess = 1 + sum(a + 1 for a in stats.accepted_per_step) - len(out)
-    if excess > 0 and stats.accepted_per_step:
-        kept = max(0, stats.accepted_per_step[-1] - excess)
-        stats.accepted_past_end = stats.accepted_per_step[-1] - kept
-        stats.accepted_per_step[-1] = kept
+    out = trim_output(row.out, stats, eos, max_new_tokens)
     stats.decode_s = stats.draft_s + stats.verify_s + stats.other_s
     next_request(r, Generation(tokens=out, stats=stats, cache_ids=row.seen() if with_ids else []), row.stream)
 

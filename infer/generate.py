@@ -244,6 +244,25 @@ def staged_verify(target: StaticTarget, ids: torch.Tensor, pos: torch.Tensor, fi
     return torch.cat([logits, more_logits], 1), None if features is None else torch.cat([features, more_features], 1)
 
 
+def trim_output(out: list[int], stats: GenerationStats, eos: set, max_new_tokens: int) -> list[int]:
+    """A generation's tokens up to its first end-of-sequence token and the budget; ``stats`` counts what is kept. The
+    last step may accept drafts past the budget or an end-of-sequence token: those are cut from the output, so they are
+    not counted as accepted either (1 prefill token + sum of (accepted + 1) = output), but kept in
+    ``accepted_past_end`` (an engine's counters include them: ``GenerationStats.untrimmed_steps``)."""
+    for i, t in enumerate(out):
+        if t in eos:
+            out = out[:i + 1]
+            break
+    out = out[:max_new_tokens]
+    stats.new_tokens = len(out)
+    excess = 1 + sum(a + 1 for a in stats.accepted_per_step) - len(out)
+    if excess > 0 and stats.accepted_per_step:
+        kept = max(0, stats.accepted_per_step[-1] - excess)
+        stats.accepted_past_end = stats.accepted_per_step[-1] - kept
+        stats.accepted_per_step[-1] = kept
+    return out
+
+
 @torch.no_grad()
 def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | PromptLookupDrafter | None, prompt_ids, max_new_tokens: int = 256,
              sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
@@ -406,19 +425,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
         drafter.context_ids = cache_ids
 
-    for i, t in enumerate(out):
-        if t in eos:
-            out = out[:i + 1]
-            break
-    out = out[:max_new_tokens]
-    stats.new_tokens = len(out)
-    # The last step may accept drafts past the budget or an end-of-sequence token; those are cut from the
-    # output, so they are not counted as accepted either (1 prefill token + sum of (accepted + 1) = output).
-    excess = 1 + sum(a + 1 for a in stats.accepted_per_step) - len(out)
-    if excess > 0 and stats.accepted_per_step:
-        kept = max(0, stats.accepted_per_step[-1] - excess)
-        stats.accepted_past_end = stats.accepted_per_step[-1] - kept
-        stats.accepted_per_step[-1] = kept
+    out = trim_output(out, stats, eos, max_new_tokens)
     totals = timer.totals()
     stats.prefill_s = totals.get("prefill", 0.0)
     stats.draft_s, stats.verify_s, stats.other_s = (totals.get(k, 0.0) for k in ("draft", "verify", "other"))

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from infer.batch import check_batchable, generate_batch
-from infer.generate import VERIFY_FIRST, common_prefix, generate, verify_stages
+from infer.generate import VERIFY_FIRST, GenerationStats, common_prefix, generate, trim_output, verify_stages
 from infer.prompt_lookup import PromptLookupDrafter
 from models.dflash import DFlashDraftModel, DFlashDrafter, StaticDFlashDrafter, make_dflash_config
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config
@@ -82,6 +82,22 @@ def make_drafter(setup, kind: str):
     drafter = {"none": None, "pld": PromptLookupDrafter(num_draft_tokens=3, vocab_size=8192),
                "dflash": StaticDFlashDrafter(dflash, model.get_input_embeddings(), model.get_output_embeddings())}[kind]
     return StaticTarget(model, [1, 3]), drafter
+
+
+def test_trimmed_output_counts_only_the_kept_tokens() -> None:
+    """Both loops trim with ``trim_output``: one prefill token and steps accepting 3 and 4 drafts made 1 + 4 + 5 = 10
+    tokens; an end-of-sequence token at index 6 keeps 7 of them, so the last step is counted as 1 accepted draft and
+    its 3 drafts past the end stand apart (an engine's counters include them); a budget of 8 cuts the same way."""
+    tokens = [10, 11, 12, 13, 14, 15, 2, 17, 18, 19]
+    stats = GenerationStats(prompt_tokens=5, new_tokens=0, block_size=8, accepted_per_step=[3, 4])
+    assert trim_output(tokens, stats, {2}, 100) == tokens[:7]
+    assert (stats.new_tokens, stats.accepted_per_step, stats.accepted_past_end, stats.untrimmed_steps) == (7, [3, 1], 3, [3, 4])
+    assert 1 + sum(a + 1 for a in stats.accepted_per_step) == stats.new_tokens
+    stats = GenerationStats(prompt_tokens=5, new_tokens=0, block_size=8, accepted_per_step=[3, 4])
+    assert trim_output(tokens, stats, set(), 8) == tokens[:8]  # the budget: the loop stopped past it after the last step
+    assert (stats.new_tokens, stats.accepted_per_step, stats.accepted_past_end) == (8, [3, 2], 2)
+    stats = GenerationStats(prompt_tokens=5, new_tokens=0, block_size=8, accepted_per_step=[3, 4])
+    assert trim_output(tokens, stats, set(), 100) == tokens and stats.accepted_past_end == 0
 
 
 # quick tier: greedy; DFlash and prompt lookup there through the draining batch below
