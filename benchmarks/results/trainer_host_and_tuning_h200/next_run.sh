@@ -1,7 +1,8 @@
 #!/bin/bash
 # Prepared for the next session (not run): after setup.sh 1-3 (the machine warm between calls), one wave of four runs:
 # 54207b2, today, today with key_interval_tables.diff applied (the key-interval tables compiled: the host's ~6 ms of
-# key_interval_mask in the cProfile of leaseB_pair1/cdt.txt), and that with coordinate-descent tuning. A cold machine
+# key_interval_mask in the cProfile of leaseB_pair1/cdt.txt) and coordinate-descent tuning, and that with Inductor's C++
+# wrapper (TORCHINDUCTOR_CPP_WRAPPER=1; whether FA4's custom ops run under it is not known yet). A cold machine
 # needs the long limit (`run timeout_s=600`): three cold compiles at once took over 300 s on lease B (leaseB_cold_timeout/); runs of one tree
 # share an Inductor cache. The carrying calls leave benchmarks/results behind: copy this script, setup.sh and the diff into
 # .dev/ first, then `bash .dev/next_run.sh tests` and `bash .dev/next_run.sh`.
@@ -26,8 +27,9 @@ tp() { local name=$1 dir=$2 cache=$3; shift 3
 stamp start
 tp old /tmp/old old --steps 30 --warmup 10 &
 tp new $NEW new $OLD $CAP --steps 30 --warmup 10 &
-tp tables /tmp/tables tables $OLD $CAP --steps 30 --warmup 10 --cprofile 10 &
-TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 tp tables_cdt /tmp/tables tables_cdt $OLD $CAP --steps 30 --warmup 10 --profile 2 &
+TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 tp tables_cdt /tmp/tables tables_cdt $OLD $CAP --steps 30 --warmup 10 --cprofile 10 &
+# and Inductor's C++ wrapper (the compiled graphs launch their ~430 kernels a step from C++, not Python: the host's share)
+TORCHINDUCTOR_CPP_WRAPPER=1 TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 tp tables_cdt_cpp /tmp/tables tables_cdt_cpp $OLD $CAP --steps 30 --warmup 10 --profile 2 &
 wait; stamp "wave done"
 for f in $R/*.json; do python3 -c "import json; d=json.load(open('$f')); print('%-10s %8.1f ms (host %6.1f) %9.0f tok/s  loss[0,1,-1] %.4f %.4f %.4f' % ('$(basename $f .json)', d['ms_per_step'], d['host_ms_per_step'], d['tokens_per_s'], d['losses'][0], d['losses'][1], d['losses'][-1]))"; done > $R/summary.txt
 cat $R/summary.txt $R/times.txt $R/patch.txt
