@@ -1,5 +1,5 @@
 #!/bin/bash
-# Setup on a fresh H200 in three calls (benchmarks/results and models/builtin_weights moved aside for these calls, so the
+# Setup on a fresh H200 in three calls (stage.sh builds the carries) (benchmarks/results and models/builtin_weights moved aside for these calls, so the
 # tree is ~2.4 MB): FlashAttention-4 4.0.0b36 + CuTe DSL 4.8.1 (libs-cu13 as an xz tar in two pieces), hydra, omegaconf,
 # datasets wheels, the reference target in shards, sg_train_600.jsonl and git archive 54207b2.
 #   call 1: bash .dev/setup.sh 1 (carry .dev/s1)   call 2: ... 2 (carry .dev/s2)   call 3: ... 3 (carry .dev/s3)
