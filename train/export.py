@@ -158,7 +158,8 @@ def check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], wher
     unexpected = [name for name, _, wanted in differences if wanted is None]
     if unexpected:
         raise ExportError(f"{where}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all)")
-    for name, found, wanted in differences[:1]:
+    if differences:  # what is left: present on both sides, shaped differently
+        name, found, wanted = differences[0]
         raise ExportError(f"{where}: tensor {name!r} has shape {found}, expected {wanted}")
 
 
