@@ -453,12 +453,13 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.T
     slot = torch.arange(q_len, device=labels.device) % block_size
     has_label = labels != IGNORE
     ce_labels = torch.where(labels == OUTSIDE, IGNORE, labels)
-    ce = logits_cross_entropy(logits.reshape(-1, vocab), ce_labels.reshape(-1), ignore_index=IGNORE).view(bsz, q_len)
+    ce, top = logits_cross_entropy(logits.reshape(-1, vocab), ce_labels.reshape(-1), ignore_index=IGNORE, with_argmax=True)
+    ce, top = ce.view(bsz, q_len), top.view(bsz, q_len)
     if dpace_alpha is None:
         weight = torch.exp(-(slot - 1).clamp(min=0).float() / gamma).expand(bsz, -1)
     else:
         weight = dpace_weights(ce, has_label, block_size, dpace_alpha)
-    correct = (logits.argmax(-1) == labels) & has_label
+    correct = (top == labels) & has_label
     slot_correct = torch.zeros(block_size, device=labels.device).index_add_(0, slot, correct.float().sum(0))
     slot_count = torch.zeros(block_size, device=labels.device).index_add_(0, slot, has_label.float().sum(0))
     # Accepted length in a block: leading slots 1.. that are labelled and correct.
