@@ -136,6 +136,20 @@ class KeyIntervalPlan:
     backward: list  # aux tensors of the backward (the same row table, FA4's tiles for head_dim)
 
 
+def interval_tables(rows: torch.Tensor, groups: int, num_keys: int, head_dim: int = 128) -> tuple[torch.Tensor, ...]:
+    """``plan_key_intervals``' tensors alone (the packed rows, the forward's tiles, the backward's two tables): a pure
+    function of ``rows``, which the trainer compiles into a few kernels on a GPU (eager, ~45 small ops a plan)."""
+    packed = _padded_rows(rows.repeat_interleave(groups, dim=1))  # one row table for both directions
+    _, tiles = forward_tables(packed)
+    _, bwd_m, bwd_bounds = backward_tables(packed, num_keys, bwd_tile_m(head_dim))
+    return packed, tiles, bwd_m, bwd_bounds
+
+
+def plan_from_tables(rows: torch.Tensor, groups: int, head_dim: int, tables: tuple[torch.Tensor, ...]) -> KeyIntervalPlan:
+    packed, tiles, bwd_m, bwd_bounds = tables
+    return KeyIntervalPlan(rows, groups, head_dim, [packed, tiles], [packed, bwd_m, bwd_bounds])
+
+
 def plan_key_intervals(rows: torch.Tensor, groups: int, num_keys: int, head_dim: int = 128) -> KeyIntervalPlan:
     """Tables for queries whose G = ``groups`` heads per KV head share each row's intervals.
 
@@ -143,8 +157,7 @@ def plan_key_intervals(rows: torch.Tensor, groups: int, num_keys: int, head_dim:
     group): the forward through FA4's own GQA packing, the backward as multi-head attention over the
     KV heads, so that a key tile's dK / dV gather all G heads' rows in one pass rather than G passes
     added up in fp32."""
-    packed = _padded_rows(rows.repeat_interleave(groups, dim=1))  # one row table for both directions
-    return KeyIntervalPlan(rows, groups, head_dim, forward_tables(packed), backward_tables(packed, num_keys, bwd_tile_m(head_dim)))
+    return plan_from_tables(rows, groups, head_dim, interval_tables(rows, groups, num_keys, head_dim))
 
 
 @dataclass(frozen=True)

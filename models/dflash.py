@@ -75,6 +75,7 @@ attention everywhere). In-block causality of sliding layers stays as trained.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -88,7 +89,7 @@ from kernels import block_attention as block_attention_kernel
 from kernels import skinny_gemm
 from kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_weight
 from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
-from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, plan_key_intervals
+from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, interval_tables, plan_from_tables
 from models.sampling import SamplingConfig, argmax_split, choose
 from models.static_target import (CapturedSteps, concat_linears, few_row_products, move_kept_positions, prepack_by_default,
                                   prepacked_copy, rotate)
@@ -297,9 +298,27 @@ def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size
     torch._assert_async((ctx_valid == (torch.arange(ctx_len, device=ctx_valid.device) < lengths[:, None])).all(),
                         "key_interval_mask: ctx_valid is not a prefix of each row (left padding or gaps)")
     ctx_keys = ctx_keys_for(ctx_len)
-    rows = dflash_key_intervals(anchors, lengths, block_size, spec.window, spec.block_causal, ctx_keys)
-    return KeyIntervalMask(plan_key_intervals(rows, groups, ctx_keys + anchors.shape[1] * block_size, head_dim), ctx_len, ctx_keys,
-                           group_major)
+    make = _compiled_interval_plan() if anchors.is_cuda else interval_plan_tensors
+    rows, tables = make(anchors, lengths, block_size, spec.window, spec.block_causal, ctx_keys, groups,
+                        ctx_keys + anchors.shape[1] * block_size, head_dim)
+    return KeyIntervalMask(plan_from_tables(rows, groups, head_dim, tables), ctx_len, ctx_keys, group_major)
+
+
+def interval_plan_tensors(anchors: torch.Tensor, lengths: torch.Tensor, block_size: int, window: int | None, block_causal: bool,
+                          ctx_keys: int, groups: int, num_keys: int, head_dim: int):
+    """DFlash's intervals and their kernel tables, as tensors only (``key_interval_mask``'s work, compiled on a GPU)."""
+    rows = dflash_key_intervals(anchors, lengths, block_size, window, block_causal, ctx_keys)
+    return rows, interval_tables(rows, groups, num_keys, head_dim)
+
+
+@functools.cache
+def _compiled_interval_plan():
+    # the ~90 small ops of a plan as a few fused kernels: the host queues the trainer's step (BENCHMARKS.md, "DFlash's
+    # trainer against 54207b2 on two more leases": key_interval_mask took ~6 ms of a profiled step's host time)
+    from kernels.attention import raise_recompile_limit
+
+    raise_recompile_limit()  # one graph per layer rule and context width (trainer.pad_multiple's few shapes)
+    return torch.compile(interval_plan_tensors, dynamic=False)
 
 
 # ----------------------------------------------------------------------------- the model

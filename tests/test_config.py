@@ -297,3 +297,17 @@ def test_train_step_benchmark_rejects_an_override_read_as_a_window() -> None:
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "argument --windows: expected full or a positive integer, got 'trainer.compile_scope=step'" in proc.stderr
+
+
+def test_coordinate_descent_tuning_sets_inductors_flag() -> None:
+    import torch._inductor.config as inductor_config
+
+    from train.trainer import set_coordinate_descent_tuning
+
+    before = inductor_config.coordinate_descent_tuning
+    try:
+        for value in (True, False, True):
+            set_coordinate_descent_tuning(value)
+            assert inductor_config.coordinate_descent_tuning is value
+    finally:
+        inductor_config.coordinate_descent_tuning = before

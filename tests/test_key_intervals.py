@@ -120,3 +120,22 @@ def test_tables_pad_the_rows_to_whole_query_tiles() -> None:
     for table in (forward_tables(rows)[0], backward_tables(rows, 384 + 48, 64)[0]):
         assert table.shape == (2, 256, 4)
         assert torch.equal(table[:, :192], rows) and not table[:, 192:].any()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))])
+def test_compiled_plan_tensors_equal_eager(device: str) -> None:
+    """On a GPU ``key_interval_mask`` builds its intervals and tables through ``torch.compile`` (a few fused kernels for
+    the host to queue instead of ~90 ops); compiled (Inductor's CPU code here, Triton on a GPU), every table equals the
+    eager one element by element, for both layer types of the old recipe and a draft of padded anchors."""
+    from models.dflash import interval_plan_tensors
+
+    compiled = torch.compile(interval_plan_tensors, dynamic=False)
+    for ctx_len, spec in ((300, LayerMaskSpec(2048, True)), (384, LayerMaskSpec(None, False)), (300, LayerMaskSpec(20, False))):
+        anchors, lengths, _ = (t.to(device) for t in case(ctx_len, n=12))
+        ctx_keys = ctx_keys_for(ctx_len)
+        args = (anchors, lengths, 16, spec.window, spec.block_causal, ctx_keys, 4, ctx_keys + 12 * 16, 64)
+        (rows_e, tables_e), (rows_c, tables_c) = interval_plan_tensors(*args), compiled(*args)
+        assert torch.equal(rows_e, rows_c)
+        for e, c in zip(tables_e, tables_c, strict=True):
+            assert e.dtype == c.dtype and torch.equal(e, c)

@@ -302,6 +302,18 @@ class Run:
                 for rows in (self.batches.next() for _ in range(self.micro_per_step))]
 
 
+def set_coordinate_descent_tuning(enabled: bool) -> None:
+    """``trainer.coordinate_descent_tuning``: Inductor's flag of that name (the process's compiles from here on, as
+    ``TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1``). Checked first: a torch without it is told, not silently skipped."""
+    import torch._inductor.config as inductor_config
+
+    if not hasattr(inductor_config, "coordinate_descent_tuning"):
+        log.warning("trainer.coordinate_descent_tuning: torch %s's Inductor has no coordinate_descent_tuning; "
+                    "compiling with its defaults", torch.__version__)
+        return
+    inductor_config.coordinate_descent_tuning = enabled
+
+
 def build(cfg: TrainConfig) -> Run:
     """Set-up, every check before anything heavy: device (and DeepSpeed), target, data, drafter and its
     step, optimizer, schedule, checkpointer, metrics logger, the loop evaluation."""
@@ -309,6 +321,8 @@ def build(cfg: TrainConfig) -> Run:
     tc = cfg.trainer
     ranks = ranks_from_env()  # torchrun / deepspeed launches: one process per GPU
     device = local_device(pick_device(tc.device), ranks)
+    if device.type == "cuda" and tc.compile_drafter:
+        set_coordinate_descent_tuning(tc.coordinate_descent_tuning)
     ds_config = None
     if tc.deepspeed is not None or ranks.distributed:
         ds_config = deepspeed_engine.deepspeed_config(tc.deepspeed or "zero2", tc.batch_size, tc.grad_accum, tc.grad_clip, ranks.world_size)
