@@ -8,8 +8,8 @@ kernel reads each row once, ``BLOCK`` columns at a time, keeping the running max
 sum of exponentials rescaled to it: the values of ``torch.logsumexp(x.float(), -1)`` to fp32 rounding (the summation
 order differs) and exactly ``x.argmax(-1)`` (the first column of the maximum, as torch's; NaN rows are not handled).
 
-Triton is public API here (``triton.jit``, ``triton.language``); ``available`` says whether it imported. ``row_stats``
-is the pure-PyTorch reference and the CPU path.
+Triton is public API here (``triton.jit``, ``triton.language``); ``available`` says whether it imported.
+``reference_row_stats`` is the pure-PyTorch reference and ``row_stats``' path on the CPU.
 """
 
 from __future__ import annotations

@@ -328,7 +328,7 @@ class TrainerConfig:
     compile_scope: str = "step"
     # GPU, compile_drafter: Inductor's coordinate-descent tuning of its Triton kernels' block sizes (gpt-fast's setting;
     # compiles take longer). DFlash's small-target step 1.7-2.6% faster on an H200, and with the key-interval tables
-    # compiled and the CE's one-pass kernel 5.37-5.89x 54207b2 in five same-wave pairs (BENCHMARKS.md, "DFlash's
+    # compiled and the CE's one-pass kernel 5.31-5.82x 54207b2's tokens/s in five same-wave pairs (BENCHMARKS.md, "DFlash's
     # trainer: the CE's one-pass kernel, compiled key-interval tables, coordinate-descent tuning")
     coordinate_descent_tuning: bool = True
     # flex attention's Triton kernel options for DFlash's training masks, over kernels.attention.triton_flex_options'
