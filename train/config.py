@@ -326,11 +326,12 @@ class TrainerConfig:
     # EAGLE-3: "step" compiles the TTT unroll and its soft-CE loss as one function (eager without
     # activation_checkpointing's checkpointed TTT steps, which Dynamo cannot trace); "regions" leaves it eager
     compile_scope: str = "step"
-    # GPU, compile_drafter: Inductor's coordinate-descent tuning of its Triton kernels' block sizes (gpt-fast's setting;
-    # compiles take longer). DFlash's small-target step 1.7-2.6% faster on an H200, and with the key-interval tables
-    # compiled and the CE's one-pass kernel 5.31-5.82x 54207b2's tokens/s in five same-wave pairs (BENCHMARKS.md, "DFlash's
-    # trainer: the CE's one-pass kernel, compiled key-interval tables, coordinate-descent tuning")
-    coordinate_descent_tuning: bool = True
+    # GPU, compile_drafter: Inductor's coordinate-descent tuning of its Triton kernels' block sizes (gpt-fast's setting).
+    # DFlash's small-target step 1.7-2.6% faster on an H200; with it, the key-interval tables compiled and the CE's
+    # one-pass kernel, 5.31-5.82x 54207b2's tokens/s in five same-wave pairs (BENCHMARKS.md, "DFlash's trainer: the
+    # CE's one-pass kernel, compiled key-interval tables, coordinate-descent tuning"). Off by default: each compile
+    # tunes every fused kernel first, a cost not measured against a 30-minute recipe's ~2%; for long runs, turn it on
+    coordinate_descent_tuning: bool = False
     # flex attention's Triton kernel options for DFlash's training masks, over kernels.attention.triton_flex_options'
     # measured defaults; set it with a leading +, e.g. '+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64,
     # BLOCK_M2: 64, BLOCK_N2: 32}' (the backward's tiles: benchmarks/probe_flex_dflash.py times them)

@@ -321,8 +321,8 @@ def build(cfg: TrainConfig) -> Run:
     tc = cfg.trainer
     ranks = ranks_from_env()  # torchrun / deepspeed launches: one process per GPU
     device = local_device(pick_device(tc.device), ranks)
-    if device.type == "cuda" and tc.compile_drafter:
-        set_coordinate_descent_tuning(tc.coordinate_descent_tuning)
+    if device.type == "cuda" and tc.compile_drafter and tc.coordinate_descent_tuning:
+        set_coordinate_descent_tuning(True)  # false leaves Inductor's own setting (its environment variable) alone
     ds_config = None
     if tc.deepspeed is not None or ranks.distributed:
         ds_config = deepspeed_engine.deepspeed_config(tc.deepspeed or "zero2", tc.batch_size, tc.grad_accum, tc.grad_clip, ranks.world_size)
