@@ -330,7 +330,8 @@ class TrainerConfig:
     # DFlash's small-target step 1.7-2.6% faster on an H200; with it, the key-interval tables compiled and the CE's
     # one-pass kernel, 5.31-5.82x 54207b2's tokens/s in five same-wave pairs (BENCHMARKS.md, "DFlash's trainer: the
     # CE's one-pass kernel, compiled key-interval tables, coordinate-descent tuning"). Off by default: each compile
-    # tunes every fused kernel first, a cost not measured against a 30-minute recipe's ~2%; for long runs, turn it on
+    # tunes every fused kernel first, > 140 s more on a cold cache (H200, "What coordinate-descent tuning costs at
+    # compile time") against ~36 s of a 30-minute recipe; for long runs, or a warm Inductor cache, turn it on
     coordinate_descent_tuning: bool = False
     # flex attention's Triton kernel options for DFlash's training masks, over kernels.attention.triton_flex_options'
     # measured defaults; set it with a leading +, e.g. '+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64,
