@@ -23,6 +23,7 @@ SHAPES = [(65536, 8192), (8192, 151936)]
 def main() -> None:
     if not (torch.cuda.is_available() and row_stats.available):
         raise SystemExit("row_stats_speed: needs a CUDA device and Triton")
+    import triton
     compiled = torch.compile(row_stats.reference_row_stats)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"| rows x vocab | implementation | ms | TB/s (bytes read once) |\n|---|---|---:|---:|")
@@ -34,20 +35,16 @@ def main() -> None:
         default = row_stats.block_for(v)
         for block in (1024, 2048, 4096, 8192):
             for warps in (4, 8, 16):
-                if block > triton_next(v):
+                if block > triton.next_power_of_2(v):
                     continue
                 lse, top = torch.ops.swa_drafters.row_logsumexp_argmax(x, block, warps)
                 assert torch.equal(top, ref_top) and torch.allclose(lse, ref_lse, rtol=1e-5, atol=1e-5), (block, warps)
-                mark = " *" if block == default and warps == (8 if block >= 2048 else 4) else ""
+                mark = " *" if block == default and warps == row_stats.NUM_WARPS else ""
                 rows.append((f"one pass, BLOCK {block}, {warps} warps{mark}",
                              lambda b=block, w=warps: torch.ops.swa_drafters.row_logsumexp_argmax(x, b, w)))
         for name, fn in rows:
             ms = median_ms(fn, warmup=5, repeats=20)
             print(f"| {n} x {v} | {name} | {ms:.3f} | {gb / ms:.2f} |")
-
-
-def triton_next(v: int) -> int:
-    return 1 << (v - 1).bit_length()
 
 
 if __name__ == "__main__":

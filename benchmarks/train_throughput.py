@@ -145,13 +145,12 @@ def measure(args: argparse.Namespace) -> None:
             from torch.autograd import DeviceType
 
             # the kernels' own events only, as the table's "Self CUDA time total" (an op's row repeats its kernels' time)
-            kernels_ms = sum(e.self_device_time_total for e in table
-                             if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e3 / args.profile
+            kernels = sorted((e for e in table if e.device_type == DeviceType.CUDA and not e.is_user_annotation),
+                             key=lambda e: -e.self_device_time_total)
+            kernels_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / args.profile
             print(f"GPU busy: {kernels_ms:.1f} ms of kernels per step over {1e3 * profiled_s / args.profile:.1f} ms of wall time "
                   f"under the profiler ({kernels_ms / (1e3 * profiled_s / args.profile):.0%})")
             # every kernel by its full name (the tables cut names at 55 characters, where Inductor's say what they fuse)
-            kernels = sorted((e for e in table if e.device_type == DeviceType.CUDA and not e.is_user_annotation),
-                             key=lambda e: -e.self_device_time_total)
             print("kernels per step (ms, calls, name):")
             for e in kernels:
                 if e.self_device_time_total / args.profile >= 5:  # >= 5 us a step

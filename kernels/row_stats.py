@@ -23,6 +23,7 @@ except ImportError:  # CPU wheels of torch come without Triton
     triton = None
 
 available = triton is not None
+NUM_WARPS = 4  # fewer warps, more rows in flight: 4 beat 8 and 16 at every chunk size (benchmarks/row_stats_speed.py)
 
 
 def reference_row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,4 +86,4 @@ def row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.stride(1) != 1:
         x = x.contiguous()
     block = block_for(x.shape[1])
-    return torch.ops.swa_drafters.row_logsumexp_argmax(x, block, 4)
+    return torch.ops.swa_drafters.row_logsumexp_argmax(x, block, NUM_WARPS)

@@ -8,7 +8,6 @@ are checked on a GPU."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from kernels.attention import aligned_visible
+from triton_interpreter import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TRITON = subprocess.run([sys.executable, "-c", "import triton"], capture_output=True).returncode == 0
@@ -117,9 +117,8 @@ CHILD = textwrap.dedent("""
 @pytest.mark.slow  # ~40 s: the interpreter runs every program of the grid in Python
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CPU torch wheels come without it; [dev] installs it)")
 def test_block_attention_equals_a_softmax_written_out_in_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
     child = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"))
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=600)
+    proc = run_interpreted(child, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     kernel_error, drafter_error = map(float, proc.stdout.split()[-2:])
     assert kernel_error < 1e-5

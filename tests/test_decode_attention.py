@@ -7,7 +7,6 @@ a child process), fp32 only: the interpreter multiplies bf16 tiles as raw bits. 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from kernels.attention import aligned_visible
+from triton_interpreter import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TRITON = subprocess.run([sys.executable, "-c", "import triton"], capture_output=True).returncode == 0
@@ -90,9 +90,8 @@ CHILD = textwrap.dedent("""
 @pytest.mark.slow  # ~35 s: the interpreter runs every program of the grid in Python (the cases twice: both loops)
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CPU torch wheels come without it; [dev] installs it)")
 def test_split_kv_equals_a_softmax_written_out_in_the_interpreter(reference_target_path, tiny_llama3_path) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
     child = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"), qwen=str(reference_target_path), llama=str(tiny_llama3_path))
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_interpreted(child, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     live, kernel_error, qwen_error, llama_error = proc.stdout.split()[-4:]
     kernel_error, qwen_error, llama_error = map(float, (kernel_error, qwen_error, llama_error))

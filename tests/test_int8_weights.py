@@ -6,9 +6,6 @@ kernel under its interpreter (CPU) and compiled (GPU), the captured drafters on 
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,6 +18,7 @@ from infer_helpers import random_dflash_on_reference
 from models.dflash import DFlashDrafter, StaticDFlashDrafter
 from test_static_drafters import tiny
 from models.static_target import prepacked_copy
+from triton_interpreter import run_interpreted
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 
@@ -158,9 +156,7 @@ print("ok")
 @pytest.mark.slow  # the Triton interpreter
 def test_int8_kernel_equals_the_dequantized_product_under_the_interpreter() -> None:
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}  # read when the kernel is defined: a fresh process
-    out = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = run_interpreted(INTERPRETED)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 

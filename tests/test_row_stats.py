@@ -4,14 +4,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from kernels.row_stats import reference_row_stats, row_stats
+from triton_interpreter import run_interpreted
 
 # rows that exercise the single-pass bookkeeping: ties inside a chunk and across chunks (the first column must win),
 # the maximum in a later chunk, -inf columns, a row of -inf only, a vocabulary not a multiple of the chunk
@@ -63,9 +60,7 @@ def test_bad_shape_is_refused_in_one_line() -> None:
 @pytest.mark.slow  # the Triton interpreter
 def test_kernel_equals_the_reference_under_the_interpreter() -> None:
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}  # read when the kernel is defined: a fresh process
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = run_interpreted(SCRIPT)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 

@@ -3,12 +3,10 @@ interpreter (fp32 and fp16; the interpreter has no bf16), on a GPU compiled (bf1
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+
+from triton_interpreter import run_interpreted
 
 triton = pytest.importorskip("triton")
 
@@ -33,9 +31,7 @@ print("ok")
 
 @pytest.mark.slow  # the Triton interpreter
 def test_products_equal_torchs_under_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}  # read when the kernel is defined: a fresh process
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = run_interpreted(SCRIPT)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
