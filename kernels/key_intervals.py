@@ -200,6 +200,10 @@ class KeyIntervalAttention(torch.autograd.Function):
         from kernels import fa4_key_intervals as fa4
 
         b, t, hq, d = q.shape
+        # k and v arrive as [B, S, Hkv, D] views of the models' [B, Hkv, S, D] keys; FA4's backward wants them
+        # contiguous (fa4_key_intervals.backward copies them, two strided copies a layer). Made contiguous here, in
+        # a compiled step the copy fuses into the kernel that writes the keys (rotary and the context/block concat)
+        k, v = k.contiguous(), v.contiguous()
         if group_major:  # heads g * Hkv + h: q is already the packed rows, no copies either way
             out, lse = fa4.forward(q.view(b, t * plan.groups, hq // plan.groups, d), k, v, plan.forward, scale)
             out = out.view(b, t, hq, d)
