@@ -576,9 +576,11 @@ def assert_same_context(got: list, want: list) -> None:
         torch.testing.assert_close(v_a, v_b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
-@pytest.mark.parametrize("temperature,num_prompts", [(0.0, 1), pytest.param(0.0, 3, marks=pytest.mark.slow),
-                                                     pytest.param(0.8, 3, marks=pytest.mark.slow)])  # the quick tier: one prompt
+@pytest.mark.parametrize("drafter_kind", ["dflash", pytest.param("eagle3", marks=pytest.mark.slow)])  # quick tier: DFlash's ring
+# the quick tier: one prompt, greedy; the default suite adds three sampled prompts; three greedy ones (~30 s a drafter on 2
+# cores, the one-prompt case's path thrice) only under -m long
+@pytest.mark.parametrize("temperature,num_prompts", [(0.0, 1), pytest.param(0.0, 3, marks=[pytest.mark.slow, pytest.mark.long]),
+                                                     pytest.param(0.8, 3, marks=pytest.mark.slow)])
 def test_static_drafters_next_turn_reuses_their_context_and_equals_a_fresh_prefill(setup, reference_tokenizer, drafter_kind,
                                                                                     temperature, num_prompts) -> None:
     """The static drafters keep a turn's context for the next (batch 1, ``cached_ids``; DFlash's test config has a ring
@@ -623,7 +625,7 @@ def test_static_drafters_next_turn_reuses_their_context_and_equals_a_fresh_prefi
         assert any(a > 0 for a in accepted)
 
 
-@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
+@pytest.mark.parametrize("drafter_kind", ["dflash", pytest.param("eagle3", marks=pytest.mark.slow)])
 def test_static_drafter_rows_reuse_their_context_through_the_batched_prefill(setup, reference_tokenizer, drafter_kind) -> None:
     """``generate_streams``' own prefill path (rows prefilled together past their kept prefixes, the drafter fed from
     there): when a row finishes turn 2, its drafter's context over turn 2's prompt equals a fresh drafter's after a whole
@@ -804,7 +806,8 @@ def test_eval_batch_one_trees_turn_by_turn_and_on_one_row_give_the_eager_trees_r
     assert all(r["same_as_baseline"] for r in want)
 
 
-@pytest.mark.parametrize("drafter_kind,temperature", [("eagle3", 0.0), pytest.param("pld", 0.0, marks=pytest.mark.slow),
+# the quick tier keeps the turn-by-turn warm-up (below); these decode two passes each (~10 s on a 2-core AMX Xeon)
+@pytest.mark.parametrize("drafter_kind,temperature", [pytest.param("eagle3", 0.0, marks=pytest.mark.slow), pytest.param("pld", 0.0, marks=pytest.mark.slow),
                                                       pytest.param("eagle3", 0.8, marks=pytest.mark.slow),
                                                       pytest.param("dflash", 0.8, marks=pytest.mark.slow)])
 def test_a_warmup_before_a_batched_pass_changes_no_record(setup, reference_tokenizer, tmp_path, drafter_kind, temperature) -> None:
