@@ -13,7 +13,10 @@ def fmt(value, spec: str, suffix: str = "") -> str:
 
 
 def summary_table(summary: dict, title: str) -> str:
-    acc = " ".join(f"{a:.2f}" for a in summary["acceptance_by_position"][:8]) or "-"
+    by_position = summary["acceptance_by_position"]
+    acc = " ".join(f"{a:.2f}" for a in by_position[:8]) or "-"
+    # the header names the positions shown: a block of 8 drafts 7, a chain of 15 shows its first 8
+    positions = (f"1..{min(len(by_position), 8)}" + (f" of {len(by_position)}" if len(by_position) > 8 else "")) if by_position else "none"
     split = summary["time_split"]
     engine = summary.get("engine", "ours")
     # another engine reports no phase split, and its speed over our baseline's is no speedup
@@ -22,7 +25,7 @@ def summary_table(summary: dict, title: str) -> str:
     rows = [
         f"### {title}" + ("" if engine == "ours" else f" (engine: {engine})"), "",
         "| turns | τ | prompt lookup τ | tok/s | AR tok/s | speedup | tokens = target alone | mean prompt | mean latency s | "
-        "draft / verify / other | acceptance by position (1..8) |",
+        f"draft / verify / other | acceptance by position ({positions}) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         f"| {summary['turns']} | {summary['tau']:.3f} | {fmt(summary.get('prompt_lookup', {}).get('tau'), '.3f')} | {summary['tokens_per_s']:.1f} | "
         f"{fmt(summary.get('baseline_tokens_per_s'), '.1f')} | {fmt(summary.get('speedup'), '.2f', 'x')} | {fmt(same, '.0%')} | "

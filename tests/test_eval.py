@@ -294,6 +294,19 @@ def test_interrupt_keeps_finished_turns_and_the_same_command_resumes(runs_dir, t
         [(r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"]) for r in fresh]
 
 
+@pytest.mark.parametrize("drafts, header, shown", [(7, "(1..7)", 7), (8, "(1..8)", 8), (15, "(1..8 of 15)", 8), (0, "(none)", 0)])
+def test_summary_table_names_the_positions_it_shows(drafts, header, shown) -> None:
+    from eval.report import summary_table
+
+    summary = {"acceptance_by_position": [round(0.9 - 0.05 * i, 2) for i in range(drafts)], "tau": 3.0, "turns": 2,
+               "tokens_per_s": 10.0, "mean_prompt_tokens": 5.0, "mean_latency_s": 1.0,
+               "time_split": {"draft": 0.2, "verify": 0.7, "other": 0.1}}
+    header_line, _, row = summary_table(summary, "t").splitlines()[2:5]
+    assert header_line.endswith(f"acceptance by position {header} |")
+    cells = row.rstrip(" |").rsplit("| ", 1)[1].split()
+    assert cells == (["-"] if shown == 0 else [f"{0.9 - 0.05 * i:.2f}" for i in range(shown)])
+
+
 def test_sweep_tables_kept_and_same_text() -> None:
     from eval.report import sweep_tables
 
