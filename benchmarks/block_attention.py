@@ -6,6 +6,7 @@ with the context filled up to each anchor. Prints µs per call for the products 
 and at the ``--keys-per-split`` values, and the largest difference from the products' output.
 
     python benchmarks/block_attention.py --anchors 1024 8192 32768 --keys-per-split 128 256 512 1024
+    python benchmarks/block_attention.py --anchors 8192 --keys-per-split 64 128 256 --warps 2 4 8 --stages 1 2 3
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import captured_us  # noqa: E402
 from kernels.attention import grouped_attention  # noqa: E402
-from kernels.block_attention import block_attention  # noqa: E402
+from kernels.block_attention import _launch, block_attention  # noqa: E402
 from models.dflash import LayerAttention, _softmax_over_slots, block_visible  # noqa: E402
 
 HQ, HKV, D, BLOCK, WINDOW = 32, 8, 128, 16, 2048
@@ -50,6 +51,13 @@ def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
         fn = lambda: block_attention(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, keys_per_split=size)  # noqa: E731
         row[f"kernel_{size or 'default'}_us"] = captured_us(fn)
         row[f"kernel_{size or 'default'}_maxdiff"] = (fn().float() - want).abs().max().item()
+    for size in [None, *ARGS.keys_per_split] if (ARGS.warps or ARGS.stages) else []:  # pass 1's launch settings
+        for warps in ARGS.warps or [4]:
+            for stages in ARGS.stages or [2]:
+                fn = lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, size, warps, stages)  # noqa: E731
+                name = f"kernel_{size or 'default'}_w{warps}s{stages}"
+                row[f"{name}_us"] = captured_us(fn)
+                row[f"{name}_maxdiff"] = (fn().float() - want).abs().max().item()
     return row
 
 
@@ -58,6 +66,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--anchors", type=int, nargs="+", default=[1024, 8192, 32768])
     p.add_argument("--keys-per-split", type=int, nargs="*", default=[128, 256, 512, 1024])
+    p.add_argument("--warps", type=int, nargs="*", default=[], help="also time pass 1 at these num_warps (default 4)")
+    p.add_argument("--stages", type=int, nargs="*", default=[], help="also time pass 1 at these num_stages (default 2)")
     p.add_argument("--out")
     ARGS = p.parse_args()
     rows = []

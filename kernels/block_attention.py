@@ -133,7 +133,9 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor, anchor: torch.Tensor,
-            scale: float, causal: bool, window: int | None, keys_per_split: int | None) -> torch.Tensor:
+            scale: float, causal: bool, window: int | None, keys_per_split: int | None, num_warps: int = 4,
+            num_stages: int = 2) -> torch.Tensor:
+    # num_warps / num_stages: pass 1's launch (``benchmarks/block_attention.py --warps --stages`` times others)
     bsz, n, hq, d = q.shape
     hkv, slots_total = k_cache.shape[1], k_cache.shape[2]
     context_slots = slot_pos.shape[1]
@@ -167,7 +169,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
         hkv, groups, rows, n, context_slots, window or 0, scale * LOG2E, size,
         D=d, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, TILES=size // BLOCK_N,
-        CAUSAL=causal, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+        CAUSAL=causal, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages)
     # out [B, n, Hq, D]: row (g, t) of KV head h is head h * G + g, token t
     merge_splits(o_part, m_part, l_part, out, n, (out.stride(0), groups * out.stride(2), out.stride(2), out.stride(1)))
     return out
