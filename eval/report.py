@@ -16,7 +16,8 @@ def summary_table(summary: dict, title: str) -> str:
     by_position = summary["acceptance_by_position"]
     acc = " ".join(f"{a:.2f}" for a in by_position[:8]) or "-"
     # the header names the positions shown: a block of 8 drafts 7, a chain of 15 shows its first 8
-    positions = (f"1..{min(len(by_position), 8)}" + (f" of {len(by_position)}" if len(by_position) > 8 else "")) if by_position else "none"
+    positions = f"1..{min(len(by_position), 8)}" if by_position else "none"
+    positions += f" of {len(by_position)}" if len(by_position) > 8 else ""
     split = summary["time_split"]
     engine = summary.get("engine", "ours")
     # another engine reports no phase split, and its speed over our baseline's is no speedup
