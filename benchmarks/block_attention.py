@@ -47,17 +47,17 @@ def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
     want = products().float()
     row = {"anchor": anchor, "layer": "full" if rule.window is None else f"sliding W={rule.window}", "slots": slots,
            "products_us": captured_us(products)}
+    def timed(name, fn):
+        row[f"{name}_us"] = captured_us(fn)
+        row[f"{name}_maxdiff"] = (fn().float() - want).abs().max().item()
+
     for size in [None, *ARGS.keys_per_split]:
-        fn = lambda: block_attention(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, keys_per_split=size)  # noqa: E731
-        row[f"kernel_{size or 'default'}_us"] = captured_us(fn)
-        row[f"kernel_{size or 'default'}_maxdiff"] = (fn().float() - want).abs().max().item()
-    for size in [None, *ARGS.keys_per_split] if (ARGS.warps or ARGS.stages) else []:  # pass 1's launch settings
-        for warps in ARGS.warps or [4]:
+        timed(f"kernel_{size or 'default'}",
+              lambda: block_attention(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, keys_per_split=size))
+        for warps in ARGS.warps or ([4] if ARGS.stages else []):  # pass 1's launch settings, where asked
             for stages in ARGS.stages or [2]:
-                fn = lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, size, warps, stages)  # noqa: E731
-                name = f"kernel_{size or 'default'}_w{warps}s{stages}"
-                row[f"{name}_us"] = captured_us(fn)
-                row[f"{name}_maxdiff"] = (fn().float() - want).abs().max().item()
+                timed(f"kernel_{size or 'default'}_w{warps}s{stages}",
+                      lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, size, warps, stages))
     return row
 
 

@@ -44,8 +44,8 @@ def latest_run(root: Path = Path("outputs")) -> dict:
 
 def parse_args(argv=None) -> argparse.Namespace:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--target", help="HF target folder/id, or builtin:tiny-qwen3 / builtin:tiny-llama3 / "
-                                         "builtin:smollm2-135m-instruct (default: the target recorded in the training run)")
+    common.add_argument("--target", help="HF target folder/id, or builtin:NAME (models/builtin_targets.py; an unknown name is "
+                                         "refused with the list) (default: the target recorded in the training run)")
     common.add_argument("--drafter", help="a training run folder (python -m train's output_dir), an exported DFlash or EAGLE-3 "
                                           "drafter (a folder or a hub id), or 'pld' for prompt lookup (default: the newest run under --runs-dir)")
     common.add_argument("--pld", action=argparse.BooleanOptionalAction, default=True,

@@ -19,8 +19,8 @@ from pathlib import Path
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m infer", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--target", help="HF causal LM folder or id, or builtin:tiny-qwen3 / builtin:tiny-llama3 / "
-                                    "builtin:smollm2-135m-instruct (default: the target recorded in --drafter's run folder)")
+    p.add_argument("--target", help="HF causal LM folder or id, or builtin:NAME (models/builtin_targets.py; an unknown name "
+                                    "is refused with the list) (default: the target recorded in --drafter's run folder)")
     p.add_argument("--drafter", help="a training run folder (python -m train's output_dir), an exported DFlash or EAGLE-3 "
                                      "drafter (a folder or a hub id), or 'pld' (prompt lookup); leave out for plain autoregressive decoding")
     src = p.add_mutually_exclusive_group(required=True)
