@@ -472,7 +472,7 @@ def test_batched_rows_on_two_threads_equal_batch_one_on_one(setup, drafter_kind)
     target, drafter = make_drafter(setup, drafter_kind)
     set_threads("cpu", None, batch_size=1)
     assert torch.get_num_threads() == 1
-    want = [generate(target, drafter, p, 24, eos_token_ids=eos) for p in prompts]
+    want = batch_one(setup, drafter_kind, prompts, 24, eos=eos)  # on one thread (its key holds the thread count)
     torch.set_num_threads(2)
     try:
         got = generate_batch(target, drafter, prompts, 24, batch_size=3, eos_token_ids=eos)
