@@ -47,6 +47,7 @@ def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
     want = products().float()
     row = {"anchor": anchor, "layer": "full" if rule.window is None else f"sliding W={rule.window}", "slots": slots,
            "products_us": captured_us(products)}
+
     def timed(name, fn):
         row[f"{name}_us"] = captured_us(fn)
         row[f"{name}_maxdiff"] = (fn().float() - want).abs().max().item()

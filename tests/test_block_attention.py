@@ -122,7 +122,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # ~30 s: the interpreter runs every program of the grid in Python
+@pytest.mark.slow  # ~55 s on one core: the interpreter runs every program of the grid in Python
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CPU torch wheels come without it; [dev] installs it)")
 def test_block_attention_equals_a_softmax_written_out_in_the_interpreter() -> None:
     child = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"))
