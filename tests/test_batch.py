@@ -118,8 +118,10 @@ def test_trimmed_output_counts_only_the_kept_tokens() -> None:
     assert trim_output(tokens, stats, set(), 100) == tokens and stats.accepted_past_end == 0
 
 
-# quick tier: greedy; DFlash and prompt lookup there through the draining batch below
-@pytest.mark.parametrize("drafter_kind", ["none", pytest.param("pld", marks=pytest.mark.slow), pytest.param("dflash", marks=pytest.mark.slow), "eagle3"])
+# quick tier: the target alone, greedy; prompt lookup there through the draining batch below, EAGLE-3 through
+# test_infer_eagle3_cli's batched prompts file
+@pytest.mark.parametrize("drafter_kind", ["none", pytest.param("pld", marks=pytest.mark.slow), pytest.param("dflash", marks=pytest.mark.slow),
+                                          pytest.param("eagle3", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])
 def test_batched_rows_equal_batch_one(setup, drafter_kind, temperature) -> None:
     prompts, eos = setup[2], setup[3]
@@ -197,8 +199,8 @@ def test_rows_refilled_in_waves_equal_batch_one(setup, drafter_kind, monkeypatch
     assert sum(calls) == len(prompts) and calls[0] == 4 and max(calls[1:]) >= 2
 
 
-@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld", "dflash"])
-@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])  # quick tier: greedy
+@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld", pytest.param("dflash", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])  # quick tier: prompt lookup, greedy
 def test_a_draining_batch_steps_only_its_live_rows(setup, drafter_kind, temperature, monkeypatch) -> None:
     """Once no request waits, live rows move down into finished ones and only the rows up to the last live one step
     (the CPU; DFlash's chain caches move with their rows): every prompt's tokens and accepted counts are still batch
@@ -594,11 +596,13 @@ def assert_same_context(got: list, want: list) -> None:
         torch.testing.assert_close(v_a, v_b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("drafter_kind", ["dflash", pytest.param("eagle3", marks=pytest.mark.slow)])  # quick tier: DFlash's ring
-# the quick tier: the first prompt, greedy; the default suite adds the second prompt sampled; the three prompts greedy and
-# sampled (~15 s a prompt and drafter on 2 cores) only under -m long
+# the default suite: DFlash greedy on the first prompt, sampled on the second; EAGLE-3 greedy; the three prompts greedy and
+# sampled (~15 s a prompt and drafter on 2 cores) only under -m long. The quick tier keeps the batched prefill's reuse
+# (`test_static_drafter_rows_reuse_their_context_through_the_batched_prefill`, DFlash)
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
 @pytest.mark.parametrize("temperature,prompt_ids", [
-    pytest.param(0.0, (0,), id="greedy-p0"), pytest.param(0.8, (1,), marks=pytest.mark.slow, id="sampled-p1"),
+    pytest.param(0.0, (0,), id="greedy-p0"), pytest.param(0.8, (1,), id="sampled-p1"),
     pytest.param(0.0, (0, 1, 2), marks=[pytest.mark.slow, pytest.mark.long], id="greedy-p012"),
     pytest.param(0.8, (0, 1, 2), marks=[pytest.mark.slow, pytest.mark.long], id="sampled-p012")])
 def test_static_drafters_next_turn_reuses_their_context_and_equals_a_fresh_prefill(setup, reference_tokenizer, drafter_kind,
@@ -698,9 +702,10 @@ def two_turns_at_batch_one(setup, reference_tokenizer, drafter_kind: str) -> tup
     return _TWO_TURNS[drafter_kind]
 
 
-@pytest.mark.parametrize("drafter_kind", [pytest.param("none", marks=pytest.mark.slow), "pld", pytest.param("dflash", marks=pytest.mark.slow),
-                                          pytest.param("eagle3", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("prefill_chunk", [4096, pytest.param(48, marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~14 s a case on one core; the quick tier keeps two-turn streams on one row
+# (test_static_drafter_rows_reuse_their_context_through_the_batched_prefill) and the draining batch of three rows
+@pytest.mark.parametrize("drafter_kind", ["none", "pld", "dflash", "eagle3"])
+@pytest.mark.parametrize("prefill_chunk", [4096, 48])
 def test_batched_turns_reuse_their_rows_and_equal_batch_one(setup, reference_tokenizer, drafter_kind, prefill_chunk, monkeypatch) -> None:
     """Two-turn streams, 3 rows, rows refilled in waves of 2 (a finished row waits, stepping idle past its cached
     tokens, before its next turn is prefilled): turn 2 prefills only past its row's cached turn 1, and every turn's
@@ -774,7 +779,8 @@ def test_captured_rows_reuse_their_turns_on_a_gpu(setup, reference_tokenizer, dr
         assert (two.tokens, two.stats.accepted_per_step) == (whole[s][1].tokens, whole[s][1].stats.accepted_per_step)
 
 
-@pytest.mark.parametrize("drafter_kind", [pytest.param("dflash", marks=pytest.mark.slow), "eagle3"])  # quick tier: EAGLE-3's (it accepts)
+@pytest.mark.slow  # ~20 s on one core; the quick tier keeps the static trees against the model (test_static_eagle3_trees, test_dflash_trees)
+@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
 def test_batch_one_trees_on_the_static_drafters_equal_the_eager_trees_and_reuse_their_turns(setup, reference_tokenizer, drafter_kind) -> None:
     """``generate`` with a static drafter's trees (``generate_tree_row``: the batched tree step on one row, what
     ``load_models`` builds for trees at batch 1 now) against the eager drafter's trees (``tree_step``, the reference loop
@@ -875,7 +881,8 @@ def test_a_warmup_before_a_batched_pass_changes_no_record(setup, reference_token
     assert "warm-up" not in summary_table(summarize(got[False]), "t")
 
 
-@pytest.mark.parametrize("drafter_kind", ["dflash", pytest.param("eagle3", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~13 s on one core (a warm-up is a GPU run's; the CPU decodes cold)
+@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
 def test_a_warmup_before_turn_by_turn_decoding_changes_no_record(setup, reference_tokenizer, drafter_kind) -> None:
     """Batch 1, turn by turn (``warm_up_turn``: the cell's first turn decoded once, untimed, by the drafter and the target
     alone): every record equals the one without it (the first timed turn reuses nothing of the warm-up, its cache record

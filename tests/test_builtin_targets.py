@@ -45,6 +45,7 @@ def test_other_ids_for_the_sample_refuse_the_weights_loudly(caplog) -> None:
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+@pytest.mark.slow  # ~5 s on one core (it trains); the weights ship, the quick tier checks them
 def test_missing_weights_fall_back_to_training(tmp_path, monkeypatch, caplog) -> None:
     """Without shipped weights the build trains the model (here for a few steps, cut short): the loss falls."""
     monkeypatch.setattr(bt, "SHIPPED_WEIGHTS", tmp_path / "none")

@@ -34,7 +34,8 @@ def reference_overrides(target: Path, store: Path, kind: str = "dflash", extra: 
             f"features.path={store}", "features.rows_per_shard=5", f"output_dir={store}_run", *extra]
 
 
-@pytest.mark.parametrize("kind,compression", [("dflash", "none"), pytest.param("eagle3", "zlib", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~7 s a case on one core; the quick tier keeps the store's refusals
+@pytest.mark.parametrize("kind,compression", [("dflash", "none"), ("eagle3", "zlib")])
 def test_stored_features_equal_online_capture_bit_for_bit(tmp_path: Path, reference_target_path: Path, kind: str, compression: str) -> None:
     """The trainer's batches gather rows in any order and company; each row's stored features must be
     the bits a target forward of that batch produces (same [batch, max_length] shape)."""
@@ -122,6 +123,7 @@ TINY_TRAIN = ["experiment=dflash_swa_tiny", *SMALL_DATA, "trainer.batch_size=2",
               "trainer.log_every=1", "trainer.eval_every=4", "trainer.export=false"]
 
 
+@pytest.mark.slow  # the quick tier keeps the store's features against the online capture
 def test_training_from_the_store_follows_online_training(tmp_path: Path, tiny_store: Path) -> None:
     """Same losses as the online run: on the CPU the online trainer pads each batch to its longest row,
     not to max_length, so the features agree to rounding here (bit for bit at the GPU's static shape)."""

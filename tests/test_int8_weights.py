@@ -109,6 +109,7 @@ def test_static_int8_drafts_equal_the_eager_drafter_over_dequantized_weights() -
     assert static.with_window(None).fused is static.fused  # another window shares the int8 copies
 
 
+@pytest.mark.slow  # ~6 s on one core; the quick tier keeps EAGLE-3's int8 loop
 def test_the_loop_with_int8_drafter_weights_stays_the_targets_greedy_output(reference_target_path) -> None:
     _, target, drafter_model, embed, head, prompt = random_dflash_on_reference(reference_target_path)
     ref_model, ref_head = dequantized_copy(drafter_model, head)

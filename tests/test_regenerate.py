@@ -86,6 +86,7 @@ class KilledAfter:
             yield reply
 
 
+@pytest.mark.slow  # ~5 s on one core; the quick tier keeps the greedy regeneration against the plain loop
 def test_a_killed_regeneration_resumes_where_it_stopped(reference_target_path, tmp_path: Path) -> None:
     """The first run dies after 3 of 4 replies (turn 2 of conversation a still to do); the second asks only for the
     missing one and its result equals an uninterrupted run's."""

@@ -6,6 +6,7 @@ and our own speculators export reads back to our model's logits."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-speculators = pytest.importorskip("speculators")
+# speculators is imported by the tests that use it (its import takes ~5 s, paid by every xdist worker collecting)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("speculators") is None,
+                                reason="speculators is not installed (the README's test command installs it)")
 
 from infer import speculators_checkpoint  # noqa: E402
 from infer.loading import read_drafter_config, resolve_run  # noqa: E402
@@ -164,6 +167,7 @@ def test_eagle3_checkpoint_matches_speculators_forward(tmp_path: Path, target: T
     assert torch.equal(got.argmax(-1), torch.cat(spec_drafts))
 
 
+@pytest.mark.slow  # ~6 s on one core; the quick tier keeps the loads against speculators' own forward
 def test_eval_runs_a_speculators_save_path_losslessly(tmp_path: Path, reference_target_path, capsys) -> None:
     """``python -m eval mtbench --drafter SAVE_PATH``: the best epoch, the verifier it names as the target, tokens = target alone."""
     from eval.__main__ import main
