@@ -596,7 +596,7 @@ def assert_same_context(got: list, want: list) -> None:
         torch.testing.assert_close(v_a, v_b, rtol=1e-4, atol=1e-4)
 
 
-# the default suite: DFlash greedy on the first prompt, sampled on the second; EAGLE-3 greedy; the three prompts greedy and
+# the default suite: each drafter greedy on the first prompt and sampled on the second; the three prompts greedy and
 # sampled (~15 s a prompt and drafter on 2 cores) only under -m long. The quick tier keeps the batched prefill's reuse
 # (`test_static_drafter_rows_reuse_their_context_through_the_batched_prefill`, DFlash)
 @pytest.mark.slow

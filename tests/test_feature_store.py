@@ -123,7 +123,7 @@ TINY_TRAIN = ["experiment=dflash_swa_tiny", *SMALL_DATA, "trainer.batch_size=2",
               "trainer.log_every=1", "trainer.eval_every=4", "trainer.export=false"]
 
 
-@pytest.mark.slow  # the quick tier keeps the store's features against the online capture
+@pytest.mark.slow  # the quick tier keeps the store's refusals (on the same tiny store)
 def test_training_from_the_store_follows_online_training(tmp_path: Path, tiny_store: Path) -> None:
     """Same losses as the online run: on the CPU the online trainer pads each batch to its longest row,
     not to max_length, so the features agree to rounding here (bit for bit at the GPU's static shape)."""
