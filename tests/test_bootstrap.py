@@ -4,6 +4,7 @@ bootstrap is exact where the answer is known."""
 from __future__ import annotations
 
 import importlib.util
+import gzip
 import json
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def test_pooled_tau_is_the_eval_summary_tau_of_every_committed_cell() -> None:
     cells = ci.read_cells(SWEEP)
     assert ("trained", 32000) in cells and ("prompt lookup", 0) in cells
     for name in ("window-trained_prefill-0", "window-trained_prefill-32000", "window-none_prefill-32000"):
-        cell = json.loads((SWEEP / "cells" / f"{name}.json").read_text())
+        cell = json.loads(gzip.decompress((SWEEP / "cells" / f"{name}.json.gz").read_bytes()))  # committed gzipped
         assert pooled_tau(per_question(cell["records"])) == pytest.approx(cell["summary"]["tau"], abs=1e-9)
 
 
@@ -62,8 +63,6 @@ def test_gzipped_committed_sweeps_read_as_the_device_summarised_them() -> None:
     l15, block = ci.read_cells(folder / "sweep80s_l15"), ci.read_cells(folder / "sweep80s_block")
     assert set(l15) == {("trained", 0), ("trained", 31979), ("none", 0), ("none", 31979)}
     assert set(block) == {("trained", 0), ("trained", 31979), ("prompt lookup", 0), ("prompt lookup", 31979)}
-    import gzip
-
     for path in (folder / "sweep80s_l15" / "cells").glob("*.json.gz"):
         cell = json.loads(gzip.decompress(path.read_bytes()))
         assert pooled_tau(per_question(cell["records"])) == pytest.approx(cell["summary"]["tau"], abs=1e-9), path.name
