@@ -19,6 +19,7 @@ in blocks".) The attention alone, back to back, is a guide: a split rule faster 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -35,6 +36,24 @@ SPLIT_KEYS = (128, 256, 512, 768, 1024, 1536, 2048, 4096)
 TILINGS = ("64/4/2", "64/4/3", "32/4/3")
 # the capacities decode_speed.py allocates: context + 256 new + 16 verified tokens, which StaticTarget rounds up to 256s
 CAPACITY = {c: 256 * -(-(c + 272) // 256) for c in (1024, 2048, 4096, 8192, 16384, 32768)}
+
+
+def layer_caches(capacity: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One (keys, values) cache [1, Hkv, capacity, D] bf16 per layer: each call reads its own, as the loop's layers do."""
+    return [(torch.randn(1, KV_HEADS, capacity, HEAD_DIM, device="cuda", dtype=torch.bfloat16),
+             torch.randn(1, KV_HEADS, capacity, HEAD_DIM, device="cuda", dtype=torch.bfloat16)) for _ in range(LAYERS)]
+
+
+def keys_floor_us(pos: int, read_tbps: float) -> float:
+    """Microseconds to read ``pos`` positions' keys and values of every KV head at the measured bandwidth."""
+    return 2 * KV_HEADS * pos * HEAD_DIM * 2 / read_tbps / 1e6
+
+
+def us_over_layers(call) -> float:
+    """µs per call of ``call(i)``, ``LAYERS`` calls on caches 0 .. LAYERS-1 captured in one graph (``captured_us``, which
+    calls once more first, outside the graph: the layer index wraps)."""
+    calls = itertools.count()
+    return captured_us(lambda: call(next(calls) % LAYERS), LAYERS)
 
 
 def parse_tiling(text: str) -> Tiling:
@@ -65,10 +84,9 @@ def main() -> None:
     try:
         for pos in args.contexts:
             capacity = CAPACITY[pos]
-            caches = [(torch.randn(1, KV_HEADS, capacity, HEAD_DIM, device="cuda", dtype=torch.bfloat16),
-                       torch.randn(1, KV_HEADS, capacity, HEAD_DIM, device="cuda", dtype=torch.bfloat16)) for _ in range(LAYERS)]
+            caches = layer_caches(capacity)
             p = torch.tensor([pos], device="cuda")
-            floor = 2 * KV_HEADS * pos * HEAD_DIM * 2 / bw / 1e6
+            floor = keys_floor_us(pos, bw)
             for n in args.tokens:
                 rows = GROUP * n
                 q = torch.randn(1, KV_HEADS, rows, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -91,8 +109,7 @@ def main() -> None:
                         decode_attention.split_size = lambda *a, _k=keys, **kw: _k  # noqa: E731 (the swept size)
                         out = decode_attention.decode_attention(q, *caches[0], p, n, 0.088)
                         err = (out.float() - ref).abs().max().item()
-                        calls = iter(range(10**9))
-                        us = captured_us(lambda: decode_attention.decode_attention(q, *caches[next(calls) % LAYERS], p, n, 0.088), LAYERS)
+                        us = us_over_layers(lambda i: decode_attention.decode_attention(q, *caches[i], p, n, 0.088))
                         mark = "*" if (keys == chosen and tiling == chosen_tiling) else ""
                         row.append(f"{us:.1f}{mark}" + ("" if err < 2e-2 else f" (diff {err:.1e})"))
                     print(f"{pos} | {n} | {floor:.1f} | {keys} ({splits * KV_HEADS}, {partial:.0%}) | " + " | ".join(row), flush=True)

@@ -13,8 +13,9 @@ Found on an H200 with flash-attn-4 4.0.0b36 (BENCHMARKS.md, "FlashAttention-4 as
 forward refuses split-KV ("SplitKV not supported on SM 9.0", ``num_splits`` 0 or > 1), and with one split (one program
 a KV head) it takes 91 µs at 8K against our 21 µs. ``--splits 0 8 16 32`` are for Blackwell, where FA4 splits.
 
-FA4's entry point with ``seqused_k`` is ``flash_attn.cute.interface._flash_attn_fwd`` (private): its signature is checked
-first and the script stops with one line if it moved.
+FA4's entry point with ``seqused_k`` is ``flash_attn.cute.interface._flash_attn_fwd`` (private): reached through
+``kernels/fa4_adapter.py``, which checks the installed version and the recorded signature first; the script stops with
+its one line if they differ.
 
     python benchmarks/fa4_decode_attention.py [--contexts 1024 8192 32768] [--tokens 1 16] [--splits 1 0 8 16 32]
 """
@@ -22,33 +23,16 @@ first and the script stops with one line if it moved.
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.attention_split_sizes import CAPACITY, GROUP, HEAD_DIM, KV_HEADS, LAYERS  # noqa: E402
+from benchmarks.attention_split_sizes import (CAPACITY, GROUP, HEAD_DIM, KV_HEADS, LAYERS, keys_floor_us,  # noqa: E402
+                                               layer_caches, us_over_layers)
 from benchmarks.decode_speed import measured_bandwidth  # noqa: E402
-from benchmarks.measure import captured_us  # noqa: E402
-from kernels import decode_attention  # noqa: E402
-
-NEEDED = ("q", "k", "v", "seqused_k", "softmax_scale", "causal", "num_splits", "pack_gqa")
-
-
-def fa4_forward():
-    try:
-        import flash_attn
-        from flash_attn.cute.interface import _flash_attn_fwd
-    except ImportError as e:
-        sys.exit(f"fa4_decode_attention: FlashAttention-4 is not importable ({e}); install flash-attn-4 and the cutlass DSL")
-    params = inspect.signature(_flash_attn_fwd).parameters
-    missing = [p for p in NEEDED if p not in params]
-    if missing:
-        sys.exit(f"fa4_decode_attention: flash_attn.cute.interface._flash_attn_fwd of flash-attn {getattr(flash_attn, '__version__', '?')} "
-                 f"lacks {missing}; expected the 4.0.0b36 signature")
-    return _flash_attn_fwd
+from kernels import decode_attention, fa4_adapter  # noqa: E402
 
 
 def main() -> None:
@@ -58,7 +42,10 @@ def main() -> None:
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 0],
                         help="FA4's num_splits to try (0: its own heuristic; Hopper takes 1 only)")
     args = parser.parse_args()
-    fwd = fa4_forward()
+    try:
+        fwd = fa4_adapter.interface("benchmarks/fa4_decode_attention.py")._flash_attn_fwd
+    except ValueError as e:
+        sys.exit(str(e))
     bw = measured_bandwidth()["read_TBps"]
     scale = HEAD_DIM ** -0.5
     print(f"# {torch.cuda.get_device_name()} | µs per call, {LAYERS} calls on {LAYERS} caches | read bandwidth {bw:.2f} TB/s")
@@ -66,10 +53,9 @@ def main() -> None:
           + " | FA4 max |diff| vs ours")
     for pos in args.contexts:
         capacity = CAPACITY[pos]
-        caches = [(torch.randn(1, KV_HEADS, capacity, HEAD_DIM, device="cuda", dtype=torch.bfloat16),
-                   torch.randn(1, KV_HEADS, capacity, HEAD_DIM, device="cuda", dtype=torch.bfloat16)) for _ in range(LAYERS)]
+        caches = layer_caches(capacity)
         p = torch.tensor([pos], device="cuda")
-        floor = 2 * KV_HEADS * pos * HEAD_DIM * 2 / bw / 1e6
+        floor = keys_floor_us(pos, bw)
         for n in args.tokens:
             # ours: q [B, Hkv, G*n, D], rows (g, t); FA4: q [B, n, Hq, D], head h * G + g (the same heads)
             q_fa = torch.randn(1, n, KV_HEADS * GROUP, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -85,14 +71,12 @@ def main() -> None:
                            num_splits=splits, pack_gqa=True)[0]
 
             ref = ours(0).view(1, KV_HEADS, GROUP, n, HEAD_DIM).permute(0, 3, 1, 2, 4).reshape(1, n, KV_HEADS * GROUP, HEAD_DIM).float()
-            calls = iter(range(10**9))
-            row = [f"{captured_us(lambda: ours(next(calls) % LAYERS), LAYERS):.1f}"]
+            row = [f"{us_over_layers(ours):.1f}"]
             diffs = []
             for s in args.splits:
                 try:
                     diffs.append((fa4(0, s).float() - ref).abs().max().item())
-                    calls = iter(range(10**9))
-                    row.append(f"{captured_us(lambda: fa4(next(calls) % LAYERS, s), LAYERS):.1f}")
+                    row.append(f"{us_over_layers(lambda i: fa4(i, s)):.1f}")
                 except Exception as e:  # a setting FA4 refuses or a graph it cannot be captured in: say which, go on
                     row.append(f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
             print(f"{pos} | {n} | {floor:.1f} | " + " | ".join(row) + f" | {max(diffs, default=float('nan')):.1e}", flush=True)

@@ -603,8 +603,8 @@ def assert_same_context(got: list, want: list) -> None:
 @pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
 @pytest.mark.parametrize("temperature,prompt_ids", [
     pytest.param(0.0, (0,), id="greedy-p0"), pytest.param(0.8, (1,), id="sampled-p1"),
-    pytest.param(0.0, (0, 1, 2), marks=[pytest.mark.slow, pytest.mark.long], id="greedy-p012"),
-    pytest.param(0.8, (0, 1, 2), marks=[pytest.mark.slow, pytest.mark.long], id="sampled-p012")])
+    pytest.param(0.0, (0, 1, 2), marks=pytest.mark.long, id="greedy-p012"),
+    pytest.param(0.8, (0, 1, 2), marks=pytest.mark.long, id="sampled-p012")])
 def test_static_drafters_next_turn_reuses_their_context_and_equals_a_fresh_prefill(setup, reference_tokenizer, drafter_kind,
                                                                                     temperature, prompt_ids) -> None:
     """The static drafters keep a turn's context for the next (batch 1, ``cached_ids``; DFlash's test config has a ring
