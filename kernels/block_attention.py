@@ -8,9 +8,10 @@ from the slot positions) runs four kernels a layer and writes fp32 scores betwee
 slots that was ~16 µs of a layer's ~200 (H200 profile, BENCHMARKS.md "DFlash's whole block with the 152K head"). This
 reads each visible key once:
 
-    pass 1 (grid: splits x B*Hkv): one KV head's query rows (the G heads of its group x n slots, ``[M = G*n, D]``) over
-            a split of the S + n slots, an online softmax in fp32 (``decode_attention._attend``); which keys a row sees
-            comes from the slot positions, computed in the kernel (no mask tensor);
+    pass 1 (grid: B*Hkv x splits, ``decode_attention.pass1_grid``): one KV head's query rows (the G heads of its group x
+            n slots, ``[M = G*n, D]``) over a split of the S + n slots, an online softmax in fp32
+            (``decode_attention._attend``); which keys a row sees comes from the slot positions, computed in the kernel
+            (no mask tensor);
     pass 2 (grid: B*Hkv x M): ``decode_attention.merge_splits`` merges the splits of each row and writes it as
             ``[B, n, Hq, D]``, the layout the output projection reads (no transpose copy after it).
 
@@ -30,7 +31,7 @@ import math
 
 import torch
 
-from kernels.decode_attention import BLOCK_N, LOG2E, available, merge_splits, split_size
+from kernels.decode_attention import BLOCK_N, LOG2E, available, merge_splits, pass1_grid, split_size
 from kernels.decode_attention import triton, tl
 
 if triton is not None:
@@ -43,8 +44,8 @@ if triton is not None:
                             num_kv_heads, groups, rows, n_slots, context_slots, window, qk_scale, split_size,
                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
                             CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):
-        split = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh = tl.program_id(0)  # the grid is (B*Hkv, splits): decode_attention.pass1_grid says why
+        split = tl.program_id(1)
         b = bh // num_kv_heads
         h = bh % num_kv_heads
         # fp32 whatever the launcher typed it as (under torch.compile a Python float argument arrived as fp64, which
@@ -162,7 +163,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_
     m_part = torch.empty(bsz, hkv, splits, rows, dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
     out = torch.empty(bsz, n, hq, d, dtype=q.dtype, device=q.device)
-    _block_split_kernel[(splits, bsz * hkv)](
+    _block_split_kernel[pass1_grid(bsz * hkv, splits)](
         q, k_cache, v_cache, slot_pos, anchor, o_part, m_part, l_part,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), slot_pos.stride(0),

@@ -4,9 +4,9 @@ The decode step (1 token) and the verify step (k + 1 tokens) of ``models/static_
 ``[B, Hkv, C, D]`` whose slot p holds position p. Two cuBLAS products and a softmax read the whole capacity C
 and write fp32 scores between them; this reads each visible key once, in one pass:
 
-    pass 1 (grid: splits x B*Hkv): each program takes one KV head's query rows (the G heads of its group x n tokens,
+    pass 1 (grid: B*Hkv x splits): each program takes one KV head's query rows (the G heads of its group x n tokens,
             ``[M = G*n, D]``), a split of the keys, and keeps an online softmax over the keys it sees: unnormalised
-            output, running max and sum, in fp32.
+            output, running max and sum, in fp32. Programs launch split by split (``pass1_grid``).
     pass 2 (grid: B*Hkv x M):      merges the splits of each row.
 
 Tiles past a row's newest position load nothing (masked loads issue no reads), so a step reads what the row's
@@ -154,8 +154,8 @@ if triton is not None:
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
                       BLOCK_T: tl.constexpr, HAS_NEW: tl.constexpr, ROTATE: tl.constexpr, HAS_NORM: tl.constexpr,
                       HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, LIVE_TILES: tl.constexpr):
-        split = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh = tl.program_id(0)  # the grid is (B*Hkv, splits): ``pass1_grid``
+        split = tl.program_id(1)
         b = bh // num_kv_heads
         h = bh % num_kv_heads
         pos0 = tl.load(POS + b)
@@ -269,6 +269,20 @@ def merge_splits(o_part: torch.Tensor, m_part: torch.Tensor, l_part: torch.Tenso
         *out_strides, D=d, SPLITS=triton.next_power_of_2(splits), num_warps=4)
 
 
+def pass1_grid(batch_heads: int, splits: int) -> tuple[int, int]:
+    """Pass 1's grid, (B*Hkv, splits), not (splits, B*Hkv): blocks launch in linear order, x fastest, so programs go out
+    split by split and the last ones launched, which share a multiprocessor once every SM holds one, are the last splits:
+    the one holding the newest key (its cached keys end there, the lightest live split) and those past it (empty). Split
+    by head, they were the last KV head's last full splits, and two full programs on one SM set the kernel's length: a
+    16-token verify at 8K runs 17 splits x 8 heads = 136 programs of 64 rows (one a multiprocessor by its registers and
+    shared memory; 132 SMs). H200, 36 calls captured (``benchmarks/verify_attention_variants.py``, ``splits_last``): the
+    verify at 8K 23.1 -> 19.8 µs a call, at 1K and 32K unchanged (12.2, 47.7); one token 15.9 at 8K (unchanged), 8.4 ->
+    8.1 at 1K. The kernels read (bh, split) from program ids (0, 1). ``kernels/block_attention.py`` launches the same way."""
+    return batch_heads, splits
+
+
+
+
 @functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count if torch.cuda.is_available() else 16
@@ -346,7 +360,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cos, sin = (rope.cos, rope.sin) if rope is not None else (q, q)  # unused without rope
     has_norm = rope is not None and rope.q_norm is not None
     q_w, k_w = (rope.q_norm, rope.k_norm) if has_norm else (q, q)
-    _split_kernel[(splits, b * hkv)](
+    _split_kernel[pass1_grid(b * hkv, splits)](
         q, k_cache, v_cache, k_new, v_new, pos, o_part, m_part, l_part, cos, sin, q_w, k_w,
         *q_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1), k_new.stride(2),
