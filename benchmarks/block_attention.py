@@ -2,8 +2,10 @@
 path the drafter ran before (``grouped_attention`` over the mask ``block_visible`` builds from the slot positions), one
 layer, each captured in a CUDA graph of 20 calls. Qwen3-8B's drafter widths (32 query heads, 8 KV heads, head_dim 128),
 a block of 16 slots, bf16; a sliding layer's ring (W + block slots, W = 2048) and a full layer's cache (the capacity),
-with the context filled up to each anchor. Prints µs per call for the products and for the kernel at its default split
-and at the ``--keys-per-split`` values, and the largest difference from the products' output.
+with the context filled up to each anchor. Prints µs per call for the products and for the kernel at its default split,
+at the split rule's one wave rounded up (``ceil_wave``: ``split_size(equal_splits=False)``, the rule before), with the
+key/value loads masked by the slot positions (``slot_loads``, the kernel before) rather than bounded by the block's last
+slot, and at the ``--keys-per-split`` values, and the largest difference from the products' output.
 
     python benchmarks/block_attention.py --anchors 1024 8192 32768 --keys-per-split 128 256 512 1024
     python benchmarks/block_attention.py --anchors 8192 --keys-per-split 64 128 256 --warps 2 4 8 --stages 1 2 3
@@ -52,6 +54,8 @@ def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
         row[f"{name}_us"] = captured_us(fn)
         row[f"{name}_maxdiff"] = (fn().float() - want).abs().max().item()
 
+    timed("kernel_ceil_wave", lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, None, equal_splits=False))
+    timed("kernel_slot_loads", lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, None, loads_by_slots=True))
     for size in [None, *ARGS.keys_per_split]:
         timed(f"kernel_{size or 'default'}",
               lambda: block_attention(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, keys_per_split=size))

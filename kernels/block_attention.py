@@ -18,8 +18,11 @@ reads each visible key once:
 Visibility, the repo's one rule (``kernels.attention.aligned_visible``, the window counting the query itself: W keys):
 query slot t sits at ``anchor + t``; a context slot is a key if it holds a position in ``[0, anchor)`` (later ones are
 rejected drafts not yet written over), then ``aligned_visible(anchor + t, position, causal, window)`` decides, as
-``models.dflash.block_visible`` does for the mask of the two-product path. Empty slots and keys out of every row's
-window are masked loads: no reads. Query rows are ordered (head in group, slot): row = g * n + t, head h * G + g.
+``models.dflash.block_visible`` does for the mask of the two-product path. Every slot up to the block's last is read
+(the caches hold finite values: zeros, or positions written earlier) and what no row sees is masked in the scores:
+masking the loads by the slot positions made each tile's key and value loads wait on its slot-position load (H200, one
+layer at 8K: 13.9 -> 12.3 µs a sliding layer, 24.4 -> 21.7 a full one; ``benchmarks/block_attention.py``,
+``slot_loads``). Query rows are ordered (head in group, slot): row = g * n + t, head h * G + g.
 
 Triton is public API here (``triton.jit``, ``triton.language``); without it (CPU torch wheels) the drafter keeps the
 two-product path (``available``).
@@ -43,7 +46,8 @@ if triton is not None:
                             so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s,
                             num_kv_heads, groups, rows, n_slots, context_slots, window, qk_scale, split_size,
                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-                            CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):
+                            CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+                            LOADS_BY_SLOTS: tl.constexpr):
         bh = tl.program_id(0)  # the grid is (B*Hkv, splits): decode_attention.pass1_grid says why
         split = tl.program_id(1)
         b = bh // num_kv_heads
@@ -73,8 +77,11 @@ if triton is not None:
             is_key = tl.where(in_context, (held >= 0) & (held < anchor), offs_n < keys)
             if HAS_WINDOW:  # seen by no row: at or before anchor - W, outside the first row's window (the widest back)
                 is_key = is_key & (k_pos > anchor - window)
-            k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=is_key[:, None], other=0.0)
-            v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=is_key[:, None], other=0.0)
+            # every slot up to the block's last (the module docstring); LOADS_BY_SLOTS (a benchmark's comparison): only the
+            # slots holding keys, the loads waiting on the slot positions
+            load = is_key if LOADS_BY_SLOTS else offs_n < keys
+            k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=load[:, None], other=0.0)
+            v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=load[:, None], other=0.0)
             visible = is_key[None, :] & (q_pos[:, None] >= 0)  # [M, N]
             if CAUSAL:
                 visible = visible & (k_pos[None, :] <= q_pos[:, None])
@@ -108,6 +115,12 @@ if triton is not None:
         return q.new_empty(q.shape)
 
 
+# the split rule's one wave at one program an SM (``decode_attention.split_size(equal_splits=True)``): every split of this
+# kernel loops the same tile count, so none is light enough to share an SM behind a full one (H200, one layer at 8K:
+# 14.2 -> 13.9 µs a sliding layer, 25.2 -> 24.4 a full one; ``benchmarks/block_attention.py``, ``ceil_wave``)
+EQUAL_SPLITS = True
+
+
 def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor,
                     anchor: torch.Tensor, scale: float, causal: bool, window: int | None,
                     keys_per_split: int | None = None) -> torch.Tensor:
@@ -135,8 +148,9 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor, anchor: torch.Tensor,
             scale: float, causal: bool, window: int | None, keys_per_split: int | None, num_warps: int = 4,
-            num_stages: int = 2) -> torch.Tensor:
-    # num_warps / num_stages: pass 1's launch (``benchmarks/block_attention.py --warps --stages`` times others)
+            num_stages: int = 2, loads_by_slots: bool = False, equal_splits: bool = EQUAL_SPLITS) -> torch.Tensor:
+    # num_warps / num_stages: pass 1's launch (``benchmarks/block_attention.py --warps --stages`` times others);
+    # loads_by_slots / equal_splits: see the kernel and ``decode_attention.split_size`` (the benchmark times both ways)
     bsz, n, hq, d = q.shape
     hkv, slots_total = k_cache.shape[1], k_cache.shape[2]
     context_slots = slot_pos.shape[1]
@@ -155,7 +169,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_
     rows = groups * n
     keys = context_slots + n
     if keys_per_split is None:
-        size = split_size(keys, bsz * hkv, q.device, rows)
+        size = split_size(keys, bsz * hkv, q.device, rows, equal_splits=equal_splits)
     else:
         size = BLOCK_N * max(1, math.ceil(keys_per_split / BLOCK_N))
     splits = math.ceil(keys / size)
@@ -170,7 +184,8 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
         hkv, groups, rows, n, context_slots, window or 0, scale * LOG2E, size,
         D=d, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, TILES=size // BLOCK_N,
-        CAUSAL=causal, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages)
+        CAUSAL=causal, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32, LOADS_BY_SLOTS=loads_by_slots,
+        num_warps=num_warps, num_stages=num_stages)
     # out [B, n, Hq, D]: row (g, t) of KV head h is head h * G + g, token t
     merge_splits(o_part, m_part, l_part, out, n, (out.stride(0), groups * out.stride(2), out.stride(2), out.stride(1)))
     return out

@@ -295,16 +295,24 @@ def _num_sms(device_index: int) -> int:
 KEYS_PER_ROW = 16
 
 
-def split_size(capacity: int, programs_per_split: int, device: torch.device, rows: int = 1, block_n: int = BLOCK_N) -> int:
+def split_size(capacity: int, programs_per_split: int, device: torch.device, rows: int = 1, block_n: int = BLOCK_N,
+               equal_splits: bool = False) -> int:
     """Keys per split: enough splits for about four programs per SM (at most 128 splits), whole tiles; and, for many
     query rows, up to ``KEYS_PER_ROW * rows`` keys as long as the programs still fill the SMs once. Every split writes
     ``rows x D`` fp32 partials that the merge reads back: a 16-token verify has 64 query rows per KV head (Qwen3-8B),
     whose partials over 64-key splits moved twice the bytes of the keys. H100, one call at 1K / 8K / 32K: 9.7 / 27.0 /
     66.6 µs with the splits by capacity alone, 9.1 / 22.9 / 66.4 with 8 keys a row; 16 a row since (``KEYS_PER_ROW``).
-    A one-token step (4 rows) keeps its splits."""
+    A one-token step (4 rows) keeps its splits.
+
+    ``equal_splits``: for a kernel whose splits all loop the same tile count (``kernels/block_attention.py``), the one
+    wave is at most one program an SM (``sms // programs_per_split`` splits a KV head), not one split more: with 132 SMs
+    and 8 KV heads ``ceil`` gave 17 splits, 136 programs, and the 4 programs that found every SM taken ran after a full
+    one on theirs. This file's kernel keeps ``ceil``: its last live split, holding the newest keys, is the lightest, and
+    ``pass1_grid`` launches it last."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 16
     splits = max(1, min(128, math.ceil(4 * sms / programs_per_split)))
-    one_wave = capacity / max(1, math.ceil(sms / programs_per_split))  # keys per split when the programs fill the SMs once
+    per_head = sms // programs_per_split if equal_splits else math.ceil(sms / programs_per_split)
+    one_wave = capacity / max(1, per_head)  # keys per split when the programs fill the SMs once
     keys = max(math.ceil(capacity / splits), min(KEYS_PER_ROW * rows, one_wave))
     return block_n * max(1, math.ceil(keys / block_n))
 
