@@ -1,4 +1,4 @@
-"""The target's split-KV attention (kernels/decode_attention.py) at Qwen3-8B's heads (8 KV heads x 4, D 128) for each
+"""The target's split-KV attention (swa_kernels/decode_attention.py) at Qwen3-8B's heads (8 KV heads x 4, D 128) for each
 split size (keys per pass-1 program) and pass-1 tiling: µs per call, 36 calls captured in one CUDA graph, **each call on
 its own layer's cache** as in the loop (one cache reused by every call stays in L2 at 8K and flatters the time). One
 token and a 16-token verify at 1K / 8K / 32K, the keys' read floor at the measured bandwidth beside, the current rule's
@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.decode_speed import measured_bandwidth  # noqa: E402
 from benchmarks.measure import captured_us  # noqa: E402
-from kernels import decode_attention  # noqa: E402
-from kernels.decode_attention import Tiling  # noqa: E402
+from swa_kernels import decode_attention  # noqa: E402
+from swa_kernels.decode_attention import Tiling  # noqa: E402
 
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
 SPLIT_KEYS = (128, 256, 512, 768, 1024, 1536, 2048, 4096)

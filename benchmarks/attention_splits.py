@@ -1,4 +1,4 @@
-"""Split-KV decode attention (kernels/decode_attention.py) alone at Qwen3-8B's heads (8 KV heads x 4, D 128): µs per call
+"""Split-KV decode attention (swa_kernels/decode_attention.py) alone at Qwen3-8B's heads (8 KV heads x 4, D 128): µs per call
 (36 calls captured in one CUDA graph) for one token and a 16-token verify, at 1K / 8K / 32K, for each minimum of keys
 per query row a split reads (KEYS_PER_ROW, capped where the programs would no longer fill the SMs once; 0 = splits by
 capacity alone, the rule before it).
@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import captured_us  # noqa: E402
-from kernels import decode_attention  # noqa: E402
+from swa_kernels import decode_attention  # noqa: E402
 
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
 

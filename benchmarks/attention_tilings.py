@@ -1,4 +1,4 @@
-"""The target's split-KV attention (kernels/decode_attention.py) alone at Qwen3-8B's heads (8 KV heads x 4, D 128), for
+"""The target's split-KV attention (swa_kernels/decode_attention.py) alone at Qwen3-8B's heads (8 KV heads x 4, D 128), for
 each pass-1 tiling (keys per tile, warps, pipelined loads): µs per call (36 calls captured in one CUDA graph), one token
 and a 16-token verify at 1K / 8K / 32K, with the keys' read floor at the measured bandwidth beside them. A 16-token
 verify has 64 query rows per KV head: its tiles do 16x a one-token step's arithmetic over the same bytes.
@@ -15,9 +15,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import captured_us  # noqa: E402
-from kernels import decode_attention  # noqa: E402
+from swa_kernels import decode_attention  # noqa: E402
 from benchmarks.decode_speed import measured_bandwidth  # noqa: E402
-from kernels.decode_attention import Tiling  # noqa: E402
+from swa_kernels.decode_attention import Tiling  # noqa: E402
 
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
 TILINGS = [Tiling(64, 4, 2), Tiling(64, 4, 3), Tiling(64, 4, 4), Tiling(128, 4, 2), Tiling(128, 4, 3), Tiling(128, 8, 2),

@@ -1,4 +1,4 @@
-"""DFlash's block attention at a real shape: ``kernels/block_attention.py``'s split-KV kernel against the two-product
+"""DFlash's block attention at a real shape: ``swa_kernels/block_attention.py``'s split-KV kernel against the two-product
 path the drafter ran before (``grouped_attention`` over the mask ``block_visible`` builds from the slot positions), one
 layer, each captured in a CUDA graph of 20 calls. Qwen3-8B's drafter widths (32 query heads, 8 KV heads, head_dim 128),
 a block of 16 slots, bf16; a sliding layer's ring (W + block slots, W = 2048) and a full layer's cache (the capacity),
@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import captured_us  # noqa: E402
-from kernels.attention import grouped_attention  # noqa: E402
-from kernels.block_attention import _launch, block_attention  # noqa: E402
+from swa_kernels.attention import grouped_attention  # noqa: E402
+from swa_kernels.block_attention import _launch, block_attention  # noqa: E402
 from models.dflash import LayerAttention, _softmax_over_slots, block_visible  # noqa: E402
 
 HQ, HKV, D, BLOCK, WINDOW = 32, 8, 128, 16, 2048

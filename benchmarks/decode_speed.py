@@ -132,9 +132,9 @@ def main() -> None:
                    "triton_products); the speculative rows run with the last, against its autoregressive row")
     p.add_argument("--dflash-products", nargs="+", default=["default"], choices=["default", "cublas", "triton"],
                    help="the dflash rows once per choice of the block pass's few-row products (StaticDFlashDrafter's "
-                   "triton_products: kernels/skinny_gemm.py where it has a measured tiling, else cuBLAS); default: the loop's")
+                   "triton_products: swa_kernels/skinny_gemm.py where it has a measured tiling, else cuBLAS); default: the loop's")
     p.add_argument("--dflash-attention", nargs="+", default=["default"], choices=["default", "products", "split_kv"],
-                   help="the dflash rows once per block attention (StaticDFlashDrafter's block_attention: kernels/block_attention.py's "
+                   help="the dflash rows once per block attention (StaticDFlashDrafter's block_attention: swa_kernels/block_attention.py's "
                    "split-KV kernel or two products and a masked softmax); default: the loop's")
     p.add_argument("--drafter-weights", "--dflash-weights", dest="drafter_weights", nargs="+", default=["model"], choices=["model", "int8"],
                    help="the dflash and eagle3 rows once per choice of the drafter's matrices: the model's (bf16) or weight-only "

@@ -31,8 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import median_ms  # noqa: E402
-from kernels.attention import FLASH_KERNELS, attention  # noqa: E402
-from kernels.window_attention import fa4_available  # noqa: E402
+from swa_kernels.attention import FLASH_KERNELS, attention  # noqa: E402
+from swa_kernels.window_attention import fa4_available  # noqa: E402
 from models.dflash import LayerMaskSpec, flex_packed_block_mask  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """FlashAttention-4's forward (GQA packed, split over the keys where the GPU allows it) against the target's split-KV kernel
-(``kernels/decode_attention.py``) for a one-token step and a 16-token verify at Qwen3-8B's heads (8 KV heads x 4,
+(``swa_kernels/decode_attention.py``) for a one-token step and a 16-token verify at Qwen3-8B's heads (8 KV heads x 4,
 D 128, bf16): µs per call, 36 calls on 36 caches captured in one CUDA graph, as ``attention_split_sizes.py`` times.
 
 Why: what keeps DFlash's whole block at the line at 8K is the verify's attention over the one-token step's
@@ -14,7 +14,7 @@ forward refuses split-KV ("SplitKV not supported on SM 9.0", ``num_splits`` 0 or
 a KV head) it takes 91 µs at 8K against our 21 µs. ``--splits 0 8 16 32`` are for Blackwell, where FA4 splits.
 
 FA4's entry point with ``seqused_k`` is ``flash_attn.cute.interface._flash_attn_fwd`` (private): reached through
-``kernels/fa4_adapter.py``, which checks the installed version and the recorded signature first; the script stops with
+``swa_kernels/fa4_adapter.py``, which checks the installed version and the recorded signature first; the script stops with
 its one line if they differ.
 
     python benchmarks/fa4_decode_attention.py [--contexts 1024 8192 32768] [--tokens 1 16] [--splits 1 0 8 16 32]
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.attention_split_sizes import (CAPACITY, GROUP, HEAD_DIM, KV_HEADS, LAYERS, keys_floor_us,  # noqa: E402
                                                layer_caches, us_over_layers)
 from benchmarks.decode_speed import measured_bandwidth  # noqa: E402
-from kernels import decode_attention, fa4_adapter  # noqa: E402
+from swa_kernels import decode_attention, fa4_adapter  # noqa: E402
 
 
 def main() -> None:

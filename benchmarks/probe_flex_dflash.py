@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.attention import attention  # noqa: E402
+from swa_kernels.attention import attention  # noqa: E402
 from models.dflash import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask  # noqa: E402
 
 VARIANTS = {

@@ -115,7 +115,7 @@ def main() -> None:
 def dflash_block(model, dflash_model, context: int, draft_tokens: int | None = None, triton_products: bool | None = None,
                  weights: str = "model", block_attention: str | None = None) -> None:
     from benchmarks.decode_speed import cuda_ms, measured_bandwidth
-    from kernels.int8_weights import Int8Weight
+    from swa_kernels.int8_weights import Int8Weight
     from models.dflash import StaticDFlashDrafter
     from models.static_target import CapturedSteps
 

@@ -1,5 +1,5 @@
 """The training cross-entropy's forward statistics (each row's log-sum-exp and argmax over bf16 logits): Inductor's
-compiled ``torch.logsumexp`` + ``argmax`` (what the step ran before) against ``kernels/row_stats.py``'s one-pass
+compiled ``torch.logsumexp`` + ``argmax`` (what the step ran before) against ``swa_kernels/row_stats.py``'s one-pass
 kernel over a grid of chunk sizes and warps, at DFlash's small-target shape (65,536 block rows x 8,192) and a 152K head.
 Prints ms per call (CUDA events, median) and TB/s of logits read once; ``*`` marks the kernel's default config.
 
@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import median_ms  # noqa: E402
-from kernels import row_stats  # noqa: E402
+from swa_kernels import row_stats  # noqa: E402
 
 SHAPES = [(65536, 8192), (8192, 151936)]
 

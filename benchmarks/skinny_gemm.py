@@ -1,7 +1,7 @@
-"""Few-row products at a real shape: cuBLAS (``F.linear``) against ``kernels/skinny_gemm.py`` over a grid of tilings,
+"""Few-row products at a real shape: cuBLAS (``F.linear``) against ``swa_kernels/skinny_gemm.py`` over a grid of tilings,
 each captured in a CUDA graph of 20 calls (no launch gaps in the figure), at 1 and 16 rows. Prints µs per product and
 TB/s of weights read, the best tiling per shape, and writes them as JSON (``--out``). ``--int8``: the same kernel on
-weight-only int8 copies (``kernels/int8_weights.py``): its default tiling (``config_for``) and the best of the grid,
+weight-only int8 copies (``swa_kernels/int8_weights.py``): its default tiling (``config_for``) and the best of the grid,
 beside cuBLAS on the bf16 matrix (TB/s of the bytes each reads).
 
     python benchmarks/skinny_gemm.py --out skinny.json
@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import captured_us  # noqa: E402
-from kernels import skinny_gemm  # noqa: E402
-from kernels.int8_weights import config_for, dequantized, int8_weight  # noqa: E402
+from swa_kernels import skinny_gemm  # noqa: E402
+from swa_kernels.int8_weights import config_for, dequantized, int8_weight  # noqa: E402
 
 # Qwen3-8B's target matrices (q|k|v and gate|up fused) and a DFlash drafter's (fc over 5 features, a 32K draft head)
 SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w13": (24576, 4096), "w2": (4096, 12288), "lm_head": (151936, 4096),

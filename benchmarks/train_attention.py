@@ -16,13 +16,13 @@ Rows (bf16, one sequence, GQA as given):
                                 the trainer's DFlash attention on the GPU
   flex (FLASH) ...              the same block masks run by FlashAttention-4's kernels (flex's
                                 kernel_options BACKEND=FLASH; needs flash-attn-4)
-  fa4 key intervals dflash      kernels/key_intervals.py: FlashAttention-4's SM90 kernels with each query's
+  fa4 key intervals dflash      swa_kernels/key_intervals.py: FlashAttention-4's SM90 kernels with each query's
                                 two key intervals (context window, own block) instead of a mask function
-  cudnn (chunked) window        kernels/window_attention.py: the band cut into cuDNN causal pieces
+  cudnn (chunked) window        swa_kernels/window_attention.py: the band cut into cuDNN causal pieces
                                 (--with-chunked)
-  cudnn (band) window           kernels/window_attention.py: cuDNN's native band, one call
+  cudnn (band) window           swa_kernels/window_attention.py: cuDNN's native band, one call
                                 (needs nvidia-cudnn-frontend)
-  fa4 (band) window             kernels/window_attention.py: FlashAttention-4's sliding window, one
+  fa4 (band) window             swa_kernels/window_attention.py: FlashAttention-4's sliding window, one
                                 call (needs flash-attn-4)
   ... eagle3 ttt step j         the same with window W - j + the j diagonal keys: the TTT mask of step j
   whole training-time test      the steps' times summed (step 0 is the plain window): the attention
@@ -50,11 +50,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import count_pairs, median_ms  # noqa: E402
-from kernels.attention import FLASH_KERNELS, attention, compiled_flex_attention  # noqa: E402
-from kernels.window_attention import CUDNN, band_ops, cudnn_band_available, fa4_available, window_attention  # noqa: E402
+from swa_kernels.attention import FLASH_KERNELS, attention, compiled_flex_attention  # noqa: E402
+from swa_kernels.window_attention import CUDNN, band_ops, cudnn_band_available, fa4_available, window_attention  # noqa: E402
 from train.eagle3 import ttt_flex_block_mask, ttt_visible  # noqa: E402
 from models.dflash import LayerMaskSpec, dflash_visible, flex_block_mask, flex_packed_block_mask  # noqa: E402
-from kernels.key_intervals import ctx_keys_for, dflash_key_intervals, key_interval_attention, plan_key_intervals  # noqa: E402
+from swa_kernels.key_intervals import ctx_keys_for, dflash_key_intervals, key_interval_attention, plan_key_intervals  # noqa: E402
 
 
 def ttt_context_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None):
@@ -270,7 +270,7 @@ def main() -> None:
                     check_same(f"T={t} dflash ({layout}): packed FLASH vs plain flex", qd, kd, vd,
                                lambda q, k, v: attention(q, k, v, packed, kernel_options=flash),
                                lambda q, k, v: flex(q, k, v, block_mask=dmask, enable_gqa=True))
-            if flash and t % 128 == 0:  # FA4's own kernels with each row's two key intervals (kernels/key_intervals.py)
+            if flash and t % 128 == 0:  # FA4's own kernels with each row's two key intervals (swa_kernels/key_intervals.py)
                 rows_iv = dflash_key_intervals(anchors, torch.tensor([t], device="cuda"), args.block, w, True, ctx_keys_for(t))
                 plan = plan_key_intervals(rows_iv, hq // hkv, t + n * args.block)  # once per step, as the block masks are
                 intervals = lambda q, k, v: key_interval_attention(*(x.transpose(1, 2) for x in (q, k, v)), plan).transpose(1, 2)  # noqa: E731

@@ -1,22 +1,28 @@
 """Where a 16-token verify's split-KV attention spends its extra time over a one-token step, by variants of
-``kernels/decode_attention.py`` timed side by side, as the loop calls it (raw q/k/v views of the fused projection, the
+``swa_kernels/decode_attention.py`` timed side by side, as the loop calls it (raw q/k/v views of the fused projection, the
 per-head norm and RoPE in the kernel, the new keys written by the kernel), 36 calls on 36 layer caches in one CUDA
 graph (``attention_split_sizes.us_over_layers``), at Qwen3-8B's heads (8 KV heads x 4, D 128), bf16.
 
 Variants of pass 1 (``_split_kernel``), each with the production merge unless named:
 
-    production   kernels/decode_attention.decode_attention as shipped (the reference of every max |diff|)
-    copy         this file's copy of pass 1 with every option off: must time as production (the harness's check)
-    tma, tma_2d  keys and values read through host-side tensor descriptors (4-D over [B, Hkv, C, D]; 2-D over its rows) (Hopper's bulk tensor copies, pipelined on
-                 mbarriers) instead of masked pointer loads; rows outside the split's keys come in and are masked in
-                 the scores (finite cache values; past the capacity the descriptor pads zeros)
-    splits_last  the grid (B*Hkv, splits) instead of (splits, B*Hkv): programs launch split by split, so the ones that
-                 share a multiprocessor once the SMs are full are the last splits (the one holding the newest key, the
-                 lightest, and those past it, empty), not the last KV head's full ones
-    bf16_part    the unnormalised partial outputs stored in bf16 (half the merge's bytes; a speed probe only)
-    no_store     pass 1 without its partial stores (wrong output: what the stores and the merge's reads cost)
+    production   swa_kernels/decode_attention.decode_attention as shipped (the reference of every max |diff|); since this
+                 script's findings it launches split by split, as ``splits_last`` below
+    copy         this file's copy of pass 1 with every option off: the grid before, (splits, B*Hkv) (the first calls
+                 checked that it timed as the kernel it copied)
+    splits_last  the grid (B*Hkv, splits): programs launch split by split, so the ones that share a multiprocessor once
+                 the SMs are full are the last splits (the one holding the newest key, the lightest, and those past it,
+                 empty), not the last KV head's full ones
+    tma, tma_2d  keys and values read through host-side tensor descriptors (Hopper's bulk tensor copies, pipelined on
+                 mbarriers), 4-D over [B, Hkv, C, D] or 2-D over its rows, instead of masked pointer loads; rows outside
+                 the split's keys come in and are masked in the scores (finite cache values; past the capacity the
+                 descriptor pads zeros)
+    bf16_part    the unnormalised partial outputs stored in bf16 (half the merge's bytes; a speed probe only: the
+                 production merge reads fp32, so a cast runs between)
+    no_store     pass 1 without its partial stores: the compiler then drops its loop as dead code, so this times the
+                 launches, the new keys' writes and the merge (wrong output)
     merge_rowsR  the merge with R query rows a program (fewer, larger programs)
-    tilingT, keysK, tma_2d_keysK   the copy at another pass-1 tiling or split size (``--tilings``, ``--split-keys``)
+    tilingT, keysK, splits_last_keysK, tma_2d_keysK   the copy (or that option) at another pass-1 tiling or split size
+                 (``--tilings``, ``--split-keys``)
 
     python benchmarks/verify_attention_variants.py [--contexts 8192 32768] [--tokens 1 16]
 
@@ -33,10 +39,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.attention_split_sizes import CAPACITY, HEAD_DIM, KV_HEADS, LAYERS, keys_floor_us, parse_tiling, us_over_layers  # noqa: E402
+from benchmarks.attention_split_sizes import (CAPACITY, HEAD_DIM, KV_HEADS, LAYERS, keys_floor_us, parse_tiling,  # noqa: E402
+                                              us_over_layers)
 from benchmarks.decode_speed import measured_bandwidth  # noqa: E402
-from kernels import decode_attention as da  # noqa: E402
-from kernels.decode_attention import LOG2E, Rope, _attend, _norm_rope, tl, triton  # noqa: E402
+from swa_kernels import decode_attention as da  # noqa: E402
+from swa_kernels.decode_attention import LOG2E, Rope, _attend, _norm_rope, tl, triton  # noqa: E402
 
 GROUP = 4
 
@@ -49,7 +56,7 @@ def _split_variant(Q, K, V, KD, VD, KN, VN, POS, OP, MP, LP, COS, SIN, QW, KW,
                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
                    TMA: tl.constexpr, TMA_2D: tl.constexpr, PART_BF16: tl.constexpr, STORE: tl.constexpr,
                    SPLITS_LAST: tl.constexpr):
-    # kernels/decode_attention._split_kernel with HAS_NEW, ROTATE, HAS_NORM, LIVE_TILES on and no window (the loop's
+    # swa_kernels/decode_attention._split_kernel with HAS_NEW, ROTATE, HAS_NORM, LIVE_TILES on and no window (the loop's
     # Qwen3-8B call), plus the options of the module docstring
     if SPLITS_LAST:  # grid (B*Hkv, splits): the last programs launched are the last splits, the lightest
         bh = tl.program_id(0)

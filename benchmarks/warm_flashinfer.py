@@ -6,7 +6,7 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
-from kernels.attention import cached_attention  # noqa: E402
+from swa_kernels.attention import cached_attention  # noqa: E402
 
 for head_dim in [int(a) for a in sys.argv[1:]] or [64, 128]:
     for window in (None, 2048):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.int8_weights import DRAFTER_WEIGHTS
+from swa_kernels.int8_weights import DRAFTER_WEIGHTS
 from models.dflash import DFlashDrafter, StaticDFlashDrafter
 from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from infer.prompt_lookup import PromptLookupDrafter
@@ -152,7 +152,7 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     tree_lookup: trees only: prompt lookup's chain of up to this many drafts joins each tree (0: none).
     tree_redraft: DFlash trees only: the depths whose nodes are drafted again with their path in place (0: none).
     drafter_weights: ``model`` (the drafter's matrices as loaded) or ``int8`` (weight-only int8 copies of the drafter's
-        matrices, a DFlash drafter's of the LM head it drafts with too, ``kernels/int8_weights.py``; the target untouched;
+        matrices, a DFlash drafter's of the LM head it drafts with too, ``swa_kernels/int8_weights.py``; the target untouched;
         DFlash on its static drafter).
     The drafter is the static one (``StaticEagle3Drafter``, ``StaticDFlashDrafter``: any batch size, captured on a GPU),
     except under FlashInfer attention: the eager one (``Eagle3Drafter``, ``DFlashDrafter``: batch 1).

@@ -22,7 +22,7 @@ The config is a ``Qwen3Config`` carrying the DFlash fields the published checkpo
 (``architectures: [DFlashDraftModel]``, ``dflash_config: {target_layer_ids, block_size,
 mask_token_id}``, ``block_size``, ``num_target_layers``, ``layer_types``, ``sliding_window``), and
 weight names match theirs (``fc``, ``hidden_norm``, ``layers.*``, ``norm``). Attention runs through
-``kernels/attention.py`` (SDPA for a dense mask, flex / FlashAttention-4 on the GPU, FlashInfer or
+``swa_kernels/attention.py`` (SDPA for a dense mask, flex / FlashAttention-4 on the GPU, FlashInfer or
 SDPA over caches).
 
 Training masks. Layout of one training sequence (T context positions, N anchors, block size B):
@@ -47,13 +47,13 @@ Grouped-query packing (``flex_packed_block_mask``): a block's B queries under th
 one KV head all see nearly the same keys (one anchor), so flex runs with the rows packed as
 (block, head of the group, slot): a 128-row tile then holds 128 / (G B) whole blocks and one key
 range, not 128 / B blocks spread over 128 / B different anchors (fewer partially masked tiles).
-``kernels.attention.attention`` packs and unpacks around the kernel.
+``swa_kernels.attention.attention`` packs and unpacks around the kernel.
 
 Drafting. A block anchored at position a (slot 0 = the last verified token, slots 1..B-1 = mask
 tokens) attends to the cached context keys < a and to its own slots. Each layer's cache holds keys
 at consecutive positions and the block's keys/values are written just after them, so attention
 reads one contiguous slice whose last B keys are the block: the bottom-right-aligned layout of
-``kernels/attention.py``, where a block-causal sliding layer is exactly ``causal=True, window=W``
+``swa_kernels/attention.py``, where a block-causal sliding layer is exactly ``causal=True, window=W``
 (FlashInfer ``window_left = W - 1``) and a full layer is ``causal=False``. A sliding layer keeps only
 its last W - 1 context positions plus slack: memory is O(W) however long the prompt.
 ``tests/test_infer_drafter.py`` checks this against a full cache under the windowed mask and
@@ -85,11 +85,11 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
-from kernels import block_attention as block_attention_kernel
-from kernels import skinny_gemm
-from kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_weight
-from kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
-from kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, interval_tables, plan_from_tables
+from swa_kernels import block_attention as block_attention_kernel
+from swa_kernels import skinny_gemm
+from swa_kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_weight
+from swa_kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
+from swa_kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, interval_tables, plan_from_tables
 from models.sampling import SamplingConfig, argmax_split, choose
 from models.static_target import (CapturedSteps, concat_linears, few_row_products, move_kept_positions, prepack_by_default,
                                   prepacked_copy, rotate)
@@ -223,7 +223,7 @@ def dflash_tile_structure(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_
                           kv_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Which (query tile, key tile) pairs of ``dflash_visible`` hold a visible pair (kept) and which hold only
     visible pairs (full), [Bsz, Q / q_rows, K / kv_tile] bool each, from each query's two key intervals
-    (``kernels.key_intervals.dflash_key_intervals``, the rule FlashAttention-4's kernels run), not from a [Q, K] mask
+    (``swa_kernels.key_intervals.dflash_key_intervals``, the rule FlashAttention-4's kernels run), not from a [Q, K] mask
     (16 rows x 4096 queries x 6144 keys is 400M evaluations of the rule per layer type and step on the GPU).
 
     Exact for right-padded rows (``ctx_valid`` a prefix of each row, the trainer's batches). With gaps inside the
@@ -287,7 +287,7 @@ def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block
 
 def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
                       head_dim: int = 128, group_major: bool = False) -> KeyIntervalMask:
-    """The same rule as per-row key intervals for FlashAttention-4's kernels (``kernels.key_intervals``):
+    """The same rule as per-row key intervals for FlashAttention-4's kernels (``swa_kernels.key_intervals``):
     query n * B + k sees the context [max(0, p - W + 1), a_n) and its own block's slots. The context must
     be right-padded (``ctx_valid`` a prefix of each row), as the trainer's batches are; a device-side
     assert checks it without a host sync. ``group_major``: the mask asks for q's heads in the order
@@ -315,7 +315,7 @@ def interval_plan_tensors(anchors: torch.Tensor, lengths: torch.Tensor, block_si
 def _compiled_interval_plan():
     # the ~90 small ops of a plan as a few fused kernels: the host queues the trainer's step (BENCHMARKS.md, "DFlash's
     # trainer against 54207b2 on two more leases": key_interval_mask took ~6 ms of a profiled step's host time)
-    from kernels.attention import raise_recompile_limit
+    from swa_kernels.attention import raise_recompile_limit
 
     raise_recompile_limit()  # one graph per layer rule and context width (trainer.pad_multiple's few shapes)
     return torch.compile(interval_plan_tensors, dynamic=False)
@@ -327,7 +327,7 @@ class HeadOrderLinear(nn.Linear):
     """``nn.Linear`` whose head slices (rows: ``head_dim=0``, q_proj; columns: ``head_dim=1``, o_proj) can
     be taken in group-major order: ``forward(x, group_major=True)`` uses the weight with head
     h * G + g (Hugging Face's order: KV head h, its g-th query head) moved to g * Hkv + h, the order
-    FA4's key-interval kernels take without regrouping copies (``kernels.key_intervals``). A copy of
+    FA4's key-interval kernels take without regrouping copies (``swa_kernels.key_intervals``). A copy of
     the weight per call, not of the activations; the parameters keep Hugging Face's order, and the
     call goes through the module (forward hooks, DeepSpeed ZeRO-3's parameter gathering)."""
 
@@ -497,7 +497,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         ``attention_output_and_mlp``, ``project_context``): one compiled code for every layer (their parameters
         are inputs), one per shape. Eager, these ran ~700 small kernels a step on the reference target, half the
         GPU's time. Not saved, not used by drafting (``cache=``)."""
-        from kernels.attention import raise_recompile_limit
+        from swa_kernels.attention import raise_recompile_limit
 
         raise_recompile_limit()
         self._regions = [(torch.compile(layer.attention_inputs, dynamic=False), torch.compile(layer.attention_output_and_mlp, dynamic=False))
@@ -824,7 +824,7 @@ class FusedWeights:
     """``StaticDFlashDrafter``'s matrices: the fused ones copies made once (the model's parameters are not touched);
     with ``prepack``, every one a copy in oneDNN's blocked layout for ``prepacked_linear`` (the CPU in fp32); with
     ``int8``, every one (the LM head drafting decodes with included: a copy, the target's own stays as it is) a
-    weight-only int8 copy (``kernels/int8_weights.py``). Biases and norms stay in the model's dtype."""
+    weight-only int8 copy (``swa_kernels/int8_weights.py``). Biases and norms stay in the model's dtype."""
 
     layers: list[FusedLayer]
     wkv: Matrix  # every layer's k | v rows, layer after layer: [L * 2 Hkv D, H] (an append's one product)
@@ -932,12 +932,12 @@ class StaticDFlashDrafter:
     Fewer, larger kernels (at the 8B shape the block pass's weights take ~1.1 ms to read and its ~0.8 ms more was
     launches and small kernels): each layer's q|k|v and gate|up projections are one matrix each (``FusedLayer``), an
     append projects every layer's keys and values in one product (``wkv``), and on a GPU a chain's block attention is one
-    split-KV kernel a layer (``block_attention="split_kv"``, ``kernels/block_attention.py``) that reads which slots a
+    split-KV kernel a layer (``block_attention="split_kv"``, ``swa_kernels/block_attention.py``) that reads which slots a
     query sees from the slot positions; elsewhere (the CPU, trees' re-drafts) the visibility mask is built once per
     step for each distinct rule (layers of one rule share their slot positions), broadcast over the query heads.
     These matrices are inference-only copies made at construction (the ``DFlashDraftModel`` is left as it is, so it
     still trains and runs as the reference): weights loaded into the model afterwards are not seen; ``with_window``
-    shares them. ``weights="int8"`` makes them weight-only int8 copies (``kernels/int8_weights.py``), the LM head the
+    shares them. ``weights="int8"`` makes them weight-only int8 copies (``swa_kernels/int8_weights.py``), the LM head the
     drafter decodes with included: half the bytes a pass reads on a GPU, the drafts moved by the rounding only.
     """
 
@@ -984,18 +984,18 @@ class StaticDFlashDrafter:
         self.window_arg = window
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.compile = self.device.type == "cuda" if compile is None else compile
-        # the pass's few-row products through kernels/skinny_gemm.py where it has a measured tiling (q|k|v, gate|up, the
+        # the pass's few-row products through swa_kernels/skinny_gemm.py where it has a measured tiling (q|k|v, gate|up, the
         # head at Qwen3-8B's widths: 4-7% faster than cuBLAS there); cuBLAS for the rest, on the CPU and at more rows
         self.triton_products = (self.device.type == "cuda" and skinny_gemm.available) if triton_products is None else triton_products
         self.linear = few_row_products(prepack, self.triton_products)
-        # a chain's block attention: ``split_kv`` (kernels/block_attention.py, Triton: one pass over the slots, the mask
+        # a chain's block attention: ``split_kv`` (swa_kernels/block_attention.py, Triton: one pass over the slots, the mask
         # from the slot positions in the kernel) or ``products`` (two products and a masked softmax over a mask tensor);
         # trees' re-drafts and the CPU's staged passes keep the products
         self.block_attention = choose_block_attention(block_attention, self.device, model.config.head_dim)
         if weights == "int8":  # its matrices are Int8Weight copies: their products through int8_linear
             self.linear = drafter_products(self.linear)
         if self.compile:  # the block pass's norms, RoPE, masks and activations fused (one compiled graph per batch size)
-            from kernels.attention import raise_recompile_limit
+            from swa_kernels.attention import raise_recompile_limit
 
             raise_recompile_limit()
         # dynamic=None: a second capacity recompiles once with that dimension symbolic, not once per capacity

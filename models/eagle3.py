@@ -48,7 +48,7 @@ dropped after verification; the accepted positions come back through ``append_co
 target's features, as SGLang and vLLM re-extend them. Masks follow ``train/eagle3.py``'s TTT masks: a
 query at position p sees context indices u with u + 1 > p - W and its own chain (or tree ancestors)
 within the same window. Context and chain keys sit at consecutive positions, so a chain step is the
-bottom-right-aligned causal window of ``kernels/attention.py``; tree steps use an explicit mask.
+bottom-right-aligned causal window of ``swa_kernels/attention.py``; tree steps use an explicit mask.
 
 Draft vocabulary: logits are over the draft vocabulary; tokens are returned as target ids and, when
 sampling, probabilities are scattered into the target vocabulary (speculative sampling stays exact).
@@ -67,8 +67,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaPreTrainedModel, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
-from kernels.attention import aligned_visible, cached_attention, grouped_attention
-from kernels.int8_weights import check_weights, int8_linears
+from swa_kernels.attention import aligned_visible, cached_attention, grouped_attention
+from swa_kernels.int8_weights import check_weights, int8_linears
 from models.sampling import SamplingConfig, logits_to_probs, sample
 from models.static_target import CapturedSteps, move_kept_positions
 from models.target import ContextKV
@@ -293,7 +293,7 @@ def layer_windows(model: Eagle3DraftModel, window="trained") -> list[int | None]
 def drafter_model(model: "Eagle3DraftModel", weights: str) -> "Eagle3DraftModel":
     """The model a drafter runs, in eval mode, frozen: ``model`` itself, or with ``weights="int8"`` a copy whose every
     linear (fc, the layer's projections, the draft head) multiplies an int8 copy of its weight
-    (``kernels.int8_weights.int8_linears``; the embedding, norms and d2t shared, the model left as it is)."""
+    (``swa_kernels.int8_weights.int8_linears``; the embedding, norms and d2t shared, the model left as it is)."""
     model = model.eval().requires_grad_(False)
     return int8_linears(model) if weights == "int8" else model
 
@@ -644,7 +644,7 @@ class StaticEagle3Drafter:
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.compile = self.device.type == "cuda" if compile is None else compile
         if self.compile:  # norms, RoPE, masks and the small products of every step fused (one compiled graph per batch size)
-            from kernels.attention import raise_recompile_limit
+            from swa_kernels.attention import raise_recompile_limit
 
             raise_recompile_limit()
         self.draft_fn = torch.compile(self._draft_chain) if self.compile else self._draft_chain

@@ -11,7 +11,7 @@ they write cache slots at those positions and see every slot ``<=`` their own po
 need no rollback (the next step writes over them before anything reads them). Layer id ``i`` = the output
 of decoder layer ``i``.
 
-Decode attention on a GPU is split-KV (``kernels/decode_attention.py``, Triton flash-decoding): each KV head's
+Decode attention on a GPU is split-KV (``swa_kernels/decode_attention.py``, Triton flash-decoding): each KV head's
 query rows read each visible key once, tiles past a row's newest position read nothing, and the kernel takes the raw
 q/k/v projections (per-head norms, RoPE and the cache write inside it). Each layer's residual add is fused with the
 next layer's input norm (the last one's with the final norm).
@@ -20,7 +20,7 @@ over the cache up to its capacity, grouped by KV head so no key is read twice; i
 which ``allocate`` sizes to what a generation needs. There, a step whose rows hold fewer real tokens than its width
 (prompt lookup's shorter drafts, ``step``'s ``lengths``) runs only the real ones through the linears (``_packed_step``).
 Prefill chunks and tree verification run row by row through SDPA with a dense mask
-(``kernels.attention.cached_attention``), not captured.
+(``swa_kernels.attention.cached_attention``), not captured.
 
 The weights are the Hugging Face model's own: q/k/v and gate/up are concatenated into one matrix each (the
 HF parameters become views of it, so memory is not doubled and the HF model still runs as the reference).
@@ -37,10 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import skinny_gemm
-from kernels.attention import aligned_mask, cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
-from kernels.decode_attention import Rope
-from kernels.decode_attention import decode_attention as split_kv_attention
+from swa_kernels import skinny_gemm
+from swa_kernels.attention import aligned_mask, cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
+from swa_kernels.decode_attention import Rope
+from swa_kernels.decode_attention import decode_attention as split_kv_attention
 from models.target import check_supported, decoder_layers
 
 DECODE_MAX_TOKENS = 64  # a forward of more tokens per row is a prefill chunk (row by row, SDPA)
@@ -206,12 +206,12 @@ class StaticTarget:
         capture: replay decode steps as CUDA graphs (default: on CUDA devices).
         compile_layers: run the decoder layer under ``torch.compile`` inside the graphs (fuses the norms,
             RoPE and the MLP's activation; compiles once per step shape).
-        decode_attention: ``split_kv`` (``kernels.decode_attention``, Triton: each visible key read once, splits past a
+        decode_attention: ``split_kv`` (``swa_kernels.decode_attention``, Triton: each visible key read once, splits past a
             row's length skipped) or ``products`` (two cuBLAS products and a softmax over the whole capacity). Default:
             ``split_kv`` on CUDA where Triton imports (else ``products``, said once), ``products`` on the CPU.
         prepack: run the linears on copies of their matrices prepacked for oneDNN (``prepacked_linear``; default: on
             the CPU in fp32, without ``compile_layers``). Costs the linears' weights once more in memory.
-        triton_products: steps of at most 16 rows run q|k|v, gate|up and the LM head through ``kernels/skinny_gemm.py``
+        triton_products: steps of at most 16 rows run q|k|v, gate|up and the LM head through ``swa_kernels/skinny_gemm.py``
             where it has a measured tiling (``skinny_gemm.TUNED``: Qwen3-8B's widths), cuBLAS elsewhere (default: on
             CUDA where Triton imports).
     """
@@ -716,7 +716,7 @@ class StaticTarget:
 
 def choose_decode_attention(name: str | None, device: torch.device) -> str:
     """``split_kv`` or ``products`` (see ``StaticTarget``); an explicit ``split_kv`` without Triton is an error."""
-    from kernels import decode_attention
+    from swa_kernels import decode_attention
 
     if name not in (None, "split_kv", "products"):
         raise ValueError(f"decode_attention={name!r}; expected 'split_kv' or 'products'")

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from kernels.attention import cached_attention
+from swa_kernels.attention import cached_attention
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ class TargetModel:
         being added or removed (either breaks it); the shortened stack is one fixed ModuleList, so the graph's guards
         hold from call to call. On SDPA the model switches to ``CAUSAL_SDPA``: called with no padding mask (the trainer's
         right-padded batches) its graph runs SDPA's causal kernels instead of a materialised mask."""
-        from kernels.attention import raise_recompile_limit
+        from swa_kernels.attention import raise_recompile_limit
 
         self.check_layer_ids(layer_ids)
         if getattr(self, "_compiled_capture", None) is not None:
@@ -475,7 +475,7 @@ class CachedTarget:
     Args:
         model: a loaded HF causal LM (its modules are used in place, nothing is copied).
         feature_layer_ids: layer ids whose outputs are returned as features (may be empty).
-        attention_backend: ``sdpa`` or ``flashinfer`` (see ``kernels/attention.py``).
+        attention_backend: ``sdpa`` or ``flashinfer`` (see ``swa_kernels/attention.py``).
     """
 
     def __init__(self, model: nn.Module, feature_layer_ids: list[int], attention_backend: str = "sdpa"):

@@ -1,5 +1,5 @@
-"""DFlash's block attention kernel (``kernels/block_attention.py``) against a softmax written out key by key under the
-repo's one visibility rule (``kernels.attention.aligned_visible``: W keys including the query), and the static DFlash
+"""DFlash's block attention kernel (``swa_kernels/block_attention.py``) against a softmax written out key by key under the
+repo's one visibility rule (``swa_kernels.attention.aligned_visible``: W keys including the query), and the static DFlash
 drafter with it against the eager ``DFlashDrafter`` (``tests/test_static_drafters.py``'s protocol).
 
 On the CPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton compiles anything, so in
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.attention import aligned_visible
+from swa_kernels.attention import aligned_visible
 from triton_interpreter import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ CASES = [  # (KV heads, group G, block slots n, context slots S, head dim D, cau
 
 
 def run_cases(device: str, dtype: torch.dtype) -> list[float]:
-    from kernels.block_attention import block_attention
+    from swa_kernels.block_attention import block_attention
 
     errors = []
     for hkv, g, n, context, d, causal, window, newest, rejected in CASES:

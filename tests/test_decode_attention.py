@@ -1,5 +1,5 @@
-"""The split-KV decode attention kernel (``kernels/decode_attention.py``) against a softmax written out element by
-element under the repo's one visibility rule (``kernels.attention.aligned_visible``), and the static target's step
+"""The split-KV decode attention kernel (``swa_kernels/decode_attention.py``) against a softmax written out element by
+element under the repo's one visibility rule (``swa_kernels.attention.aligned_visible``), and the static target's step
 with it against the same step through the two-product path.
 
 On the CPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton compiles anything, so in
@@ -7,6 +7,7 @@ a child process), fp32 only: the interpreter multiplies bf16 tiles as raw bits. 
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.attention import aligned_visible
+from swa_kernels.attention import aligned_visible
 from triton_interpreter import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ CASES = [  # (rows B, KV heads, group G, tokens n, capacity C, head dim D, windo
 
 
 def run_cases(device: str, dtype: torch.dtype) -> list[float]:
-    from kernels.decode_attention import decode_attention
+    from swa_kernels.decode_attention import decode_attention
 
     errors = []
     for b, h, g, n, c, d, window in CASES:
@@ -77,7 +78,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import torch
     from test_decode_attention import run_cases, static_step_difference
-    from kernels import decode_attention
+    from swa_kernels import decode_attention
     live = max(run_cases("cpu", torch.float32))  # the rule: live tiles only where the interpreter loops to a runtime bound
     decode_attention.LIVE_TILES = False  # every split's fixed tile count (older Tritons' interpreters)
     fixed = max(run_cases("cpu", torch.float32))
@@ -141,7 +142,7 @@ def test_static_target_split_kv_on_the_gpu(reference_target_path, tiny_llama3_pa
 def test_pass_one_tiling_by_query_rows(monkeypatch) -> None:
     """A one-token step keeps two loads in flight, the 16-token verify's 64 rows per KV head three (measured,
     ``benchmarks/attention_tilings.py``); a benchmark's override wins over both; split sizes are whole tiles."""
-    from kernels import decode_attention as da
+    from swa_kernels import decode_attention as da
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.setattr(da, "_hopper", lambda index: True)
@@ -160,3 +161,10 @@ def test_pass_one_tiling_by_query_rows(monkeypatch) -> None:
     for rows in (4, 64):
         assert da.split_size(33040, 8, torch.device("cpu"), rows, 32) % 32 == 0
         assert da.split_size(33040, 8, torch.device("cpu"), rows) % da.BLOCK_N == 0
+    # DFlash's block attention (equal splits): its one wave at most one program an SM, where ceil gave 17 splits (136
+    # programs) of a 2,080-key ring and of an 8K full layer; at 32K the 1024-key cap binds either way
+    for keys, ceil_size, equal_size in ((2080, 128, 192), (8480, 512, 576), (33056, 1024, 1024)):
+        assert da.split_size(keys, 8, cuda, 64) == ceil_size
+        size = da.split_size(keys, 8, cuda, 64, equal_splits=True)
+        assert size == equal_size and (math.ceil(keys / size) * 8 <= 132 or size == 1024)
+    assert da.pass1_grid(8, 17) == (8, 17)  # heads fastest: the last programs launched are the last splits

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from kernels.attention import attention
+from swa_kernels.attention import attention
 from models.dflash import LayerMaskSpec, dense_mask, dflash_tile_structure, dflash_visible, flex_block_mask, flex_packed_block_mask
 
 
@@ -190,7 +190,7 @@ def test_tile_structure_equals_the_dense_masks_tiles(spec_name: str, q_rows: int
 def test_layer_masks_carry_the_flex_kernel_options() -> None:
     """The trainer's flex masks (built on the CPU; flex runs them on a GPU) carry triton_flex_options' forward and
     backward tiles at head_dim 64, trainer.flex_kernel_options over them, and flex-flash FlashAttention-4's kernels."""
-    from kernels.attention import FLASH_KERNELS, triton_flex_options
+    from swa_kernels.attention import FLASH_KERNELS, triton_flex_options
     from train.dflash import build_blocks, layer_masks
 
     block, n_anchors, length = 16, 8, 256

@@ -117,7 +117,7 @@ def test_unroll_equals_decoding_index_by_index(case: str) -> None:
 
 @pytest.mark.parametrize("case", ["full", "sliding_w4", "eagle31_fc_norm_norm_output"])
 def test_window_kernel_backend_equals_dense_masks_with_gradients(case: str) -> None:
-    """backend="cudnn" (kernels/window_attention.py; its PyTorch pieces on the CPU) against the dense
+    """backend="cudnn" (swa_kernels/window_attention.py; its PyTorch pieces on the CPU) against the dense
     TTT masks: equal logits on real rows and equal parameter gradients of a loss over real rows, with
     right padding (a padding row may see padding keys there, which must change nothing real)."""
     layer_types, window, options = CASES[case]

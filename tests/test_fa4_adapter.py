@@ -1,4 +1,4 @@
-"""FlashAttention-4 behind ``kernels.fa4_adapter``: the recorded internals against FA4's own source
+"""FlashAttention-4 behind ``swa_kernels.fa4_adapter``: the recorded internals against FA4's own source
 (``ast``, no import: a CPU and the pure-Python ``flash-attn-4`` wheel are enough), and every refusal.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import fa4_adapter
-from kernels.fa4_adapter import PINNED_VERSION, RECORDED, check, mismatches, replacement_preprocess
+from swa_kernels import fa4_adapter
+from swa_kernels.fa4_adapter import PINNED_VERSION, RECORDED, check, mismatches, replacement_preprocess
 
 
 def source_of(module: str) -> Path | None:
@@ -104,7 +104,7 @@ def test_another_version_is_refused_naming_both(monkeypatch, fresh_check, caplog
     # auto on a Hopper GPU: False, with one warning however often it is asked
     monkeypatch.setattr(fa4_adapter.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(fa4_adapter.torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    with caplog.at_level(logging.WARNING, logger="kernels.fa4_adapter"):
+    with caplog.at_level(logging.WARNING, logger="swa_kernels.fa4_adapter"):
         assert fa4_adapter.available() is False and fa4_adapter.available() is False
     warnings = [r for r in caplog.records if "FlashAttention-4 not used" in r.getMessage()]
     assert len(warnings) == 1 and "4.0.0b27" in warnings[0].getMessage()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention import attention
+from swa_kernels.attention import attention
 from models.dflash import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -132,7 +132,7 @@ def test_fa4_compiled_training_step_equals_dense_masks(kind: str, tmp_path) -> N
     """The ``fa4`` backend (DFlash: FlashAttention-4 with per-row key intervals; EAGLE-3: its window band and the
     diagonal keys) inside the step compiled as one function, against SDPA with the element-by-element masks, both in
     bf16: the same loss and gradients to bf16's precision."""
-    from kernels.fa4_adapter import available
+    from swa_kernels.fa4_adapter import available
 
     if not available():
         pytest.skip("flash-attn-4 (pip install '.[fa4]') is not installed")

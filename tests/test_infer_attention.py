@@ -1,4 +1,4 @@
-"""Inference attention layout (``kernels/attention.py``) against element-by-element references.
+"""Inference attention layout (``swa_kernels/attention.py``) against element-by-element references.
 
 One dense reference: the query at position p sees key j iff j <= p (causal) and p - W < j (window,
 W keys including itself); a non-causal window is the symmetric band |p - j| < W. The drafter's
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention import aligned_mask, cached_attention
+from swa_kernels.attention import aligned_mask, cached_attention
 from models.dflash import LayerMaskSpec, dense_mask
 
 

@@ -14,7 +14,7 @@ from infer.generate import generate
 from infer.prompts import long_prompt_ids, mt_bench_questions
 from models.target import CachedTarget
 from infer_helpers import PartlyScripted, greedy_continuations, overfit_drafter
-from kernels.attention import cached_attention
+from swa_kernels.attention import cached_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None

@@ -1,4 +1,4 @@
-"""Weight-only int8 drafter matrices (``kernels/int8_weights.py``; ``weights="int8"`` of the DFlash and EAGLE-3 drafters):
+"""Weight-only int8 drafter matrices (``swa_kernels/int8_weights.py``; ``weights="int8"`` of the DFlash and EAGLE-3 drafters):
 the codes and scales against a row-by-row reference, the products against the dequantized matrix's, each drafter against
 its model with every matrix replaced by its dequantized copy, the loop still the target's own greedy output; the Triton
 kernel under its interpreter (CPU) and compiled (GPU), the captured drafters on CUDA."""
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from infer.generate import generate
-from kernels.int8_weights import Int8Weight, config_for, dequantized, int8_linear, int8_weight, quantize_rows
+from swa_kernels.int8_weights import Int8Weight, config_for, dequantized, int8_linear, int8_weight, quantize_rows
 from infer_helpers import random_dflash_on_reference
 from models.dflash import DFlashDrafter, StaticDFlashDrafter
 from test_static_drafters import tiny
@@ -136,8 +136,8 @@ def test_kernel_tiling_fills_the_gpu_and_divides_k() -> None:
 
 INTERPRETED = """
 import torch
-from kernels import skinny_gemm as sg
-from kernels.int8_weights import config_for, quantize_rows
+from swa_kernels import skinny_gemm as sg
+from swa_kernels.int8_weights import config_for, quantize_rows
 torch.manual_seed(0)
 for m, n, k in [(1, 96, 256), (16, 200, 512), (17, 64, 128), (70, 130, 256), (300, 260, 256)]:
     w = torch.randn(n, k)
@@ -204,7 +204,7 @@ def test_captured_int8_drafter_on_cuda_drafts_what_the_dequantized_eager_one_dra
 
 
 def test_int8_linears_replaces_every_linear_and_shares_the_rest() -> None:
-    from kernels.int8_weights import Int8Linear, int8_linears
+    from swa_kernels.int8_weights import Int8Linear, int8_linears
 
     model, embed, head = tiny_drafter()
     model.embed = embed  # a module that is not a linear: shared, not copied
@@ -226,7 +226,7 @@ def test_eagle3_with_int8_weights_computes_its_dequantized_copy_and_stays_lossle
     through the weights); in the loop (static chains, eager trees) the output is the target's own greedy output."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kernels.int8_weights import Int8Linear
+    from swa_kernels.int8_weights import Int8Linear
     from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config
     from models.static_target import StaticTarget
 

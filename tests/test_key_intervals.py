@@ -1,7 +1,7 @@
-"""DFlash's mask as per-row key intervals (``kernels.key_intervals``), on CPU: the intervals equal
+"""DFlash's mask as per-row key intervals (``swa_kernels.key_intervals``), on CPU: the intervals equal
 ``models.dflash.dense_mask`` element by element, the kernels' tile tables visit every visible pair and
 leave unmasked only tiles that every row sees whole, and the trainer's ``key_interval_mask`` path
-through ``kernels.attention.attention`` equals dense SDPA (the FA4 kernels themselves:
+through ``swa_kernels.attention.attention`` equals dense SDPA (the FA4 kernels themselves:
 tests/test_key_intervals_gpu.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention import attention
-from kernels.key_intervals import (FWD_TILE_M, TILE_N, backward_tables, ctx_keys_for, dense_mask_from_intervals,
+from swa_kernels.attention import attention
+from swa_kernels.key_intervals import (FWD_TILE_M, TILE_N, backward_tables, ctx_keys_for, dense_mask_from_intervals,
                                    dflash_key_intervals, forward_tables)
 from models.dflash import LayerMaskSpec, dense_mask, key_interval_mask
 

@@ -1,4 +1,4 @@
-"""FlashAttention-4 with per-row key intervals (``kernels.key_intervals``) against PyTorch attention
+"""FlashAttention-4 with per-row key intervals (``swa_kernels.key_intervals``) against PyTorch attention
 under the dense mask built element by element from the same intervals, and against DFlash's own
 dense mask (skipped without flash-attn-4 on a Hopper GPU)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.key_intervals import ctx_keys_for, dflash_key_intervals, key_interval_attention, plan_key_intervals, reference_attention
-from kernels.window_attention import fa4_available
+from swa_kernels.key_intervals import ctx_keys_for, dflash_key_intervals, key_interval_attention, plan_key_intervals, reference_attention
+from swa_kernels.window_attention import fa4_available
 from models.dflash import LayerMaskSpec, dense_mask
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fa4_available()
@@ -70,7 +70,7 @@ def test_fa4_key_intervals_equal_dense_reference(ctx_len, n, window, causal, hq,
 def test_group_major_heads_and_head_swap() -> None:
     """q with heads ordered g * Hkv + h through the copy-free path equals the Hugging Face order;
     the Triton head swap equals PyTorch's transpose."""
-    from kernels.fa4_key_intervals import swap_heads
+    from swa_kernels.fa4_key_intervals import swap_heads
 
     hq, hkv, block = 8, 2, 16
     anchors, lengths, q, k, v = dflash_tensors(2000, 32, hq, hkv, block, seed=1)

@@ -1,7 +1,7 @@
 """The package graph, read with ``ast`` only (nothing is imported): who may import whom.
 
     common   <- everything (atomic writes, the metrics sink); imports no project package
-    kernels  <- models, train (attention kernels); imports no project package
+    swa_kernels  <- models, train (attention kernels); imports no project package
     models   <- infer, eval, train (the drafters and the target, shared by training and inference)
     infer    <- eval, train (the decoding loop; train's loop evaluation runs it)
     eval     <- nobody
@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = {"common", "kernels", "models", "infer", "eval", "train", "configs", "benchmarks"}
+PROJECT = {"common", "swa_kernels", "models", "infer", "eval", "train", "configs", "benchmarks"}
 ALLOWED = {
     "common": set(),
-    "kernels": set(),
-    "models": {"kernels", "common"},
-    "infer": {"models", "kernels", "common"},
-    "eval": {"infer", "models", "kernels", "common"},
-    "train": {"infer", "models", "kernels", "common", "configs"},
+    "swa_kernels": set(),
+    "models": {"swa_kernels", "common"},
+    "infer": {"models", "swa_kernels", "common"},
+    "eval": {"infer", "models", "swa_kernels", "common"},
+    "train": {"infer", "models", "swa_kernels", "common", "configs"},
 }
 
 

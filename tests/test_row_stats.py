@@ -1,4 +1,4 @@
-"""kernels/row_stats.py (one pass: each row's log-sum-exp and argmax) against a row-by-row float64 reference and
+"""swa_kernels/row_stats.py (one pass: each row's log-sum-exp and argmax) against a row-by-row float64 reference and
 ``torch.argmax``: on the CPU under Triton's interpreter (fp32 and fp16; the interpreter has no bf16), on a GPU compiled
 (bf16, and inside a compiled cross-entropy)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.row_stats import reference_row_stats, row_stats
+from swa_kernels.row_stats import reference_row_stats, row_stats
 from triton_interpreter import run_interpreted
 
 # rows that exercise the single-pass bookkeeping: ties inside a chunk and across chunks (the first column must win),
@@ -29,7 +29,7 @@ def reference(x):
 """
 
 SCRIPT = CASE_BUILDER + """
-from kernels import row_stats as rs
+from swa_kernels import row_stats as rs
 for dtype in (torch.float32, torch.float16):
     for n, v, block in [(9, 301, 64), (6, 64, 64), (7, 1000, 256), (5, 17, 32)]:
         x = rows(n, v, dtype)

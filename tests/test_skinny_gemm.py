@@ -1,4 +1,4 @@
-"""kernels/skinny_gemm.py against torch's product, element by element within rounding: on the CPU under Triton's
+"""swa_kernels/skinny_gemm.py against torch's product, element by element within rounding: on the CPU under Triton's
 interpreter (fp32 and fp16; the interpreter has no bf16), on a GPU compiled (bf16)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ triton = pytest.importorskip("triton")
 CASES = "[(16, 200, 512, (64, 128, 2)), (1, 130, 256, (32, 128, 1)), (5, 64, 1024, (64, 256, 4)), (16, 96, 256, (32, 128, 2))]"
 SCRIPT = f"""
 import torch
-from kernels import skinny_gemm as sg
+from swa_kernels import skinny_gemm as sg
 torch.manual_seed(0)
 for dtype in (torch.float32, torch.float16):
     for m, n, k, (bn, bk, splits) in {CASES}:
@@ -36,7 +36,7 @@ def test_products_equal_torchs_under_the_interpreter() -> None:
 
 
 def test_bad_shapes_are_refused_in_one_line() -> None:
-    from kernels import skinny_gemm as sg
+    from swa_kernels import skinny_gemm as sg
 
     with pytest.raises(ValueError, match="17 rows; at most 16"):
         sg.check(torch.zeros(17, 256), torch.zeros(8, 256), sg.Config())
@@ -46,7 +46,7 @@ def test_bad_shapes_are_refused_in_one_line() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_products_on_the_gpu() -> None:
-    from kernels import skinny_gemm as sg
+    from swa_kernels import skinny_gemm as sg
 
     torch.manual_seed(0)
     for m, (n, k), config in [(16, (6144, 4096), sg.Config(32, 128, 1)), (1, (4096, 12288), sg.Config(32, 128, 4))]:
@@ -58,7 +58,7 @@ def test_bf16_products_on_the_gpu() -> None:
 def test_only_measured_shapes_on_a_gpu_take_the_kernel() -> None:
     """``few_row_linear``'s routing: the kernel for a TUNED shape of at most 16 rows on CUDA without a bias; cuBLAS
     (``F.linear``, the same numbers) for everything else, the CPU included."""
-    from kernels import skinny_gemm as sg
+    from swa_kernels import skinny_gemm as sg
 
     x, w = torch.randn(3, 64), torch.randn(24, 64)
     assert sg.tuned_config(x, w) is None  # a CPU tensor

@@ -203,7 +203,7 @@ def test_concatenated_linears_give_the_linears_outputs_side_by_side() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("compile", [False, True])
-@pytest.mark.parametrize("head_dim", [8, 16])  # 16: the block attention through kernels/block_attention.py (tl.dot: K >= 16)
+@pytest.mark.parametrize("head_dim", [8, 16])  # 16: the block attention through swa_kernels/block_attention.py (tl.dot: K >= 16)
 def test_captured_drafter_equals_the_uncaptured_one_on_cuda(shape, compile, head_dim) -> None:
     model, embed, head = (m.cuda() for m in tiny(shape, head_dim=head_dim))
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -293,8 +293,8 @@ def test_bad_draft_tokens_are_refused() -> None:
 @pytest.mark.parametrize("draft_tokens", [None, 3])
 def test_triton_products_draft_what_cublas_drafts_at_the_8b_widths(draft_tokens) -> None:
     """At Qwen3-8B's widths (one layer, hidden 4096, the 152K head) the captured, compiled block pass through
-    ``kernels/skinny_gemm.py`` (q|k|v, gate|up, the head) gives cuBLAS's logits within bf16 rounding and its drafts."""
-    from kernels import skinny_gemm
+    ``swa_kernels/skinny_gemm.py`` (q|k|v, gate|up, the head) gives cuBLAS's logits within bf16 rounding and its drafts."""
+    from swa_kernels import skinny_gemm
 
     target = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128)

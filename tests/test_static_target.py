@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from infer.generate import generate
 from infer.prompt_lookup import PromptLookupDrafter
-from kernels.attention import cached_attention, grouped_attention
+from swa_kernels.attention import cached_attention, grouped_attention
 from models.static_target import StaticTarget
 from models.target import CachedTarget
 
@@ -217,7 +217,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 @pytest.mark.parametrize("q_len,k_len,causal,window", [(1, 5000, True, None), (16, 5000, True, None), (16, 2063, True, 2048),
                                                        (16, 300, False, None), (8, 40, True, 3)])
 def test_small_query_attention_on_cuda_equals_sdpa(q_len, k_len, causal, window) -> None:
-    from kernels.attention import aligned_mask
+    from swa_kernels.attention import aligned_mask
 
     torch.manual_seed(0)
     q = torch.randn(q_len, 32, 128, device="cuda", dtype=torch.bfloat16)
@@ -289,7 +289,7 @@ def test_switching_the_products_takes_and_a_prepacked_target_refuses(reference_t
     stay the CPU's (the kernel is for CUDA rows only); a target on prepacked matrices refuses it in one line."""
     import torch.nn.functional as F
 
-    from kernels import skinny_gemm
+    from swa_kernels import skinny_gemm
 
     model = load(reference_target_path)
     plain = StaticTarget(model, [], prepack=False)
@@ -347,10 +347,10 @@ def test_captured_steps_capture_once_per_name_and_shape(monkeypatch) -> None:
 @gpu
 def test_triton_products_give_cublas_logits_at_the_8b_widths() -> None:
     """At Qwen3-8B's widths (two layers, the 152K head), captured and compiled, the target's steps of 1 and 16 tokens
-    through ``kernels/skinny_gemm.py`` (q|k|v, gate|up, the head) give cuBLAS's logits within bf16 rounding."""
+    through ``swa_kernels/skinny_gemm.py`` (q|k|v, gate|up, the head) give cuBLAS's logits within bf16 rounding."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from kernels import skinny_gemm
+    from swa_kernels import skinny_gemm
 
     config = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=2, num_attention_heads=32,
                          num_key_value_heads=8, head_dim=128)

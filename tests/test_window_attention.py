@@ -1,4 +1,4 @@
-"""kernels/window_attention.py against one dense mask built element by element (fp64, CPU), both
+"""swa_kernels/window_attention.py against one dense mask built element by element (fp64, CPU), both
 ways of running the band (cut into causal pieces, or whole); on the GPU the cuDNN kernels (chunked,
 and cuDNN's native band through the frontend) against the PyTorch reference."""
 
@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.window_attention import CUDNN, REFERENCE, REFERENCE_BAND, BandOps, band_ops, cudnn_band_available, fa4_available, window_attention
+from swa_kernels.window_attention import CUDNN, REFERENCE, REFERENCE_BAND, BandOps, band_ops, cudnn_band_available, fa4_available, window_attention
 from train.eagle3 import ttt_dense_mask
 
 
@@ -113,7 +113,7 @@ def test_gpu_window_equals_reference(t: int, window: int, steps: int, engine: st
 @pytest.mark.parametrize("b,t,window,steps,d", [(2, 1000, 256, 3, 128), (1, 4096, 1024, 6, 128), (2, 777, 64, 1, 64),
                                                 (1, 300, None, 2, 128)])
 def test_gpu_fa4_fused_diagonal(b: int, t: int, window: int | None, steps: int, d: int) -> None:
-    """FA4's backward with the diagonal keys' gradient folded into its preprocess (kernels/fa4_diagonal.py)
+    """FA4's backward with the diagonal keys' gradient folded into its preprocess (swa_kernels/fa4_diagonal.py)
     against the reference and against the two run apart; padded tiles (T not a multiple of FA4's
     query tile), batch > 1, head_dim 64 and no window included."""
     if not fa4_available():
@@ -138,7 +138,7 @@ def test_gpu_fa4_fused_diagonal(b: int, t: int, window: int | None, steps: int, 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashAttention-4 needs a GPU")
 @pytest.mark.parametrize("steps", [0, 3])
 def test_gpu_fa4_band_compiles_as_one_graph(steps: int) -> None:
-    """FA4's window and its fused diagonal backward are custom ops (kernels/fa4_window.py): the attention
+    """FA4's window and its fused diagonal backward are custom ops (swa_kernels/fa4_window.py): the attention
     compiles with ``fullgraph=True`` (Dynamo broke the graph inside FA4's Python before) and gives
     eager's output and gradients (the same kernels, up to FA4's atomic dQ sums and the diagonal share merged in another order); q and k in
     fp32 beside bf16 values under autocast (RoPE from an fp32 hidden state) run as bf16, as autocast runs SDPA."""
@@ -212,12 +212,12 @@ def test_autocast_hands_the_band_kernels_one_dtype(monkeypatch) -> None:
 
 
 def test_fa4_window_ops_fakes_match_the_reference_layouts() -> None:
-    """The custom ops' fakes (what a compiled step plans its buffers with; kernels/fa4_window.py) give the shapes, dtypes
+    """The custom ops' fakes (what a compiled step plans its buffers with; swa_kernels/fa4_window.py) give the shapes, dtypes
     and contiguous strides of what the band engine hands back, checked against the PyTorch reference band's outputs
     (FA4's [B, T, H, D] layout); runs without a GPU or FA4 (the fakes only)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from kernels import fa4_window
+    from swa_kernels import fa4_window
 
     b, t, hq, hkv, d, steps = 2, 40, 8, 2, 16, 3
     q, k, v = (torch.randn(b, h, t, d) for h in (hq, hkv, hkv))  # the window module's layout [B, H, T, D]

@@ -304,9 +304,9 @@ class TrainerConfig:
     device: str = "auto"  # auto = cuda when available, else cpu
     precision: str = "auto"  # auto = bf16 autocast on GPU, fp32 on CPU; or bf16 / fp32
     # auto = the fastest installed on GPU, sdpa (dense mask) on CPU. DFlash: fa4 (FlashAttention-4's kernels
-    # with per-row key intervals, kernels/key_intervals.py; Hopper) > flex-flash (flex_attention's block masks
+    # with per-row key intervals, swa_kernels/key_intervals.py; Hopper) > flex-flash (flex_attention's block masks
     # run by FlashAttention-4's kernels) > flex (Triton).
-    # EAGLE-3 (kernels/window_attention.py: the window in one kernel + the diagonal keys in a fused Triton
+    # EAGLE-3 (swa_kernels/window_attention.py: the window in one kernel + the diagonal keys in a fused Triton
     # pass): fa4 (FlashAttention-4's window) > cudnn (cuDNN's band, nvidia-cudnn-frontend installed;
     # without it cuDNN causal chunks, slower than flex) > flex. Measured: BENCHMARKS.md, issue 8
     attention_backend: str = "auto"
@@ -333,7 +333,7 @@ class TrainerConfig:
     # tunes every fused kernel first, > 140 s more on a cold cache (H200, "What coordinate-descent tuning costs at
     # compile time") against ~36 s of a 30-minute recipe; for long runs, or a warm Inductor cache, turn it on
     coordinate_descent_tuning: bool = False
-    # flex attention's Triton kernel options for DFlash's training masks, over kernels.attention.triton_flex_options'
+    # flex attention's Triton kernel options for DFlash's training masks, over swa_kernels.attention.triton_flex_options'
     # measured defaults; set it with a leading +, e.g. '+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64,
     # BLOCK_M2: 64, BLOCK_N2: 32}' (the backward's tiles: benchmarks/probe_flex_dflash.py times them)
     flex_kernel_options: Dict[str, Any] = field(default_factory=dict)

@@ -10,14 +10,14 @@ step 223 against 227 ms with 2.3 GiB less peak memory (BENCHMARKS.md, "DFlash's 
 log-softmax"). Eager on the CPU it is the reference arithmetic.
 
 On a GPU the forward's log-sum-exp and the accuracy's argmax come from one Triton pass over each row
-(``kernels.row_stats``): Inductor's reduction read the row twice, 0.96 ms of a ~34 ms DFlash step on an H200.
+(``swa_kernels.row_stats``): Inductor's reduction read the row twice, 0.96 ms of a ~34 ms DFlash step on an H200.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.row_stats import row_stats
+from swa_kernels.row_stats import row_stats
 
 
 class _LogitsCrossEntropy(torch.autograd.Function):

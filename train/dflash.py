@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from common.transfer import to_device_async
-from kernels import fa4_adapter
-from kernels.attention import FLASH_KERNELS, triton_flex_options
-from kernels.window_attention import fa4_available
+from swa_kernels import fa4_adapter
+from swa_kernels.attention import FLASH_KERNELS, triton_flex_options
+from swa_kernels.window_attention import fa4_available
 from models.dflash import (DFlashDraftModel, LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask, key_interval_mask,
                            make_dflash_config)
 from models.target import TargetModel, default_layer_ids
@@ -367,7 +367,7 @@ def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_
     BlockMask over queries packed by KV group (``query_groups`` = query heads per KV head) where a
     tile holds whole blocks, else a plain BlockMask. ``flex-flash``: the packed masks run on
     FlashAttention-4's kernels (flex's BACKEND=FLASH); a plain BlockMask stays on Triton flex.
-    ``fa4``: per-row key intervals on FlashAttention-4's own kernels (``kernels.key_intervals``). ``flex_options``:
+    ``fa4``: per-row key intervals on FlashAttention-4's own kernels (``swa_kernels.key_intervals``). ``flex_options``:
     Triton flex's kernel options over ``triton_flex_options``' defaults (``trainer.flex_kernel_options``)."""
 
     def build(spec: LayerMaskSpec):

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import attention, block_mask_from_tiles, triton_flex_options
-from kernels.window_attention import band_ops, cudnn_band_available, cudnn_ops, default_ops, fa4_available, window_attention
+from swa_kernels.attention import attention, block_mask_from_tiles, triton_flex_options
+from swa_kernels.window_attention import band_ops, cudnn_band_available, cudnn_ops, default_ops, fa4_available, window_attention
 from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from models.target import TargetModel, default_layer_ids
 
@@ -133,7 +133,7 @@ class Eagle3Step:
                 log.warning("EAGLE-3 with trainer.activation_checkpointing=true: the training step runs eager "
                             "(trainer.compile_scope=step compiles only steps without checkpointed TTT steps)")
                 return
-            from kernels.attention import raise_recompile_limit
+            from swa_kernels.attention import raise_recompile_limit
 
             raise_recompile_limit()  # one graph per padded length (trainer.pad_multiple)
             self.unroll_and_loss = torch.compile(unroll_and_loss, dynamic=False)
@@ -207,7 +207,7 @@ def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
 
 
 def window_kernels(backend: str, on_gpu: bool = True):
-    """The kernels of ``kernels.window_attention`` for ``trainer.attention_backend`` fa4 or cudnn
+    """The kernels of ``swa_kernels.window_attention`` for ``trainer.attention_backend`` fa4 or cudnn
     (off the GPU: its PyTorch pieces, which the CPU tests check against the dense masks)."""
     if not on_gpu:
         return default_ops(False)
@@ -228,7 +228,7 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
            backend: str = "sdpa", masks: list[dict] | None = None, checkpoint_steps: bool = False) -> list[torch.Tensor]:
     """The TTT forward: ``steps`` drafting steps over every index at once.
 
-    With ``backend="fa4"`` or ``"cudnn"`` step j's attention is ``kernels.window_attention``: a window of W - j
+    With ``backend="fa4"`` or ``"cudnn"`` step j's attention is ``swa_kernels.window_attention``: a window of W - j
     over the step-0 keys plus the j diagonal keys, the rule of the TTT masks below for every
     real row (right padding: a padding row may also see padding keys, which no real row sees, so
     real outputs and all gradients are unchanged).
@@ -504,7 +504,7 @@ def tile_structure_fn(device_type: str):
     dynamic, so one graph per (step, window, tile) whatever the batch's length. Eager elsewhere (CPU tests)."""
     if device_type != "cuda":  # one compiled function for every GPU index (cuda, cuda:0 ...)
         return ttt_tile_structure
-    from kernels.attention import raise_recompile_limit
+    from swa_kernels.attention import raise_recompile_limit
 
     raise_recompile_limit()
     return torch.compile(ttt_tile_structure, dynamic=True)

@@ -33,8 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 from common.atomic import atomic_dir, atomic_open
 from common.metrics_logger import MetricsLogger
 from common.transfer import to_device_async
-from kernels import fa4_adapter
-from kernels.fa4_adapter import available as fa4_available
+from swa_kernels import fa4_adapter
+from swa_kernels.fa4_adapter import available as fa4_available
 from models.builtin_targets import resolve_target_path
 from models.target import TargetModel
 

@@ -1,7 +1,7 @@
 """FlashAttention-4's SM90 kernels with per-row key intervals (GPU only; imported lazily).
 
 Each query row sees the keys of at most two intervals, [lo1, hi1) and [lo2, hi2) (the tables of
-``kernels.key_intervals``). FA4's own forward and backward run unchanged except for four things,
+``swa_kernels.key_intervals``). FA4's own forward and backward run unchanged except for four things,
 patched into copies of its two SM90 kernel files at import:
 
 - which key tiles a query tile visits (forward) and which query tiles a key tile visits
@@ -13,7 +13,7 @@ patched into copies of its two SM90 kernel files at import:
 - the backward skips the mask on a tile wholly inside every row's first interval.
 
 Everything else (pipelines, TMA, softmax, GQA packing in the forward, dQ/dK/dV accumulation) is
-FA4's. The patch is tied to the pinned flash-attn-4 version: ``kernels.fa4_adapter`` checks the
+FA4's. The patch is tied to the pinned flash-attn-4 version: ``swa_kernels.fa4_adapter`` checks the
 version and every FA4 internal used here (entry points' parameters, ``BlockInfo``/``AttentionMask``
 fields, the mask helpers) before this module imports any of them, and a changed source still fails
 at import with the line the patch expected.
@@ -46,7 +46,7 @@ from flash_attn.cute.block_info import BlockInfo  # noqa: E402
 from flash_attn.cute.mask import AttentionMask, mask_r2p_lambda, r2p_bitmask_above, r2p_bitmask_below, sm90_col_to_r2p_idx  # noqa: E402
 from quack import layout_utils  # noqa: E402
 
-# The aux tensors (kernels.key_intervals builds them; keep the two in step). Forward:
+# The aux tensors (swa_kernels.key_intervals builds them; keep the two in step). Forward:
 # [rows, fwd_tiles], backward: [rows, bwd_key_tiles, bwd_query_tiles], all int32.
 #   rows[b, r]: lo1, hi1, lo2, hi2 (rows packed by KV group; padded to whole query tiles with empty rows)
 #   fwd_tiles[b, m]: n_min, n_end (interval-1 key tiles), n2_min, n2_end (interval-2 key tiles),
@@ -163,11 +163,11 @@ def _patch(source: str, module: str) -> str:
         new, n = re.subn(pattern, repl, text)
         if n != expected:
             raise RuntimeError(f"flash-attn-4's {module}: expected {expected} match(es) of {pattern!r}, found {n} "
-                               "(kernels/fa4_key_intervals.py is written against flash-attn-4 4.0.0b36)")
+                               "(swa_kernels/fa4_key_intervals.py is written against flash-attn-4 4.0.0b36)")
         return new
 
     source = sub(r"(from flash_attn\.cute\.block_info import BlockInfo\n)",
-                 r"\1from kernels.fa4_key_intervals import IntervalBlockInfo, IntervalMask\n", source, 1)
+                 r"\1from swa_kernels.fa4_key_intervals import IntervalBlockInfo, IntervalMask\n", source, 1)
     source = sub(r"block_info = BlockInfo\(", "block_info = IntervalBlockInfo.create(aux_data.tensors, ", source, 1)
     forward = "fwd" in module
     source = sub(r"AttentionMaskCls = partial\(\s*AttentionMask,",
@@ -231,7 +231,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fwd_tables: list[
     with _interval_kernels() as fa4:
         out, lse = fa4._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, window_size_left=big,
                                        window_size_right=big, pack_gqa=q.shape[2] != k.shape[2], return_lse=True,
-                                       tile_mn=(128, 128),  # the tables' tiles (kernels.key_intervals)
+                                       tile_mn=(128, 128),  # the tables' tiles (swa_kernels.key_intervals)
                                        aux_tensors=list(fwd_tables))[:2]
     return out.contiguous(), lse.contiguous()
 

@@ -1,5 +1,5 @@
 """One attention entry point: flex_attention for a ``BlockMask``, SDPA for a dense boolean mask,
-FlashAttention-4 with per-row key intervals for a ``KeyIntervalMask`` (``kernels.key_intervals``).
+FlashAttention-4 with per-row key intervals for a ``KeyIntervalMask`` (``swa_kernels.key_intervals``).
 
 Shapes: q [B, Hq, Q, D], k/v [B, Hkv, K, D] (grouped-query attention when Hq > Hkv); returns
 [B, Hq, Q, D]. The backend follows the mask type, so the caller picks it once when it builds masks
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.key_intervals import KeyIntervalMask
+from swa_kernels.key_intervals import KeyIntervalMask
 
 
 FLASH_KERNELS = {"BACKEND": "FLASH"}  # flex_attention's kernel_options: run the block mask on FlashAttention-4's kernels

@@ -3,7 +3,7 @@
 DFlash's training mask is of this form once the keys are laid out as [context ; the blocks' own
 keys]: a block's query at position p = a + k (anchor a, slot k) sees the context keys
 [max(0, p - W + 1), a) and, among the block keys, its own block's slots up to itself. Given per-row
-intervals, FlashAttention-4's forward and backward (``kernels.fa4_key_intervals``) visit only the
+intervals, FlashAttention-4's forward and backward (``swa_kernels.fa4_key_intervals``) visit only the
 key tiles the intervals touch and mask only the tiles they cut, the way they run a sliding window.
 
 This module is plain PyTorch: the DFlash intervals (``dflash_key_intervals``), the tile tables the
@@ -99,7 +99,7 @@ def _tile_ranges(rows: torch.Tensor, tile_m: int):
 
 
 def forward_tables(rows_packed: torch.Tensor) -> list[torch.Tensor]:
-    """The forward's aux tensors (see ``kernels.fa4_key_intervals``) for rows packed by KV group."""
+    """The forward's aux tensors (see ``swa_kernels.fa4_key_intervals``) for rows packed by KV group."""
     n_min, n_end, n2_min, n2_end, max_lo1, min_hi1 = _tile_ranges(rows_packed, FWD_TILE_M)
     nothing = (n_end == n_min) & (n2_end == n2_min)  # one fully masked tile keeps FA4's loop non-empty
     n2_end = torch.where(nothing, n2_min + 1, n2_end)
@@ -162,7 +162,7 @@ def plan_key_intervals(rows: torch.Tensor, groups: int, num_keys: int, head_dim:
 
 @dataclass(frozen=True)
 class KeyIntervalMask:
-    """What ``kernels.attention.attention`` takes for a layer trained with these kernels: the plan,
+    """What ``swa_kernels.attention.attention`` takes for a layer trained with these kernels: the plan,
     and where the caller's keys [context (ctx_len) ; blocks] put their block keys."""
 
     plan: KeyIntervalPlan
@@ -181,14 +181,14 @@ class KeyIntervalMask:
 
 def _pack(x: torch.Tensor, groups: int) -> torch.Tensor:
     """[B, T, Hkv * G, D] -> [B, T * G, Hkv, D], row t * G + g (query head h * G + g); GPU (the backward)."""
-    from kernels.fa4_key_intervals import swap_heads
+    from swa_kernels.fa4_key_intervals import swap_heads
 
     b, t, h, d = x.shape
     return swap_heads(x, h // groups, groups).view(b, t * groups, h // groups, d)
 
 
 def _unpack(x: torch.Tensor, groups: int) -> torch.Tensor:
-    from kernels.fa4_key_intervals import swap_heads
+    from swa_kernels.fa4_key_intervals import swap_heads
 
     b, r, hkv, d = x.shape
     return swap_heads(x.view(b, r // groups, groups * hkv, d), groups, hkv)
@@ -197,7 +197,7 @@ def _unpack(x: torch.Tensor, groups: int) -> torch.Tensor:
 class KeyIntervalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan, scale, group_major):
-        from kernels import fa4_key_intervals as fa4
+        from swa_kernels import fa4_key_intervals as fa4
 
         b, t, hq, d = q.shape
         # k and v arrive as [B, S, Hkv, D] views of the models' [B, Hkv, S, D] keys; FA4's backward wants them
@@ -215,7 +215,7 @@ class KeyIntervalAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        from kernels import fa4_key_intervals as fa4
+        from swa_kernels import fa4_key_intervals as fa4
 
         q, k, v, out, lse = ctx.saved_tensors
         g, (b, t, hq, d) = ctx.plan.groups, q.shape
@@ -253,7 +253,7 @@ def key_interval_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pl
 
 def reference_attention(q, k, v, rows, scale=None):
     """The same attention in PyTorch from the dense mask (the oracle for tests and benchmarks)."""
-    from kernels.attention import attention  # (it imports this module)
+    from swa_kernels.attention import attention  # (it imports this module)
 
     mask = dense_mask_from_intervals(rows, k.shape[1])
     return attention(*(x.transpose(1, 2) for x in (q, k, v)), mask, scale=scale).transpose(1, 2)

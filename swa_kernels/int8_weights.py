@@ -6,7 +6,7 @@ for a few rows, so its time is its bytes; int8 halves them. Only drafters take i
 quantized, so the loop's output stays the target's own; the drafts move by the rounding (BENCHMARKS.md measures τ with
 int8 drafter weights beside the model's own, and prompt lookup's).
 
-On CUDA with Triton and bf16/fp16 activations the products run ``kernels/skinny_gemm.py``'s kernel on the int8 tiles
+On CUDA with Triton and bf16/fp16 activations the products run ``swa_kernels/skinny_gemm.py``'s kernel on the int8 tiles
 (each widened to the activations' dtype, exact for |q| <= 127; the scale applied to the fp32 sums), rows in blocks of
 16 to 128, a weight tile's row blocks side by side (it comes from memory once, then from L2). Measured at Qwen3-8B's
 widths on an H200 (BENCHMARKS.md, "int8 products by row count"): up to 32 rows the int8 products beat cuBLAS on the bf16
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import skinny_gemm
+from swa_kernels import skinny_gemm
 
 QMAX = 127  # symmetric: -127 .. 127 (the int8 -128 unused, so negating a row negates its codes)
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)

@@ -1,5 +1,5 @@
 """FlashAttention-4's window backward with EAGLE-3's diagonal keys folded into its preprocess
-(GPU only; imported lazily by ``kernels.window_attention``).
+(GPU only; imported lazily by ``swa_kernels.window_attention``).
 
 FA4's backward runs three kernels: a preprocess (rowsum(dO * O), lse * log2(e), and a zeroed fp32
 dQ accumulator), the main kernel (adds the band's dS @ K into the accumulator, writes dK, dV), and
@@ -14,7 +14,7 @@ are, and the postprocess's dQ holds both shares. The accumulator's tile is store
 FA4's MMA fragments, not row-major: ``dq_accum_tile`` reads that order off FA4's own postprocess
 (an encoded tile converted once), so nothing here restates FA4's layout. Only the preprocess is
 swapped, for the length of one call (FA4's interface looks it up by name at each call), through
-``kernels.fa4_adapter`` (version and signatures checked first); the replacement takes exactly the
+``swa_kernels.fa4_adapter`` (version and signatures checked first); the replacement takes exactly the
 recorded parameters of FA4's preprocess and refuses what it does not implement.
 """
 

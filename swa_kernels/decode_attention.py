@@ -23,7 +23,7 @@ projections come raw, as the fused q/k/v matrix writes them: Qwen3's per-head RM
 here, to q in every program and to the new keys in that split (two kernels per layer fewer), and the output comes in
 q's layout, ``[B, n, Hq, D]``, the one o_proj reads (no transpose kernel after).
 
-Visibility (the repo's one convention, ``kernels.attention.aligned_visible``): row b's token t sits at position
+Visibility (the repo's one convention, ``swa_kernels.attention.aligned_visible``): row b's token t sits at position
 ``pos[b] + t`` and sees the keys at positions ``<=`` its own and, with a window W, ``> pos - W`` (W keys, itself
 included: Hugging Face's ``sliding_window``). Query rows are ordered (head in group, token): row = g * n + t.
 
@@ -277,7 +277,7 @@ def pass1_grid(batch_heads: int, splits: int) -> tuple[int, int]:
     16-token verify at 8K runs 17 splits x 8 heads = 136 programs of 64 rows (one a multiprocessor by its registers and
     shared memory; 132 SMs). H200, 36 calls captured (``benchmarks/verify_attention_variants.py``, ``splits_last``): the
     verify at 8K 23.1 -> 19.8 µs a call, at 1K and 32K unchanged (12.2, 47.7); one token 15.9 at 8K (unchanged), 8.4 ->
-    8.1 at 1K. The kernels read (bh, split) from program ids (0, 1). ``kernels/block_attention.py`` launches the same way."""
+    8.1 at 1K. The kernels read (bh, split) from program ids (0, 1). ``swa_kernels/block_attention.py`` launches the same way."""
     return batch_heads, splits
 
 
@@ -304,7 +304,7 @@ def split_size(capacity: int, programs_per_split: int, device: torch.device, row
     66.6 µs with the splits by capacity alone, 9.1 / 22.9 / 66.4 with 8 keys a row; 16 a row since (``KEYS_PER_ROW``).
     A one-token step (4 rows) keeps its splits.
 
-    ``equal_splits``: for a kernel whose splits all loop the same tile count (``kernels/block_attention.py``), the one
+    ``equal_splits``: for a kernel whose splits all loop the same tile count (``swa_kernels/block_attention.py``), the one
     wave is at most one program an SM (``sms // programs_per_split`` splits a KV head), not one split more: with 132 SMs
     and 8 KV heads ``ceil`` gave 17 splits, 136 programs, and the 4 programs that found every SM taken ran after a full
     one on theirs. This file's kernel keeps ``ceil``: its last live split, holding the newest keys, is the lightest, and

@@ -1,5 +1,5 @@
 """FlashAttention-4's causal window, forward and backward, and the backward with EAGLE-3's diagonal keys
-(``kernels.fa4_diagonal``), as custom ops (GPU only; imported lazily by ``kernels.window_attention``).
+(``swa_kernels.fa4_diagonal``), as custom ops (GPU only; imported lazily by ``swa_kernels.window_attention``).
 
 FA4's Python entry points are not traceable: Dynamo breaks the graph at their DLPack wrappers, so a
 training step compiled whole (``trainer.compile_scope=step``) would run in pieces around every

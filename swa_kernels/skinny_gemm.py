@@ -8,7 +8,7 @@ cores and, where ``N / BLOCK_N`` programs would not fill the GPU, splits K over 
 partial sums a second (tiny) reduction adds: deterministic, no atomics, so a row's result does not depend on the
 others'. ``Config`` picks the tiling; ``benchmarks/skinny_gemm.py`` measures the choices against cuBLAS.
 
-The same kernel multiplies weight-only int8 matrices (``kernels/int8_weights.py``: ``SCALED``, a per-column scale on the
+The same kernel multiplies weight-only int8 matrices (``swa_kernels/int8_weights.py``: ``SCALED``, a per-column scale on the
 fp32 sums) over any number of rows, in blocks of ``BLOCK_M`` (each block streams the matrix again; the tiles are
 loaded ``evict_first``, as for one read).
 

@@ -3,7 +3,7 @@
 A DFlash block pass (``models.dflash.StaticDFlashDrafter``) attends, in every layer, from the block's n query slots to
 the layer's cache ``[B, Hkv, S + block, D]``: S context slots, each holding the position ``slot_pos[b, j]`` (-1: empty;
 a sliding layer's ring holds position p in slot p mod S), then the block's own keys in the scratch slots S .. S+n-1
-(slot S + j: position ``anchor + j``). The two-product path (``kernels.attention.grouped_attention`` over a mask built
+(slot S + j: position ``anchor + j``). The two-product path (``swa_kernels.attention.grouped_attention`` over a mask built
 from the slot positions) runs four kernels a layer and writes fp32 scores between them; at the Qwen3-8B shape with 16
 slots that was ~16 µs of a layer's ~200 (H200 profile, BENCHMARKS.md "DFlash's whole block with the 152K head"). This
 reads each visible key once:
@@ -15,7 +15,7 @@ reads each visible key once:
     pass 2 (grid: B*Hkv x M): ``decode_attention.merge_splits`` merges the splits of each row and writes it as
             ``[B, n, Hq, D]``, the layout the output projection reads (no transpose copy after it).
 
-Visibility, the repo's one rule (``kernels.attention.aligned_visible``, the window counting the query itself: W keys):
+Visibility, the repo's one rule (``swa_kernels.attention.aligned_visible``, the window counting the query itself: W keys):
 query slot t sits at ``anchor + t``; a context slot is a key if it holds a position in ``[0, anchor)`` (later ones are
 rejected drafts not yet written over), then ``aligned_visible(anchor + t, position, causal, window)`` decides, as
 ``models.dflash.block_visible`` does for the mask of the two-product path. Every slot up to the block's last is read
@@ -34,11 +34,11 @@ import math
 
 import torch
 
-from kernels.decode_attention import BLOCK_N, LOG2E, available, merge_splits, pass1_grid, split_size
-from kernels.decode_attention import triton, tl
+from swa_kernels.decode_attention import BLOCK_N, LOG2E, available, merge_splits, pass1_grid, split_size
+from swa_kernels.decode_attention import triton, tl
 
 if triton is not None:
-    from kernels.decode_attention import _attend
+    from swa_kernels.decode_attention import _attend
 
     @triton.jit
     def _block_split_kernel(Q, K, V, SLOT_POS, ANCHOR, OP, MP, LP,
@@ -100,7 +100,7 @@ if triton is not None:
 
 if triton is not None:
 
-    # An opaque op to torch.compile (as kernels/skinny_gemm.py's): its graph calls it and CUDA graphs capture the launches.
+    # An opaque op to torch.compile (as swa_kernels/skinny_gemm.py's): its graph calls it and CUDA graphs capture the launches.
     # Traced as a user-defined Triton kernel instead, inductor's scheduler failed on drafters whose layers attend right
     # after writing their block's keys into the caches (KeyError in compute_ancestors, torch 2.11, H200: the tiny
     # two-layer drafters of tests/test_static_drafters.py; the 8B-shape drafter compiled)

@@ -1,8 +1,8 @@
 """FlashAttention-4's private internals, behind one checked door.
 
-The fast training paths (``kernels/fa4_key_intervals.py``: DFlash's key intervals in FA4's SM90
-kernels; ``kernels/fa4_diagonal.py``: EAGLE-3's diagonal keys folded into FA4's backward
-preprocess; ``kernels/window_attention.py``: FA4's windowed forward/backward) call FA4's private
+The fast training paths (``swa_kernels/fa4_key_intervals.py``: DFlash's key intervals in FA4's SM90
+kernels; ``swa_kernels/fa4_diagonal.py``: EAGLE-3's diagonal keys folded into FA4's backward
+preprocess; ``swa_kernels/window_attention.py``: FA4's windowed forward/backward) call FA4's private
 entry points, subclass its mask and block-info classes, patch copies of two of its kernel files and
 swap attributes of its ``interface`` module for the length of a call. None of that is public API:
 across FA4's betas 5 -> 27 the private entry points' parameter lists changed 13 times while the
@@ -169,7 +169,7 @@ def available() -> bool:
 
 
 # FA4's persistent kernel cache (off by default; FA4 reads this variable at import) stores compiled kernels on disk under
-# a fingerprint of FA4's own sources. kernels/fa4_key_intervals.py compiles *patched copies* of FA4's SM90 kernels,
+# a fingerprint of FA4's own sources. swa_kernels/fa4_key_intervals.py compiles *patched copies* of FA4's SM90 kernels,
 # which live outside those sources: with the cache on, a kernel compiled from one version of the patch would be served
 # to another (FA4's compile key does not see the patch), silently. The key intervals refuse to run with it on.
 PERSISTENT_CACHE_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"

@@ -166,7 +166,7 @@ def _cudnn_band_ops():
 def _fa4_band_ops():
     # FlashAttention-4's own entry points: its autograd function cannot take the merged output and
     # log-sum-exp the diagonal keys need in the backward (see the module docstring); as custom ops
-    # (kernels.fa4_window) a compiled step keeps them as single nodes
+    # (swa_kernels.fa4_window) a compiled step keeps them as single nodes
     interface("FlashAttention-4's window (trainer.attention_backend=fa4, EAGLE-3)")  # version and signatures first
     from . import fa4_window
 
@@ -405,7 +405,7 @@ class _WindowAttention(torch.autograd.Function):
 
 
 def _triton_diagonal(q: torch.Tensor, diag_k: torch.Tensor) -> bool:
-    """The fused Triton kernels for the diagonal keys (kernels/diagonal_keys.py) where they apply."""
+    """The fused Triton kernels for the diagonal keys (swa_kernels/diagonal_keys.py) where they apply."""
     if not q.is_cuda:
         return False
     from .diagonal_keys import supported

@@ -5,7 +5,7 @@ Query t of head h also sees S extra keys: row t of each earlier step s (``diag_k
 Their work is tiny (S dot products per query) but it touches every query, output and gradient row,
 so it is memory-bound: one program loads a block of query rows for all G query heads of one KV
 head together with the S diagonal rows they share, and does the whole merge (or the whole
-gradient) in registers: one read of each tensor, one write. ``kernels/window_attention.py`` falls
+gradient) in registers: one read of each tensor, one write. ``swa_kernels/window_attention.py`` falls
 back to its compiled PyTorch stages where Triton or the shapes do not fit.
 
 Shapes: q, out [B, Hq, T, D]; lse [B, Hq, T] fp32; diag_k, diag_v [S, B, Hkv, T, D]; Hq = G * Hkv.
