@@ -115,12 +115,6 @@ if triton is not None:
         return q.new_empty(q.shape)
 
 
-# the split rule's one wave at one program an SM (``decode_attention.split_size(equal_splits=True)``): every split of this
-# kernel loops the same tile count, so none is light enough to share an SM behind a full one (H200, one layer at 8K:
-# 14.2 -> 13.9 µs a sliding layer, 25.2 -> 24.4 a full one; ``benchmarks/block_attention.py``, ``ceil_wave``)
-EQUAL_SPLITS = True
-
-
 def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor,
                     anchor: torch.Tensor, scale: float, causal: bool, window: int | None,
                     keys_per_split: int | None = None) -> torch.Tensor:
@@ -148,9 +142,12 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor, anchor: torch.Tensor,
             scale: float, causal: bool, window: int | None, keys_per_split: int | None, num_warps: int = 4,
-            num_stages: int = 2, loads_by_slots: bool = False, equal_splits: bool = EQUAL_SPLITS) -> torch.Tensor:
+            num_stages: int = 2, loads_by_slots: bool = False, equal_splits: bool = True) -> torch.Tensor:
     # num_warps / num_stages: pass 1's launch (``benchmarks/block_attention.py --warps --stages`` times others);
-    # loads_by_slots / equal_splits: see the kernel and ``decode_attention.split_size`` (the benchmark times both ways)
+    # loads_by_slots: see the kernel. equal_splits: the split rule's one wave at one program an SM
+    # (``decode_attention.split_size``): every split of this kernel loops the same tile count, so none is light enough to
+    # share an SM behind a full one (H200, one layer at 8K: 14.2 -> 13.9 µs a sliding layer, 25.2 -> 24.4 a full one;
+    # ``benchmarks/block_attention.py``, ``ceil_wave``, times the rule before)
     bsz, n, hq, d = q.shape
     hkv, slots_total = k_cache.shape[1], k_cache.shape[2]
     context_slots = slot_pos.shape[1]
