@@ -48,6 +48,8 @@ def main() -> None:
                    help="--dflash-block: once per choice of the drafter's matrices (StaticDFlashDrafter's weights)")
     p.add_argument("--dflash-attention", nargs="+", default=["default"], choices=["default", "products", "split_kv"],
                    help="--dflash-block: once per block attention (StaticDFlashDrafter's block_attention)")
+    p.add_argument("--step-timeline", metavar="FILE",
+                   help="with a drafter: write every GPU event of the last profiled step (start, duration, gap) to FILE")
     p.add_argument("--verify-split", type=int, default=0, metavar="N",
                    help="the captured forward of 1 token against N tokens, kernel by kernel (where a verify's extra time goes)")
     args = p.parse_args()
@@ -93,6 +95,8 @@ def main() -> None:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70))
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=70))
         report_idle(prof, s.steps, "step")
+        if args.step_timeline:
+            step_timeline(prof, Path(args.step_timeline))
         return
     generate(target, None, ids, args.tokens)  # compile and capture
     for ahead in (False, True, False, True):
@@ -202,6 +206,42 @@ def timeline(prof, count: int) -> None:
     for e in last[:count]:
         print(f"{e.time_range.start - t0:9.1f} | {e.time_range.elapsed_us():8.1f} | {e.time_range.start - end:7.1f} | {e.name[:90]}")
         end = max(end, e.time_range.end)
+
+
+def step_timeline(prof, path: Path) -> None:
+    """Every GPU event of the profiled run's last full step, in order, to ``path``; a summary to stdout.
+
+    A step is the span between two copies to the host (``Memcpy DtoH``: the loop reads each step's accepted count and
+    tokens once), so the verify graph, the drafter's graphs and the eager work around them (acceptance, input copies) all
+    fall inside one. The gaps are time with no kernel running (launch latency between graphs and eager kernels)."""
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0),
+                    key=lambda e: e.time_range.start)
+    reads = [i for i, e in enumerate(events) if "DtoH" in e.name]
+    if len(reads) < 3:
+        print(f"step timeline: {len(reads)} copies to the host found; need 3")
+        return
+    step = events[reads[-3] + 1: reads[-2] + 1]
+    t0, end = step[0].time_range.start, step[0].time_range.start
+    busy, idle, lines, by_kind = 0.0, 0.0, [], {}
+    for e in step:
+        gap = max(0.0, e.time_range.start - end)
+        idle += gap
+        busy += e.time_range.elapsed_us()
+        end = max(end, e.time_range.end)
+        name = e.name
+        kind = next((k for k in ("_skinny_mm", "nvjet", "splitKreduce", "_split_kernel", "_merge_kernel", "_block_",
+                                 "triton_", "Memcpy", "Memset", "at::native") if k in name), "other")
+        t, n, g = by_kind.get(kind, (0.0, 0, 0.0))
+        by_kind[kind] = (t + e.time_range.elapsed_us(), n + 1, g + gap)
+        lines.append(f"{e.time_range.start - t0:9.1f} | {e.time_range.elapsed_us():8.1f} | {gap:6.1f} | {name[:110]}")
+    span = end - t0
+    head = [f"one step: {len(step)} GPU events, span {span:.1f} us, kernel time {busy:.1f} us, idle {idle:.1f} us",
+            "start us | duration us | gap before us | event"]
+    path.write_text("\n".join(head + lines) + "\n")
+    print(head[0])
+    print("by kind: kernel time us, count, idle before them us")
+    for kind, (t, n, g) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {kind:14s} {t:9.1f} {n:5d} {g:8.1f}")
 
 
 def report_idle(prof, units: int, unit: str) -> None:

@@ -41,7 +41,7 @@ from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from models.trees import accept_tree, merge_chain
 from infer.prompt_lookup import GrowingLookup, PromptLookupDrafter
 from models.sampling import SamplingConfig, choose, verify
-from models.static_target import StaticTarget
+from models.static_target import DECODE_MAX_TOKENS, StaticTarget
 from models.target import CachedTarget
 
 
@@ -244,6 +244,17 @@ def staged_verify(target: StaticTarget, ids: torch.Tensor, pos: torch.Tensor, fi
     return torch.cat([logits, more_logits], 1), None if features is None else torch.cat([features, more_features], 1)
 
 
+def next_token(target: CachedTarget, token: torch.Tensor, pos: int, sampling: SamplingConfig, generator: torch.Generator,
+               fused_greedy: bool) -> torch.Tensor:
+    """The target's token [] after ``token`` at ``pos`` (a plain decode step): through ``greedy_step`` (argmax in the
+    graph; cloned, since a run-ahead step replays the same graph before the host reads this one) or a forward and
+    ``choose``."""
+    if fused_greedy:
+        return target.greedy_forward(token[None], pos)[0][-1].clone()
+    logits, _ = target.forward(token[None], pos)
+    return choose(logits, sampling, generator)[0][0]
+
+
 def trim_output(out: list[int], stats: GenerationStats, eos: set, max_new_tokens: int) -> list[int]:
     """A generation's tokens up to its first end-of-sequence token and the budget; ``stats`` counts what is kept. The
     last step may accept drafts past the budget or an end-of-sequence token: those are cut from the output, so they are
@@ -342,20 +353,23 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
 
     run_ahead = device.type == "cuda" if run_ahead is None else run_ahead
     forced_accept = None if accept_per_step is None else torch.tensor(accept_per_step, device=device)
+    # greedy on a static target: each verify (or decode step) and its acceptance run as one captured graph
+    # (``StaticTarget.greedy_step``) instead of a forward and a dozen small kernels launched after it; a staged verify
+    # and trees keep their own paths
+    fused_greedy = (sampling.greedy and isinstance(target, StaticTarget) and target.batch == 1 and first is None
+                    and (drafter is None or not drafter.tree))
     fixed_shapes = getattr(target, "capture", False)  # captured steps: a shorter draft is padded to the full block
     ahead = None  # run_ahead: the next token (or the next drafts), launched before the host reads this step's result
     while len(out) < max_new_tokens and out[-1] not in eos:
         timer.mark("other")
         if drafter is None:
             if ahead is None:
-                logits, _ = target.forward(token[None], pos)
-                ahead = choose(logits, sampling, generator)[0][0]
+                ahead = next_token(target, token, pos, sampling, generator, fused_greedy)
             token, ahead = ahead, None
             if run_ahead and len(out) + 1 < max_new_tokens:
                 # one step queued ahead of the host sync below, so the GPU never idles while the host reads a token and
                 # launches the next step; after an end-of-sequence token the queued step is discarded (output unchanged)
-                logits, _ = target.forward(token[None], pos + 1)
-                ahead = choose(logits, sampling, generator)[0][0]
+                ahead = next_token(target, token, pos + 1, sampling, generator, fused_greedy)
             timer.mark("verify")
             new = [int(token)]  # host sync
             stats.accepted_per_step.append(0)
@@ -382,7 +396,12 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
                 # a captured target replays one graph per block length, and the benchmark mode accepts a fixed count:
                 # the block padded to its full length (copies of its last token); only its real part is verified
                 block_ids = torch.cat([block_ids, block_ids[-1:].expand(block - 1 - num_drafts)])
-            if first is not None and first < num_drafts and accept_per_step is None:
+            # no padded tail to keep out of the count; a short block (a verify, not a prefill chunk)
+            fused = fused_greedy and num_drafts == block_ids.shape[0] - 1 and block_ids.shape[0] <= DECODE_MAX_TOKENS
+            if fused:
+                values, features = target.greedy_forward(block_ids, pos, forced_accept)  # [accepted, drafts.., next token]
+                logits = None
+            elif first is not None and first < num_drafts and accept_per_step is None:
                 at = torch.tensor([pos], device=device)
                 logits, features = staged_verify(target, block_ids[None], at, first, drafter if in_stages else None)
                 logits, features = logits[0], None if features is None else features[0]
@@ -394,11 +413,15 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             if whole_block:  # needs nothing the host sync reads: queued before it, the GPU runs it while the host waits
                 drafter.append_context(features, pos, block_ids)  # (launched after it, the GPU sat idle through the launch)
                 timer.mark("draft")
-            # the real drafts only: the accepted count is at most their number, whatever a padded block's tail matched
-            num_accepted, token = verify(draft_tokens, draft_probs, logits[:num_drafts + 1], sampling, generator)
-            if accept_per_step is not None:  # benchmark mode (see the docstring); the count made once, no copy per step
-                num_accepted, token, draft_tokens = forced_accept, logits[accept_per_step].argmax(), block_ids[1:]
-            values, ready = torch.cat([num_accepted[None], draft_tokens, token[None]]), None
+            if fused:  # the graph's buffers: read (or copied) before its next replay, as every use below is
+                num_accepted, token = values[0], values[-1]
+            else:
+                # the real drafts only: the accepted count is at most their number, whatever a padded block's tail matched
+                num_accepted, token = verify(draft_tokens, draft_probs, logits[:num_drafts + 1], sampling, generator)
+                if accept_per_step is not None:  # benchmark mode (see the docstring); the count made once, no copy per step
+                    num_accepted, token, draft_tokens = forced_accept, logits[accept_per_step].argmax(), block_ids[1:]
+                values = torch.cat([num_accepted[None], draft_tokens, token[None]])
+            ready = None
             drafting_ahead = run_ahead and hasattr(drafter, "draft_at")
             if drafting_ahead and device.type == "cuda":  # the step's result copied back before the next block is queued:
                 values, ready = values.to("cpu", non_blocking=True), torch.cuda.Event()  # the host waits for the verify

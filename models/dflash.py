@@ -90,6 +90,7 @@ from swa_kernels import skinny_gemm
 from swa_kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_weight
 from swa_kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from swa_kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, interval_tables, plan_from_tables
+from swa_kernels.argmax import row_argmax
 from models.sampling import SamplingConfig, argmax_split, choose
 from models.static_target import (CapturedSteps, concat_linears, few_row_products, move_kept_positions, prepack_by_default,
                                   prepacked_copy, rotate)
@@ -1000,6 +1001,7 @@ class StaticDFlashDrafter:
             raise_recompile_limit()
         # dynamic=None: a second capacity recompiles once with that dimension symbolic, not once per capacity
         self.block_fn = torch.compile(self._block_logits) if self.compile else self._block_logits
+        self.block_greedy_fn = torch.compile(self._block_greedy) if self.compile else self._block_greedy
         # the block append too (fc, norms, k/v projections, RoPE, ring writes: ~60 small kernels eager)
         self.append_fn = torch.compile(self._append) if self.compile else self._append
         self.tree_fn = torch.compile(self._draft_tree) if self.compile else self._draft_tree
@@ -1117,6 +1119,12 @@ class StaticDFlashDrafter:
         logits = self._block_pass(block_ids(token, self.pass_slots, self.mask_token_id), anchor)[:, :self.drafts]
         return logits, self.model.draft_to_target(argmax_split(logits))
 
+    def _block_greedy(self, token: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        # ``_block_logits``'s greedy drafts alone: no fp32 logits written, the argmax over the head's own dtype (the
+        # cast is exact: the same drafts) in ``row_argmax``'s two passes
+        logits = self._block_pass(block_ids(token, self.pass_slots, self.mask_token_id), anchor, float_logits=False)
+        return self.model.draft_to_target(row_argmax(logits[:, :self.drafts]))
+
     def _context_slots(self, anchor: torch.Tensor, slots: int) -> int:
         """How many of a layer's ``slots`` context slots a pass over blocks at ``anchor`` [B] reads: on the CPU the first
         ``min(slots, max(anchor))`` (slot j < S holds position j or j + kS, and only positions before a row's anchor are
@@ -1139,7 +1147,7 @@ class StaticDFlashDrafter:
         return slot_pos[:, :self._context_slots(anchor, slot_pos.shape[1])]
 
     def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None, drafts: int | None = None,
-                    start: int = 0, batch_rows: torch.Tensor | None = None) -> torch.Tensor:
+                    start: int = 0, batch_rows: torch.Tensor | None = None, float_logits: bool = True) -> torch.Tensor:
         # the block pass alone (trees take their top-k, not the argmax): ids [B, b] -> logits [B, d, Vd] fp32 (d: b-1, or
         # the chain's kept drafts if fewer), the block's keys in each layer's scratch slots; ids [B, R, b] -> [B, R, b-1,
         # Vd], R blocks per row over the same context (``block_tree``'s re-drafts): the context's slots then the R blocks'
@@ -1200,7 +1208,8 @@ class StaticDFlashDrafter:
         # per row (on the CPU a third of the speed of one matrix product over the rows)
         first_head = 1 if start == 0 else 0
         hidden = self.model.norm(x.view(bsz, rows, b, -1)[:, :, first_head:first_head + drafts].contiguous())
-        logits = self.linear(hidden.to(self.head.weight.dtype), self.fused.head, self.fused.bhead).float()
+        logits = self.linear(hidden.to(self.head.weight.dtype), self.fused.head, self.fused.bhead)
+        logits = logits.float() if float_logits else logits  # the greedy chain's argmax reads the head's own dtype
         return logits if multi else logits[:, 0]
 
     def _rest_of_block(self, anchor: torch.Tensor, rows: torch.Tensor, first: int) -> torch.Tensor:
@@ -1268,6 +1277,12 @@ class StaticDFlashDrafter:
         return self._run("block", self.block_fn, token, anchor)
 
     @torch.no_grad()
+    def block_greedy(self, token: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        """``block_logits``'s greedy drafts [B, block-1] alone (no logits kept): a greedy chain's block pass. On a GPU the
+        captured graph's output buffer: valid until the next call."""
+        return self._run("block_greedy", self.block_greedy_fn, token, anchor)
+
+    @torch.no_grad()
     def draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):
         """Every row's tree over its block's marginals after the verified ``token`` [B] at ``anchor`` [B] (``block_tree``,
         as ``DFlashDrafter.draft_tree`` grows it): tokens [B, N] (target ids), parents [B, N] (rows of [root, nodes]),
@@ -1302,7 +1317,7 @@ class StaticDFlashDrafter:
                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``draft`` with the anchor a device tensor ([] or [1]): ``infer.generate`` launches the next block before the
         host has read how many drafts were accepted."""
-        logits, greedy = self.block_logits(token.reshape(1), anchor.reshape(1))
         if sampling.greedy:
-            return greedy[0].clone(), None
+            return self.block_greedy(token.reshape(1), anchor.reshape(1))[0].clone(), None
+        logits, _ = self.block_logits(token.reshape(1), anchor.reshape(1))
         return self.choose(logits[0], sampling, generator)

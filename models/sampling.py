@@ -86,6 +86,12 @@ def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gene
     return sample(probs, generator), probs
 
 
+def greedy_accepted(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
+    """How many drafts [..., k] a greedy verify accepts: the length of their prefix equal to the target's tokens
+    [..., k] at the same positions (int64 [...], on the device: no host sync)."""
+    return (draft_tokens == target_tokens).long().cumprod(-1).sum(-1)
+
+
 def verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
            sampling: SamplingConfig, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Accepted-prefix length and the token after it.
@@ -100,7 +106,7 @@ def verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_
     """
     if sampling.greedy:
         target_tokens = target_logits.argmax(dim=-1)  # [B]
-        num_accepted = (draft_tokens == target_tokens[:-1]).int().cumprod(0).sum()
+        num_accepted = greedy_accepted(draft_tokens, target_tokens[:-1])
         return num_accepted, target_tokens.gather(0, num_accepted[None])[0]  # no host sync (a 0-d tensor index is .item())
     target_probs = logits_to_probs(target_logits, sampling)  # [B, V]
     rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)

@@ -37,10 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swa_kernels import skinny_gemm
+from swa_kernels import argmax, skinny_gemm
 from swa_kernels.attention import aligned_mask, cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
 from swa_kernels.decode_attention import Rope
 from swa_kernels.decode_attention import decode_attention as split_kv_attention
+from models.sampling import greedy_accepted
 from models.target import check_supported, decoder_layers
 
 DECODE_MAX_TOKENS = 64  # a forward of more tokens per row is a prefill chunk (row by row, SDPA)
@@ -377,7 +378,8 @@ class StaticTarget:
         return self.post_attention(x, out, w.wo, w.bo, w.post_norm, w.w13, w.b13, w.w2, w.b2, next_norm)
 
     def _step(self, input_ids: torch.Tensor, pos: torch.Tensor, depths: torch.Tensor | None = None,
-              tree_mask: torch.Tensor | None = None, keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+              tree_mask: torch.Tensor | None = None, keys: int | None = None,
+              float_logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n = input_ids.shape
         positions = pos[:, None] + torch.arange(n, device=pos.device)  # [B, n] cache slots (and positions, but for trees)
         # keys attended: the whole capacity (fixed shapes for the graphs) or the caller's bucket (trees), on the CPU only up
@@ -395,7 +397,9 @@ class StaticTarget:
             rope_positions = positions
         index = self._cache_index(positions)
         cos, sin = self.cos[rope_positions], self.sin[rope_positions]  # [B, n, D]
-        x = self.embed_tokens(input_ids)
+        # rows gathered by indexing: nn.Embedding's index_select ran 16 rows in 9.1 µs on an H200 (its small-index
+        # kernel), the gather ~1.5 (the same values); a subclass (a scaled embedding) runs its own forward
+        x = self.embed_tokens.weight[input_ids] if type(self.embed_tokens) is nn.Embedding else self.embed_tokens(input_ids)
         h = self.input_norm(x, self.weights[0].input_norm)
         features = []
         for i, w in enumerate(self.weights):
@@ -403,8 +407,21 @@ class StaticTarget:
             x, h = self._layer(x, h, w, next_norm, self.k_cache[i, :b, :, :keys], self.v_cache[i, :b, :, :keys], cos, sin, index, pos, visible)
             if i in self.feature_layer_ids:
                 features.append((self.feature_layer_ids.index(i), x))
-        logits = self.linear(h, self.head_weight, self.lm_head.bias).float()  # h: the final norm of the last layer's output
-        return logits, self._ordered_features(features)
+        logits = self.linear(h, self.head_weight, self.lm_head.bias)  # h: the final norm of the last layer's output
+        return logits.float() if float_logits else logits, self._ordered_features(features)
+
+    def _greedy_step(self, input_ids: torch.Tensor, pos: torch.Tensor, forced: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # ``greedy_step``'s graph: the forward, the argmax of every row on the head's own dtype (the fp32 cast is exact,
+        # so the argmax is the same), the accepted prefix and the token after it; on a GPU in two kernels
+        # (``swa_kernels.argmax.greedy_values``: in torch ops they were a dozen, ~23 µs a step on an H200)
+        logits, features = self._step(input_ids, pos, float_logits=False)
+        if logits.is_cuda and argmax.available:
+            return argmax.greedy_values(logits, input_ids, forced), features
+        tokens = logits.argmax(-1)  # [B, n]
+        accepted = greedy_accepted(input_ids[:, 1:], tokens[:, :-1])  # [B]
+        accepted = torch.where(forced >= 0, forced, accepted)
+        following = tokens.gather(1, accepted[:, None])  # [B, 1]
+        return torch.cat([accepted[:, None], input_ids[:, 1:], following], dim=1), features
 
     def _visible(self, positions: torch.Tensor, keys: int) -> torch.Tensor:
         """The products path's mask [B, 1, G*n, keys]: query rows (g, t) at ``positions`` [B, n] see keys at or before them."""
@@ -523,6 +540,40 @@ class StaticTarget:
                 return self._packed_step(input_ids, pos, lengths)
             return self._step(input_ids, pos)
         return self.graphs("step", self._step, input_ids, pos)
+
+    @torch.no_grad()
+    def greedy_step(self, input_ids: torch.Tensor, pos: torch.Tensor,
+                    forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``step`` and its greedy verification in one captured graph (no argmax, comparison or gather launched apart):
+        ``input_ids`` [B, n] each row's newest token then its n-1 drafts (n = 1: a plain decode step) at ``pos`` [B].
+
+        Returns ``values`` [B, n+1] int64: the accepted draft count a (the drafts' prefix equal to the target's greedy
+        tokens), the n-1 drafts, and the target's token after the accepted ones (row a of its argmax); and the features as
+        ``step``'s. ``forced`` [B] (benchmarks, ``generate(accept_per_step=)``): where >= 0, a is that count whatever the
+        verification says (the same work per step). On a GPU the graph's output buffers, valid until its next replay."""
+        b, n = input_ids.shape
+        if b != self.batch or n > DECODE_MAX_TOKENS:
+            raise ValueError(f"greedy_step of {b} rows x {n} tokens; expected {self.batch} rows of at most {DECODE_MAX_TOKENS}")
+        if forced is None:  # a constant, kept: no fill kernel a step
+            if self._unforced is None or self._unforced.shape[0] != b or self._unforced.device != input_ids.device:
+                self._unforced = torch.full((b,), -1, dtype=torch.long, device=input_ids.device)
+            forced = self._unforced
+        if not self.capture:
+            return self._greedy_step(input_ids, pos, forced)
+        return self.graphs("greedy_step", self._greedy_step, input_ids, pos, forced)
+
+    def greedy_forward(self, input_ids: torch.Tensor, start: int,
+                       forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``greedy_step`` for row 0 (``infer.generate``'s batch-1 loop): ``input_ids`` [n] at position ``start``;
+        values [n+1] and features [n, k*H] (or None)."""
+        n = input_ids.shape[0]
+        if start + n > self.capacity:
+            raise ValueError(f"forward to position {start + n} exceeds the KV cache capacity {self.capacity}; call allocate() first")
+        if self._pos is None or self._pos.device != self.device:
+            self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._pos.fill_(start)
+        values, features = self.greedy_step(input_ids[None], self._pos, None if forced is None else forced.reshape(1))
+        return values[0], None if features is None else features[0]
 
     @torch.no_grad()
     def tree_step(self, input_ids: torch.Tensor, pos: torch.Tensor, depths: torch.Tensor,
@@ -712,6 +763,7 @@ class StaticTarget:
         return logits[0], None if features is None else features[0]
 
     _pos: torch.Tensor | None = None
+    _unforced: torch.Tensor | None = None  # ``greedy_step``'s forced counts when none are given: -1 a row
 
 
 def choose_decode_attention(name: str | None, device: torch.device) -> str:

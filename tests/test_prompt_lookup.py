@@ -115,10 +115,11 @@ def test_the_loop_verifies_only_the_real_drafts_and_keeps_the_target_alones_toke
     ids = reference_tokenizer.apply_chat_template([{"role": "user", "content": "List the days of the week, twice."}],
                                                   add_generation_prompt=True, tokenize=True)
     prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    blocks, forward = [], target.forward
+    blocks, forward, greedy_forward = [], target.forward, target.greedy_forward  # greedy: the verify and its acceptance
     target.forward = lambda input_ids, start, *a, **kw: blocks.append((input_ids.tolist(), start)) or forward(input_ids, start, *a, **kw)
+    target.greedy_forward = lambda input_ids, start, *a: blocks.append((input_ids.tolist(), start)) or greedy_forward(input_ids, start, *a)
     run = generate(target, PromptLookupDrafter(num_draft_tokens=5), prompt, 64, eos_token_ids=eos)
-    del target.forward
+    del target.forward, target.greedy_forward
     full = prompt + run.tokens
     steps = [(block, start) for block, start in blocks if start >= len(prompt)]
     assert len(steps) == run.stats.steps

@@ -55,6 +55,8 @@ def run_both(model, embed, head, window, accepted, prompt_len=9, seed=0):
         token = torch.randint(2, 64, (), generator=g)
         want = eager.draft_logits(token, pos)
         got, greedy = static.block_logits(token.reshape(1), torch.tensor([pos]))
+        greedy_alone = static.block_greedy(token.reshape(1), torch.tensor([pos]))  # a greedy chain's pass (no logits kept)
+        assert torch.equal(greedy_alone, greedy)
         yield want, got[0], greedy[0]
         block_features = torch.randn(b, k_h, generator=g)  # the verify pass's features; rows after acc are rejected tokens'
         eager.append_context(block_features[:acc + 1], pos)
@@ -218,6 +220,8 @@ def test_captured_drafter_equals_the_uncaptured_one_on_cuda(shape, compile, head
         outs = [d.block_logits(token, pos) for d in drafters]
         torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-4 if compile else 0, rtol=1e-4 if compile else 0)
         assert torch.equal(outs[1][1], outs[0][1])
+        for d in drafters:  # the greedy chain's pass (row_argmax over the head's dtype, no logits kept), captured too
+            assert torch.equal(d.block_greedy(token, pos), outs[0][1])
         features = torch.randn(2, 4, 64, device="cuda", generator=g)
         for d in drafters:
             d.append(features, pos)

@@ -197,6 +197,35 @@ def test_the_loop_on_the_static_target_equals_the_eager_loop(reference_target_pa
             assert got.stats.accepted_per_step == want.stats.accepted_per_step
 
 
+def test_greedy_step_equals_a_step_and_the_greedy_verify(reference_target_path) -> None:
+    """``greedy_step`` (one graph on a GPU: forward, argmax, accepted prefix, next token) against ``step``'s logits
+    through ``models.sampling.verify``: blocks of the target's own greedy tokens with a wrong draft at slot j accept
+    exactly j; ``forced`` replaces the count and takes the token after it; a one-token block is a plain decode step."""
+    from models.sampling import SamplingConfig, verify
+
+    model = load(reference_target_path)
+    target = StaticTarget(model, [1, 3])
+    prompt = torch.randint(3, 8192, (30,), generator=torch.Generator().manual_seed(2))
+    greedy = model.generate(prompt[None], max_new_tokens=9, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 29:]
+    target.allocate(64)
+    target.prefill(prompt[:29], 0, 0)
+    pos = torch.tensor([29])
+    for wrong_at in (0, 3, 7, None):  # block: the last prompt token, then 8 drafts (the greedy continuation)
+        block = greedy[:9].clone()
+        if wrong_at is not None:
+            block[1 + wrong_at] = (block[1 + wrong_at] + 1) % 8192
+        logits, features = (t.clone() for t in target.step(block[None], pos))
+        accepted, token = verify(block[1:], None, logits[0], SamplingConfig(), None)
+        values, got_features = target.greedy_step(block[None], pos)
+        assert values.tolist() == [[int(accepted)] + block[1:].tolist() + [int(token)]]
+        assert int(accepted) == (8 if wrong_at is None else wrong_at)
+        torch.testing.assert_close(got_features, features, rtol=0, atol=0)
+        forced, _ = target.greedy_step(block[None], pos, torch.tensor([2]))
+        assert forced[0, 0] == 2 and forced[0, -1] == logits[0, 2].argmax()
+    one, _ = target.greedy_step(greedy[None, :1], pos)
+    assert one.tolist() == [[0, int(greedy[1])]]
+
+
 def test_accept_per_step_is_a_benchmark_mode_for_chains_only(reference_target_path) -> None:
     target = StaticTarget(load(reference_target_path), [])
     drafter = PromptLookupDrafter(num_draft_tokens=4, vocab_size=8192)
@@ -250,6 +279,18 @@ def test_a_captured_step_equals_the_eager_step(reference_target_path, compile_la
         torch.testing.assert_close(logits, eager_logits, atol=atol, rtol=0 if not compile_layers else 0.05)
         torch.testing.assert_close(features, eager_features, atol=atol, rtol=0 if not compile_layers else 0.05)
     assert math.isfinite(logits.sum().item())
+    # the greedy step's graph (forward, row_argmax, acceptance) against the captured step's logits through torch; the
+    # second block's first draft is the target's own token (at least one accepted)
+    matching = block.clone()
+    matching[:, 1] = logits[:, 0].argmax(-1)
+    for blk in (block, matching):
+        tokens = captured.step(blk, pos)[0].argmax(-1)  # [2, 16]
+        accepted = (blk[:, 1:] == tokens[:, :-1]).long().cumprod(-1).sum(-1)
+        want = torch.cat([accepted[:, None], blk[:, 1:], tokens.gather(1, accepted[:, None])], dim=1)
+        for _ in range(2):
+            values, _ = captured.greedy_step(blk, pos)
+            assert torch.equal(values, want)
+    assert (want[:, 0] >= 1).all()
 
 
 def test_running_a_step_ahead_changes_no_token(reference_target_path) -> None:
