@@ -86,6 +86,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from swa_kernels import block_attention as block_attention_kernel
+from swa_kernels.decode_attention import Rope
 from swa_kernels import skinny_gemm
 from swa_kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_weight
 from swa_kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
@@ -1175,27 +1176,30 @@ class StaticDFlashDrafter:
         for layer, w, rule, k_buf, v_buf in zip(self.model.layers, self.fused.layers, self.rules, self.k, self.v):
             attn = layer.self_attn
             q, k, v = self.linear(layer.input_layernorm(x), w.wqkv, w.bqkv).split([hq * d, hkv * d, hkv * d], dim=-1)
-            q = rotate(attn.q_norm(q.view(bsz, n, hq, d)), cos, sin)  # [B, R*b, Hq, D]
-            k = rotate(attn.k_norm(k.view(bsz, n, hkv, d)), cos, sin).transpose(1, 2)
-            v = v.view(bsz, n, hkv, d).transpose(1, 2)
-            slots = k_buf.shape[2] - self.block  # the context's slots; the last block's worth: scratch for the block's keys
-            used = used_of[slots]
-            if multi:
-                keys, values = torch.cat([k_buf[:bsz, :, :used], k], dim=2), torch.cat([v_buf[:bsz, :, :used], v], dim=2)
-            elif batch_rows is not None:  # the rows asked for: their context and earlier slots gathered, then these slots
-                keys = torch.cat([k_buf[batch_rows, :, :used], k_buf[batch_rows, :, slots:slots + start], k], dim=2)
-                values = torch.cat([v_buf[batch_rows, :, :used], v_buf[batch_rows, :, slots:slots + start], v], dim=2)
-            else:  # the first B rows (a packed batch: B < the allocated rows): the keys into the scratch, read in place
-                end = slots + start + b
-                k_buf[:bsz, :, end - b:end], v_buf[:bsz, :, end - b:end] = k, v
-                keys, values = k_buf[:bsz, :, :end], v_buf[:bsz, :, :end]
-                if used < slots and not split_kv:  # the used context slots, then the block's scratch
-                    keys = torch.cat([keys[:, :, :used], keys[:, :, slots:]], dim=2)
-                    values = torch.cat([values[:, :, :used], values[:, :, slots:]], dim=2)
-            if split_kv:  # every slot read in place, the visibility from the slot positions: [B, b, Hq, D]
-                out = block_attention_kernel.block_attention(q, k_buf[:bsz], v_buf[:bsz], self.slot_pos[rule][:bsz], anchor,
-                                                             attn.scaling, rule.causal, rule.window).view(bsz, n, hq * d)
-            else:
+            if split_kv:  # raw projections in: the norms, RoPE and the block's keys inside the kernel (three kernels fewer)
+                rope = Rope(self.cos, self.sin, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon)
+                out = block_attention_kernel.block_attention(
+                    q.view(bsz, n, hq, d), k_buf[:bsz], v_buf[:bsz], self.slot_pos[rule][:bsz], anchor, attn.scaling,
+                    rule.causal, rule.window, k_new=k.view(bsz, n, hkv, d), v_new=v.view(bsz, n, hkv, d),
+                    rope=rope).view(bsz, n, hq * d)
+            else:  # the two products over a mask from the slot positions (trees' re-drafts, staged passes, the CPU)
+                q = rotate(attn.q_norm(q.view(bsz, n, hq, d)), cos, sin)  # [B, R*b, Hq, D]
+                k = rotate(attn.k_norm(k.view(bsz, n, hkv, d)), cos, sin).transpose(1, 2)
+                v = v.view(bsz, n, hkv, d).transpose(1, 2)
+                slots = k_buf.shape[2] - self.block  # the context's slots; the last block's worth: scratch for the block's keys
+                used = used_of[slots]
+                if multi:
+                    keys, values = torch.cat([k_buf[:bsz, :, :used], k], dim=2), torch.cat([v_buf[:bsz, :, :used], v], dim=2)
+                elif batch_rows is not None:  # the rows asked for: their context and earlier slots gathered, then these slots
+                    keys = torch.cat([k_buf[batch_rows, :, :used], k_buf[batch_rows, :, slots:slots + start], k], dim=2)
+                    values = torch.cat([v_buf[batch_rows, :, :used], v_buf[batch_rows, :, slots:slots + start], v], dim=2)
+                else:  # the first B rows (a packed batch: B < the allocated rows): the keys into the scratch, read in place
+                    end = slots + start + b
+                    k_buf[:bsz, :, end - b:end], v_buf[:bsz, :, end - b:end] = k, v
+                    keys, values = k_buf[:bsz, :, :end], v_buf[:bsz, :, :end]
+                    if used < slots:  # the used context slots, then the block's scratch
+                        keys = torch.cat([keys[:, :, :used], keys[:, :, slots:]], dim=2)
+                        values = torch.cat([values[:, :, :used], values[:, :, slots:]], dim=2)
                 qg = q.transpose(1, 2).reshape(bsz, hkv, hq // hkv * n, d)  # rows (g, slot): heads h * G + g
                 out = grouped_attention(qg, keys, values, visible[rule], attn.scaling, softmax=_softmax_over_slots)
                 out = out.view(bsz, hq, n, d).transpose(1, 2).reshape(bsz, n, hq * d)

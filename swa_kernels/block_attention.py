@@ -24,6 +24,11 @@ masking the loads by the slot positions made each tile's key and value loads wai
 layer at 8K: 13.9 -> 12.3 µs a sliding layer, 24.4 -> 21.7 a full one; ``benchmarks/block_attention.py``,
 ``slot_loads``). Query rows are ordered (head in group, slot): row = g * n + t, head h * G + g.
 
+The drafter hands the block's projections over raw (``k_new``, ``v_new``, ``rope``), as the target's verify does
+(``decode_attention``): each program norms and rotates its query rows, and the split holding the first scratch slot
+(the last live one) norms and rotates the block's own keys and attends to them; the scratch slots are then neither
+written nor read, and the three kernels a layer that did this before the attention are gone.
+
 Triton is public API here (``triton.jit``, ``triton.language``); without it (CPU torch wheels) the drafter keeps the
 two-product path (``available``).
 """
@@ -34,20 +39,21 @@ import math
 
 import torch
 
-from swa_kernels.decode_attention import BLOCK_N, LOG2E, available, merge_splits, pass1_grid, split_size
+from swa_kernels.decode_attention import BLOCK_N, LOG2E, Rope, available, merge_splits, pass1_grid, split_size
 from swa_kernels.decode_attention import triton, tl
 
 if triton is not None:
-    from swa_kernels.decode_attention import _attend
+    from swa_kernels.decode_attention import _attend, _norm_rope
 
     @triton.jit
-    def _block_split_kernel(Q, K, V, SLOT_POS, ANCHOR, OP, MP, LP,
-                            sq_b, sq_t, sq_h, sk_b, sk_h, sk_c, sv_b, sv_h, sv_c, sp_b,
-                            so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s,
-                            num_kv_heads, groups, rows, n_slots, context_slots, window, qk_scale, split_size,
+    def _block_split_kernel(Q, K, V, KN, VN, SLOT_POS, ANCHOR, OP, MP, LP, COS, SIN, QW, KW,
+                            sq_b, sq_t, sq_h, sk_b, sk_h, sk_c, sv_b, sv_h, sv_c, skn_b, skn_t, skn_h, svn_b, svn_t, svn_h,
+                            sp_b, so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s, s_cos,
+                            num_kv_heads, groups, rows, n_slots, context_slots, window, qk_scale, split_size, eps,
                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-                            CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
-                            LOADS_BY_SLOTS: tl.constexpr):
+                            BLOCK_T: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+                            LOADS_BY_SLOTS: tl.constexpr, HAS_NEW: tl.constexpr, ROTATE: tl.constexpr,
+                            HAS_NORM: tl.constexpr):
         bh = tl.program_id(0)  # the grid is (B*Hkv, splits): decode_attention.pass1_grid says why
         split = tl.program_id(1)
         b = bh // num_kv_heads
@@ -58,15 +64,26 @@ if triton is not None:
         anchor = tl.load(ANCHOR + b)
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
+        half = (offs_d + D // 2) % D  # rotate_half's partner of each element
+        sign = tl.where(offs_d < D // 2, -1.0, 1.0)[None, :]
+        DTYPE = Q.dtype.element_ty
         q_t = offs_m % n_slots  # row m = (head in group g, slot t)
         q_pos = anchor + q_t
         live = offs_m < rows
-        q = tl.load(Q + b * sq_b + q_t[:, None] * sq_t + (h * groups + offs_m // n_slots)[:, None] * sq_h + offs_d[None, :],
-                    mask=live[:, None], other=0.0)
+        q_row = Q + b * sq_b + q_t[:, None] * sq_t + (h * groups + offs_m // n_slots)[:, None] * sq_h
+        q = tl.load(q_row + offs_d[None, :], mask=live[:, None], other=0.0)
+        if ROTATE:  # raw projections in: the per-head norm and RoPE here (``decode_attention``'s, no kernels before this)
+            q_cos = tl.load(COS + q_pos[:, None] * s_cos + offs_d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+            q_sin = tl.load(SIN + q_pos[:, None] * s_cos + offs_d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+            q_half = tl.load(q_row + half[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+            qw = tl.load(QW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
+            qw_half = tl.load(QW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
+            q = _norm_rope(q.to(tl.float32), q_half, qw, qw_half, q_cos, q_sin, sign, eps, D, HAS_NORM, DTYPE)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        keys = context_slots + n_slots
+        # HAS_NEW: the block's keys come apart (KN/VN), the cache's scratch slots are not read (nor written)
+        keys = context_slots if HAS_NEW else context_slots + n_slots
         # a fixed tile count per split (compiled once per cache shape; Triton's interpreter, which the CPU tests run,
         # cannot loop to a runtime bound under numpy 2.4)
         for i in range(TILES):
@@ -90,6 +107,30 @@ if triton is not None:
                 if not CAUSAL:  # z-lab's symmetric band inside the block
                     visible = visible & (k_pos[None, :] < q_pos[:, None] + window)
             m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
+        if HAS_NEW:  # the split holding the first scratch slot (the last live one) attends to the block's own keys
+            if split == context_slots // split_size:
+                offs_t = tl.arange(0, BLOCK_T)
+                new = offs_t < n_slots
+                kn_row = KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t
+                kn = tl.load(kn_row + offs_d[None, :], mask=new[:, None], other=0.0)
+                if ROTATE:
+                    kw = tl.load(KW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
+                    kw_half = tl.load(KW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
+                    t_cos = tl.load(COS + (anchor + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
+                    t_sin = tl.load(SIN + (anchor + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
+                    kn_half = tl.load(kn_row + half[None, :], mask=new[:, None], other=0.0).to(tl.float32)
+                    kn = tl.where(new[:, None], _norm_rope(kn.to(tl.float32), kn_half, kw, kw_half, t_cos, t_sin, sign, eps, D,
+                                                           HAS_NORM, DTYPE), 0.0).to(DTYPE)
+                vn = tl.load(VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t + offs_d[None, :], mask=new[:, None], other=0.0)
+                # key slot j at anchor + j, query slot t at anchor + t: the rule on the slot offsets
+                visible = new[None, :] & (q_pos[:, None] >= 0)
+                if CAUSAL:
+                    visible = visible & (offs_t[None, :] <= q_t[:, None])
+                if HAS_WINDOW:
+                    visible = visible & (offs_t[None, :] > q_t[:, None] - window)
+                    if not CAUSAL:
+                        visible = visible & (offs_t[None, :] < q_t[:, None] + window)
+                m_i, l_i, acc = _attend(q, kn, vn, visible, m_i, l_i, acc, qk_scale, IEEE)
         base = b * so_b + h * so_h + split * so_s
         seen = m_i > float("-inf")  # a row that saw no key here writes no partial (the merge weighs it 0 and reads none)
         tl.store(OP + base + offs_m[:, None] * so_m + offs_d[None, :], acc, mask=live[:, None] & seen[:, None])
@@ -107,22 +148,30 @@ if triton is not None:
     @torch.library.custom_op("swa_drafters::dflash_block_attention", mutates_args=())
     def _block_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor,
                             anchor: torch.Tensor, scale: float, causal: bool, window: int | None,
-                            keys_per_split: int | None) -> torch.Tensor:
-        return _launch(q, k_cache, v_cache, slot_pos, anchor, scale, causal, window, keys_per_split)
+                            keys_per_split: int | None, k_new: torch.Tensor | None, v_new: torch.Tensor | None,
+                            cos: torch.Tensor | None, sin: torch.Tensor | None, q_norm: torch.Tensor | None,
+                            k_norm: torch.Tensor | None, eps: float) -> torch.Tensor:
+        rope = None if cos is None else Rope(cos, sin, q_norm, k_norm, eps)
+        return _launch(q, k_cache, v_cache, slot_pos, anchor, scale, causal, window, keys_per_split, k_new=k_new, v_new=v_new,
+                       rope=rope)
 
     @_block_attention_op.register_fake
-    def _(q, k_cache, v_cache, slot_pos, anchor, scale, causal, window, keys_per_split):
+    def _(q, k_cache, v_cache, slot_pos, anchor, scale, causal, window, keys_per_split, k_new, v_new, cos, sin, q_norm,
+          k_norm, eps):
         return q.new_empty(q.shape)
 
 
 def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor,
                     anchor: torch.Tensor, scale: float, causal: bool, window: int | None,
-                    keys_per_split: int | None = None) -> torch.Tensor:
+                    keys_per_split: int | None = None, k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
+                    rope: Rope | None = None) -> torch.Tensor:
     """Attention of a DFlash block's n query slots over a static drafter cache, split over the keys.
 
     Args:
-        q: [B, n, Hq, D] the block's queries (normed and rotated; the head dimension contiguous, views are fine).
-        k_cache, v_cache: [B, Hkv, S + b, D] (b >= n): S context slots, then the block's keys in slots S .. S+n-1.
+        q: [B, n, Hq, D] the block's queries (normed and rotated, or raw with ``rope``; the head dimension contiguous,
+            views are fine).
+        k_cache, v_cache: [B, Hkv, S + b, D] (b >= n): S context slots, then the block's keys in slots S .. S+n-1
+            (without ``k_new``).
         slot_pos: [B, S] int64, the position each context slot holds (-1: empty).
         anchor: [B] int64, the block's anchor; query and block key t sit at ``anchor + t``.
         scale: the softmax scale (``head_dim ** -0.5``).
@@ -130,19 +179,27 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             including the query (None: all).
         keys_per_split: slots per program of pass 1 (rounded up to whole tiles); default ``decode_attention.split_size``'s
             rule (``benchmarks/block_attention.py`` times others).
+        k_new, v_new: [B, n, Hkv, D] the block's own keys and values apart (views of the fused projection are fine): the
+            cache's scratch slots are then neither read nor written (the split holding slot S attends to them).
+        rope: ``decode_attention.Rope``: q and k_new come raw and get the per-head norm and RoPE here (at
+            ``anchor + t``), as ``decode_attention`` does for the target; needs k_new.
 
     Returns:
         [B, n, Hq, D] in q's dtype, the layout ``o_proj`` reads.
     """
     if not available():
         raise ValueError("block_attention needs Triton (pip install triton); the drafter's 'products' path runs without it")
-    return torch.ops.swa_drafters.dflash_block_attention(q, k_cache, v_cache, slot_pos, anchor, scale, causal, window,
-                                                         keys_per_split)
+    if (k_new is None) != (v_new is None) or (rope is not None and k_new is None):
+        raise ValueError("block_attention: k_new and v_new come together, and rope needs them")
+    return torch.ops.swa_drafters.dflash_block_attention(
+        q, k_cache, v_cache, slot_pos, anchor, scale, causal, window, keys_per_split, k_new, v_new,
+        *((rope.cos, rope.sin, rope.q_norm, rope.k_norm, rope.eps) if rope is not None else (None, None, None, None, 0.0)))
 
 
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor, anchor: torch.Tensor,
             scale: float, causal: bool, window: int | None, keys_per_split: int | None, num_warps: int = 4,
-            num_stages: int = 2, loads_by_slots: bool = False, equal_splits: bool = True) -> torch.Tensor:
+            num_stages: int = 2, loads_by_slots: bool = False, equal_splits: bool = True, k_new: torch.Tensor | None = None,
+            v_new: torch.Tensor | None = None, rope: Rope | None = None) -> torch.Tensor:
     # num_warps / num_stages: pass 1's launch (``benchmarks/block_attention.py --warps --stages`` times others);
     # loads_by_slots: see the kernel. equal_splits: the split rule's one wave at one program an SM
     # (``decode_attention.split_size``): every split of this kernel loops the same tile count, so none is light enough to
@@ -160,6 +217,11 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_
         raise ValueError(f"block_attention: {hq} query heads are not a multiple of {hkv} KV heads")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or slot_pos.stride(-1) != 1:
         raise ValueError("block_attention: the head dimension (and the slot positions) must be contiguous")
+    has_new = k_new is not None
+    if has_new and (k_new.shape != (bsz, n, hkv, d) or v_new.shape != (bsz, n, hkv, d) or k_new.stride(-1) != 1
+                    or v_new.stride(-1) != 1):
+        raise ValueError(f"block_attention: k_new {tuple(k_new.shape)}, v_new {tuple(v_new.shape)}; expected "
+                         f"[{bsz}, {n}, {hkv}, {d}] with the head dimension contiguous")
     if d & (d - 1):
         raise ValueError(f"block_attention: head_dim {d}; a power of two expected")
     groups = hq // hkv
@@ -174,15 +236,23 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_
     m_part = torch.empty(bsz, hkv, splits, rows, dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
     out = torch.empty(bsz, n, hq, d, dtype=q.dtype, device=q.device)
+    kn, vn = (k_new, v_new) if has_new else (k_cache, v_cache)  # unused without the new keys apart
+    cos, sin = (rope.cos, rope.sin) if rope is not None else (q, q)
+    has_norm = rope is not None and rope.q_norm is not None
+    q_w, k_w = (rope.q_norm, rope.k_norm) if has_norm else (q, q)
+    kn_strides = (kn.stride(0), kn.stride(1), kn.stride(2)) if has_new else (0, 0, 0)
+    vn_strides = (vn.stride(0), vn.stride(1), vn.stride(2)) if has_new else (0, 0, 0)
     _block_split_kernel[pass1_grid(bsz * hkv, splits)](
-        q, k_cache, v_cache, slot_pos, anchor, o_part, m_part, l_part,
+        q, k_cache, v_cache, kn, vn, slot_pos, anchor, o_part, m_part, l_part, cos, sin, q_w, k_w,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), slot_pos.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *kn_strides, *vn_strides, slot_pos.stride(0),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
-        hkv, groups, rows, n, context_slots, window or 0, scale * LOG2E, size,
+        cos.stride(0), hkv, groups, rows, n, context_slots, window or 0, scale * LOG2E, size,
+        rope.eps if rope is not None else 0.0,
         D=d, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, TILES=size // BLOCK_N,
-        CAUSAL=causal, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32, LOADS_BY_SLOTS=loads_by_slots,
-        num_warps=num_warps, num_stages=num_stages)
+        BLOCK_T=max(16, triton.next_power_of_2(n)), CAUSAL=causal, HAS_WINDOW=window is not None,
+        IEEE=q.dtype == torch.float32, LOADS_BY_SLOTS=loads_by_slots, HAS_NEW=has_new, ROTATE=rope is not None,
+        HAS_NORM=has_norm, num_warps=num_warps, num_stages=num_stages)
     # out [B, n, Hq, D]: row (g, t) of KV head h is head h * G + g, token t
     merge_splits(o_part, m_part, l_part, out, n, (out.stride(0), groups * out.stride(2), out.stride(2), out.stride(1)))
     return out

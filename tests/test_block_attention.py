@@ -84,6 +84,47 @@ def run_cases(device: str, dtype: torch.dtype) -> list[float]:
     return errors
 
 
+def norm_rope(x, weight, eps, cos, sin):
+    """Qwen3's per-head RMSNorm then RoPE (rotate_half) in fp64: x [..., D], cos/sin [..., D] broadcastable."""
+    x = x.double()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    half = x.shape[-1] // 2
+    return x * cos.double() + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.double()
+
+
+def run_raw_cases(device: str, dtype: torch.dtype) -> list[float]:
+    """The block's keys and values apart and q/k raw (``k_new``, ``v_new``, ``rope``: the drafter's call): the norms and
+    RoPE at anchor + t in the kernel, the cache's scratch slots holding NaN (neither read nor needed) against the
+    written-out softmax over q and the block's keys normed and rotated in fp64 and placed in the scratch."""
+    from swa_kernels.block_attention import block_attention
+    from swa_kernels.decode_attention import Rope
+
+    errors = []
+    for hkv, g, n, context, d, causal, window, newest, rejected in CASES:
+        gen = torch.Generator().manual_seed(context + n + 1)
+        bsz = len(newest)
+        q = torch.randn(bsz, n, hkv * g, d, generator=gen)
+        k, v = (torch.randn(bsz, hkv, context + n + 2, d, generator=gen) for _ in range(2))
+        k_new, v_new = (torch.randn(bsz, n, hkv, d, generator=gen) for _ in range(2))
+        q_w, k_w = (1 + 0.3 * torch.randn(d, generator=gen) for _ in range(2))
+        angles = torch.arange(1024)[:, None] * (10000.0 ** (-torch.arange(d // 2) / (d // 2)))[None, :]
+        cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # [1024, D]
+        slot_pos = torch.stack([ring_positions(context, p, r) for p, r in zip(newest, rejected)])
+        anchor = torch.tensor(newest) + 1
+        at = anchor[:, None] + torch.arange(n)  # [B, n]
+        q_ref = norm_rope(q, q_w, 1e-6, cos[at][:, :, None], sin[at][:, :, None])
+        k_ref, v_ref = k.double(), v.double()
+        k_ref[:, :, context:context + n] = norm_rope(k_new, k_w, 1e-6, cos[at][:, :, None], sin[at][:, :, None]).transpose(1, 2)
+        v_ref[:, :, context:context + n] = v_new.double().transpose(1, 2)
+        want = reference(q_ref, k_ref, v_ref, slot_pos, anchor, d ** -0.5, causal, window)
+        k[:, :, context:], v[:, :, context:] = float("nan"), float("nan")
+        rope = Rope(cos.to(device, dtype), sin.to(device, dtype), q_w.to(device, dtype), k_w.to(device, dtype), 1e-6)
+        got = block_attention(q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), slot_pos.to(device), anchor.to(device),
+                              d ** -0.5, causal, window, k_new=k_new.to(device, dtype), v_new=v_new.to(device, dtype), rope=rope)
+        errors.append((got.cpu().double() - want).abs().max().item())
+    return errors
+
+
 def drafter_differences() -> list[float]:
     """``test_static_drafters``' protocol (every shape and window override) with the static drafter's block attention
     through the kernel: the largest draft-logit difference from the eager drafter. Each distinct list of layer rules
@@ -117,8 +158,8 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     sys.path.insert(0, {tests!r})
     import torch
-    from test_block_attention import run_cases, drafter_differences
-    print(max(run_cases("cpu", torch.float32)), max(drafter_differences()))
+    from test_block_attention import run_cases, run_raw_cases, drafter_differences
+    print(max(run_cases("cpu", torch.float32)), max(run_raw_cases("cpu", torch.float32)), max(drafter_differences()))
 """)
 
 
@@ -128,8 +169,9 @@ def test_block_attention_equals_a_softmax_written_out_in_the_interpreter() -> No
     child = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"))
     proc = run_interpreted(child, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    kernel_error, drafter_error = map(float, proc.stdout.split()[-2:])
+    kernel_error, raw_error, drafter_error = map(float, proc.stdout.split()[-3:])
     assert kernel_error < 1e-5
+    assert raw_error < 1e-4  # the norms and RoPE in fp32 in the kernel against fp64
     assert drafter_error < 1e-5  # the static drafter's logits with the kernel against the eager drafter's
 
 
@@ -150,6 +192,7 @@ def test_block_attention_choice_is_checked() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_block_attention_on_the_gpu(dtype) -> None:
     assert max(run_cases("cuda", dtype)) < (1e-4 if dtype == torch.float32 else 2e-2)
+    assert max(run_raw_cases("cuda", dtype)) < (1e-4 if dtype == torch.float32 else 5e-2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
