@@ -10,7 +10,8 @@ between the first kernel's start and the last one's end that no kernel covers (G
     python benchmarks/profile_decode_loop.py --dflash-block               # the DFlash block pass alone, against its floors
     python benchmarks/profile_decode_loop.py --verify-split 16            # a 16-token forward against a 1-token one, kernel by kernel
 
-``--dflash-block [--draft-vocab N ...]`` times the captured block pass and the captured append alone (CUDA events, median of 50) beside two
+``--dflash-block [--draft-vocab N ...]`` times the captured block pass (with its fp32 logits, and the greedy drafts alone, the
+pass a greedy chain runs and the one profiled) and the captured append alone (CUDA events, median of 50) beside two
 floors: reading the drafter's weights and the LM head once at the bandwidth measured here, and the same matrix products
 at the same row count (16) captured alone; then the kernels of 20 replays by GPU time.
 """
@@ -135,6 +136,7 @@ def dflash_block(model, dflash_model, context: int, draft_tokens: int | None = N
     token, anchor = torch.tensor([7], device="cuda"), torch.tensor([context], device="cuda")
     block_features = torch.randn(1, b, width, device="cuda", dtype=torch.bfloat16)
     block_ms = cuda_ms(lambda: drafter.block_logits(token, anchor), repeats=50)
+    greedy_ms = cuda_ms(lambda: drafter.block_greedy(token, anchor), repeats=50)  # the greedy chain's pass (no logits kept)
     append_ms = cuda_ms(lambda: drafter.append(block_features, anchor), repeats=50)
     # the pass's matrices as it multiplies them (int8 copies with weights="int8"); the head: the target's LM head, or a
     # draft vocabulary's rows of it
@@ -144,15 +146,15 @@ def dflash_block(model, dflash_model, context: int, draft_tokens: int | None = N
     graphs = CapturedSteps()
     products = lambda: [drafter.linear(x[m.shape[1]], m, None) for m in mats]  # noqa: E731  (the pass's own kernels)
     gemm_ms = cuda_ms(lambda: graphs("gemms", products), repeats=50)
-    print(f"DFlash block pass at context {context} (5 layers + the LM head, {b} rows), captured: {block_ms:.3f} ms; append of {b} "
-          f"positions {append_ms:.3f} ms")
+    print(f"DFlash block pass at context {context} (5 layers + the LM head, {b} rows), captured: {block_ms:.3f} ms with fp32 "
+          f"logits, {greedy_ms:.3f} ms the greedy drafts alone; append of {b} positions {append_ms:.3f} ms")
     print(f"  floors: weights read once at {bandwidth:.2f} TB/s {weight_bytes / bandwidth / 1e9:.3f} ms ({weight_bytes / 1e9:.2f} GB); "
           f"the {len(mats)} products alone (the pass's kernels), captured {gemm_ms:.3f} ms ({weight_bytes / gemm_ms / 1e9:.2f} TB/s)")
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(20):
-            drafter.block_logits(token, anchor)
+            drafter.block_greedy(token, anchor)  # the pass a greedy chain runs
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90))
     report_idle(prof, 20, "block pass")
