@@ -43,7 +43,7 @@ from swa_kernels.decode_attention import BLOCK_N, LOG2E, Rope, available, merge_
 from swa_kernels.decode_attention import triton, tl
 
 if triton is not None:
-    from swa_kernels.decode_attention import _attend, _norm_rope
+    from swa_kernels.decode_attention import _attend, _new_keys, _norm_rope
 
     @triton.jit
     def _block_split_kernel(Q, K, V, KN, VN, SLOT_POS, ANCHOR, OP, MP, LP, COS, SIN, QW, KW,
@@ -111,17 +111,9 @@ if triton is not None:
             if split == context_slots // split_size:
                 offs_t = tl.arange(0, BLOCK_T)
                 new = offs_t < n_slots
-                kn_row = KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t
-                kn = tl.load(kn_row + offs_d[None, :], mask=new[:, None], other=0.0)
-                if ROTATE:
-                    kw = tl.load(KW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
-                    kw_half = tl.load(KW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
-                    t_cos = tl.load(COS + (anchor + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
-                    t_sin = tl.load(SIN + (anchor + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
-                    kn_half = tl.load(kn_row + half[None, :], mask=new[:, None], other=0.0).to(tl.float32)
-                    kn = tl.where(new[:, None], _norm_rope(kn.to(tl.float32), kn_half, kw, kw_half, t_cos, t_sin, sign, eps, D,
-                                                           HAS_NORM, DTYPE), 0.0).to(DTYPE)
-                vn = tl.load(VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t + offs_d[None, :], mask=new[:, None], other=0.0)
+                kn, vn = _new_keys(KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t,
+                                   VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t, COS, SIN, KW, anchor, offs_t, new,
+                                   offs_d, half, sign, s_cos, eps, D, ROTATE, HAS_NORM, DTYPE)
                 # key slot j at anchor + j, query slot t at anchor + t: the rule on the slot offsets
                 visible = new[None, :] & (q_pos[:, None] >= 0)
                 if CAUSAL:

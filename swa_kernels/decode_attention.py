@@ -128,6 +128,23 @@ if triton is not None:
         return (x * cos + sign * partner * sin).to(DTYPE)
 
     @triton.jit
+    def _new_keys(kn_row, vn_row, COS, SIN, KW, first_pos, offs_t, new, offs_d, half, sign, s_cos, eps, D: tl.constexpr,
+                  ROTATE: tl.constexpr, HAS_NORM: tl.constexpr, DTYPE: tl.constexpr):
+        """The new tokens' keys [T, D] (normed and rotated at ``first_pos + t`` with ROTATE; 0 past ``new``) and values,
+        from their rows ``kn_row``/``vn_row`` [T, 1] pointers: the verify's (``_split_kernel``) and DFlash's block's."""
+        kn = tl.load(kn_row + offs_d[None, :], mask=new[:, None], other=0.0)
+        if ROTATE:
+            kw = tl.load(KW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
+            kw_half = tl.load(KW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
+            t_cos = tl.load(COS + (first_pos + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
+            t_sin = tl.load(SIN + (first_pos + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
+            kn_half = tl.load(kn_row + half[None, :], mask=new[:, None], other=0.0).to(tl.float32)
+            kn = tl.where(new[:, None], _norm_rope(kn.to(tl.float32), kn_half, kw, kw_half, t_cos, t_sin, sign, eps, D,
+                                                   HAS_NORM, DTYPE), 0.0).to(DTYPE)
+        vn = tl.load(vn_row + offs_d[None, :], mask=new[:, None], other=0.0)
+        return kn, vn
+
+    @triton.jit
     def _attend(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
         """One tile of keys into the online softmax of the rows (scores in the log2 domain, fp32 statistics)."""
         if IEEE:
@@ -209,17 +226,9 @@ if triton is not None:
             if split == pos0 // split_size:
                 offs_t = tl.arange(0, BLOCK_T)
                 new = offs_t < n_tokens
-                kn_row = KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t
-                kn = tl.load(kn_row + offs_d[None, :], mask=new[:, None], other=0.0)
-                if ROTATE:
-                    kw = tl.load(KW + offs_d).to(tl.float32)[None, :] if HAS_NORM else 0.0
-                    kw_half = tl.load(KW + half).to(tl.float32)[None, :] if HAS_NORM else 0.0
-                    t_cos = tl.load(COS + (pos0 + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
-                    t_sin = tl.load(SIN + (pos0 + offs_t)[:, None] * s_cos + offs_d[None, :], mask=new[:, None], other=0.0).to(tl.float32)
-                    kn_half = tl.load(kn_row + half[None, :], mask=new[:, None], other=0.0).to(tl.float32)
-                    kn = tl.where(new[:, None], _norm_rope(kn.to(tl.float32), kn_half, kw, kw_half, t_cos, t_sin, sign, eps, D,
-                                                           HAS_NORM, DTYPE), 0.0).to(DTYPE)
-                vn = tl.load(VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t + offs_d[None, :], mask=new[:, None], other=0.0)
+                kn, vn = _new_keys(KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t,
+                                   VN + b * svn_b + h * svn_h + offs_t[:, None] * svn_t, COS, SIN, KW, pos0, offs_t, new,
+                                   offs_d, half, sign, s_cos, eps, D, ROTATE, HAS_NORM, DTYPE)
                 tl.store(K + b * sk_b + h * sk_h + (pos0 + offs_t)[:, None] * sk_c + offs_d[None, :], kn, mask=new[:, None])
                 tl.store(V + b * sv_b + h * sv_h + (pos0 + offs_t)[:, None] * sv_c + offs_d[None, :], vn, mask=new[:, None])
                 visible = new[None, :] & (offs_t[None, :] <= q_t[:, None])  # causal among the new tokens
