@@ -7,6 +7,7 @@ beside cuBLAS on the bf16 matrix (TB/s of the bytes each reads).
     python benchmarks/skinny_gemm.py --out skinny.json
     python benchmarks/skinny_gemm.py --copies 20 --shapes wo w2      # 20 distinct copies read in turn, as a forward's layers
     python benchmarks/skinny_gemm.py --int8 --rows 16 --out int8.json
+    python benchmarks/skinny_gemm.py --rows 16 --copies 20 --same-sums --shapes wqkv w13 lm_head   # a verify's own tiling
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w13": (24576, 4096), "w2": 
 CALLS = 20
 
 
-def configs(n: int, k: int, sms: int, w_bytes: int = 2, rows: int = skinny_gemm.MAX_ROWS, warps=(4, 8), stages=(3, 4, 6)):
+def configs(n: int, k: int, sms: int, w_bytes: int = 2, rows: int = skinny_gemm.MAX_ROWS, warps=(4, 8), stages=(3, 4, 6),
+            block_ks=(128, 256), splits_of=(1, 2, 4, 8)):
     # at least ~3/4 of the SMs busy: a 4096-wide output in 32-wide tiles is 128 programs, one short of an H100's or
     # H200's 132, and runs without a second kernel adding K splits
-    for block_n, block_k, num_warps, num_stages, splits in itertools.product((16, 32, 64, 128), (128, 256), warps, stages, (1, 2, 4, 8)):
+    for block_n, block_k, num_warps, num_stages, splits in itertools.product((16, 32, 64, 128), block_ks, warps, stages, splits_of):
         programs = -(-n // block_n) * splits
         if k % (splits * block_k) or not 0.75 * sms <= programs <= 16 * sms or (splits > 1 and programs > 4 * sms):
             continue
@@ -92,6 +94,9 @@ def main() -> None:
     p.add_argument("--block-m", type=int, help="--int8: rows per row block (default: config_for's)")
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="the grid's warp counts")
     p.add_argument("--stages", type=int, nargs="+", default=[3, 4, 6], help="the grid's pipeline depths")
+    p.add_argument("--same-sums", action="store_true",
+                   help="only tilings with the shape's TUNED block_k and splits (the order each output's sum is taken in: "
+                        "a row's result the same whatever the tiling's block_n, warps and stages)")
     p.add_argument("--copies", type=int, default=1,
                    help="distinct copies of each matrix, the captured calls reading them in turn (a forward reads each layer's "
                         "once: with 1, a matrix that fits L2, 50 MB on an H100, is read from it after the first call)")
@@ -120,7 +125,13 @@ def main() -> None:
             ref = F.linear(x, w)
             turn = itertools.cycle(copies)
             cublas = captured_us(lambda: F.linear(x, next(turn)), CALLS)
-            best, tried = fastest(lambda c: skinny_gemm.linear(x, next(turn), c), ref, configs(n, k, sms, warps=args.warps, stages=args.stages), 2e-1)
+            tuned = skinny_gemm.TUNED.get((n, k))
+            same = {"block_ks": (tuned.block_k,), "splits_of": (tuned.splits,)} if args.same_sums and tuned else {}
+            grid = configs(n, k, sms, warps=args.warps, stages=args.stages, **same)
+            best, tried = fastest(lambda c: skinny_gemm.linear(x, next(turn), c), ref, grid, 2e-1)
+            if tuned is not None:  # the shape's tiling now, beside the best of the grid
+                row_tuned = captured_us(lambda: skinny_gemm.linear(x, next(turn), tuned), CALLS)
+                print(f"{name} | {rows} | TUNED {tuned}: {row_tuned:.1f} us", flush=True)
             row = {"matrix": name, "rows": rows, "n": n, "k": k, "copies": args.copies, "cublas_us": cublas, "cublas_TBps": gb / cublas * 1e3,
                    "skinny_us": best[0], "skinny_TBps": gb / best[0] * 1e3, "config": vars(best[1]), "tried": tried}
             results.append(row)

@@ -106,14 +106,15 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: Config = Config()) -> torch
 
 
 def _products(x2: torch.Tensor, w: torch.Tensor, config: Config, scale: torch.Tensor | None = None,
-              block_m: int = MAX_ROWS) -> torch.Tensor:
+              block_m: int = MAX_ROWS, partials: bool = False) -> torch.Tensor:
     # x2 [M, K] -> a fresh [M, N] (no view of anything: what a custom op may return); with ``scale`` w is int8 and
-    # column n is scaled by scale[n]; M over ceil(M / block_m) row blocks (a weight tile's row blocks run together)
+    # column n is scaled by scale[n]; M over ceil(M / block_m) row blocks (a weight tile's row blocks run together).
+    # partials: the K splits' fp32 sums [splits, M, N] as they are (``split_partials``: the caller adds them up)
     if scale is None:
         check(x2, w, config)
     m, k = x2.shape
     n = w.shape[0]
-    if config.splits == 1:
+    if config.splits == 1 and not partials:
         out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
         stride_split = 0  # one split: program_id(2) is 0
     else:
@@ -125,21 +126,31 @@ def _products(x2: torch.Tensor, w: torch.Tensor, config: Config, scale: torch.Te
                      stride_split, out.stride(-2), BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                      SCALED=scale is not None, W_EVICTION="evict_first" if row_blocks == 1 else "evict_last",
                      num_warps=config.num_warps, num_stages=config.num_stages)
-    if config.splits == 1:
+    if config.splits == 1 or partials:
         return out
     total = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     _sum_splits[(triton.cdiv(m * n, 1024),)](out, total, config.splits, m * n, BLOCK=1024)
     return total
 
 
-# Tilings measured on an H100 at Qwen3-8B's widths, 16 rows, each product captured alone (``benchmarks/skinny_gemm.py``,
-# BENCHMARKS.md "Few-row products in Triton"): the products where the kernel beat cuBLAS. ``few_row_linear`` runs these
-# shapes through the kernel and every other one through cuBLAS (where the kernel lost or was not measured).
+# Tilings at Qwen3-8B's widths where the kernel beat cuBLAS; ``few_row_linear`` runs these shapes through the kernel and
+# every other one through cuBLAS (where the kernel lost or was not measured). One tiling a shape, whatever the row count
+# (1 .. 16): a row's sums then do not depend on how many rows the product has (a decode step's and a verify's agree).
+# The first four measured on an H100, 16 rows, each product captured alone (``benchmarks/skinny_gemm.py``, BENCHMARKS.md
+# "Few-row products in Triton"). o_proj and down_proj lost to cuBLAS alone, but cuBLAS splits their K and adds the
+# splits in a kernel of its own; this kernel's fp32 partials, added inside the residual add and the next norm that
+# follow them under torch.compile (``split_partials``), beat it by one kernel and its launch gap a product: measured
+# on an H200 with the add and the norm, 20 copies a graph (``benchmarks/split_k_norm.py``, BENCHMARKS.md "o_proj and
+# down_proj with their K splits added in the next norm").
 TUNED: dict[tuple[int, int], Config] = {
     (6144, 4096): Config(block_n=32, block_k=128, splits=1, num_warps=4, num_stages=4),  # q|k|v: 21.5 -> 20.6 us
     (24576, 4096): Config(block_n=32, block_k=128, splits=1, num_warps=4, num_stages=3),  # gate|up: 73.7 -> 70.9 us
     (151936, 4096): Config(block_n=128, block_k=256, splits=1, num_warps=4, num_stages=3),  # Qwen3's LM head: 441.6 -> 413.9 us
     (32000, 4096): Config(block_n=128, block_k=128, splits=1, num_warps=4, num_stages=3),  # a 32K draft head: 100.4 -> 90.2 us
+    # H200, with the add and the norm after them: 16 rows 16.4 -> 14.2 us, 1 row 14.6 -> 14.2
+    (4096, 4096): Config(block_n=32, block_k=256, splits=2, num_warps=4, num_stages=4),  # o_proj
+    # H200, with the add and the norm: 1 row 32.7 -> 29.5 us, 16 rows 31.3 -> 30.4 (its best 16-row tiling)
+    (4096, 12288): Config(block_n=64, block_k=128, splits=4, num_warps=4, num_stages=4),  # down_proj
 }
 
 if available:
@@ -154,6 +165,26 @@ if available:
     def _(x2, w, block_n, block_k, splits, num_warps, num_stages):
         return x2.new_empty(x2.shape[0], w.shape[0])
 
+    @torch.library.custom_op("swa_drafters::skinny_partials", mutates_args=())
+    def _skinny_partials(x2: torch.Tensor, w: torch.Tensor, block_n: int, block_k: int, splits: int, num_warps: int,
+                         num_stages: int) -> torch.Tensor:
+        return _products(x2, w, Config(block_n, block_k, splits, num_warps, num_stages), partials=True)
+
+    @_skinny_partials.register_fake
+    def _(x2, w, block_n, block_k, splits, num_warps, num_stages):
+        return x2.new_empty(splits, x2.shape[0], w.shape[0], dtype=torch.float32)
+
+
+def split_partials(x: torch.Tensor, w: torch.Tensor, config: Config) -> torch.Tensor:
+    """``F.linear(x, w)`` with the K splits' fp32 sums added in torch ops (``sum`` over the splits, one cast to x's
+    dtype, the rounding cuBLAS makes): under torch.compile inductor folds that sum (at most 8 terms: unrolled) into the
+    kernel that reads the product next (a residual add and the next norm), where cuBLAS's split-K and
+    ``_sum_splits`` each pay a reduction kernel of their own."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    part = torch.ops.swa_drafters.skinny_partials(x2, w, config.block_n, config.block_k, config.splits, config.num_warps,
+                                                  config.num_stages)
+    return part.sum(0).to(x.dtype).view(*x.shape[:-1], w.shape[0])
+
 
 def tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> Config | None:
     """The measured tiling for this product, or None where cuBLAS runs it: a CPU tensor, no Triton, a bias, more than
@@ -166,10 +197,14 @@ def tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
 
 def few_row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, bias)``: through the kernel where ``tuned_config`` has a tiling, else ``F.linear``. The
-    results equal cuBLAS's within bf16 rounding (fp32 accumulation both; the summation order differs)."""
+    results equal cuBLAS's within bf16 rounding (fp32 accumulation both; the summation order differs). A tiling that
+    splits K: under torch.compile its fp32 partials and their sum in torch ops (``split_partials``), else the kernel's
+    own reduction (``_sum_splits``); the same splits added in the same order both ways."""
     config = tuned_config(x, w, bias)
     if config is None:
         return torch.nn.functional.linear(x, w, bias)
+    if config.splits > 1 and torch.compiler.is_compiling():  # the splits' sum left to inductor to fold into what follows
+        return split_partials(x, w, config)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.ops.swa_drafters.skinny_linear(x2, w, config.block_n, config.block_k, config.splits, config.num_warps,
                                                config.num_stages)

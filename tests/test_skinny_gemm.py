@@ -25,6 +25,15 @@ for dtype in (torch.float32, torch.float16):
         z = torch.ops.swa_drafters.skinny_linear(x, w, bn, bk, splits, 4, 3)
         assert z.shape == (m, n) and z._base is None
         torch.testing.assert_close(z, y, rtol=0, atol=0)
+        # the splits' fp32 partials (``split_partials``): each split's own sum over its K range, added in torch ops
+        part = torch.ops.swa_drafters.skinny_partials(x, w, bn, bk, splits, 4, 3)
+        assert part.shape == (splits, m, n) and part.dtype == torch.float32
+        kk = k // splits
+        for s in range(splits):
+            torch.testing.assert_close(part[s], x[:, s * kk:(s + 1) * kk].float() @ w[:, s * kk:(s + 1) * kk].float().T,
+                                       rtol=1e-2, atol=5e-2 if dtype == torch.float16 else 1e-3)
+        torch.testing.assert_close(sg.split_partials(x, w, sg.Config(bn, bk, splits)), y, rtol=1e-3,
+                                   atol=2e-2 if dtype == torch.float16 else 1e-4)
 print("ok")
 """
 
@@ -70,3 +79,37 @@ def test_only_measured_shapes_on_a_gpu_take_the_kernel() -> None:
         assert sg.tuned_config(rows(17), w8b) is None  # more rows than the kernel takes
         assert sg.tuned_config(rows(16), w8b, torch.empty(24576, device="cuda", dtype=torch.bfloat16)) is None
         assert sg.tuned_config(rows(16), w8b[:, :2048]) is None  # not contiguous (and not measured)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_split_partials_folded_into_the_next_norm_on_the_gpu() -> None:
+    """o_proj / down_proj at Qwen3-8B's widths (TUNED tilings that split K): compiled with the residual add and the norm
+    after them (their splits' sum folded into that kernel), the result equals the fp32 product within bf16 rounding
+    and the eager path (``_sum_splits``), and a row's result is the same in a 1-row and a 16-row product (one tiling
+    whatever the row count: a decode step and a verify agree). Compiled, the sum is added to the residual in fp32 and
+    rounded once (inductor drops the product's own bf16 rounding, as a fused epilogue would): within one bf16 step of
+    the eager path's two roundings."""
+    from models.static_target import rms_norm
+    from swa_kernels import skinny_gemm as sg
+
+    @torch.compile(dynamic=False)
+    def layer_tail(x, resid, w, norm_w):
+        h = resid + sg.few_row_linear(x, w)
+        return h, rms_norm(h, norm_w, 1e-6)
+
+    torch.manual_seed(0)
+    for n, k in ((4096, 4096), (4096, 12288)):
+        assert sg.TUNED[(n, k)].splits > 1
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        norm_w = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
+        x = torch.randn(1, 16, k, device="cuda", dtype=torch.bfloat16)
+        resid = torch.randn(1, 16, n, device="cuda", dtype=torch.bfloat16)
+        h, normed = layer_tail(x, resid, w, norm_w)
+        exact = resid.float() + (x.float() @ w.float().T).to(torch.bfloat16).float()
+        torch.testing.assert_close(h.float(), exact, rtol=2e-2, atol=3e-2)
+        eager = resid + sg.few_row_linear(x, w)  # the product rounded to bf16, then the add rounded
+        torch.testing.assert_close(h.float(), eager.float(), rtol=8e-3, atol=8e-3)
+        torch.testing.assert_close(normed, rms_norm(h, norm_w, 1e-6), rtol=2e-2, atol=2e-2)
+        h1, normed1 = layer_tail(x[:, :1], resid[:, :1], w, norm_w)
+        torch.testing.assert_close(h1, h[:, :1], rtol=0, atol=0)
+        torch.testing.assert_close(normed1, normed[:, :1], rtol=0, atol=0)
