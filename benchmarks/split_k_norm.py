@@ -64,7 +64,8 @@ def main() -> None:
     args = p.parse_args()
     torch._dynamo.config.cache_size_limit = 1024
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {sms} SMs | {CALLS} calls per graph over {CALLS} copies")
+    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {sms} SMs | {CALLS} calls per graph over "
+          f"{CALLS} copies")
     print("matrix | rows | way | us (product + add + norm) | TB/s of the matrix | kernels a call | tiling")
     results = []
     for name in args.shapes:
@@ -93,7 +94,8 @@ def main() -> None:
                 turn = itertools.cycle(copies)
                 us = captured_us(lambda: fn(x, resid, next(turn), norm_w), CALLS)
                 row = {"matrix": name, "rows": rows, "way": label, "us": us, "TBps": gb / us * 1e3,
-                       "kernels": kernels_per_call(lambda: fn(x, resid, w, norm_w)), "tiling": None if tiling is None else vars(tiling)}
+                       "kernels": kernels_per_call(lambda: fn(x, resid, w, norm_w)),
+                       "tiling": None if tiling is None else vars(tiling)}
                 return row
 
             best, timed_rows = {"cublas": timed("cublas", way(F.linear))}, []
@@ -115,8 +117,8 @@ def main() -> None:
                              for r in timed_rows})
             for row in best.values():
                 results.append(row)
-                print(f"{name} | {rows} | {row['way']} | {row['us']:.2f} | {row['TBps']:.2f} | {row['kernels']} | {row['tiling']}",
-                      flush=True)
+                print(f"{name} | {rows} | {row['way']} | {row['us']:.2f} | {row['TBps']:.2f} | {row['kernels']} | "
+                      f"{row['tiling']}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "results": results}, indent=2))
 

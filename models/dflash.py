@@ -92,7 +92,7 @@ from swa_kernels.int8_weights import Int8Weight, check_weights, int8_linear, int
 from swa_kernels.attention import PackedQueryMask, aligned_visible, attention, block_mask_from_tiles, cached_attention, grouped_attention, masked_softmax
 from swa_kernels.key_intervals import KeyIntervalMask, ctx_keys_for, dflash_key_intervals, interval_tables, plan_from_tables
 from swa_kernels.argmax import row_argmax
-from models.sampling import SamplingConfig, argmax_split, choose
+from models.sampling import SamplingConfig, choose
 from models.static_target import (CapturedSteps, concat_linears, few_row_products, move_kept_positions, prepack_by_default,
                                   prepacked_copy, rotate)
 from models.target import ContextKV
@@ -1118,7 +1118,7 @@ class StaticDFlashDrafter:
         # token [B] at anchor [B] -> logits [B, block-1, Vd] fp32 (Vd = V without a draft vocabulary) and the greedy
         # drafts [B, block-1] as target ids
         logits = self._block_pass(block_ids(token, self.pass_slots, self.mask_token_id), anchor)[:, :self.drafts]
-        return logits, self.model.draft_to_target(argmax_split(logits))
+        return logits, self.model.draft_to_target(row_argmax(logits))
 
     def _block_greedy(self, token: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
         # ``_block_logits``'s greedy drafts alone: no fp32 logits written, the argmax over the head's own dtype (the
@@ -1207,7 +1207,7 @@ class StaticDFlashDrafter:
             gate, up = self.linear(layer.post_attention_layernorm(x), w.w13, w.b13).chunk(2, dim=-1)
             x = x + self.linear(layer.mlp.act_fn(gate) * up, w.w2, w.b2)
         # only the slots whose drafts are kept reach the norm and the head: a chain of k drafts (``draft_tokens``) over a
-        # block pass of 16 slots writes, casts and reads back k rows of 152K logits, not 15 (its argmax: ``argmax_split``).
+        # block pass of 16 slots writes, casts and reads back k rows of 152K logits, not 15 (its argmax: ``row_argmax``).
         # contiguous: the slot slice is a strided 4-D view, which nn.Linear multiplies as a bmm against the head expanded
         # per row (on the CPU a third of the speed of one matrix product over the rows)
         first_head = 1 if start == 0 else 0
@@ -1240,13 +1240,13 @@ class StaticDFlashDrafter:
         if not self.drafts_in_stages or not 1 <= first < self.drafts:
             raise ValueError(f"first_drafts({first}): needs a block-causal chain drafter, uncaptured, and 1 <= first < {self.drafts}")
         logits = self._block_pass(block_ids(token, first + 1, self.mask_token_id), anchor, drafts=first)
-        return self.model.draft_to_target(argmax_split(logits))
+        return self.model.draft_to_target(row_argmax(logits))
 
     @torch.no_grad()
     def rest_drafts(self, anchor: torch.Tensor, rows: torch.Tensor, first: int) -> torch.Tensor:
         """The greedy drafts first+1 .. of the blocks ``first_drafts`` began, for batch rows ``rows`` [R] (their anchors
         ``anchor`` [R]): [R, drafts - first] target ids, the same as the whole block's pass drafts there."""
-        return self.model.draft_to_target(argmax_split(self._rest_of_block(anchor, rows, first)))
+        return self.model.draft_to_target(row_argmax(self._rest_of_block(anchor, rows, first)))
 
     def _draft_tree(self, token: torch.Tensor, anchor: torch.Tensor):
         # every re-drafted depth's k blocks sit at the same anchor over the same context: one visibility for them all

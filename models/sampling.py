@@ -56,21 +56,6 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
     return probs
 
 
-def argmax_split(logits: torch.Tensor, pieces: int = 128) -> torch.Tensor:
-    """``logits.argmax(-1)`` (the first maximal index, as torch's) in two reductions: the maximum of each of ``pieces``
-    equal slices of the last dimension, then of those. Why: under torch.compile one row's reduction is one program, so
-    a few rows of 152K logits ran on a few of the GPU's SMs (34 µs for 3 rows on an H100, where reading them takes 1);
-    the split spreads them. ``pieces`` falls to the largest power of two dividing V (1: one reduction)."""
-    v = logits.shape[-1]
-    while v % pieces:
-        pieces //= 2
-    if pieces <= 1:
-        return logits.argmax(dim=-1)
-    values, inner = logits.unflatten(-1, (pieces, v // pieces)).max(dim=-1)  # [..., pieces]: each slice's first maximum
-    piece = values.argmax(dim=-1, keepdim=True)  # the first slice holding the maximum
-    return (piece * (v // pieces) + inner.gather(-1, piece)).squeeze(-1)
-
-
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row without a host sync: argmax(p / E), E ~ Exp(1) (the exponential-race trick)."""
     # probs: [n, V] -> [n]

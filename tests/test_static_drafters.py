@@ -335,13 +335,3 @@ def test_triton_products_draft_what_cublas_drafts_at_the_8b_widths(draft_tokens)
         pos += 1 + step % 3
 
 
-@pytest.mark.parametrize("shape", [(3, 151936), (2, 4, 8192), (5, 1000), (7, 32000), (1, 7)])
-def test_split_argmax_is_torchs_first_maximum(shape) -> None:
-    """``argmax_split`` (the block pass's drafts) against ``torch.argmax``: the same index, the first of tied maxima,
-    over vocabularies that split into 128, 8 or no slices."""
-    from models.sampling import argmax_split
-
-    g = torch.Generator().manual_seed(0)
-    ties = torch.randint(0, 4, shape, generator=g).float()  # many tied maxima per row, in different slices
-    for logits in (ties, torch.randn(shape, generator=g)):
-        assert torch.equal(argmax_split(logits), logits.argmax(dim=-1))
