@@ -199,7 +199,8 @@ def few_row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     """``F.linear(x, w, bias)``: through the kernel where ``tuned_config`` has a tiling, else ``F.linear``. The
     results equal cuBLAS's within bf16 rounding (fp32 accumulation both; the summation order differs). A tiling that
     splits K: under torch.compile its fp32 partials and their sum in torch ops (``split_partials``), else the kernel's
-    own reduction (``_sum_splits``); the same splits added in the same order both ways."""
+    own reduction (``_sum_splits``). The splits are the same both ways; compiled, inductor may add the sum to what
+    follows (a residual) before rounding it, one bf16 rounding where the eager path makes two."""
     config = tuned_config(x, w, bias)
     if config is None:
         return torch.nn.functional.linear(x, w, bias)
