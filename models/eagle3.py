@@ -579,6 +579,9 @@ def select_tree(ids: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, 
 
 # ----------------------------------------------------------------------------- chain drafting over static caches
 
+DRAFTED_ON_DEVICE = -1  # ``StaticEagle3Drafter._drafted_at`` after ``draft_at``: a position the host has not read
+
+
 class StaticEagle3Drafter:
     """EAGLE-3 chain drafting for the static loop: fixed-shape buffers for a batch of rows, so a whole draft (step 0
     over the last verify block, then the k - 1 chain steps) is one tensor program with positions as device tensors,
@@ -661,7 +664,8 @@ class StaticEagle3Drafter:
         # the batch-1 protocol (``infer.generate``): the token ids its context was made from after the last generation
         self.context_ids: list[int] = []
         self._pending_at: int | None = None  # batch-1 protocol: the pending block's first position (host)
-        self._drafted_at: int | None = None  # batch-1 protocol: the position of the last draft since an append (host)
+        self._drafted_at: int | None = None  # batch-1 protocol: the position of the last draft since an append (host;
+        # DRAFTED_ON_DEVICE after ``draft_at``)
 
     def with_window(self, window) -> "StaticEagle3Drafter":
         """The same drafter under another inference window."""
@@ -981,7 +985,8 @@ class StaticEagle3Drafter:
             self.prefill(features, start, token_ids)
             self._pending_at = self._waiting[0]
             return
-        if start != self._drafted_at or features.shape[0] != self.block_size:
+        # after ``draft_at`` the draft's position lives on the device: the caller appends at the position it reads back
+        if (self._drafted_at != DRAFTED_ON_DEVICE and start != self._drafted_at) or features.shape[0] != self.block_size:
             raise ValueError(f"append_context at {start} with {features.shape[0]} positions; after the draft at {self._drafted_at} "
                              f"the drafter takes that step's whole verify block ({self.block_size} positions from {self._drafted_at})")
         self.append(features[None], self._position(start), torch.as_tensor(token_ids, device=self.device)[None])
@@ -997,4 +1002,18 @@ class StaticEagle3Drafter:
                              f"(and each draft's verify block before the next draft)")
         drafts, _, probs = self.draft_chain(token.reshape(1), self._position(pos), sampling, generator)
         self._drafted_at = pos
+        return drafts[0].clone(), None if probs is None else probs[0].clone()
+
+    @torch.no_grad()
+    def draft_at(self, token: torch.Tensor, pos: torch.Tensor, sampling: SamplingConfig,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``draft`` with the position a device tensor ([] or [1]): ``infer.generate`` launches the next chain right
+        after a verify, before the host has read how many drafts it accepted (the pending block, appended whole before
+        the verify's result is read, holds every position the chain can start from). The next ``append_context`` takes
+        that step's verify block at the position the host then knows."""
+        if self._pending_at is None or self._drafted_at is not None:
+            raise ValueError("draft_at: the features up to the draft's position must be appended first (and each draft's "
+                             "verify block before the next draft)")
+        drafts, _, probs = self.draft_chain(token.reshape(1), pos.reshape(1), sampling, generator)
+        self._drafted_at = DRAFTED_ON_DEVICE
         return drafts[0].clone(), None if probs is None else probs[0].clone()

@@ -162,6 +162,12 @@ def test_protocol_mistakes_are_one_clear_error() -> None:
     drafter.draft(torch.tensor(1), 5, SamplingConfig(), None)
     with pytest.raises(ValueError, match="whole verify block"):
         drafter.append_context(torch.randn(2, 96), 5, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="draft_at: the features"):  # a draft since the last append
+        drafter.draft_at(torch.tensor(1), torch.tensor([5]), SamplingConfig(), None)
+    drafter.append_context(torch.randn(4, 96), 5, torch.arange(4))
+    drafter.draft_at(torch.tensor(1), torch.tensor([7]), SamplingConfig(), None)  # the position on the device only
+    with pytest.raises(ValueError, match="whole verify block"):
+        drafter.append_context(torch.randn(2, 96), 7, torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="draft steps=0"):
         StaticEagle3Drafter(tiny("sliding"), steps=0)
 
@@ -191,6 +197,34 @@ def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_
     sampling = SamplingConfig(temperature=0.8, seed=5)
     sampled = [generate(target, d, prompt, 30, sampling=sampling) for d in (Eagle3Drafter(drafter_model), StaticEagle3Drafter(drafter_model))]
     assert sampled[0].tokens == sampled[1].tokens and sampled[0].stats.accepted_per_step == sampled[1].stats.accepted_per_step
+
+
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
+def test_drafting_the_next_chain_ahead_of_the_host_sync_changes_no_token(reference_target_path) -> None:
+    """``draft_at`` (the next chain launched before the host reads the verify's accepted count) or ``draft`` after it:
+    the same tokens and accepted counts, greedy (the target's own output), forced, sampled, and with a stop token inside
+    a step (the chain drafted ahead is dropped)."""
+    from transformers import AutoModelForCausalLM
+
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_eagle3_config(model.config, num_hidden_layers=1, target_layer_ids=[1, 3, 4], layer_types=["sliding_attention"],
+                                sliding_window=6, draft_vocab_size=2048, ttt_length=3)
+    torch.manual_seed(0)
+    drafter_model = Eagle3DraftModel(config).eval()
+    drafter_model.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
+    target, drafter = StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(drafter_model)
+    prompt = torch.randint(10, 8000, (30,)).tolist()
+    alone = generate(target, None, prompt, 30).tokens
+    for kwargs in ({}, {"accept_per_step": 2}, {"sampling": SamplingConfig(temperature=1.0, seed=3)}):
+        runs = [generate(target, drafter, prompt, 30, run_ahead=ahead, **kwargs) for ahead in (False, True)]
+        assert runs[0].tokens == runs[1].tokens and runs[0].stats.accepted_per_step == runs[1].stats.accepted_per_step
+        assert kwargs or runs[1].tokens == alone
+    for stop in (3, 7):
+        eos = alone[stop]
+        runs = [generate(target, drafter, prompt, 30, eos_token_ids=[eos], run_ahead=ahead).tokens for ahead in (False, True)]
+        assert runs[0] == runs[1] == alone[:alone.index(eos) + 1]
 
 
 def uncaptured_and_captured(model, compile: bool, **options) -> tuple[list[StaticEagle3Drafter], torch.Generator, torch.Tensor]:
