@@ -1000,9 +1000,9 @@ class StaticEagle3Drafter:
         if self._pending_at is None or self._drafted_at is not None or not 0 <= pos - 1 - self._pending_at < self.block_size:
             raise ValueError(f"draft at position {pos}: the features of positions up to {pos - 1} must be appended first "
                              f"(and each draft's verify block before the next draft)")
-        drafts, _, probs = self.draft_chain(token.reshape(1), self._position(pos), sampling, generator)
+        drafted = self.draft_at(token, self._position(pos), sampling, generator)
         self._drafted_at = pos
-        return drafts[0].clone(), None if probs is None else probs[0].clone()
+        return drafted
 
     @torch.no_grad()
     def draft_at(self, token: torch.Tensor, pos: torch.Tensor, sampling: SamplingConfig,
