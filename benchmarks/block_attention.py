@@ -9,6 +9,11 @@ slot, and at the ``--keys-per-split`` values, and the largest difference from th
 
     python benchmarks/block_attention.py --anchors 1024 8192 32768 --keys-per-split 128 256 512 1024
     python benchmarks/block_attention.py --anchors 8192 --keys-per-split 64 128 256 --warps 2 4 8 --stages 1 2 3
+    python benchmarks/block_attention.py --anchors 8192 --raw --keys-per-split 64 128 256 --warps 2 4 8 --stages 1 2 3
+
+``--raw``: the call the static drafter makes (``StaticDFlashDrafter._block_pass``): q and the block's keys and values
+as raw projections (``k_new``/``v_new``, the scratch slots unread), q/k norms and RoPE inside the kernel; the reference
+the products over the same keys normed and rotated in fp32 first.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import captured_us  # noqa: E402
 from swa_kernels.attention import grouped_attention  # noqa: E402
 from swa_kernels.block_attention import _launch, block_attention  # noqa: E402
+from swa_kernels.decode_attention import Rope  # noqa: E402
 from models.dflash import LayerAttention, _softmax_over_slots, block_visible  # noqa: E402
 
 HQ, HKV, D, BLOCK, WINDOW = 32, 8, 128, 16, 2048
@@ -38,12 +44,36 @@ def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
     slot_pos = torch.full((1, slots), -1, dtype=torch.long, device="cuda")
     slot_pos[0, held[-slots:] % slots] = held[-slots:]
     anchor_t = torch.tensor([anchor], device="cuda")
+    raw = {}
+    if ARGS.raw:  # the block's own keys apart and q raw: norms and RoPE in the kernel, as the static drafter calls it
+        k_new, v_new = (torch.randn(1, BLOCK, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        positions = torch.arange(capacity + BLOCK, device="cuda", dtype=torch.float32)
+        freq = 1e6 ** (-torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)
+        angles = torch.cat([positions[:, None] * freq] * 2, dim=-1)
+        q_w, k_w = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16), (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
+        rope = Rope(angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16), q_w, k_w, 1e-6)
+        raw = {"k_new": k_new, "v_new": v_new, "rope": rope}
+
+        def normed_rotated(x, w, pos):  # [1, n, H, D] at positions pos [n], in fp32
+            x = x.float()
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+            cos, sin = rope.cos[pos].float()[None, :, None], rope.sin[pos].float()[None, :, None]
+            return x * cos + torch.cat([-x[..., D // 2:], x[..., :D // 2]], dim=-1) * sin
+
+        block_pos = anchor_t + torch.arange(BLOCK, device="cuda")
+        q_ref = normed_rotated(q, q_w, block_pos).to(torch.bfloat16)
+        k_ref = k.clone()
+        v_ref = v.clone()
+        k_ref[0, :, slots:slots + BLOCK] = normed_rotated(k_new, k_w, block_pos).to(torch.bfloat16)[0].transpose(0, 1)
+        v_ref[0, :, slots:slots + BLOCK] = v_new[0].transpose(0, 1)
+    else:
+        q_ref, k_ref, v_ref = q, k, v
     scale = D ** -0.5
 
     def products():  # the drafter's path before the kernel: the mask from the slot positions, two products, a softmax
         visible = block_visible(slot_pos, anchor_t, BLOCK, rule)[:, None, None]
-        qg = q.transpose(1, 2).reshape(1, HKV, HQ // HKV * BLOCK, D)
-        out = grouped_attention(qg, k, v, visible, scale, softmax=_softmax_over_slots)
+        qg = q_ref.transpose(1, 2).reshape(1, HKV, HQ // HKV * BLOCK, D)
+        out = grouped_attention(qg, k_ref, v_ref, visible, scale, softmax=_softmax_over_slots)
         return out.view(1, HQ, BLOCK, D).transpose(1, 2)
 
     want = products().float()
@@ -54,15 +84,16 @@ def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
         row[f"{name}_us"] = captured_us(fn)
         row[f"{name}_maxdiff"] = (fn().float() - want).abs().max().item()
 
-    timed("kernel_ceil_wave", lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, None, equal_splits=False))
-    timed("kernel_slot_loads", lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, None, loads_by_slots=True))
+    timed("kernel_ceil_wave", lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, None, equal_splits=False, **raw))
+    if not ARGS.raw:
+        timed("kernel_slot_loads", lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, None, loads_by_slots=True))
     for size in [None, *ARGS.keys_per_split]:
         timed(f"kernel_{size or 'default'}",
-              lambda: block_attention(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, keys_per_split=size))
+              lambda: block_attention(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, keys_per_split=size, **raw))
         for warps in ARGS.warps or ([4] if ARGS.stages else []):  # pass 1's launch settings, where asked
             for stages in ARGS.stages or [2]:
                 timed(f"kernel_{size or 'default'}_w{warps}s{stages}",
-                      lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, size, warps, stages))
+                      lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, size, warps, stages, **raw))
     return row
 
 
@@ -73,6 +104,7 @@ def main() -> None:
     p.add_argument("--keys-per-split", type=int, nargs="*", default=[128, 256, 512, 1024])
     p.add_argument("--warps", type=int, nargs="*", default=[], help="also time pass 1 at these num_warps (default 4)")
     p.add_argument("--stages", type=int, nargs="*", default=[], help="also time pass 1 at these num_stages (default 2)")
+    p.add_argument("--raw", action="store_true", help="the static drafter's call: raw q and new keys, norms and RoPE in the kernel")
     p.add_argument("--out")
     ARGS = p.parse_args()
     rows = []

@@ -200,19 +200,21 @@ def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_
 
 
 @pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
-def test_drafting_the_next_chain_ahead_of_the_host_sync_changes_no_token(reference_target_path) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_drafting_the_next_chain_ahead_of_the_host_sync_changes_no_token(reference_target_path, device) -> None:
     """``draft_at`` (the next chain launched before the host reads the verify's accepted count) or ``draft`` after it:
     the same tokens and accepted counts, greedy (the target's own output), forced, sampled, and with a stop token inside
-    a step (the chain drafted ahead is dropped)."""
+    a step (the chain drafted ahead is dropped). On a GPU the drafter's chain and append are captured graphs, as the
+    8B-shape benchmark runs them."""
     from transformers import AutoModelForCausalLM
 
     from models.static_target import StaticTarget
 
-    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval().to(device)
     config = make_eagle3_config(model.config, num_hidden_layers=1, target_layer_ids=[1, 3, 4], layer_types=["sliding_attention"],
                                 sliding_window=6, draft_vocab_size=2048, ttt_length=3)
     torch.manual_seed(0)
-    drafter_model = Eagle3DraftModel(config).eval()
+    drafter_model = Eagle3DraftModel(config).eval().to(device)
     drafter_model.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
     target, drafter = StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(drafter_model)
     prompt = torch.randint(10, 8000, (30,)).tolist()
