@@ -50,7 +50,7 @@ def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
         positions = torch.arange(capacity + BLOCK, device="cuda", dtype=torch.float32)
         freq = 1e6 ** (-torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)
         angles = torch.cat([positions[:, None] * freq] * 2, dim=-1)
-        q_w, k_w = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16), (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
+        q_w, k_w = ((1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(2))  # the norms' weights
         rope = Rope(angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16), q_w, k_w, 1e-6)
         raw = {"k_new": k_new, "v_new": v_new, "rope": rope}
 
