@@ -31,6 +31,7 @@ from swa_kernels.attention import grouped_attention  # noqa: E402
 from swa_kernels.block_attention import _launch, block_attention  # noqa: E402
 from swa_kernels.decode_attention import Rope  # noqa: E402
 from models.dflash import LayerAttention, _softmax_over_slots, block_visible  # noqa: E402
+from models.static_target import rms_norm, rotate  # noqa: E402
 
 HQ, HKV, D, BLOCK, WINDOW = 32, 8, 128, 16, 2048
 
@@ -55,10 +56,8 @@ def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
         raw = {"k_new": k_new, "v_new": v_new, "rope": rope}
 
         def normed_rotated(x, w, pos):  # [1, n, H, D] at positions pos [n], in fp32
-            x = x.float()
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
             cos, sin = rope.cos[pos].float()[None, :, None], rope.sin[pos].float()[None, :, None]
-            return x * cos + torch.cat([-x[..., D // 2:], x[..., :D // 2]], dim=-1) * sin
+            return rotate(rms_norm(x.float(), w.float(), 1e-6), cos, sin)
 
         block_pos = anchor_t + torch.arange(BLOCK, device="cuda")
         q_ref = normed_rotated(q, q_w, block_pos).to(torch.bfloat16)
