@@ -30,6 +30,8 @@ accepted counts this loop's.
 
 from __future__ import annotations
 
+import functools
+
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -244,6 +246,13 @@ def staged_verify(target: StaticTarget, ids: torch.Tensor, pos: torch.Tensor, fi
     return torch.cat([logits, more_logits], 1), None if features is None else torch.cat([features, more_features], 1)
 
 
+@functools.lru_cache(maxsize=None)
+def forced_count(count: int, device: torch.device) -> torch.Tensor:
+    """The benchmark mode's accepted count as a device constant, the same tensor every generation: a verify graph that
+    reads it in place (``StaticTarget.greedy_forward(at=)``) is captured once, not once per generation."""
+    return torch.tensor(count, device=device)
+
+
 def next_token(target: CachedTarget, token: torch.Tensor, pos: int, sampling: SamplingConfig, generator: torch.Generator,
                fused_greedy: bool) -> torch.Tensor:
     """The target's token [] after ``token`` at ``pos`` (a plain decode step): through ``greedy_step`` (argmax in the
@@ -353,13 +362,19 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     pos = n  # position of `token`, which the target has not seen yet
 
     run_ahead = device.type == "cuda" if run_ahead is None else run_ahead
-    forced_accept = None if accept_per_step is None else torch.tensor(accept_per_step, device=device)
+    forced_accept = None if accept_per_step is None else forced_count(accept_per_step, device)
     # greedy on a static target: each verify (or decode step) and its acceptance run as one captured graph
     # (``StaticTarget.greedy_step``) instead of a forward and a dozen small kernels launched after it; a staged verify
     # and trees keep their own paths
     fused_greedy = (sampling.greedy and isinstance(target, StaticTarget) and target.batch == 1 and first is None
                     and (drafter is None or not drafter.tree))
     fixed_shapes = getattr(target, "capture", False)  # captured steps: a shorter draft is padded to the full block
+    # a greedy chain whose drafter takes a whole step in one call (``StaticDFlashDrafter.append_and_draft``): the verify
+    # graph reads the drafter's step buffers in place and the drafter's graph the verify's outputs, so a step launches
+    # two graphs and the copy of its result, nothing between them (before: ~20 copies and small kernels, ~40 µs at the
+    # 8B shape on an H200)
+    chained = (fused_greedy and run_ahead and drafter is not None and hasattr(drafter, "append_and_draft")
+               and drafter.block_size <= DECODE_MAX_TOKENS)
     ahead = None  # run_ahead: the next token (or the next drafts), launched before the host reads this step's result
     while len(out) < max_new_tokens and out[-1] not in eos:
         timer.mark("other")
@@ -374,6 +389,26 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             timer.mark("verify")
             new = [int(token)]  # host sync
             stats.accepted_per_step.append(0)
+        elif chained:
+            if ahead is None:  # the generation's first block; each step's drafter graph writes the next into the same buffers
+                ahead = drafter.start_chain(token, pos)
+                timer.mark("draft")
+            ids, at = ahead
+            values, features = target.greedy_forward(ids, pos, forced_accept, at=at)  # [accepted, drafts.., next token]
+            timer.mark("verify")
+            verified, ready = values, None
+            if device.type == "cuda":  # the host waits for the verify alone; the GPU drafts the next block meanwhile
+                values, ready = values.to("cpu", non_blocking=True), torch.cuda.Event()
+                ready.record()
+            drafter.append_and_draft(features, verified)
+            timer.mark("draft")
+            if ready is not None:
+                ready.synchronize()
+            values = values.tolist()  # host sync
+            accepted = values[0]
+            new = values[1:1 + accepted] + [values[-1]]
+            stats.accepted_per_step.append(accepted)
+            timer.mark("other")
         elif drafter.tree:
             new, token = tree_step(target, drafter, token, pos, timer,
                                    (lambda: lookup(prompt_list, out, drafter.tree_lookup)) if drafter.tree_lookup else None)

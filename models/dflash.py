@@ -1005,6 +1005,8 @@ class StaticDFlashDrafter:
         self.block_greedy_fn = torch.compile(self._block_greedy) if self.compile else self._block_greedy
         # the block append too (fc, norms, k/v projections, RoPE, ring writes: ~60 small kernels eager)
         self.append_fn = torch.compile(self._append) if self.compile else self._append
+        # a greedy chain's whole drafting step, the append and the next block pass, as one graph (``append_and_draft``)
+        self.step_fn = torch.compile(self._append_and_block) if self.compile else self._append_and_block
         self.tree_fn = torch.compile(self._draft_tree) if self.compile else self._draft_tree
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -1012,6 +1014,7 @@ class StaticDFlashDrafter:
         self.capacity = self.batch = 0
         self.graphs = CapturedSteps()
         self._pos = None
+        self.step_ids = self.step_pos = None  # ``start_chain``/``append_and_draft``'s persistent buffers (batch 1)
         # the batch-1 protocol (``infer.generate``): the token ids whose features row 0's context holds at positions 0 ..
         # after the last generation, what a next turn's prompt may reuse (``kept_prefix``)
         self.context_ids: list[int] = []
@@ -1113,6 +1116,16 @@ class StaticDFlashDrafter:
         for slot_pos in self.slot_pos.values():
             keep = min(m, slot_pos.shape[1])
             slot_pos.index_put_((rows[:, None], positions[:, m - keep:] % slot_pos.shape[1]), positions[:, m - keep:])
+
+    def _append_and_block(self, features: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor) -> None:
+        # ``append_and_draft``'s step: the verified block's features [B, m, k*H] at pos [B], then the block after the
+        # target's token at pos + accepted + 1 (values [B, m+1]: accepted, the m-1 drafts, the token), written in place as
+        # the next verify's ids [B, m] and position (pos: read first, written last; the graph's one update)
+        self._append(features, pos)
+        anchor = pos + values[:, 0] + 1
+        token = values[:, -1]
+        ids.copy_(torch.cat([token[:, None], self._block_greedy(token, anchor)], dim=1))
+        pos.copy_(anchor)
 
     def _block_logits(self, token: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # token [B] at anchor [B] -> logits [B, block-1, Vd] fp32 (Vd = V without a draft vocabulary) and the greedy
@@ -1260,8 +1273,8 @@ class StaticDFlashDrafter:
         ids, parents, depths, mask = block_tree(first, self.tree_topk, self.tree_tokens, redraft, self.tree_redraft)
         return self.model.draft_to_target(ids), parents, depths, mask
 
-    def _run(self, name: str, fn, *inputs):
-        return self.graphs(name, fn, *inputs) if self.capture else fn(*inputs)
+    def _run(self, name: str, fn, *inputs, borrowed: tuple[int, ...] = ()):
+        return self.graphs(name, fn, *inputs, borrowed=borrowed) if self.capture else fn(*inputs)
 
     @torch.no_grad()
     def append(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:
@@ -1315,6 +1328,35 @@ class StaticDFlashDrafter:
     def draft(self, token: torch.Tensor, anchor: int, sampling: SamplingConfig,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.draft_at(token, self._position(anchor), sampling, generator)
+
+    @torch.no_grad()
+    def start_chain(self, token: torch.Tensor, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A greedy chain's first block after ``token`` ([] or [1]) at ``anchor``, into the drafter's persistent step
+        buffers: the verify's ids [block_size] (the token, then the drafts) and its position [1] on the device.
+        ``append_and_draft`` then updates both in place, step after step."""
+        if self.step_pos is None or self.step_pos.device != self.device:
+            self.step_pos = torch.zeros(1, dtype=torch.long, device=self.device)
+            self.step_ids = torch.zeros(1, self.block_size, dtype=torch.long, device=self.device)
+        self.step_pos.fill_(anchor)
+        drafts = self.block_greedy(token.reshape(1), self.step_pos)
+        self.step_ids.copy_(torch.cat([token.reshape(1, 1), drafts], dim=1))
+        return self.step_ids[0], self.step_pos
+
+    @torch.no_grad()
+    def append_and_draft(self, features: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A greedy chain's drafting for one loop step, on a GPU one captured graph: the verified block's features
+        [block_size, k*H] into the context at the block's position (the step buffer ``start_chain`` set), then the next
+        block after the target's token at that position + accepted + 1 (``values`` [block_size + 1]: the accepted count,
+        the drafts, the token, as ``StaticTarget.greedy_step`` returns them). Returns the step buffers, updated: the next
+        verify's ids [block_size] and position [1]. The graph reads ``features``, ``values`` (the target graph's outputs)
+        and the step buffers in place: between the verify's graph and this one, and this one and the next verify's, no
+        copy or small kernel is launched (``infer.generate``)."""
+        if self.step_pos is None or features.shape[0] != self.block_size or values.shape != (self.block_size + 1,):
+            raise ValueError(f"append_and_draft: features {tuple(features.shape)}, values {tuple(values.shape)}; expected "
+                             f"{self.block_size} positions and {self.block_size + 1} values after start_chain")
+        self._run("append_and_draft", self.step_fn, features[None], values[None], self.step_pos, self.step_ids,
+                  borrowed=(0, 1, 2, 3))
+        return self.step_ids[0], self.step_pos
 
     @torch.no_grad()
     def draft_at(self, token: torch.Tensor, anchor: torch.Tensor, sampling: SamplingConfig,

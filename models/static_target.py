@@ -543,14 +543,16 @@ class StaticTarget:
 
     @torch.no_grad()
     def greedy_step(self, input_ids: torch.Tensor, pos: torch.Tensor,
-                    forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    forced: torch.Tensor | None = None, borrowed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``step`` and its greedy verification in one captured graph (no argmax, comparison or gather launched apart):
         ``input_ids`` [B, n] each row's newest token then its n-1 drafts (n = 1: a plain decode step) at ``pos`` [B].
 
         Returns ``values`` [B, n+1] int64: the accepted draft count a (the drafts' prefix equal to the target's greedy
         tokens), the n-1 drafts, and the target's token after the accepted ones (row a of its argmax); and the features as
         ``step``'s. ``forced`` [B] (benchmarks, ``generate(accept_per_step=)``): where >= 0, a is that count whatever the
-        verification says (the same work per step). On a GPU the graph's output buffers, valid until its next replay."""
+        verification says (the same work per step). On a GPU the graph's output buffers, valid until its next replay.
+        ``borrowed``: the three inputs are the caller's persistent buffers, read in place (``CapturedSteps``: no copies in;
+        ``infer.generate`` hands a drafter graph's output here). The constant unforced count is read in place always."""
         b, n = input_ids.shape
         if b != self.batch or n > DECODE_MAX_TOKENS:
             raise ValueError(f"greedy_step of {b} rows x {n} tokens; expected {self.batch} rows of at most {DECODE_MAX_TOKENS}")
@@ -560,19 +562,23 @@ class StaticTarget:
             forced = self._unforced
         if not self.capture:
             return self._greedy_step(input_ids, pos, forced)
-        return self.graphs("greedy_step", self._greedy_step, input_ids, pos, forced)
+        borrow = (0, 1, 2) if borrowed else (2,) if forced is self._unforced else ()
+        return self.graphs("greedy_step", self._greedy_step, input_ids, pos, forced, borrowed=borrow)
 
-    def greedy_forward(self, input_ids: torch.Tensor, start: int,
-                       forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def greedy_forward(self, input_ids: torch.Tensor, start: int, forced: torch.Tensor | None = None,
+                       at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``greedy_step`` for row 0 (``infer.generate``'s batch-1 loop): ``input_ids`` [n] at position ``start``;
-        values [n+1] and features [n, k*H] (or None)."""
+        values [n+1] and features [n, k*H] (or None). ``at``: [1] on the device, holding ``start`` already (a drafter's
+        persistent buffer, as ``input_ids`` and ``forced`` then are): the graph reads the three in place (``borrowed``)."""
         n = input_ids.shape[0]
         if start + n > self.capacity:
             raise ValueError(f"forward to position {start + n} exceeds the KV cache capacity {self.capacity}; call allocate() first")
-        if self._pos is None or self._pos.device != self.device:
-            self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
-        self._pos.fill_(start)
-        values, features = self.greedy_step(input_ids[None], self._pos, None if forced is None else forced.reshape(1))
+        if at is None:
+            if self._pos is None or self._pos.device != self.device:
+                self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
+            self._pos.fill_(start)
+        values, features = self.greedy_step(input_ids[None], self._pos if at is None else at,
+                                            None if forced is None else forced.reshape(1), borrowed=at is not None)
         return values[0], None if features is None else features[0]
 
     @torch.no_grad()
@@ -801,7 +807,13 @@ class CapturedSteps:
     """Step functions captured as CUDA graphs on first use and replayed after: one graph per key (a name and the
     inputs' shapes), all in one memory pool. ``clear`` when the buffers they were captured on are replaced; the next
     capture starts a fresh pool (a pool outliving its graphs cannot be reused). Used by the target and the static
-    drafters."""
+    drafters.
+
+    ``borrowed``: the indices of inputs the graph reads in place, neither cloned at capture nor copied in at a call: the
+    caller's own persistent buffers (another graph's outputs, a loop's device positions), which hand one graph's results
+    to the next with no copy kernel between them. Their addresses, shapes, strides and dtypes are part of the key (a new
+    buffer captures a new graph), so a borrowed input must be the same buffer call after call; a step may update one in
+    place (the capture's warm-up runs on copies of them)."""
 
     def __init__(self):
         self.graphs: dict[tuple, CapturedStep] = {}
@@ -810,34 +822,40 @@ class CapturedSteps:
     def clear(self) -> None:
         self.graphs.clear()
 
-    def __call__(self, name, fn, *inputs: torch.Tensor):
-        key = (name,) + tuple(t.shape for t in inputs)
+    def __call__(self, name, fn, *inputs: torch.Tensor, borrowed: tuple[int, ...] = ()):
+        key = (name,) + tuple(t.shape for t in inputs) + tuple(
+            (i, inputs[i].data_ptr(), inputs[i].stride(), inputs[i].dtype) for i in borrowed)
         graph = self.graphs.get(key)
         if graph is None:
             if not self.graphs:
                 self.pool = torch.cuda.graph_pool_handle()
-            graph = self.graphs[key] = CapturedStep(fn, *inputs, pool=self.pool)
+            graph = self.graphs[key] = CapturedStep(fn, *inputs, pool=self.pool, borrowed=borrowed)
         return graph(*inputs)
 
 
 class CapturedStep:
-    """One step shape as a CUDA graph: static input buffers (copies of the first call's), warmed up on a side
-    stream, then captured; a call copies its inputs in and replays. Outputs are the graph's own buffers."""
+    """One step shape as a CUDA graph: static input buffers (copies of the first call's; the ``borrowed`` ones the
+    caller's own, read in place: ``CapturedSteps``), warmed up on a side stream, then captured; a call copies the other
+    inputs in and replays. Outputs are the graph's own buffers."""
 
-    def __init__(self, fn, *inputs: torch.Tensor, pool, warmup: int = 2):
-        self.inputs = [t.clone() for t in inputs]
+    def __init__(self, fn, *inputs: torch.Tensor, pool, warmup: int = 2, borrowed: tuple[int, ...] = ()):
+        self.copied = [i for i in range(len(inputs)) if i not in borrowed]
+        self.inputs = [t if i in borrowed else t.clone() for i, t in enumerate(inputs)]
+        # the warm-up on copies of the borrowed buffers: a step may update one of them in place (a loop's position),
+        # which must happen once a replay, not once more per warm-up run
+        warm = [t.clone() if i in borrowed else t for i, t in enumerate(self.inputs)]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmup):  # cuBLAS workspaces, compiled kernels, allocator pools: outside the capture
-                fn(*self.inputs)
+                fn(*warm)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.out = fn(*self.inputs)
 
     def __call__(self, *inputs: torch.Tensor):
-        for buffer, t in zip(self.inputs, inputs):
-            buffer.copy_(t)
+        for i in self.copied:
+            self.inputs[i].copy_(inputs[i])
         self.graph.replay()
         return self.out

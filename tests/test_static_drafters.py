@@ -172,6 +172,11 @@ def test_steps_end_where_the_target_alone_ends(reference_target_path, device) ->
                 got = generate(target, drafter, prompt, 24, eos_token_ids=[eos], accept_per_step=forced, run_ahead=ahead)
                 assert got.tokens == want and 1 + sum(a + 1 for a in got.stats.accepted_per_step) == len(want)
                 assert forced is not None or got.tokens == alone[:len(want)]
+    if device == "cuda":  # graphs that read buffers in place (the drafter's step buffers, the forced count): captured once
+        graphs = (len(target.graphs.graphs), len(drafter.graphs.graphs))
+        for forced in (None, 3, None, 3):
+            generate(target, drafter, prompt, 24, accept_per_step=forced, run_ahead=True)
+        assert (len(target.graphs.graphs), len(drafter.graphs.graphs)) == graphs
 
 
 @pytest.mark.parametrize("rule", [LayerAttention(True, None), LayerAttention(True, 3), LayerAttention(False, None),

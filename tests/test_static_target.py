@@ -358,7 +358,7 @@ def test_captured_steps_capture_once_per_name_and_shape(monkeypatch) -> None:
     captured, pools = [], iter(range(100))
 
     class Recorder:
-        def __init__(self, fn, *inputs, pool):
+        def __init__(self, fn, *inputs, pool, borrowed=()):
             captured.append((fn.__name__, tuple(t.shape for t in inputs), pool))
             self.fn = fn
 
@@ -383,6 +383,41 @@ def test_captured_steps_capture_once_per_name_and_shape(monkeypatch) -> None:
     steps.clear()
     steps("a", double, torch.ones(2))
     assert captured[-1] == ("double", ((2,),), 1)  # captured again, in a fresh pool
+    # a borrowed input is read in place: its buffer is part of the key (the same buffer replays, another captures)
+    mine, other = torch.ones(2), torch.ones(2)
+    steps("a", double, mine, borrowed=(0,))
+    steps("a", double, mine, borrowed=(0,))
+    assert len(captured) == 5
+    steps("a", double, other, borrowed=(0,))
+    assert len(captured) == 6
+    steps("a", double, mine[:1], borrowed=(0,))  # the same address, another shape
+    assert len(captured) == 7
+
+
+@gpu
+def test_a_borrowed_buffer_is_read_and_updated_in_place_once_a_replay() -> None:
+    """``CapturedStep``'s borrowed inputs (the real CUDA graph): no copy in (the graph reads the caller's buffer as it
+    is at replay), and a step that updates one in place does so once a replay (its warm-up ran on copies)."""
+    from models.static_target import CapturedSteps
+
+    steps = CapturedSteps()
+    pos, scale = torch.zeros(1, device="cuda"), torch.ones(1, device="cuda")
+
+    def advance(pos, scale):  # pos += 1, then the new position times scale
+        pos.add_(1)
+        return pos * scale
+
+    out = steps("advance", advance, pos, scale, borrowed=(0, 1))
+    torch.cuda.synchronize()
+    assert pos.item() == 1 and out.item() == 1  # the first call: warm-ups on copies, then one replay
+    scale.fill_(10)  # read in place: no call copies it in
+    out = steps("advance", advance, pos, scale, borrowed=(0, 1))
+    torch.cuda.synchronize()
+    assert pos.item() == 2 and out.item() == 20 and len(steps.graphs) == 1
+    copied = torch.ones(1, device="cuda")
+    out = steps("advance", advance, pos, copied, borrowed=(0,))  # scale copied in: a second graph
+    torch.cuda.synchronize()
+    assert pos.item() == 3 and out.item() == 3 and len(steps.graphs) == 2
 
 
 @gpu
