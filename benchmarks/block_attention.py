@@ -13,7 +13,8 @@ slot, and at the ``--keys-per-split`` values, and the largest difference from th
 
 ``--raw``: the call the static drafter makes (``StaticDFlashDrafter._block_pass``): q and the block's keys and values
 as raw projections (``k_new``/``v_new``, the scratch slots unread), q/k norms and RoPE inside the kernel; the reference
-the products over the same keys normed and rotated in fp32 first.
+the products over the same keys normed and rotated in fp32 first; ``new_keys_in_last_split`` times the layout before the
+block's own keys got a split of their own.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def layer_case(anchor: int, rule: LayerAttention, capacity: int) -> dict:
         row[f"{name}_maxdiff"] = (fn().float() - want).abs().max().item()
 
     timed("kernel_ceil_wave", lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, None, equal_splits=False, **raw))
+    if ARGS.raw:  # the layout before: the block's own keys in the split holding the last context slots
+        timed("kernel_new_keys_in_last_split",
+              lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, None, new_keys_apart=False, **raw))
     if not ARGS.raw:
         timed("kernel_slot_loads", lambda: _launch(q, k, v, slot_pos, anchor_t, scale, rule.causal, rule.window, None, loads_by_slots=True))
     for size in [None, *ARGS.keys_per_split]:

@@ -50,6 +50,7 @@ if triton is not None:
                             sq_b, sq_t, sq_h, sk_b, sk_h, sk_c, sv_b, sv_h, sv_c, skn_b, skn_t, skn_h, svn_b, svn_t, svn_h,
                             sp_b, so_b, so_h, so_s, so_m, sm_b, sm_h, sm_s, s_cos,
                             num_kv_heads, groups, rows, n_slots, context_slots, window, qk_scale, split_size, eps,
+                            tile_splits, new_split,
                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
                             BLOCK_T: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr,
                             LOADS_BY_SLOTS: tl.constexpr, HAS_NEW: tl.constexpr, ROTATE: tl.constexpr,
@@ -85,30 +86,32 @@ if triton is not None:
         # HAS_NEW: the block's keys come apart (KN/VN), the cache's scratch slots are not read (nor written)
         keys = context_slots if HAS_NEW else context_slots + n_slots
         # a fixed tile count per split (compiled once per cache shape; Triton's interpreter, which the CPU tests run,
-        # cannot loop to a runtime bound under numpy 2.4)
-        for i in range(TILES):
-            offs_n = split * split_size + i * BLOCK_N + tl.arange(0, BLOCK_N)
-            in_context = offs_n < context_slots
-            held = tl.load(SLOT_POS + b * sp_b + offs_n, mask=in_context, other=-1)
-            k_pos = tl.where(in_context, held, anchor + offs_n - context_slots)  # scratch slot S + j: position anchor + j
-            is_key = tl.where(in_context, (held >= 0) & (held < anchor), offs_n < keys)
-            if HAS_WINDOW:  # seen by no row: at or before anchor - W, outside the first row's window (the widest back)
-                is_key = is_key & (k_pos > anchor - window)
-            # every slot up to the block's last (the module docstring); LOADS_BY_SLOTS (a benchmark's comparison): only the
-            # slots holding keys, the loads waiting on the slot positions
-            load = is_key if LOADS_BY_SLOTS else offs_n < keys
-            k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=load[:, None], other=0.0)
-            v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=load[:, None], other=0.0)
-            visible = is_key[None, :] & (q_pos[:, None] >= 0)  # [M, N]
-            if CAUSAL:
-                visible = visible & (k_pos[None, :] <= q_pos[:, None])
-            if HAS_WINDOW:
-                visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
-                if not CAUSAL:  # z-lab's symmetric band inside the block
-                    visible = visible & (k_pos[None, :] < q_pos[:, None] + window)
-            m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
-        if HAS_NEW:  # the split holding the first scratch slot (the last live one) attends to the block's own keys
-            if split == context_slots // split_size:
+        # cannot loop to a runtime bound under numpy 2.4); the block's own split (``new_split`` past the context's
+        # splits, the launcher's ``new_keys_apart``) reads no context tile
+        if split < tile_splits:
+            for i in range(TILES):
+                offs_n = split * split_size + i * BLOCK_N + tl.arange(0, BLOCK_N)
+                in_context = offs_n < context_slots
+                held = tl.load(SLOT_POS + b * sp_b + offs_n, mask=in_context, other=-1)
+                k_pos = tl.where(in_context, held, anchor + offs_n - context_slots)  # scratch slot S + j: position anchor + j
+                is_key = tl.where(in_context, (held >= 0) & (held < anchor), offs_n < keys)
+                if HAS_WINDOW:  # seen by no row: at or before anchor - W, outside the first row's window (the widest back)
+                    is_key = is_key & (k_pos > anchor - window)
+                # every slot up to the block's last (the module docstring); LOADS_BY_SLOTS (a benchmark's comparison): only the
+                # slots holding keys, the loads waiting on the slot positions
+                load = is_key if LOADS_BY_SLOTS else offs_n < keys
+                k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_c + offs_d[None, :], mask=load[:, None], other=0.0)
+                v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_c + offs_d[None, :], mask=load[:, None], other=0.0)
+                visible = is_key[None, :] & (q_pos[:, None] >= 0)  # [M, N]
+                if CAUSAL:
+                    visible = visible & (k_pos[None, :] <= q_pos[:, None])
+                if HAS_WINDOW:
+                    visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+                    if not CAUSAL:  # z-lab's symmetric band inside the block
+                        visible = visible & (k_pos[None, :] < q_pos[:, None] + window)
+                m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE)
+        if HAS_NEW:  # the block's own keys: in a split of their own past the context's, or the one holding slot S
+            if split == new_split:
                 offs_t = tl.arange(0, BLOCK_T)
                 new = offs_t < n_slots
                 kn, vn = _new_keys(KN + b * skn_b + h * skn_h + offs_t[:, None] * skn_t,
@@ -191,7 +194,10 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_pos: torch.Tensor, anchor: torch.Tensor,
             scale: float, causal: bool, window: int | None, keys_per_split: int | None, num_warps: int = 4,
             num_stages: int = 2, loads_by_slots: bool = False, equal_splits: bool = True, k_new: torch.Tensor | None = None,
-            v_new: torch.Tensor | None = None, rope: Rope | None = None) -> torch.Tensor:
+            v_new: torch.Tensor | None = None, rope: Rope | None = None, new_keys_apart: bool = True) -> torch.Tensor:
+    # new_keys_apart (with k_new): the block's own keys in a split of their own after the context's splits, not in the
+    # split holding the last context slots: that split, which also norms, rotates and attends to them, was the slowest
+    # program (H200, one layer at 8K, ``benchmarks/block_attention.py --raw``, ``new_keys_in_last_split`` times it)
     # num_warps / num_stages: pass 1's launch (``benchmarks/block_attention.py --warps --stages`` times others);
     # loads_by_slots: see the kernel. equal_splits: the split rule's one wave at one program an SM
     # (``decode_attention.split_size``): every split of this kernel loops the same tile count, so none is light enough to
@@ -219,11 +225,14 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_
     groups = hq // hkv
     rows = groups * n
     keys = context_slots + n
+    apart = has_new and new_keys_apart
+    split_keys = context_slots if apart else keys  # the keys the equal splits share
     if keys_per_split is None:
-        size = split_size(keys, bsz * hkv, q.device, rows, equal_splits=equal_splits)
+        size = split_size(split_keys, bsz * hkv, q.device, rows, equal_splits=equal_splits, reserved=int(apart))
     else:
         size = BLOCK_N * max(1, math.ceil(keys_per_split / BLOCK_N))
-    splits = math.ceil(keys / size)
+    tile_splits = math.ceil(split_keys / size)
+    splits, new_split = (tile_splits + 1, tile_splits) if apart else (tile_splits, context_slots // size)
     o_part = torch.empty(bsz, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
     m_part = torch.empty(bsz, hkv, splits, rows, dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
@@ -240,7 +249,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *kn_strides, *vn_strides, slot_pos.stride(0),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), m_part.stride(0), m_part.stride(1), m_part.stride(2),
         cos.stride(0), hkv, groups, rows, n, context_slots, window or 0, scale * LOG2E, size,
-        rope.eps if rope is not None else 0.0,
+        rope.eps if rope is not None else 0.0, tile_splits, new_split,
         D=d, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, TILES=size // BLOCK_N,
         BLOCK_T=max(16, triton.next_power_of_2(n)), CAUSAL=causal, HAS_WINDOW=window is not None,
         IEEE=q.dtype == torch.float32, LOADS_BY_SLOTS=loads_by_slots, HAS_NEW=has_new, ROTATE=rope is not None,

@@ -305,7 +305,7 @@ KEYS_PER_ROW = 16
 
 
 def split_size(capacity: int, programs_per_split: int, device: torch.device, rows: int = 1, block_n: int = BLOCK_N,
-               equal_splits: bool = False) -> int:
+               equal_splits: bool = False, reserved: int = 0) -> int:
     """Keys per split: enough splits for about four programs per SM (at most 128 splits), whole tiles; and, for many
     query rows, up to ``KEYS_PER_ROW * rows`` keys as long as the programs still fill the SMs once. Every split writes
     ``rows x D`` fp32 partials that the merge reads back: a 16-token verify has 64 query rows per KV head (Qwen3-8B),
@@ -317,10 +317,11 @@ def split_size(capacity: int, programs_per_split: int, device: torch.device, row
     wave is at most one program an SM (``sms // programs_per_split`` splits a KV head), not one split more: with 132 SMs
     and 8 KV heads ``ceil`` gave 17 splits, 136 programs, and the 4 programs that found every SM taken ran after a full
     one on theirs. This file's kernel keeps ``ceil``: its last live split, holding the newest keys, is the lightest, and
-    ``pass1_grid`` launches it last."""
+    ``pass1_grid`` launches it last. ``reserved``: with ``equal_splits``, that many programs a KV head's share of the wave
+    kept for others (``swa_kernels/block_attention.py``'s split of the block's own keys)."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 16
     splits = max(1, min(128, math.ceil(4 * sms / programs_per_split)))
-    per_head = sms // programs_per_split if equal_splits else math.ceil(sms / programs_per_split)
+    per_head = max(1, sms // programs_per_split - reserved) if equal_splits else math.ceil(sms / programs_per_split)
     one_wave = capacity / max(1, per_head)  # keys per split when the programs fill the SMs once
     keys = max(math.ceil(capacity / splits), min(KEYS_PER_ROW * rows, one_wave))
     return block_n * max(1, math.ceil(keys / block_n))

@@ -96,7 +96,7 @@ def run_raw_cases(device: str, dtype: torch.dtype) -> list[float]:
     """The block's keys and values apart and q/k raw (``k_new``, ``v_new``, ``rope``: the drafter's call): the norms and
     RoPE at anchor + t in the kernel, the cache's scratch slots holding NaN (neither read nor needed) against the
     written-out softmax over q and the block's keys normed and rotated in fp64 and placed in the scratch."""
-    from swa_kernels.block_attention import block_attention
+    from swa_kernels.block_attention import _launch, block_attention
     from swa_kernels.decode_attention import Rope
 
     errors = []
@@ -121,6 +121,11 @@ def run_raw_cases(device: str, dtype: torch.dtype) -> list[float]:
         rope = Rope(cos.to(device, dtype), sin.to(device, dtype), q_w.to(device, dtype), k_w.to(device, dtype), 1e-6)
         got = block_attention(q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), slot_pos.to(device), anchor.to(device),
                               d ** -0.5, causal, window, k_new=k_new.to(device, dtype), v_new=v_new.to(device, dtype), rope=rope)
+        errors.append((got.cpu().double() - want).abs().max().item())
+        # the layout before: the block's keys in the split holding the last context slots, not a split of their own
+        got = _launch(q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), slot_pos.to(device), anchor.to(device),
+                      d ** -0.5, causal, window, None, k_new=k_new.to(device, dtype), v_new=v_new.to(device, dtype), rope=rope,
+                      new_keys_apart=False)
         errors.append((got.cpu().double() - want).abs().max().item())
     return errors
 
