@@ -301,7 +301,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         run_ahead: launch work before the host reads the previous step's result (default: on a GPU, where the host's
             sync and launch would otherwise leave it idle; the output is the same either way): the target alone, each
             step; with a drafter that takes a device anchor (``draft_at``: the static DFlash and EAGLE-3 drafters), the
-            next block or chain.
+            next block or chain; a greedy chain of a drafter with ``append_and_draft`` (the static DFlash drafter) runs
+            its append and next block as one step the verify's graph hands its outputs to in place.
         cached_ids: the token ids whose keys/values row 0 of the target's cache holds at positions 0 .. (the previous
             generation's ``Generation.cache_ids``, nothing written to the target since): the prompt's common prefix with
             them is not prefilled again (a conversation's next turn holds the earlier turns and answers). A static

@@ -917,7 +917,9 @@ def choose_block_attention(name: str | None, device: torch.device, head_dim: int
 
 class StaticDFlashDrafter:
     """DFlash drafting for the static loop: fixed-shape buffers for a batch of rows, so the block pass and the
-    context append are captured as CUDA graphs (``models.static_target.CapturedStep``) on a GPU.
+    context append are captured as CUDA graphs (``models.static_target.CapturedStep``) on a GPU; a greedy chain's whole
+    drafting step (the append, then the next block) as one graph that reads the verify's outputs and writes the next
+    verify's inputs in place (``start_chain``, ``append_and_draft``).
 
     Per layer: context keys/values ``[B, Hkv, S + block, D]`` and the position each slot holds, ``[B, S]``
     (-1: empty). A full layer keeps every position (S = capacity); a sliding layer of window W is a ring of

@@ -139,6 +139,35 @@ def test_drafting_the_next_block_ahead_of_the_host_sync_changes_no_token(referen
 
 
 @pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
+def test_a_chained_second_turn_reuses_the_first_turns_context(reference_target_path) -> None:
+    """A conversation's second turn reusing the first's cached tokens (``cached_ids``) with the greedy chain's drafting
+    step as one call (``append_and_draft``, taken with ``run_ahead``): the target's own greedy output in both turns, the
+    same tokens and accepted counts as the path after the host sync, and the prefix reused."""
+    from transformers import AutoModelForCausalLM
+
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
+                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
+    torch.manual_seed(0)
+    drafter = StaticDFlashDrafter(DFlashDraftModel(config).eval(), model.get_input_embeddings(), model.get_output_embeddings())
+    target = StaticTarget(model, [1, 3])
+    first = torch.randint(10, 8000, (20,)).tolist()
+    turns = {}
+    for ahead in (True, False):
+        one = generate(target, drafter, first, 16, run_ahead=ahead)
+        second = first + one.tokens + torch.randint(10, 8000, (7,), generator=torch.Generator().manual_seed(1)).tolist()
+        two = generate(target, drafter, second, 16, run_ahead=ahead, cached_ids=one.cache_ids)
+        assert two.stats.reused_tokens > len(first)
+        turns[ahead] = [(t.tokens, t.stats.accepted_per_step) for t in (one, two)]
+    assert turns[True] == turns[False]
+    alone = StaticTarget(model, [1, 3])
+    assert turns[True][0][0] == generate(alone, None, first, 16).tokens
+    assert turns[True][1][0] == generate(alone, None, second, 16).tokens
+
+
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))])
 def test_steps_end_where_the_target_alone_ends(reference_target_path, device) -> None:
     """Drafting the next block before the host sync (``run_ahead``) or after it: at every budget, with forced acceptances
