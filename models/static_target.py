@@ -822,11 +822,19 @@ class CapturedSteps:
     def clear(self) -> None:
         self.graphs.clear()
 
+    # graphs of one name and shapes over different borrowed buffers before a call is taken for a caller's mistake (a
+    # fresh tensor each call would capture a graph each call: slow, and the pool would grow without bound)
+    max_borrowed_variants = 8
+
     def __call__(self, name, fn, *inputs: torch.Tensor, borrowed: tuple[int, ...] = ()):
-        key = (name,) + tuple(t.shape for t in inputs) + tuple(
-            (i, inputs[i].data_ptr(), inputs[i].stride(), inputs[i].dtype) for i in borrowed)
+        shapes = (name,) + tuple(t.shape for t in inputs)
+        key = shapes + tuple((i, inputs[i].data_ptr(), inputs[i].stride(), inputs[i].dtype) for i in borrowed)
         graph = self.graphs.get(key)
         if graph is None:
+            if borrowed and sum(k[:len(shapes)] == shapes for k in self.graphs) >= self.max_borrowed_variants:
+                raise ValueError(f"captured step {name!r}: {self.max_borrowed_variants} graphs already, each over other "
+                                 f"buffers for the borrowed inputs {list(borrowed)}; a borrowed input must be the caller's "
+                                 f"same buffer every call (copy into one, or do not borrow it)")
             if not self.graphs:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = self.graphs[key] = CapturedStep(fn, *inputs, pool=self.pool, borrowed=borrowed)

@@ -392,6 +392,14 @@ def test_captured_steps_capture_once_per_name_and_shape(monkeypatch) -> None:
     assert len(captured) == 6
     steps("a", double, mine[:1], borrowed=(0,))  # the same address, another shape
     assert len(captured) == 7
+    # a fresh buffer every call (a caller's mistake) is stopped with a clear error, not captured without end
+    steps.max_borrowed_variants = 4
+    keep = [torch.ones(2) for _ in range(4)]
+    for t in keep:
+        steps("c", double, t, borrowed=(0,))
+    with pytest.raises(ValueError, match="same buffer every call"):
+        steps("c", double, torch.ones(2), borrowed=(0,))
+    steps("c", double, keep[0], borrowed=(0,))  # a buffer it has: replayed
 
 
 @gpu
