@@ -376,6 +376,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     # 8B shape on an H200)
     chained = (fused_greedy and run_ahead and drafter is not None and hasattr(drafter, "append_and_draft")
                and drafter.block_size <= DECODE_MAX_TOKENS)
+    chain_inputs = target.chain_inputs(drafter.block_size) if chained else None  # the verify's ids and position
     ahead = None  # run_ahead: the next token (or the next drafts), launched before the host reads this step's result
     while len(out) < max_new_tokens and out[-1] not in eos:
         timer.mark("other")
@@ -392,7 +393,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             stats.accepted_per_step.append(0)
         elif chained:
             if ahead is None:  # the generation's first block; each step's drafter graph writes the next into the same buffers
-                ahead = drafter.start_chain(token, pos)
+                ahead = drafter.start_chain(token, pos, *chain_inputs)
                 timer.mark("draft")
             ids, at = ahead
             values, features = target.greedy_forward(ids, pos, forced_accept, at=at)  # [accepted, drafts.., next token]
@@ -401,7 +402,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             if device.type == "cuda":  # the host waits for the verify alone; the GPU drafts the next block meanwhile
                 values, ready = values.to("cpu", non_blocking=True), torch.cuda.Event()
                 ready.record()
-            drafter.append_and_draft(features, verified)
+            drafter.append_and_draft(features, verified, *chain_inputs)
             timer.mark("draft")
             if ready is not None:
                 ready.synchronize()

@@ -919,7 +919,7 @@ class StaticDFlashDrafter:
     """DFlash drafting for the static loop: fixed-shape buffers for a batch of rows, so the block pass and the
     context append are captured as CUDA graphs (``models.static_target.CapturedStep``) on a GPU; a greedy chain's whole
     drafting step (the append, then the next block) as one graph that reads the verify's outputs and writes the next
-    verify's inputs in place (``start_chain``, ``append_and_draft``).
+    verify's inputs (``StaticTarget.chain_inputs``) in place (``start_chain``, ``append_and_draft``).
 
     Per layer: context keys/values ``[B, Hkv, S + block, D]`` and the position each slot holds, ``[B, S]``
     (-1: empty). A full layer keeps every position (S = capacity); a sliding layer of window W is a ring of
@@ -1016,7 +1016,6 @@ class StaticDFlashDrafter:
         self.capacity = self.batch = 0
         self.graphs = CapturedSteps()
         self._pos = None
-        self.step_ids = self.step_pos = None  # ``start_chain``/``append_and_draft``'s persistent buffers (batch 1)
         # the batch-1 protocol (``infer.generate``): the token ids whose features row 0's context holds at positions 0 ..
         # after the last generation, what a next turn's prompt may reuse (``kept_prefix``)
         self.context_ids: list[int] = []
@@ -1332,33 +1331,34 @@ class StaticDFlashDrafter:
         return self.draft_at(token, self._position(anchor), sampling, generator)
 
     @torch.no_grad()
-    def start_chain(self, token: torch.Tensor, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A greedy chain's first block after ``token`` ([] or [1]) at ``anchor``, into the drafter's persistent step
-        buffers: the verify's ids [block_size] (the token, then the drafts) and its position [1] on the device.
-        ``append_and_draft`` then updates both in place, step after step."""
-        if self.step_pos is None or self.step_pos.device != self.device:
-            self.step_pos = torch.zeros(1, dtype=torch.long, device=self.device)
-            self.step_ids = torch.zeros(1, self.block_size, dtype=torch.long, device=self.device)
-        self.step_pos.fill_(anchor)
-        drafts = self.block_greedy(token.reshape(1), self.step_pos)
-        self.step_ids.copy_(torch.cat([token.reshape(1, 1), drafts], dim=1))
-        return self.step_ids[0], self.step_pos
+    def start_chain(self, token: torch.Tensor, anchor: int, ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A greedy chain's first block after ``token`` ([] or [1]) at ``anchor``, written into the target's verify inputs
+        (``StaticTarget.chain_inputs``: ``ids`` [1, block_size], the token then the drafts, and ``pos`` [1], the block's
+        position). ``append_and_draft`` then updates both in place, step after step. Returns (ids[0], pos)."""
+        if ids.shape != (1, self.block_size) or pos.shape != (1,):
+            raise ValueError(f"start_chain: ids {tuple(ids.shape)}, pos {tuple(pos.shape)}; expected (1, {self.block_size}) and (1,)")
+        pos.fill_(anchor)
+        drafts = self.block_greedy(token.reshape(1), pos)
+        ids.copy_(torch.cat([token.reshape(1, 1), drafts], dim=1))
+        return ids[0], pos
 
     @torch.no_grad()
-    def append_and_draft(self, features: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append_and_draft(self, features: torch.Tensor, values: torch.Tensor, ids: torch.Tensor,
+                         pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A greedy chain's drafting for one loop step, on a GPU one captured graph: the verified block's features
-        [block_size, k*H] into the context at the block's position (the step buffer ``start_chain`` set), then the next
-        block after the target's token at that position + accepted + 1 (``values`` [block_size + 1]: the accepted count,
-        the drafts, the token, as ``StaticTarget.greedy_step`` returns them). Returns the step buffers, updated: the next
-        verify's ids [block_size] and position [1]. The graph reads ``features``, ``values`` (the target graph's outputs)
-        and the step buffers in place: between the verify's graph and this one, and this one and the next verify's, no
-        copy or small kernel is launched (``infer.generate``)."""
-        if self.step_pos is None or features.shape[0] != self.block_size or values.shape != (self.block_size + 1,):
-            raise ValueError(f"append_and_draft: features {tuple(features.shape)}, values {tuple(values.shape)}; expected "
-                             f"{self.block_size} positions and {self.block_size + 1} values after start_chain")
-        self._run("append_and_draft", self.step_fn, features[None], values[None], self.step_pos, self.step_ids,
-                  borrowed=(0, 1, 2, 3))
-        return self.step_ids[0], self.step_pos
+        [block_size, k*H] into the context at the block's position (``pos`` [1], as ``start_chain`` or the step before
+        left it), then the next block after the target's token at that position + accepted + 1 (``values`` [block_size +
+        1]: the accepted count, the drafts, the token, as ``StaticTarget.greedy_step`` returns them), written in place as
+        the next verify's ``ids`` [1, block_size] and ``pos``. The graph reads ``features`` and ``values`` (the target
+        graph's outputs) and the target's buffers in place: between the verify's graph and this one, and this one and the
+        next verify's, no copy or small kernel is launched (``infer.generate``). Returns (ids[0], pos)."""
+        if (features.shape[0] != self.block_size or values.shape != (self.block_size + 1,)
+                or ids.shape != (1, self.block_size) or pos.shape != (1,)):
+            raise ValueError(f"append_and_draft: features {tuple(features.shape)}, values {tuple(values.shape)}, ids "
+                             f"{tuple(ids.shape)}, pos {tuple(pos.shape)}; expected {self.block_size} positions, "
+                             f"{self.block_size + 1} values, ids (1, {self.block_size}) and pos (1,)")
+        self._run("append_and_draft", self.step_fn, features[None], values[None], pos, ids, borrowed=(0, 1, 2, 3))
+        return ids[0], pos
 
     @torch.no_grad()
     def draft_at(self, token: torch.Tensor, anchor: torch.Tensor, sampling: SamplingConfig,

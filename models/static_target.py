@@ -565,11 +565,23 @@ class StaticTarget:
         borrow = (0, 1, 2) if borrowed else (2,) if forced is self._unforced else ()
         return self.graphs("greedy_step", self._greedy_step, input_ids, pos, forced, borrowed=borrow)
 
+    def chain_inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Persistent device buffers for row 0's next verify of ``n`` tokens: ids [1, n] and position [1], the same
+        tensors every call (per ``n``). A drafter's captured step writes them (``StaticDFlashDrafter.append_and_draft``)
+        and the verify's graph reads them in place (``greedy_forward(at=)``): owned here, so every drafter object (a
+        window's copy included) hands this target's one verify graph its inputs."""
+        if self._chain_inputs is None or any(t.device != self.device for pair in self._chain_inputs.values() for t in pair):
+            self._chain_inputs = {}
+        if n not in self._chain_inputs:
+            self._chain_inputs[n] = (torch.zeros(1, n, dtype=torch.long, device=self.device),
+                                     torch.zeros(1, dtype=torch.long, device=self.device))
+        return self._chain_inputs[n]
+
     def greedy_forward(self, input_ids: torch.Tensor, start: int, forced: torch.Tensor | None = None,
                        at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``greedy_step`` for row 0 (``infer.generate``'s batch-1 loop): ``input_ids`` [n] at position ``start``;
-        values [n+1] and features [n, k*H] (or None). ``at``: [1] on the device, holding ``start`` already (a drafter's
-        persistent buffer, as ``input_ids`` and ``forced`` then are): the graph reads the three in place (``borrowed``)."""
+        values [n+1] and features [n, k*H] (or None). ``at``: [1] on the device, holding ``start`` already (``chain_inputs``'
+        position, its ids then ``input_ids``, and ``forced`` a constant): the graph reads the three in place (``borrowed``)."""
         n = input_ids.shape[0]
         if start + n > self.capacity:
             raise ValueError(f"forward to position {start + n} exceeds the KV cache capacity {self.capacity}; call allocate() first")
@@ -770,6 +782,7 @@ class StaticTarget:
 
     _pos: torch.Tensor | None = None
     _unforced: torch.Tensor | None = None  # ``greedy_step``'s forced counts when none are given: -1 a row
+    _chain_inputs: dict | None = None  # ``chain_inputs``' buffers by block length
 
 
 def choose_decode_attention(name: str | None, device: torch.device) -> str:

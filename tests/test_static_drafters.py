@@ -206,6 +206,9 @@ def test_steps_end_where_the_target_alone_ends(reference_target_path, device) ->
         for forced in (None, 3, None, 3):
             generate(target, drafter, prompt, 24, accept_per_step=forced, run_ahead=True)
         assert (len(target.graphs.graphs), len(drafter.graphs.graphs)) == graphs
+        for _ in range(2):  # a window's copy of the drafter (an eval sweep makes one a cell) writes the target's same buffers
+            got = generate(target, drafter.with_window("trained"), prompt, 24, run_ahead=True)
+            assert got.tokens == alone and len(target.graphs.graphs) == graphs[0]
 
 
 @pytest.mark.parametrize("rule", [LayerAttention(True, None), LayerAttention(True, 3), LayerAttention(False, None),
