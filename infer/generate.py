@@ -246,6 +246,25 @@ def staged_verify(target: StaticTarget, ids: torch.Tensor, pos: torch.Tensor, fi
     return torch.cat([logits, more_logits], 1), None if features is None else torch.cat([features, more_features], 1)
 
 
+def read_step(values: torch.Tensor, launch_ahead: Callable[[], object] | None, timer: PhaseTimer) -> tuple[int, list[int], object]:
+    """A step's ``values`` [accepted, drafts.., token after them] read on the host, with ``launch_ahead`` (the next step's
+    drafting, or None) queued before the host waits: on a GPU the values are copied back first, so the host waits for
+    the verify alone and launches the next verify while the GPU drafts (after the drafting, the GPU idled through the
+    host's launch). Returns the accepted count, the new tokens and what ``launch_ahead`` returned (None without it)."""
+    ready, launched = None, None
+    if launch_ahead is not None:
+        if values.is_cuda:
+            values, ready = values.to("cpu", non_blocking=True), torch.cuda.Event()
+            ready.record()
+        launched = launch_ahead()  # reads the device values (the closure's own reference), not the host copy
+        timer.mark("draft")
+    if ready is not None:
+        ready.synchronize()
+    values = values.tolist()  # host sync
+    accepted = values[0]
+    return accepted, values[1:1 + accepted] + [values[-1]], launched
+
+
 @functools.lru_cache(maxsize=None)
 def forced_count(count: int, device: torch.device) -> torch.Tensor:
     """The benchmark mode's accepted count as a device constant, the same tensor every generation: a verify graph that
@@ -398,17 +417,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             ids, at = ahead
             values, features = target.greedy_forward(ids, pos, forced_accept, at=at)  # [accepted, drafts.., next token]
             timer.mark("verify")
-            verified, ready = values, None
-            if device.type == "cuda":  # the host waits for the verify alone; the GPU drafts the next block meanwhile
-                values, ready = values.to("cpu", non_blocking=True), torch.cuda.Event()
-                ready.record()
-            drafter.append_and_draft(features, verified, *chain_inputs)
-            timer.mark("draft")
-            if ready is not None:
-                ready.synchronize()
-            values = values.tolist()  # host sync
-            accepted = values[0]
-            new = values[1:1 + accepted] + [values[-1]]
+            accepted, new, _ = read_step(values, lambda: drafter.append_and_draft(features, values, *chain_inputs), timer)
             stats.accepted_per_step.append(accepted)
             timer.mark("other")
         elif drafter.tree:
@@ -459,19 +468,10 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
                 if accept_per_step is not None:  # benchmark mode (see the docstring); the count made once, no copy per step
                     num_accepted, token, draft_tokens = forced_accept, logits[accept_per_step].argmax(), block_ids[1:]
                 values = torch.cat([num_accepted[None], draft_tokens, token[None]])
-            ready = None
-            drafting_ahead = run_ahead and hasattr(drafter, "draft_at")
-            if drafting_ahead and device.type == "cuda":  # the step's result copied back before the next block is queued:
-                values, ready = values.to("cpu", non_blocking=True), torch.cuda.Event()  # the host waits for the verify
-                ready.record()  # alone and queues the next one while the GPU drafts (after the block, the GPU idled)
-            if drafting_ahead:  # the next block at pos + accepted + 1, before the host knows it (same generator order)
-                ahead = drafter.draft_at(token, num_accepted + (pos + 1), sampling, generator)
-                timer.mark("draft")
-            if ready is not None:
-                ready.synchronize()
-            values = values.tolist()  # host sync
-            accepted = values[0]
-            new = values[1:1 + accepted] + [values[-1]]
+            # the next block at pos + accepted + 1, before the host knows it (same generator order)
+            draft_ahead = ((lambda: drafter.draft_at(token, num_accepted + (pos + 1), sampling, generator))
+                           if run_ahead and hasattr(drafter, "draft_at") else None)
+            accepted, new, ahead = read_step(values, draft_ahead, timer)
             stats.accepted_per_step.append(accepted)
             timer.mark("other")
             if not whole_block:

@@ -116,11 +116,11 @@ def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_
     assert forced[0] == forced[1]
 
 
-@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
-def test_drafting_the_next_block_ahead_of_the_host_sync_changes_no_token(reference_target_path) -> None:
+def two_layer_static_dflash(reference_target_path):
+    """The reference target (fp32, CPU), its static copy reading layers 1 and 3, and a random two-layer static DFlash
+    drafter over them (a sliding layer of W = 6, a full one; block 4), seeded: (model, target, drafter)."""
     from transformers import AutoModelForCausalLM
 
-    from models.sampling import SamplingConfig
     from models.static_target import StaticTarget
 
     model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
@@ -128,7 +128,14 @@ def test_drafting_the_next_block_ahead_of_the_host_sync_changes_no_token(referen
                                 layer_types=["sliding_attention", "full_attention"], sliding_window=6)
     torch.manual_seed(0)
     drafter = StaticDFlashDrafter(DFlashDraftModel(config).eval(), model.get_input_embeddings(), model.get_output_embeddings())
-    target = StaticTarget(model, [1, 3])
+    return model, StaticTarget(model, [1, 3]), drafter
+
+
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
+def test_drafting_the_next_block_ahead_of_the_host_sync_changes_no_token(reference_target_path) -> None:
+    from models.sampling import SamplingConfig
+
+    _, target, drafter = two_layer_static_dflash(reference_target_path)
     prompt = torch.randint(10, 8000, (30,)).tolist()
     for kwargs in ({}, {"accept_per_step": 2}, {"sampling": SamplingConfig(temperature=1.0, seed=3)}):
         runs = [generate(target, drafter, prompt, 30, run_ahead=ahead, **kwargs) for ahead in (False, True)]
@@ -143,16 +150,9 @@ def test_a_chained_second_turn_reuses_the_first_turns_context(reference_target_p
     """A conversation's second turn reusing the first's cached tokens (``cached_ids``) with the greedy chain's drafting
     step as one call (``append_and_draft``, taken with ``run_ahead``): the target's own greedy output in both turns, the
     same tokens and accepted counts as the path after the host sync, and the prefix reused."""
-    from transformers import AutoModelForCausalLM
-
     from models.static_target import StaticTarget
 
-    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
-    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
-                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
-    torch.manual_seed(0)
-    drafter = StaticDFlashDrafter(DFlashDraftModel(config).eval(), model.get_input_embeddings(), model.get_output_embeddings())
-    target = StaticTarget(model, [1, 3])
+    model, target, drafter = two_layer_static_dflash(reference_target_path)
     first = torch.randint(10, 8000, (20,)).tolist()
     turns = {}
     for ahead in (True, False):
