@@ -246,21 +246,32 @@ def staged_verify(target: StaticTarget, ids: torch.Tensor, pos: torch.Tensor, fi
     return torch.cat([logits, more_logits], 1), None if features is None else torch.cat([features, more_features], 1)
 
 
-def read_step(values: torch.Tensor, launch_ahead: Callable[[], object] | None, timer: PhaseTimer) -> tuple[int, list[int], object]:
-    """A step's ``values`` [accepted, drafts.., token after them] read on the host, with ``launch_ahead`` (the next step's
-    drafting, or None) queued before the host waits: on a GPU the values are copied back first, so the host waits for
-    the verify alone and launches the next verify while the GPU drafts (after the drafting, the GPU idled through the
-    host's launch). Returns the accepted count, the new tokens and what ``launch_ahead`` returned (None without it)."""
+def read_back(values: torch.Tensor, launch_ahead: Callable[[], object] | None, timer: PhaseTimer,
+              phase: str) -> tuple[list[int], object]:
+    """``values`` (1-D) read on the host with ``launch_ahead`` (the next step's work, or None) queued before the host
+    waits (its phase marked ``phase``): on a GPU the values are copied back first and the host waits on that copy alone,
+    not on the stream, whose queue by then holds the next step; the host launches the step after while the GPU runs it.
+    (Waiting on the stream, ``.item()`` / ``.tolist()`` on the device tensor, waited for the queued step too, and the GPU
+    then idled through the host's turn: BENCHMARKS.md "The autoregressive baseline's run-ahead".) Returns the values and
+    what ``launch_ahead`` returned (None without it)."""
     ready, launched = None, None
     if launch_ahead is not None:
         if values.is_cuda:
             values, ready = values.to("cpu", non_blocking=True), torch.cuda.Event()
             ready.record()
         launched = launch_ahead()  # reads the device values (the closure's own reference), not the host copy
-        timer.mark("draft")
+        timer.mark(phase)
     if ready is not None:
         ready.synchronize()
-    values = values.tolist()  # host sync
+    return values.tolist(), launched  # host sync
+
+
+def read_step(values: torch.Tensor, launch_ahead: Callable[[], object] | None, timer: PhaseTimer) -> tuple[int, list[int], object]:
+    """A step's ``values`` [accepted, drafts.., token after them] read on the host (``read_back``), with ``launch_ahead``
+    (the next step's drafting, or None) queued before the host waits: the host waits for the verify alone and launches
+    the next verify while the GPU drafts (after the drafting, the GPU idled through the host's launch). Returns the
+    accepted count, the new tokens and what ``launch_ahead`` returned (None without it)."""
+    values, launched = read_back(values, launch_ahead, timer, "draft")
     accepted = values[0]
     return accepted, values[1:1 + accepted] + [values[-1]], launched
 
@@ -403,12 +414,14 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             if ahead is None:
                 ahead = next_token(target, token, pos, sampling, generator, fused_greedy)
             token, ahead = ahead, None
-            if run_ahead and len(out) + 1 < max_new_tokens:
-                # one step queued ahead of the host sync below, so the GPU never idles while the host reads a token and
-                # launches the next step; after an end-of-sequence token the queued step is discarded (output unchanged)
-                ahead = next_token(target, token, pos + 1, sampling, generator, fused_greedy)
-            timer.mark("verify")
-            new = [int(token)]  # host sync
+            # run_ahead: the next step queued before the host reads this token (``read_back``: the host waits for this
+            # step alone), so the GPU never idles while the host reads a token and launches the step after; after an
+            # end-of-sequence token the queued step is discarded (output unchanged)
+            launch = ((lambda: next_token(target, token, pos + 1, sampling, generator, fused_greedy))
+                      if run_ahead and len(out) + 1 < max_new_tokens else None)
+            if launch is None:
+                timer.mark("verify")
+            new, ahead = read_back(token.reshape(1), launch, timer, "verify")  # marks "verify" after the launch
             stats.accepted_per_step.append(0)
         elif chained:
             if ahead is None:  # the generation's first block; each step's drafter graph writes the next into the same buffers

@@ -312,6 +312,33 @@ def test_running_a_step_ahead_changes_no_token(reference_target_path) -> None:
     assert sampled[0] == sampled[1]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_reading_a_step_back_waits_for_that_step_alone() -> None:
+    """``read_back`` (the loop's host sync, the autoregressive baseline's included) hands the host a step's values while
+    the next step, launched after them, still runs; read on the stream instead (``.tolist()``, ``int()``: the baseline's
+    read before), the host waits for the launched step too and the GPU idles through the host's turn."""
+    from infer.generate import PhaseTimer, read_back
+
+    a = torch.randn(4096, 4096, device="cuda")
+    values = torch.arange(5, device="cuda")
+
+    def next_step() -> torch.cuda.Event:  # ~0.1-1 s of products queued behind the values, then an event after them
+        for _ in range(100):
+            a.copy_(torch.mm(a, a).clamp_(-1, 1))
+        done = torch.cuda.Event()
+        done.record()
+        return done
+
+    timer = PhaseTimer(values.device)
+    got, done = read_back(values + 1, next_step, timer, "verify")
+    assert got == [1, 2, 3, 4, 5] and not done.query()  # the host has the values; the launched step is still running
+    torch.cuda.synchronize()
+    ahead = values + 2
+    done = next_step()
+    assert ahead.tolist() == [2, 3, 4, 5, 6] and done.query()  # the stream-ordered read waited for the launched step
+    assert read_back(values, None, timer, "verify") == ([0, 1, 2, 3, 4], None)
+
+
 def test_without_onednn_prepacking_the_plain_matrices_run(reference_target_path, monkeypatch) -> None:
     """Where torch's private prepacking ops are unusable the CPU default runs the plain matrices; asking for them fails."""
     import torch.nn.functional as F
