@@ -187,6 +187,9 @@ def main() -> None:
         rows.append(row)
         print(f"{row['loop']} | {ctx} | {row['tokens_per_s']:.1f} | {ms:.2f} | {100 * row['bandwidth_frac']:.1f} | "
               f"{100 * row['outside_forward']:.1f} | {row['prefill_s']:.2f}", flush=True)
+        if row["outside_forward"] > 0.005:  # a step runs ahead of the host: the GPU should never wait between tokens
+            print(f"    note: the loop spent {100 * row['outside_forward']:.1f}% of its time between forwards (the GPU waiting on "
+                  f"the host): every ratio over this row is overstated by that share", flush=True)
         pos = torch.tensor([ctx], device="cuda")
         one = cuda_ms(lambda: target.step(torch.zeros(1, 1, dtype=torch.long, device="cuda"), pos))
         many = cuda_ms(lambda: target.step(torch.zeros(1, args.verify_tokens, dtype=torch.long, device="cuda"), pos))
