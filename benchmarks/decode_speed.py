@@ -8,8 +8,8 @@ A random-init target of a real shape (default Qwen3-8B's, bf16) on one GPU. Prin
   3. one captured forward of 1 and of ``--verify-tokens`` tokens at each context (median of CUDA-event timings);
   4. speculative decoding with random drafters of the matching shape whose steps accept a given number of drafts
      (``generate(..., accept_per_step=τ-1)``, the real loop's work per step): tokens/s and speedup over (2) at the
-     first context, and over (3)'s one-token forward alone there (an autoregressive loop with nothing between its
-     forwards: the strictest baseline), τ = ``--taus``: DFlash and EAGLE-3 chains (k = τ) as the loop runs them (static caches, the draft
+     first context, and over (3)'s one-token forward alone there (the captured step replayed back to back, no argmax
+     and no host turn between forwards: the strictest baseline), τ = ``--taus``: DFlash and EAGLE-3 chains (k = τ) as the loop runs them (static caches, the draft
      captured), and each one's eager drafter, as it ran before its static one, at the second τ.
 
     python benchmarks/decode_speed.py --shape qwen3-8b --contexts 1024 8192 32768 --out decode.json
@@ -200,8 +200,8 @@ def main() -> None:
               f"{args.verify_tokens} tokens {many:.2f} ms ({many / one:.2f}x)", flush=True)
 
     base = [r for r in rows if r["context"] == args.contexts[0] and r.get("attention") == args.attention[-1]][-1]  # the last products'
-    # the strictest baseline beside the loop's: an autoregressive loop that does nothing but its one-token forward (no
-    # argmax, no input copies, no host turn between tokens), timed above in the same process. The loop's own row carries
+    # the strictest baseline beside the loop's: the captured one-token forward replayed back to back (its input copies
+    # included; no argmax, no host turn between tokens), timed above in the same process. The loop's own row carries
     # whatever it does between forwards (its "outside forward" share; BENCHMARKS.md "The autoregressive baseline's
     # run-ahead waited for the step it had queued": a baseline slower by that share overstates every ratio by it)
     forward_ms = [st for st in steps if st["context"] == args.contexts[0] and st["attention"] == args.attention[-1]][-1]["forward_1_ms"]
