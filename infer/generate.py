@@ -31,7 +31,6 @@ accepted counts this loop's.
 from __future__ import annotations
 
 import functools
-
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -252,8 +251,8 @@ def read_back(values: torch.Tensor, launch_ahead: Callable[[], object] | None, t
     waits (its phase marked ``phase``): on a GPU the values are copied back first and the host waits on that copy alone,
     not on the stream, whose queue by then holds the next step; the host launches the step after while the GPU runs it.
     (Waiting on the stream, ``.item()`` / ``.tolist()`` on the device tensor, waited for the queued step too, and the GPU
-    then idled through the host's turn: BENCHMARKS.md "The autoregressive baseline's run-ahead".) Returns the values and
-    what ``launch_ahead`` returned (None without it)."""
+    then idled through the host's turn: BENCHMARKS.md "The autoregressive baseline's run-ahead waited for the step it had
+    queued".) Returns the values and what ``launch_ahead`` returned (None without it)."""
     ready, launched = None, None
     if launch_ahead is not None:
         if values.is_cuda:
