@@ -10,9 +10,14 @@ A random-init target of a real shape (default Qwen3-8B's, bf16) on one GPU. Prin
      (``generate(..., accept_per_step=τ-1)``, the real loop's work per step): tokens/s and speedup over (2) at the
      first context, and over (3)'s one-token forward alone there (the captured step replayed back to back, no argmax
      and no host turn between forwards: the strictest baseline), τ = ``--taus``: DFlash and EAGLE-3 chains (k = τ) as the loop runs them (static caches, the draft
-     captured), and each one's eager drafter, as it ran before its static one, at the second τ.
+     captured), and each one's eager drafter, as it ran before its static one, at the second τ; with ``--traces``,
+     the static drafters once more per trace, each step accepting what a real run accepted at the same step
+     (``eval.acceptance_trace``: eval's results, a sweep cell or a compact copy; thinned evenly across the whole run
+     to the steps ``--new-tokens`` takes), at the τ that replay makes (printed beside the whole trace's).
 
     python benchmarks/decode_speed.py --shape qwen3-8b --contexts 1024 8192 32768 --out decode.json
+    python benchmarks/decode_speed.py --contexts 8192 --drafters dflash eagle3 --taus 3 \
+        --traces benchmarks/results/issue25_smollm2_dflash_redraft_h100/mtbench_new_chain_summary.json
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -29,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.infer_speed import SHAPES  # noqa: E402
+from eval.acceptance_trace import read_acceptance_trace  # noqa: E402
 from infer.generate import generate  # noqa: E402
 from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config  # noqa: E402
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config  # noqa: E402
@@ -105,6 +112,31 @@ def build(shape: str):
     return model, dflash, eagle3
 
 
+def forcings(name: str, k: int, taus: list[int], traces: list, new_tokens: int) -> list[tuple]:
+    """The speculative rows of drafter ``name`` (``k``: DFlash's verified drafts, 0 = its whole block): (τ, the
+    ``accept_per_step`` its steps are forced to, the trace or None, why it is skipped or None). A fixed τ accepts τ - 1
+    a step (EAGLE-3 drafting a chain of τ); a trace accepts its counts thinned evenly across its whole run to the steps
+    ``new_tokens`` takes (``AcceptanceTrace.spread``), EAGLE-3 drafting the run's chain (at least its longest accepted
+    run), DFlash its block; τ is then one more than the most drafts a step must hold (EAGLE-3's chain; the replay's own
+    τ is the run's to measure). The eager drafters run the second τ only, no trace."""
+    rows = []
+    for tau in taus if not name.endswith("-eager") else taus[1:2]:
+        rows.append((tau, tau - 1, None))
+    for trace in traces if not name.endswith("-eager") else []:
+        forced = trace.spread(math.ceil(new_tokens / trace.tau) + 1)
+        chain = max(max(forced), (trace.block_size or 0) - 1, 1) if name == "eagle3" else max(forced)
+        rows.append((chain + 1, forced, trace))
+    out = []
+    for tau, forced, trace in rows:
+        drafts = k or (DFLASH_BLOCK - 1 if name in ("dflash", "dflash-vocab") else tau - 1)
+        skipped = None
+        if tau - 1 > drafts:
+            what = f"{trace.path}'s steps accept up to {tau - 1}" if trace is not None else f"tau {tau}"
+            skipped = f"{name} (block {drafts + 1}) | {what} | skipped: a chain of {drafts} drafts accepts at most {drafts} a step"
+        out.append((tau, forced, trace, skipped))
+    return out
+
+
 def kv_bytes(target: StaticTarget, positions: float) -> float:
     """Keys + values of ``positions`` positions of one row, every layer: what a step must read of the cache (the
     products path reads the whole capacity; only the visible part is counted, the stricter figure)."""
@@ -140,10 +172,18 @@ def main() -> None:
     p.add_argument("--drafter-weights", "--dflash-weights", dest="drafter_weights", nargs="+", default=["model"], choices=["model", "int8"],
                    help="the dflash and eagle3 rows once per choice of the drafter's matrices: the model's (bf16) or weight-only "
                    "int8 copies (the drafters' weights=; DFlash's LM head it drafts with included, the target's untouched)")
+    p.add_argument("--traces", nargs="+", default=[], metavar="FILE",
+                   help="real runs' acceptance, replayed step by step by the static drafters (dflash, dflash-vocab, eagle3) "
+                   "after the --taus rows: eval's results.json, a sweep cell, a partial .jsonl or a compact copy under "
+                   "benchmarks/results (EAGLE-3's chain as long as the run's; DFlash's block as built, the trace's counts within it)")
     p.add_argument("--out")
     args = p.parse_args()
     if any(not 0 <= k < DFLASH_BLOCK for k in args.dflash_draft_steps):
         p.error(f"--dflash-draft-steps {args.dflash_draft_steps}: expected values from 0 (the whole block) to {DFLASH_BLOCK - 1}")
+    try:  # read before the GPU work: a bad file fails at once
+        traces = [read_acceptance_trace(path) for path in args.traces]
+    except ValueError as e:
+        p.error(str(e))
 
     gpu = torch.cuda.get_device_name()
     result = {"gpu": gpu, "torch": torch.__version__, "shape": args.shape, "args": vars(args)}
@@ -215,9 +255,9 @@ def main() -> None:
             for attention in (args.dflash_attention if dflash_rows(name) else ["default"])]
     block_attention = lambda a: None if a == "default" else a  # noqa: E731
     for name, k, products, weights, attention in runs:
-        for tau in args.taus if not name.endswith("-eager") else args.taus[1:2]:
-            if k and tau - 1 > k:
-                print(f"{name} (block {k + 1}) | {tau} | skipped: a chain of {k} drafts accepts at most {k} a step", flush=True)
+        for tau, forced, trace, skipped in forcings(name, k, args.taus, traces, args.new_tokens):
+            if skipped:
+                print(skipped, flush=True)
                 continue
             if name == "dflash":  # the loop's default: fixed-shape caches, captured block pass and append
                 drafter = StaticDFlashDrafter(dflash_model, target.embed_tokens, target.lm_head, draft_tokens=k or None,
@@ -230,7 +270,8 @@ def main() -> None:
             elif name == "dflash-eager":  # before this issue
                 drafter = DFlashDrafter(dflash_model, target.embed_tokens, target.lm_head)
             elif name == "eagle3":  # the loop's default for chains: fixed-shape caches, step 0 and the chain in one captured graph
-                drafter = StaticEagle3Drafter(eagle3_model, steps=tau, weights=weights)  # a chain one longer than what it accepts
+                # a chain one longer than what it accepts (a trace: the run's chain)
+                drafter = StaticEagle3Drafter(eagle3_model, steps=tau if trace is None else tau - 1, weights=weights)
             else:  # before issue 24: Python-managed caches, eager
                 drafter = Eagle3Drafter(eagle3_model, steps=tau)
             target.set_feature_layers(drafter.target_layer_ids)
@@ -238,10 +279,12 @@ def main() -> None:
             target.allocate(args.contexts[0] + args.new_tokens + args.verify_tokens)
             # warm-up at the timed run's capacity: a smaller one made the static drafters reallocate, recapture (and
             # recompile) inside the timed run
-            generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
-            run = generate(target, drafter, ids, args.new_tokens, accept_per_step=tau - 1)
+            generate(target, drafter, ids, args.new_tokens, accept_per_step=forced)
+            run = generate(target, drafter, ids, args.new_tokens, accept_per_step=forced)
             s = run.stats
             row = {"drafter": name, "draft_steps": k or None, "products": products if dflash_rows(name) else None,
+                   "trace": None if trace is None else {"path": trace.path, "tau": trace.tau, "steps": len(trace.counts),
+                                                        "block_size": trace.block_size, "replayed": len(forced)},
                    "block_attention": drafter.block_attention if dflash_rows(name) else None,
                    "weights": weights if dflash_rows(name) or name == "eagle3" else None, "tau": s.tau, "block_size": drafter.block_size, "tokens_per_s": s.tokens_per_s,
                    "speedup": s.tokens_per_s / base["tokens_per_s"], "speedup_over_forward": s.tokens_per_s * forward_ms / 1e3,
@@ -250,7 +293,8 @@ def main() -> None:
             spec.append(row)
             label = (f"{name} (block {drafter.block_size}{'' if products == 'default' else ', ' + products}"
                      f"{'' if weights == 'model' else ', ' + weights}"
-                     f"{', ' + drafter.block_attention + ' attention' if dflash_rows(name) else ''})")
+                     f"{', ' + drafter.block_attention + ' attention' if dflash_rows(name) else ''}"
+                     f"{'' if trace is None else f', trace {Path(trace.path).name}: tau {trace.tau:.2f} over {len(trace.counts)} steps, {len(forced)} spread across it replayed'})")
             print(f"{label} | {s.tau:.2f} | {drafter.block_size - 1} | {s.tokens_per_s:.1f} | {row['speedup']:.2f}x "
                   f"({row['speedup'] / s.tau:.3f} of tau) | {row['speedup_over_forward']:.2f}x "
                   f"({row['speedup_over_forward'] / s.tau:.3f} of tau) | {100 * row['draft_frac']:.1f} | {100 * row['verify_frac']:.1f} | "

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -282,6 +282,55 @@ def forced_count(count: int, device: torch.device) -> torch.Tensor:
     return torch.tensor(count, device=device)
 
 
+@functools.lru_cache(maxsize=None)
+def trace_slot(device: torch.device) -> torch.Tensor:
+    """The one buffer a replayed trace writes each step's count into (``ForcedAcceptance``): the same tensor every
+    generation, so a verify graph reading it in place is captured once."""
+    return torch.zeros((), dtype=torch.long, device=device)
+
+
+class ForcedAcceptance:
+    """The benchmark mode's accepted counts (``generate(accept_per_step=)``): one count every step, or a trace of counts
+    measured on a real run (``eval.acceptance_trace``) replayed in order, from its start again when a generation
+    outlasts it. ``count`` is the device tensor the verify reads: for one count a cached constant (nothing launched a
+    step); for a trace one persistent buffer per device, filled with the step's count before its verify (one fill
+    kernel a step on a GPU, which a fixed count's rows do not pay: a trace's speed is the stricter of the two)."""
+
+    def __init__(self, counts: int | Sequence[int], device: torch.device):
+        self.trace = None if isinstance(counts, int) else [int(c) for c in counts]
+        self.count = trace_slot(device) if self.trace else forced_count(counts, device)
+        self.value = counts if self.trace is None else None  # the fixed count on the host: no read of ``count`` a step
+        self.steps = 0
+
+    def next(self) -> int:
+        """The next step's count, on the host; a trace's is written to ``count`` first (stream-ordered after every
+        kernel queued so far, so a verify or drafting step already queued reads its own step's count)."""
+        if self.trace is None:
+            return self.value
+        k = self.trace[self.steps % len(self.trace)]
+        self.steps += 1
+        self.count.fill_(k)
+        return k
+
+
+def check_forced(accept_per_step: int | Sequence[int], drafter) -> None:
+    """``generate``'s check of the benchmark mode: a chain drafter, every count 0 .. its drafts."""
+    if isinstance(accept_per_step, int):
+        if drafter is None or drafter.tree or not 0 <= accept_per_step < drafter.block_size:
+            raise ValueError(f"accept_per_step={accept_per_step}: needs a chain drafter and 0 <= it < its block size")
+        return
+    counts = list(accept_per_step)
+    if drafter is None or drafter.tree:
+        raise ValueError(f"accept_per_step: a trace of {len(counts)} counts needs a chain drafter (got {type(drafter).__name__}"
+                         f"{' with trees' if drafter is not None else ''})")
+    if not counts:
+        raise ValueError("accept_per_step: an empty trace; expected at least one accepted count")
+    for i, c in enumerate(counts):
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < drafter.block_size:
+            raise ValueError(f"accept_per_step: the trace's step {i} accepts {c!r}; expected an integer 0 .. "
+                             f"{drafter.block_size - 1} (the drafter's {drafter.block_size - 1} drafts a step)")
+
+
 def next_token(target: CachedTarget, token: torch.Tensor, pos: int, sampling: SamplingConfig, generator: torch.Generator,
                fused_greedy: bool) -> torch.Tensor:
     """The target's token [] after ``token`` at ``pos`` (a plain decode step): through ``greedy_step`` (argmax in the
@@ -315,7 +364,7 @@ def trim_output(out: list[int], stats: GenerationStats, eos: set, max_new_tokens
 @torch.no_grad()
 def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | PromptLookupDrafter | None, prompt_ids, max_new_tokens: int = 256,
              sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
-             accept_per_step: int | None = None, run_ahead: bool | None = None, cached_ids=None,
+             accept_per_step: int | Sequence[int] | None = None, run_ahead: bool | None = None, cached_ids=None,
              verify_first: int | None | str = "auto") -> Generation:
     """Speculative decoding with ``drafter``, or plain autoregressive decoding when it is None.
 
@@ -327,6 +376,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         accept_per_step: speed benchmarks only (a random-weight target at a real shape, where nothing would be
             accepted): every step accepts this many drafts whatever the verification says, and takes the target's
             token after them; the work per step is the real loop's, the output is not the target's. Chains only.
+            A sequence: a trace of accepted counts (a real run's, ``eval.acceptance_trace``), step i accepting entry i,
+            from the start again past its end.
         run_ahead: launch work before the host reads the previous step's result (default: on a GPU, where the host's
             sync and launch would otherwise leave it idle; the output is the same either way): the target alone, each
             step; with a drafter that takes a device anchor (``draft_at``: the static DFlash and EAGLE-3 drafters), the
@@ -349,8 +400,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
     if drafter is not None and drafter.tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
-    if accept_per_step is not None and (drafter is None or drafter.tree or not 0 <= accept_per_step < drafter.block_size):
-        raise ValueError(f"accept_per_step={accept_per_step}: needs a chain drafter and 0 <= it < its block size")
+    if accept_per_step is not None:
+        check_forced(accept_per_step, drafter)
     block = drafter.block_size if drafter is not None else 1
     verify_len = drafter.verify_tokens if drafter is not None else 1
     first = verify_stages(target, drafter, sampling) if verify_first == "auto" else verify_first
@@ -392,7 +443,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     pos = n  # position of `token`, which the target has not seen yet
 
     run_ahead = device.type == "cuda" if run_ahead is None else run_ahead
-    forced_accept = None if accept_per_step is None else forced_count(accept_per_step, device)
+    forced = None if accept_per_step is None else ForcedAcceptance(accept_per_step, device)
+    forced_accept = None if forced is None else forced.count  # the count the verify reads (a trace's: rewritten each step)
     # greedy on a static target: each verify (or decode step) and its acceptance run as one captured graph
     # (``StaticTarget.greedy_step``) instead of a forward and a dozen small kernels launched after it; a staged verify
     # and trees keep their own paths
@@ -427,6 +479,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
                 ahead = drafter.start_chain(token, pos, *chain_inputs)
                 timer.mark("draft")
             ids, at = ahead
+            if forced is not None:
+                forced.next()  # a trace's count for this verify, written where its graph reads it
             values, features = target.greedy_forward(ids, pos, forced_accept, at=at)  # [accepted, drafts.., next token]
             timer.mark("verify")
             accepted, new, _ = read_step(values, lambda: drafter.append_and_draft(features, values, *chain_inputs), timer)
@@ -455,6 +509,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
                 # a captured target replays one graph per block length, and the benchmark mode accepts a fixed count:
                 # the block padded to its full length (copies of its last token); only its real part is verified
                 block_ids = torch.cat([block_ids, block_ids[-1:].expand(block - 1 - num_drafts)])
+            forced_k = None if forced is None else forced.next()  # this step's count (a trace's written to forced_accept)
             # no padded tail to keep out of the count; a short block (a verify, not a prefill chunk)
             fused = fused_greedy and num_drafts == block_ids.shape[0] - 1 and block_ids.shape[0] <= DECODE_MAX_TOKENS
             if fused:
@@ -477,8 +532,8 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             else:
                 # the real drafts only: the accepted count is at most their number, whatever a padded block's tail matched
                 num_accepted, token = verify(draft_tokens, draft_probs, logits[:num_drafts + 1], sampling, generator)
-                if accept_per_step is not None:  # benchmark mode (see the docstring); the count made once, no copy per step
-                    num_accepted, token, draft_tokens = forced_accept, logits[accept_per_step].argmax(), block_ids[1:]
+                if forced is not None:  # benchmark mode (see the docstring); a fixed count made once, no copy per step
+                    num_accepted, token, draft_tokens = forced_accept, logits[forced_k].argmax(), block_ids[1:]
                 values = torch.cat([num_accepted[None], draft_tokens, token[None]])
             # the next block at pos + accepted + 1, before the host knows it (same generator order)
             draft_ahead = ((lambda: drafter.draft_at(token, num_accepted + (pos + 1), sampling, generator))
