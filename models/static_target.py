@@ -826,31 +826,46 @@ class CapturedSteps:
     caller's own persistent buffers (another graph's outputs, a loop's device positions), which hand one graph's results
     to the next with no copy kernel between them. Their addresses, shapes, strides and dtypes are part of the key (a new
     buffer captures a new graph), so a borrowed input must be the same buffer call after call; a step may update one in
-    place (the capture's warm-up runs on copies of them)."""
+    place (the capture's warm-up runs on copies of them).
+
+    At most ``max_borrowed_variants`` graphs of one name and shapes over different borrowed buffers are kept, the least
+    recently replayed dropped for a new one: a borrowed buffer can go stale while its graph stays (the static DFlash
+    drafter's step borrows the target's verify outputs, which a target that grows its caches captures anew; 8 such
+    growths made the 9th generation fail). A caller that captures that many in a row with no replay between them is
+    taken for a mistake (a fresh tensor each call would capture a graph each call: slow, the pool growing without
+    bound): ValueError."""
 
     def __init__(self):
-        self.graphs: dict[tuple, CapturedStep] = {}
+        self.graphs: dict[tuple, CapturedStep] = {}  # in order of last use (a replay moves its key to the end)
+        self.fresh: dict[tuple, int] = {}  # captures of borrowed variants in a row, per name and shapes, since a replay
         self.pool = None
 
     def clear(self) -> None:
         self.graphs.clear()
+        self.fresh.clear()
 
-    # graphs of one name and shapes over different borrowed buffers before a call is taken for a caller's mistake (a
-    # fresh tensor each call would capture a graph each call: slow, and the pool would grow without bound)
     max_borrowed_variants = 8
 
     def __call__(self, name, fn, *inputs: torch.Tensor, borrowed: tuple[int, ...] = ()):
         shapes = (name,) + tuple(t.shape for t in inputs)
         key = shapes + tuple((i, inputs[i].data_ptr(), inputs[i].stride(), inputs[i].dtype) for i in borrowed)
-        graph = self.graphs.get(key)
+        graph = self.graphs.pop(key, None)
         if graph is None:
-            if borrowed and sum(k[:len(shapes)] == shapes for k in self.graphs) >= self.max_borrowed_variants:
-                raise ValueError(f"captured step {name!r}: {self.max_borrowed_variants} graphs already, each over other "
-                                 f"buffers for the borrowed inputs {list(borrowed)}; a borrowed input must be the caller's "
-                                 f"same buffer every call (copy into one, or do not borrow it)")
+            variants = [k for k in self.graphs if k[:len(shapes)] == shapes] if borrowed else []
+            if len(variants) >= self.max_borrowed_variants:
+                if self.fresh.get(shapes, 0) >= self.max_borrowed_variants:
+                    raise ValueError(f"captured step {name!r}: {self.max_borrowed_variants} graphs captured in a row, each over "
+                                     f"other buffers for the borrowed inputs {list(borrowed)}; a borrowed input must be the "
+                                     f"caller's same buffer every call (copy into one, or do not borrow it)")
+                del self.graphs[variants[0]]  # the least recently replayed
             if not self.graphs:
                 self.pool = torch.cuda.graph_pool_handle()
-            graph = self.graphs[key] = CapturedStep(fn, *inputs, pool=self.pool, borrowed=borrowed)
+            graph = CapturedStep(fn, *inputs, pool=self.pool, borrowed=borrowed)
+            if borrowed:
+                self.fresh[shapes] = self.fresh.get(shapes, 0) + 1
+        elif borrowed:
+            self.fresh[shapes] = 0
+        self.graphs[key] = graph
         return graph(*inputs)
 
 

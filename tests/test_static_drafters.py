@@ -372,3 +372,57 @@ def test_triton_products_draft_what_cublas_drafts_at_the_8b_widths(draft_tokens)
         pos += 1 + step % 3
 
 
+
+
+class GraphSemantics:
+    """``CapturedStep`` with a CUDA graph's semantics on the CPU: inputs copied into its own buffers but for the borrowed
+    ones (read in place), the step run at each call, its outputs written into the same buffers every call (a graph's
+    outputs are its own: a caller borrowing them borrows fixed addresses, valid until the graph is dropped)."""
+
+    def __init__(self, fn, *inputs, pool, borrowed=()):
+        self.fn, self.copied = fn, [i for i in range(len(inputs)) if i not in borrowed]
+        self.inputs = [t if i in borrowed else t.clone() for i, t in enumerate(inputs)]
+        self.out = None
+
+    def __call__(self, *inputs):
+        for i in self.copied:
+            self.inputs[i].copy_(inputs[i])
+        result = self.fn(*self.inputs)
+        if self.out is None:
+            self.out = torch.utils._pytree.tree_map(lambda t: None if t is None else t.clone(), result)
+        else:
+            for dst, src in zip(torch.utils._pytree.tree_leaves(self.out), torch.utils._pytree.tree_leaves(result)):
+                dst.copy_(src)
+        return self.out
+
+
+@pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
+def test_the_chained_loop_outlives_a_target_that_grows_its_caches(reference_target_path, monkeypatch) -> None:
+    """The captured chained loop (the drafter's step borrowing the target's verify outputs) over prompts whose lengths
+    make the target alone allocate new caches, so its verify graph and outputs are new each time while the drafter's
+    caches stay: the drafter's graphs over the stale outputs are dropped as they age, not counted against it until the
+    9th generation failed; every generation is the target's own greedy output."""
+    from transformers import AutoModelForCausalLM
+
+    import models.static_target as static_target
+    from models.static_target import StaticTarget
+
+    monkeypatch.setattr(static_target, "CapturedStep", GraphSemantics)
+    pools = iter(range(1000))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(pools))
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_dflash_config(model.config, num_hidden_layers=1, block_size=4, mask_token_id=5, target_layer_ids=[1],
+                                layer_types=["sliding_attention"], sliding_window=6)
+    torch.manual_seed(0)
+    drafter = StaticDFlashDrafter(DFlashDraftModel(config).eval(), model.get_input_embeddings(), model.get_output_embeddings(),
+                                  capture=True, compile=False)
+    target, alone = StaticTarget(model, [1]), StaticTarget(model, [1])
+    target.capture = True
+    grown = 0
+    for n in [2100, 200, 460, 720, 980, 1240, 1500, 1760, 2000]:  # the drafter keeps its caches after the first
+        prompt = torch.randint(10, 8000, (n,)).tolist()
+        before = target.capacity
+        assert generate(target, drafter, prompt, 6, run_ahead=True).tokens == generate(alone, None, prompt, 6).tokens
+        grown += target.capacity != before
+        assert sum(k[0] == "append_and_draft" for k in drafter.graphs.graphs) <= drafter.graphs.max_borrowed_variants
+    assert grown == 9

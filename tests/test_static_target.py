@@ -424,9 +424,24 @@ def test_captured_steps_capture_once_per_name_and_shape(monkeypatch) -> None:
     keep = [torch.ones(2) for _ in range(4)]
     for t in keep:
         steps("c", double, t, borrowed=(0,))
-    with pytest.raises(ValueError, match="same buffer every call"):
+    with pytest.raises(ValueError, match="4 graphs captured in a row.*same buffer every call"):
         steps("c", double, torch.ones(2), borrowed=(0,))
+    before = len(captured)
     steps("c", double, keep[0], borrowed=(0,))  # a buffer it has: replayed
+    assert len(captured) == before
+    # buffers that go stale between generations (a drafter step borrowing a target's verify outputs, captured anew each
+    # time the target grows its caches): each captured then replayed, the least recently replayed graph is dropped for
+    # the new one, without end and without error
+    generations = [torch.full((2,), float(i)) for i in range(12)]
+    for t in generations:
+        for _ in range(3):
+            assert steps("c", double, t, borrowed=(0,)).tolist() == (2 * t).tolist()
+    assert len(captured) == before + 12
+    assert sum(k[0] == "c" for k in steps.graphs) == 4  # the last four buffers' graphs
+    steps("c", double, generations[-1], borrowed=(0,))
+    assert len(captured) == before + 12  # kept: replayed
+    steps("c", double, generations[0], borrowed=(0,))
+    assert len(captured) == before + 13  # dropped long ago: captured again
 
 
 @gpu
