@@ -483,7 +483,11 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
                 forced.next()  # a trace's count for this verify, written where its graph reads it
             values, features = target.greedy_forward(ids, pos, forced_accept, at=at)  # [accepted, drafts.., next token]
             timer.mark("verify")
-            accepted, new, _ = read_step(values, lambda: drafter.append_and_draft(features, values, *chain_inputs), timer)
+            if len(out) + 1 < max_new_tokens:
+                step_ahead = lambda: drafter.append_and_draft(features, values, *chain_inputs)  # noqa: E731
+            else:  # the budget ends the generation at this step: the append alone (the next turn reuses the context), no block
+                step_ahead = lambda: drafter.append(features[None], chain_inputs[1])  # noqa: E731
+            accepted, new, _ = read_step(values, step_ahead, timer)
             stats.accepted_per_step.append(accepted)
             timer.mark("other")
         elif drafter.tree:

@@ -426,3 +426,19 @@ def test_the_chained_loop_outlives_a_target_that_grows_its_caches(reference_targ
         grown += target.capacity != before
         assert sum(k[0] == "append_and_draft" for k in drafter.graphs.graphs) <= drafter.graphs.max_borrowed_variants
     assert grown == 9
+
+
+def test_a_chained_generation_drafts_no_block_after_its_last_step(reference_target_path, monkeypatch) -> None:
+    """The chained loop ends by its budget: its last step appends the verified block (the next turn reuses the context)
+    but drafts no next block (one block pass a generation wasted before); the output is the target's own."""
+    from models.static_target import StaticTarget
+
+    model, target, drafter = two_layer_static_dflash(reference_target_path)
+    prompt = torch.randint(10, 8000, (20,)).tolist()
+    steps, appends = [], []
+    monkeypatch.setattr(drafter, "append_and_draft", lambda *a, f=drafter.append_and_draft: steps.append(1) or f(*a))
+    monkeypatch.setattr(drafter, "append", lambda *a, f=drafter.append, **k: appends.append(a[0].shape) or f(*a, **k))
+    run = generate(target, drafter, prompt, 12, run_ahead=True)
+    assert run.tokens == generate(StaticTarget(model, [1, 3]), None, prompt, 12).tokens
+    assert len(steps) == run.stats.steps - 1  # every step's drafting but the last's
+    assert appends[-1] == (1, drafter.block_size, drafter.model.fc.in_features)  # the last step's append, alone
