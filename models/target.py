@@ -351,7 +351,7 @@ class TargetModel:
 
     @torch.no_grad()
     def capture(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask: torch.Tensor | None = None, with_logits: bool = False,
-                with_final_hidden: bool = False) -> TargetFeatures:
+                with_final_hidden: bool = False, compiled: bool = True) -> TargetFeatures:
         """Run the target and return the hidden states of ``layer_ids``.
 
         Args:
@@ -362,6 +362,8 @@ class TargetModel:
             with_final_hidden: also run the remaining layers and the final norm, not the LM head, and
                 return ``final_hidden``: the caller applies ``lm_head`` a chunk of rows at a time (at 32K
                 tokens Qwen3's logits alone are 9.3 GiB in bf16).
+            compiled: through ``compile_capture``'s graph where there is one (its shapes are static: a batch of a shape
+                it has not seen compiles again); False runs eagerly, for callers whose shapes change every call.
 
         Returns:
             ``TargetFeatures`` with ``features [B, T, len(layer_ids) * H]`` in the model's dtype,
@@ -371,9 +373,9 @@ class TargetModel:
             raise RuntimeError("the target's decoder layers were released (this run reads a feature store)")
         self.check_layer_ids(layer_ids)
         deepest = max(layer_ids)
-        compiled = getattr(self, "_compiled_capture", None)
-        if compiled is not None and compiled[0] == list(layer_ids) and not with_logits:
-            ids, state, features, features_and_final = compiled
+        graph = getattr(self, "_compiled_capture", None) if compiled else None
+        if graph is not None and graph[0] == list(layer_ids) and not with_logits:
+            ids, state, features, features_and_final = graph
             # no padding mask: one causal pass per row (the trainer's right-padded rows; CAUSAL_SDPA drops the mask)
             causal = whole_causal_pass() if attention_mask is None else contextlib.nullcontext()
             stack = contextlib.nullcontext() if with_final_hidden else self._stack_cut_after(deepest + 1)
@@ -412,7 +414,9 @@ class TargetModel:
         from position 0 with no earlier piece as context: packed rows whose conversations the target reads one at a time
         (``data.pack_fresh_fraction``). A row of one segment is read whole, as ``capture`` reads it. Every piece of the
         batch runs in one forward, right-padded to the longest; positions past a row's pieces (its padding) hold zeros.
-        Returns ``capture``'s ``features`` (and ``final_hidden``) at the rows' shape."""
+        Returns ``capture``'s ``features`` (and ``final_hidden``) at the rows' shape. Eager, past ``compile_capture``'s
+        graph: the pieces' count and longest length, and the whole rows' count, change from batch to batch, and each new
+        shape compiled the graph again (a fresh compile most steps of ``data.pack_fresh_fraction``'s recipes)."""
         b, t = input_ids.shape
         split = [r for r, lengths in enumerate(segments) if len(lengths) > 1]
         if not split:
@@ -431,7 +435,7 @@ class TargetModel:
         for j, (r, start, n) in enumerate(pieces):
             ids[j, :n] = input_ids[r, start:start + n]
             mask[j, :n] = 1
-        read = self.capture(ids, layer_ids, attention_mask=mask, with_final_hidden=with_final_hidden)
+        read = self.capture(ids, layer_ids, attention_mask=mask, with_final_hidden=with_final_hidden, compiled=False)
         features = read.features.new_zeros(b, t, read.features.shape[-1])
         final = None if read.final_hidden is None else read.final_hidden.new_zeros(b, t, read.final_hidden.shape[-1])
         for j, (r, start, n) in enumerate(pieces):
@@ -441,7 +445,7 @@ class TargetModel:
         plain = [r for r in range(b) if r not in split]
         if plain:
             whole = self.capture(input_ids[plain], layer_ids, attention_mask=None if attention_mask is None else attention_mask[plain],
-                                 with_final_hidden=with_final_hidden)
+                                 with_final_hidden=with_final_hidden, compiled=False)
             features[plain] = whole.features
             if final is not None:
                 final[plain] = whole.final_hidden

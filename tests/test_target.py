@@ -140,6 +140,26 @@ def test_capture_segments_reads_each_piece_alone_from_position_zero(reference_ta
         reference_target.capture_segments(ids, layer_ids, mask, [[width, 7], [1]])
 
 
+def test_capture_segments_runs_past_the_compiled_capture(reference_target: TargetModel, monkeypatch) -> None:
+    """``compile_capture``'s graph has static shapes, and the pieces of packed rows (their count and longest length,
+    the whole rows' count) change every batch: each new shape compiled it again. ``capture_segments`` runs eagerly (a
+    stand-in for the graph records every call; the plain ``capture`` of the same layers still takes it)."""
+    calls = []
+    width = len([1, 3]) * reference_target.config.hidden_size
+
+    def graph(input_ids, attention_mask):  # compile_capture's features function, recorded
+        calls.append(tuple(input_ids.shape))
+        return input_ids.new_zeros(*input_ids.shape, width, dtype=torch.float32)
+
+    monkeypatch.setattr(reference_target, "_compiled_capture", ([1, 3], {"on": False}, graph, graph), raising=False)
+    batch = padded_batch(reference_target, n=3)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    got = reference_target.capture_segments(batch["input_ids"], [1, 3], batch["attention_mask"], [[lengths[0] // 2, lengths[0] - lengths[0] // 2], [lengths[1]], [lengths[2]]])
+    assert calls == [] and got.features[0, :lengths[0]].abs().sum() > 0
+    reference_target.capture(batch["input_ids"], [1, 3])
+    assert calls == [tuple(batch["input_ids"].shape)]
+
+
 @pytest.mark.slow
 def test_compiled_capture_equals_capture_without_recompiling(reference_target_path) -> None:
     """``compile_capture`` (one compiled graph for the features; hooks registered once) against HF's own
