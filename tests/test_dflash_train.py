@@ -179,3 +179,23 @@ def test_state_mismatch_names_the_first_difference() -> None:
     assert state_mismatch(saved, {"a": torch.zeros(2, 4), "b": torch.zeros(4)}) == "1 tensors differ, first a [2, 3] there, [2, 4] here"
     assert state_mismatch(saved, {"a": torch.zeros(2, 3), "b": torch.zeros(4), "c": torch.zeros(1)}) == "1 tensors differ, first c not there"
     assert state_mismatch(saved, {"a": torch.zeros(2, 3)}) == "1 tensors differ, first b not here"
+
+
+def test_a_step_in_fp32_loads_the_target_in_fp32_and_refuses_a_lower_one(tmp_path: Path) -> None:
+    """trainer.precision runs the step in fp32 (``fp32``, or ``auto`` on the CPU) with no autocast, where DFlash's drafts
+    go through the target's LM head and EAGLE-3's fc reads its features as they are: ``target.dtype=auto`` resolves
+    to float32 there (a GPU's auto is bfloat16, which failed at the first step), and an explicit bfloat16 is refused
+    at start-up in one line naming both settings."""
+    from train.trainer import build, target_dtype, to_train_config
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert target_dtype("fp32", "auto", cuda) == "float32" and target_dtype("auto", "auto", cpu) == "float32"
+    assert target_dtype("auto", "auto", cuda) == "auto" and target_dtype("bf16", "bfloat16", cpu) == "bfloat16"
+    assert target_dtype("fp32", "float32", cuda) == "float32"
+    for precision, device in (("fp32", cuda), ("auto", cpu)):
+        with pytest.raises(ValueError, match=f"trainer.precision={precision} runs the step in fp32 on {device.type}, target.dtype=bfloat16"):
+            target_dtype(precision, "bfloat16", device)
+    cfg = to_train_config(compose_train(["experiment=dflash_swa_tiny", "trainer.progress=false", "trainer.precision=fp32",
+                                         "target.dtype=bfloat16", f"output_dir={tmp_path}"]))
+    with pytest.raises(ValueError, match="use target.dtype=float32"):
+        build(cfg)

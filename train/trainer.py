@@ -65,6 +65,24 @@ def pick_device(name: str) -> torch.device:
         raise ValueError(f"trainer.device={name!r}; expected auto, cpu, cuda or cuda:N") from None
 
 
+def bf16_autocast(precision: str, device: torch.device) -> bool:
+    """``trainer.precision``: the step under bf16 autocast (``bf16``, or ``auto`` on a GPU), else in fp32."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def target_dtype(precision: str, dtype: str, device: torch.device) -> str:
+    """``target.dtype`` for this run. A step in fp32 (no autocast) multiplies the target's tensors as they are (DFlash's
+    drafts go through the target's LM head, EAGLE-3's fc reads its features), so the target must be fp32 too: ``auto``
+    resolves to float32 there (on a GPU it means bfloat16 otherwise); an explicit lower precision is refused at
+    start-up, where a GPU run failed at its first step."""
+    if bf16_autocast(precision, device) or dtype == "float32":
+        return dtype
+    if dtype == "auto":
+        return "float32"
+    raise ValueError(f"trainer.precision={precision} runs the step in fp32 on {device.type}, target.dtype={dtype}: the drafter's "
+                     f"fp32 activations would meet the target's {dtype} weights; use target.dtype=float32 (or auto), or trainer.precision=bf16")
+
+
 def target_layer_ids(cfg: TrainConfig, target: TargetModel) -> list[int]:
     d = cfg.drafter
     ids = list(d.target_layer_ids) if d.target_layer_ids is not None else DRAFTERS[d.kind].module.feature_layer_ids(d, target.num_layers)
@@ -134,8 +152,7 @@ class StepContext:
             raise ValueError(f"trainer.attention_backend={backend} needs FlashAttention-4 {fa4_adapter.PINNED_VERSION} "
                              f"(pip install '.[fa4]') on a Hopper or newer GPU: {fa4_adapter.check().reason}")
         self.backend = backend
-        precision = cfg.trainer.precision
-        self.bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+        self.bf16 = bf16_autocast(cfg.trainer.precision, device)
         # Compiled flex attention wants one shape, and cuDNN and FlashAttention-4 build a kernel per shape:
         # pad every batch to the longest row, data.max_length or data.pack_length (DFlash also pads its anchors to num_anchors).
         self.static_shapes = backend != "sdpa"
@@ -334,7 +351,7 @@ def build(cfg: TrainConfig) -> Run:
     output_dir.mkdir(parents=True, exist_ok=True)
 
     target_path = resolve_target_path(cfg.target.path)
-    target = TargetModel.from_pretrained(target_path, device, cfg.target.dtype, cfg.target.attn_implementation)
+    target = TargetModel.from_pretrained(target_path, device, target_dtype(tc.precision, cfg.target.dtype, device), cfg.target.attn_implementation)
     layer_ids = target_layer_ids(cfg, target)
     log.info("target %s: %d layers, hidden %d; drafter reads layers %s", cfg.target.path, target.num_layers, target.hidden_size, layer_ids)
 
