@@ -25,6 +25,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import os
 import re
 import sys
 import tempfile
@@ -187,10 +188,11 @@ def _patched(module: str):
     # CuTe DSL reads the source of the functions it compiles: the module lives in a real file
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"fa4_key_intervals_{module}_{digest}.py"
-    if not path.exists():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(source)
-        tmp.rename(path)
+    if not path.exists():  # a temporary name of this process's own: ranks (or runs) patching at once each write theirs
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)  # atomic: a reader sees the whole file or none
     name = f"_fa4_key_intervals_{module}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)

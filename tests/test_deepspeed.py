@@ -148,3 +148,18 @@ def test_resume_under_deepspeed_repeats_the_uninterrupted_run(tmp_path: Path, ze
     # Optimizer shards of 2 ranks cannot resume on 1: refused by name, before any step.
     with pytest.raises(ValueError, match="holds optimizer shards of 2 ranks; this run has 1"):
         train(compose_train(args + ["trainer.max_steps=8", f"output_dir={tmp_path / 'resumed'}"]))
+
+
+def test_each_process_makes_its_gpu_the_current_device(monkeypatch) -> None:
+    """Triton kernels and FlashAttention-4 launch on the current CUDA device, not their tensors': a rank's GPU
+    (cuda:LOCAL_RANK) and one process's explicit cuda:N become current; a bare cuda and the CPU leave it alone.
+    (torch.cuda.set_device recorded: no GPU here.)"""
+    from train.distributed import Ranks, local_device
+
+    made = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: made.append(str(torch.device("cuda", d) if isinstance(d, int) else d)))
+    assert local_device(torch.device("cuda", 1), Ranks(0, 1, 0)) == torch.device("cuda", 1) and made == ["cuda:1"]
+    assert local_device(torch.device("cuda"), Ranks(1, 2, 1)) == torch.device("cuda", 1) and made[-1] == "cuda:1"
+    made.clear()
+    assert local_device(torch.device("cuda"), Ranks(0, 1, 0)) == torch.device("cuda") and made == []
+    assert local_device(torch.device("cpu"), Ranks(0, 1, 0)) == torch.device("cpu") and made == []

@@ -36,10 +36,13 @@ def ranks_from_env() -> Ranks:
 
 
 def local_device(device: torch.device, ranks: Ranks) -> torch.device:
-    """Each rank's own GPU (cuda:LOCAL_RANK) when the run is on GPUs."""
+    """Each rank's own GPU (cuda:LOCAL_RANK) when the run is on GPUs; one process on ``cuda:N`` makes N the current
+    device (Triton kernels and FlashAttention-4 launch on the current device, not their tensors')."""
     if device.type == "cuda" and ranks.distributed:
         torch.cuda.set_device(ranks.local_rank)
         return torch.device("cuda", ranks.local_rank)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
     return device
 
 
