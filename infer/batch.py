@@ -107,6 +107,10 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         drafter context the row holds at positions 0 .. from the last generation on these caches; the first prompt
         reuses its common prefix with them, as a stream's next turn does.
     """
+    for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens), ("prefill_chunk", prefill_chunk),
+                        ("run_steps", run_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}; expected an integer >= 1")
     check_batchable(drafter, batch_size)
     if stream_seeds is not None and len(stream_seeds) != num_streams:
         raise ValueError(f"stream_seeds: {len(stream_seeds)} seeds for {num_streams} streams")
@@ -429,6 +433,8 @@ def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_
                    verify_first: int | None | str = "auto", cached_ids: Sequence[int] | None = None) -> list[Generation]:
     """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order. ``seeds``: one sampling
     seed per prompt (default ``sampling.seed`` for every one); ``verify_first``, ``cached_ids``: ``generate_streams``'."""
+    if not prompts:
+        raise ValueError("prompts: none given; expected at least one prompt")
     results: list[Generation | None] = [None] * len(prompts)
 
     def driver(stream: int, finished: Generation | None):

@@ -312,6 +312,22 @@ def test_a_seed_per_prompt_samples_as_batch_one_with_that_seed(setup) -> None:
         generate_batch(target, None, prompts[:3], 6, batch_size=2, sampling=sampling, seeds=[1, 2])
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"max_new_tokens": 0}, r"^max_new_tokens=0; expected an integer >= 1$"),
+    ({"batch_size": 0}, r"^batch_size=0; expected an integer >= 1$"),
+    ({"batch_size": -1}, r"^batch_size=-1; expected an integer >= 1$"),
+    ({"prefill_chunk": 0}, r"^prefill_chunk=0; expected an integer >= 1$"),
+    ({"prompts": []}, r"^prompts: none given; expected at least one prompt$"),
+])
+def test_bad_numbers_are_refused_in_one_line(setup, kwargs, message) -> None:
+    """The batched loop called as a library (the CLIs check their own flags): what ``generate`` refuses at batch 1 is
+    refused here too, in one line naming the argument (before: empty generations, [None] results, a torch error)."""
+    model, _, prompts, _, _ = setup
+    args = {"prompts": prompts[:2], "max_new_tokens": 4, "batch_size": 2, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        generate_batch(StaticTarget(model, []), None, args.pop("prompts"), args.pop("max_new_tokens"), **args)
+
+
 def test_eager_eagle3_and_trees_are_refused_at_batch_sizes_above_one(setup) -> None:
     model = setup[0]
     config = make_eagle3_config(model.config, num_hidden_layers=1, target_layer_ids=[1, 3, 4], layer_types=["full_attention"],
