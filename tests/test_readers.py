@@ -53,6 +53,21 @@ def test_unknown_role_names_record(tmp_path: Path) -> None:
         read_conversations(path)
 
 
+def test_a_json_array_cut_right_after_a_records_turn_list_is_cut_off_not_broken(tmp_path: Path) -> None:
+    """A cut just after the last record's own "]" (its turn list) leaves text that ends in "]" as a closed array does: the
+    decoder runs out of text there, so it is a cut-off file (the complete records read, a warning), not a broken record;
+    a record broken before the end of a closed array is still refused."""
+    records = [sharegpt_record(i, [("human", f"q{i}"), ("gpt", f"a{i}")]) for i in range(3)]
+    text = json.dumps(records)
+    path = tmp_path / "cut.json"
+    path.write_text(text[:text.rindex("]", 0, len(text) - 1) + 1])  # the third record's turn list closed, then nothing
+    conversations, stats = read_conversations(path)
+    assert [c.id for c in conversations] == ["rec0", "rec1"] and stats.truncated_at_byte is not None
+    path.write_text(text.replace('"from": "gpt", "value": "a1"}', '"from": "gpt", "value": "a1",}', 1))
+    with pytest.raises(DataError, match=r"cut\.json: record 1 is not valid JSON"):
+        read_conversations(path)
+
+
 def test_cut_off_json_array(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     records = [sharegpt_record(i, [("human", f"q{i} é ü 漢"), ("gpt", f"a{i} ✓")]) for i in range(5)]
     text = json.dumps(records, ensure_ascii=False, indent=2)

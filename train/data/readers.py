@@ -140,8 +140,9 @@ def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
         try:
             record, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as e:
-            if text.rstrip().endswith("]"):
-                # The array is closed, so this is a broken record, not a cut-off file.
+            if text.rstrip().endswith("]") and e.pos < len(text.rstrip()):
+                # The array is closed and the record breaks before the text ends: a broken record, not a cut-off file
+                # (a cut right after a record's own "]", its turn list, ends the text too: the decoder runs out there).
                 raise DataError(f"{path}: record {index} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
             stats.truncated_at_byte = len(text[:pos].encode("utf-8"))
             log.warning(
