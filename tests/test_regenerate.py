@@ -12,7 +12,7 @@ import torch
 from train.config import RegenerateConfig
 from train.data.chat import ChatRenderer
 from train.data.readers import Conversation
-from train.data.regenerate import OurReplies, read_partial, regenerate_conversations
+from train.data.regenerate import HFReplies, OurReplies, read_partial, regenerate_conversations
 from models.target import TargetModel
 
 
@@ -69,6 +69,36 @@ def test_greedy_regeneration_matches_plain_loop(reference_target_path, engine: s
     assert stats["turns_regenerated"] == 4
     assert [c.id for c in out] == ["a", "b", "c"]
     check_greedy_replies(target, renderer, conversations, out, 12)
+
+
+@pytest.mark.parametrize("engine", ["hf", "ours"])
+def test_every_reply_of_a_batch_gets_its_own_budget(reference_target_path, engine: str) -> None:
+    """Budgets differ where a prompt nears ``max_length`` (its room is what is left): each reply is the plain greedy loop's
+    up to its own budget. Hugging Face's engine gave every reply of a batch the batch's smallest budget (its batches are
+    sorted by prompt length, so the longest prompt's room)."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=12, batch_size=2, engine=engine)
+    replies = HFReplies(target.model, target.tokenizer, cfg) if engine == "hf" else OurReplies(target.model, target.tokenizer, cfg)
+    prompts = [[200 + i for i in range(8)], [300 + i for i in range(20)]]
+    budgets = [12, 3]
+    got = dict((i, tokens) for i, tokens, _ in replies.replies(prompts, budgets))
+    for i, prompt in enumerate(prompts):
+        want = target.tokenizer(plain_greedy(target.model, target.tokenizer, prompt, budgets[i]), add_special_tokens=False)["input_ids"]
+        assert target.tokenizer.decode(got[i], skip_special_tokens=True) == target.tokenizer.decode(want, skip_special_tokens=True)
+    assert len(got[0]) > 3  # the short prompt's reply ran past the long one's budget
+
+
+def test_our_engine_gives_its_target_back_when_closed(reference_target_path) -> None:
+    """``OurReplies.close`` (regeneration's engine is closed before training starts): its static target (fused weights,
+    KV buffers of ``batch_size`` rows) is freed at once, not held into training by a reference cycle."""
+    import weakref
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    engine = OurReplies(target.model, target.tokenizer, RegenerateConfig(enabled=True, max_new_tokens=4, batch_size=2))
+    list(engine.replies([[200, 201, 202]], [4]))
+    static = weakref.ref(engine.target)
+    engine.close()
+    assert static() is None
 
 
 class KilledAfter:
@@ -184,3 +214,30 @@ def test_runs_started_together_regenerate_the_data_once(tiny_qwen3_path, tmp_pat
     assert len(started) == 1
     assert [r["input_ids"] for r in results[0][0]] == [r["input_ids"] for r in results[1][0]]
     assert results[0][2]["regenerated_from"] == results[1][2]["regenerated_from"]
+
+
+def test_regenerated_again_its_new_replies_are_tokenized(tiny_qwen3_path, tmp_path: Path) -> None:
+    """The tokenized cache of regenerated data follows the regenerated file itself: regenerated again (the file deleted
+    to redo it, here rewritten with other replies), its tokens are the new replies', not those cached from the old
+    file at the same path."""
+    import train.data as data
+    from compose import compose_train
+
+    source = tmp_path / "data.jsonl"
+    source.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in conversations_to_regenerate()))
+    cfg = compose_train(["experiment=dflash_swa_tiny", f"target.path={tiny_qwen3_path}", f"data.path={source}", "data.num_eval=0",
+                         f"data.cache_dir={tmp_path / 'cache'}", "data.regenerate.max_new_tokens=4"])
+    target = TargetModel.from_pretrained(str(tiny_qwen3_path), "cpu")
+    first, _, summary = data.prepare_data(cfg.data, target, progress=False)
+    path = Path(summary["regenerated_from"])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        for m in row["messages"]:
+            if m["role"] == "assistant":
+                m["content"] = "a reply written by another regeneration"
+    time.sleep(0.01)  # a new modification time even on coarse clocks
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    second, _, _ = data.prepare_data(cfg.data, target, progress=False)
+    text = [target.tokenizer.decode(r["input_ids"]) for r in second]
+    assert all("a reply written by another regeneration" in t for t in text), text[0]
+    assert [r["input_ids"] for r in first] != [r["input_ids"] for r in second]

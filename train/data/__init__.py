@@ -49,7 +49,10 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
         }
         path = cache_dir / "regenerated" / f"{cache_key(key_parts)}.jsonl"
         conversations = regenerated(path, cache_dir / "locks", source, data_cfg, target, renderer, progress)
-        ds, summary = load_tokenized(data_cfg, target.tokenizer, cache_dir / "tokenized", conversations=conversations, extra_key={"regenerated": str(path)})
+        # the regenerated file's size and time too: regenerated again (deleted to redo it, on another engine or device),
+        # its replies differ and the tokens cached from the old ones must not be read
+        ds, summary = load_tokenized(data_cfg, target.tokenizer, cache_dir / "tokenized", conversations=conversations,
+                                     extra_key={"regenerated": str(path), "file": source_fingerprint(str(path))["files"]})
         summary["regenerated_from"] = str(path)
     train_ds, eval_ds, split_counts = split_train_eval(ds, data_cfg.num_eval, seed)
     summary.update(split_counts)

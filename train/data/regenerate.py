@@ -18,6 +18,7 @@ files, the template and the generation settings, and the partial file removed.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from pathlib import Path
@@ -61,11 +62,13 @@ class HFReplies:
             for row, i in enumerate(batch):  # left padding: every prompt ends at the last column
                 input_ids[row, width - len(prompts[i]) :] = torch.as_tensor(prompts[i])
                 attention_mask[row, width - len(prompts[i]) :] = 1
+            # the batch's largest budget, each reply cut to its own (the smallest, the longest prompt's room in a batch
+            # sorted by prompt length, cut every reply of the batch to it)
             out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                      max_new_tokens=min(budgets[i] for i in batch), pad_token_id=self.pad_id,
+                                      max_new_tokens=max(budgets[i] for i in batch), pad_token_id=self.pad_id,
                                       eos_token_id=self.tokenizer.eos_token_id, **sampling)
             for row, i in enumerate(batch):
-                yield i, cut_at_eos(out[row, width:].tolist(), [self.tokenizer.eos_token_id]), None
+                yield i, cut_at_eos(out[row, width:width + budgets[i]].tolist(), [self.tokenizer.eos_token_id]), None
 
 
 class OurReplies:
@@ -95,6 +98,14 @@ class OurReplies:
                                        run_steps=self.run_steps)
             for i, out in zip(part, outs):
                 yield i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None
+
+    def close(self) -> None:
+        """Drop the static target (fused weight copies and the KV buffers of ``batch_size`` rows, held into training
+        otherwise: a reference cycle inside it waits for the collector) and hand the memory back."""
+        self.target = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 class EngineReplies:
