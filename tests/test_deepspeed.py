@@ -163,3 +163,20 @@ def test_each_process_makes_its_gpu_the_current_device(monkeypatch) -> None:
     made.clear()
     assert local_device(torch.device("cuda"), Ranks(0, 1, 0)) == torch.device("cuda") and made == []
     assert local_device(torch.device("cpu"), Ranks(0, 1, 0)) == torch.device("cpu") and made == []
+
+
+def test_ranks_wait_for_rank_zeros_data_longer_than_nccls_default(monkeypatch) -> None:
+    """A launched run's group waits up to ``PREPARE_TIMEOUT`` in a collective: the other ranks sit in a barrier while rank
+    0 regenerates and tokenizes the data (``rank0_first``), minutes to hours, where NCCL's default of 10 minutes
+    aborted the job. (``init_process_group`` recorded: no launcher here.)"""
+    import datetime
+
+    import torch.distributed as dist
+
+    from train.distributed import PREPARE_TIMEOUT, Ranks, init_process_group
+
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    init_process_group(torch.device("cpu"), Ranks(1, 2, 1))
+    assert calls == [("gloo", {"timeout": PREPARE_TIMEOUT})] and PREPARE_TIMEOUT >= datetime.timedelta(hours=1)

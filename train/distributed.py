@@ -6,6 +6,7 @@ Both launchers (``torchrun`` and ``deepspeed``) set RANK, WORLD_SIZE and LOCAL_R
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 from contextlib import contextmanager
@@ -49,6 +50,9 @@ def local_device(device: torch.device, ranks: Ranks) -> torch.device:
 # What torchrun sets for a process of a one-process group (DeepSpeed reads them)
 LAUNCHER_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
 
+# How long a collective may wait: the longest a rank waits for rank 0's data preparation (regeneration included)
+PREPARE_TIMEOUT = datetime.timedelta(hours=6)
+
 
 def init_process_group(device: torch.device, ranks: Ranks, single_process: bool = False) -> None:
     """The launcher's process group (NCCL on GPUs, gloo on CPUs); with ``single_process`` a group of
@@ -62,7 +66,9 @@ def init_process_group(device: torch.device, ranks: Ranks, single_process: bool 
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     if ranks.distributed:
-        dist.init_process_group(backend, **({"device_id": device} if device.type == "cuda" else {}))
+        # the other ranks wait in a barrier while rank 0 prepares the data (``rank0_first``): regenerating it with the
+        # target takes minutes to hours, past NCCL's default timeout of 10 minutes, which would abort the job
+        dist.init_process_group(backend, timeout=PREPARE_TIMEOUT, **({"device_id": device} if device.type == "cuda" else {}))
     elif single_process:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 
