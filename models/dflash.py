@@ -1162,7 +1162,8 @@ class StaticDFlashDrafter:
         return slot_pos[:, :self._context_slots(anchor, slot_pos.shape[1])]
 
     def _block_pass(self, ids: torch.Tensor, anchor: torch.Tensor, visible: dict | None = None, drafts: int | None = None,
-                    start: int = 0, batch_rows: torch.Tensor | None = None, float_logits: bool = True) -> torch.Tensor:
+                    start: int = 0, batch_rows: torch.Tensor | None = None, float_logits: bool = True,
+                    keep_keys: bool = False) -> torch.Tensor:
         # the block pass alone (trees take their top-k, not the argmax): ids [B, b] -> logits [B, d, Vd] fp32 (d: b-1, or
         # the chain's kept drafts if fewer), the block's keys in each layer's scratch slots; ids [B, R, b] -> [B, R, b-1,
         # Vd], R blocks per row over the same context (``block_tree``'s re-drafts): the context's slots then the R blocks'
@@ -1172,6 +1173,8 @@ class StaticDFlashDrafter:
         # start, batch_rows (``_rest_of_block``): ids are the block's slots start .. start+b-1 (its earlier slots' keys are
         # in the scratch already), for the batch rows ``batch_rows`` (their used slots gathered; this pass's keys are not
         # written back); every slot reaches the head when start > 0 (slot 0, the anchor, drafts nothing)
+        # keep_keys: the block's keys written into each row's scratch for a later pass to read (``first_drafts``): the
+        # products path (the split-KV kernel takes the block's keys raw and writes them nowhere)
         drafts = self.drafts if drafts is None else drafts
         multi = ids.dim() == 3
         bsz, rows, b = ids.shape if multi else (ids.shape[0], 1, ids.shape[1])
@@ -1182,7 +1185,7 @@ class StaticDFlashDrafter:
         q_pos = q_pos.repeat(1, rows) if multi else q_pos  # [B, R*b]
         cos, sin = self.cos[q_pos][:, :, None], self.sin[q_pos][:, :, None]  # [B, R*b, 1, D]
         # one kernel a layer over the slots (its mask from the slot positions): a single block from slot 0, every row
-        split_kv = self.block_attention == "split_kv" and not multi and batch_rows is None and start == 0
+        split_kv = self.block_attention == "split_kv" and not multi and batch_rows is None and start == 0 and not keep_keys
         if not split_kv:
             visible = self._visible(anchor, rows, b) if visible is None else visible
         # the context slots each layer reads (the slots ``visible`` covers): the anchor read once a pass, not once a layer
@@ -1253,7 +1256,7 @@ class StaticDFlashDrafter:
         over slots 0 .. first alone, its keys left in each row's scratch for ``rest_drafts``. ``drafts_in_stages`` only."""
         if not self.drafts_in_stages or not 1 <= first < self.drafts:
             raise ValueError(f"first_drafts({first}): needs a block-causal chain drafter, uncaptured, and 1 <= first < {self.drafts}")
-        logits = self._block_pass(block_ids(token, first + 1, self.mask_token_id), anchor, drafts=first)
+        logits = self._block_pass(block_ids(token, first + 1, self.mask_token_id), anchor, drafts=first, keep_keys=True)
         return self.model.draft_to_target(row_argmax(logits))
 
     @torch.no_grad()

@@ -180,6 +180,42 @@ def test_block_attention_equals_a_softmax_written_out_in_the_interpreter() -> No
     assert drafter_error < 1e-5  # the static drafter's logits with the kernel against the eager drafter's
 
 
+STAGED_CHILD = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    sys.path.insert(0, {tests!r})
+    import torch
+    import test_static_drafters as sd
+    from models.dflash import StaticDFlashDrafter
+
+    model, embed, head = sd.tiny("sliding causal", block=8, head_dim=16)
+    drafter = StaticDFlashDrafter(model, embed, head, block_attention="split_kv")
+    assert drafter.drafts_in_stages and drafter.block_attention == "split_kv"
+    drafter.allocate(64, 3)
+    g = torch.Generator().manual_seed(0)
+    for start in range(0, 24, 8):
+        drafter.append(0.5 * torch.randn(3, 8, 64, generator=g), torch.full((3,), start))
+    token, anchor = torch.tensor([11, 12, 13]), torch.tensor([24, 21, 17])
+    logits, greedy = (t.clone() for t in drafter.block_logits(token, anchor))
+    first, rows = 3, torch.tensor([0, 2])
+    assert torch.equal(drafter.first_drafts(token, anchor, first), greedy[:, :first])
+    rest = drafter._rest_of_block(anchor[rows], rows, first)
+    print((rest - logits[rows, first:]).abs().max().item())
+""")
+
+
+@pytest.mark.slow  # ~10 s: the interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CPU torch wheels come without it; [dev] installs it)")
+def test_drafting_in_stages_with_the_kernel_leaves_the_blocks_keys_for_the_rest() -> None:
+    """A staged verify drafts a block's first slots (``first_drafts``), then the rest for the rows that matched
+    (``_rest_of_block``), which reads the first slots' keys from each row's scratch. The kernel takes the block's keys
+    raw and writes them nowhere, so the first stage runs the products (``keep_keys``): the rest's logits are the one
+    pass's (under the kernel before, the rest read stale scratch: 2.2 off). Both passes run under the interpreter."""
+    proc = run_interpreted(STAGED_CHILD.format(root=str(ROOT), tests=str(ROOT / "tests")), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert float(proc.stdout.split()[-1]) < 1e-4
+
+
 def test_block_attention_choice_is_checked() -> None:
     from models.dflash import choose_block_attention
 
