@@ -357,14 +357,14 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         if tree:
             # the furthest slot any row writes, known here: the products run over the live keys, not the capacity
             keys = max(row.pos if row else parked(r) for r, row in enumerate(rows)) + ids.shape[1]
-            logits, features = target.tree_step(ids, positions, torch.cat([depths.new_zeros(m, 1), depths], dim=1), tree_mask, keys)
+            target_tokens, features = target.tree_greedy(ids, positions, torch.cat([depths.new_zeros(m, 1), depths], dim=1), tree_mask, keys)
         elif staged:  # greedy DFlash chains on the CPU: the first drafts of every row, the rest where they all matched
             logits, features = staged_verify(target, ids, positions[:m], first, drafter if in_stages else None)
         else:
             logits, features = target.step(ids, positions[:m], lengths)
         t2 = time.perf_counter()
         if tree:  # accepted [B], path [B, steps] (rows of [root, nodes]), bonus [B], all on the device
-            accepted, path, new_token = accept_trees(tree_tokens, parents, depths, tree_mask, logits.argmax(-1), block - 1)
+            accepted, path, new_token = accept_trees(tree_tokens, parents, depths, tree_mask, target_tokens, block - 1)
             target.move_paths(path, positions)
             kept = torch.cat([path.new_zeros(m, 1), path], dim=1)  # the root and the accepted path (past it: never seen)
             kept_features = features.gather(1, kept[:, :, None].expand(m, kept.shape[1], features.shape[2]))

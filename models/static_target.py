@@ -607,17 +607,36 @@ class StaticTarget:
         a batched evaluation sizes for a whole conversation (SmolLM2 at batch 16 on an H100: a 385-node tree's verify
         took 21.1 ms over the capacity and 17.9 over the live keys). A bound below ``max(pos) + n`` is an error on the
         device (the cache write's index). The CPU attends exactly up to ``max(pos) + n`` whatever is given."""
-        b, n = input_ids.shape
-        if b != self.batch:
-            raise ValueError(f"tree_step with {b} rows; the caches hold {self.batch}")
-        bucket = None
-        if keys is not None and self.device.type != "cpu":
-            if not n <= keys <= self.capacity:
-                raise ValueError(f"tree_step keys={keys}: expected {n} .. the capacity {self.capacity}")
-            bucket = min(self.capacity, -(-keys // TREE_KEY_BUCKET) * TREE_KEY_BUCKET)
+        bucket = self._tree_bucket("tree_step", input_ids, keys)
         if not self.capture:
             return self._step(input_ids, pos, depths, tree_mask, keys=bucket)
         return self.graphs(("tree", bucket), functools.partial(self._step, keys=bucket), input_ids, pos, depths, tree_mask)
+
+    @torch.no_grad()
+    def tree_greedy(self, input_ids: torch.Tensor, pos: torch.Tensor, depths: torch.Tensor,
+                    tree_mask: torch.Tensor, keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``tree_step`` for greedy acceptance (trees are greedy only): every node's target token [B, n], the argmax
+        taken inside the graph over the head's own dtype (the fp32 cast is exact: the same tokens), and the features. A
+        graph per key bucket keeps [B, n] ids for output where ``tree_step``'s keeps [B, n, V] fp32 logits (SmolLM2 at
+        batch 16 with a 385-node tree: ~1.2 GB a bucket, the buckets up to the capacity's / 256)."""
+        bucket = self._tree_bucket("tree_greedy", input_ids, keys)
+        if not self.capture:
+            return self._tree_tokens(input_ids, pos, depths, tree_mask, keys=bucket)
+        return self.graphs(("tree_greedy", bucket), functools.partial(self._tree_tokens, keys=bucket), input_ids, pos, depths, tree_mask)
+
+    def _tree_tokens(self, input_ids, pos, depths, tree_mask, keys):
+        logits, features = self._step(input_ids, pos, depths, tree_mask, keys=keys, float_logits=False)
+        return logits.argmax(-1), features
+
+    def _tree_bucket(self, name: str, input_ids: torch.Tensor, keys: int | None) -> int | None:
+        b, n = input_ids.shape
+        if b != self.batch:
+            raise ValueError(f"{name} with {b} rows; the caches hold {self.batch}")
+        if keys is None or self.device.type == "cpu":
+            return None
+        if not n <= keys <= self.capacity:
+            raise ValueError(f"{name} keys={keys}: expected {n} .. the capacity {self.capacity}")
+        return min(self.capacity, -(-keys // TREE_KEY_BUCKET) * TREE_KEY_BUCKET)
 
     def move_paths(self, path: torch.Tensor, pos: torch.Tensor) -> None:
         """Every row's accepted tree path into place: row b's keys/values at slots ``pos[b] + path[b, j]`` move to

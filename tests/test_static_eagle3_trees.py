@@ -186,6 +186,9 @@ def test_tree_verify_and_path_moves_equal_the_model_on_each_rows_text(reference_
     for row, prompt in enumerate(prompts):
         target.prefill(prompt, row, 0)
     logits, features = target.tree_step(ids, pos, depths, mask)
+    # the loop's greedy verify (the argmax inside its graph, no logits kept): the same tokens and features
+    tokens, greedy_features = target.tree_greedy(ids, pos, depths, mask)
+    assert torch.equal(tokens, logits.argmax(-1)) and torch.equal(greedy_features, features)
 
     def branch(row: int, node: int) -> list[int]:  # rows of [root, nodes] from the root to ``node``
         return [0] + [j for j in range(1, n + 1) if mask[row, node, j]]
@@ -255,6 +258,10 @@ def test_tree_verify_over_a_key_bucket_equals_the_capacity_on_cuda() -> None:
         for _ in range(2):  # capture, then replay
             logits, features = target.tree_step(ids, pos, all_depths, mask, keys)
         outs.append((logits.clone(), features.clone()))
+        for _ in range(2):  # the loop's greedy verify: its own graph per bucket, the argmax inside it
+            tokens, greedy_features = target.tree_greedy(ids, pos, all_depths, mask, keys)
+        assert torch.equal(tokens, outs[-1][0].argmax(-1))
+        torch.testing.assert_close(greedy_features, outs[-1][1], rtol=0, atol=0)
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="tree_step keys=5: expected 10"):
