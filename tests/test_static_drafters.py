@@ -392,7 +392,8 @@ class GraphSemantics:
             self.out = torch.utils._pytree.tree_map(lambda t: None if t is None else t.clone(), result)
         else:
             for dst, src in zip(torch.utils._pytree.tree_leaves(self.out), torch.utils._pytree.tree_leaves(result)):
-                dst.copy_(src)
+                if dst is not None:  # an output that is None (a greedy chain's probabilities) stays None
+                    dst.copy_(src)
         return self.out
 
 
