@@ -155,6 +155,35 @@ def test_speculators_format_with_speculators_classes(tmp_path: Path, target_conf
         export(src, tmp_path / "spec2", fmt="speculators", dtype="float32")
 
 
+def test_a_full_vocabulary_exports_without_a_draft_vocabulary_for_speculators(tmp_path: Path, target_config, reference_target_path) -> None:
+    """A drafter whose draft vocabulary is the target's whole one (the default 32,000 capped at a smaller vocabulary:
+    the reference target's 8,192): speculators' class registers no d2t / t2d then, and vLLM 0.32 refused the two
+    tensors ("no module or parameter named 'draft_id_to_target_id'"). The export leaves them out; speculators' class
+    takes every tensor; our reader puts the identity back and the logits are the source's."""
+    from speculators import SpeculatorModelConfig
+    from speculators.models.eagle3 import Eagle3DraftModel as SpecEagle3
+
+    from infer.speculators_checkpoint import load_model, read_config
+
+    torch.manual_seed(0)
+    config = make_eagle3_config(target_config, num_hidden_layers=1, target_layer_ids=LAYER_IDS, layer_types=["sliding_attention"],
+                                sliding_window=16, draft_vocab_size=32000, ttt_length=3, norm_before_fc=True)
+    assert config.draft_vocab_size == config.vocab_size == 8192
+    model = Eagle3DraftModel(config)
+    src = tmp_path / "full"
+    model.save_pretrained(src)
+    report = export(src, tmp_path / "spec", fmt="speculators", target=str(reference_target_path), dtype="float32")
+    assert report["max_abs_logit_diff"] == 0.0
+    weights = load_file(tmp_path / "spec" / "model.safetensors")
+    assert "d2t" not in weights and "t2d" not in weights
+    theirs = SpecEagle3(SpeculatorModelConfig.from_pretrained(str(tmp_path / "spec")))
+    result = theirs.load_state_dict(weights, strict=False)
+    assert result.unexpected_keys == [] and sorted(result.missing_keys) == ["verifier_lm_head.weight", "verifier_norm.weight"]
+    ours = load_model(tmp_path / "spec", read_config(tmp_path / "spec"), torch.float32).eval()
+    features, ids = features_and_ids(config.vocab_size)
+    torch.testing.assert_close(eagle3_logits(ours, features, ids), eagle3_logits(model.eval(), features, ids), rtol=0, atol=0)
+
+
 def test_refuses_a_deleted_tensor_and_writes_nothing(tmp_path: Path, target_config) -> None:
     src = make_source(tmp_path, target_config, 2)
     weights = load_file(src / "model.safetensors")

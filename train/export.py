@@ -580,11 +580,22 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
 
     tensors = {rename(k): (v.to("cpu", torch_dtype) if v.is_floating_point() else v.to("cpu")).contiguous()
                for k, v in model.state_dict().items()}
+    # a full draft vocabulary: speculators and vLLM register no d2t / t2d then (vLLM 0.32 refused the two tensors:
+    # "no module or parameter named 'draft_id_to_target_id'"), and read the head's rows in target order
+    full_vocab = fmt == "speculators" and config["draft_vocab_size"] == config["vocab_size"]
+    if full_vocab:
+        if tensors["d2t"].any() or not tensors["t2d"].all():
+            raise ExportError(f"{source}: a draft vocabulary as large as the target's but not in the target's order; "
+                              "speculators reads a full one as the identity")
+        del tensors["d2t"], tensors["t2d"]
     with atomic_dir(output) as tmp:
         (tmp / "config.json").write_text(json.dumps(out_config, indent=2))
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         # Reload from the written files only: config.json back to ours, names back to ours.
         written = load_file(tmp / WEIGHTS)
+        if full_vocab:  # the identity, as our speculators reader puts it back (``speculators_checkpoint.read_weights``)
+            written["d2t"] = torch.zeros(config["vocab_size"], dtype=torch.long)
+            written["t2d"] = torch.ones(config["vocab_size"], dtype=torch.bool)
         if fmt == "sglang":
             expected = sglang_eagle3_names(config["num_hidden_layers"])
             if set(written) != expected:
