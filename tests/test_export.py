@@ -173,6 +173,20 @@ def test_speculators_format_loads_with_speculators_config_classes(tmp_path: Path
         export(src, tmp_path / "spec2", fmt="speculators", dtype="float32")
 
 
+def test_a_zlab_layout_reexported_for_speculators_keeps_its_causality(tmp_path: Path, target: TargetModel, reference_target_path) -> None:
+    """A z-lab-layout folder (our ``dflash`` export, or a published checkpoint) says a non-causal block with z-lab's
+    ``is_causal: false``, not our ``sliding_block_causal``: re-exported as speculators it keeps
+    ``sliding_window_non_causal: true`` (it was read as causal, and vLLM would have served the block causally), and the
+    export's gate reloads the drafter the written config describes, so a flipped flag shows as a logit mismatch."""
+    src = make_source(tmp_path, target, block_causal=False, window=16)
+    export(src, tmp_path / "zlab", fmt="dflash", target=str(reference_target_path), dtype="float32")
+    zlab = json.loads((tmp_path / "zlab" / "config.json").read_text())
+    assert zlab["is_causal"] is False and "sliding_block_causal" not in zlab
+    report = export(tmp_path / "zlab", tmp_path / "spec", fmt="speculators", target=str(reference_target_path), dtype="float32")
+    assert report["max_abs_logit_diff"] == 0.0
+    assert json.loads((tmp_path / "spec" / "config.json").read_text())["sliding_window_non_causal"] is True
+
+
 @pytest.mark.parametrize("layer_types,block_causal,expected", [
     (["sliding_attention", "sliding_attention"], True, False),
     (["sliding_attention", "sliding_attention"], False, True),

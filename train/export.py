@@ -40,6 +40,7 @@ import logging
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ from safetensors.torch import load_file, save_file
 from common.atomic import atomic_dir
 from common.json_file import read_json_object
 from common.tensor_shapes import shape_differences
+from infer import speculators_checkpoint
 from infer.speculators_checkpoint import eagle3_config as speculators_eagle3_config
 from models.dflash import DFlashDraftModel, sliding_block_causal
 
@@ -225,7 +227,8 @@ def dflash_config_json(config: dict[str, Any]) -> dict[str, Any]:
 
 def speculators_non_causal(config: dict[str, Any]) -> bool:
     """speculators' one ``sliding_window_non_causal`` flag for this drafter (``engines.speculators_dflash_non_causal``)."""
-    flag = engines.speculators_dflash_non_causal(config["layer_types"], config.get("sliding_block_causal", True))
+    # our key, else z-lab's is_causal (a z-lab-layout folder re-exported has only that one: models.dflash.sliding_block_causal)
+    flag = engines.speculators_dflash_non_causal(config["layer_types"], sliding_block_causal(SimpleNamespace(**config)))
     if flag is None:
         raise ExportError(engines.SPECULATORS_MIXED_CAUSALITY)
     return flag
@@ -349,8 +352,9 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
             (tmp / "config.json").write_text(json.dumps(spec_config, indent=2))
             save_file({**tensors, **{k: v.detach().to("cpu", torch_dtype).contiguous().clone() for k, v in verifier.items()}}, str(tmp / WEIGHTS), metadata={"format": "pt"})
             draft_only = {k: v for k, v in load_file(tmp / WEIGHTS).items() if k not in verifier}
-            # The config is checked by speculators' own classes (tests); here the weights read back.
-            reloaded = build_model(config)
+            # The config is checked by speculators' own classes (tests); here the weights read back into the drafter the
+            # written config.json describes as our speculators reader reads it (its causality flag included)
+            reloaded = build_model({**config, **speculators_checkpoint.dflash_config(spec_config, str(tmp / "config.json"))})
             check_weights(reloaded, draft_only, str(tmp))
             reloaded.load_state_dict(draft_only)
             cast_weights(reloaded, torch_dtype)
