@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", type=Path)
     parser.add_argument("output", type=Path)
-    parser.add_argument("--format", default=None, choices=FORMATS, help="default: dflash for DFlash drafters, sglang for EAGLE-3")
+    parser.add_argument("--format", default=None, choices=FORMATS, help="default: dflash for DFlash drafters (speculators for one with a draft vocabulary, which z-lab's layout cannot hold), sglang for EAGLE-3")
     parser.add_argument("--target", help="target model folder or hub id (default: the one the run recorded)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     args = parser.parse_args(argv)
