@@ -35,8 +35,14 @@ def atomic_dir(final: Path, replace: bool = True) -> Iterator[Path]:
         if final.exists():
             if not replace:
                 return
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+            # moved aside under a hidden name, deleted after the new one is in place: a kill between the two renames
+            # leaves the old folder as a hidden leftover, not lost (deleted first, a kill lost it)
+            aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.replaced.", dir=final.parent))
+            os.replace(final, aside)  # onto the empty folder mkdtemp made: a rename, never a copy
+            os.replace(tmp, final)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -39,3 +39,28 @@ def test_success_replaces_and_uses_umask_permissions(tmp_path: Path) -> None:
         (tmp / "other.bin").write_text("x")
     assert [p.name for p in (tmp_path / "export").iterdir()] == ["new.bin"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "run.json"]  # nothing hidden left behind
+
+
+def test_a_kill_while_replacing_keeps_the_old_folder(tmp_path: Path, monkeypatch) -> None:
+    """Replacing a folder moves the old one aside before the new one goes in: a kill between the two renames (the
+    second one raising here) leaves the old content under a hidden name, where deleting it first lost it."""
+    import common.atomic as atomic
+
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "old.bin").write_text("old")
+    renames = []
+    real = os.replace
+
+    def killed_on_the_second(src, dst):
+        renames.append((src, dst))
+        if len(renames) == 2:
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", killed_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_dir(tmp_path / "export") as tmp:
+            (tmp / "new.bin").write_text("new")
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith(".export.replaced.")]
+    assert len(kept) == 1 and (kept[0] / "old.bin").read_text() == "old"
