@@ -61,3 +61,18 @@ def test_the_checks_see_a_pin() -> None:
 def test_readme_installs_the_pinning_packages_without_their_dependencies() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 dflash==0.1.0 flash-attn-4==4.0.0b36" in readme
+
+
+def test_every_data_file_read_at_run_time_ships_in_the_wheel() -> None:
+    """The files the code reads from beside itself (MT-Bench's questions, the bundled ShareGPT sample, the tiny target's
+    weights, the configs) are matched by ``[tool.setuptools.package-data]``: an installed (non-editable) package
+    without MT-Bench failed ``python -m eval mtbench`` with a FileNotFoundError."""
+    from infer.prompts import MT_BENCH
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    read = [MT_BENCH, *sorted((ROOT / "train" / "data" / "samples").glob("*.jsonl")),
+            *sorted((ROOT / "models" / "builtin_weights").glob("*.safetensors")), ROOT / "configs" / "train.yaml"]
+    assert MT_BENCH.is_file() and len(read) >= 4
+    for path in read:
+        package, rest = path.relative_to(ROOT).parts[0], Path(*path.relative_to(ROOT).parts[1:])
+        assert any(rest.match(glob) for glob in data.get(package, [])), f"{path.relative_to(ROOT)} is not in the wheel"
