@@ -115,6 +115,7 @@ def prompts_file(path: str | Path, num_questions: int | None = None) -> list[Con
     if not path.is_file():
         raise ValueError(f"--prompts {path}: {'a folder' if path.is_dir() else 'no such file'}; expected a JSONL file of prompts")
     out = []
+    lines_of: dict[str, int] = {}  # each id's line: results resume by (id, turn), so two records of one id would mix
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
@@ -142,7 +143,12 @@ def prompts_file(path: str | Path, num_questions: int | None = None) -> list[Con
                 raise ValueError(f"{where}: expected a field 'prompt', 'turns' or 'messages'")
             if not turns or not all(isinstance(t, str) and t for t in turns):
                 raise ValueError(f"{where}: the user turns must be non-empty strings")
-            out.append(Conversation(str(record.get("id", line_no)), str(record.get("category", "")), tuple(turns)))
+            conv_id = str(record.get("id", line_no))  # a record without an id: its line number
+            if conv_id in lines_of:
+                raise ValueError(f"{where}: id {conv_id!r} is line {lines_of[conv_id]}'s too; expected one record per id "
+                                 "(results are kept and resumed by id and turn)")
+            lines_of[conv_id] = line_no
+            out.append(Conversation(conv_id, str(record.get("category", "")), tuple(turns)))
     if not out:
         raise ValueError(f"--prompts {path}: no records")
     return out[:num_questions]

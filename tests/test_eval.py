@@ -79,6 +79,9 @@ def test_prompts_file_and_its_errors(runs_dir, tmp_path, capsys) -> None:
     ('{"messages": [{"role": "system", "content": "s"}]}', "the user turns must be non-empty strings"),
     ('["Hi"]', "expected a JSON object with 'prompt', 'turns' or 'messages'"),
     ('{"text": "Hi"}', "expected a field 'prompt', 'turns' or 'messages'"),
+    # results resume by (id, turn): a second record of an id (the first line's, its line number) got the other's answers
+    ('{"id": "1", "prompt": "again"}', "id '1' is line 1's too; expected one record per id"),
+    ('{"id": 1, "turns": ["again"]}', "id '1' is line 1's too"),
 ])
 def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
     from infer.prompts import prompts_file
