@@ -201,8 +201,10 @@ def run(args: argparse.Namespace) -> int:
                     raise ValueError(f"{name}: {'none' if value is None else value} given twice; expected each once")
         if args.prefill_tokens < 0 or any(p < 0 for p in getattr(args, "prefills", [])):
             raise ValueError("prefill tokens must be >= 0")
-        if args.max_new_tokens < 1:  # before any model loads or results folder is made (the loop said so mid-cell)
-            raise ValueError(f"--max-new-tokens {args.max_new_tokens}; expected >= 1")
+        if args.max_new_tokens < 2:  # before any model loads or results folder is made (the loop said so mid-cell)
+            # 1: the prefill makes the only token, no verify step to measure (τ came out 0, the sweep divided by it)
+            raise ValueError(f"--max-new-tokens {args.max_new_tokens}; expected >= 2 (the first new token comes from the prefill: "
+                             "τ needs verify steps after it)")
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         check_engine_args(args, windows)
         conversations = conversations_for(args)

@@ -103,7 +103,8 @@ def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
     (["mtbench", "--drafter", "/nonexistent"], "--drafter='/nonexistent': no such folder; expected a training run folder"),
     (["mtbench", "--engine", "zlab", "--drafter-weights", "int8"], "--engine zlab: --drafter-weights int8 is our loop's"),
     (["mtbench", "--device", "bogus"], "--device 'bogus'; expected auto, cpu, cuda or cuda:N"),
-    (["mtbench", "--max-new-tokens", "0"], "--max-new-tokens 0; expected >= 1"),  # was said mid-cell, an empty partial/ left
+    (["mtbench", "--max-new-tokens", "0"], "--max-new-tokens 0; expected >= 2"),  # was said mid-cell, an empty partial/ left
+    (["sweep", "--max-new-tokens", "1"], "--max-new-tokens 1; expected >= 2 (the first new token comes from the prefill"),  # τ 0, then a ZeroDivisionError
     (["sweep", "--windows", "none", "none", "--num-questions", "1"], "--windows: none given twice; expected each once"),
     (["sweep", "--prefills", "0", "0", "--num-questions", "1"], "--prefills: 0 given twice; expected each once"),
 ])
