@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             text = args.prompt
         prompt = long_prompt_ids(tokenizer, text, args.prefill_tokens)
+        check_fits([("the prompt", len(prompt))], args, target)
         eos = eos_ids(tokenizer, target.model)
         result = generate(target, drafter, prompt, args.max_new_tokens, sampling, eos)
     except ValueError as e:
@@ -144,6 +145,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_fits(prompts: list[tuple[str, int]], args: argparse.Namespace, target) -> None:
+    """Refuse, before decoding, a prompt (named, with its token count) whose new tokens would run past the target's
+    positions (a 40K-token prompt on a 32K target decoded for minutes and exited 0)."""
+    limit = int(getattr(target.model.config.get_text_config(), "max_position_embeddings", 1 << 30))
+    for name, n in prompts:
+        if n + args.max_new_tokens > limit:
+            raise ValueError(f"{name}: {n} prompt tokens (--prefill-tokens {args.prefill_tokens} of them filler) + "
+                             f"{args.max_new_tokens} new tokens exceed the target's max_position_embeddings={limit}; "
+                             "lower --prefill-tokens or --max-new-tokens")
+
+
 def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer, sampling) -> int:
     """``--prompts`` (``conversations``, its records): every record's first user turn, ``--batch-size`` in flight; each output,
     then the pooled numbers."""
@@ -156,6 +168,7 @@ def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer
     from models.static_target import StaticTarget
 
     prompts = [long_prompt_ids(tokenizer, c.turns[0], args.prefill_tokens) for c in conversations]
+    check_fits([(f"record {c.id}", len(p)) for c, p in zip(conversations, prompts)], args, target)
     eos = eos_ids(tokenizer, target.model)
     start = time.perf_counter()
     if args.batch_size == 1 and not trees_on_rows(drafter):  # any target and drafter (FlashInfer attention), one prompt after another

@@ -198,10 +198,14 @@ def test_cli_batch_size_mistakes_are_one_line_and_trees_batch(reference_target_p
     (["--prompt", "Hi", "--json", "{tmp}"], "a folder; expected a file path to write the statistics to"),
     (["--prompt", "Hi", "--drafter", "pld", "--draft-steps", "0"], "--draft-steps 0; expected >= 1"),  # was: 0 read as the default 15
     (["--prompt", "Hi", "--max-new-tokens", "0"], "--max-new-tokens 0; expected >= 1"),  # was said after the target loaded
+    # decoded a 40K-token prompt on the 32K target for minutes, exit 0
+    (["--prompt", "Hi", "--prefill-tokens", "40000"], "the prompt: 400"),
+    (["--prompts", "{tmp}/p.jsonl", "--prefill-tokens", "40000"], "record 1: 400"),
 ])
 def test_bad_cli_values_are_one_line_before_generating(reference_target_path, tmp_path, capsys, argv, message) -> None:
     """Each used to end in a traceback (some after the whole generation), or ran on silently with another value."""
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    (tmp_path / "p.jsonl").write_text('{"prompt": "Hi"}\n')
     assert infer_main(["--target", str(reference_target_path), "--max-new-tokens", "2", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1 and "Traceback" not in err
