@@ -129,13 +129,49 @@ def parse_args(argv=None) -> argparse.Namespace:
 def default_out(args, source: dict) -> Path:
     """The same command (same drafter, target, prompts and settings) gets the same folder: reruns resume."""
     # batch size and threads change the speed, not the tokens: a rerun with another one resumes the same folder
-    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "wandb", "wandb_project", "threads", "runs_dir", "batch_size", "cpu_workers", "warmup")}
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in SPEED_ONLY}
     if settings.get("drafter_weights") == "model":  # the default: the folders of runs from before the option keep their hash
         del settings["drafter_weights"]
     settings.update(source)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
     name = "pld" if source["drafter"] == "pld" else Path(source.get("run") or source["drafter"]).name
     return Path("outputs") / "eval" / args.command / f"{name}-{digest}"
+
+
+# what changes no token and no τ (speed, where results go), and what the results' own file names already keep apart
+# (window, prefill, baseline: ``partial/window-W_prefill-P*.jsonl``, ``cells/``; questions: resumed by id and turn)
+SPEED_ONLY = ("out", "wandb", "wandb_project", "threads", "runs_dir", "batch_size", "cpu_workers", "warmup")
+KEPT_APART = ("window", "windows", "prefill_tokens", "prefills", "num_questions", "baseline", "pld")
+
+
+def results_settings(args, source: dict) -> dict:
+    """What a results folder's turns depend on, written beside them (``settings.json``): a rerun into the folder must
+    match, or its turns would mix with the earlier ones under one config (an explicit ``--out`` reused with other
+    settings; a prompts file edited, or a drafter retrained into the same folder, under the same default folder)."""
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in SPEED_ONLY + KEPT_APART}
+    settings.update(source)
+    prompts = getattr(args, "prompts", None)
+    if prompts:
+        settings["prompts_sha256"] = hashlib.sha256(Path(prompts).read_bytes()).hexdigest()
+    drafter = Path(str(source.get("drafter")))
+    if drafter.is_dir():  # its files' sizes and times: retrained into the same folder, the drafter is another
+        settings["drafter_files"] = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(drafter.iterdir()) if f.is_file()]
+    return json.loads(json.dumps(settings, default=str))
+
+
+def check_settings(out: Path, settings: dict) -> None:
+    """A folder with results of other settings (``settings.json``) is refused in one line naming the first that differs."""
+    path = out / "settings.json"
+    if not path.is_file():
+        return
+    from common.json_file import read_json_object
+
+    before = read_json_object(path, "the settings its results were made with")
+    differ = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+    if differ:
+        k = differ[0]
+        raise ValueError(f"{out}: holds results made with {k}={before.get(k)!r}, this run has {settings.get(k)!r}; expected the same "
+                         "settings to resume (use another --out, or delete the folder)")
 
 
 def check_out(out: Path) -> None:
@@ -221,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
         out = Path(args.out) if args.out else default_out(args, source)
         check_out(out)
+        settings = results_settings(args, source)
+        check_settings(out, settings)
         target, drafter, tokenizer = load_models(source["target"], source["drafter"], args.device, args.dtype, windows[0], args.backend,
                                                  draft_steps=args.draft_steps, tree_topk=args.tree_topk, tree_tokens=args.tree_tokens,
                                                  tree_lookup=args.tree_lookup, tree_redraft=args.tree_redraft,
@@ -242,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
     warmup = getattr(target, "capture", False) if args.warmup is None else args.warmup  # a GPU compiles and captures there
     config = {**vars(args), **source}
     print(f"target {source['target']} | drafter {source['drafter']} | {len(conversations)} prompts -> {out}", file=sys.stderr)
+    write_json(out / "settings.json", settings)  # what every turn written here is made with (``check_settings``)
     for window in windows:
         warning = window_warning(drafter, window)
         if warning:

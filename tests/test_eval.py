@@ -336,3 +336,25 @@ def test_mt_bench_reader_names_the_bad_line(tmp_path, line) -> None:
     with pytest.raises(ValueError, match=rf"^{path}:2: field 'turns' must be a non-empty list of strings$"):
         mt_bench_questions(path)
     assert len(mt_bench_questions()) == 80  # the bundled copy reads
+
+
+def test_a_folder_of_other_settings_is_refused_not_mixed(runs_dir, tmp_path, capsys) -> None:
+    """A results folder keeps what its turns were made with (``settings.json``). A rerun into it with another sampling
+    setting (an explicit ``--out`` reused), or after the prompts file changed (the default folder's hash names the file,
+    not its text), resumed the old turns under the new config; now one line names the setting. The same command resumes,
+    and what only changes the speed (``--batch-size``) does not count."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Say hi.", "id": "a"}\n')
+    out = tmp_path / "o"
+    base = ["prompts", "--prompts", str(prompts), "--runs-dir", str(runs_dir), "--drafter", "pld", "--target", "builtin:tiny-qwen3",
+            "--max-new-tokens", "4", "--no-baseline", "--out", str(out)]
+    assert main(base) == 0
+    turns = lambda: [(r["id"], r["output_ids"], r["stats"]["accepted_per_step"]) for r in json.loads((out / "results.json").read_text())["records"]]  # noqa: E731
+    first = turns()
+    assert main([*base, "--batch-size", "2"]) == 0 and turns() == first
+    capsys.readouterr()
+    assert main([*base, "--temperature", "0.7"]) == 2
+    err = capsys.readouterr().err
+    assert "holds results made with temperature=0.0, this run has 0.7" in err and err.count("\n") == 1
+    prompts.write_text('{"prompt": "Say bye.", "id": "a"}\n')
+    assert main(base) == 2 and "holds results made with prompts_sha256=" in capsys.readouterr().err
