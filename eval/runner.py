@@ -188,7 +188,17 @@ def run_turns(target, drafter, tokenizer, conv: Conversation, index: int, prefil
         content = first_turn_content(tokenizer, question, prefill_tokens, offset=997 * index) if turn == 0 else question
         messages.append({"role": "user", "content": content})
         if (str(conv.id), turn + 1) in done:  # finished by an earlier run of this cell
-            records.append(done[(str(conv.id), turn + 1)])
+            record = done[(str(conv.id), turn + 1)]
+            if baseline and (drafter is not None or engine is not None) and "baseline_stats" not in record:
+                # its baseline not run yet: the batched runner writes a turn after its drafter pass and again after the
+                # baseline's, so a batched run killed between them, resumed at batch 1 (a speed setting: the same
+                # folder), had turns without one (a KeyError in the summary, or no speedup, exit 0)
+                base = run(None, chat_ids(tokenizer, messages))
+                record = {**record, "baseline_stats": base.stats.to_dict(), "same_as_baseline": base.tokens == record["output_ids"]}
+                if sink is not None:
+                    sink.write(json.dumps(record) + "\n")
+                    sink.flush()
+            records.append(record)
             messages.append({"role": "assistant", "content": records[-1]["output_text"]})
             continue
         prompt = chat_ids(tokenizer, messages)

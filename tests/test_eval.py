@@ -358,3 +358,26 @@ def test_a_folder_of_other_settings_is_refused_not_mixed(runs_dir, tmp_path, cap
     assert "holds results made with temperature=0.0, this run has 0.7" in err and err.count("\n") == 1
     prompts.write_text('{"prompt": "Say bye.", "id": "a"}\n')
     assert main(base) == 2 and "holds results made with prompts_sha256=" in capsys.readouterr().err
+
+
+def test_turns_without_their_baseline_get_it_when_resumed_at_batch_one(runs_dir, tmp_path, capsys) -> None:
+    """A batched run writes each turn after its drafter pass and again after the baseline's; killed between the two and
+    resumed at batch 1 (a speed setting: the same folder), its turns without a baseline made the summary fail with a
+    KeyError (or, none having one, print no speedup and exit 0). The resumed turns now run their baseline."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Say hi.", "id": "a"}\n{"prompt": "Count to three.", "id": "b"}\n')
+    out = tmp_path / "o"
+    base = ["prompts", "--prompts", str(prompts), "--runs-dir", str(runs_dir), "--drafter", "pld", "--target", "builtin:tiny-qwen3",
+            "--max-new-tokens", "6", "--out", str(out)]
+    assert main([*base, "--batch-size", "2"]) == 0
+    partial = out / "partial" / "window-trained_prefill-0_baseline.jsonl"
+    records = [json.loads(line) for line in partial.read_text().splitlines()]
+    want = {r["id"]: r["output_ids"] for r in records}
+    # the drafter's pass alone, as a kill before the baseline's leaves it (the second record of each turn gone)
+    drafter_pass = [{k: v for k, v in r.items() if k not in ("baseline_stats", "same_as_baseline")} for r in records][:2]
+    partial.write_text("".join(json.dumps(r) + "\n" for r in drafter_pass))
+    (out / "results.json").unlink()
+    assert main([*base, "--batch-size", "1"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert all(r["same_as_baseline"] is True and "baseline_stats" in r for r in result["records"])
+    assert {r["id"]: r["output_ids"] for r in result["records"]} == want and result["summary"]["speedup"] > 0
