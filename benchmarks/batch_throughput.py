@@ -153,7 +153,7 @@ class PhaseTimer:
     batch step by phase (an event pair spans the phase's kernels and any idle time between them: an eager phase
     launched slower than it runs shows as its launch time) and the number of batch steps (verify calls)."""
 
-    NAMES = {"draft": ("drafter", ["draft_tree", "draft_chain", "block_logits"]), "verify": ("target", ["step", "tree_step"]),
+    NAMES = {"draft": ("drafter", ["draft_tree", "draft_chain", "block_logits"]), "verify": ("target", ["step", "tree_step", "tree_greedy"]),
              "move paths": ("target", ["move_paths"]), "append": ("drafter", ["append"])}
 
     def __init__(self, target, drafter):

@@ -205,11 +205,13 @@ def main() -> None:
             print(f"eager loop  ctx {ctx}: {run.stats.tokens_per_s:.1f} tok/s", flush=True)
         del eager
     target = StaticTarget(model, [], compile_layers=args.compile, decode_attention=args.attention[0])
+    default_products = target.triton_products  # the loop's own choice, which a --target-products "default" row restores
     steps = result["forward"] = []
     print("loop | context | tok/s | ms/token | bandwidth % | outside forward % | prefill s", flush=True)
     for products, attention, ctx in ((t, a, c) for t in args.target_products for a in args.attention for c in args.contexts):
-        if products != "default" and target.triton_products != PRODUCTS[products]:
-            target.use_triton_products(PRODUCTS[products])
+        want = default_products if products == "default" else PRODUCTS[products]  # "default" after another: back to it
+        if target.triton_products != want:
+            target.use_triton_products(want)
         if target.decode_attention != attention:
             target.decode_attention = attention
             target.graphs.clear()

@@ -106,7 +106,7 @@ def main() -> None:
         run = generate(target, None, ids, args.tokens, run_ahead=ahead)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t - run.stats.prefill_s
-        print(f"run_ahead={ahead}: {args.tokens / wall:.1f} tok/s by wall clock (prefill excluded), "
+        print(f"run_ahead={ahead}: {run.stats.decoded_tokens / wall:.1f} tok/s by wall clock (prefill and its token excluded), "
               f"{run.stats.tokens_per_s:.1f} by the loop's events, outside forward {100 * run.stats.other_s / run.stats.decode_s:.1f}%")
     from torch.profiler import ProfilerActivity, profile
 

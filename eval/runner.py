@@ -479,6 +479,7 @@ def summarize(records: list[dict]) -> dict:
     accepted = [a for r in records for a in r["stats"]["accepted_per_step"]]
     block = records[0]["stats"]["block_size"] if records else 1
     new_tokens = sum(r["stats"]["new_tokens"] for r in records)
+    decoded = sum(max(r["stats"]["new_tokens"] - 1, 0) for r in records)  # each turn's first token is the prefill's
     decode_s = sum(r["stats"]["decode_s"] for r in records)
     tau, acceptance = pooled_acceptance(accepted, block)
     summary = {
@@ -487,7 +488,7 @@ def summarize(records: list[dict]) -> dict:
         "tau": tau,
         "acceptance_by_position": acceptance,
         "new_tokens": new_tokens,
-        "tokens_per_s": new_tokens / decode_s if decode_s else 0.0,
+        "tokens_per_s": decoded / decode_s if decode_s else 0.0,  # decoding speed: the decode steps' tokens over their time
         "mean_prompt_tokens": sum(r["prompt_tokens"] for r in records) / max(len(records), 1),
         "mean_prefill_s": sum(r["stats"]["prefill_s"] for r in records) / max(len(records), 1),
         "mean_latency_s": sum(r["stats"]["prefill_s"] + r["stats"]["decode_s"] for r in records) / max(len(records), 1),
@@ -503,7 +504,7 @@ def summarize(records: list[dict]) -> dict:
     if base and summary["engine"] != "ours":  # another engine's speed over our baseline's is no speedup: only the lossless check
         summary["same_as_baseline"] = sum(r["same_as_baseline"] for r in records) / len(records)
     elif base:
-        base_tps = sum(b["new_tokens"] for b in base) / sum(b["decode_s"] for b in base)
+        base_tps = sum(max(b["new_tokens"] - 1, 0) for b in base) / sum(b["decode_s"] for b in base)
         summary["baseline_tokens_per_s"] = base_tps
         summary["speedup"] = summary["tokens_per_s"] / base_tps
         summary["same_as_baseline"] = sum(r["same_as_baseline"] for r in records) / len(records)

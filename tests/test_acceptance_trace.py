@@ -161,3 +161,15 @@ def test_the_speed_benchmark_replays_a_trace_as_the_run_drafted_it() -> None:
     assert forcings("eagle3", 0, [3], [trace], 256)[1][0] == 16  # a chain of 15, as the run drafted
     assert "skipped: a chain of 3 drafts accepts at most 3 a step" in forcings("dflash", 3, [3], [trace], 256)[1][3]
     assert [row[0] for row in forcings("eagle3-eager", 0, [2, 3], [trace], 256)] == [3]
+
+
+def test_decoding_speed_counts_the_tokens_the_decode_steps_made(reference_target_path) -> None:
+    """A generation's first token comes from the prefill's forward, timed as ``prefill_s``: ``tokens_per_s`` divides the
+    other tokens by ``decode_s`` (the first counted too, it read N/(N-1) high: 0.4% at 256 tokens, which moved the
+    8B-shape bandwidth fractions read at their 75% line). The autoregressive loop makes one token a decode step."""
+    _, target, drafter_model, embed, head, prompt = random_dflash_on_reference(reference_target_path)
+    alone = generate(target, None, prompt, 9)
+    assert alone.stats.new_tokens == 9 and alone.stats.decoded_tokens == 8 == len(alone.stats.accepted_per_step)
+    assert alone.stats.tokens_per_s == pytest.approx(8 / alone.stats.decode_s)
+    run = generate(target, StaticDFlashDrafter(drafter_model, embed, head), prompt, 9, accept_per_step=[2])
+    assert run.stats.decoded_tokens == sum(a + 1 for a in run.stats.accepted_per_step) == 8
