@@ -185,3 +185,21 @@ def random_dflash_on_reference(reference_target_path):
     target = StaticTarget(model, [1, 3])
     prompt = torch.randint(10, 8000, (40,)).tolist()
     return model, target, drafter_model, model.get_input_embeddings(), model.get_output_embeddings(), prompt
+
+
+def random_eagle3_on_reference(reference_target_path):
+    """The reference target (fp32) with a random 2-layer EAGLE-3 drafter reading its layers 1, 3 and 4 (a sliding layer of
+    window 6, a full one; draft vocabulary 2,048; 3 TTT steps), sharing its embedding, the static target over those layers
+    and a 40-token random prompt: (hf model, static target, drafter model, prompt)."""
+    from transformers import AutoModelForCausalLM
+
+    from models.static_target import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
+    config = make_eagle3_config(model.config, num_hidden_layers=2, target_layer_ids=[1, 3, 4], layer_types=["sliding_attention", "full_attention"],
+                                sliding_window=6, draft_vocab_size=2048, ttt_length=3)
+    torch.manual_seed(0)
+    drafter_model = Eagle3DraftModel(config).eval()
+    drafter_model.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
+    prompt = torch.randint(10, 8000, (40,)).tolist()
+    return model, StaticTarget(model, [1, 3, 4]), drafter_model, prompt

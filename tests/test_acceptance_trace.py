@@ -14,9 +14,9 @@ import torch
 
 from eval.acceptance_trace import read_acceptance_trace
 from infer.generate import generate
-from infer_helpers import random_dflash_on_reference
+from infer_helpers import random_dflash_on_reference, random_eagle3_on_reference
 from models.dflash import DFlashDrafter, StaticDFlashDrafter
-from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config
+from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 
@@ -115,18 +115,7 @@ def test_a_trace_is_replayed_step_by_step_on_every_dflash_path(reference_target_
 
 
 def test_a_trace_is_replayed_step_by_step_with_eagle3(reference_target_path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from models.static_target import StaticTarget
-
-    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
-    config = make_eagle3_config(model.config, num_hidden_layers=1, target_layer_ids=[1, 3, 4], layer_types=["sliding_attention"],
-                                sliding_window=6, draft_vocab_size=2048, ttt_length=3)
-    torch.manual_seed(0)
-    drafter_model = Eagle3DraftModel(config).eval()
-    drafter_model.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
-    target = StaticTarget(model, [1, 3, 4])
-    prompt = torch.randint(10, 8000, (30,)).tolist()
+    model, target, drafter_model, prompt = random_eagle3_on_reference(reference_target_path)
     trace = [1, 3, 0, 2]
     got = [generate(target, d, prompt, 25, accept_per_step=trace) for d in (Eagle3Drafter(drafter_model), StaticEagle3Drafter(drafter_model))]
     assert got[0].tokens == got[1].tokens

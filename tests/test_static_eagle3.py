@@ -12,6 +12,7 @@ from transformers import Qwen3Config
 
 from infer.generate import generate
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config
+from infer_helpers import random_eagle3_on_reference
 from models.sampling import SamplingConfig
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
@@ -174,18 +175,7 @@ def test_protocol_mistakes_are_one_clear_error() -> None:
 
 @pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_the_loop_with_the_static_drafter_equals_the_eager_one(reference_target_path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from models.static_target import StaticTarget
-
-    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
-    config = make_eagle3_config(model.config, num_hidden_layers=2, target_layer_ids=[1, 3, 4], layer_types=["sliding_attention", "full_attention"],
-                                sliding_window=6, draft_vocab_size=2048, ttt_length=3)
-    torch.manual_seed(0)
-    drafter_model = Eagle3DraftModel(config).eval()
-    drafter_model.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
-    target = StaticTarget(model, [1, 3, 4])
-    prompt = torch.randint(10, 8000, (40,)).tolist()
+    _, target, drafter_model, prompt = random_eagle3_on_reference(reference_target_path)
     plain = generate(target, None, prompt, 30)
     want = generate(target, Eagle3Drafter(drafter_model), prompt, 30)
     got = generate(target, StaticEagle3Drafter(drafter_model), prompt, 30, prefill_chunk=16)
