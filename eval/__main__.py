@@ -60,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--max-new-tokens", type=int, default=256)
     common.add_argument("--num-questions", type=int, help="first N questions (default: all)")
     common.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
-    common.add_argument("--dtype", default="auto")
+    common.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     common.add_argument("--draft-steps", type=int,
                         help="EAGLE-3: drafts per step, the chain's length (default: the TTT steps it was trained with); prompt "
                              "lookup beside it drafts as many. With --drafter pld: its drafts per step (default 15). DFlash chains: "
@@ -235,8 +235,10 @@ def run(args: argparse.Namespace) -> int:
             for i, value in enumerate(values):
                 if value in values[:i]:
                     raise ValueError(f"{name}: {'none' if value is None else value} given twice; expected each once")
-        if args.prefill_tokens < 0 or any(p < 0 for p in getattr(args, "prefills", [])):
-            raise ValueError("prefill tokens must be >= 0")
+        for name, values in (("--prefill-tokens", [args.prefill_tokens]), ("--prefills", getattr(args, "prefills", []))):
+            for value in values:
+                if value < 0:
+                    raise ValueError(f"{name} {value}; expected filler token counts >= 0")
         if args.max_new_tokens < 2:  # before any model loads or results folder is made (the loop said so mid-cell)
             # 1: the prefill makes the only token, no verify step to measure (τ came out 0, the sweep divided by it)
             raise ValueError(f"--max-new-tokens {args.max_new_tokens}; expected >= 2 (the first new token comes from the prefill: "

@@ -107,12 +107,23 @@ def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
     (["sweep", "--max-new-tokens", "1"], "--max-new-tokens 1; expected >= 2 (the first new token comes from the prefill"),  # τ 0, then a ZeroDivisionError
     (["sweep", "--windows", "none", "none", "--num-questions", "1"], "--windows: none given twice; expected each once"),
     (["sweep", "--prefills", "0", "0", "--num-questions", "1"], "--prefills: 0 given twice; expected each once"),
+    (["mtbench", "--prefill-tokens", "-5"], "--prefill-tokens -5; expected filler token counts >= 0"),
+    (["sweep", "--prefills", "0", "-1"], "--prefills -1; expected filler token counts >= 0"),
 ])
 def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) -> None:
     assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
     assert not (tmp_path / "o").exists()  # nothing written for a refused command
+
+
+def test_an_unknown_dtype_is_refused_by_the_parser(runs_dir, tmp_path, capsys) -> None:
+    """A dtype torch has no name for was a traceback from deep in the loading (``getattr(torch, 'float99')``)."""
+    with pytest.raises(SystemExit) as caught:
+        main(["mtbench", "--dtype", "float99", "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")])
+    assert caught.value.code == 2
+    assert "argument --dtype: invalid choice: 'float99'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_drafter_folder_that_holds_no_drafter_is_one_clear_line(runs_dir, tmp_path, capsys) -> None:
