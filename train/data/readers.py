@@ -1,7 +1,9 @@
 """Read chat datasets into one normalised form.
 
 Every reader yields ``Conversation(id, messages)`` where ``messages`` is a list of
-``{"role": "system"|"user"|"assistant", "content": str}`` dicts, in order.
+``{"role": "system"|"user"|"assistant", "content": str}`` dicts, in order. An assistant turn may also
+carry ``"complete": false``: a reply cut at a token budget (regeneration writes it), whose end-of-turn
+token is not trained (``chat.ChatRenderer``).
 
 Sources (``read_conversations(source)``):
 - ShareGPT JSON (one array) or JSONL: records with ``conversations: [{from, value}, ...]``.
@@ -99,7 +101,13 @@ def normalise_record(record: Any, where: str, stats: ReadStats) -> Conversation 
         content = turn.get(text_key)
         if content is not None and not isinstance(content, str):  # str() would train on a Python repr ("[{'type': ...")
             raise DataError(f"{where} turn {i}: {text_key!r} is of type {type(content).__name__}; expected a string")
-        messages.append({"role": role, "content": "" if content is None else str(content)})
+        message = {"role": role, "content": "" if content is None else str(content)}
+        if "complete" in turn:
+            if not isinstance(turn["complete"], bool):
+                raise DataError(f"{where} turn {i}: 'complete' is {turn['complete']!r}; expected true or false")
+            if not turn["complete"]:
+                message["complete"] = False
+        messages.append(message)
     # Split ShareGPT records often start mid-dialogue with the assistant; the reply has no
     # question to answer and strict templates refuse it (FastChat's preprocessing drops it too).
     first_non_system = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)

@@ -14,6 +14,12 @@ Every finished reply is appended to ``<cache>.partial.jsonl`` as it arrives (flu
 loses at most the requests in flight and the same command resumes; the finished set is written as
 ``<cache>.jsonl`` (``messages`` layout) by temp name and rename, keyed by the source data, the target's
 files, the template and the generation settings, and the partial file removed.
+
+A reply the engine stopped at its token budget, before the target's end of sequence, is stored with
+``"complete": false`` on its message: the chat template closes every turn with an end-of-turn token, and
+trained on, that token would teach the drafter an end the target never produced there (at the recipes'
+budgets most replies of the repetitive 27M target are cut). ``ChatRenderer`` leaves it out of the loss
+mask; the reply's own tokens are the target's and stay in.
 """
 
 from __future__ import annotations
@@ -22,16 +28,30 @@ import gc
 import json
 import logging
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import torch
 
 from common.atomic import atomic_open
-from infer.serving import cut_at_eos
+from infer.serving import cut_at_eos, reply_ended
 from .chat import ChatRenderer
 from .readers import Conversation
 
 log = logging.getLogger(__name__)
+
+# Changes what a regenerated file holds (its cache key carries it): 2 = cut replies marked ``"complete": false``.
+REPLIES_VERSION = 2
+
+
+class Reply(NamedTuple):
+    """One engine answer: ``tokens`` (end of sequence cut) or, from a server without token ids, ``text``; ``complete``:
+    the target ended it (an end-of-sequence token within its budget), not the budget."""
+
+    index: int
+    tokens: list[int] | None
+    text: str | None
+    complete: bool
+
 
 
 def target_fingerprint(path: str) -> list[Any]:
@@ -49,7 +69,7 @@ class HFReplies:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     @torch.no_grad()
-    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[tuple[int, list[int] | None, str | None]]:
+    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[Reply]:
         cfg, device = self.cfg, next(self.model.parameters()).device
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
         sampling = (dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None) if cfg.temperature > 0
@@ -67,8 +87,10 @@ class HFReplies:
             out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                       max_new_tokens=max(budgets[i] for i in batch), pad_token_id=self.pad_id,
                                       eos_token_id=self.tokenizer.eos_token_id, **sampling)
+            eos = [self.tokenizer.eos_token_id]
             for row, i in enumerate(batch):
-                yield i, cut_at_eos(out[row, width:width + budgets[i]].tolist(), [self.tokenizer.eos_token_id]), None
+                raw = out[row, width:width + budgets[i]].tolist()  # a row that ended is padded past its end of sequence
+                yield Reply(i, cut_at_eos(raw, eos), None, reply_ended(raw, eos, budgets[i]))
 
 
 class OurReplies:
@@ -87,7 +109,7 @@ class OurReplies:
         self.eos = [tokenizer.eos_token_id]
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
 
-    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[tuple[int, list[int] | None, str | None]]:
+    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[Reply]:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a chunk: a smaller capacity
         chunk = 16 * self.batch_size
         for start in range(0, len(order), chunk):
@@ -97,7 +119,7 @@ class OurReplies:
                                        batch_size=self.batch_size, sampling=self.sampling, eos_token_ids=self.eos,
                                        run_steps=self.run_steps)
             for i, out in zip(part, outs):
-                yield i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None
+                yield Reply(i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None, reply_ended(out.tokens, self.eos, budgets[i]))
 
     def close(self) -> None:
         """Drop the static target (fused weight copies and the KV buffers of ``batch_size`` rows, held into training
@@ -118,15 +140,16 @@ class EngineReplies:
         self.engine, self.concurrency = engine, cfg.concurrency
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
 
-    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[tuple[int, list[int] | None, str | None]]:
+    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[Reply]:
         if hasattr(self.engine, "complete_many"):  # a server: replies in the order they arrive
-            yield from self.engine.complete_many(prompts, budgets, self.sampling)
+            for i, tokens, text, complete in self.engine.complete_many(prompts, budgets, self.sampling):
+                yield Reply(i, tokens, text, complete)
             return
         for start in range(0, len(prompts), self.concurrency):
             chunk = list(range(start, min(start + self.concurrency, len(prompts))))
             outs = self.engine.generate_many([prompts[i] for i in chunk], [budgets[i] for i in chunk], self.sampling)
-            for i, tokens in zip(chunk, outs):
-                yield i, tokens, None
+            for i, (tokens, complete) in zip(chunk, outs):
+                yield Reply(i, tokens, None, complete)
 
     def close(self) -> None:
         self.engine.close()
@@ -149,17 +172,25 @@ def reply_engine(cfg: Any, target: Any, max_length: int):
     return EngineReplies(ServerEngine(cfg.server_url, eos, cfg.concurrency), cfg)
 
 
-def read_partial(path: Path) -> dict[tuple[int, int], str]:
-    """Replies a killed run finished: (conversation index, assistant turn k) -> content. A line cut by the kill is dropped."""
+def read_partial(path: Path) -> dict[tuple[int, int], tuple[str, bool]]:
+    """Replies a killed run finished: (conversation index, assistant turn k) -> (content, complete). A line cut by the
+    kill is dropped."""
     done = {}
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(line)
-                done[(row["conversation"], row["turn"])] = row["content"]
+                done[(row["conversation"], row["turn"])] = (row["content"], bool(row["complete"]))
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue
     return done
+
+
+def set_reply(message: dict[str, Any], content: str, complete: bool) -> None:
+    message["content"] = content
+    message.pop("complete", None)
+    if not complete:  # only cut replies carry the key: a file of finished replies reads as any messages file
+        message["complete"] = False
 
 
 def regenerate_conversations(
@@ -194,7 +225,7 @@ def regenerate_conversations(
     # The k-th assistant turn of each conversation, as message indices.
     assistant_turns = [[i for i, m in enumerate(ms) if m["role"] == "assistant"] for ms in messages]
     cut_at = [None] * len(messages)
-    stats = {"turns_regenerated": 0, "conversations_cut": 0, "turns_resumed": 0, "turns_kept": 0}
+    stats = {"turns_regenerated": 0, "conversations_cut": 0, "turns_resumed": 0, "turns_kept": 0, "replies_cut_at_budget": 0}
     max_turns = max((len(t) for t in assistant_turns), default=0)
     done = read_partial(partial) if partial is not None else {}
     sink = None
@@ -220,20 +251,23 @@ def regenerate_conversations(
                     bar.update(1)
                     continue
                 if (c, k) in done:  # answered before a kill
-                    messages[c][turn]["content"] = done[(c, k)]
+                    set_reply(messages[c][turn], *done[(c, k)])
                     stats["turns_resumed"] += 1
+                    stats["replies_cut_at_budget"] += not done[(c, k)][1]
                     bar.update(1)
                     continue
                 todo.append(c)
                 prompts.append(ids)
             budgets = [min(cfg.max_new_tokens, max_length - len(p)) for p in prompts]
-            for i, tokens, text in engine.replies(prompts, budgets):
+            for i, tokens, text, complete in engine.replies(prompts, budgets):
                 c = todo[i]
                 content = tokenizer.decode(tokens, skip_special_tokens=True) if tokens is not None else text
-                messages[c][assistant_turns[c][k]]["content"] = content
+                set_reply(messages[c][assistant_turns[c][k]], content, complete)
                 stats["turns_regenerated"] += 1
+                stats["replies_cut_at_budget"] += not complete
                 if sink is not None:
-                    sink.write(json.dumps({"conversation": c, "turn": k, "content": content}, ensure_ascii=False) + "\n")
+                    sink.write(json.dumps({"conversation": c, "turn": k, "content": content, "complete": complete},
+                                          ensure_ascii=False) + "\n")
                     sink.flush()
                 bar.update(1)
     finally:
