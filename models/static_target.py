@@ -255,7 +255,7 @@ class StaticTarget:
         self.post_attention = maybe_compile(self._post_attention, dynamic=False)
         self.input_norm = maybe_compile(lambda x, weight: rms_norm(x, weight, self.eps), dynamic=False)  # layer 0's
         self.masked_softmax = maybe_compile(masked_softmax)  # the capacity varies: symbolic after its first change
-        self.decode_attention = choose_decode_attention(decode_attention, self.device)
+        self.decode_attention = choose_decode_attention(decode_attention, self.device, self.head_dim)
         self.head_weight = self.lm_head.weight  # the logits: linear(norm(x), head_weight, lm_head.bias)
         if prepack is None:
             prepack = not compile_layers and prepack_by_default(self.device, self.dtype)
@@ -804,14 +804,18 @@ class StaticTarget:
     _chain_inputs: dict | None = None  # ``chain_inputs``' buffers by block length
 
 
-def choose_decode_attention(name: str | None, device: torch.device) -> str:
-    """``split_kv`` or ``products`` (see ``StaticTarget``); an explicit ``split_kv`` without Triton is an error."""
+def choose_decode_attention(name: str | None, device: torch.device, head_dim: int) -> str:
+    """``split_kv`` or ``products`` (see ``StaticTarget``): by default the kernel on a GPU with Triton and a power-of-two
+    head dimension >= 16 (``tl.dot`` over it), the products elsewhere; an explicit ``split_kv`` that cannot run is an
+    error."""
     from swa_kernels import decode_attention
 
     if name not in (None, "split_kv", "products"):
         raise ValueError(f"decode_attention={name!r}; expected 'split_kv' or 'products'")
-    if name == "split_kv" and not decode_attention.available():
-        raise ValueError("decode_attention='split_kv' needs Triton (pip install triton); use 'products'")
+    shaped = head_dim >= 16 and not head_dim & (head_dim - 1)
+    if name == "split_kv" and not (decode_attention.available() and shaped):
+        raise ValueError(f"decode_attention='split_kv' needs Triton (pip install triton) and a power-of-two head_dim of at "
+                         f"least 16 (this target's: {head_dim}); use 'products'")
     if name is not None:
         return name
     if device.type != "cuda":
@@ -819,6 +823,10 @@ def choose_decode_attention(name: str | None, device: torch.device) -> str:
     if not decode_attention.available():
         warnings.warn("Triton is not importable: decode attention falls back to two products over the whole cache "
                       "(slower at long contexts)", stacklevel=3)
+        return "products"
+    if not shaped:  # e.g. head_dim 80 or 96: the kernel would refuse it at the first step
+        warnings.warn(f"head_dim {head_dim} is not a power of two >= 16: decode attention runs as two products over the "
+                      "whole cache (slower at long contexts)", stacklevel=3)
         return "products"
     return "split_kv"
 

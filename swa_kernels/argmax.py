@@ -33,7 +33,7 @@ if available:
 
     @triton.jit
     def _chunk_max(x_ptr, value_ptr, index_ptr, V, stride_row, CHUNKS, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)  # row * stride_row passes 2^31 from 14,135 rows of a 151,936 vocabulary
         chunk = tl.program_id(1)
         ids = chunk * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * stride_row + ids, mask=ids < V, other=float("-inf")).to(tl.float32)

@@ -53,7 +53,9 @@ if available:
             total = total * tl.exp(best - shift) + tl.sum(tl.exp(x - shift), 0)  # best = -inf: total was 0
             best_at = tl.where(chunk_max > best, start + chunk_at, best_at)  # strictly greater: the first maximum
             best = new_best
-        tl.store(LSE + row, tl.where(best == float("-inf"), float("-inf"), best + tl.log(total)))
+        # a +inf logit: the shifts were +inf and the total NaN (inf - inf); the log-sum-exp is +inf, as torch's
+        tl.store(LSE + row, tl.where(best == float("-inf"), float("-inf"), tl.where(best == float("inf"), float("inf"),
+                                                                                     best + tl.log(total))))
         tl.store(TOP + row, best_at.to(tl.int64))
 
     @torch.library.custom_op("swa_drafters::row_logsumexp_argmax", mutates_args=())

@@ -188,8 +188,11 @@ def split_partials(x: torch.Tensor, w: torch.Tensor, config: Config) -> torch.Te
 
 def tuned_config(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> Config | None:
     """The measured tiling for this product, or None where cuBLAS runs it: a CPU tensor, no Triton, a bias, more than
-    16 rows, a shape not in ``TUNED``, a non-contiguous weight."""
-    if not (available and x.is_cuda and bias is None and w.is_contiguous() and x.dtype == w.dtype):
+    16 rows, a shape not in ``TUNED``, a non-contiguous weight, an fp32 product (the tilings were measured in bf16: in
+    fp32 ``tl.dot`` rounds its inputs to TF32, 3.7e-3 from fp64 where cuBLAS is 2.5e-6, and the 152K head's tiling
+    needs 288 KiB of shared memory, more than a Hopper SM has)."""
+    if not (available and x.is_cuda and bias is None and w.is_contiguous() and x.dtype == w.dtype
+            and x.dtype in (torch.bfloat16, torch.float16)):
         return None
     rows = x.numel() // x.shape[-1]
     return TUNED.get(tuple(w.shape)) if rows <= MAX_ROWS else None

@@ -103,3 +103,15 @@ def test_row_argmax_on_the_gpu_compiled_and_captured() -> None:
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert torch.equal(out, x.argmax(-1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_row_argmax_past_two_to_the_31_elements_on_the_gpu() -> None:
+    """Row offsets in int64: from row 14,135 of a 151,936-id vocabulary ``row * stride`` passes 2^31 (int32 wrapped to
+    another row's logits, or out of the buffer: an illegal memory access on an H200)."""
+    from swa_kernels.argmax import row_argmax
+
+    rows, v = 14_200, 151_936
+    x = torch.randn(rows, v, device="cuda", dtype=torch.bfloat16)
+    x[torch.arange(rows, device="cuda"), torch.arange(rows, device="cuda") * 7 % v] = 100.0  # each row's own maximum
+    assert torch.equal(row_argmax(x), x.argmax(-1))

@@ -22,6 +22,8 @@ def rows(n, v, dtype, seed=0):
     x[2, v - 1] = 1000                    # the maximum in the last (partial) chunk
     x[3, : v // 2] = float("-inf")        # -inf columns
     x[4] = float("-inf")                  # a row of -inf only: log-sum-exp -inf, argmax 0
+    if n > 5:
+        x[5, v // 2] = float("inf")       # a +inf logit: log-sum-exp +inf (the running shift made it NaN), argmax there
     return x
 def reference(x):
     lse = torch.stack([torch.logsumexp(r.double(), 0) for r in x]).float()

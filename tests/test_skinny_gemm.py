@@ -79,6 +79,11 @@ def test_only_measured_shapes_on_a_gpu_take_the_kernel() -> None:
         assert sg.tuned_config(rows(17), w8b) is None  # more rows than the kernel takes
         assert sg.tuned_config(rows(16), w8b, torch.empty(24576, device="cuda", dtype=torch.bfloat16)) is None
         assert sg.tuned_config(rows(16), w8b[:, :2048]) is None  # not contiguous (and not measured)
+        # fp32: tl.dot would round to TF32 (3.7e-3 from fp64 against cuBLAS's 2.5e-6) and the head's tiling would not fit
+        assert sg.tuned_config(rows(16).float(), w8b.float()) is None
+        x32, w32 = torch.randn(16, 4096, device="cuda"), torch.randn(6144, 4096, device="cuda")
+        exact = (x32.double() @ w32.double().T)
+        assert (sg.few_row_linear(x32, w32).double() - exact).abs().max() < 1e-3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

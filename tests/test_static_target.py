@@ -533,3 +533,21 @@ def test_small_matrices_stay_plain_and_every_product_equals_f_linear() -> None:
         for rows in (1, 5, 16):
             x = torch.randn(rows, m.shape[1])
             torch.testing.assert_close(prepacked_linear(x, packed, bias), torch.nn.functional.linear(x, m, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_decode_attention_default_follows_the_head_dim() -> None:
+    """The split-KV kernel takes power-of-two head dims >= 16 (``tl.dot`` over them); a target with head_dim 80 or 96 on
+    a GPU failed at its first step where it should have run the products (as the DFlash drafter's block attention did)."""
+    from models.static_target import choose_decode_attention
+    from swa_kernels import decode_attention
+
+    cuda = torch.device("cuda")
+    assert choose_decode_attention(None, torch.device("cpu"), 128) == "products"
+    assert choose_decode_attention("products", cuda, 96) == "products"
+    with pytest.raises(ValueError, match=r"a power-of-two head_dim of at least 16 \(this target's: 96\)"):
+        choose_decode_attention("split_kv", cuda, 96)
+    if decode_attention.available():
+        assert choose_decode_attention(None, cuda, 128) == "split_kv"
+        for head_dim in (80, 96, 8):
+            with pytest.warns(UserWarning, match=f"head_dim {head_dim} is not a power of two"):
+                assert choose_decode_attention(None, cuda, head_dim) == "products"
