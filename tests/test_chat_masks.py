@@ -119,3 +119,19 @@ def test_template_that_rewrites_replies_is_refused(reference_tokenizer) -> None:
     renderer = ChatRenderer(reference_tokenizer, chat_template=upper)
     with pytest.raises(DataError, match="conversation c1: assistant turn 1 does not appear"):
         renderer.tokenize([{"role": "user", "content": "q"}, {"role": "assistant", "content": "lower"}], "c1")
+
+
+def test_template_errors_name_the_template_or_the_conversation(reference_tokenizer) -> None:
+    """A template that does not parse is refused when the renderer is built, naming the setting; one that refuses a
+    conversation (``raise_exception``, as Mistral's and Gemma's do when roles do not alternate) names the conversation.
+    Both were jinja2 tracebacks naming neither (``python -m train`` catches ValueError, not jinja2's errors)."""
+    with pytest.raises(DataError, match=r"data.chat_template: not a valid Jinja template \(.* at line 1\)"):
+        ChatRenderer(reference_tokenizer, chat_template="{% for m in messages %}{{ m['content'] }")
+    strict = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+              "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+              "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}")
+    renderer = ChatRenderer(reference_tokenizer, chat_template=strict)
+    with pytest.raises(DataError, match="conversation c7: data.chat_template refused it: Conversation roles must alternate"):
+        renderer.tokenize([{"role": "user", "content": "q"}, {"role": "user", "content": "q2"},
+                           {"role": "assistant", "content": "a"}], "c7")
+    renderer.tokenize([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "c8")  # alternating: fine

@@ -222,3 +222,33 @@ def test_a_cut_reply_keeps_its_flag(tmp_path: Path) -> None:
     (conversation,), _ = read_conversations(path)
     assert conversation.messages[1] == {"role": "assistant", "content": "cut", "complete": False}
     assert conversation.messages[3] == {"role": "assistant", "content": "whole"}
+
+
+def test_a_json_array_cut_at_any_byte_of_its_last_record_reads_the_records_before(tmp_path: Path) -> None:
+    """Wherever the cut falls inside the last record (a string, a key, an escape, a number, a literal), the decoder runs
+    out of text: a cut-off file, the complete records read."""
+    records = [sharegpt_record(i, [("human", f'q{i} "é" \\ tab\t'), ("gpt", f"a{i}")]) for i in range(3)]  # escapes in JSON
+    records[2]["score"], records[2]["ok"] = 12.5, True
+    text = json.dumps(records, indent=1)
+    start = text.index('{\n  "id": "rec2"')
+    path = tmp_path / "cut.json"
+    for cut in range(start + 1, len(text) - 2):
+        path.write_text(text[:cut])
+        conversations, stats = read_conversations(path)
+        assert [c.id for c in conversations] == ["rec0", "rec1"] and stats.truncated_at_byte is not None, cut
+
+
+@pytest.mark.parametrize("text,message", [
+    # a broken record early in an unclosed file: read as a cut there, it lost every good record after it
+    ('[{"id": "a", "conversations": []}, {"id": "b" "conversations": []}, {"id": "c", "conversations": []}, {"id": "d", "con',
+     r"bad\.json: record 1 is not valid JSON \(Expecting ',' delimiter"),
+    # two arrays joined (cat a.json b.json): read as the first alone
+    ('[{"id": "a", "conversations": []}]\n[{"id": "b", "conversations": []}]',
+     r"bad\.json: text after the array's closing '\]' at byte 35 \('\[\{\"id\""),
+    ('[]\n[{"id": "b", "conversations": []}]', r"bad\.json: text after the array's closing '\]' at byte 3"),
+])
+def test_a_json_array_that_is_broken_not_cut_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(DataError, match=message):
+        read_conversations(path)

@@ -40,6 +40,18 @@ def chat_template_of(tokenizer: Any, override: str | None, where: str) -> str:
     return template
 
 
+def check_template_syntax(template: str, source: str) -> None:
+    """A template that does not parse, named in one line at start-up (it failed at the first conversation, as a
+    traceback naming none)."""
+    import jinja2
+    import jinja2.ext
+
+    try:
+        jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise DataError(f"{source}: not a valid Jinja template ({e.message} at line {e.lineno})") from None
+
+
 class ChatRenderer:
     """Turns ``messages`` into ``input_ids`` and an assistant-only ``loss_mask``.
 
@@ -56,6 +68,8 @@ class ChatRenderer:
             raise DataError(f"{where}: a fast tokenizer is needed for character offsets, got {type(tokenizer).__name__}")
         self.tokenizer = tokenizer
         self.template = chat_template_of(tokenizer, chat_template, where)
+        self.template_source = "data.chat_template" if chat_template else f"{where}'s chat template"
+        check_template_syntax(self.template, self.template_source)
         self.special_ids = set(tokenizer.all_special_ids) | {
             i for i, t in tokenizer.added_tokens_decoder.items() if getattr(t, "special", False)
         }
@@ -66,10 +80,15 @@ class ChatRenderer:
                 raise DataError(f"data.end_of_turn_token={end_of_turn_token!r} is not a token of {where}")
             self.end_of_turn_id = ids[0]
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, chat_template=self.template, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, conversation_id: str = "?") -> str:
+        from jinja2 import TemplateError
+
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, chat_template=self.template, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except TemplateError as e:  # a template's raise_exception (Mistral's, Gemma's: roles must alternate, no system)
+            raise DataError(f"conversation {conversation_id}: {self.template_source} refused it: {e}") from None
 
     def assistant_spans(self, messages: list[dict[str, Any]], text: str, conversation_id: str) -> list[tuple[int, int, bool]]:
         """Character spans ``[start, end)`` of each non-empty assistant content in ``text``, each with whether its
@@ -82,7 +101,7 @@ class ChatRenderer:
                 continue
             start_at = cursor
             if message["role"] == "assistant":
-                prefix = self.render(messages[:i], add_generation_prompt=True) if i else ""
+                prefix = self.render(messages[:i], add_generation_prompt=True, conversation_id=conversation_id) if i else ""
                 if text.startswith(prefix):
                     start_at = max(start_at, len(prefix))
             # Templates often trim message text: take whichever of the text and its trimmed form comes first. The
@@ -126,7 +145,7 @@ class ChatRenderer:
         return TokenizedConversation(input_ids=list(input_ids), loss_mask=loss_mask)
 
     def tokenize_batch(self, batch_messages: list[list[dict[str, str]]], ids: list[str]) -> list[TokenizedConversation]:
-        texts = [self.render(m) for m in batch_messages]
+        texts = [self.render(m, conversation_id=cid) for m, cid in zip(batch_messages, ids)]
         spans = [self.assistant_spans(m, text, cid) for m, text, cid in zip(batch_messages, texts, ids)]
         encodings = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
         return [

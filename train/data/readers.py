@@ -124,6 +124,14 @@ def normalise_record(record: Any, where: str, stats: ReadStats) -> Conversation 
 _WS = re.compile(r"\s*")
 
 
+def check_nothing_after(path: Path, text: str, pos: int) -> None:
+    """Only whitespace may follow the array's closing ``]`` (two arrays joined by ``cat`` read as the first alone)."""
+    rest = _WS.match(text, pos).end()
+    if rest < len(text):
+        raise DataError(f"{path}: text after the array's closing ']' at byte {len(text[:rest].encode())} "
+                        f"({text[rest:rest + 20]!r}); expected one JSON array (or JSONL, one record per line)")
+
+
 def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
     """Records of a JSON array file, tolerating a file cut off mid-record at its end."""
     text = path.read_text(encoding="utf-8")
@@ -144,13 +152,19 @@ def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
     while True:
         pos = _WS.match(text, pos).end()
         if pos < len(text) and text[pos] == "]":
+            check_nothing_after(path, text, pos + 1)
             return
         try:
             record, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as e:
-            if text.rstrip().endswith("]") and e.pos < len(text.rstrip()):
-                # The array is closed and the record breaks before the text ends: a broken record, not a cut-off file
-                # (a cut right after a record's own "]", its turn list, ends the text too: the decoder runs out there).
+            # A cut-off file: the decoder ran out of text inside the record (an error at the text's end, or a string
+            # left open to it). Anything else is a broken record, whether or not the array is closed after it (treated
+            # as a cut, a bad record early in an unclosed file lost every good record after it, with a warning that
+            # blamed the file's end).
+            ran_out = e.pos >= len(text.rstrip()) - 8 or e.msg.startswith("Unterminated string")
+            closed = text.rstrip().endswith("]") and e.pos < len(text.rstrip())
+            if closed or not ran_out:
+                # (a cut right after a record's own "]", its turn list, ends the text too: the decoder runs out there)
                 raise DataError(f"{path}: record {index} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
             stats.truncated_at_byte = len(text[:pos].encode("utf-8"))
             log.warning(
@@ -165,6 +179,7 @@ def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
         if pos < len(text) and text[pos] == ",":
             pos += 1
         elif pos < len(text) and text[pos] == "]":
+            check_nothing_after(path, text, pos + 1)
             return
         elif pos < len(text):
             raise DataError(f"{path}: expected ',' or ']' after record {index - 1} at byte {len(text[:pos].encode())}")

@@ -240,7 +240,8 @@ def regenerate_conversations(
                 if k >= len(assistant_turns[c]) or cut_at[c] is not None:
                     continue
                 turn = assistant_turns[c][k]
-                ids = tokenizer(renderer.render(messages[c][:turn], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+                ids = tokenizer(renderer.render(messages[c][:turn], add_generation_prompt=True, conversation_id=conversations[c].id),
+                                add_special_tokens=False)["input_ids"]
                 if len(ids) >= max_length:
                     cut_at[c] = turn
                     stats["conversations_cut"] += 1
