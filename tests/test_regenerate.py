@@ -292,3 +292,23 @@ def test_a_cut_reply_resumes_with_its_flag(tmp_path) -> None:
     partial.write_text('{"conversation": 0, "turn": 0, "content": "cut", "complete": false}\n'
                        '{"conversation": 0, "turn": 1, "content": "whole", "complete": true}\n')
     assert read_partial(partial) == {(0, 0): ("cut", False), (0, 1): ("whole", True)}
+
+
+def test_the_regenerated_cache_follows_the_targets_dtype(reference_target_path, tmp_path) -> None:
+    """Replies made in this process are the target's at its dtype (bf16 and fp32 greedy replies differ): the cache key
+    holds it, so a bf16 run does not read an fp32 run's replies (it did). vLLM loads the target itself: not keyed."""
+    from train.config import DataConfig
+    from train.data import regenerated_key
+    from train.data.dataset import cache_key
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = DataConfig(path=str(tmp_path), regenerate=RegenerateConfig(enabled=True, engine="ours"))
+    fp32 = cache_key(regenerated_key(cfg, target, renderer, str(tmp_path)))
+    assert cache_key(regenerated_key(cfg, target, renderer, str(tmp_path))) == fp32  # the same target: the same file
+    target.model.to(torch.bfloat16)
+    assert cache_key(regenerated_key(cfg, target, renderer, str(tmp_path))) != fp32
+    cfg.regenerate.engine = "vllm"
+    vllm = cache_key(regenerated_key(cfg, target, renderer, str(tmp_path)))
+    target.model.to(torch.float32)
+    assert cache_key(regenerated_key(cfg, target, renderer, str(tmp_path))) == vllm

@@ -30,6 +30,22 @@ def regenerate_key(regen: Any) -> dict[str, Any]:
     return settings
 
 
+def regenerated_key(data_cfg: Any, target: Any, renderer: ChatRenderer, source: str) -> dict[str, Any]:
+    """What the regenerated replies depend on: the source data, the target's files, the template, the settings, and for
+    replies made in this process (``hf``, ``ours``) the target's dtype and device (bf16 and fp32 greedy replies
+    differ; vLLM and a server load the target themselves)."""
+    regen = data_cfg.regenerate
+    key_parts = {
+        "source": source_fingerprint(source), "split": data_cfg.split, "max_records": data_cfg.max_records,
+        "target": target_fingerprint(target.path), "template": renderer.template,
+        "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen), "replies_version": REPLIES_VERSION,
+    }
+    if regen.engine in ("hf", "ours"):
+        weight = next(target.model.parameters())
+        key_parts["target_weights"] = [str(weight.dtype), weight.device.type]
+    return key_parts
+
+
 def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = True) -> tuple[Any, Any, dict[str, Any]]:
     """Read, (optionally) regenerate with the target, tokenize (cached) and split.
 
@@ -42,12 +58,7 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
     else:
         renderer = ChatRenderer(target.tokenizer, data_cfg.chat_template, data_cfg.end_of_turn_token)
         source = resolve_source(data_cfg.path)
-        key_parts = {
-            "source": source_fingerprint(source), "split": data_cfg.split, "max_records": data_cfg.max_records,
-            "target": target_fingerprint(target.path), "template": renderer.template,
-            "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen), "replies_version": REPLIES_VERSION,
-        }
-        path = cache_dir / "regenerated" / f"{cache_key(key_parts)}.jsonl"
+        path = cache_dir / "regenerated" / f"{cache_key(regenerated_key(data_cfg, target, renderer, source))}.jsonl"
         conversations = regenerated(path, cache_dir / "locks", source, data_cfg, target, renderer, progress)
         # the regenerated file's size and time too: regenerated again (deleted to redo it, on another engine or device),
         # its replies differ and the tokens cached from the old ones must not be read
