@@ -35,7 +35,7 @@ def chat_template_of(tokenizer: Any, override: str | None, where: str) -> str:
     if not template:
         raise DataError(
             f"{where}: tokenizer has no chat template; set data.chat_template to a Jinja template "
-            "(e.g. the ChatML one in configs/data/README.md)"
+            "(e.g. models/builtin_targets.py's CHATML_TEMPLATE)"
         )
     return template
 
