@@ -167,8 +167,29 @@ def test_a_run_folder_resumed_with_another_drafter_is_one_line(tmp_path: Path) -
         train(compose_fast(common + deeper + ["trainer.max_steps=2"]))
     message = str(err.value)
     assert message.startswith(f"trainer.resume: {tmp_path / 'checkpoints' / 'step_00000001'} holds another drafter than this "
-                              "config builds (") and "tensors differ, first" in message and "\n" not in message
+                              "config builds (") and "drafter setting(s) differ: " in message and "\n" not in message
+    assert "layer_types ['sliding_attention', 'sliding_attention'] there, ['sliding_attention', 'sliding_attention', 'sliding_attention'] here" in message
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and ".hydra" not in p.parts} == before
+    # settings that keep every tensor's shape resumed silently, and the export labelled the weights with the new ones
+    for changed, named in ((["drafter.sliding_window=8"], "sliding_window 64 there, 8 here"),
+                           (["drafter.block_size=6"], "block_size 8 there, 6 here")):
+        with pytest.raises(ValueError, match="holds another drafter than this config builds") as err:
+            train(compose_fast(common + changed + ["trainer.max_steps=2"]))
+        assert named in str(err.value) and "\n" not in str(err.value)
+    # another optimizer: a KeyError ('param_groups') from the optimizer's load_state_dict
+    other = "trainer.optimizer=adamw" if compose_fast(common).trainer.optimizer == "muon" else "trainer.optimizer=muon"
+    with pytest.raises(ValueError, match=r"holds another optimizer's state \(keys .*trainer.optimizer differs\)"):
+        train(compose_fast(common + [other, "trainer.max_steps=2"]))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and ".hydra" not in p.parts} == before
+
+
+def test_config_mismatch_names_what_differs() -> None:
+    from train.checkpoint import config_mismatch
+
+    saved = {"sliding_window": 64, "block_size": 8, "transformers_version": "5.0"}
+    assert config_mismatch(saved, {"sliding_window": 64, "block_size": 8, "transformers_version": "5.1"}) is None
+    assert config_mismatch(None, {"sliding_window": 8}) is None  # a checkpoint from before configs were saved
+    assert config_mismatch(saved, {"sliding_window": 8, "block_size": 8}) == "1 drafter setting(s) differ: sliding_window 64 there, 8 here"
 
 
 def test_state_mismatch_names_the_first_difference() -> None:

@@ -95,6 +95,24 @@ def state_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None
     return f"{len(differences)} tensors differ, first {first}"
 
 
+# Bookkeeping keys of a Hugging Face config that do not change what the drafter computes.
+CONFIG_BOOKKEEPING = {"transformers_version", "_name_or_path", "architectures", "torch_dtype", "dtype"}
+
+
+def config_mismatch(saved: dict[str, Any] | None, current: dict[str, Any]) -> str | None:
+    """How a checkpoint's drafter config differs from this run's, in a few words, or None: settings that keep every
+    tensor's shape (the window, the block size, the layer types, the mask token) would otherwise resume silently, and
+    the export would then label weights trained one way with the other's settings."""
+    if saved is None:
+        return None
+    keys = sorted((set(saved) | set(current)) - CONFIG_BOOKKEEPING)
+    differ = [k for k in keys if saved.get(k) != current.get(k)]
+    if not differ:
+        return None
+    shown = ", ".join(f"{k} {saved.get(k)!r} there, {current.get(k)!r} here" for k in differ[:3])
+    return f"{len(differ)} drafter setting(s) differ: {shown}" + (", ..." if len(differ) > 3 else "")
+
+
 def rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -165,6 +183,19 @@ class Checkpointer:
         self.output_dir, self.drafter, self.optimizer, self.scheduler = Path(output_dir), drafter, optimizer, scheduler
         self.batches, self.engine, self.keep, self.world_size, self.is_main = batches, engine, keep, world_size, is_main
 
+    def check_compatible(self, path: Path, state: dict[str, Any]) -> None:
+        """Refuse, in one line, a checkpoint of another drafter (its config, before any tensor loads: DeepSpeed's loader
+        answered with a traceback) or another optimizer (Muon with AdamW against AdamW alone: a KeyError)."""
+        how = "resume it with the settings it was trained with, start over there with trainer.resume=never, or set another output_dir"
+        mismatch = config_mismatch(state.get("model_config"), self.drafter.config.to_dict())
+        if mismatch:
+            raise ValueError(f"trainer.resume: {path} holds another drafter than this config builds ({mismatch}); {how}")
+        if self.engine is None and "optimizer" in state:
+            saved, here = sorted(state["optimizer"]), sorted(self.optimizer.state_dict())
+            if saved != here:
+                raise ValueError(f"trainer.resume: {path} holds another optimizer's state (keys {saved}; this run's {here}: "
+                                 f"trainer.optimizer differs); {how}")
+
     def save(self, step: int, train_state: dict[str, Any]) -> Path:
         common = {"dataloader": self.batches.state_dict(), "train_state": dict(train_state), "rng": rng_state(),
                   "model_config": self.drafter.config.to_dict()}
@@ -187,9 +218,11 @@ class Checkpointer:
         else:
             path = Path(resume)
         if self.engine is not None:
+            self.check_compatible(path, load_checkpoint(path))
             state = load_deepspeed_checkpoint(path, self.engine)
         else:
             state = load_checkpoint(path)
+            self.check_compatible(path, state)
             if state.get("deepspeed"):
                 raise ValueError(f"trainer.resume: {path} was written under DeepSpeed; resume it with trainer.deepspeed set "
                                  "(or start over with trainer.resume=never)")
