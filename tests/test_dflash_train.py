@@ -220,3 +220,40 @@ def test_a_step_in_fp32_loads_the_target_in_fp32_and_refuses_a_lower_one(tmp_pat
                                          "target.dtype=bfloat16", f"output_dir={tmp_path}"]))
     with pytest.raises(ValueError, match="use target.dtype=float32"):
         build(cfg)
+
+
+@pytest.mark.slow  # two short runs (~20 s)
+def test_the_logged_rate_and_epoch_are_those_the_steps_trained_with(tmp_path: Path) -> None:
+    """``train/lr`` at step n is the rate step n's update used (it logged the next step's: the schedule had advanced),
+    checked against the optimizer's own rate read inside each step; ``trainer.num_epochs`` reads that many epochs of
+    micro-batches (rounded up per epoch, 3 epochs of 36 rows at batch 4 x 8 read 5.33) and ``train/epoch`` says so."""
+    import train.trainer as trainer_module
+
+    used = []
+    real_step = trainer_module.train_step
+
+    def recording_step(step, micro, n, optimizer, *args, **kwargs):
+        used.append(optimizer.param_groups[0]["lr"])
+        return real_step(step, micro, n, optimizer, *args, **kwargs)
+
+    trainer_module.train_step = recording_step
+    try:
+        metrics = train(compose_fast(["trainer.max_steps=5", "trainer.log_every=1", "trainer.warmup_ratio=0.4",
+                                      "trainer.eval_every=0", "data.num_eval=0", "data.max_records=36", "trainer.batch_size=4",
+                                      "trainer.grad_accum=2", f"output_dir={tmp_path / 'lr'}"]))
+    finally:
+        trainer_module.train_step = real_step
+    logged = [json.loads(line)["train/lr"] for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()
+              if "train/lr" in line]
+    assert len(logged) == 5 and logged == pytest.approx(used, rel=1e-9), (logged, used)
+    assert used[0] < used[1]  # warming up: the first step trains at half the peak, not the peak
+    assert metrics["steps"] == 5
+    rows = json.loads((tmp_path / "lr" / "run.json").read_text())["data"]["train_conversations"]
+    epochs = train(compose_fast(["trainer.max_steps=null", "trainer.num_epochs=3", "trainer.log_every=1", "trainer.eval_every=0",
+                                 "data.num_eval=0", "data.max_records=36", "trainer.batch_size=2", "trainer.grad_accum=8",
+                                 f"output_dir={tmp_path / 'epochs'}"]))
+    batches_per_epoch = max(1, rows // 2)  # EpochBatches: whole batches only
+    assert batches_per_epoch % 8, "a case where an epoch is not a whole number of steps"
+    assert epochs["steps"] == -(-3 * batches_per_epoch // 8)  # ceil(3 epochs of micro-batches / 8 a step)
+    assert epochs["train/epoch"] == pytest.approx(epochs["steps"] * 8 / batches_per_epoch)
+    assert 3 <= epochs["train/epoch"] < 3 + 8 / batches_per_epoch

@@ -300,7 +300,7 @@ class Run:
     logger: MetricsLogger
     loop_eval: LoopEval | None
     max_steps: int
-    steps_per_epoch: int
+    steps_per_epoch: float
     micro_per_step: int
     num_params: int
     run_config: dict
@@ -369,7 +369,9 @@ def build(cfg: TrainConfig) -> Run:
             target.compile_capture(layer_ids)
     batches = EpochBatches(len(train_ds), tc.batch_size, tc.seed)
     micro_per_step = tc.grad_accum * ranks.world_size  # the global step's micro-batches, all ranks together
-    steps_per_epoch = math.ceil(batches.batches_per_epoch / micro_per_step)
+    # fractional: the data position carries on across epochs (a step's micro-batches may straddle two), so rounding per
+    # epoch read 5.33 epochs for num_epochs=3 at 36 rows, batch 4, grad_accum 8
+    steps_per_epoch = batches.batches_per_epoch / micro_per_step
     max_steps = tc.max_steps
     if tc.num_epochs is not None:
         by_epochs = max(1, math.ceil(tc.num_epochs * steps_per_epoch))
@@ -388,7 +390,7 @@ def build(cfg: TrainConfig) -> Run:
     run_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     logger = MetricsLogger(cfg.logger, {**run_config, "drafter_params": num_params, "target_layer_ids": layer_ids,
                                         "world_size": ranks.world_size}, output_dir, enabled=ranks.is_main)
-    log.info("drafter: %.2fM parameters, %d steps (%d per epoch), attention %s, %s",
+    log.info("drafter: %.2fM parameters, %d steps (%.4g per epoch), attention %s, %s",
              num_params / 1e6, max_steps, steps_per_epoch, step.ctx.backend, "bf16 autocast" if step.ctx.bf16 else "fp32")
     loop_eval = None
     if tc.loop_eval_prompts and eval_ds is not None and ranks.is_main:
@@ -425,6 +427,7 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
     window_stats, window_tokens, window_start = None, 0, time.perf_counter()
     for n in range(train_state["step"] + 1, run.max_steps + 1):
         micro = run.next_micro_batches()
+        lr = run.scheduler.get_last_lr()[0]  # the rate this step trains with (train_step advances the schedule after it)
         stats, grad_norm = train_step(step, micro, n, run.optimizer, run.scheduler, run.engine, run.ranks)
         tokens = int(sum(b["attention_mask"].sum() for b in micro))
         train_state.update(step=n, tokens=train_state["tokens"] + tokens)
@@ -433,7 +436,7 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         bar.update(1)
         if n % tc.log_every == 0 or n == run.max_steps:
             elapsed = time.perf_counter() - window_start
-            metrics = {**window_stats.summary("train"), "train/lr": run.scheduler.get_last_lr()[0], "train/grad_norm": float(grad_norm),
+            metrics = {**window_stats.summary("train"), "train/lr": lr, "train/grad_norm": float(grad_norm),
                        "train/tokens_per_s": window_tokens / elapsed, "train/tokens": train_state["tokens"],
                        "train/epoch": n / run.steps_per_epoch}
             if run.device.type == "cuda":
