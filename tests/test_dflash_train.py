@@ -257,3 +257,21 @@ def test_the_logged_rate_and_epoch_are_those_the_steps_trained_with(tmp_path: Pa
     assert epochs["steps"] == -(-3 * batches_per_epoch // 8)  # ceil(3 epochs of micro-batches / 8 a step)
     assert epochs["train/epoch"] == pytest.approx(epochs["steps"] * 8 / batches_per_epoch)
     assert 3 <= epochs["train/epoch"] < 3 + 8 / batches_per_epoch
+
+
+@pytest.mark.slow  # three short runs (~15 s)
+def test_a_resumed_or_rerun_finished_run_keeps_its_record(tmp_path: Path) -> None:
+    """``run.json`` of a resumed run holds the steps logged before the interrupt too (it held only those after), and the
+    same command again on a finished run trains nothing and leaves the record, its eval metrics and history, as it was
+    (it was rewritten with an empty history and no eval metrics)."""
+    common = ["trainer.max_steps=4", "trainer.log_every=1", "trainer.eval_every=0", "trainer.checkpoint_every=1",
+              f"output_dir={tmp_path}"]
+    train(compose_fast(common + ["trainer.interrupt_after=2"]))
+    final = train(compose_fast(common))
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert [h["step"] for h in record["history"] if "train/loss" in h] == [1, 2, 3, 4]
+    assert "eval/loss" in record["metrics"] and final["eval/loss"] == record["metrics"]["eval/loss"]
+    before = (tmp_path / "run.json").read_bytes()
+    again = train(compose_fast(common))
+    assert (tmp_path / "run.json").read_bytes() == before
+    assert again == record["metrics"]

@@ -419,6 +419,7 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
     run = build(cfg)
     tc, step, pad_id = cfg.trainer, run.step, run.target.pad_id
     train_state = run.checkpointer.resume(tc.resume) or {"step": 0, "tokens": 0, "seconds": 0.0}
+    start_step = train_state["step"]
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     run_start = time.perf_counter()
@@ -463,7 +464,7 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
             log.warning("stopping after step %d (trainer.%s); resume with the same command", n, "time_limit_minutes" if out_of_time else "interrupt_after")
             break
     bar.close()
-    return finish(run, train_state, history, eval_metrics, interrupted, time.perf_counter() - run_start)
+    return finish(run, train_state, history, eval_metrics, interrupted, time.perf_counter() - run_start, start_step)
 
 
 def report_eval(n: int, metrics: dict[str, float], bar) -> None:
@@ -478,8 +479,36 @@ def report_eval(n: int, metrics: dict[str, float], bar) -> None:
 
 # ----------------------------------------------------------------------------- the end: export, record, summary
 
-def finish(run: Run, train_state: dict, history: list[dict], eval_metrics: dict, interrupted: bool, seconds: float) -> dict[str, Any]:
+def earlier_record(output_dir: Path, start_step: int) -> dict[str, Any] | None:
+    """The run folder's ``run.json`` when this run resumed it (None for a fresh start or an unreadable record)."""
+    path = output_dir / "run.json"
+    if start_step == 0 or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def finish(run: Run, train_state: dict, history: list[dict], eval_metrics: dict, interrupted: bool, seconds: float,
+           start_step: int = 0) -> dict[str, Any]:
     cfg, tc, output_dir = run.cfg, run.cfg.trainer, run.output_dir
+    earlier = earlier_record(output_dir, start_step) if run.ranks.is_main else None
+    finished_before = [earlier is not None and start_step >= run.max_steps and not earlier.get("metrics", {}).get("interrupted", True)]
+    if run.ranks.distributed:  # rank 0 read the record: every rank takes the same branch (the export below has barriers)
+        torch.distributed.broadcast_object_list(finished_before, src=0)
+    if finished_before[0]:
+        # the same command again on a finished run: nothing trained, its record (history, eval metrics) and export kept
+        # (rewritten, they lost the history and the eval metrics)
+        if run.engine is not None and run.ranks.distributed:
+            deepspeed_engine.leave_process_group()
+        if not run.ranks.is_main:
+            return {}
+        log.info("%s finished at step %d already: nothing to train; run.json and the export kept", output_dir, start_step)
+        run.logger.finish()
+        return earlier["metrics"]
+    if earlier is not None:  # resumed: the steps logged before the checkpoint it resumed from come first
+        history = [h for h in earlier.get("history", []) if h.get("step", 0) <= start_step] + history
     final = {**(history[-1] if history else {}), **eval_metrics}
     final.update({"steps": train_state["step"], "max_steps": run.max_steps, "tokens": train_state["tokens"],
                   "drafter_params": run.num_params, "interrupted": interrupted})
