@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
+import string
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,19 @@ def has_wandb_key() -> bool:
         return True
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+def wandb_run_id(output_dir: Path) -> str:
+    """The run folder's W&B run id, made on its first start and kept in ``wandb_run_id`` (temp name, then rename)."""
+    path = output_dir / "wandb_run_id"
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # W&B's own id alphabet
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, path)
+    return run_id
 
 
 class MetricsLogger:
@@ -32,10 +47,24 @@ class MetricsLogger:
             mode = logger_cfg.mode
             if mode == "auto":
                 mode = "online" if has_wandb_key() else "offline"
-            self.run = wandb.init(
-                project=logger_cfg.project, name=logger_cfg.name, mode=mode, config=run_config, dir=str(output_dir),
-            )
-            log.info("W&B %s run in %s", mode, self.run.dir)
+            # one W&B run per run folder: a resumed run logs into the run it started (each resume was a new W&B run)
+            run_id = wandb_run_id(output_dir)
+
+            def start(how: str, **settings):
+                return wandb.init(project=logger_cfg.project, name=logger_cfg.name, mode=how, config=run_config,
+                                  dir=str(output_dir), id=run_id, resume="allow", **settings)
+
+            try:
+                self.run = start(mode, **({"settings": wandb.Settings(init_timeout=60)} if logger_cfg.mode == "auto" else {}))
+            except wandb.errors.Error as e:
+                if logger_cfg.mode != "auto":
+                    raise
+                # auto: a key but no network (a cluster node) ended the run after the data and the target were ready
+                log.warning("W&B online start failed (%s); logging offline instead (wandb sync %s later)",
+                            str(e).splitlines()[0][:200], output_dir / "wandb")
+                mode = "offline"
+                self.run = start(mode)
+            log.info("W&B %s run %s in %s", mode, run_id, self.run.dir)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.enabled:
