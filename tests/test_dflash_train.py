@@ -77,8 +77,22 @@ def test_gradient_accumulation_matches_a_larger_batch(tmp_path: Path) -> None:
 @pytest.mark.parametrize("override,message", [
     ("drafter.mask_token_id=5000", r"drafter.mask_token_id=5000 is outside the target's vocabulary \(0..1023\)"),
     ("drafter.target_layer_ids=[1,8]", r"drafter.target_layer_ids=\[1, 8\]: ids must lie in 0..6"),
+    ("trainer.attention_backend=flex", r"trainer.attention_backend=flex needs a GPU \(trainer.device=cpu\); use sdpa"),
+    ("trainer.resume=/nonexistent/step_1", r"trainer.resume='/nonexistent/step_1': no checkpoint there"),
+    ("trainer.resume=Never", r"trainer.resume='Never': no checkpoint there \(expected Never\); expected auto, never or a checkpoint"),
 ])
-def test_start_up_errors_need_the_target(tmp_path: Path, override: str, message: str) -> None:
+def test_start_up_errors_need_the_target(tmp_path: Path, override: str, message: str, monkeypatch) -> None:
+    """Each refused before the data is prepared (regeneration takes minutes to hours on a real recipe; these were refused
+    after it)."""
+    import train.trainer as trainer_module
+
+    if torch.cuda.is_available() and "attention_backend" in override:
+        pytest.skip("the CPU's refusal")
+
+    def prepared(*args, **kwargs):
+        raise AssertionError("the data was prepared before the check")
+
+    monkeypatch.setattr(trainer_module, "prepare_data", prepared)
     with pytest.raises(ValueError, match=message):
         train(compose_fast([override, f"output_dir={tmp_path}"]))
     assert not (tmp_path / "run.json").exists()

@@ -338,6 +338,8 @@ def build(cfg: TrainConfig) -> Run:
     tc = cfg.trainer
     ranks = ranks_from_env()  # torchrun / deepspeed launches: one process per GPU
     device = local_device(pick_device(tc.device), ranks)
+    if tc.attention_backend not in ("auto", "sdpa") and device.type != "cuda":  # here, not after the data is prepared
+        raise ValueError(f"trainer.attention_backend={tc.attention_backend} needs a GPU (trainer.device={device.type}); use sdpa")
     if device.type == "cuda" and tc.compile_drafter and tc.coordinate_descent_tuning:
         set_coordinate_descent_tuning(True)  # false leaves Inductor's own setting (its environment variable) alone
     ds_config = None
@@ -354,6 +356,10 @@ def build(cfg: TrainConfig) -> Run:
     target = TargetModel.from_pretrained(target_path, device, target_dtype(tc.precision, cfg.target.dtype, device), cfg.target.attn_implementation)
     layer_ids = target_layer_ids(cfg, target)
     log.info("target %s: %d layers, hidden %d; drafter reads layers %s", cfg.target.path, target.num_layers, target.hidden_size, layer_ids)
+    if cfg.drafter.kind == "dflash":  # the mask token against the target's vocabulary, before the data is prepared
+        from .dflash import resolve_mask_token_id
+
+        resolve_mask_token_id(cfg.drafter.mask_token_id, target)
 
     with rank0_first(ranks):  # rank 0 tokenizes and fills the cache, the others then read it
         train_ds, eval_ds, data_summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress and ranks.is_main)
