@@ -289,3 +289,32 @@ def test_a_resumed_or_rerun_finished_run_keeps_its_record(tmp_path: Path) -> Non
     again = train(compose_fast(common))
     assert (tmp_path / "run.json").read_bytes() == before
     assert again == record["metrics"]
+
+
+def test_a_save_cut_short_leaves_nothing_behind_the_next_save(tmp_path: Path) -> None:
+    """A kill inside a save leaves its hidden temporary folder (``.step_*``); never resumed from, it was never deleted
+    either (a drafter's optimizer state each). The next save removes it; the complete checkpoints are pruned as before."""
+    from train.checkpoint import list_checkpoints, save_checkpoint
+
+    root = tmp_path / "checkpoints"
+    (root / ".step_00000003.k2j4").mkdir(parents=True)
+    (root / ".step_00000003.k2j4" / "state.pt").write_bytes(b"half")
+    for step in (1, 2, 4):
+        save_checkpoint(tmp_path, step, {"train_state": {"step": step}}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000004"]
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000002", "step_00000004"]
+
+
+def test_resuming_an_older_checkpoint_inside_its_own_run_folder_is_refused(tmp_path: Path) -> None:
+    """A rollback (``trainer.resume=.../step_2`` while the folder holds step_3 and step_4): the run pruned its own source
+    and ``resume=auto`` then picked the abandoned run's newest checkpoint. Refused in one line; resumed into another
+    output_dir, it runs."""
+    common = ["trainer.max_steps=4", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=1",
+              "trainer.keep_checkpoints=3"]
+    train(compose_fast(common + [f"output_dir={tmp_path / 'run'}"]))
+    source = tmp_path / "run" / "checkpoints" / "step_00000002"
+    with pytest.raises(ValueError, match=r"holds checkpoints newer than it \(step_00000003, step_00000004\)") as err:
+        train(compose_fast(common + [f"output_dir={tmp_path / 'run'}", f"trainer.resume={source}"]))
+    assert "\n" not in str(err.value) and source.is_dir()
+    branched = train(compose_fast(common + [f"output_dir={tmp_path / 'branch'}", f"trainer.resume={source}"]))
+    assert branched["steps"] == 4 and source.is_dir()

@@ -40,7 +40,13 @@ def save_checkpoint(output_dir: Path, step: int, state: dict[str, Any], keep: in
 
 
 def prune_checkpoints(output_dir: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints (0 = keep all)."""
+    """Delete all but the newest ``keep`` checkpoints (0 = keep all), and the hidden temporary folders of saves a kill
+    cut short (``.step_*``: never resumed from, never deleted before; a drafter's optimizer state in each). Called right
+    after a save, by the one process that saves: no save of its own is in flight."""
+    root = checkpoint_dir(output_dir)
+    if root.is_dir():
+        for stale in root.glob(".step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
     if keep > 0:
         for old in list_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -167,6 +173,11 @@ def load_deepspeed_checkpoint(path: Path, engine) -> dict[str, Any]:
     return state
 
 
+def state_step(path: Path) -> int:
+    """The step in a ``step_*`` folder's name."""
+    return int(STEP_DIR.match(Path(path).name).group(1))
+
+
 class Checkpointer:
     """Save and resume for one run (torchtitan's ``CheckpointManager``): the objects it saves are fixed at
     start-up, each through ``state_dict``/``load_state_dict`` under a fixed key. Under DeepSpeed the
@@ -217,6 +228,11 @@ class Checkpointer:
             path = found[-1]
         else:
             path = Path(resume)
+            newer = [p.name for p in list_checkpoints(self.output_dir)
+                     if state_step(p) > state_step(path)] if STEP_DIR.match(path.name) else []
+            if newer:  # rolled back inside the run folder: pruning deleted the source, resume=auto picked the abandoned run
+                raise ValueError(f"trainer.resume={resume!r}: {self.output_dir} holds checkpoints newer than it ({', '.join(newer)}), "
+                                 "of the run it branches from; resume it into another output_dir (the checkpoint stays where it is)")
         if self.engine is not None:
             self.check_compatible(path, load_checkpoint(path))
             state = load_deepspeed_checkpoint(path, self.engine)

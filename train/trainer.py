@@ -467,7 +467,9 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         if n < run.max_steps and (out_of_time or (tc.interrupt_after is not None and n >= tc.interrupt_after)):
             run.checkpointer.save(n, train_state)
             interrupted = True
-            log.warning("stopping after step %d (trainer.%s); resume with the same command", n, "time_limit_minutes" if out_of_time else "interrupt_after")
+            # the same command alone starts a new folder where output_dir holds the time (every experiment's default)
+            log.warning("stopping after step %d (trainer.%s); resume with the same command and output_dir=%s", n,
+                        "time_limit_minutes" if out_of_time else "interrupt_after", run.output_dir)
             break
     bar.close()
     return finish(run, train_state, history, eval_metrics, interrupted, time.perf_counter() - run_start, start_step)
