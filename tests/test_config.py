@@ -91,6 +91,7 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["trainer.eval_every=-5"], "trainer.eval_every=-5; expected >= 0"),
         (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every=-1; expected >= 0"),
         (["trainer.keep_checkpoints=-1"], "trainer.keep_checkpoints=-1; expected >= 0"),
+        (["trainer.time_limit_minutes=-1"], "trainer.time_limit_minutes=-1.0; expected > 0 or null"),
         (["trainer.eval_batches=0"], "trainer.eval_batches=0; expected >= 1 or null"),  # was KeyError: 'eval/loss'
         (["trainer.min_lr_ratio=2"], "trainer.min_lr_ratio=2.0; expected in [0, 1]"),
         (["trainer.grad_clip=-1"], "trainer.grad_clip=-1.0; expected >= 0"),

@@ -387,6 +387,8 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{name}={getattr(self, name)}; expected >= 0")
         if self.eval_batches is not None and self.eval_batches < 1:
             raise ValueError(f"trainer.eval_batches={self.eval_batches}; expected >= 1 or null (all)")
+        if self.time_limit_minutes is not None and self.time_limit_minutes <= 0:  # -1 stopped after the first step
+            raise ValueError(f"trainer.time_limit_minutes={self.time_limit_minutes}; expected > 0 or null (no limit)")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"trainer.min_lr_ratio={self.min_lr_ratio}; expected in [0, 1]")
         for name in ("grad_clip", "weight_decay", "muon_weight_decay"):
