@@ -71,14 +71,19 @@ def read_acceptance_trace(path: str | Path) -> AcceptanceTrace:
     blocks: set[int] = set()
     config = None
     if path.endswith(".jsonl"):
-        records = []
+        by_turn: dict = {}
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}: line {n} is not valid JSON ({e.msg}); expected one eval record a line") from None
-        turns, blocks = _from_records(path, records, "line")
+                # a partial file holds a turn again when its baseline is added or a resumed run decodes it again: the
+                # last record of a (conversation, turn) stands, as eval's own read_partial takes it (each was counted)
+                key = (str(record.get("id")), record.get("turn")) if isinstance(record, dict) and "turn" in record else n
+                by_turn.pop(key, None)
+                by_turn[key] = record
+        turns, blocks = _from_records(path, list(by_turn.values()), "line")
     else:
         try:
             data = json.loads(text)

@@ -27,8 +27,8 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}; expected >= 0")
+        if not self.temperature >= 0 or self.temperature == float("inf"):  # nan passed "< 0" and sampled token 0 forever
+            raise ValueError(f"temperature={self.temperature}; expected a finite value >= 0")
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k}; expected >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:

@@ -126,3 +126,16 @@ def test_sampling_follows_the_target_distribution(temperature, top_k, top_p, dep
     # rejections and accepted drafts both occurred (a fixed prompt and a random drafter: with a peaked,
     # filtered target two accepts in a row never happen, so that case checks one)
     assert all(accepted[k] > 100 for k in range(longest_accept + 1)), accepted
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"temperature": float("nan")}, "temperature=nan; expected a finite value >= 0"),  # passed "< 0", sampled token 0 forever
+    ({"temperature": float("inf")}, "temperature=inf; expected a finite value >= 0"),
+    ({"temperature": -1.0}, "temperature=-1.0; expected a finite value >= 0"),
+    ({"top_p": float("nan")}, "top_p=nan; expected 0 < top_p <= 1"),
+])
+def test_sampling_settings_that_are_not_numbers_are_refused(kwargs, message) -> None:
+    from models.sampling import SamplingConfig
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        SamplingConfig(**kwargs)
