@@ -141,6 +141,9 @@ def default_out(args, source: dict) -> Path:
 # what changes no token and no τ (speed, where results go), and what the results' own file names already keep apart
 # (window, prefill, baseline: ``partial/window-W_prefill-P*.jsonl``, ``cells/``; questions: resumed by id and turn)
 SPEED_ONLY = ("out", "wandb", "wandb_project", "threads", "runs_dir", "batch_size", "cpu_workers", "warmup")
+# what a finished sweep cell must share with this run to be reused (settings.json keeps them apart: they do not change
+# a turn's tokens, but they change which turns and passes a cell holds)
+CELL_SETTINGS = ("num_questions", "baseline", "pld")
 KEPT_APART = ("window", "windows", "prefill_tokens", "prefills", "num_questions", "baseline", "pld")
 
 
@@ -160,9 +163,13 @@ def results_settings(args, source: dict) -> dict:
 
 
 def check_settings(out: Path, settings: dict) -> None:
-    """A folder with results of other settings (``settings.json``) is refused in one line naming the first that differs."""
+    """A folder with results of other settings (``settings.json``) is refused in one line naming the first that differs.
+    A folder whose settings were written but holds no result yet (a run refused after writing them) is not: the
+    corrected command runs there."""
     path = out / "settings.json"
     if not path.is_file():
+        return
+    if not any(p.is_file() and p != path and p.stat().st_size > 0 for p in out.rglob("*")):
         return
     from common.json_file import read_json_object
 
@@ -257,6 +264,9 @@ def run(args: argparse.Namespace) -> int:
             source = {"target": target_path, "drafter": drafter_path, **({"run": run_dir} if run_dir else {})}
         if args.batch_size < 1:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
+        if args.batch_size > 1 and args.backend == "flashinfer":  # before anything loads or is written (it failed mid-cell)
+            raise ValueError(f"--batch-size {args.batch_size}: batched decoding runs on the static target; --backend flashinfer "
+                             "decodes at --batch-size 1")
         out = Path(args.out) if args.out else default_out(args, source)
         check_out(out)
         settings = results_settings(args, source)
@@ -345,10 +355,17 @@ def run(args: argparse.Namespace) -> int:
             for prefill in args.prefills:
                 label = "none" if window is None else str(window)
                 path = out / "cells" / f"window-{label}_prefill-{prefill}.json"
-                if path.exists():  # resumable: a finished cell is never recomputed
+                if path.exists():  # resumable: a finished cell of the same prompts and passes is not recomputed
                     done = read_cell(path)
-                    keep(label, prefill, done["summary"], done["records"])
-                    continue
+                    made_with = {k: done.get("config", {}).get(k) for k in CELL_SETTINGS}
+                    if made_with == {k: config.get(k) for k in CELL_SETTINGS}:
+                        keep(label, prefill, done["summary"], done["records"])
+                        continue
+                    # another question count or baseline/prompt-lookup pass (kept apart from settings.json, which holds
+                    # what changes the tokens): reused, the sweep mixed prompt sets. Decoded again; the turns its
+                    # partial files hold are read back, not decoded
+                    print(f"window {label} prefill {prefill}: the cell was made with {made_with}; made again with "
+                          f"{ {k: config.get(k) for k in CELL_SETTINGS} }", file=sys.stderr)
                 label, records, summary = run_cell(window, prefill, bool(args.baseline))
                 write_json(path, {"config": {**config, "window": label, "prefill": prefill}, "summary": summary, "records": records})
                 keep(label, prefill, summary, records)

@@ -108,6 +108,9 @@ def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
     (["sweep", "--windows", "none", "none", "--num-questions", "1"], "--windows: none given twice; expected each once"),
     (["sweep", "--prefills", "0", "0", "--num-questions", "1"], "--prefills: 0 given twice; expected each once"),
     (["mtbench", "--prefill-tokens", "-5"], "--prefill-tokens -5; expected filler token counts >= 0"),
+    (["mtbench", "--backend", "flashinfer", "--batch-size", "4"],
+     "--batch-size 4: batched decoding runs on the static target; --backend flashinfer decodes at"),  # a traceback mid-cell
+    (["mtbench", "--temperature", "nan"], "temperature=nan; expected a finite value >= 0"),
     (["sweep", "--prefills", "0", "-1"], "--prefills -1; expected filler token counts >= 0"),
 ])
 def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) -> None:
@@ -264,6 +267,16 @@ def test_sweep_writes_matrix_plot_and_resumes(runs_dir, tmp_path, monkeypatch) -
     assert calls == []  # the missing cell's turns were all in its partial file: nothing decoded again
     resumed = (out / "sweep.md").read_text()
     assert "| prompt lookup |" in resumed and resumed.split("**τ kept**")[1] == table.split("**τ kept**")[1]
+    # the same folder with two questions: the one-question cells were reused (the sweep mixed prompt sets); now each
+    # cell is made again, its first question's turns read back from the partial files, the second's decoded
+    calls.clear()
+    assert main([a if a != "1" else "2" for a in argv]) == 0
+    for name in cells:
+        again = json.loads((out / "cells" / name).read_text())
+        assert again["config"]["num_questions"] == 2 and len({r["id"] for r in again["records"]}) == 2
+        first = [r for r in again["records"] if r["id"] == cell[name]["records"][0]["id"]]
+        assert [r["output_ids"] for r in first] == [r["output_ids"] for r in cell[name]["records"]]
+    assert calls  # the second question's turns were decoded
 
 
 def test_run_folder_window_warning_and_prompt_lookup_beside(runs_dir, tmp_path, capsys) -> None:
@@ -392,3 +405,18 @@ def test_turns_without_their_baseline_get_it_when_resumed_at_batch_one(runs_dir,
     result = json.loads((out / "results.json").read_text())
     assert all(r["same_as_baseline"] is True and "baseline_stats" in r for r in result["records"])
     assert {r["id"]: r["output_ids"] for r in result["records"]} == want and result["summary"]["speedup"] > 0
+
+
+def test_a_folder_whose_run_was_refused_before_any_result_takes_the_corrected_command(tmp_path) -> None:
+    """settings.json is written before decoding and some refusals come after it (trees with sampling): the folder held
+    no result, but the corrected command was refused as "holds results made with temperature=0.5"."""
+    from eval.__main__ import check_settings
+
+    out = tmp_path / "o"
+    (out / "partial").mkdir(parents=True)
+    (out / "settings.json").write_text(json.dumps({"temperature": 0.5}))
+    (out / "partial" / "window-64_prefill-0.jsonl").write_text("")  # opened, nothing finished
+    check_settings(out, {"temperature": 0.0})
+    (out / "partial" / "window-64_prefill-0.jsonl").write_text('{"id": "81", "turn": 1}\n')  # a finished turn: refused
+    with pytest.raises(ValueError, match=r"holds results made with temperature=0.5, this run has 0.0"):
+        check_settings(out, {"temperature": 0.0})
