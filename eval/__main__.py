@@ -209,13 +209,26 @@ def conversations_for(args):
     return mt_bench(args.num_questions)
 
 
+def interrupt_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt  # a job scheduler's SIGTERM ends the run as Ctrl-C does: workers stopped, finished turns kept
+
+
 def main(argv=None) -> int:
+    import signal
+    import threading
+
     args = parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     try:
         return run(args)
     except KeyboardInterrupt:
-        print("interrupted (Ctrl-C): finished turns are kept; the same command resumes", file=sys.stderr)
+        print("interrupted (Ctrl-C or SIGTERM): finished turns are kept; the same command resumes", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -401,6 +401,21 @@ def decode_batched(target, drafter, tokenizer, conversations: list[Conversation]
     return records, prompts
 
 
+def die_with_parent(parent: int) -> None:
+    """A forked worker ends when the process that forked it does (Linux's ``PR_SET_PDEATHSIG``): a SIGTERM or SIGKILL to
+    eval's process left its workers decoding, then blocked on the queue forever, each holding the model."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+    except (OSError, AttributeError):  # not Linux: workers are forked on Linux only (cpu_workers)
+        return
+    if os.getppid() != parent:  # the parent ended before the call above took effect
+        os._exit(1)
+
+
 def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversation], workers: int, batch_size: int, write, bar,
                       decode_args: dict) -> tuple[list[list[dict]], dict[tuple[int, int], list[int]]]:
     """``decode_batched`` in ``workers`` forked one-thread processes, each with its share of the ``batch_size`` rows; a
@@ -426,8 +441,11 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
             claimed.value = i + 1
             return i
 
+    parent = os.getpid()
+
     def work(w: int) -> None:
         try:
+            die_with_parent(parent)
             torch.set_num_threads(1)
             records, prompts = decode_batched(target, drafter, tokenizer, conversations, claim, rows[w],
                                               lambda record: messages.put(("record", record)), lambda: messages.put(("finished", None)),

@@ -8,6 +8,8 @@ from the per-step counts) and greedy losslessness (every turn equals the autoreg
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -420,3 +422,45 @@ def test_a_folder_whose_run_was_refused_before_any_result_takes_the_corrected_co
     (out / "partial" / "window-64_prefill-0.jsonl").write_text('{"id": "81", "turn": 1}\n')  # a finished turn: refused
     with pytest.raises(ValueError, match=r"holds results made with temperature=0.5, this run has 0.0"):
         check_settings(out, {"temperature": 0.0})
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forked CPU workers are Linux's")
+def test_a_cpu_worker_ends_with_the_process_that_forked_it(tmp_path) -> None:
+    """``--cpu-workers``: a SIGKILL (or an unhandled SIGTERM) to eval's process left its forked workers decoding and then
+    blocked forever, each holding the model. ``die_with_parent`` in a worker forked by a process that is then killed:
+    the worker ends too."""
+    import signal
+    import subprocess
+    import time
+
+    script = ("import os, sys, time\n"
+              "sys.path[:0] = [%r]\n"
+              "from eval.runner import die_with_parent\n"
+              "parent = os.getpid()\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    die_with_parent(parent)\n"
+              "    time.sleep(120)\n"
+              "    os._exit(0)\n"
+              "print(pid, flush=True)\n"
+              "time.sleep(120)\n") % str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    time.sleep(0.5)  # the child has made its call
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        return state not in ("Z", "X")  # a zombie nobody reaped has ended
+
+    assert alive(child)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while alive(child) and time.time() < deadline:
+        time.sleep(0.1)
+    if alive(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the worker outlived the process that forked it")
