@@ -312,7 +312,7 @@ def test_interrupt_keeps_finished_turns_and_the_same_command_resumes(runs_dir, t
 
     monkeypatch.setattr(runner, "generate", interrupted)
     assert main(argv) == 130
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("interrupted (Ctrl-C)")
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("interrupted (Ctrl-C or SIGTERM)")
     assert not (tmp_path / "o" / "results.json").exists()
     assert len((tmp_path / "o" / "partial" / "window-trained_prefill-0.jsonl").read_text().splitlines()) == 2
     monkeypatch.setattr(runner, "generate", real)
