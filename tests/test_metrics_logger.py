@@ -26,7 +26,7 @@ def test_a_resumed_run_logs_into_the_wandb_run_it_started(tmp_path: Path, monkey
         logger.finish()
     assert ids[0] == ids[1] == (tmp_path / "wandb_run_id").read_text().strip()
     runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
-    assert runs and all(name.endswith(ids[0]) for name in runs), runs
+    assert runs and all(f"-{ids[0]}" in name for name in runs), runs  # two starts in one second: "...-ID-1"
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
