@@ -492,12 +492,17 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
     return records, prompts
 
 
+def decoded_tokens(stats: dict) -> int:
+    """``GenerationStats.decoded_tokens`` of a record's stats as saved: each turn's first token is the prefill's."""
+    return max(stats["new_tokens"] - 1, 0)
+
+
 def summarize(records: list[dict]) -> dict:
     """Pooled over every verify step of every turn: τ, acceptance by position, speed, latency, speedup."""
     accepted = [a for r in records for a in r["stats"]["accepted_per_step"]]
     block = records[0]["stats"]["block_size"] if records else 1
     new_tokens = sum(r["stats"]["new_tokens"] for r in records)
-    decoded = sum(max(r["stats"]["new_tokens"] - 1, 0) for r in records)  # each turn's first token is the prefill's
+    decoded = sum(decoded_tokens(r["stats"]) for r in records)
     decode_s = sum(r["stats"]["decode_s"] for r in records)
     tau, acceptance = pooled_acceptance(accepted, block)
     summary = {
@@ -522,7 +527,7 @@ def summarize(records: list[dict]) -> dict:
     if base and summary["engine"] != "ours":  # another engine's speed over our baseline's is no speedup: only the lossless check
         summary["same_as_baseline"] = sum(r["same_as_baseline"] for r in records) / len(records)
     elif base:
-        base_tps = sum(max(b["new_tokens"] - 1, 0) for b in base) / sum(b["decode_s"] for b in base)
+        base_tps = sum(decoded_tokens(b) for b in base) / sum(b["decode_s"] for b in base)
         summary["baseline_tokens_per_s"] = base_tps
         summary["speedup"] = summary["tokens_per_s"] / base_tps
         summary["same_as_baseline"] = sum(r["same_as_baseline"] for r in records) / len(records)

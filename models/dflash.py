@@ -86,6 +86,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3PreTrainedModel, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from swa_kernels import block_attention as block_attention_kernel
+from swa_kernels.decode_attention import takes_head_dim
 from swa_kernels.decode_attention import Rope
 from swa_kernels import skinny_gemm
 from swa_kernels.int8_weights import Int8Weight, check_weights, int8_linear, int8_weight
@@ -906,7 +907,7 @@ def choose_block_attention(name: str | None, device: torch.device, head_dim: int
     if name not in (None, "split_kv", "products"):
         raise ValueError(f"block_attention={name!r}; expected 'split_kv' or 'products'")
     # tl.dot multiplies over the head dimension: at least 16 wide on a GPU
-    runnable = block_attention_kernel.available() and head_dim >= 16 and not head_dim & (head_dim - 1)
+    runnable = block_attention_kernel.available() and takes_head_dim(head_dim)
     if name == "split_kv" and not runnable:
         raise ValueError(f"block_attention='split_kv' needs Triton (pip install triton) and a power-of-two head_dim of at "
                          f"least 16 (this drafter's: {head_dim}); use 'products'")

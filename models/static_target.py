@@ -812,7 +812,7 @@ def choose_decode_attention(name: str | None, device: torch.device, head_dim: in
 
     if name not in (None, "split_kv", "products"):
         raise ValueError(f"decode_attention={name!r}; expected 'split_kv' or 'products'")
-    shaped = head_dim >= 16 and not head_dim & (head_dim - 1)
+    shaped = decode_attention.takes_head_dim(head_dim)
     if name == "split_kv" and not (decode_attention.available() and shaped):
         raise ValueError(f"decode_attention='split_kv' needs Triton (pip install triton) and a power-of-two head_dim of at "
                          f"least 16 (this target's: {head_dim}); use 'products'")

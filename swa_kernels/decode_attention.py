@@ -101,6 +101,12 @@ def available() -> bool:
     return triton is not None
 
 
+def takes_head_dim(head_dim: int) -> bool:
+    """The split-KV kernels (this one and ``block_attention``) take power-of-two head dims of at least 16: ``tl.arange``
+    over it and ``tl.dot`` on a GPU."""
+    return head_dim >= 16 and not head_dim & (head_dim - 1)
+
+
 # Triton's interpreter loops to a runtime bound from 3.9 (3.6's calls ``int()`` on a numpy array in ``range()`` under
 # numpy 2.4), so there the CPU tests run the GPU's loop
 INTERPRETER_LIVE_TILES = triton is not None and tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 9)

@@ -64,10 +64,18 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def checkpoint_file(path: Path | str) -> Path:
+    """``trainer.resume``'s checkpoint file (a ``step_*`` folder's ``state.pt``, or the file itself), or one line saying
+    there is none (checked at start-up by ``config.check_paths``, before the data is prepared, and again at resume)."""
     file = Path(path) / "state.pt" if Path(path).is_dir() else Path(path)
-    if not file.exists():
-        raise ValueError(f"trainer.resume={str(path)!r}: no checkpoint there (expected {file})")
+    if not file.is_file():
+        raise ValueError(f"trainer.resume={str(path)!r}: no checkpoint there (expected {file}); expected auto, never or a "
+                         "checkpoint folder (checkpoints/step_*)")
+    return file
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    file = checkpoint_file(path)
     try:
         return read_state(file)
     except UnreadableCheckpoint as e:
@@ -157,9 +165,9 @@ def save_deepspeed_checkpoint(output_dir: Path, step: int, engine, state: dict[s
     return final
 
 
-def load_deepspeed_checkpoint(path: Path, engine) -> dict[str, Any]:
-    """Model, optimizer and scheduler into the engine; returns the trainer's ``state.pt``."""
-    state = load_checkpoint(path)
+def load_deepspeed_checkpoint(path: Path, engine, state: dict[str, Any]) -> dict[str, Any]:
+    """Model, optimizer and scheduler into the engine, from the checkpoint whose ``state.pt`` (``load_checkpoint``) is
+    ``state``; returns it."""
     if not state.get("deepspeed"):
         raise ValueError(f"trainer.resume: {path} was written without DeepSpeed; resume it the same way "
                          "(no trainer.deepspeed, one process) or start over with trainer.resume=never")
@@ -195,10 +203,13 @@ class Checkpointer:
         self.batches, self.engine, self.keep, self.world_size, self.is_main = batches, engine, keep, world_size, is_main
 
     def check_compatible(self, path: Path, state: dict[str, Any]) -> None:
-        """Refuse, in one line, a checkpoint of another drafter (its config, before any tensor loads: DeepSpeed's loader
-        answered with a traceback) or another optimizer (Muon with AdamW against AdamW alone: a KeyError)."""
+        """Refuse, in one line, a checkpoint of another drafter (its config and tensor shapes, before any tensor loads:
+        DeepSpeed's loader answered with a traceback) or another optimizer (Muon with AdamW against AdamW alone: a
+        KeyError)."""
         how = "resume it with the settings it was trained with, start over there with trainer.resume=never, or set another output_dir"
-        mismatch = config_mismatch(state.get("model_config"), self.drafter.config.to_dict())
+        # the tensors too, for checkpoints saved without a config (load_state_dict's answer: a traceback listing every tensor)
+        mismatch = (config_mismatch(state.get("model_config"), self.drafter.config.to_dict())
+                    or ("model" in state and state_mismatch(state["model"], self.drafter.state_dict())))
         if mismatch:
             raise ValueError(f"trainer.resume: {path} holds another drafter than this config builds ({mismatch}); {how}")
         if self.engine is None and "optimizer" in state:
@@ -233,20 +244,14 @@ class Checkpointer:
             if newer:  # rolled back inside the run folder: pruning deleted the source, resume=auto picked the abandoned run
                 raise ValueError(f"trainer.resume={resume!r}: {self.output_dir} holds checkpoints newer than it ({', '.join(newer)}), "
                                  "of the run it branches from; resume it into another output_dir (the checkpoint stays where it is)")
+        state = load_checkpoint(path)
+        self.check_compatible(path, state)
         if self.engine is not None:
-            self.check_compatible(path, load_checkpoint(path))
-            state = load_deepspeed_checkpoint(path, self.engine)
+            load_deepspeed_checkpoint(path, self.engine, state)
         else:
-            state = load_checkpoint(path)
-            self.check_compatible(path, state)
             if state.get("deepspeed"):
                 raise ValueError(f"trainer.resume: {path} was written under DeepSpeed; resume it with trainer.deepspeed set "
                                  "(or start over with trainer.resume=never)")
-            mismatch = state_mismatch(state["model"], self.drafter.state_dict())
-            if mismatch:  # load_state_dict's answer: a traceback listing every tensor
-                raise ValueError(f"trainer.resume: {path} holds another drafter than this config builds ({mismatch}); resume it "
-                                 "with the settings it was trained with, start over there with trainer.resume=never, or set "
-                                 "another output_dir")
             self.drafter.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["lr_scheduler"])

@@ -549,14 +549,10 @@ def check_paths(cfg: TrainConfig) -> None:
     if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
         raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
     check_target_folder(cfg.target.path, "target.path")  # a local path (hub ids load from the hub or its cache)
-    from pathlib import Path
+    if cfg.trainer.resume not in ("auto", "never"):  # a checkpoint: refused before regeneration (minutes to hours), not after
+        from .checkpoint import checkpoint_file
 
-    resume = cfg.trainer.resume
-    if resume not in ("auto", "never"):  # a checkpoint folder: refused before regeneration (minutes to hours), not after
-        state = Path(resume) / "state.pt" if Path(resume).is_dir() else Path(resume)
-        if not state.is_file():
-            raise ValueError(f"trainer.resume={resume!r}: no checkpoint there (expected {state}); expected auto, never or a "
-                             "checkpoint folder (checkpoints/step_*)")
+        checkpoint_file(cfg.trainer.resume)
     if cfg.features.path is not None:  # a store to read (python -m train.features, which writes it, does not come here)
         from .features.store import StoreError, unreadable_store  # a ValueError: exit 2, one line
 

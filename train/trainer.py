@@ -105,6 +105,11 @@ def warmup_cosine(warmup_steps: int, max_steps: int, min_ratio: float):
     return factor
 
 
+def check_backend_device(backend: str, device: torch.device) -> None:
+    if backend != "sdpa" and device.type != "cuda":
+        raise ValueError(f"trainer.attention_backend={backend} needs a GPU (trainer.device={device.type}); use sdpa")
+
+
 class EpochBatches:
     """Shuffled batches of indices; the order depends only on (seed, epoch): resumable by position."""
 
@@ -146,8 +151,7 @@ class StepContext:
         backend = cfg.trainer.attention_backend
         if backend == "auto":
             backend = DRAFTERS[cfg.drafter.kind].module.fastest_gpu_backend(cfg, drafter) if device.type == "cuda" else "sdpa"
-        if backend != "sdpa" and device.type != "cuda":
-            raise ValueError(f"trainer.attention_backend={backend} needs a GPU (trainer.device={device.type}); use sdpa")
+        check_backend_device(backend, device)
         if backend in ("fa4", "flex-flash") and not fa4_available():
             raise ValueError(f"trainer.attention_backend={backend} needs FlashAttention-4 {fa4_adapter.PINNED_VERSION} "
                              f"(pip install '.[fa4]') on a Hopper or newer GPU: {fa4_adapter.check().reason}")
@@ -338,8 +342,8 @@ def build(cfg: TrainConfig) -> Run:
     tc = cfg.trainer
     ranks = ranks_from_env()  # torchrun / deepspeed launches: one process per GPU
     device = local_device(pick_device(tc.device), ranks)
-    if tc.attention_backend not in ("auto", "sdpa") and device.type != "cuda":  # here, not after the data is prepared
-        raise ValueError(f"trainer.attention_backend={tc.attention_backend} needs a GPU (trainer.device={device.type}); use sdpa")
+    if tc.attention_backend != "auto":  # here too, not only after the data is prepared
+        check_backend_device(tc.attention_backend, device)
     if device.type == "cuda" and tc.compile_drafter and tc.coordinate_descent_tuning:
         set_coordinate_descent_tuning(True)  # false leaves Inductor's own setting (its environment variable) alone
     ds_config = None
