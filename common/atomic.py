@@ -31,7 +31,13 @@ def atomic_dir(final: Path, replace: bool = True) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the folder normal permissions
+        # mkdtemp makes 0700, and files written through mkstemp (safetensors' save_file, atomic_open) 0600: give the folder
+        # and what it holds normal permissions, so a server running as another user can read an export
+        mask = _umask()
+        for inner in tmp.rglob("*"):
+            if not inner.is_symlink():
+                os.chmod(inner, (0o777 if inner.is_dir() else 0o666) & ~mask)
+        os.chmod(tmp, 0o777 & ~mask)
         if final.exists():
             if not replace:
                 return

@@ -266,3 +266,117 @@ def test_bad_sources_and_outputs_are_one_line_and_keep_what_is_there(tmp_path: P
     assert main([str(good), str(tmp_path / "out2"), "--target", str(tmp_path)]) == 2  # a ValueError, not only ExportError
     err = capsys.readouterr().err
     assert f"error: --target={str(tmp_path)!r}: no config.json there" in err and "Traceback" not in err and not (tmp_path / "out2").exists()
+
+
+def _small_source(tmp_path: Path, name: str = "good", **config_changes) -> tuple[Path, dict]:
+    """A one-layer DFlash drafter for an 8-layer, 96-token target shape (seconds to export)."""
+    from transformers import Qwen3Config
+
+    small = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=8, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
+    config = make_dflash_config(small, **{"num_hidden_layers": 2, "block_size": 4, "mask_token_id": 5, "target_layer_ids": [1, 3],
+                                          "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8, **config_changes})
+    path = tmp_path / name
+    DFlashDraftModel(config).save_pretrained(path)
+    return path, json.loads((path / "config.json").read_text())
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"layer_types": ["sliding_attention"]}, r"config layer_types=\['sliding_attention'\]; expected a list of num_hidden_layers=2 entries"),
+    ({"layer_types": ["sliding_attention", "chunked_attention"]}, r"config layer_types=.*each one of sliding_attention, full_attention"),
+    ({"sliding_window": None}, r"config sliding_window=None; expected a positive integer .*sliding layers"),
+    ({"sliding_window": 0}, r"config sliding_window=0; expected a positive integer"),
+    ({"sliding_window": "16"}, r"config sliding_window='16'; expected a positive integer"),
+    ({"dflash_config": {"target_layer_ids": [1, 3], "block_size": 1, "mask_token_id": 5}}, r"config dflash_config\.block_size=1; expected an integer >= 2"),
+    ({"dflash_config": {"target_layer_ids": [1, 3], "block_size": 4, "mask_token_id": 96}}, r"config dflash_config\.mask_token_id=96; expected a token id in 0\.\.95"),
+    ({"vocab_size": 0}, r"config vocab_size=0; expected a positive integer"),
+])
+def test_bad_config_fields_are_one_line_and_write_nothing(tmp_path: Path, change: dict, message: str) -> None:
+    """Each of these used to be a traceback (a KeyError, IndexError or huggingface_hub's validation error, which is no
+    ValueError) or, for a sliding layer without a window, an export every engine refuses or misreads."""
+    src, config = _small_source(tmp_path)
+    (src / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ExportError, match=message):
+        export(src, tmp_path / "out", dtype="float32")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_zlab_config_without_layer_types_exports_all_full(tmp_path: Path) -> None:
+    """z-lab's layout may leave layer_types out (its loader then runs every layer full): exported as that, not a KeyError."""
+    src, config = _small_source(tmp_path, layer_types=["full_attention", "full_attention"], sliding_window=None)
+    (src / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in ("layer_types", "use_sliding_window")}))
+    report = export(src, tmp_path / "out", dtype="float32")
+    assert report["max_abs_logit_diff"] == 0.0 and report["layer_types"] == ["full_attention", "full_attention"]
+
+
+def test_an_export_onto_its_own_source_is_refused(tmp_path: Path) -> None:
+    """A run's export/ (or an export folder) given as the output was replaced by the new export: the fp32 drafter gone and
+    the run no longer exportable ("architectures=['DFlashSpeculator']; expected DFlashDraftModel")."""
+    src, _ = _small_source(tmp_path, "run/export")
+    (tmp_path / "run" / "run.json").write_text("{}")
+    before = (src / "model.safetensors").read_bytes()
+    for source, output in ((src, src), (tmp_path / "run", src)):
+        with pytest.raises(ExportError, match=r"is the folder the drafter is read from"):
+            export(source, output, dtype="bfloat16")
+    assert (src / "model.safetensors").read_bytes() == before
+
+
+def test_a_run_record_whose_target_is_not_an_object_is_one_line(tmp_path: Path) -> None:
+    src, _ = _small_source(tmp_path, "run/export")
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"target": "x"}))
+    with pytest.raises(ExportError, match=r"run\.json: target='x'; expected an object"):
+        export(tmp_path / "run", tmp_path / "out", dtype="float32")
+
+
+def test_the_wrong_target_is_refused_before_anything_is_written(tmp_path: Path, reference_target_path) -> None:
+    """The drafter's sizes and layer ids against the target it is exported with (the loop's own checks at load): a wrong
+    target exported with exit 0 (its embedding in the checkpoint, the drafter's vocabulary in the config), or a traceback."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    src, config = _small_source(tmp_path)
+    other = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=8, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, architectures=["Qwen3ForCausalLM"])
+    Qwen3ForCausalLM(other).save_pretrained(tmp_path / "other_vocab")
+    with pytest.raises(ExportError, match=r"config vocab_size=96, but the target .*other_vocab has vocab_size=128"):
+        export(src, tmp_path / "out", fmt="speculators", target=str(tmp_path / "other_vocab"), dtype="float32")
+    # the reference target: 8 layers, but hidden 512 against the drafter's 32
+    with pytest.raises(ExportError, match=r"config hidden_size=32, but the target .* has hidden_size=512"):
+        export(src, tmp_path / "out", target=str(reference_target_path), dtype="float32")
+    shallow = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=8, max_position_embeddings=512, architectures=["Qwen3ForCausalLM"])
+    Qwen3ForCausalLM(shallow).save_pretrained(tmp_path / "shallow")
+    with pytest.raises(ExportError, match=r"dflash_config\.target_layer_ids=\[1, 3\]; ids must lie in 0\.\.1 .*has 3 layers"):
+        export(src, tmp_path / "out", target=str(tmp_path / "shallow"), dtype="float32")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dflash_draft_vocabulary_never_built_is_refused(tmp_path: Path, reference_target_path) -> None:
+    """An all-zero d2t maps every draft to target ids 0.. in vLLM (it adds d2t): refused as EAGLE-3's already was."""
+    src, _ = _small_source(tmp_path, draft_vocab_size=20)
+    with pytest.raises(ExportError, match=r"t2d marks 0 target ids, expected draft_vocab_size=20"):
+        export(src, tmp_path / "out", fmt="speculators", dtype="float32")
+
+
+def test_exported_files_are_readable_by_others(tmp_path: Path) -> None:
+    """safetensors' save_file writes through mkstemp (0600): a server running as another user could read the config, not
+    the weights. The export's files get the umask's normal permissions, as the folder already did."""
+    import os
+    import stat
+
+    src, _ = _small_source(tmp_path)
+    old = os.umask(0o022)
+    try:
+        export(src, tmp_path / "out", dtype="float32")
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "out", tmp_path / "out" / "config.json", tmp_path / "out" / "model.safetensors"):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o755 if path.is_dir() else 0o644), (path.name, oct(mode))
+
+
+def test_sglang_is_told_a_bidirectional_sliding_drafter_is_served_causally(tmp_path: Path) -> None:
+    """SGLang's DFLASH reads no is_causal (sliding layers run causal there): the export says so beside its command."""
+    src, _ = _small_source(tmp_path, sliding_block_causal=False)
+    assert any("SGLang's DFLASH serves sliding layers causally" in n for n in export(src, tmp_path / "out", dtype="float32").get("notes", []))
+    src2, _ = _small_source(tmp_path, "causal")
+    assert not export(src2, tmp_path / "out2", dtype="float32").get("notes")

@@ -105,9 +105,19 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
     return config, weights, run_record
 
 
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_config(config: dict[str, Any], source: Path) -> None:
-    """The fields the export reads before building the drafter, each with its type: the loop's own check
-    (``infer.loading.check_drafter_fields``), as an ExportError."""
+    """The fields the export reads or writes, each with its type and range, as one ExportError naming the field: the loop's
+    own check (``infer.loading.check_drafter_fields``), then the sizes, ``layer_types`` (one of LAYER_TYPES a layer),
+    ``sliding_window`` (a positive integer where a layer slides: every engine refuses or misreads a sliding layer
+    without one), DFlash's block and mask token, EAGLE-3's draft vocabulary and TTT length. The same checks for a run's
+    checkpoint and an export folder: what the model's config class would answer with a traceback, or accept and write."""
     from infer.loading import check_drafter_fields
 
     if not isinstance(config, dict):
@@ -116,6 +126,63 @@ def check_config(config: dict[str, Any], source: Path) -> None:
         check_drafter_fields(config, f"{source}: config")
     except ValueError as e:
         raise ExportError(str(e)) from None
+
+    def refuse(field: str, expected: str) -> ExportError:
+        value = config.get(field) if "." not in field else config["dflash_config"].get(field.split(".", 1)[1])
+        return ExportError(f"{source}: config {field}={value!r:.80}; expected {expected}")
+
+    for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
+        if not _is_int(config.get(field)) or config[field] < 1:
+            raise refuse(field, "a positive integer")
+    n, vocab = config["num_hidden_layers"], config["vocab_size"]
+    types = config.get("layer_types")
+    if types is None and not is_eagle3(config):
+        pass  # z-lab's layout without it: every layer full (Qwen3Config fills it so; dflash_config_json writes it)
+    elif not isinstance(types, list) or len(types) != n or not all(t in LAYER_TYPES for t in types):
+        raise refuse("layer_types", f"a list of num_hidden_layers={n} entries, each one of {', '.join(LAYER_TYPES)}")
+    if "sliding_attention" in (types or []) and (not _is_int(config.get("sliding_window")) or config["sliding_window"] < 1):
+        raise refuse("sliding_window", "a positive integer (the window W in tokens): layer_types has sliding layers")
+    if is_eagle3(config):
+        draft_vocab = config.get("draft_vocab_size")
+        if not _is_int(draft_vocab) or not 1 <= draft_vocab <= vocab:
+            raise refuse("draft_vocab_size", f"an integer in 1..vocab_size={vocab}")
+        if config.get("ttt_length") is not None and (not _is_int(config["ttt_length"]) or config["ttt_length"] < 1):
+            raise refuse("ttt_length", "a positive integer (the drafting steps trained)")
+        return
+    dflash = config["dflash_config"]
+    if dflash["block_size"] < 2:
+        raise refuse("dflash_config.block_size", "an integer >= 2 (the context token and at least one draft)")
+    if not 0 <= dflash["mask_token_id"] < vocab:
+        raise refuse("dflash_config.mask_token_id", f"a token id in 0..{vocab - 1} (vocab_size={vocab})")
+    draft_vocab = config.get("draft_vocab_size")
+    if draft_vocab is not None and (not _is_int(draft_vocab) or not 1 <= draft_vocab <= vocab):
+        raise refuse("draft_vocab_size", f"an integer in 1..vocab_size={vocab}, or absent (the target's vocabulary)")
+
+
+def check_against_target(config: dict[str, Any], text_config: Any, source: Path, what: str) -> None:
+    """The drafter against the target the export is made with (its embedding, head and hidden states are that target's):
+    the loop's own checks at load (``infer.loading.load_models``: hidden and vocabulary sizes, ``TargetModel.check_layer_ids``),
+    here before anything is written. Else a wrong target exports with its tensors in the checkpoint and its shape
+    nowhere in the config, and the engine fails at load or reads features of layers the target does not have."""
+    field = "target_layer_ids" if is_eagle3(config) else "dflash_config.target_layer_ids"
+    ids = config["target_layer_ids"] if is_eagle3(config) else config["dflash_config"]["target_layer_ids"]
+    layers = text_config.num_hidden_layers
+    if not all(0 <= i <= layers - 2 for i in ids):
+        raise ExportError(f"{source}: config {field}={ids}; ids must lie in 0..{layers - 2} ({what} has {layers} layers: id i is "
+                          f"the output of decoder layer i)")
+    for key in ("hidden_size", "vocab_size"):
+        if config[key] != getattr(text_config, key):
+            raise ExportError(f"{source}: config {key}={config[key]}, but {what} has {key}={getattr(text_config, key)}; "
+                              f"expected the target the drafter was trained on")
+
+
+def check_not_source(output: Path, source: Path) -> None:
+    """The output folder must not be the folder the drafter is read from (an export folder, or a run's ``export/``): the
+    export replaces its output, so the source's fp32 drafter would be gone and the run could not be exported again."""
+    output = Path(output).resolve()
+    sources = {Path(source).resolve(), (Path(source) / "export").resolve()}
+    if output in sources:
+        raise ExportError(f"{output}: is the folder the drafter is read from ({source}); expected another output folder")
 
 
 def check_output(output: Path) -> None:
@@ -138,16 +205,28 @@ def is_eagle3(config_dict: dict[str, Any]) -> bool:
     return config_dict.get("architectures") == [EAGLE3_ARCH]
 
 
-def build_model(config_dict: dict[str, Any]) -> torch.nn.Module:
+try:  # transformers' config classes validate through huggingface_hub's strict dataclasses, whose error is no ValueError
+    from huggingface_hub.errors import StrictDataclassError
+
+    _STRICT_DATACLASS_ERRORS: tuple[type[BaseException], ...] = (StrictDataclassError,)
+except ImportError:  # an older huggingface_hub: the config classes raise ValueError, caught beside it
+    _STRICT_DATACLASS_ERRORS = ()
+
+
+def build_model(config_dict: dict[str, Any], source: Path | str = "config.json") -> torch.nn.Module:
     from transformers import LlamaConfig, Qwen3Config
 
-    if is_eagle3(config_dict):
-        from models.eagle3 import Eagle3DraftModel
+    if not is_eagle3(config_dict) and (config_dict.get("architectures") != ["DFlashDraftModel"] or "dflash_config" not in config_dict):
+        raise ExportError(f"{source}: architectures={config_dict.get('architectures')}; expected DFlashDraftModel or Eagle3DraftModel")
+    try:
+        if is_eagle3(config_dict):
+            from models.eagle3 import Eagle3DraftModel
 
-        return Eagle3DraftModel(LlamaConfig.from_dict(config_dict))
-    if config_dict.get("architectures") != ["DFlashDraftModel"] or "dflash_config" not in config_dict:
-        raise ExportError(f"config.json: architectures={config_dict.get('architectures')}; expected DFlashDraftModel or Eagle3DraftModel")
-    return DFlashDraftModel(Qwen3Config.from_dict(config_dict))
+            return Eagle3DraftModel(LlamaConfig.from_dict(config_dict))
+        return DFlashDraftModel(Qwen3Config.from_dict(config_dict))
+    except (ValueError, TypeError, KeyError, AttributeError, *_STRICT_DATACLASS_ERRORS) as e:  # the config classes' validation
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ExportError(f"{source}: the drafter's config does not build its model: {first}") from None
 
 
 def check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
@@ -290,16 +369,22 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
     if fmt is not None and fmt not in FORMATS:
         raise ExportError(f"--format {fmt!r}; expected one of {FORMATS}")
     check_output(output)
+    check_not_source(output, source)
     config, weights, run_record = load_source(source)
     check_config(config, Path(source))
+    if run_record is not None and not isinstance(run_record.get("target", {}), dict):
+        raise ExportError(f"{Path(source) / 'run.json'}: target={run_record['target']!r:.80}; expected an object (the run's target settings)")
     if fmt is None:  # the CLI without --format: each drafter's first format
         fmt = EAGLE3_FORMATS[0] if is_eagle3(config) else "speculators" if config.get("draft_vocab_size") else "dflash"
     if is_eagle3(config):
         return export_eagle3(config, weights, run_record, Path(source), Path(output), fmt, target, dtype, target_model)
-    model = build_model(config)
+    model = build_model(config, source)
     check_weights(model, weights, str(source))
+    if model.has_draft_vocab:  # an unbuilt or inconsistent map would send every draft to target ids 0.. (vLLM adds d2t)
+        check_draft_vocab(weights["d2t"], weights["t2d"], str(source))
     model.load_state_dict(weights)
     model.eval()
+    config = {**config, "layer_types": list(model.config.layer_types)}  # z-lab's layout may leave it out: all full
     if model.has_draft_vocab and fmt in ("dflash", "sglang"):
         raise ExportError(f"--format {fmt}: z-lab's DFlash layout has no draft vocabulary (config.json draft_vocab_size="
                           f"{config['draft_vocab_size']}); use --format speculators")
@@ -317,6 +402,7 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
         if target_model is None:
             check_target_folder(target_path, what)
         tgt = target_model or TargetModel.from_pretrained(target_path, "cpu", what=what)
+        check_against_target(config, tgt.config.get_text_config(), Path(source), f"the target {target_path or '(in memory)'}")
         embed, head = tgt.embed_tokens, tgt.lm_head
     else:  # no target at hand: compare through a fixed random head of the right shape
         generator = torch.Generator().manual_seed(0)
@@ -380,6 +466,12 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
             "vllm": engines.vllm_dflash_command(serve_target, str(output), out_config["block_size"]),
         },
     }
+    if fmt != "speculators" and not sliding_block_causal(SimpleNamespace(**config)) and "sliding_attention" in out_config["layer_types"]:
+        # SGLang's DFLASH (python/sglang/srt/models/dflash.py, read at 003b23d) serves sliding layers as causal DECODER
+        # attention and never reads is_causal; z-lab's loader and vLLM's qwen3_dflash honour it
+        report["notes"] = ["SGLang's DFLASH serves sliding layers causally (it does not read is_causal); this drafter's sliding "
+                           "layers were trained bidirectional inside the block: serve it with vLLM or z-lab's loader, or check "
+                           "SGLang's acceptance against ours first"]
     log.info("exported %s (%s, %s): reload max |Δ logits| = %.3g (%.3g against the fp32 drafter)", output, fmt, dtype, max_diff, vs_fp32)
     return report
 
@@ -525,7 +617,7 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
                           f"(dflash is the DFlash layout)")
     if fmt == "sglang" and (why := eagle3_sglang_refusal(config)):
         raise ExportError(why)
-    model = build_model(config)
+    model = build_model(config, source)
     check_weights(model, weights, str(source))
     check_draft_vocab(weights["d2t"], weights["t2d"], str(source))
     model.load_state_dict(weights)
@@ -535,6 +627,23 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
     target_path = target or (run_record or {}).get("target", {}).get("resolved_path")
     serve_target = serve_target_name(target, run_record, target_path)
     num_steps = int(config.get("ttt_length") or 7)
+    # the target's config, checked against the drafter wherever one is at hand: given (--target, the trainer's model), or
+    # the run's recorded folder still there; speculators' layout needs it (speculators_config names the verifier)
+    target_config = None
+    if target_model is not None:
+        target_config = target_model.config
+    elif target_path is not None and (target is not None or fmt == "speculators" or Path(target_path).is_dir()):
+        from transformers import AutoConfig
+
+        from infer.loading import check_target_folder, target_setting
+        from models.hub import local_files_only
+
+        what = target_setting(target)
+        check_target_folder(target_path, what)
+        offline = local_files_only(target_path, what)  # a hub id offline: the cache, or one line at once
+        target_config = AutoConfig.from_pretrained(target_path, local_files_only=offline)
+    if target_config is not None:
+        check_against_target(config, target_config.get_text_config(), source, f"the target {target_path or '(in memory)'}")
     window = _window(config)
 
     device = target_model.embed_tokens.weight.device if target_model is not None else torch.device("cpu")
@@ -559,20 +668,9 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
             notes.append("SGLang's additional_layers (BasicDecoderLayer in models/llama_eagle3.py as read) restart the "
                          "residual from the previous layer's MLP output; check its multi-layer outputs against ours before serving")
     else:
-        if target_model is not None:
-            verifier_architectures = list(getattr(target_model.config, "architectures", None) or [])
-        elif target_path is not None:
-            from transformers import AutoConfig
-
-            from infer.loading import check_target_folder, target_setting
-            from models.hub import local_files_only
-
-            what = target_setting(target)
-            check_target_folder(target_path, what)
-            offline = local_files_only(target_path, what)  # a hub id offline: the cache, or one line at once
-            verifier_architectures = list(AutoConfig.from_pretrained(target_path, local_files_only=offline).architectures or [])
-        else:
+        if target_config is None:
             raise ExportError("--format speculators needs the target (--target PATH): speculators_config names the verifier")
+        verifier_architectures = list(getattr(target_config, "architectures", None) or [])
         out_config = eagle3_speculators_config_json(config, serve_target, verifier_architectures, num_steps)
         rename = unrename = lambda name: name  # noqa: E731 - our names are speculators' names
         reload_config = lambda c: speculators_eagle3_config(c, f"{output}/config.json")  # noqa: E731 - the loader's own mapping
