@@ -216,3 +216,22 @@ def test_pack_conversations_keeps_every_conversation_whole_and_in_order() -> Non
     assert 0 < len(marked) < len(fresh) and fresh["segments"] == pack_conversations(ds, 64, 5, 0.5)["segments"]
     every = pack_conversations(ds, pack_length=64, seed=5, fresh_fraction=1.0)
     assert [sum(s) for s in every["segments"]] == lengths and sum(len(s) for s in every["segments"]) == len(rows)
+
+
+def test_few_prompts_sampled_many_times_keep_training_rows() -> None:
+    """Data with fewer distinct first prompts than data.num_eval (3 prompts, 20 replies each): holding out every prompt
+    group removed every training row, and the run died at its first batch ("max() arg is an empty sequence"). The
+    held-out groups are then a tenth of the groups."""
+    import datasets
+
+    from train.data.dataset import split_train_eval
+
+    rows = [{"id": f"c{g}_{j}", "input_ids": [100 + g, 7, 1, 2, j], "loss_mask": [0, 0, 1, 1, 1]} for g in range(3) for j in range(20)]
+    train, held, _ = split_train_eval(datasets.Dataset.from_list(rows), num_eval=5, seed=0)
+    assert held is None and len(train) == 60
+    rows = [{"id": f"c{g}_{j}", "input_ids": [100 + g, 7, 1, 2, j], "loss_mask": [0, 0, 1, 1, 1]} for g in range(20) for j in range(20)]
+    train, held, _ = split_train_eval(datasets.Dataset.from_list(rows), num_eval=25, seed=0)  # every one of the 20 groups asked
+    assert len(held) == 2 and len(train) == 400 - 2 * 20  # 2 groups held out: one row each held, the group's others dropped
+    rows = [{"id": f"c{g}_{j}", "input_ids": [100 + g, 7, 1, 2, j], "loss_mask": [0, 0, 1, 1, 1]} for g in range(30) for j in range(4)]
+    train, held, _ = split_train_eval(datasets.Dataset.from_list(rows), num_eval=8, seed=0)  # fewer than the groups: as asked
+    assert len(held) == 8 and len(train) == 120 - 8 * 4

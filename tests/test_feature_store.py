@@ -202,3 +202,44 @@ def test_store_files_of_another_shape_are_one_clear_error(tmp_path: Path) -> Non
         with pytest.raises(StoreError, match=rf"{name}: {message}.*; expected"):
             FeatureStore(store)
         (store / name).write_text(good)
+
+
+def test_a_store_of_other_layers_is_refused_before_its_shards_are_hashed(tmp_path: Path, tiny_store: Path, monkeypatch) -> None:
+    """The spec check first: a store written for another target or layer set was hashed whole (every shard; terabytes
+    at real scale) before its one-line refusal."""
+    import train.features.store as store_module
+
+    hashed = []
+    real = store_module.file_sha256
+    monkeypatch.setattr(store_module, "file_sha256", lambda *a, **k: (hashed.append(a[0]), real(*a, **k))[1])
+    with pytest.raises(StoreError, match="field 'layer_ids'"):
+        train(compose_train(TINY_TRAIN + ["drafter.target_layer_ids=[2,4]", f"features.path={tiny_store}", f"output_dir={tmp_path / 'b'}"]))
+    assert hashed == []
+    FeatureStore(tiny_store)  # a matching store is still checked whole when it opens
+    assert len(hashed) == len(list((tiny_store / "train").glob("shard_*.safetensors"))) + len(list((tiny_store / "eval").glob("shard_*.safetensors")))
+
+
+def test_the_writer_loads_the_target_as_the_training_run_does(tmp_path: Path, tiny_qwen3_path: str) -> None:
+    """The writer resolved target.dtype alone, the trainer through trainer.precision (trainer.target_dtype): `auto` with
+    an fp32 step wrote a bf16 store on a GPU that the same config's training run refused. On the CPU the step is fp32:
+    target.dtype=bfloat16 is refused by the writer as by the trainer, before anything is written."""
+    store = tmp_path / "store"
+    with pytest.raises(ValueError, match=r"trainer\.precision=auto runs the step in fp32 on cpu, target\.dtype=bfloat16"):
+        write_features(compose_train(["experiment=dflash_swa_tiny", *SMALL_DATA, "trainer.batch_size=2", "trainer.progress=false",
+                                      "target.dtype=bfloat16", f"features.path={store}", f"output_dir={tmp_path / 'w'}"]))
+    assert not store.exists()
+
+
+def test_a_store_path_under_a_file_is_refused_before_the_target_loads(tmp_path: Path, monkeypatch) -> None:
+    """features.path's first write came after the target, the data and any regeneration (hours at scale), as an
+    OSError traceback; now one line first."""
+    import models.target as target_module
+
+    def no_load(*a, **k):
+        raise AssertionError("the target was loaded before features.path was checked")
+
+    monkeypatch.setattr(target_module.TargetModel, "from_pretrained", no_load)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreError, match=r"features\.path=.*file/store'.*is a file; expected a folder for the store"):
+        write_features(compose_train(["experiment=dflash_swa_tiny", *SMALL_DATA, f"features.path={tmp_path / 'file' / 'store'}",
+                                      f"output_dir={tmp_path / 'w'}"]))

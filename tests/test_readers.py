@@ -252,3 +252,28 @@ def test_a_json_array_that_is_broken_not_cut_is_refused(tmp_path: Path, text: st
     path.write_text(text)
     with pytest.raises(DataError, match=message):
         read_conversations(path)
+
+
+def test_a_lone_surrogate_is_replaced_and_counted_and_tokenizes(tmp_path: Path, reference_target_path) -> None:
+    """``"\\ud83d"`` escaped alone is valid JSON (broken emoji in scraped ShareGPT dumps) but no tokenizer takes it: the
+    run died in the tokenizer with a traceback naming no record. It becomes U+FFFD, counted."""
+    from transformers import AutoTokenizer
+
+    from train.data.chat import ChatRenderer
+
+    path = tmp_path / "d.jsonl"
+    good = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ok"}]}
+    broken = {"conversations": [{"from": "human", "value": "hi \ud83d there"}, {"from": "gpt", "value": "x"}]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(broken) + "\n")  # json.dumps writes the surrogate as \ud83d
+    assert "\\ud83d" in path.read_text()
+    conversations, stats = read_conversations(path)
+    assert stats.surrogates_replaced == 1 and conversations[1].messages[0]["content"] == "hi \ufffd there"
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(reference_target_path)))
+    assert renderer.tokenize(conversations[1].messages)  # used to raise in the tokenizer
+
+
+def test_a_line_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text("[" * 100_000 + "\n")
+    with pytest.raises(DataError, match=r"d\.jsonl:1: malformed JSON line \(nested too deeply\)"):
+        read_conversations(path)

@@ -312,3 +312,18 @@ def test_the_regenerated_cache_follows_the_targets_dtype(reference_target_path, 
     vllm = cache_key(regenerated_key(cfg, target, renderer, str(tmp_path)))
     target.model.to(torch.float32)
     assert cache_key(regenerated_key(cfg, target, renderer, str(tmp_path))) == vllm
+
+
+def test_a_reply_line_cut_inside_a_character_is_dropped_and_the_next_starts_a_line(tmp_path: Path) -> None:
+    """A kill (or a full disk) can cut the partial file's last line inside a multi-byte character: decoding the whole
+    file first failed every resume on it. The cut line is dropped, and the next reply is not glued to the fragment."""
+    from train.data.regenerate import open_partial
+
+    path = tmp_path / "p.partial.jsonl"
+    good = json.dumps({"conversation": 0, "turn": 0, "content": "héllo", "complete": True}, ensure_ascii=False) + "\n"
+    cut = json.dumps({"conversation": 1, "turn": 0, "content": "日本語", "complete": True}, ensure_ascii=False).encode()[:-4]
+    path.write_bytes(good.encode() + cut[:-1])  # ends inside 語's three bytes
+    assert read_partial(path) == {(0, 0): ("héllo", True)}
+    with open_partial(path) as sink:
+        sink.write(json.dumps({"conversation": 2, "turn": 0, "content": "next", "complete": False}) + "\n")
+    assert read_partial(path) == {(0, 0): ("héllo", True), (2, 0): ("next", False)}

@@ -245,7 +245,15 @@ def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None
     for i, key in enumerate(keys):
         first_of.setdefault(key, i)
     groups = sorted(first_of.values())  # one conversation per distinct first prompt, in file order
-    held = sorted(np.random.default_rng(seed).choice(len(groups), size=min(num_eval, len(groups)), replace=False).tolist())
+    # data sampled many times per prompt (3 prompts, 60 replies) held out every group, and with it every training row (a
+    # run that died at its first batch with "max() arg is an empty sequence"): then a tenth of the groups at most
+    if num_eval >= len(groups):
+        log.warning("data.num_eval=%d: the data has only %d distinct first prompts, and holding them all out leaves no "
+                    "training row; holding out %d (a tenth)", num_eval, len(groups), len(groups) // 10)
+        num_eval = len(groups) // 10
+        if num_eval <= 0:
+            return ds, None, counts
+    held = sorted(np.random.default_rng(seed).choice(len(groups), size=num_eval, replace=False).tolist())
     eval_rows = [groups[g] for g in held]
     held_keys = {keys[i] for i in eval_rows}
     train_rows = [i for i, key in enumerate(keys) if key not in held_keys]

@@ -64,6 +64,7 @@ class ReadStats:
     truncated_at_byte: int | None = None
     leading_turns_dropped: int = 0
     empty_dropped: int = 0
+    surrogates_replaced: int = 0  # turns whose text held lone UTF-16 surrogates (broken emoji in scraped dumps)
     roles: Counter = field(default_factory=Counter)
 
 
@@ -101,7 +102,13 @@ def normalise_record(record: Any, where: str, stats: ReadStats) -> Conversation 
         content = turn.get(text_key)
         if content is not None and not isinstance(content, str):  # str() would train on a Python repr ("[{'type': ...")
             raise DataError(f"{where} turn {i}: {text_key!r} is of type {type(content).__name__}; expected a string")
-        message = {"role": role, "content": "" if content is None else str(content)}
+        content = "" if content is None else content
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud83d" escaped in valid JSON): no tokenizer takes it; U+FFFD instead
+            content = content.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            stats.surrogates_replaced += 1
+        message = {"role": role, "content": content}
         if "complete" in turn:
             if not isinstance(turn["complete"], bool):
                 raise DataError(f"{where} turn {i}: 'complete' is {turn['complete']!r}; expected true or false")
@@ -192,10 +199,11 @@ def iter_jsonl(path: Path, stats: ReadStats, skip_bad_lines: bool) -> Iterator[t
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: nesting deeper than Python's parser goes
                 if not skip_bad_lines:
+                    why = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else "nested too deeply"
                     raise DataError(
-                        f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno}); "
+                        f"{path}:{lineno}: malformed JSON line ({why}); "
                         "set data.skip_bad_lines=true to skip such lines"
                     ) from None
                 stats.bad_lines_skipped += 1
@@ -299,6 +307,8 @@ def read_conversations(
         raise DataError(f"data.path={str(source)!r}: no records{cut}; expected ShareGPT or messages JSON/JSONL records")
     if not conversations:
         raise DataError(f"data.path={str(source)!r}: no conversation with an assistant turn")
+    if stats.surrogates_replaced:
+        log.warning("%s: %d turns held lone UTF-16 surrogates (broken characters), each replaced by U+FFFD", source, stats.surrogates_replaced)
     return conversations, stats
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
@@ -177,13 +178,29 @@ def read_partial(path: Path) -> dict[tuple[int, int], tuple[str, bool]]:
     kill is dropped."""
     done = {}
     if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        # line by line from bytes: a kill (or a full disk) can cut a line inside a multi-byte character, and decoding the
+        # whole file first failed every resume on it
+        for raw in path.read_bytes().split(b"\n"):
             try:
-                row = json.loads(line)
+                row = json.loads(raw.decode("utf-8"))
                 done[(row["conversation"], row["turn"])] = (row["content"], bool(row["complete"]))
-            except (json.JSONDecodeError, KeyError, TypeError):
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
                 continue
     return done
+
+
+def open_partial(path: Path):
+    """``path`` opened for appending replies. A killed run's last line may be cut (no newline at the end): the next reply
+    then starts a line of its own, not glued to the fragment, which would lose it too on the next resume."""
+    cut_line = False
+    if path.exists() and path.stat().st_size > 0:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            cut_line = f.read(1) != b"\n"
+    sink = open(path, "a", encoding="utf-8")
+    if cut_line:
+        sink.write("\n")
+    return sink
 
 
 def set_reply(message: dict[str, Any], content: str, complete: bool) -> None:
@@ -231,7 +248,7 @@ def regenerate_conversations(
     sink = None
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
-        sink = open(partial, "a", encoding="utf-8")
+        sink = open_partial(partial)
     bar = tqdm(total=sum(len(t) for t in assistant_turns), desc="regenerate", unit="turn", disable=not progress, leave=False)
     try:
         for k in range(max_turns):

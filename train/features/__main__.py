@@ -22,7 +22,7 @@ log = logging.getLogger("train.features")
 def main(cfg: DictConfig) -> None:
     try:
         write_features(cfg)
-    except (ValueError, StoreError) as e:  # bad user input: one line naming what is wrong, non-zero exit
+    except (ValueError, StoreError, OSError) as e:  # bad user input (or a disk that refuses): one line, non-zero exit
         log.error("%s", e)
         sys.exit(2)
 

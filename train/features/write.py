@@ -15,7 +15,9 @@ writes every world-th shard.
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +29,7 @@ from ..distributed import barrier, init_process_group, local_device, rank0_first
 from models.target import TargetModel
 from models.builtin_targets import resolve_target_path
 from .spec import store_spec
-from .store import StoreSpec, StoreWriter
+from .store import StoreError, StoreSpec, StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,9 @@ def capture_shard(target: TargetModel, ds, rows: range, layer_ids: list[int], sp
         batch_rows = [ds[i] for i in idx]
         filled = batch_rows + [batch_rows[0]] * (spec.batch_size - len(batch_rows))
         batch = collate_padded(filled, target.pad_id, spec.max_length)
-        captured = target.capture(batch["input_ids"].to(target.device), layer_ids, attention_mask=batch["attention_mask"].to(target.device),
+        # no padding mask, as the online trainer captures (``StepContext.features``): collate_padded pads on the right,
+        # so no real token sees a pad under causal attention, and on a GPU the same causal kernel runs as online
+        captured = target.capture(batch["input_ids"].to(target.device), layer_ids, attention_mask=None,
                                   with_final_hidden=spec.with_final_hidden)
         for i, r in enumerate(idx):
             n = len(batch_rows[i]["input_ids"])
@@ -53,17 +57,32 @@ def capture_shard(target: TargetModel, ds, rows: range, layer_ids: list[int], sp
     return tensors, tokens
 
 
+def check_writable(path: str) -> None:
+    """``features.path`` is a folder the store can be written to, or can be made in: its nearest existing ancestor a
+    writable folder. One line now, where the store's first write came after the target, the data and any regeneration."""
+    folder = Path(path)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise StoreError(f"features.path={path!r}: {existing} is a file; expected a folder for the store (or nothing there yet)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StoreError(f"features.path={path!r}: {existing} is not writable; expected a folder the store can be written to")
+
+
 def write_features(cfg) -> dict[str, Any]:
     """Write (or finish) the store at ``features.path``; returns its totals (rank 0) or {}."""
-    from ..trainer import pick_device, target_layer_ids, to_train_config
+    from ..trainer import pick_device, target_dtype, target_layer_ids, to_train_config
 
     cfg: TrainConfig = to_train_config(cfg)
     if cfg.features.path is None:
         raise ValueError("features.path is null; set where the store goes: python -m train.features ... features.path=DIR")
+    check_writable(cfg.features.path)  # before the target and the data (hours of regeneration), not after
     ranks = ranks_from_env()
     device = local_device(pick_device(cfg.trainer.device), ranks)
     init_process_group(device, ranks)
-    target = TargetModel.from_pretrained(resolve_target_path(cfg.target.path), device, cfg.target.dtype, cfg.target.attn_implementation)
+    # the training run's own dtype rule (trainer.target_dtype): else `auto` with trainer.precision=fp32 wrote a bf16 store
+    # on a GPU that the same config's training run then refused (the store's dtype must match)
+    dtype = target_dtype(cfg.trainer.precision, cfg.target.dtype, device)
+    target = TargetModel.from_pretrained(resolve_target_path(cfg.target.path), device, dtype, cfg.target.attn_implementation)
     layer_ids = target_layer_ids(cfg, target)
 
     with rank0_first(ranks):  # rank 0 tokenizes and fills the cache, the others then load it
