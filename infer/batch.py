@@ -49,7 +49,7 @@ from models.dflash import StaticDFlashDrafter
 from models.eagle3 import StaticEagle3Drafter
 from models.trees import accept_trees, merge_chains
 from models.sampling import SamplingConfig, choose, verify
-from models.static_target import StaticTarget
+from models.static_target import DECODE_MAX_TOKENS, StaticTarget
 
 # driver(stream, finished generation or None at the stream's start) -> the stream's next prompt, or None when done
 Driver = Callable[[int, Generation | None], list[int] | None]
@@ -79,6 +79,11 @@ def check_batchable(drafter, batch_size: int) -> None:
         what = f"the eager {'EAGLE-3' if 'Eagle3' in name else 'DFlash'} drafter ({name})" if getattr(drafter, "tree", False) else name
         raise ValueError(f"--batch-size {batch_size}: batched decoding runs DFlash and EAGLE-3 blocks, chains and trees (their static drafters), "
                          f"prompt lookup or the target alone; {what} runs at --batch-size 1")
+    # a batched chain verifies through StaticTarget.step, at most DECODE_MAX_TOKENS tokens a row (batch 1's forward sends
+    # longer ones down the prefill path): refused here, before any model work, not at the first step that drafts that many
+    if batch_size > 1 and drafter is not None and not getattr(drafter, "tree", False) and drafter.verify_tokens > DECODE_MAX_TOKENS:
+        raise ValueError(f"--batch-size {batch_size}: a batched verify takes at most {DECODE_MAX_TOKENS - 1} drafts a step; this "
+                         f"drafter drafts up to {drafter.verify_tokens - 1} (lower --draft-steps, or run --batch-size 1)")
 
 
 @torch.no_grad()

@@ -918,3 +918,31 @@ def test_a_warmup_before_turn_by_turn_decoding_changes_no_record(setup, referenc
     assert [r["stats"]["reused_tokens"] > 0 for r in got[True]] == [False, True, True, True]  # turn 1 of q82: the chat template's head
     assert all(r["stats"]["warmup_s"] > 0 for r in got[True]) and all(r["stats"]["warmup_s"] == 0 for r in got[False])
     assert "A warm-up of the pass's shapes took" in summary_table(summarize(got[True]), "t")
+
+
+def test_chains_longer_than_a_batched_verify_takes_are_refused_before_decoding(setup) -> None:
+    """Batch 1 verifies any chain (a forward longer than DECODE_MAX_TOKENS goes down the prefill path); a batched verify
+    is StaticTarget.step, at most 64 tokens a row. Prompt lookup with 70 drafts ran at batch 2 until the first step that
+    drafted 64 or more ("step of 71 tokens per row"), hours into an eval cell; a 70-step EAGLE-3 chain at its first step.
+    Refused before any model work now, at the limit exactly; trees (their own verify) and batch 1 keep running."""
+    from models.static_target import DECODE_MAX_TOKENS
+
+    model, _, prompts, eos, eagle3 = setup
+    message = r"--batch-size 2: a batched verify takes at most 63 drafts a step; this drafter drafts up to 70"
+    with pytest.raises(ValueError, match=message):
+        check_batchable(PromptLookupDrafter(num_draft_tokens=70, vocab_size=8192), 2)
+    with pytest.raises(ValueError, match=message):  # generate_batch checks it before its first prefill
+        generate_batch(StaticTarget(model, []), PromptLookupDrafter(num_draft_tokens=70, vocab_size=8192), prompts[:2], 8,
+                       batch_size=2, eos_token_ids=eos)
+    with pytest.raises(ValueError, match=message):
+        check_batchable(StaticEagle3Drafter(eagle3, steps=70), 2)
+    check_batchable(PromptLookupDrafter(num_draft_tokens=DECODE_MAX_TOKENS - 1, vocab_size=8192), 2)
+    check_batchable(PromptLookupDrafter(num_draft_tokens=70, vocab_size=8192), 1)
+    # the longest chain a batch takes runs, and equals batch 1 (the repeated prompt drafts long matches)
+    target = StaticTarget(model, [])
+    long = prompts[:1] + [prompts[0] * 3]
+    pld = lambda: PromptLookupDrafter(num_draft_tokens=DECODE_MAX_TOKENS - 1, vocab_size=8192)  # noqa: E731
+    alone = [generate(target, pld(), p, 24, eos_token_ids=eos) for p in long]
+    batched = generate_batch(StaticTarget(model, []), pld(), long, 24, batch_size=2, eos_token_ids=eos)
+    assert [r.tokens for r in batched] == [r.tokens for r in alone]
+    assert [r.stats.accepted_per_step for r in batched] == [r.stats.accepted_per_step for r in alone]
