@@ -104,7 +104,8 @@ def main() -> None:
 
     equal = checked = 0
     for rows, batch in list(zip(batches, collated))[: args.checks]:
-        online = target.capture(batch["input_ids"].to(device), layer_ids, attention_mask=batch["attention_mask"].to(device))
+        # as the trainer captures (StepContext.features) and the writer stores: no pad mask, right padding
+        online = target.capture(batch["input_ids"].to(device), layer_ids, attention_mask=None)
         stored = store.gather("train", rows, args.max_length, device)
         real = batch["attention_mask"].bool().to(device)
         equal += int(torch.equal(online.features[real], stored.features[real]))
@@ -120,8 +121,7 @@ def main() -> None:
         sync()
         return time.perf_counter() - t0
 
-    capture = lambda rows, b: target.capture(b["input_ids"].to(device, non_blocking=True), layer_ids,  # noqa: E731
-                                             attention_mask=b["attention_mask"].to(device, non_blocking=True))
+    capture = lambda rows, b: target.capture(b["input_ids"].to(device, non_blocking=True), layer_ids, attention_mask=None)  # noqa: E731
     timed(capture)  # compile and warm up
     rates = {"online capture": tokens / timed(capture)}
     verify_s = {}
