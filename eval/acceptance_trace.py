@@ -104,8 +104,10 @@ def read_acceptance_trace(path: str | Path) -> AcceptanceTrace:
             by_position = (data.get("summary") or {}).get("acceptance_by_position")
             if isinstance(by_position, list):
                 blocks = {len(by_position) + 1}
-    if isinstance(config, dict) and config.get("tree_topk"):
-        raise ValueError(f"{path}: a tree run's acceptance (config.tree_topk={config['tree_topk']}); the replay drafts chains, "
+    # either tree option turns trees on (models.trees.tree_options): a run given --tree-tokens alone records tree_topk None
+    tree_field = next((f for f in ("tree_topk", "tree_tokens") if isinstance(config, dict) and config.get(f) is not None), None)
+    if tree_field is not None:
+        raise ValueError(f"{path}: a tree run's acceptance (config.{tree_field}={config[tree_field]}); the replay drafts chains, "
                          "whose verify is cheaper than a tree's: give a chain run's records")
     if len(blocks) > 1:
         raise ValueError(f"{path}: records of block sizes {sorted(blocks)}; expected one run's (one drafter's) records")

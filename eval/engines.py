@@ -60,6 +60,10 @@ def check_engine_args(args, windows) -> None:
     if getattr(args, "drafter_weights", "model") != "model":
         raise ValueError(f"--engine {args.engine}: --drafter-weights {args.drafter_weights} is our loop's; the engine loads the "
                          "export's weights as they are")
+    if args.engine == "vllm":  # vLLM's interpreter before the target loads, not after
+        from infer.serving import vllm_python
+
+        vllm_python(args.vllm_python)
 
 
 def start_engine(args, source: dict, target, drafter, tokenizer):
@@ -90,5 +94,8 @@ def start_engine(args, source: dict, target, drafter, tokenizer):
     kind = "eagle3" if isinstance(drafter, (Eagle3Drafter, StaticEagle3Drafter)) else "dflash"
     if kind == "dflash" and len(set(drafter.model.config.layer_types)) > 1:
         print("note: vLLM runs a DFlash drafter mixing sliding and full layers only on its V2 model runner (GPU, Triton)", file=sys.stderr)
+    # the precision our target loaded with (--dtype): vLLM ran float32 whatever the run recorded, and its tokens were checked
+    # against a target of another precision
+    dtype = str(target.model.dtype).removeprefix("torch.")
     return VllmEngine(args.vllm_python, resolve_target_path(source["target"]), engine_drafter(source["drafter"], kind), kind,
-                      drafter.block_size - 1, eos, max_positions(target))
+                      drafter.block_size - 1, eos, max_positions(target), dtype=dtype)

@@ -370,8 +370,12 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         t2 = time.perf_counter()
         if tree:  # accepted [B], path [B, steps] (rows of [root, nodes]), bonus [B], all on the device
             accepted, path, new_token = accept_trees(tree_tokens, parents, depths, tree_mask, target_tokens, block - 1)
+            # a path holds at most the tree's nodes: a tree smaller than it is deep (--tree-tokens 8 under a block of 16)
+            # had path entries past the verify's rows (an index error in the gather below)
+            path = path[:, :ids.shape[1] - 1]
             target.move_paths(path, positions)
-            kept = torch.cat([path.new_zeros(m, 1), path], dim=1)  # the root and the accepted path (past it: never seen)
+            # the root and the accepted path, padded to the block the drafter appends (past the accepted count: never seen)
+            kept = torch.cat([path.new_zeros(m, 1), path, path.new_zeros(m, block - 1 - path.shape[1])], dim=1)
             kept_features = features.gather(1, kept[:, :, None].expand(m, kept.shape[1], features.shape[2]))
             if isinstance(drafter, StaticDFlashDrafter):  # the context at positions pos .. pos + block - 1, as a chain's block
                 drafter.append(kept_features, positions)

@@ -416,6 +416,9 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     if first is not None and (not sampling.greedy or not isinstance(target, StaticTarget) or drafter is None or drafter.tree or first < 1):
         raise ValueError(f"verify_first={first}: a staged verify checks >= 1 drafts of a greedy chain on a static target")
     if trees_on_rows(drafter):
+        if not isinstance(target, StaticTarget):  # its tree step verifies on the static target's tree_greedy
+            raise ValueError(f"{type(drafter).__name__}'s trees run on a StaticTarget; with a {type(target).__name__} draft trees "
+                             "with the eager drafter (Eagle3Drafter / DFlashDrafter)")
         return generate_tree_row(target, drafter, prompt, max_new_tokens, eos_token_ids, prefill_chunk, cached_ids)
     prompt_list = prompt_ids.reshape(-1).tolist() if torch.is_tensor(prompt_ids) else [int(t) for t in prompt_ids]  # once
     lookup = GrowingLookup()  # the trees' lookup branch (``tree_lookup``) over the prompt and the output so far

@@ -61,6 +61,15 @@ def cut_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
     return tokens
 
 
+def through_eos(tokens: list[int], eos: list[int]) -> list[int]:
+    """Tokens up to and including the first end-of-sequence token, as our loop keeps a reply (``infer.generate``: the
+    end-of-sequence token is output), so an engine's reply compares with the target alone token for token."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[:i + 1]
+    return tokens
+
+
 def reply_ended(tokens: list[int], eos: list[int], budget: int, finish_reason: str | None = None) -> bool:
     """Whether a reply ended on its own rather than at its token budget: the engine's finish reason where it gives one
     (OpenAI's ``stop`` / ``length``), else an end-of-sequence token among its first ``budget`` tokens or fewer than
@@ -133,7 +142,7 @@ class VllmEngine:
     def generate(self, prompt: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
         """Greedy, one prompt: (output tokens, stats in ``GenerationStats.to_dict()``'s keys)."""
         answer = self._request([prompt], max_new_tokens, GREEDY)
-        tokens = cut_at_eos(answer["outputs"][0], self.eos)
+        tokens = through_eos(answer["outputs"][0], self.eos)  # eval's check against the target alone: as our loop's
         return tokens, engine_stats(tokens, answer["seconds"], self.block_size, answer.get("drafts", 0),
                                     answer.get("accepted_per_pos", []), "vllm")
 
@@ -244,7 +253,13 @@ class ServerEngine:
 
     def complete(self, prompt: list[int], max_new_tokens: int,
                  sampling: SamplingConfig = GREEDY) -> tuple[list[int] | None, str, bool]:
-        """(reply tokens, or None when the server returns none; reply text; whether it ended before its budget)."""
+        """(reply tokens before any end-of-sequence token, or None when the server returns none; reply text; whether it
+        ended before its budget): a regenerated reply."""
+        tokens, text, ended = self._complete(prompt, max_new_tokens, sampling)
+        return (None if tokens is None else cut_at_eos(tokens, self.eos)), text, ended
+
+    def _complete(self, prompt: list[int], max_new_tokens: int, sampling: SamplingConfig) -> tuple[list[int] | None, str, bool]:
+        """``complete`` with the tokens as the server returned them."""
         body = {"model": self.model, "prompt": list(prompt), "max_tokens": max_new_tokens, "temperature": sampling.temperature,
                 "top_p": sampling.top_p, "seed": sampling.seed, "return_token_ids": True, "skip_special_tokens": True}
         if sampling.top_k:
@@ -257,7 +272,7 @@ class ServerEngine:
             raise ValueError(f"server {self.url}: /v1/completions returned neither token_ids nor a finish_reason of "
                              f"'stop' or 'length' (got {choice.get('finish_reason')!r}): whether a reply ended cannot be read")
         ended = reply_ended(list(tokens or []), self.eos, max_new_tokens, choice.get("finish_reason"))
-        return (None if tokens is None else cut_at_eos(list(tokens), self.eos)), choice.get("text", ""), ended
+        return (None if tokens is None else list(tokens)), choice.get("text", ""), ended
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
         """Greedy, one prompt, acceptance from the server's counters before and after."""
@@ -266,11 +281,12 @@ class ServerEngine:
             raise ValueError(f"server {self.url}: /metrics has no vllm:spec_decode_* counters (no speculative decoding, or "
                              "not vLLM's metric names): τ cannot be read")
         start = time.perf_counter()
-        tokens, _, _ = self.complete(prompt, max_new_tokens)
+        tokens, _, _ = self._complete(prompt, max_new_tokens, GREEDY)
         seconds = time.perf_counter() - start
         if tokens is None:
             raise ValueError(f"server {self.url}: /v1/completions returned no token_ids (return_token_ids unsupported): "
                              "tokens cannot be checked against the target")
+        tokens = through_eos(tokens, self.eos)  # eval's check against the target alone: as our loop's
         after = self.metrics()
         self.block_size = len(after["accepted_per_pos"]) + 1
         prior = before["accepted_per_pos"] + [0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))

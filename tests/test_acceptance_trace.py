@@ -65,6 +65,9 @@ def test_a_committed_run_reads_back_its_own_tau() -> None:
     ('{"records": [{"stats": {"accepted_per_step": [1, -2]}}]}', r"records\[0\].stats.accepted_per_step: expected a list of accepted counts"),
     ('{"records": []}', "no verify steps in 0 turns"),
     ('{"config": {"tree_topk": 8}, "records": [{"stats": {"accepted_per_step": [1]}}]}', "a tree run's acceptance"),
+    # trees turned on by --tree-tokens alone record tree_topk None: replayed as a chain's before
+    ('{"config": {"tree_topk": null, "tree_tokens": 48}, "records": [{"stats": {"accepted_per_step": [1]}}]}',
+     r"a tree run's acceptance \(config\.tree_tokens=48\)"),
     ('{"records": [{"stats": {"accepted_per_step": [1], "block_size": 4}}, {"stats": {"accepted_per_step": [1], "block_size": 8}}]}',
      r"block sizes \[4, 8\]"),
     ('{"records": [{"stats": {"accepted_per_step": [4], "block_size": 4}}]}', "accepts 4 drafts, past the records' block size 4"),

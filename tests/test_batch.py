@@ -946,3 +946,29 @@ def test_chains_longer_than_a_batched_verify_takes_are_refused_before_decoding(s
     batched = generate_batch(StaticTarget(model, []), pld(), long, 24, batch_size=2, eos_token_ids=eos)
     assert [r.tokens for r in batched] == [r.tokens for r in alone]
     assert [r.stats.accepted_per_step for r in batched] == [r.stats.accepted_per_step for r in alone]
+
+
+@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
+def test_a_tree_smaller_than_it_is_deep_decodes_the_targets_tokens(setup, drafter_kind) -> None:
+    """Two nodes under a depth of three (DFlash's block of 4, EAGLE-3's 3 steps): the accepted path's padding pointed past
+    the verify's rows, an index error at batch 1 and batched (the eager drafters decoded it). Greedy: the target's own
+    tokens, batched equal to batch 1."""
+    model, dflash, prompts, eos, eagle3 = setup
+    make = {"dflash": lambda: (StaticTarget(model, [1, 3]), StaticDFlashDrafter(dflash, model.get_input_embeddings(),
+                                                                                model.get_output_embeddings(), tree_topk=3, tree_tokens=2)),
+            "eagle3": lambda: (StaticTarget(model, [1, 3, 4]), StaticEagle3Drafter(eagle3, tree_topk=2, tree_tokens=2))}[drafter_kind]
+    alone = batch_one(setup, "none", prompts[:3], 16, eos=eos)
+    one = [generate(*make(), p, 16, eos_token_ids=eos) for p in prompts[:3]]
+    assert [r.tokens for r in one] == [r.tokens for r in alone]
+    batched = generate_batch(*make(), prompts[:3], 16, batch_size=2, eos_token_ids=eos)
+    assert [(r.tokens, r.stats.accepted_per_step) for r in batched] == [(r.tokens, r.stats.accepted_per_step) for r in one]
+
+
+def test_a_static_drafters_trees_on_an_eager_target_are_one_line(setup) -> None:
+    """A static drafter's trees verify through StaticTarget.tree_greedy; with a CachedTarget they failed deep inside
+    (``allocate() got an unexpected keyword argument 'batch'``). Its chains run there."""
+    from models.target import CachedTarget
+
+    model, _, prompts, eos, eagle3 = setup
+    with pytest.raises(ValueError, match=r"StaticEagle3Drafter's trees run on a StaticTarget; with a CachedTarget"):
+        generate(CachedTarget(model, [1, 3, 4]), StaticEagle3Drafter(eagle3, tree_topk=2, tree_tokens=6), prompts[0], 4, eos_token_ids=eos)

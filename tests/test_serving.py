@@ -97,3 +97,49 @@ def test_a_reply_ended_or_was_cut_at_its_budget(tokens, budget, reason, ended) -
     from infer.serving import reply_ended
 
     assert reply_ended(tokens, [2], budget, reason) is ended
+
+
+def test_a_missing_vllm_python_is_refused_before_the_target_loads(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The interpreter was looked up in start_engine, after the target (8B at scale) had loaded."""
+    from eval.__main__ import main
+    from models.target import TargetModel
+
+    def no_load(*a, **k):
+        raise AssertionError("the target loaded before vLLM's Python was checked")
+
+    monkeypatch.delenv("SWA_VLLM_PYTHON", raising=False)
+    monkeypatch.setattr(TargetModel, "from_pretrained", no_load)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    assert main(["prompts", "--prompts", str(tmp_path / "p.jsonl"), "--drafter", "pld", "--target", "builtin:tiny-qwen3",
+                 "--engine", "vllm", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "vLLM's Python not found: None" in err and not (tmp_path / "out").exists()
+
+
+def test_an_engines_reply_keeps_its_end_of_sequence_token_as_our_loop_does() -> None:
+    """Our loop outputs the end-of-sequence token; vLLM's and a server's replies were cut before it, so eval's
+    "tokens = target alone" read 0% on every reply that ended before its budget (a lossless engine). Regeneration
+    still takes the reply without it."""
+    from infer.serving import cut_at_eos, through_eos
+
+    assert through_eos([5, 6, 2, 7, 2], [2]) == [5, 6, 2] and cut_at_eos([5, 6, 2, 7, 2], [2]) == [5, 6]
+    assert through_eos([5, 6], [2]) == [5, 6] and through_eos([2], [3, 2]) == [2]
+
+
+def test_printed_serve_commands_survive_paths_with_spaces_and_quotes() -> None:
+    """The spec was built with %s (a quote in the path made it no JSON) and the paths left bare (a space split them)."""
+    import shlex
+
+    from train import engines
+
+    target, draft = "/m/my target", '/runs/my "best" run/export_dflash'
+    for command in (engines.vllm_dflash_command(target, draft, 16), engines.vllm_eagle3_command(target, draft, 7)):
+        words = shlex.split(command)
+        assert words[:3] == ["vllm", "serve", target]
+        spec = json.loads(words[words.index("--speculative-config") + 1])
+        assert spec["model"] == draft and spec["num_speculative_tokens"] in (15, 7)
+    for command in (engines.sglang_dflash_command(target, draft), engines.sglang_eagle3_command(target, draft, 7, 2048)):
+        words = shlex.split(command)
+        assert words[words.index("--model-path") + 1] == target and words[words.index("--speculative-draft-model-path") + 1] == draft
+    assert engines.vllm_dflash_command("/m/t", "/d", 16) == \
+        'vllm serve /m/t --speculative-config \'{"method": "dflash", "model": "/d", "num_speculative_tokens": 15}\''

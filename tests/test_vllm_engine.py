@@ -34,8 +34,10 @@ if not (VLLM_PYTHON and Path(VLLM_PYTHON).exists()):
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 
+# "Hi": a reply that ends before the 48-token budget (the target's end-of-turn token is output, by our loop and by vLLM's
+# engine as eval reads it: cut before it, eval's "tokens = target alone" read 0% on such replies)
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.", "Explain what a hash table is.",
-           "Give me three tips for learning to cook."]
+           "Give me three tips for learning to cook.", "Hi"]
 NEW_TOKENS = 48
 
 
@@ -131,6 +133,7 @@ def test_vllm_gives_our_loops_acceptance_and_tokens(kind: str, drafters, prompts
             assert tau == pytest.approx(vllm["summary"]["tau"], abs=1e-12), who
             assert by_position == pytest.approx(vllm["summary"]["acceptance_by_position"], abs=1e-12), who
     assert ours["summary"]["tau"] > 1.5  # drafts were accepted: the comparison covered multi-token steps
+    assert any(r["stats"]["new_tokens"] < NEW_TOKENS for r in vllm["records"])  # a reply ended before its budget
 
 
 def untrimmed(record: dict) -> list[int]:

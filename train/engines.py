@@ -28,6 +28,9 @@ Windows. Ours (= Hugging Face ``sliding_window``): W keys visible, the query its
 
 from __future__ import annotations
 
+import json
+import shlex
+
 LAYER_ID_OFFSET = {
     "ours": 0,
     "dflash": 0,  # z-lab reference loader and SGLang DFLASH
@@ -47,13 +50,20 @@ def flashinfer_window_left(sliding_window: int | None) -> int:
     return -1 if sliding_window is None else sliding_window - 1
 
 
+# Printed commands quote every path and the JSON spec for the shell (shlex.quote leaves plain paths as they are): a path
+# with a space or a quote printed a command that split the path or a --speculative-config that was no JSON.
 def sglang_dflash_command(target: str, draft: str) -> str:
-    return f"python -m sglang.launch_server --model-path {target} --speculative-algorithm DFLASH --speculative-draft-model-path {draft}"
+    return (f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm DFLASH "
+            f"--speculative-draft-model-path {shlex.quote(draft)}")
+
+
+def vllm_serve_command(target: str, method: str, draft: str, num_speculative_tokens: int) -> str:
+    spec = json.dumps({"method": method, "model": draft, "num_speculative_tokens": num_speculative_tokens})
+    return f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(spec)}"
 
 
 def vllm_dflash_command(target: str, draft: str, block_size: int) -> str:
-    spec = '{"method": "dflash", "model": "%s", "num_speculative_tokens": %d}' % (draft, block_size - 1)
-    return f"vllm serve {target} --speculative-config '{spec}'"
+    return vllm_serve_command(target, "dflash", draft, block_size - 1)
 
 
 # --- EAGLE-3 -----------------------------------------------------------------------------------
@@ -70,8 +80,8 @@ def vllm_dflash_command(target: str, draft: str, block_size: int) -> str:
 
 
 def sglang_eagle3_command(target: str, draft: str, num_steps: int, sliding_window: int | None = None) -> str:
-    command = (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
-               f"--speculative-draft-model-path {draft} --speculative-num-steps {num_steps} "
+    command = (f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm EAGLE3 "
+               f"--speculative-draft-model-path {shlex.quote(draft)} --speculative-num-steps {num_steps} "
                f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {num_steps + 1}")
     if sliding_window is not None:
         command += f" --speculative-draft-window-size {sliding_window}"
@@ -79,8 +89,7 @@ def sglang_eagle3_command(target: str, draft: str, num_steps: int, sliding_windo
 
 
 def vllm_eagle3_command(target: str, draft: str, num_steps: int) -> str:
-    spec = '{"method": "eagle3", "model": "%s", "num_speculative_tokens": %d}' % (draft, num_steps)
-    return f"vllm serve {target} --speculative-config '{spec}'"
+    return vllm_serve_command(target, "eagle3", draft, num_steps)
 
 
 # EAGLE-3 options SGLang's LlamaForCausalLMEagle3 (models/llama_eagle3.py) does not implement; vLLM reads them all
