@@ -132,7 +132,9 @@ def test_vllm_gives_our_loops_acceptance_and_tokens(kind: str, drafters, prompts
             tau, by_position = pooled_acceptance(steps[who], block)
             assert tau == pytest.approx(vllm["summary"]["tau"], abs=1e-12), who
             assert by_position == pytest.approx(vllm["summary"]["acceptance_by_position"], abs=1e-12), who
-    assert ours["summary"]["tau"] > 1.5  # drafts were accepted: the comparison covered multi-token steps
+    # drafts were accepted: the comparison covered multi-token steps (DFlash 1.49 with "Hi" among the prompts, on a 2-core
+    # AVX-512 EPYC; over the first four 1.5-1.6)
+    assert ours["summary"]["tau"] > 1.3 and any(a >= 2 for r in ours["records"] for a in r["stats"]["accepted_per_step"])
     assert any(r["stats"]["new_tokens"] < NEW_TOKENS for r in vllm["records"])  # a reply ended before its budget
 
 
