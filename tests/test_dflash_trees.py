@@ -261,7 +261,9 @@ def test_another_engine_refuses_tree_options_in_one_line() -> None:
     args = Namespace(server=None, engine="vllm", command="mtbench", temperature=0.0, tree_topk=4, tree_tokens=None, tree_lookup=0)
     with pytest.raises(ValueError, match="--engine vllm: tree drafting .* is our loop's"):
         check_engine_args(args, ["trained"])
-    check_engine_args(Namespace(**{**vars(args), "tree_topk": None}), ["trained"])
+    import sys
+
+    check_engine_args(Namespace(**{**vars(args), "tree_topk": None, "vllm_python": sys.executable}), ["trained"])  # an interpreter that exists
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

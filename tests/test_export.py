@@ -380,3 +380,19 @@ def test_sglang_is_told_a_bidirectional_sliding_drafter_is_served_causally(tmp_p
     assert any("SGLang's DFLASH serves sliding layers causally" in n for n in export(src, tmp_path / "out", dtype="float32").get("notes", []))
     src2, _ = _small_source(tmp_path, "causal")
     assert not export(src2, tmp_path / "out2", dtype="float32").get("notes")
+
+
+def test_a_runs_export_folder_finds_the_runs_target(tmp_path: Path) -> None:
+    """README: the source may be a run folder, its export/ or a checkpoints/step_* folder. Given export/ directly,
+    --format speculators asked for --target although run.json, one folder up, records it."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    small = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=8, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, architectures=["Qwen3ForCausalLM"])
+    Qwen3ForCausalLM(small).save_pretrained(tmp_path / "target")
+    src, _ = _small_source(tmp_path, "run/export", layer_types=["sliding_attention", "sliding_attention"])  # one causality
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"target": {"path": str(tmp_path / "target"),
+                                                                      "resolved_path": str(tmp_path / "target")}}))
+    report = export(src, tmp_path / "out", fmt="speculators", dtype="float32")
+    assert report["max_abs_logit_diff"] == 0.0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == str(tmp_path / "target")

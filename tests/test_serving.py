@@ -113,7 +113,7 @@ def test_a_missing_vllm_python_is_refused_before_the_target_loads(tmp_path: Path
     assert main(["prompts", "--prompts", str(tmp_path / "p.jsonl"), "--drafter", "pld", "--target", "builtin:tiny-qwen3",
                  "--engine", "vllm", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.count("error:") == 1 and "vLLM's Python not found: None" in err and not (tmp_path / "out").exists()
+    assert err.count("error:") == 1 and "vLLM's Python not found: neither --vllm-python nor SWA_VLLM_PYTHON is set" in err and not (tmp_path / "out").exists()
 
 
 def test_an_engines_reply_keeps_its_end_of_sequence_token_as_our_loop_does() -> None:

@@ -76,6 +76,11 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
         raise ExportError(f"{source}: {'a file' if source.exists() else 'no such folder'}; expected a run folder, an export "
                           f"folder (config.json + {WEIGHTS}) or a checkpoint folder (state.pt)")
     run_record = None
+    # a run's export/ or checkpoints/step_* given directly: the run's record one or two folders up (its target, for
+    # --format speculators and the printed serve commands)
+    for up in ((source.parent,) if source.name.startswith("export") else (source.parent.parent,) if source.parent.name == "checkpoints" else ()):
+        if not (source / "run.json").exists() and (up / "run.json").exists():
+            run_record = read_json_object(up / "run.json", error=ExportError)
     if (source / "run.json").exists():
         run_record = read_json_object(source / "run.json", error=ExportError)
         if (source / "export" / WEIGHTS).exists():
@@ -730,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log.setLevel(logging.WARNING)  # its "exported ..." line is printed below, once
     try:
         report = export(args.source, args.output, args.format, args.target, args.dtype)
     except ValueError as e:  # ExportError, and a target that does not load (models/target.py)
