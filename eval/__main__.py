@@ -21,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+from common.cli_help import DefaultsHelpFormatter
+
 
 
 def latest_run(root: Path = Path("outputs")) -> dict:
@@ -83,8 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--batch-size", type=int, default=1,
                         help="conversations decoded at once (DFlash, EAGLE-3, prompt lookup or the target alone; each row's tokens and "
                              "acceptance are batch 1's)")
-    common.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1 at --batch-size 1, where decoding small models runs "
-                                                    "faster on one; one per core when batched)")
+    common.add_argument("--threads", type=int, help="CPU threads (default on CPU: one per core when batched, or at --batch-size 1 "
+                                                    "for a target of 10M parameters or more; 1 for a smaller one, whose decoding "
+                                                    "runs faster on one)")
     common.add_argument("--cpu-workers", type=int, default=0,
                         help="batched on the CPU: split the rows and the conversations over this many forked one-thread processes "
                              "(default 0 = on Linux, one per core when --batch-size gives every core at least 4 rows and --threads is not set; "
@@ -112,7 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--wandb-project", default="swa-drafters-eval")
 
     p = argparse.ArgumentParser(prog="python -m eval", description=__doc__.splitlines()[0])
-    formatter = argparse.ArgumentDefaultsHelpFormatter
+    formatter = DefaultsHelpFormatter
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("mtbench", "MT-Bench, 80 questions, both turns"), ("prompts", "a JSONL file of prompts")):
         s = sub.add_parser(name, parents=[common], help=help_, formatter_class=formatter)

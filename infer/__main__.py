@@ -14,11 +14,13 @@ import json
 import sys
 from pathlib import Path
 
+from common.cli_help import DefaultsHelpFormatter
+
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m infer", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--target", help="HF causal LM folder or id, or builtin:NAME (models/builtin_targets.py; an unknown name "
                                     "is refused with the list) (default: the target recorded in --drafter's run folder)")
     p.add_argument("--drafter", help="a training run folder (python -m train's output_dir), an exported DFlash or EAGLE-3 "
@@ -50,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backend", default="sdpa", choices=["sdpa", "flashinfer"])
     p.add_argument("--device", default="auto", help="auto = cuda when there is a GPU, else cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
-    p.add_argument("--threads", type=int, help="CPU threads (default on CPU: 1; batch-1 decoding of small models runs faster on one)")
+    p.add_argument("--threads", type=int, help="CPU threads (default on CPU: one per core when batched, or for a target of 10M "
+                                               "parameters or more; 1 for a smaller one, whose decoding runs faster on one)")
     p.add_argument("--baseline", action="store_true", help="also run autoregressive decoding and report the speedup")
     p.add_argument("--json", help="write the statistics here as JSON")
     return p.parse_args(argv)
