@@ -86,6 +86,12 @@ def local_files_only(path: str, what: str) -> bool:
     """For ``from_pretrained(path)``: True when ``path`` is a hub id, the hub cannot be reached and the model is cached
     (load it from the cache alone); False otherwise. Raises ValueError (one line, naming ``what=path``) for a hub id
     that is neither reachable nor cached."""
+    declared = offline_reason() if is_hub_id(path) else None
+    if declared is not None:  # the hub client refuses at once, in words that blame the network ("check your connection")
+        if not cached(path):
+            raise ValueError(f"{what}={path!r}: not a local folder, not in the Hugging Face cache, and {declared}; download it "
+                             f"where there is network (hf download {path}) or pass a local model folder")
+        return False  # cached: the hub client reads its cache, offline as declared
     reason = unreachable_hub_id(path)
     if reason is None:
         return False

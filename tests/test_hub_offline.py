@@ -191,3 +191,18 @@ print("read", len(conversations), [m["content"] for m in conversations[2].messag
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "read 3 ['question 2', 'answer 2']" in proc.stdout and "Retry" not in proc.stderr
     assert float(proc.stdout.split()[-1]) < 10
+
+
+def test_an_uncached_hub_id_declared_offline_says_so_in_one_line(no_network: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF_HUB_OFFLINE=1 and an id not in the cache: the hub client's own refusal blamed the network ("check your internet
+    connection"), without naming the setting that stopped it or the download command."""
+    from models.target import TargetModel
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = "swa-drafters-tests/no-such-model-3f9c1a"
+    with pytest.raises(ValueError) as err:
+        TargetModel.from_pretrained(repo, "cpu")
+    message = str(err.value)
+    assert message.startswith(f"target.path='{repo}': not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE=1 "
+                              f"declares the hub offline; download it where there is network (hf download {repo})") and "\n" not in message
+    assert no_network == []  # declared offline: not even a probe
