@@ -53,14 +53,6 @@ def engine_stats(tokens: list[int], seconds: float, block_size: int, drafts: int
             "decode_s": seconds, "prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "other_s": 0.0, "engine": engine}
 
 
-def cut_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
-    """Tokens before the first end-of-sequence token (engines differ in whether they return it)."""
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[:i]
-    return tokens
-
-
 def through_eos(tokens: list[int], eos: list[int]) -> list[int]:
     """Tokens up to and including the first end-of-sequence token, as our loop keeps a reply (``infer.generate``: the
     end-of-sequence token is output), so an engine's reply compares with the target alone token for token."""
@@ -68,6 +60,12 @@ def through_eos(tokens: list[int], eos: list[int]) -> list[int]:
         if t in eos:
             return tokens[:i + 1]
     return tokens
+
+
+def cut_at_eos(tokens: list[int], eos: list[int]) -> list[int]:
+    """Tokens before the first end-of-sequence token (a regenerated reply; engines differ in whether they return it)."""
+    kept = through_eos(tokens, eos)
+    return kept[:-1] if kept and kept[-1] in eos else kept
 
 
 def reply_ended(tokens: list[int], eos: list[int], budget: int, finish_reason: str | None = None) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from common.atomic import atomic_dir, atomic_open
+from common.digest import file_sha256
 
 BUILTIN_PREFIX = "builtin:"
 # The bundled ShareGPT sample (package data of train/, read by path: no import of train/)
@@ -280,11 +281,7 @@ def check_gguf_digest(gguf: Path, setting: str) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _file_sha256(path: str, size: int, mtime_ns: int) -> str:  # size and mtime in the key: a file rewritten is hashed again
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(path)
 
 
 def fix_smollm2_pre_tokenizer(tokenizer) -> None:

@@ -70,11 +70,6 @@ def unreachable() -> str | None:
     return None
 
 
-def unreachable_hub_id(path: str) -> str | None:
-    """Why ``path``, a hub id, cannot be fetched now (the hub unreachable), or None: a local path, or the hub client decides."""
-    return unreachable() if is_hub_id(path) else None
-
-
 def cached(repo_id: str) -> bool:
     """The model's config.json is in the local hub cache (``HF_HUB_CACHE``)."""
     from huggingface_hub import try_to_load_from_cache
@@ -86,18 +81,18 @@ def local_files_only(path: str, what: str) -> bool:
     """For ``from_pretrained(path)``: True when ``path`` is a hub id, the hub cannot be reached and the model is cached
     (load it from the cache alone); False otherwise. Raises ValueError (one line, naming ``what=path``) for a hub id
     that is neither reachable nor cached."""
-    declared = offline_reason() if is_hub_id(path) else None
-    if declared is not None:  # the hub client refuses at once, in words that blame the network ("check your connection")
-        if not cached(path):
-            raise ValueError(f"{what}={path!r}: not a local folder, not in the Hugging Face cache, and {declared}; download it "
-                             f"where there is network (hf download {path}) or pass a local model folder")
-        return False  # cached: the hub client reads its cache, offline as declared
-    reason = unreachable_hub_id(path)
+    if not is_hub_id(path):
+        return False
+    # declared offline, the hub client refuses an uncached id at once in words that blame the network: said here instead
+    declared = offline_reason()
+    reason = declared or unreachable()
     if reason is None:
         return False
     if not cached(path):
         raise ValueError(f"{what}={path!r}: not a local folder, not in the Hugging Face cache, and {reason}; download it "
                          f"where there is network (hf download {path}) or pass a local model folder")
+    if declared:
+        return False  # cached: the hub client reads its cache, offline as declared
     log.info("%s: %s; %s loads from the local Hugging Face cache", what, reason, path)
     return True
 

@@ -110,6 +110,12 @@ def register_causal_sdpa() -> bool:
     return True
 
 
+def layer_ids_fit(layer_ids: list[int], num_layers: int) -> bool:
+    """Feature layer ids a target of ``num_layers`` decoder layers has: at least one, each in 0 .. L-2 (id i = output of
+    decoder layer i; the last layer's output is the final hidden state, not a feature)."""
+    return bool(layer_ids) and all(0 <= i <= num_layers - 2 for i in layer_ids)
+
+
 def default_layer_ids(drafter: str, num_layers: int, num_features: int | None = None) -> list[int]:
     """The layers a drafter reads when the config names none.
 
@@ -253,8 +259,7 @@ class TargetModel:
         return self.model.get_output_embeddings()
 
     def check_layer_ids(self, layer_ids: list[int], where: str = "drafter.target_layer_ids") -> None:
-        bad = [i for i in layer_ids if not 0 <= i <= self.num_layers - 2]
-        if bad or not layer_ids:
+        if not layer_ids_fit(layer_ids, self.num_layers):
             raise ValueError(
                 f"{where}={layer_ids}: ids must lie in 0..{self.num_layers - 2} "
                 f"(id i = output of decoder layer i; the target has {self.num_layers} layers)"

@@ -53,6 +53,7 @@ from common.tensor_shapes import shape_differences
 from infer import speculators_checkpoint
 from infer.speculators_checkpoint import eagle3_config as speculators_eagle3_config
 from models.dflash import DFlashDraftModel, sliding_block_causal
+from models.target import layer_ids_fit
 
 from . import engines
 from .checkpoint import UnreadableCheckpoint, list_checkpoints, read_state
@@ -78,9 +79,9 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
     run_record = None
     # a run's export/ or checkpoints/step_* given directly: the run's record one or two folders up (its target, for
     # --format speculators and the printed serve commands)
-    for up in ((source.parent,) if source.name.startswith("export") else (source.parent.parent,) if source.parent.name == "checkpoints" else ()):
-        if not (source / "run.json").exists() and (up / "run.json").exists():
-            run_record = read_json_object(up / "run.json", error=ExportError)
+    run_dir = source.parent if source.name.startswith("export") else source.parent.parent if source.parent.name == "checkpoints" else None
+    if run_dir is not None and not (source / "run.json").exists() and (run_dir / "run.json").exists():
+        run_record = read_json_object(run_dir / "run.json", error=ExportError)
     if (source / "run.json").exists():
         run_record = read_json_object(source / "run.json", error=ExportError)
         if (source / "export" / WEIGHTS).exists():
@@ -172,7 +173,7 @@ def check_against_target(config: dict[str, Any], text_config: Any, source: Path,
     field = "target_layer_ids" if is_eagle3(config) else "dflash_config.target_layer_ids"
     ids = config["target_layer_ids"] if is_eagle3(config) else config["dflash_config"]["target_layer_ids"]
     layers = text_config.num_hidden_layers
-    if not all(0 <= i <= layers - 2 for i in ids):
+    if not layer_ids_fit(ids, layers):
         raise ExportError(f"{source}: config {field}={ids}; ids must lie in 0..{layers - 2} ({what} has {layers} layers: id i is "
                           f"the output of decoder layer i)")
     for key in ("hidden_size", "vocab_size"):

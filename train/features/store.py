@@ -37,6 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
 from common.atomic import atomic_open
+from common.digest import file_sha256
 from common.json_file import read_json_object
 
 FORMAT_VERSION = 1
@@ -110,14 +111,6 @@ def read_json(path: Path, what: str, keys: Iterable[str] = ()) -> dict[str, Any]
 def shard_file(root: Path, split: str, shard: int) -> Path:
     """A shard's file; its completion mark is the same name with ``.json``."""
     return Path(root) / split / f"shard_{shard:05d}.safetensors"
-
-
-def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------- compression
