@@ -404,8 +404,10 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError("prompt is empty; expected at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}; expected >= 1")
-    if drafter is not None and drafter.target_layer_ids and set(drafter.target_layer_ids) != set(target.feature_layer_ids):
-        raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids}")
+    if drafter is not None and drafter.target_layer_ids and list(drafter.target_layer_ids) != list(target.feature_layer_ids):
+        # in order: the features are concatenated in the target's order, and a drafter reads them in its own
+        raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids} "
+                         "(in that order); expected the same list")
     if drafter is not None and drafter.tree and not sampling.greedy:
         raise ValueError(f"tree drafting is greedy only (temperature={sampling.temperature}); leave out the tree options to sample with chains")
     if accept_per_step is not None:

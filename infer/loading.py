@@ -41,7 +41,9 @@ def read_drafter_config(path: str | Path) -> dict:
         raise ValueError(f"drafter {path}: {what}; expected an exported DFlash or EAGLE-3 drafter folder")
     config = read_json_object(config_file, "an object (the drafter's config)")
     if speculators_checkpoint.is_speculators_config(config):  # mapped to our config; the weights by load_drafter_model
-        return speculators_checkpoint.read_config(path)
+        mapped = speculators_checkpoint.read_config(path)
+        check_drafter_fields(mapped, f"{config_file} (a speculators checkpoint, read as ours):")
+        return mapped
     if not is_eagle3(config) and "dflash_config" not in config:
         raise ValueError(f"{config_file}: no 'dflash_config' field and architectures {config.get('architectures')!r}; expected a DFlash "
                          f"drafter (our 'dflash' export format) or an EAGLE-3 drafter (architectures {EAGLE3_ARCHITECTURES})")
@@ -83,22 +85,66 @@ def zlab_dflash_fields(config: dict, config_file: Path) -> dict:
     return config if filled == dflash else {**config, "dflash_config": filled, "block_size": filled["block_size"]}
 
 
+LAYER_TYPES = ("sliding_attention", "full_attention")  # layer_types[i], one a drafter layer (train/config.py: the same)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_drafter_fields(config: dict, where: str) -> None:
-    """The fields read before a DFlash or EAGLE-3 drafter is built, each of its type (else a KeyError or TypeError deep in
-    the model), as one ValueError starting with ``where``: EAGLE-3's target_layer_ids; DFlash's dflash_config object, its
-    integer block_size and mask_token_id and its target_layer_ids. Configs of neither kind pass (their loaders say so)."""
-    if is_eagle3(config):
+    """The fields a DFlash or EAGLE-3 drafter is built from, each with its type and range, as one ValueError starting with
+    ``where`` and naming the field: the sizes; the target layer ids; ``layer_types`` (one of LAYER_TYPES a layer: the
+    model's config class accepts others, which the loop ran as full attention and training refuses); ``sliding_window``
+    (a positive integer where a layer slides: 0 drafted NaN, and a sliding layer without a window ran unwindowed);
+    DFlash's ``use_sliding_window`` (Qwen3Config drops the window unless it is true), block size (>= 2) and mask token (a
+    token id); EAGLE-3's draft vocabulary and TTT length. Read by the loop (``read_drafter_config``) and by the export
+    (``train.export.check_config``). Configs of neither kind pass (their loaders say so)."""
+    def refuse(field: str, value, expected: str) -> ValueError:
+        return ValueError(f"{where} {field}={value!r:.80}; expected {expected}")
+
+    eagle3 = is_eagle3(config)
+    if eagle3:
         field, ids = "target_layer_ids", config.get("target_layer_ids")
     elif "dflash_config" in config:
         dflash = config["dflash_config"]
-        if not isinstance(dflash, dict) or not all(isinstance(dflash.get(k), int) for k in ("block_size", "mask_token_id")):
+        if not isinstance(dflash, dict) or not all(_is_int(dflash.get(k)) for k in ("block_size", "mask_token_id")):
             raise ValueError(f"{where} dflash_config={dflash!r:.80}; expected an object with integer block_size and mask_token_id "
                              f"and a list target_layer_ids")
         field, ids = "dflash_config.target_layer_ids", dflash.get("target_layer_ids")
     else:
         return
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not isinstance(ids, list) or not ids or not all(_is_int(i) for i in ids):
         raise ValueError(f"{where} {field}={ids!r}; expected a non-empty list of target layer ids (integers)")
+    for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
+        if not _is_int(config.get(field)) or config[field] < 1:
+            raise refuse(field, config.get(field), "a positive integer")
+    n, vocab = config["num_hidden_layers"], config["vocab_size"]
+    types = config.get("layer_types")
+    if types is None and not eagle3:
+        pass  # z-lab's layout without it: every layer full (Qwen3Config fills it so; dflash_config_json writes it)
+    elif not isinstance(types, list) or len(types) != n or not all(t in LAYER_TYPES for t in types):
+        raise refuse("layer_types", types, f"a list of num_hidden_layers={n} entries, each one of {', '.join(LAYER_TYPES)}")
+    sliding = "sliding_attention" in (types or [])
+    if sliding and (not _is_int(config.get("sliding_window")) or config["sliding_window"] < 1):
+        raise refuse("sliding_window", config.get("sliding_window"), "a positive integer (the window W in tokens): layer_types has sliding layers")
+    if eagle3:
+        draft_vocab = config.get("draft_vocab_size")
+        if not _is_int(draft_vocab) or not 1 <= draft_vocab <= vocab:
+            raise refuse("draft_vocab_size", draft_vocab, f"an integer in 1..vocab_size={vocab}")
+        if config.get("ttt_length") is not None and (not _is_int(config["ttt_length"]) or config["ttt_length"] < 1):
+            raise refuse("ttt_length", config["ttt_length"], "a positive integer (the drafting steps trained)")
+        return
+    if sliding and config.get("use_sliding_window") is not True:
+        raise refuse("use_sliding_window", config.get("use_sliding_window"),
+                     "true where layer_types has sliding layers (Qwen3Config drops sliding_window unless it is)")
+    if dflash["block_size"] < 2:
+        raise refuse("dflash_config.block_size", dflash["block_size"], "an integer >= 2 (the context token and at least one draft)")
+    if not 0 <= dflash["mask_token_id"] < vocab:
+        raise refuse("dflash_config.mask_token_id", dflash["mask_token_id"], f"a token id in 0..{vocab - 1} (vocab_size={vocab})")
+    draft_vocab = config.get("draft_vocab_size")
+    if draft_vocab is not None and (not _is_int(draft_vocab) or not 1 <= draft_vocab <= vocab):
+        raise refuse("draft_vocab_size", draft_vocab, f"an integer in 1..vocab_size={vocab}, or absent (the target's vocabulary)")
 
 
 def is_eagle3(config: dict) -> bool:

@@ -558,17 +558,25 @@ class LayerAttention:
 def layer_attention(model: DFlashDraftModel, window="trained") -> list[LayerAttention]:
     """Each draft layer's attention rule at inference, with the window override applied."""
     config = model.config
-    if window == "trained":
+    trained = window == "trained"
+    if trained:
         window = config.sliding_window
-    elif window is not None and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"window={window!r}; expected 'trained', None (full attention) or a positive int")
+        if window is None and "sliding_attention" in config.layer_types:
+            # Qwen3Config drops sliding_window unless use_sliding_window: a sliding layer would run unwindowed
+            raise ValueError(f"layer_types {config.layer_types} with sliding_window=None (use_sliding_window="
+                             f"{getattr(config, 'use_sliding_window', None)}); expected the window the sliding layers were trained with")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"the drafter config's sliding_window={window!r}; expected a positive int (W keys, the query's own included)"
+                         if trained else f"window={window!r}; expected 'trained', None (full attention) or a positive int")
     block_causal = sliding_block_causal(config)
     rules = []
-    for layer_type in config.layer_types:
+    for i, layer_type in enumerate(config.layer_types):
         if layer_type == "sliding_attention":
             rules.append(LayerAttention(causal=block_causal, window=window))
-        else:
+        elif layer_type == "full_attention":
             rules.append(LayerAttention(causal=False, window=None))
+        else:
+            raise ValueError(f"layer_types[{i}]={layer_type!r}; expected sliding_attention or full_attention")
     return rules
 
 

@@ -283,10 +283,15 @@ class Eagle3DraftModel(LlamaPreTrainedModel):
 
 def layer_windows(model: Eagle3DraftModel, window="trained") -> list[int | None]:
     """Each draft layer's window at inference (None = full attention), the override applied to sliding layers."""
-    if window == "trained":
+    trained = window == "trained"
+    if trained:
         window = model.sliding_window
-    elif window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"window={window!r}; expected 'trained', None (full attention) or a positive int")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"the drafter config's sliding_window={window!r}; expected a positive int (W keys, the query's own included)"
+                         if trained else f"window={window!r}; expected 'trained', None (full attention) or a positive int")
+    for i, t in enumerate(model.layer_types):
+        if t not in ("sliding_attention", "full_attention"):
+            raise ValueError(f"layer_types[{i}]={t!r}; expected sliding_attention or full_attention")
     return [window if t == "sliding_attention" else None for t in model.layer_types]
 
 

@@ -174,6 +174,83 @@ def test_a_broken_drafter_folder_is_one_line(tmp_path) -> None:
     assert load_drafter_model(good, read_drafter_config(good), torch.float32).fc.weight.shape == (32, 64)
 
 
+def test_a_drafter_config_out_of_range_is_one_line_at_load(tmp_path) -> None:
+    """Fields of the right type but out of range loaded silently (the export refused them): ``sliding_window`` 0 or
+    negative drafted NaN, a layer type other than the two ran as full attention (training refuses it), a sliding layer
+    whose ``use_sliding_window`` was false or absent lost its window (Qwen3Config drops it), a mask token outside the
+    vocabulary failed at the first draft, block size 1 was refused as a tree option, and EAGLE-3's missing
+    ``layer_types`` or ``ttt_length`` 0 as an attribute error or "draft steps=None". Each is one line naming the field."""
+    import json
+
+    from infer.loading import read_drafter_config
+    from models.eagle3 import Eagle3DraftModel, make_eagle3_config
+
+    model, _, _ = make_drafter(["sliding_attention", "full_attention"], 6)
+    eagle = Eagle3DraftModel(make_eagle3_config(model.config, num_hidden_layers=2, target_layer_ids=[1, 3, 4],
+                                                layer_types=["sliding_attention", "full_attention"], sliding_window=6,
+                                                draft_vocab_size=64, ttt_length=3))
+
+    def folder(name, drafter, **edits):
+        path = tmp_path / name
+        drafter.save_pretrained(path)
+        config = json.loads((path / "config.json").read_text())
+        for key, value in edits.items():
+            where = config["dflash_config"] if key.startswith("dflash_config.") else config
+            key = key.removeprefix("dflash_config.")
+            where.pop(key) if value is ... else where.__setitem__(key, value)
+        (path / "config.json").write_text(json.dumps(config))
+        return path
+
+    cases = [
+        (model, dict(sliding_window=0), r"sliding_window=0; expected a positive integer"),
+        (model, dict(sliding_window=-4), r"sliding_window=-4; expected a positive integer"),
+        (eagle, dict(sliding_window=0), r"sliding_window=0; expected a positive integer"),
+        (model, dict(layer_types=["chunked_attention", "full_attention"]), r"layer_types=\['chunked_attention', .*; expected a list"),
+        (eagle, dict(layer_types=["chunked_attention", "full_attention"]), r"layer_types=.*; expected a list"),
+        (eagle, dict(layer_types=...), r"layer_types=None; expected a list of num_hidden_layers=2"),
+        (model, dict(use_sliding_window=...), r"use_sliding_window=None; expected true where layer_types has sliding layers"),
+        (model, dict(use_sliding_window=False), r"use_sliding_window=False; expected true"),
+        (model, {"dflash_config.mask_token_id": VOCAB}, rf"dflash_config\.mask_token_id={VOCAB}; expected a token id in 0\.\.{VOCAB - 1}"),
+        (model, {"dflash_config.mask_token_id": -1}, r"dflash_config\.mask_token_id=-1; expected a token id"),
+        (model, {"dflash_config.block_size": 1}, r"dflash_config\.block_size=1; expected an integer >= 2"),
+        (eagle, dict(ttt_length=0), r"ttt_length=0; expected a positive integer"),
+    ]
+    for i, (drafter, edits, message) in enumerate(cases):
+        with pytest.raises(ValueError, match=r"config\.json: " + message):
+            read_drafter_config(folder(f"case{i}", drafter, **edits))
+    assert read_drafter_config(folder("good", model))["sliding_window"] == 6
+    assert read_drafter_config(folder("good_eagle", eagle))["sliding_window"] == 6
+
+
+def test_the_rule_builders_refuse_what_they_cannot_run() -> None:
+    """The same rules where a model is built without the loader: an unknown layer type, a window below 1 and a sliding
+    layer whose window Qwen3Config dropped are errors, not full attention or NaN."""
+    from models.dflash import layer_attention
+    from models.eagle3 import Eagle3DraftModel, layer_windows, make_eagle3_config
+
+    model, _, _ = make_drafter(["sliding_attention", "full_attention"], 6)
+    assert [r.window for r in layer_attention(model)] == [6, None]
+    model.config.layer_types = ["chunked_attention", "full_attention"]
+    with pytest.raises(ValueError, match=r"layer_types\[0\]='chunked_attention'; expected sliding_attention or full_attention"):
+        layer_attention(model)
+    model.config.layer_types = ["sliding_attention", "full_attention"]
+    model.config.sliding_window = 0
+    with pytest.raises(ValueError, match=r"sliding_window=0; expected a positive int"):
+        layer_attention(model)
+    model.config.sliding_window = None
+    with pytest.raises(ValueError, match=r"sliding_window=None .*expected the window the sliding layers were trained with"):
+        layer_attention(model)
+    assert [r.window for r in layer_attention(model, None)] == [None, None]  # --window none: full attention asked for
+    eagle = Eagle3DraftModel(make_eagle3_config(model.config, num_hidden_layers=2, target_layer_ids=[1, 3, 4],
+                                                layer_types=["chunked_attention", "full_attention"], sliding_window=6,
+                                                draft_vocab_size=64, ttt_length=3))
+    with pytest.raises(ValueError, match=r"layer_types\[0\]='chunked_attention'"):
+        layer_windows(eagle)
+    eagle.config.layer_types, eagle.config.sliding_window = ["sliding_attention", "full_attention"], -4
+    with pytest.raises(ValueError, match=r"sliding_window=-4; expected a positive int"):
+        layer_windows(eagle)
+
+
 def test_a_zlab_published_dflash_checkpoint_loads_as_zlab_reads_it(tmp_path) -> None:
     """z-lab's published DFlash checkpoints (Qwen3-4B/8B-DFlash-b16) keep block_size at the top level and dflash_config
     {mask_token_id, target_layer_ids}: refused before (no dflash_config.block_size). Now read where z-lab's own loader (PyPI

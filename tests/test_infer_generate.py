@@ -116,6 +116,10 @@ def test_bad_inputs(setup) -> None:
         generate(target, drafter, [], max_new_tokens=4)
     with pytest.raises(ValueError, match=r"drafter reads target layers \[1, 3, 5\], the target captures \[2\]"):
         generate(StaticTarget(model, [2]), drafter, [5, 6], max_new_tokens=4)
+    # the same layers in another order: the features are concatenated in the target's order, so the drafter would read
+    # its layers swapped (compared as sets before, it drafted from them)
+    with pytest.raises(ValueError, match=r"drafter reads target layers \[1, 3, 5\], the target captures \[5, 3, 1\] \(in that order\)"):
+        generate(StaticTarget(model, [5, 3, 1]), drafter, [5, 6], max_new_tokens=4)
     with pytest.raises(ValueError, match="top_p=0"):
         SamplingConfig(temperature=1.0, top_p=0)
 

@@ -111,19 +111,11 @@ def load_source(source: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], 
     return config, weights, run_record
 
 
-LAYER_TYPES = ("sliding_attention", "full_attention")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_config(config: dict[str, Any], source: Path) -> None:
     """The fields the export reads or writes, each with its type and range, as one ExportError naming the field: the loop's
-    own check (``infer.loading.check_drafter_fields``), then the sizes, ``layer_types`` (one of LAYER_TYPES a layer),
-    ``sliding_window`` (a positive integer where a layer slides: every engine refuses or misreads a sliding layer
-    without one), DFlash's block and mask token, EAGLE-3's draft vocabulary and TTT length. The same checks for a run's
-    checkpoint and an export folder: what the model's config class would answer with a traceback, or accept and write."""
+    own check (``infer.loading.check_drafter_fields``: the sizes, ``layer_types``, ``sliding_window`` where a layer slides,
+    DFlash's block and mask token, EAGLE-3's draft vocabulary and TTT length). The same checks for a run's checkpoint and
+    an export folder: what the model's config class would answer with a traceback, or accept and write."""
     from infer.loading import check_drafter_fields
 
     if not isinstance(config, dict):
@@ -132,37 +124,6 @@ def check_config(config: dict[str, Any], source: Path) -> None:
         check_drafter_fields(config, f"{source}: config")
     except ValueError as e:
         raise ExportError(str(e)) from None
-
-    def refuse(field: str, expected: str) -> ExportError:
-        value = config.get(field) if "." not in field else config["dflash_config"].get(field.split(".", 1)[1])
-        return ExportError(f"{source}: config {field}={value!r:.80}; expected {expected}")
-
-    for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
-        if not _is_int(config.get(field)) or config[field] < 1:
-            raise refuse(field, "a positive integer")
-    n, vocab = config["num_hidden_layers"], config["vocab_size"]
-    types = config.get("layer_types")
-    if types is None and not is_eagle3(config):
-        pass  # z-lab's layout without it: every layer full (Qwen3Config fills it so; dflash_config_json writes it)
-    elif not isinstance(types, list) or len(types) != n or not all(t in LAYER_TYPES for t in types):
-        raise refuse("layer_types", f"a list of num_hidden_layers={n} entries, each one of {', '.join(LAYER_TYPES)}")
-    if "sliding_attention" in (types or []) and (not _is_int(config.get("sliding_window")) or config["sliding_window"] < 1):
-        raise refuse("sliding_window", "a positive integer (the window W in tokens): layer_types has sliding layers")
-    if is_eagle3(config):
-        draft_vocab = config.get("draft_vocab_size")
-        if not _is_int(draft_vocab) or not 1 <= draft_vocab <= vocab:
-            raise refuse("draft_vocab_size", f"an integer in 1..vocab_size={vocab}")
-        if config.get("ttt_length") is not None and (not _is_int(config["ttt_length"]) or config["ttt_length"] < 1):
-            raise refuse("ttt_length", "a positive integer (the drafting steps trained)")
-        return
-    dflash = config["dflash_config"]
-    if dflash["block_size"] < 2:
-        raise refuse("dflash_config.block_size", "an integer >= 2 (the context token and at least one draft)")
-    if not 0 <= dflash["mask_token_id"] < vocab:
-        raise refuse("dflash_config.mask_token_id", f"a token id in 0..{vocab - 1} (vocab_size={vocab})")
-    draft_vocab = config.get("draft_vocab_size")
-    if draft_vocab is not None and (not _is_int(draft_vocab) or not 1 <= draft_vocab <= vocab):
-        raise refuse("draft_vocab_size", f"an integer in 1..vocab_size={vocab}, or absent (the target's vocabulary)")
 
 
 def check_against_target(config: dict[str, Any], text_config: Any, source: Path, what: str) -> None:
