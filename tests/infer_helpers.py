@@ -203,3 +203,41 @@ def random_eagle3_on_reference(reference_target_path):
     drafter_model.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
     prompt = torch.randint(10, 8000, (40,)).tolist()
     return model, StaticTarget(model, [1, 3, 4]), drafter_model, prompt
+
+
+def bigram_eagle3(model, prompts: list[list[int]], draft_vocab_size: int = 256) -> Eagle3DraftModel:
+    """An EAGLE-3 drafter (a ring layer and a full layer) whose drafts are often accepted without training: its first
+    layer (window 1) turns the input token's embedding into the hidden state and its head holds a bigram table read off
+    the target's greedy replies, so draft 1 (a chain's later drafts less often) is the target's next token; the target's
+    features (a random projection) and the full layer (random, amplified) over the context move the logits enough that
+    a row drafting from another row's pending tokens or features changes the greedy outcome (checked by hand). Greedy
+    τ ~2 (acceptances 0 .. k, rows at different offsets of their pending blocks)."""
+    from infer.generate import generate
+    from models.static_target import StaticTarget
+
+    target = StaticTarget(model, [])
+    table = {}
+    for p in prompts:
+        seq = p + generate(target, None, p, 24).tokens
+        table.update(zip(seq, seq[1:]))
+    drafted = sorted(set(table.values()))
+    kept = torch.tensor(sorted(drafted + [i for i in range(0, 8192, 31) if i not in drafted][:draft_vocab_size - len(drafted)]))
+    config = make_eagle3_config(model.config, num_hidden_layers=2, target_layer_ids=[1, 3, 4], sliding_window=1, ttt_length=3,
+                                layer_types=["sliding_attention", "full_attention"], draft_vocab_size=draft_vocab_size)
+    torch.manual_seed(0)
+    eagle3 = Eagle3DraftModel(config).eval().requires_grad_(False)
+    eagle3.set_draft_vocab(kept - torch.arange(draft_vocab_size), torch.zeros(8192, dtype=torch.bool).index_fill_(0, kept, True))
+    eagle3.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
+    eagle3.fc.weight.normal_(0, 0.02)  # step 0's hidden state: a small part of the logits
+    first, d = eagle3.layers[0], config.head_dim  # 2 kv heads of 64, 4 query heads each
+    first.self_attn.v_proj.weight.zero_()[:, :2 * d] = torch.eye(2 * d)  # v: the normed embedding's first 128 features
+    first.self_attn.o_proj.weight.zero_()[:2 * d, [*range(d), *range(4 * d, 5 * d)]] = torch.eye(2 * d)  # query heads 0 and 4
+    first.mlp.down_proj.weight.zero_()
+    eagle3.layers[1].self_attn.o_proj.weight.mul_(10)
+    eagle3.layers[1].mlp.down_proj.weight.mul_(10)
+    code = torch.nn.functional.normalize(first.input_layernorm(eagle3.embed_tokens.weight)[:, :2 * d], dim=-1)
+    row = {int(t): i for i, t in enumerate(kept)}
+    head = eagle3.lm_head.weight.zero_()
+    for a, b in table.items():
+        head[row[b], :2 * d] += 10 * code[a]
+    return eagle3

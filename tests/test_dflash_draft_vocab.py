@@ -115,21 +115,31 @@ def test_a_draft_vocabulary_loop_is_lossless_and_batches_as_batch_one(reference_
 
     from models.static_target import StaticTarget
 
+    from infer_helpers import greedy_continuations, overfit_drafter
+
     model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
     vocab = model.config.vocab_size
+    prompts = [torch.randint(10, 8000, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (30, 17, 41)]
+    # a drafter overfit on the target's replies (a random one accepted nothing: "batched equals alone" compared zeros),
+    # its weights under a 1,024-id draft vocabulary holding the replies' tokens and every third id
+    replies = greedy_continuations(model, prompts, 32)
+    overfit = overfit_drafter(model, replies, layer_types=["sliding_attention", "sliding_attention"], sliding_window=6, block_size=4,
+                              mask_token_id=5, target_layer_ids=(1, 3), steps=100)
     config = make_dflash_config(model.config, num_hidden_layers=2, block_size=4, mask_token_id=5, target_layer_ids=[1, 3],
                                 layer_types=["sliding_attention", "sliding_attention"], sliding_window=6, draft_vocab_size=1024)
-    torch.manual_seed(0)
     drafter_model = DFlashDraftModel(config).eval()
+    missing, unexpected = drafter_model.load_state_dict(overfit.state_dict(), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight", "d2t", "t2d"}
     head = model.get_output_embeddings()
-    d2t, t2d = build_draft_vocab({i: vocab - i for i in range(0, vocab, 3)}, vocab, 1024)
+    counts = {i: vocab - i for i in range(0, vocab, 3)} | {t: 2 * vocab for seq in replies for t in seq}
+    d2t, t2d = build_draft_vocab(counts, vocab, 1024)
     drafter_model.set_draft_vocab(d2t, t2d, head.weight)
     target = StaticTarget(model, [1, 3])
     drafter = StaticDFlashDrafter(drafter_model, model.get_input_embeddings(), head)
-    prompts = [torch.randint(10, 8000, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (30, 17, 41)]
     alone = [generate(target, None, p, 24).tokens for p in prompts]
     single = [generate(target, drafter, p, 24) for p in prompts]
     assert [s.tokens for s in single] == alone
+    assert max(a for s in single for a in s.stats.accepted_per_step) == 3  # whole blocks accepted through the draft vocabulary
     batched = generate_batch(target, drafter, prompts, 24, batch_size=2)
     assert [b.tokens for b in batched] == alone
     assert [b.stats.accepted_per_step for b in batched] == [s.stats.accepted_per_step for s in single]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from train.dflash import IGNORE, block_loss, build_blocks, dpace_weights, layer_masks, sample_anchors
+from train.dflash import IGNORE, BlockStats, block_loss, build_blocks, dpace_weights, layer_masks, sample_anchors
 from models.dflash import DFlashDraftModel, make_dflash_config
 
 
@@ -141,6 +141,11 @@ def test_blocks_labels_and_weights() -> None:
     assert summary["x/acc_slot_1"] == 1.0 and summary["x/acc_slot_2"] == 0.0
     assert summary["x/sim_tau"] == pytest.approx(2.0) and summary["x/anchor_tau"] == pytest.approx(2.0)
     assert "x/block_tau" not in summary  # random anchors: no replayed loop (evaluate_batch has one)
+    # sim_tau by hand where the chain's product differs from the accuracies' sum: per-slot accuracies 0.5, 0.5, 1 give
+    # 1 + 0.5 + 0.25 + 0.25 = 2.0 (the sum would give 3.0)
+    zero = torch.zeros(())
+    hand = BlockStats(zero, zero, torch.tensor([0, 1, 2, 4]), torch.tensor([0, 2, 4, 4]), zero, zero, zero, zero)
+    assert hand.summary("x")["x/sim_tau"] == pytest.approx(2.0)
 
 
 def test_revealed_slots_hold_the_true_tokens_and_no_labels() -> None:

@@ -303,19 +303,22 @@ def test_a_shorter_chain_is_lossless_and_batches_as_batch_one(reference_target_p
     from infer.batch import generate_batch
     from models.static_target import StaticTarget
 
+    from infer_helpers import greedy_continuations, overfit_drafter
+
     model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).eval()
-    config = make_dflash_config(model.config, num_hidden_layers=2, block_size=8, mask_token_id=5, target_layer_ids=[1, 3],
-                                layer_types=["sliding_attention", "sliding_attention"], sliding_window=16)
     torch.manual_seed(0)
-    drafter_model = DFlashDraftModel(config).eval()
+    prompts = [torch.randint(10, 8000, (n,)).tolist() for n in (30, 17, 41)]
+    # overfit on the target's replies (a random drafter accepted nothing: "batched equals alone" compared zeros)
+    drafter_model = overfit_drafter(model, greedy_continuations(model, prompts, 40), layer_types=["sliding_attention", "sliding_attention"],
+                                    sliding_window=16, block_size=8, mask_token_id=5, target_layer_ids=(1, 3), steps=100)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     target = StaticTarget(model, [1, 3])
-    prompts = [torch.randint(10, 8000, (n,)).tolist() for n in (30, 17, 41)]
     drafter = StaticDFlashDrafter(drafter_model, embed, head, draft_tokens=3)
     alone = [generate(target, drafter, p, 30) for p in prompts]
     for p, got in zip(prompts, alone):
         assert got.tokens == generate(target, None, p, 30).tokens
         assert max(got.stats.accepted_per_step) <= 3 and got.stats.block_size == 4
+    assert max(a for got in alone for a in got.stats.accepted_per_step) == 3  # whole chains of 3 accepted
     batched = generate_batch(target, drafter, prompts, 30, batch_size=3)
     for want, got in zip(alone, batched):
         assert got.tokens == want.tokens and got.stats.accepted_per_step == want.stats.accepted_per_step
