@@ -67,3 +67,22 @@ def atomic_open(final: Path, mode: str = "w", encoding: str | None = "utf-8") ->
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def unwritable_reason(path: str | Path) -> str | None:
+    """Why ``path`` (a file or a folder to be written, with any parents still to be made) cannot be written, or None: its
+    nearest existing ancestor must be a folder a file can be made in. Probed by making (and removing) a hidden temporary
+    file there: ``os.access`` says yes to root everywhere, /proc included, where the write then fails."""
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is path and path.is_file():
+        existing = path.parent  # a file to be replaced: its folder is what must be writable
+    if existing is None or not existing.is_dir():
+        return f"{existing} is a file, where a folder is needed"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=existing)
+    except OSError as e:
+        return f"nothing can be written in {existing} ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(probe)
+    return None

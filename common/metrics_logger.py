@@ -33,6 +33,35 @@ def wandb_run_id(output_dir: Path) -> str:
     return run_id
 
 
+def record_step(line: str) -> int | None:
+    """A ``metrics.jsonl`` line's step, or None for a line a kill cut short."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def logged_steps(path: Path) -> list[int]:
+    """The steps of ``metrics.jsonl``'s records, in file order ([] without the file)."""
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [s for s in map(record_step, lines) if s is not None]
+
+
+def drop_metrics_after(output_dir: Path, step: int) -> None:
+    """Keep only ``output_dir/metrics.jsonl``'s records up to ``step`` (the checkpoint a run resumes from; 0 = a fresh
+    start): the steps after it are logged again, and were appended after the killed run's own. Temp name, then rename."""
+    path = Path(output_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if (s := record_step(line)) is not None and s <= step]
+    if kept == lines:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text("".join(line if line.endswith("\n") else line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
 class MetricsLogger:
     """Writes ``metrics.jsonl`` in the run folder and mirrors every record to W&B if enabled.
     ``enabled=False`` (every rank but 0 of a multi-GPU run) writes nothing anywhere."""
@@ -41,6 +70,9 @@ class MetricsLogger:
         self.path = output_dir / "metrics.jsonl"
         self.enabled = enabled
         self.run = None
+        # W&B refuses a step below one it holds: a resumed run's repeats of the steps after its checkpoint go to the
+        # file only (read here, before the resume trims the file; the W&B run's own step too where it resumed online)
+        self.wandb_logged_through = max(logged_steps(self.path), default=0) if enabled else 0
         if enabled and logger_cfg.wandb and logger_cfg.mode != "disabled":
             import wandb
 
@@ -65,13 +97,14 @@ class MetricsLogger:
                 mode = "offline"
                 self.run = start(mode)
             log.info("W&B %s run %s in %s", mode, run_id, self.run.dir)
+            self.wandb_logged_through = max(self.wandb_logged_through, self.run.starting_step - 1)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.enabled:
             return
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
-        if self.run is not None:
+        if self.run is not None and step > self.wandb_logged_through:
             self.run.log(metrics, step=step)
 
     def summary(self, metrics: dict[str, Any]) -> None:

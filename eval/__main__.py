@@ -129,6 +129,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def with_local_paths_resolved(source: dict) -> dict:
+    """The run's target, drafter and run folder, each local folder by its absolute path: ``run_df``, ``run_df/`` and
+    ``./run_df`` are one drafter (each hashed to a results folder of its own before, so a rerun spelled otherwise started
+    again, and an explicit --out refused it). Hub ids, ``builtin:`` names and ``pld`` stay as given."""
+    from infer.loading import PROMPT_LOOKUP
+
+    return {k: str(Path(v).resolve()) if isinstance(v, str) and v != PROMPT_LOOKUP and Path(v).exists() else v
+            for k, v in source.items()}
+
+
 def default_out(args, source: dict) -> Path:
     """The same command (same drafter, target, prompts and settings) gets the same folder: reruns resume."""
     # batch size and threads change the speed, not the tokens: a rerun with another one resumes the same folder
@@ -186,9 +196,14 @@ def check_settings(out: Path, settings: dict) -> None:
 
 def check_out(out: Path) -> None:
     """--out must be a folder or a path one can be made at: not a file, nor under one."""
+    from common.atomic import unwritable_reason
+
     blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         raise ValueError(f"--out {out}: {blocked} is a file; expected a results folder")
+    reason = unwritable_reason(out)  # before the models load: a results folder that cannot be made failed after them
+    if reason:
+        raise ValueError(f"--out {out}: {reason}; expected a results folder that can be written")
 
 
 def read_cell(path: Path) -> dict:
@@ -207,9 +222,13 @@ def conversations_for(args):
 
     if args.num_questions is not None and args.num_questions < 1:
         raise ValueError(f"--num-questions {args.num_questions}; expected >= 1")
-    if getattr(args, "prompts", None):
-        return prompts_file(args.prompts, args.num_questions)
-    return mt_bench(args.num_questions)
+    prompts = getattr(args, "prompts", None)
+    conversations = prompts_file(prompts) if prompts else mt_bench()
+    if args.num_questions is not None and args.num_questions > len(conversations):  # was cut to what there is, silently,
+        # while results.json recorded the number asked for
+        raise ValueError(f"--num-questions {args.num_questions}; {prompts or 'MT-Bench'} has {len(conversations)} "
+                         f"{'records' if prompts else 'questions'} (expected at most that, or leave it out for all)")
+    return conversations[:args.num_questions]
 
 
 def interrupt_on_sigterm(signum, frame) -> None:
@@ -239,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     from eval.bootstrap import per_question
     from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
     from eval.runner import check_context_fits, cpu_workers, max_positions, run_conversations, summarize
-    from infer.loading import (drafting_label, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads,
+    from infer.loading import (check_backend, drafting_label, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads,
                                target_setting, window_warning)
     from infer.prompt_lookup import PromptLookupDrafter
     from models.sampling import SamplingConfig
@@ -278,11 +297,13 @@ def run(args: argparse.Namespace) -> int:
             if target_path is None:
                 raise ValueError("--drafter given without --target (a training run folder records its target; an export does not)")
             source = {"target": target_path, "drafter": drafter_path, **({"run": run_dir} if run_dir else {})}
+        source = with_local_paths_resolved(source)
         if args.batch_size < 1:
             raise ValueError(f"--batch-size {args.batch_size}; expected >= 1")
         if args.batch_size > 1 and args.backend == "flashinfer":  # before anything loads or is written (it failed mid-cell)
             raise ValueError(f"--batch-size {args.batch_size}: batched decoding runs on the static target; --backend flashinfer "
                              "decodes at --batch-size 1")
+        check_backend(args.backend, args.device)  # before anything loads or is written
         out = Path(args.out) if args.out else default_out(args, source)
         check_out(out)
         settings = results_settings(args, source)

@@ -44,6 +44,11 @@ def check_engine_args(args, windows) -> None:
     if args.server and args.engine not in ("ours", "server"):
         raise ValueError(f"--server {args.server} with --engine {args.engine}: the server is the engine (drop --engine)")
     if args.server:
+        from urllib.parse import urlparse
+
+        url = urlparse(args.server)
+        if url.scheme not in ("http", "https") or not url.netloc:  # was "unknown url type: 'notaurl/v1/models'"
+            raise ValueError(f"--server {args.server!r}; expected the server's base URL, http(s)://HOST:PORT")
         args.engine = "server"
     if args.engine == "ours":
         return

@@ -81,15 +81,17 @@ def main(argv=None) -> int:
 def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
     from infer.generate import generate
-    from infer.loading import eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, target_setting, window_warning
+    from infer.loading import check_backend, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, target_setting, window_warning
     from infer.prompts import long_prompt_ids, mt_bench_questions, prompts_file
     from models.sampling import SamplingConfig
+    from common.atomic import unwritable_reason
 
     if args.batch_size < 1 or (args.batch_size > 1 and args.prompts is None):
         print(f"error: --batch-size {args.batch_size}; expected >= 1, and above 1 only with --prompts FILE", file=sys.stderr)
         return 2
     try:
         args.device = resolve_device(args.device)
+        check_backend(args.backend, args.device)
         set_threads(args.device, args.threads, args.batch_size if args.prompts else 1)
         if args.prompt is not None and not args.prompt.strip():
             raise ValueError(f"--prompt {args.prompt!r} is empty; expected the user message")
@@ -98,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json and (Path(args.json).is_dir() or any(p.is_file() for p in Path(args.json).parents)):
             raise ValueError(f"--json {args.json}: {'a folder' if Path(args.json).is_dir() else 'a file stands in its path'}; "
                              "expected a file path to write the statistics to")
+        if args.json and unwritable_reason(args.json):  # before decoding: the write failed with a traceback after it
+            raise ValueError(f"--json {args.json}: {unwritable_reason(args.json)}; expected a file path the statistics can be written to")
         window = parse_window(args.window)
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         # the prompts file read before any model loads (an 8B target takes a minute to load before a typo surfaced)

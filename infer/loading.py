@@ -116,6 +116,8 @@ def check_drafter_fields(config: dict, where: str) -> None:
         return
     if not isinstance(ids, list) or not ids or not all(_is_int(i) for i in ids):
         raise ValueError(f"{where} {field}={ids!r}; expected a non-empty list of target layer ids (integers)")
+    if len(set(ids)) != len(ids):  # the target captures each layer once: the drafter's input width would not match
+        raise ValueError(f"{where} {field}={ids!r}; expected distinct target layer ids")
     for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
         if not _is_int(config.get(field)) or config[field] < 1:
             raise refuse(field, config.get(field), "a positive integer")
@@ -184,6 +186,20 @@ def check_drafter_weights(path: str | Path, config: dict, model_class: type) -> 
         raise ValueError(f"{file}: tensor {name!r} has shape {found}, expected {wanted} from its config.json")
 
 
+def check_backend(backend: str, device: str) -> None:
+    """``--backend flashinfer`` where it can run, checked by the CLIs before anything loads: the package installed, and a
+    GPU (FlashInfer has no CPU kernels). Was a ModuleNotFoundError at the first draft, after the target loaded (and eval's
+    settings.json written)."""
+    if backend != "flashinfer":
+        return
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        raise ValueError("--backend flashinfer: the flashinfer package is not installed; install it, or use --backend sdpa") from None
+    if not str(device).startswith("cuda"):
+        raise ValueError(f"--backend flashinfer runs on a GPU; the device is {device} (use --backend sdpa)")
+
+
 def load_models(target_path: str, drafter_path: str | None = None, device: str = "cpu", dtype: str = "auto", window="trained",
                 attention_backend: str = "sdpa", draft_steps: int | None = None, tree_topk: int | None = None,
                 tree_tokens: int | None = None, tree_lookup: int = 0, tree_redraft: int = 0,
@@ -204,6 +220,11 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     except under FlashInfer attention: the eager one (``Eagle3Drafter``, ``DFlashDrafter``: batch 1).
     target_what: what a bad target's one-line error names (the flag it came from, or the run that recorded it).
     """
+    if drafter_path in (None, PROMPT_LOOKUP) and drafter_weights != "model":  # was ignored: rc 0, no int8 anywhere
+        raise ValueError(f"--drafter-weights {drafter_weights} quantizes a trained drafter's matrices; "
+                         f"{'prompt lookup has none' if drafter_path else 'no --drafter was given'}")
+    if drafter_path is None and (draft_steps is not None or window != "trained"):  # was ignored: plain decoding, rc 0
+        raise ValueError(f"{'--draft-steps' if draft_steps is not None else '--window'} sets a drafter's drafting; no --drafter was given")
     check_target_folder(target_path, target_what)
     target = TargetModel.from_pretrained(resolve_target_path(target_path, target_what), device=device, dtype=dtype, what=target_what)
     drafter = None
@@ -228,9 +249,12 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
         target.check_layer_ids(layer_ids, where=f"{drafter_path}/config.json {where}")
         if config.get("hidden_size") != target.hidden_size:
             raise ValueError(f"{drafter_path}/config.json: hidden_size={config.get('hidden_size')}, the target's is {target.hidden_size}")
-        if eagle3 and config.get("vocab_size") != target.model.config.get_text_config().vocab_size:
-            raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is "
-                             f"{target.model.config.get_text_config().vocab_size}")
+        target_vocab = target.model.config.get_text_config().vocab_size
+        if eagle3 and config.get("vocab_size") != target_vocab:
+            raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is {target_vocab}")
+        if not eagle3 and not config["dflash_config"]["mask_token_id"] < target_vocab:  # DFlash embeds it with the target's table
+            raise ValueError(f"{drafter_path}/config.json: dflash_config.mask_token_id={config['dflash_config']['mask_token_id']}; "
+                             f"expected a token id of the target's vocabulary (0..{target_vocab - 1})")
         if drafter_weights not in DRAFTER_WEIGHTS:
             raise ValueError(f"--drafter-weights {drafter_weights}: expected one of {', '.join(DRAFTER_WEIGHTS)}")
         model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
@@ -326,6 +350,8 @@ def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, st
         export, run_target = record.get("export"), record["target"]["path"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{record_file}: not a training run record ({e})") from None
+    if export and not (Path(export) / "config.json").is_file() and (folder / "export" / "config.json").is_file():
+        export = str(folder / "export")  # the run folder moved or copied since: run.json holds the old absolute path
     if not export or not (Path(export) / "config.json").is_file():
         raise ValueError(f"{record_file}: the run has no export (export={export!r}; interrupted, or trainer.export=false); "
                          f"pass an exported drafter folder instead")

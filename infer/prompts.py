@@ -88,6 +88,9 @@ def first_turn_content(tokenizer, question: str, prefill_tokens: int = 0, offset
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of a chat rendered with the tokenizer's template and its generation prompt."""
+    if not getattr(tokenizer, "chat_template", None):  # transformers' own message names neither the folder nor a way out
+        raise ValueError(f"the target's tokenizer ({getattr(tokenizer, 'name_or_path', '?')}) has no chat template; expected an "
+                         "instruct/chat model (tokenizer_config.json 'chat_template' or chat_template.jinja)")
     return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
 
 

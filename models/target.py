@@ -48,6 +48,13 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+try:  # transformers' config classes validate through huggingface_hub's strict dataclasses, whose error is no ValueError
+    from huggingface_hub.errors import StrictDataclassError
+
+    STRICT_CONFIG_ERRORS: tuple[type[BaseException], ...] = (StrictDataclassError,)
+except ImportError:  # an older huggingface_hub: the config classes raise ValueError, caught beside it
+    STRICT_CONFIG_ERRORS = ()
+
 from swa_kernels.attention import cached_attention
 
 log = logging.getLogger(__name__)
@@ -206,6 +213,7 @@ class TargetModel:
         """Load from a local folder or a hub id (offline: from the local hub cache, or a one-line error at once:
         ``models.hub``); bf16 on GPU and fp32 on CPU unless ``dtype`` says. ``what``: the setting a one-line error names
         (``target.path`` in train, ``--target`` in infer, eval and export)."""
+        from safetensors import SafetensorError
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from models.hub import local_files_only
@@ -220,7 +228,9 @@ class TargetModel:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation,
                                                          local_files_only=local_only)
-        except (OSError, ValueError) as e:  # transformers raises ValueError for a folder it cannot read (no model_type, no tokenizer)
+        except (OSError, ValueError, RuntimeError, TypeError, SafetensorError, *STRICT_CONFIG_ERRORS) as e:
+            # transformers raises ValueError for a folder it cannot read (no model_type, no tokenizer); a truncated shard
+            # SafetensorError, a config.json short of a size a RuntimeError, a field of the wrong type a strict-dataclass error
             raise ValueError(f"{what}={path!r}: cannot load a causal LM and tokenizer there ({' '.join(str(e).split())})") from None
         return cls(model.to(device), tokenizer, path)
 

@@ -312,3 +312,12 @@ def test_coordinate_descent_tuning_sets_inductors_flag() -> None:
             assert inductor_config.coordinate_descent_tuning is value
     finally:
         inductor_config.coordinate_descent_tuning = before
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_a_seed_out_of_range_fails_at_config_time_naming_it(seed: int) -> None:
+    """trainer.seed=-1 passed the config and failed after the target loaded, in numpy's words ("expected non-negative
+    integer"), naming no setting; a seed past 2**32 overflowed torch's generator seeds (seed * 1_000_003 + step)."""
+    with pytest.raises(ValueError, match=rf"^trainer.seed={seed}; expected an integer in 0 .. 4294967295$"):
+        to_train_config(compose_train(["experiment=dflash_swa_tiny", f"trainer.seed={seed}", "output_dir=/tmp/x"]))
+    assert to_train_config(compose_train(["experiment=dflash_swa_tiny", f"trainer.seed={2**32 - 1}", "output_dir=/tmp/x"])).trainer.seed == 2**32 - 1

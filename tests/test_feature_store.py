@@ -243,3 +243,25 @@ def test_a_store_path_under_a_file_is_refused_before_the_target_loads(tmp_path: 
     with pytest.raises(StoreError, match=r"features\.path=.*file/store'.*is a file; expected a folder for the store"):
         write_features(compose_train(["experiment=dflash_swa_tiny", *SMALL_DATA, f"features.path={tmp_path / 'file' / 'store'}",
                                       f"output_dir={tmp_path / 'w'}"]))
+
+
+@pytest.mark.parametrize("cut", ["header", "data", "empty"])
+def test_a_cut_shard_read_unverified_is_one_line_naming_it(tmp_path: Path, cut: str) -> None:
+    """features.verify=false skips the checksums: a shard cut short was safetensors' SafetensorError traceback mid-training.
+    Now a StoreError (python -m train's one line) naming the shard."""
+    from train.features.store import StoreSpec, StoreWriter
+
+    spec = StoreSpec(target={"config": "c", "weights": "w"}, layer_ids=[1], with_final_hidden=False, dtype="float32", hidden_size=4,
+                     max_length=8, batch_size=1, data={"train": "d"}, rows={"train": 2}, rows_per_shard=1)
+    writer = StoreWriter(tmp_path / "store", spec)
+    for shard in range(2):
+        writer.write_shard("train", shard, {f"{shard}.features": torch.ones(3, 4)}, 3)
+    writer.finish()
+    shard = tmp_path / "store" / "train" / "shard_00001.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes({"header": data[:40], "data": data[:-8], "empty": b""}[cut])
+    store = FeatureStore(tmp_path / "store", verify=False)
+    assert store.gather("train", [0], 8).features.shape == (1, 8, 4)  # the whole shard still reads
+    with pytest.raises(StoreError) as err:
+        store.gather("train", [0, 1], 8)
+    assert str(err.value).startswith(f"{shard}: not a readable feature shard (SafetensorError: ") and "\n" not in str(err.value)

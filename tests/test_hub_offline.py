@@ -114,6 +114,7 @@ def test_cached_drafter_hub_id_resolves_to_its_snapshot_without_the_network(tmp_
     snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text('{"architectures": ["DFlashDraftModel"], "block_size": 8, "hidden_size": 32, '
+                                          '"num_hidden_layers": 1, "vocab_size": 64, '
                                           '"dflash_config": {"mask_token_id": 5, "target_layer_ids": [1, 3]}}')
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)

@@ -52,3 +52,30 @@ def test_auto_with_a_key_but_no_network_logs_offline(tmp_path: Path, monkeypatch
     logger.finish()
     with pytest.raises(wandb.errors.CommError):  # an explicit mode=online is what the user asked: it still fails
         MetricsLogger(LoggerConfig(wandb=True, mode="online"), {}, tmp_path / "online")
+
+
+def test_a_resume_drops_the_steps_after_its_checkpoint_and_wandb_gets_no_step_twice(tmp_path: Path) -> None:
+    """A run killed after logging step 12, resumed from its step-10 checkpoint: the steps after 10 were appended again
+    (1..12, 11, 12, ...) and W&B refused those that went back. The file keeps 1..10 (a line the kill cut is dropped), the
+    resumed steps follow once, and W&B is sent only the steps it does not hold yet."""
+    from common.metrics_logger import drop_metrics_after
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "train/loss": 1.0}) + "\n" for s in range(1, 13)) + '{"step": 13, "tr')
+    sent = []
+
+    class Run:  # W&B's run, as MetricsLogger calls it
+        def log(self, metrics, step):
+            sent.append(step)
+
+    logger = MetricsLogger(LoggerConfig(wandb=False), {}, tmp_path)  # opened before the resume, as train.trainer.build does
+    logger.run = Run()
+    drop_metrics_after(tmp_path, 10)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == list(range(1, 11))
+    assert not list(tmp_path.glob(".metrics.jsonl.*"))
+    for step in (11, 12, 13):
+        logger.log({"train/loss": 0.5}, step)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == list(range(1, 14))
+    assert sent == [13]
+    drop_metrics_after(tmp_path, 0)  # a fresh start in the folder of a run killed before its first checkpoint
+    assert path.read_text() == ""

@@ -14,7 +14,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from train.config import check_paths, refuse_bad_overrides, to_train_config  # registers train_schema and each drafter's schema
+# registers train_schema and each drafter's schema
+from train.config import check_paths, refuse_bad_overrides, refuse_fresh_start_over_a_run, to_train_config
 
 log = logging.getLogger("train")
 
@@ -48,23 +49,43 @@ def remove_if_unstarted(output_dir) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def refuse_file_output_dir(argv: list[str]) -> None:
+def refuse_bad_output_dir(argv: list[str]) -> None:
     """Hydra makes the run folder (``hydra.run.dir: ${output_dir}``) before ``main`` runs: an ``output_dir=`` that is, or
-    lies under, a file failed there with a traceback."""
+    lies under, a file, or that cannot be made (under /proc, a read-only folder), failed there with a traceback; an empty
+    one trained into the current folder. With ``trainer.resume=never``, a folder that holds a run is refused here too,
+    before Hydra rewrites its ``.hydra``."""
+    values = {}
     for arg in argv:
         key, _, value = arg.partition("=")
-        if key.lstrip("+") != "output_dir" or not value:
-            continue
-        path = Path(value)
-        existing = next((p for p in (path, *path.parents) if p.exists()), None)
-        if existing is not None and not existing.is_dir():
-            print(f"output_dir={value!r}: {existing} is a file; expected a folder for the run (new, or a run's to resume)", file=sys.stderr)
+        values[key.lstrip("+")] = value
+    if "output_dir" not in values:
+        return
+    value = values["output_dir"]
+    if value.strip().strip("'\"").strip() == "":
+        print(f"output_dir={value!r}: empty; expected a folder for the run (new, or a run's to resume)", file=sys.stderr)
+        sys.exit(2)
+    path = Path(value)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        print(f"output_dir={value!r}: {existing} is a file; expected a folder for the run (new, or a run's to resume)", file=sys.stderr)
+        sys.exit(2)
+    from common.atomic import unwritable_reason
+
+    reason = unwritable_reason(path)
+    if reason:
+        print(f"output_dir={value!r}: {reason}; expected a folder the run can be written to", file=sys.stderr)
+        sys.exit(2)
+    if values.get("trainer.resume") == "never":
+        try:
+            refuse_fresh_start_over_a_run(path)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 
 
 if __name__ == "__main__":
     # The deepspeed launcher appends --local_rank=N (it also sets LOCAL_RANK); Hydra takes key=value only.
     sys.argv = [a for a in sys.argv if not a.startswith("--local_rank")]
-    refuse_file_output_dir(sys.argv[1:])
+    refuse_bad_output_dir(sys.argv[1:])
     refuse_bad_overrides(sys.argv[1:])
     main()

@@ -18,7 +18,10 @@ from typing import Any
 import torch
 
 from common.atomic import atomic_dir
+from common.metrics_logger import drop_metrics_after
 from common.tensor_shapes import shape_differences
+
+from .config import refuse_fresh_start_over_a_run
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         return read_state(file)
     except UnreadableCheckpoint as e:
         raise ValueError(f"trainer.resume: {file} is not a readable checkpoint ({e}); delete its folder "
-                         "to resume from an older one, or start over with trainer.resume=never") from None
+                         "to resume from an older one, or start over in another output_dir") from None
 
 
 class UnreadableCheckpoint(ValueError):
@@ -170,10 +173,10 @@ def load_deepspeed_checkpoint(path: Path, engine, state: dict[str, Any]) -> dict
     ``state``; returns it."""
     if not state.get("deepspeed"):
         raise ValueError(f"trainer.resume: {path} was written without DeepSpeed; resume it the same way "
-                         "(no trainer.deepspeed, one process) or start over with trainer.resume=never")
+                         "(no trainer.deepspeed, one process) or start over in another output_dir")
     if state.get("world_size", engine.world_size) != engine.world_size:
         raise ValueError(f"trainer.resume: {path} holds optimizer shards of {state['world_size']} ranks; this run has "
-                         f"{engine.world_size} (relaunch on {state['world_size']} GPUs, or start over with trainer.resume=never)")
+                         f"{engine.world_size} (relaunch on {state['world_size']} GPUs, or start over in another output_dir)")
     path = Path(path) if Path(path).is_dir() else Path(path).parent
     loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name)
     if loaded is None:
@@ -206,7 +209,7 @@ class Checkpointer:
         """Refuse, in one line, a checkpoint of another drafter (its config and tensor shapes, before any tensor loads:
         DeepSpeed's loader answered with a traceback) or another optimizer (Muon with AdamW against AdamW alone: a
         KeyError)."""
-        how = "resume it with the settings it was trained with, start over there with trainer.resume=never, or set another output_dir"
+        how = "resume it with the settings it was trained with, or start over in another output_dir"
         # the tensors too, for checkpoints saved without a config (load_state_dict's answer: a traceback listing every tensor)
         mismatch = (config_mismatch(state.get("model_config"), self.drafter.config.to_dict())
                     or ("model" in state and state_mismatch(state["model"], self.drafter.state_dict())))
@@ -228,14 +231,18 @@ class Checkpointer:
                                                        "lr_scheduler": self.scheduler.state_dict(), **common}, keep=self.keep)
 
     def resume(self, resume: str) -> dict[str, Any] | None:
-        """``trainer.resume``: auto (the newest checkpoint in the run folder, if any), never, or a checkpoint
-        folder. Restores everything and returns the saved ``train_state``; None when starting afresh."""
+        """``trainer.resume``: auto (the newest checkpoint in the run folder, if any), never (refused where the folder
+        holds a run), or a checkpoint folder. Restores everything and returns the saved ``train_state``; None when
+        starting afresh. ``metrics.jsonl`` keeps only the steps up to the one resumed from (none when starting afresh):
+        the steps after it are logged again."""
         if resume == "never":
+            refuse_fresh_start_over_a_run(self.output_dir)
+        found = list_checkpoints(self.output_dir) if resume == "auto" else []
+        if resume == "never" or (resume == "auto" and not found):
+            if self.is_main:  # a run killed before its first checkpoint logged steps this one logs again
+                drop_metrics_after(self.output_dir, 0)
             return None
         if resume == "auto":
-            found = list_checkpoints(self.output_dir)
-            if not found:
-                return None
             path = found[-1]
         else:
             path = Path(resume)
@@ -251,11 +258,13 @@ class Checkpointer:
         else:
             if state.get("deepspeed"):
                 raise ValueError(f"trainer.resume: {path} was written under DeepSpeed; resume it with trainer.deepspeed set "
-                                 "(or start over with trainer.resume=never)")
+                                 "(or start over in another output_dir)")
             self.drafter.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["lr_scheduler"])
         self.batches.load_state_dict(state["dataloader"])
         set_rng_state(state["rng"])
+        if self.is_main:
+            drop_metrics_after(self.output_dir, state["train_state"]["step"])
         log.info("resumed from %s at step %d", path, state["train_state"]["step"])
         return state["train_state"]

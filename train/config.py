@@ -19,6 +19,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -380,6 +381,8 @@ class TrainerConfig:
         for name in ("batch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name}={getattr(self, name)}; expected >= 1")
+        if not 0 <= self.seed < 2**32:  # -1 failed after the target loaded, in numpy's words, naming no setting
+            raise ValueError(f"trainer.seed={self.seed}; expected an integer in 0 .. {2**32 - 1}")
         if self.log_every < 1:
             raise ValueError(f"trainer.log_every={self.log_every}; expected >= 1")
         for name in ("eval_every", "checkpoint_every", "keep_checkpoints"):
@@ -464,6 +467,8 @@ class TrainConfig:
     output_dir: str = MISSING
 
     def __post_init__(self) -> None:
+        if not str(self.output_dir).strip():  # Path("") is the current folder: the run wrote its files there
+            raise ValueError(f"output_dir={self.output_dir!r}: empty; expected a folder for the run (new, or a run's to resume)")
         if not isinstance(self.drafter, DrafterConfigBase):  # ConfigStore's default instance: no drafter chosen yet
             return
         kind = self.drafter.kind
@@ -549,6 +554,8 @@ def check_paths(cfg: TrainConfig) -> None:
     if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
         raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
     check_target_folder(cfg.target.path, "target.path")  # a local path (hub ids load from the hub or its cache)
+    if cfg.trainer.resume == "never":
+        refuse_fresh_start_over_a_run(cfg.output_dir)
     if cfg.trainer.resume not in ("auto", "never"):  # a checkpoint: refused before regeneration (minutes to hours), not after
         from .checkpoint import checkpoint_file
 
@@ -559,6 +566,24 @@ def check_paths(cfg: TrainConfig) -> None:
         problem = unreadable_store(cfg.features.path)
         if problem is not None:
             raise StoreError(problem)
+
+
+def held_run(output_dir: str | Path) -> list[str]:
+    """What of a run ``output_dir`` holds: ``checkpoints/`` (a step folder in it), ``export*/``, ``run.json``; [] for none."""
+    folder = Path(output_dir)
+    exports = sorted(p.name + "/" for p in folder.glob("export*") if p.is_dir() and (p.name == "export" or p.name.startswith("export_")))
+    return ((["checkpoints/"] if any((folder / "checkpoints").glob("step_*")) else []) + exports
+            + (["run.json"] if (folder / "run.json").exists() else []))
+
+
+def refuse_fresh_start_over_a_run(output_dir: str | Path) -> None:
+    """``trainer.resume=never`` into a run's folder: the new run's early checkpoints were pruned while the old run's newer
+    ones stayed (the next resume continued the old run), its export and run.json looked complete, and metrics.jsonl
+    mixed both runs. Refused in one line."""
+    found = held_run(output_dir)
+    if found:
+        raise ValueError(f"trainer.resume=never: output_dir={str(output_dir)!r} already holds a run ({', '.join(found)}); "
+                         "choose another output_dir to start over, or remove that folder first")
 
 
 def refuse_bad_overrides(argv: list[str]) -> None:

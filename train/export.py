@@ -53,7 +53,7 @@ from common.tensor_shapes import shape_differences
 from infer import speculators_checkpoint
 from infer.speculators_checkpoint import eagle3_config as speculators_eagle3_config
 from models.dflash import DFlashDraftModel, sliding_block_causal
-from models.target import layer_ids_fit
+from models.target import STRICT_CONFIG_ERRORS, layer_ids_fit
 
 from . import engines
 from .checkpoint import UnreadableCheckpoint, list_checkpoints, read_state
@@ -152,6 +152,16 @@ def check_not_source(output: Path, source: Path) -> None:
         raise ExportError(f"{output}: is the folder the drafter is read from ({source}); expected another output folder")
 
 
+def export_target_path(target: str | None, run_record: dict | None) -> str | None:
+    """The target the export checks the drafter against: ``--target`` (a ``builtin:`` name resolved to its folder, as the
+    loop resolves it; it was read as a malformed hub id), else the folder the run recorded, else None."""
+    if target is None:
+        return (run_record or {}).get("target", {}).get("resolved_path")
+    from models.builtin_targets import resolve_target_path
+
+    return resolve_target_path(target, "--target")
+
+
 def check_output(output: Path) -> None:
     """The destination must be a new folder, or a previous export (config.json and model.safetensors only) that the export
     replaces: any other folder would be deleted whole by the rename, and a file cannot become a folder."""
@@ -161,6 +171,11 @@ def check_output(output: Path) -> None:
         raise ExportError(f"{output}: {parent} is a file; expected the output folder's place (a folder, or nothing yet)")
     if output.exists() and not output.is_dir():
         raise ExportError(f"{output}: a file; expected a new output folder (or a previous export, which is replaced)")
+    from common.atomic import unwritable_reason
+
+    reason = unwritable_reason(output)
+    if reason:
+        raise ExportError(f"{output}: {reason}; expected an output folder that can be written")
     if output.is_dir():
         other = sorted(p.name for p in output.iterdir() if p.name not in ("config.json", WEIGHTS))
         if other:
@@ -170,14 +185,6 @@ def check_output(output: Path) -> None:
 
 def is_eagle3(config_dict: dict[str, Any]) -> bool:
     return config_dict.get("architectures") == [EAGLE3_ARCH]
-
-
-try:  # transformers' config classes validate through huggingface_hub's strict dataclasses, whose error is no ValueError
-    from huggingface_hub.errors import StrictDataclassError
-
-    _STRICT_DATACLASS_ERRORS: tuple[type[BaseException], ...] = (StrictDataclassError,)
-except ImportError:  # an older huggingface_hub: the config classes raise ValueError, caught beside it
-    _STRICT_DATACLASS_ERRORS = ()
 
 
 def build_model(config_dict: dict[str, Any], source: Path | str = "config.json") -> torch.nn.Module:
@@ -191,7 +198,7 @@ def build_model(config_dict: dict[str, Any], source: Path | str = "config.json")
 
             return Eagle3DraftModel(LlamaConfig.from_dict(config_dict))
         return DFlashDraftModel(Qwen3Config.from_dict(config_dict))
-    except (ValueError, TypeError, KeyError, AttributeError, *_STRICT_DATACLASS_ERRORS) as e:  # the config classes' validation
+    except (ValueError, TypeError, KeyError, AttributeError, *STRICT_CONFIG_ERRORS) as e:  # the config classes' validation
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ExportError(f"{source}: the drafter's config does not build its model: {first}") from None
 
@@ -357,7 +364,7 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
                           f"{config['draft_vocab_size']}); use --format speculators")
     torch_dtype = getattr(torch, dtype)
 
-    target_path = target or (run_record or {}).get("target", {}).get("resolved_path")
+    target_path = export_target_path(target, run_record)
     if fmt == "speculators" and target_path is None:
         raise ExportError("--format speculators needs the target (--target PATH): the checkpoint carries its embedding and LM head")
     if target_model is not None or target_path is not None:
@@ -591,7 +598,7 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
     model.eval()
     torch_dtype = getattr(torch, dtype)
 
-    target_path = target or (run_record or {}).get("target", {}).get("resolved_path")
+    target_path = export_target_path(target, run_record)
     serve_target = serve_target_name(target, run_record, target_path)
     num_steps = int(config.get("ttt_length") or 7)
     # the target's config, checked against the drafter wherever one is at hand: given (--target, the trainer's model), or

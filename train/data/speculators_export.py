@@ -321,6 +321,20 @@ def export_hidden_states(cfg: Any, out: Path, prepared_dir: Path | None = None) 
     return write_hidden_states(target, Path(prepared_dir or Path(out) / PREPARED_DIR), rows, layer_ids, cfg.trainer.progress)
 
 
+def check_out(stage: str, out: Path) -> None:
+    """OUT is a folder, or a path one can be made at (``rows`` writes it): a file there, or a folder that cannot be made,
+    failed with a traceback at the first write, after the target loaded and the data was tokenised."""
+    blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise DataError(f"OUT {out}: {blocked} is a file; expected an export folder (new, or the one `rows` wrote)")
+    if stage == "rows":
+        from common.atomic import unwritable_reason
+
+        reason = unwritable_reason(out)
+        if reason:
+            raise DataError(f"OUT {out}: {reason}; expected an export folder that can be written")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.data.speculators_export", description=__doc__.splitlines()[0])
     parser.add_argument("stage", choices=["rows", "hidden-states"])
@@ -335,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     import train.config  # noqa: F401  (registers each drafter's config schema)
 
     try:
+        check_out(args.stage, Path(args.out))
         with initialize_config_module(config_module="configs", version_base="1.3"):
             cfg = compose(config_name="train", overrides=args.overrides)
         if args.stage == "rows":

@@ -232,6 +232,14 @@ def unreadable_store(path: str | Path) -> str | None:
     return None
 
 
+def unreadable_shard(file: Path, e: Exception, key: str | None = None) -> StoreError:
+    """A shard safetensors or the inflating cannot read, as one line naming it (and the tensor, if one was asked for)."""
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return StoreError(f"{file}: not a readable feature shard ({f'tensor {key!r}: ' if key else ''}{type(e).__name__}"
+                      f"{': ' + reason if reason else ''}); delete it and its .json and rerun python -m train.features "
+                      "(features.verify=true checks every shard's sha256 when the store opens)")
+
+
 class FeatureStore:
     """Reads a complete store: ``gather(split, rows, length)`` -> zero-padded [B, length, F] batches."""
 
@@ -284,8 +292,11 @@ class FeatureStore:
         file = shard_file(self.path, split, shard)
         if not file.exists():
             raise StoreError(f"{file}: missing from a store marked complete")
-        handle = safe_open(str(file), framework="pt")
-        compressed = json.loads(handle.metadata()["swa_features"]).get("tensors", {})  # name -> compress_tensor metadata
+        try:  # features.verify=false reads a cut or overwritten shard as is: safetensors' error, a traceback mid-training
+            handle = safe_open(str(file), framework="pt")
+            compressed = json.loads(handle.metadata()["swa_features"]).get("tensors", {})  # name -> compress_tensor metadata
+        except Exception as e:  # noqa: BLE001 - SafetensorError, KeyError, JSONDecodeError, TypeError: one line each
+            raise unreadable_shard(file, e) from None
         self._handles[key] = handle, compressed
         if len(self._handles) > self.open_shards:
             self._handles.popitem(last=False)
@@ -299,9 +310,12 @@ class FeatureStore:
         self._check_row(split, row)
         handle, compressed = self._shard(split, row // self.spec.rows_per_shard)
         key = f"{row}.{name}"
-        t = handle.get_tensor(key)
-        if key in compressed:
-            t = decompress_tensor(t, compressed[key])
+        try:
+            t = handle.get_tensor(key)
+            if key in compressed:
+                t = decompress_tensor(t, compressed[key])
+        except Exception as e:  # noqa: BLE001 - a shard of another store (no such tensor), corrupt deflated planes
+            raise unreadable_shard(shard_file(self.path, split, row // self.spec.rows_per_shard), e, key) from None
         return t
 
     def gather(self, split: str, rows: list[int], length: int, device: torch.device | str = "cpu"):

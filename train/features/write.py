@@ -15,7 +15,6 @@ writes every world-th shard.
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -64,8 +63,11 @@ def check_writable(path: str) -> None:
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is None or not existing.is_dir():
         raise StoreError(f"features.path={path!r}: {existing} is a file; expected a folder for the store (or nothing there yet)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise StoreError(f"features.path={path!r}: {existing} is not writable; expected a folder the store can be written to")
+    from common.atomic import unwritable_reason
+
+    reason = unwritable_reason(path)
+    if reason:
+        raise StoreError(f"features.path={path!r}: {reason}; expected a folder the store can be written to")
 
 
 def write_features(cfg) -> dict[str, Any]:
