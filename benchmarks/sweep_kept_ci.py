@@ -36,6 +36,12 @@ from eval.runner import read_partial  # noqa: E402
 CELL = re.compile(r"(?:window-(?P<window>[^_]+)|pld)_prefill-(?P<prefill>\d+)\.(?P<kind>jsonl?)(?:\.gz)?$")
 
 
+def shared(questions: dict, other: dict) -> dict:
+    """``questions`` restricted to the ids ``other`` holds too: the τ printed beside a ratio pools the questions the ratio
+    pools (a cell cut short, an interrupted prompt-lookup file, printed its own τ beside a ratio over fewer)."""
+    return {i: v for i, v in questions.items() if i in other}
+
+
 def read_cells(sweep: Path) -> dict[tuple[str, int], list[dict]]:
     """(window or "prompt lookup", prefill) -> the cell's records."""
     cells: dict[tuple[str, int], list[dict]] = {}
@@ -91,7 +97,8 @@ def main() -> None:
                     continue
                 mine, theirs = per_question(records), per_question(other[key])
                 ratio, low, high = ratio_with_interval(theirs, mine, args.resamples, args.seed)
-                print(f"| {sweep.name} | {key[0]} | {key[1]} | {len(set(mine) & set(theirs))} | {pooled_tau(mine):.3f} | "
+                mine, theirs = shared(mine, theirs), shared(theirs, mine)  # the τ columns over the questions the ratio reads
+                print(f"| {sweep.name} | {key[0]} | {key[1]} | {len(mine)} | {pooled_tau(mine):.3f} | "
                       f"{pooled_tau(theirs):.3f} | {ratio:.3f} | {low:.3f}-{high:.3f} |")
         return
     groups = [(args.merge, merge_shards(args.sweeps))] if args.merge is not None else [(s.name, read_cells(s)) for s in args.sweeps]
@@ -103,7 +110,8 @@ def main() -> None:
                 continue
             base, behind = per_question(cells[(window, 0)]), per_question(records)
             kept, low, high = ratio_with_interval(base, behind, args.resamples, args.seed)
-            print(f"| {name} | {window} | {prefill} | {len(set(base) & set(behind))} | {pooled_tau(base):.3f} | {pooled_tau(behind):.3f} | "
+            base, behind = shared(base, behind), shared(behind, base)  # a partial cell: τ over what "kept" reads
+            print(f"| {name} | {window} | {prefill} | {len(base)} | {pooled_tau(base):.3f} | {pooled_tau(behind):.3f} | "
                   f"{100 * kept:.1f}% | {100 * low:.1f}-{100 * high:.1f}% |")
 
 

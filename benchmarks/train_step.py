@@ -13,9 +13,10 @@ T random tokens per step, every token in the loss. Windows: ``full`` = every dra
 attention; W = the recipe's layer types with sliding_window W.
 
 Model FLOPs of a step: every Linear's 2·in·out per row, counted by hooks over one step (x1 under
-no_grad, x3 with a trainable weight, x2 for a frozen weight the gradient passes through), plus
-attention 4·D·Hq per visible query-key pair (x1 in the target, x3.5 in the drafter: FlashAttention's
-forward + backward convention), visible pairs counted from the masks' own rules. MFU = FLOPs / time
+no_grad, x3 with a trainable weight whose input takes a gradient, x2 with one whose input does not (the fc
+over the target's features) and for a frozen weight the gradient passes through), plus attention 4·D·Hq per
+visible query-key pair (x1 in the target, x3 in the drafter: forward and backward, no recomputation
+credited), visible pairs counted from the masks' own rules. MFU = FLOPs / time
 / 779 TFLOP/s (bf16 matrix product on this H100, the issue's reference).
 """
 
@@ -67,7 +68,9 @@ class LinearFlops:
         if not torch.is_grad_enabled():
             backward = 0  # the frozen target
         elif module.weight.requires_grad:
-            backward = 2  # input and weight gradients
+            # the weight gradient, and the input's where the input takes one: the fc over the target's features (no
+            # gradient) costs 2x forward, not 3x (counted 3x before 2026-12-05: DFlash's step +0.44%, EAGLE-3's +0.32%)
+            backward = 1 + (1 if x.requires_grad else 0)
         else:
             backward = 1 if x.requires_grad else 0  # a frozen head the gradient passes through
         self.total += flops * (1 + backward)
@@ -78,14 +81,16 @@ class LinearFlops:
 
 
 def attention_flops(step, plan, target, seq: int) -> float:
-    """4·D·Hq per visible pair: the target's causal layers (forward) + the drafter's masks (x3.5)."""
+    """4·D·Hq per visible pair: the target's causal layers (forward) + the drafter's masks (x3)."""
     tcfg = target.config
     per_pair_t = 4 * tcfg.head_dim * tcfg.num_attention_heads
     is_dflash = isinstance(step, DFlashStep)
     layers_run = max(step.ctx.layer_ids) + 1 if is_dflash else target.num_layers
     flops = layers_run * per_pair_t * seq * (seq + 1) / 2
     dcfg = step.drafter.config
-    per_pair_d = 4 * getattr(dcfg, "head_dim", dcfg.hidden_size // dcfg.num_attention_heads) * dcfg.num_attention_heads * 3.5
+    # x3: forward and a backward of twice its products, the model-FLOP convention (the Linear count credits no
+    # recomputation either); FlashAttention's x3.5 counts its backward's recomputed QK^T (used before 2026-12-05, +0.25-0.4%)
+    per_pair_d = 4 * getattr(dcfg, "head_dim", dcfg.hidden_size // dcfg.num_attention_heads) * dcfg.num_attention_heads * 3
     window = step.cfg.drafter.sliding_window
     for layer_type in step.drafter.layer_types:
         w = window if layer_type == "sliding_attention" else None
