@@ -36,10 +36,16 @@ def test_every_eval_output_reads_as_the_same_trace(tmp_path) -> None:
     (tmp_path / "partial.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [records[0], records[1], again]))
     (tmp_path / "compact.json").write_text(json.dumps({"config": {}, "summary": {"acceptance_by_position": [0.5] * 15},
                                                        "accepted_per_step_by_turn": turns}))
-    for name in ("results.json", "partial.jsonl", "compact.json"):
+    # in file order: a partial file's turns where each last stands (the rewritten turn 1 after turn 2)
+    orders = {"results.json": [0, 3, 15, 1, 2, 2], "partial.jsonl": [2, 2, 0, 3, 15, 1], "compact.json": [0, 3, 15, 1, 2, 2]}
+    for name, order in orders.items():
         trace = read_acceptance_trace(tmp_path / name)
-        assert sorted(trace.counts) == sorted([0, 3, 15, 1, 2, 2]) and trace.block_size == 16 and trace.turns == 2
+        assert trace.counts == order and trace.block_size == 16 and trace.turns == 2
         assert trace.tau == pytest.approx((1 + 4 + 16 + 2 + 3 + 3) / 6)
+    # a turn decoded again by a resumed run: its last record's counts stand, not the first's
+    redone = record(1, [7, 0])
+    (tmp_path / "redone.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [records[0], records[1], redone]))
+    assert read_acceptance_trace(tmp_path / "redone.jsonl").counts == [2, 2, 7, 0]
 
 
 def test_a_committed_run_reads_back_its_own_tau() -> None:

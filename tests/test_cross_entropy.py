@@ -39,6 +39,8 @@ def test_values_and_gradient_equal_a_row_by_row_reference(dtype):
 
     assert ce.dtype == torch.float32 and x.grad.dtype == dtype
     torch.testing.assert_close(ce.double(), ref.detach(), rtol=1e-5, atol=1e-5)
+    again, top = logits_cross_entropy(logits, labels, ignore_index=IGNORE, with_argmax=True)  # DFlash's accuracy reads it
+    assert torch.equal(again, ce.detach()) and torch.equal(top, logits.float().argmax(-1))
     assert (ce[labels == IGNORE] == 0).all() and (x.grad[labels == IGNORE] == 0).all()
     tol = 1e-6 if dtype == torch.float32 else 8e-3  # bf16: the gradient is rounded to bf16 once
     torch.testing.assert_close(x.grad.double(), ref_x.grad, rtol=0, atol=tol)

@@ -17,7 +17,6 @@ import torch
 
 from infer.batch import check_batchable
 from models.dflash import DFlashDrafter, StaticDFlashDrafter, block_ids, block_tree
-from models.trees import tree_masks
 from test_static_drafters import SHAPES, tiny
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
@@ -63,6 +62,22 @@ def paths_of(ids: torch.Tensor, parents: torch.Tensor) -> set[tuple[int, ...]]:
     return set(paths)
 
 
+def ancestor_masks(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N+1, N+1]: row i sees itself and every node met walking its parents up to the root (the plain reference for
+    ``tree_masks``, which the tree's mask was compared with before: a depth bound one short passed that)."""
+    b, n = parents.shape[0], parents.shape[1] + 1
+    masks = torch.zeros(b, n, n, dtype=torch.bool)
+    for r in range(b):
+        parent = [0] + parents[r].tolist()
+        for i in range(n):
+            j = i
+            masks[r, i, j] = True
+            while j != 0:
+                j = parent[j]
+                masks[r, i, j] = True
+    return masks
+
+
 @pytest.mark.parametrize("k,total", [(2, 5), (3, 12), (3, 3 + 3 * 9)])  # a few nodes; most; every candidate
 def test_block_tree_is_the_best_paths_of_the_beam_over_marginals(k, total) -> None:
     g = torch.Generator().manual_seed(k * 100 + total)
@@ -76,7 +91,7 @@ def test_block_tree_is_the_best_paths_of_the_beam_over_marginals(k, total) -> No
         for i, parent in enumerate(parents[r].tolist(), start=1):
             lengths[i] = lengths.get(parent, 0) + 1
         assert depths[r].tolist() == [lengths[i] for i in range(1, total + 1)]
-    assert torch.equal(mask, tree_masks(parents, 4))
+    assert torch.equal(mask, ancestor_masks(parents))
 
 
 @pytest.mark.parametrize("k,total,redrafted", [(2, 9, 1), (3, 20, 2), (2, 2 + 3 * 4, 3)])
@@ -101,7 +116,7 @@ def test_redrafted_tree_is_the_best_paths_of_the_beam_over_each_nodes_own_block(
     for r in range(2):
         want = reference_redraft_tree(first[r].tolist(), lambda path: block_of(r, path).tolist(), k, total, redrafted)
         assert paths_of(ids[r], parents[r]) == want, r
-    assert torch.equal(mask, tree_masks(parents, 4))
+    assert torch.equal(mask, ancestor_masks(parents))
     # re-drafted blocks equal to the first: the plain tree
     same = block_tree(first, k, total, lambda paths: first[:, None].expand(-1, paths.shape[1], -1, -1), redrafted)
     assert all(torch.equal(a, b) for a, b in zip(same, block_tree(first, k, total)))
