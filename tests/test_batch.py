@@ -295,6 +295,21 @@ def test_a_seed_per_prompt_samples_as_batch_one_with_that_seed(setup) -> None:
         generate_batch(target, None, prompts[:3], 6, batch_size=2, sampling=sampling, seeds=[1, 2])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter_kind", ["dflash", "eagle3"])
+def test_sampled_drafters_draw_each_rows_noise_from_its_own_seed(setup, drafter_kind) -> None:
+    """Rows of one seed draw in lockstep, so a batch drafting a row with another row's noise passed the sampled batch
+    tests: with a seed a row, each row's tokens and accepted counts are its own seed's at batch 1."""
+    prompts = setup[2][:3]
+    target, drafter = make_drafter(setup, drafter_kind)
+    seeds = [4, 5, 6]
+    want = [generate(target, drafter, p, 16, SamplingConfig(temperature=0.8, seed=s), eos_token_ids=setup[3]) for p, s in zip(prompts, seeds)]
+    got = generate_batch(target, drafter, prompts, 16, batch_size=3, sampling=SamplingConfig(temperature=0.8), eos_token_ids=setup[3],
+                         seeds=seeds)
+    assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
+    assert accepted_some(want, 1)
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"max_new_tokens": 0}, r"^max_new_tokens=0; expected an integer >= 1$"),
     ({"batch_size": 0}, r"^batch_size=0; expected an integer >= 1$"),
