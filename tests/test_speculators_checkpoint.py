@@ -45,11 +45,11 @@ def perturbed_and_bf16(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
-def spec_layer_config(target_path: Path, arch: str):
+def spec_layer_config(target_path: Path, arch: str, full: tuple[int, ...] = (1,)):
     from speculators.train.cli import create_transformer_layer_config
 
     return create_transformer_layer_config(verifier_name_or_path=str(target_path), num_layers=2, draft_arch=arch, hidden_act=None,
-                                           sliding_window=WINDOW, full_attention_indices=[1])
+                                           sliding_window=WINDOW, full_attention_indices=list(full))
 
 
 def spec_draft_vocab(vocab_size: int):
@@ -71,10 +71,10 @@ def spec_dflash(target_path: Path, non_causal: bool, draft_vocab: bool = False):
     return perturbed_and_bf16(model)
 
 
-def spec_eagle3(target_path: Path, **flags):
+def spec_eagle3(target_path: Path, full: tuple[int, ...] = (1,), **flags):
     from speculators.models.eagle3 import Eagle3DraftModel as SpecEagle3
 
-    layers = spec_layer_config(target_path, "llama")
+    layers = spec_layer_config(target_path, "llama", full)
     d2t, t2d = spec_draft_vocab(layers.vocab_size)
     torch.manual_seed(0)
     model = SpecEagle3.from_training_args(layers, t2d=t2d, d2t=d2t, verifier_name_or_path=str(target_path), target_layer_ids=SPEC_IDS,
@@ -141,17 +141,23 @@ def test_dflash_checkpoint_matches_speculators_forward(tmp_path: Path, target: T
     assert torch.equal(drafts, expected[0].view(-1, BLOCK, got.shape[-1]).argmax(-1)[:, 1:])
 
 
+# the flags apart too (norm_output without norm_before_residual: a loader reading one flag for the other passed when they
+# came together), and both layers full (no window to carry: a loader keeping the layer config's window passed)
 @pytest.mark.parametrize("flags", [{}, {"fc_norm": True, "norm_output": True, "norm_before_residual": True},
-                                   {"norm_before_fc": True, "norm_output": True, "norm_before_residual": True}],
-                         ids=["eagle3", "eagle3.1", "speculators-train-defaults"])
+                                   {"norm_before_fc": True, "norm_output": True, "norm_before_residual": True},
+                                   {"fc_norm": True, "norm_output": True}, {"full": (0, 1)}],
+                         ids=["eagle3", "eagle3.1", "speculators-train-defaults", "norm-output-alone", "all-full"])
 def test_eagle3_checkpoint_matches_speculators_forward(tmp_path: Path, target: TargetModel, reference_target_path, flags: dict) -> None:
     from train.eagle3 import shift_left
     from train.export import eagle3_logits
 
     spec = spec_eagle3(reference_target_path, **dict(flags))
+    all_full = flags.pop("full", None) == (0, 1)
     path = trainer_save(spec, tmp_path / "save")
     ours = load_ours(path)
-    assert ours.target_layer_ids == [1, 3, 5] and ours.ttt_length == STEPS and ours.config.sliding_window == WINDOW
+    assert ours.target_layer_ids == [1, 3, 5] and ours.ttt_length == STEPS
+    assert ours.config.layer_types == (["full_attention"] * 2 if all_full else ["sliding_attention", "full_attention"])
+    assert ours.config.sliding_window == (None if all_full else WINDOW)
     assert torch.equal(ours.d2t, spec.d2t) and torch.equal(ours.t2d, spec.t2d)
     for flag in ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual"):
         assert bool(getattr(ours.config, flag)) is flags.get(flag, False)
