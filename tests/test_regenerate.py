@@ -141,9 +141,11 @@ def test_a_killed_regeneration_resumes_where_it_stopped(reference_target_path, t
     out, stats = regenerate_conversations(conversations_to_regenerate(), second, renderer, cfg, max_length=1024, progress=False,
                                           partial=partial)
     assert second.asked == 1 and stats["turns_resumed"] == 3 and stats["turns_regenerated"] == 1
-    whole, _ = regenerate_conversations(conversations_to_regenerate(), OurReplies(target.model, target.tokenizer, cfg), renderer, cfg,
-                                        max_length=1024, progress=False)
+    whole, whole_stats = regenerate_conversations(conversations_to_regenerate(), OurReplies(target.model, target.tokenizer, cfg), renderer,
+                                                  cfg, max_length=1024, progress=False)
     assert [c.messages for c in out] == [c.messages for c in whole]
+    # the resumed replies' budget cuts counted as the uninterrupted run's (8 new tokens: some replies are cut)
+    assert stats["replies_cut_at_budget"] == whole_stats["replies_cut_at_budget"] > 0
     check_greedy_replies(target, renderer, conversations_to_regenerate(), out, 8)
 
 
@@ -175,6 +177,26 @@ def test_kept_replies_stay_and_later_turns_follow_them(reference_target_path) ->
     check = out[0].messages
     prompt = target.tokenizer(renderer.render(check[:3], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
     assert check[3]["content"] == plain_greedy(target.model, target.tokenizer, prompt, 8)
+
+
+@pytest.mark.slow
+def test_a_prompt_near_max_length_gets_the_room_left_and_one_at_it_is_cut(reference_target_path) -> None:
+    """A prompt 3 tokens short of ``max_length`` gets a reply of at most 3 tokens (the plain loop's, marked cut), one of
+    exactly ``max_length`` tokens cuts its conversation: the edges no other test reached (a budget one short and a
+    cut at > instead of >= passed)."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    conversation = Conversation("n", [{"role": "user", "content": "Tell me a long story about the sea."}, {"role": "assistant", "content": "old"}])
+    prompt = target.tokenizer(renderer.render(conversation.messages[:1], add_generation_prompt=True, conversation_id="n"),
+                              add_special_tokens=False)["input_ids"]
+    cfg = RegenerateConfig(max_new_tokens=8, engine="ours")
+    engine = OurReplies(target.model, target.tokenizer, cfg)
+    out, stats = regenerate_conversations([conversation], engine, renderer, cfg, max_length=len(prompt) + 3, progress=False)
+    text, ended = greedy_reply(target.model, target.tokenizer, prompt, 3)
+    assert out[0].messages[1]["content"] == text and not ended and out[0].messages[1].get("complete", True) is False
+    assert stats["replies_cut_at_budget"] == 1 and stats["conversations_cut"] == 0
+    out, stats = regenerate_conversations([conversation], engine, renderer, cfg, max_length=len(prompt), progress=False)
+    assert stats["conversations_cut"] == 1 and stats["turns_regenerated"] == 0
 
 
 def test_too_long_prompt_cuts_the_conversation(reference_target_path) -> None:
