@@ -76,11 +76,13 @@ def test_batched_masks_equal_ancestor_walks_and_acceptance_equals_accept_tree() 
     assert {0, 1, 2} <= lengths and max(lengths) >= 3, lengths
 
 
-def test_prompt_lookup_chains_join_a_batch_of_trees_as_merge_chain_joins_one() -> None:
-    """``merge_chains`` (padded to N + width with depth-0 nodes) against ``merge_chain`` row by row; on the padded trees
-    ``accept_trees`` accepts what ``accept_tree`` accepts on the merged tree alone."""
+@pytest.mark.parametrize("n", [8, 2])  # 2 nodes: trees shallower than the chains, whose depth then bounds the masks
+def test_prompt_lookup_chains_join_a_batch_of_trees_as_merge_chain_joins_one(n) -> None:
+    """``merge_chains`` (padded to N + width with depth-0 nodes) against ``merge_chain`` row by row and its masks against a
+    walk up the parents; on the padded trees ``accept_trees`` accepts what ``accept_tree`` accepts on the merged tree
+    alone. (A mask bound by the trees' depth alone passed while every batch held a tree deeper than its chains.)"""
     g = torch.Generator().manual_seed(1)
-    n, rows, width = 8, 48, 5
+    rows, width = 48, 5
     trees = [random_tree(g, n, vocab=4) for _ in range(rows)]
     tokens, parents, depths = (torch.tensor([t[i] for t in trees]) for i in range(3))
     chains = [torch.randint(0, 4, (int(torch.randint(0, width + 1, (), generator=g)),), generator=g).tolist() for _ in range(rows)]
@@ -96,7 +98,15 @@ def test_prompt_lookup_chains_join_a_batch_of_trees_as_merge_chain_joins_one() -
         grown += m > n
         assert torch.equal(merged_tokens[r, :m], want.tokens) and torch.equal(merged_parents[r, :m], want.parents), r
         assert torch.equal(merged_depths[r, :m], want.depths) and not merged_depths[r, m:].any(), r
-        assert torch.equal(masks[r, :m + 1, :m + 1], want.mask(bound)), r
+        parent = [0] + want.parents.tolist()
+        walk = torch.zeros(m + 1, m + 1, dtype=torch.bool)
+        for i in range(m + 1):
+            j = i
+            walk[i, j] = True
+            while j:
+                j = parent[j]
+                walk[i, j] = True
+        assert torch.equal(masks[r, :m + 1, :m + 1], walk), r
         assert not masks[r, :m + 1, m + 1:].any(), r  # no real node sees the padding
         want_path, want_bonus = accept_tree(want.tokens.tolist(), want.parents.tolist(), target_tokens[r, :m + 1].tolist())
         assert int(accepted[r]) == len(want_path) and int(bonus[r]) == want_bonus and path[r, :len(want_path)].tolist() == want_path, r
