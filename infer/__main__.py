@@ -100,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
         if args.json and (Path(args.json).is_dir() or any(p.is_file() for p in Path(args.json).parents)):
             raise ValueError(f"--json {args.json}: {'a folder' if Path(args.json).is_dir() else 'a file stands in its path'}; "
                              "expected a file path to write the statistics to")
-        if args.json and unwritable_reason(args.json):  # before decoding: the write failed with a traceback after it
-            raise ValueError(f"--json {args.json}: {unwritable_reason(args.json)}; expected a file path the statistics can be written to")
+        reason = unwritable_reason(args.json) if args.json else None  # before decoding: the write failed with a traceback after it
+        if reason:
+            raise ValueError(f"--json {args.json}: {reason}; expected a file path the statistics can be written to")
         window = parse_window(args.window)
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         # the prompts file read before any model loads (an 8B target takes a minute to load before a typo surfaced)

@@ -48,16 +48,16 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from swa_kernels.attention import cached_attention
+
+log = logging.getLogger(__name__)
+
 try:  # transformers' config classes validate through huggingface_hub's strict dataclasses, whose error is no ValueError
     from huggingface_hub.errors import StrictDataclassError
 
     STRICT_CONFIG_ERRORS: tuple[type[BaseException], ...] = (StrictDataclassError,)
 except ImportError:  # an older huggingface_hub: the config classes raise ValueError, caught beside it
     STRICT_CONFIG_ERRORS = ()
-
-from swa_kernels.attention import cached_attention
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -241,3 +241,20 @@ def bigram_eagle3(model, prompts: list[list[int]], draft_vocab_size: int = 256) 
     for a, b in table.items():
         head[row[b], :2 * d] += 10 * code[a]
     return eagle3
+
+
+def ancestor_masks(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N+1, N+1] from parents [B, N] (rows of [root, nodes]): row i sees itself and every node met walking its
+    parents up to the root, in plain Python: the reference the tree masks are checked against (``tree_masks`` against
+    itself let a depth bound one short pass)."""
+    b, n = parents.shape[0], parents.shape[1] + 1
+    masks = torch.zeros(b, n, n, dtype=torch.bool)
+    for r in range(b):
+        parent = [0] + parents[r].tolist()
+        for i in range(n):
+            j = i
+            masks[r, i, j] = True
+            while j != 0:
+                j = parent[j]
+                masks[r, i, j] = True
+    return masks

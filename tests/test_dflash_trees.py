@@ -17,6 +17,7 @@ import torch
 
 from infer.batch import check_batchable
 from models.dflash import DFlashDrafter, StaticDFlashDrafter, block_ids, block_tree
+from infer_helpers import ancestor_masks
 from test_static_drafters import SHAPES, tiny
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
@@ -60,22 +61,6 @@ def paths_of(ids: torch.Tensor, parents: torch.Tensor) -> set[tuple[int, ...]]:
     for token, parent in zip(ids.tolist(), parents.tolist()):
         paths.append((paths[parent - 1] if parent else ()) + (token,))
     return set(paths)
-
-
-def ancestor_masks(parents: torch.Tensor) -> torch.Tensor:
-    """[B, N+1, N+1]: row i sees itself and every node met walking its parents up to the root (the plain reference for
-    ``tree_masks``, which the tree's mask was compared with before: a depth bound one short passed that)."""
-    b, n = parents.shape[0], parents.shape[1] + 1
-    masks = torch.zeros(b, n, n, dtype=torch.bool)
-    for r in range(b):
-        parent = [0] + parents[r].tolist()
-        for i in range(n):
-            j = i
-            masks[r, i, j] = True
-            while j != 0:
-                j = parent[j]
-                masks[r, i, j] = True
-    return masks
 
 
 @pytest.mark.parametrize("k,total", [(2, 5), (3, 12), (3, 3 + 3 * 9)])  # a few nodes; most; every candidate

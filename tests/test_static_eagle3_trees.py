@@ -11,6 +11,7 @@ import torch
 
 from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from models.trees import DraftTree, accept_tree, accept_trees, merge_chain, merge_chains, tree_masks
+from infer_helpers import ancestor_masks
 from test_static_eagle3 import SHAPES, VOCAB, tiny, uncaptured_and_captured
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
@@ -98,15 +99,7 @@ def test_prompt_lookup_chains_join_a_batch_of_trees_as_merge_chain_joins_one(n) 
         grown += m > n
         assert torch.equal(merged_tokens[r, :m], want.tokens) and torch.equal(merged_parents[r, :m], want.parents), r
         assert torch.equal(merged_depths[r, :m], want.depths) and not merged_depths[r, m:].any(), r
-        parent = [0] + want.parents.tolist()
-        walk = torch.zeros(m + 1, m + 1, dtype=torch.bool)
-        for i in range(m + 1):
-            j = i
-            walk[i, j] = True
-            while j:
-                j = parent[j]
-                walk[i, j] = True
-        assert torch.equal(masks[r, :m + 1, :m + 1], walk), r
+        assert torch.equal(masks[r, :m + 1, :m + 1], ancestor_masks(want.parents[None])[0]), r
         assert not masks[r, :m + 1, m + 1:].any(), r  # no real node sees the padding
         want_path, want_bonus = accept_tree(want.tokens.tolist(), want.parents.tolist(), target_tokens[r, :m + 1].tolist())
         assert int(accepted[r]) == len(want_path) and int(bonus[r]) == want_bonus and path[r, :len(want_path)].tolist() == want_path, r
