@@ -258,8 +258,8 @@ def run(args: argparse.Namespace) -> int:
     from eval.bootstrap import per_question
     from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
     from eval.runner import check_context_fits, cpu_workers, max_positions, run_conversations, summarize
-    from infer.loading import (check_backend, drafting_label, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads,
-                               target_setting, window_warning)
+    from infer.loading import (check_backend, drafting_label, eos_ids, load_models, parse_window, recorded_target_warning, resolve_device,
+                               resolve_run, set_threads, target_setting, window_warning)
     from infer.prompt_lookup import PromptLookupDrafter
     from models.sampling import SamplingConfig
     from common.atomic import atomic_open
@@ -330,8 +330,7 @@ def run(args: argparse.Namespace) -> int:
     config = {**vars(args), **source}
     print(f"target {source['target']} | drafter {source['drafter']} | {len(conversations)} prompts -> {out}", file=sys.stderr)
     write_json(out / "settings.json", settings)  # what every turn written here is made with (``check_settings``)
-    for window in windows:
-        warning = window_warning(drafter, window)
+    for warning in [recorded_target_warning(args.target, source.get("run"))] + [window_warning(drafter, w) for w in windows]:
         if warning:
             print(warning, file=sys.stderr)
 

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
 def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
     from infer.generate import generate
-    from infer.loading import check_backend, eos_ids, load_models, parse_window, resolve_device, resolve_run, set_threads, target_setting, window_warning
+    from infer.loading import check_backend, eos_ids, load_models, parse_window, recorded_target_warning, resolve_device, resolve_run, set_threads, target_setting, window_warning
     from infer.prompts import long_prompt_ids, mt_bench_questions, prompts_file
     from models.sampling import SamplingConfig
     from common.atomic import unwritable_reason
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         # the prompts file read before any model loads (an 8B target takes a minute to load before a typo surfaced)
         conversations = prompts_file(args.prompts) if args.prompts is not None else None
-        target_path, drafter_path, _ = resolve_run(args.target, args.drafter)
+        target_path, drafter_path, run_dir = resolve_run(args.target, args.drafter)
         if target_path is None:
             raise ValueError("--target is required unless --drafter is a training run folder (which records its target)")
         target, drafter, tokenizer = load_models(target_path, drafter_path, args.device, args.dtype, window, args.backend,
@@ -116,9 +116,9 @@ def run(args: argparse.Namespace) -> int:
                                                  drafter_weights=args.drafter_weights,
                                                  target_what=target_setting(args.target))
         set_threads(args.device, args.threads, args.batch_size if args.prompts else 1, target.model)  # batch 1: one per core for a large target
-        warning = window_warning(drafter, window)
-        if warning:
-            print(warning, file=sys.stderr)
+        for warning in (recorded_target_warning(args.target, run_dir), window_warning(drafter, window)):
+            if warning:
+                print(warning, file=sys.stderr)
         if conversations is not None:
             return run_many(args, conversations, target, drafter, tokenizer, sampling)
         if args.question is not None:

@@ -21,7 +21,7 @@ from models.target import CachedTarget
 from models.dflash import DFlashDraftModel
 from models.eagle3 import Eagle3DraftModel
 from models.target import TargetModel
-from models.builtin_targets import resolve_target_path
+from models.builtin_targets import BUILTIN_PREFIX, resolve_target_path
 from models import hub
 from models.hub import check_target_folder
 from common.json_file import read_json_object
@@ -356,6 +356,42 @@ def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, st
         raise ValueError(f"{record_file}: the run has no export (export={export!r}; interrupted, or trainer.export=false); "
                          f"pass an exported drafter folder instead")
     return target or run_target, export, drafter
+
+
+def recorded_target_warning(given: str | None, run_dir: str | None) -> str | None:
+    """One line when ``--target`` names another target than the one the training run recorded: the drafter reads that
+    target's hidden states, so another model of the same shape loads (every shape check passes) and drafts for features
+    it never saw; τ falls with no error. The same folder (as a path, or a copy: same config.json, same files and sizes)
+    or the recorded name passes quietly."""
+    if not given or not run_dir:
+        return None
+    record = json.loads((Path(run_dir) / "run.json").read_text()).get("target", {})
+    recorded = record.get("path")
+    if given == recorded:
+        return None
+    builtin = lambda path: resolve_target_path(path, "--target") if path and path.startswith(BUILTIN_PREFIX) else path  # noqa: E731
+    if same_target_folder(builtin(given), record.get("resolved_path") or builtin(recorded)):
+        return None
+    return (f"warning: --target {given} is not the target the run {run_dir} was trained on ({recorded}); the drafter reads "
+            "its hidden states, so τ measures a drafter on features it was not trained with")
+
+
+def same_target_folder(given: str, recorded: str | None) -> bool:
+    """Both local folders and the same model: one path, or a copy (equal config.json, the same file names and sizes)."""
+    if recorded is None:
+        return False
+    a, b = Path(given), Path(recorded)
+    if not (a.is_dir() and b.is_dir()):
+        return False
+    if a.resolve() == b.resolve():
+        return True
+
+    def files(folder: Path) -> set[tuple[str, int]]:
+        return {(f.name, f.stat().st_size) for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")}
+
+    config_a, config_b = a / "config.json", b / "config.json"
+    return (config_a.is_file() and config_b.is_file() and config_a.read_bytes() == config_b.read_bytes()
+            and files(a) == files(b))
 
 
 def window_warning(drafter, window) -> str | None:

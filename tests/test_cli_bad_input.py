@@ -156,6 +156,40 @@ def test_a_moved_run_folder_finds_its_own_export(tmp_path) -> None:
         resolve_run(None, str(run))
 
 
+def test_a_target_other_than_the_runs_is_named(tmp_path) -> None:
+    """--target naming another model than the one the run was trained on loaded without a word when the shapes matched
+    (the drafter then reads features it never saw). The recorded folder, a copy of it, or the recorded name pass."""
+    from infer.loading import recorded_target_warning
+
+    trained, copy, other = tmp_path / "trained", tmp_path / "copy", tmp_path / "other"
+    for folder, config, weights in ((trained, '{"hidden_size": 64}', b"x" * 10), (copy, '{"hidden_size": 64}', b"y" * 10),
+                                    (other, '{"hidden_size": 64}', b"x" * 12)):
+        folder.mkdir()
+        (folder / "config.json").write_text(config)
+        (folder / "model.safetensors").write_bytes(weights)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"target": {"path": "targets/trained", "resolved_path": str(trained)}}))
+    assert recorded_target_warning(None, str(run)) is None  # the recorded target is used
+    assert recorded_target_warning("targets/trained", str(run)) is None  # the recorded name
+    assert recorded_target_warning(str(trained), str(run)) is None
+    assert recorded_target_warning(str(tmp_path / "." / "trained"), str(run)) is None  # another spelling of the path
+    assert recorded_target_warning(str(copy), str(run)) is None  # a copy: same config, same files and sizes
+    assert recorded_target_warning(str(other), str(run)) == (
+        f"warning: --target {other} is not the target the run {run} was trained on (targets/trained); the drafter reads its "
+        "hidden states, so τ measures a drafter on features it was not trained with")
+    (other / "model.safetensors").write_bytes(b"x" * 10)
+    (other / "config.json").write_text('{"hidden_size": 64, "num_hidden_layers": 3}')  # same files and sizes, another config
+    assert recorded_target_warning(str(other), str(run)) is not None
+    assert recorded_target_warning("builtin:tiny-llama3", str(run)) is not None
+    assert recorded_target_warning(str(other), None) is None  # an export folder records no target
+    (run / "run.json").write_text(json.dumps({"target": {"path": "builtin:tiny-qwen3"}}))  # a builtin recorded by name only
+    from models.builtin_targets import resolve_target_path
+
+    assert recorded_target_warning(resolve_target_path("builtin:tiny-qwen3"), str(run)) is None
+    assert recorded_target_warning("builtin:tiny-llama3", str(run)) is not None
+
+
 def test_other_one_liners(tmp_path) -> None:
     """A builtin target given to the export (read as a malformed hub id), a tokenizer without a chat template
     (transformers' message named neither), a --server that is no URL ("unknown url type")."""

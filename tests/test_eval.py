@@ -281,14 +281,14 @@ def test_sweep_writes_matrix_plot_and_resumes(runs_dir, tmp_path, monkeypatch) -
     assert calls  # the second question's turns were decoded
 
 
-def test_run_folder_window_warning_and_prompt_lookup_beside(runs_dir, tmp_path, capsys) -> None:
+def test_run_folder_window_warning_and_prompt_lookup_beside(runs_dir, tiny_qwen3_path, tmp_path, capsys) -> None:
     out = tmp_path / "o"
     assert main(["mtbench", "--drafter", str(runs_dir / "run1"), "--window", "128", "--num-questions", "2", "--max-new-tokens", "10",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--target", str(tiny_qwen3_path)]) == 0  # the folder the run's builtin name resolves to
     err = capsys.readouterr().err
-    assert err.count("--window 128 is beyond the W=64 this drafter was trained with") == 1
+    assert err.count("--window 128 is beyond the W=64 this drafter was trained with") == 1 and "is not the target" not in err
     result = json.loads((out / "results.json").read_text())
-    assert result["config"]["target"] == "builtin:tiny-qwen3" and result["config"]["run"] == str(runs_dir / "run1")
+    assert result["config"]["target"] == str(Path(tiny_qwen3_path).resolve()) and result["config"]["run"] == str(runs_dir / "run1")
     pld = [json.loads(line) for line in (out / "partial" / "pld_prefill-0.jsonl").read_text().splitlines()]
     # greedy decoding is lossless with either drafter: prompt lookup decoded the same tokens, its τ is its own
     assert [r["output_ids"] for r in pld] == [r["output_ids"] for r in result["records"]]

@@ -156,6 +156,16 @@ def test_run_folder_gives_target_and_drafter_and_window_warns(reference_target_p
     assert infer_main(["--drafter", str(run), "--prompt", "Hi", "--max-new-tokens", "4", "--window", "16", "--device", "auto"]) == 0
     err = capsys.readouterr().err
     assert err.count("--window 16 is beyond the W=8 this drafter was trained with") == 1 and "[speculative]" in err
+    assert "is not the target" not in err
+    other = tmp_path / "other_target"  # the same shapes (it loads), another config: a model the drafter was not trained on
+    other.mkdir()
+    for f in Path(reference_target_path).iterdir():
+        if f.is_file() and f.name != "config.json":
+            (other / f.name).symlink_to(f)
+    config = json.loads((Path(reference_target_path) / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rope_theta": 2 * config.get("rope_theta", 10000)}))
+    assert infer_main(["--drafter", str(run), "--target", str(other), "--prompt", "Hi", "--max-new-tokens", "2"]) == 0
+    assert f"warning: --target {other} is not the target the run {run} was trained on" in capsys.readouterr().err
     (run / "run.json").write_text(json.dumps({"target": {"path": str(reference_target_path)}, "export": None}))
     assert infer_main(["--drafter", str(run), "--prompt", "Hi"]) == 2
     assert "the run has no export" in capsys.readouterr().err
