@@ -23,16 +23,27 @@ import sys
 import time
 
 
+SPEC_DECODE_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                        "vllm:spec_decode_num_accepted_tokens_per_pos")
+
+
 def counters(llm) -> dict:
     """vLLM's cumulative speculative-decoding counters."""
     out = {"drafts": 0, "draft_tokens": 0, "accepted_per_pos": []}
+    seen = set()
     for metric in llm.get_metrics():
+        seen.add(metric.name)
         if metric.name == "vllm:spec_decode_num_drafts":
             out["drafts"] += metric.value
         elif metric.name == "vllm:spec_decode_num_draft_tokens":
             out["draft_tokens"] += metric.value
         elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
             out["accepted_per_pos"] = list(metric.values)
+    missing = sorted(set(SPEC_DECODE_COUNTERS) - seen)
+    if missing:  # a vLLM that spells them otherwise: τ would read 0, silently
+        version = getattr(sys.modules.get("vllm"), "__version__", "(version unknown)")
+        raise RuntimeError(f"vLLM {version}: LLM.get_metrics() has no {missing} (read as in vLLM 0.32.0); its spec_decode metrics "
+                           f"here: {sorted(n for n in seen if 'spec_decode' in n)}")
     return out
 
 

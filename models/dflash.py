@@ -96,7 +96,7 @@ from swa_kernels.argmax import row_argmax
 from models.sampling import SamplingConfig, choose
 from models.static_target import (CapturedSteps, concat_linears, few_row_products, move_kept_positions, prepack_by_default,
                                   prepacked_copy, rotate)
-from models.target import ContextKV
+from models.target import ContextKV, check_rope_taken
 from models.trees import DraftTree, select_trees, tree_masks, tree_options
 
 # Legend: B batch (Bsz in masks), T context length, N anchors, Q block queries, K keys, H hidden, Hq/Hkv heads,
@@ -125,6 +125,7 @@ def make_dflash_config(target_config, *, num_hidden_layers: int, block_size: int
         use_sliding_window="sliding_attention" in layer_types, max_window_layers=num_hidden_layers,
         tie_word_embeddings=False, architectures=["DFlashDraftModel"],
     )
+    check_rope_taken(config, rope, Qwen3RotaryEmbedding)
     config.block_size = block_size
     config.num_target_layers = t.num_hidden_layers
     config.dflash_config = {"target_layer_ids": list(target_layer_ids), "block_size": block_size, "mask_token_id": mask_token_id}

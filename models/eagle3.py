@@ -71,7 +71,7 @@ from swa_kernels.attention import aligned_visible, cached_attention, grouped_att
 from swa_kernels.int8_weights import check_weights, int8_linears
 from models.sampling import SamplingConfig, logits_to_probs, sample
 from models.static_target import CapturedSteps, move_kept_positions
-from models.target import ContextKV
+from models.target import ContextKV, check_rope_taken
 from models.trees import DraftTree, select_trees, tree_masks, tree_options
 
 # Legend: B batch, L positions in this pass, H hidden, Hq/Hkv heads, D head dim, Vd draft vocabulary.
@@ -101,6 +101,7 @@ def make_eagle3_config(target_config, *, num_hidden_layers: int, target_layer_id
         max_position_embeddings=t.max_position_embeddings, rope_parameters=dict(rope), attention_bias=False,
         mlp_bias=False, hidden_act="silu", tie_word_embeddings=False, architectures=["Eagle3DraftModel"],
     )
+    check_rope_taken(config, rope, LlamaRotaryEmbedding)
     config.draft_vocab_size = min(draft_vocab_size, t.vocab_size)
     config.target_hidden_size = t.hidden_size
     config.target_layer_ids = list(target_layer_ids)

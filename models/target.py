@@ -92,6 +92,9 @@ def whole_causal_pass():
         _WHOLE_CAUSAL_PASS["on"] = False
 
 
+SDPA_MASK_ARGS_READ = ("q_length", "kv_length", "q_offset", "kv_offset", "attention_mask", "local_size")
+
+
 def register_causal_sdpa() -> bool:
     """Register ``CAUSAL_SDPA`` (idempotent); False, with a warning, where this transformers lacks the interfaces."""
     try:
@@ -105,6 +108,18 @@ def register_causal_sdpa() -> bool:
                     "SDPA's materialised causal mask (slower)", e)
         return False
 
+    import inspect
+
+    import transformers
+
+    # causal_sdpa_mask reads these of sdpa_mask's arguments by name: a transformers without one of them (4.x passes
+    # cache_position instead of q_length/q_offset) would never take the fast path, or take it wrongly; told, not guessed
+    missing = [n for n in SDPA_MASK_ARGS_READ if n not in inspect.signature(sdpa_mask).parameters]
+    if missing:
+        log.warning("transformers %s: masking_utils.sdpa_mask has no %s (CAUSAL_SDPA checked with 5.17-5.25): the compiled "
+                    "capture keeps SDPA's materialised causal mask (slower)", transformers.__version__, missing)
+        return False
+
     def causal_sdpa_mask(*args, **kwargs):
         q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
         plain_causal = (_WHOLE_CAUSAL_PASS["on"] and not args and kwargs.get("attention_mask") is None and kwargs.get("local_size") is None
@@ -115,6 +130,22 @@ def register_causal_sdpa() -> bool:
     AttentionInterface.register(CAUSAL_SDPA, sdpa_forward)
     AttentionMaskInterface.register(CAUSAL_SDPA, causal_sdpa_mask)
     return True
+
+
+def check_rope_taken(config, rope: dict, rotary_cls: type) -> None:
+    """Raise ``ValueError`` naming transformers' version unless ``rotary_cls(config)`` (the RoPE the drafter runs) has the
+    target's theta: the drafters' configs pass ``rope_parameters=`` (transformers 5's spelling); a transformers that keeps
+    it as an unread attribute (4.x does) would train and export a drafter on its default theta, silently."""
+    import transformers
+
+    if rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
+        return  # scaled RoPEs rescale inv_freq by their own rules
+    inv_freq = rotary_cls(config).inv_freq.float()
+    dim = 2 * inv_freq.numel()
+    want = 1.0 / rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    if not torch.allclose(inv_freq, want, rtol=1e-4):
+        raise ValueError(f"transformers {transformers.__version__}: {type(config).__name__}(rope_parameters=...) did not take the "
+                         f"target's RoPE (theta {rope['rope_theta']:g}); the drafter would train on another (tested with 5.17-5.25)")
 
 
 def layer_ids_fit(layer_ids: list[int], num_layers: int) -> bool:

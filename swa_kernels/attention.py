@@ -48,7 +48,10 @@ def raise_recompile_limit(limit: int = 64) -> None:
     back to eager (for flex: scores materialised, peak memory 5 -> 13 GiB on the reference target)."""
     import torch._dynamo
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+    config = torch._dynamo.config
+    if not hasattr(config, "recompile_limit"):  # torch 2.7's name (cache_size_limit before); pyproject asks for >= 2.11
+        raise RuntimeError(f"torch {torch.__version__}: torch._dynamo.config has no recompile_limit; expected torch >= 2.11")
+    config.recompile_limit = max(config.recompile_limit, limit)
 
 
 @functools.cache

@@ -212,9 +212,37 @@ def default_ops(on_gpu: bool):
     return _fa4_band_ops() if fa4_available() else cudnn_ops()
 
 
+# torch's private cuDNN attention ops, called positionally above: their arguments by name and their outputs' count as
+# torch 2.11-2.13 have them (a change is refused with torch's version, not guessed at)
+CUDNN_SIGNATURES = {
+    "_scaled_dot_product_cudnn_attention": (
+        ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "return_debug_mask", "scale"), 9),
+    "_scaled_dot_product_cudnn_attention_backward": (
+        ("grad_out", "query", "key", "value", "out", "logsumexp", "philox_seed", "philox_offset", "attn_bias", "cum_seq_q",
+         "cum_seq_k", "max_q", "max_k", "dropout_p", "is_causal", "scale"), 3),
+}
+
+
+def check_cudnn_pieces() -> None:
+    """Raise ``ValueError`` naming torch's version unless its private cuDNN attention ops take the recorded arguments."""
+    for name, (arguments, returns) in CUDNN_SIGNATURES.items():
+        try:
+            schema = getattr(torch.ops.aten, name).default._schema
+            got = (tuple(a.name for a in schema.arguments), len(schema.returns))
+        except (AttributeError, RuntimeError) as e:
+            got = f"missing ({type(e).__name__})"
+        if got != (arguments, returns):
+            raise ValueError(f"torch {torch.__version__}: torch.ops.aten.{name} takes {got}; the chunked cuDNN attention calls it "
+                             f"with {(arguments, returns)} (torch 2.11-2.13); install nvidia-cudnn-frontend for cuDNN's band, "
+                             "or flash-attn-4")
+
+
 def cudnn_ops():
     """cuDNN's band in one call when its frontend is installed, else torch's cuDNN op in causal chunks."""
-    return _cudnn_band_ops() if cudnn_band_available() else CUDNN
+    if cudnn_band_available():
+        return _cudnn_band_ops()
+    check_cudnn_pieces()
+    return CUDNN
 
 
 def band_ops(name: str) -> BandOps:

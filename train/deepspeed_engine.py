@@ -87,7 +87,12 @@ def initialize(drafter: torch.nn.Module, optimizer, scheduler, config: dict[str,
         # deepspeed.comm.torch as an attribute is the torch package.)
         import deepspeed.comm.torch  # noqa: F401
 
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+        comm_torch = sys.modules["deepspeed.comm.torch"]
+        if callable(getattr(comm_torch, "build_shm_op", None)):
+            comm_torch.build_shm_op = lambda: None
+        else:  # a DeepSpeed that builds it elsewhere: setting the name would do nothing, silently
+            log.warning("DeepSpeed %s has no deepspeed.comm.torch.build_shm_op (checked with 0.19.8): its CPU shared-memory "
+                        "all-reduce may compile at start-up (30-55 s, a C++ compiler)", deepspeed.__version__)
     init_process_group(device, ranks, single_process=True)  # DeepSpeed wants a process group, even of one
     engine, _, _, _ = deepspeed.initialize(model=drafter, optimizer=optimizer, lr_scheduler=scheduler, config=config)
     log.info("DeepSpeed ZeRO stage %d over %d rank(s): micro-batch %d, accumulation %d, global batch %d",
