@@ -165,12 +165,20 @@ def default_layer_ids(drafter: str, num_layers: int, num_features: int | None = 
     if num_layers < 4:
         raise ValueError(f"target has {num_layers} layers; at least 4 are needed to pick draft features")
     if drafter == "eagle3":
-        return [1, num_layers // 2 - 1, num_layers - 4]
+        ids = [1, num_layers // 2 - 1, num_layers - 4]
+        if len(set(ids)) < 3:  # L < 7: low, mid and high fall on the same layers (trained, then refused at export)
+            raise ValueError(f"target has {num_layers} layers: EAGLE-3's default low/mid/high layers {ids} repeat (at least 7 "
+                             "are needed); set drafter.target_layer_ids")
+        return ids
     if drafter == "dflash":
         k = num_features or 1
         if k == 1:
             return [num_layers // 2]
         start, end = 1, num_layers - 3
+        if k > end - start + 1:  # even spacing would repeat layers (trained, then refused at export)
+            raise ValueError(f"the drafter reads {k} target layers (drafter.num_target_features, else drafter.num_hidden_layers); "
+                             f"a target of {num_layers} layers spaces at most {end - start + 1} distinct ones ({start}..{end}): "
+                             "set drafter.num_target_features lower, or drafter.target_layer_ids")
         return [int(round(start + i * (end - start) / (k - 1))) for i in range(k)]
     raise ValueError(f"drafter={drafter!r}; expected 'dflash' or 'eagle3'")
 

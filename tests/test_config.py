@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -321,3 +322,74 @@ def test_a_seed_out_of_range_fails_at_config_time_naming_it(seed: int) -> None:
     with pytest.raises(ValueError, match=rf"^trainer.seed={seed}; expected an integer in 0 .. 4294967295$"):
         to_train_config(compose_train(["experiment=dflash_swa_tiny", f"trainer.seed={seed}", "output_dir=/tmp/x"]))
     assert to_train_config(compose_train(["experiment=dflash_swa_tiny", f"trainer.seed={2**32 - 1}", "output_dir=/tmp/x"])).trainer.seed == 2**32 - 1
+
+
+# --- found by review (2026-12-05's fifth session): each was a traceback, a run trained then refused at export, or a
+# --- silent change of what was asked
+
+@pytest.mark.parametrize("overrides, chosen", [(["drafter.kind=eagle3"], "dflash"), (["drafter=eagle3", "drafter.kind=dflash"], "eagle3")])
+def test_a_drafter_kind_that_disagrees_with_the_drafter_group_is_one_line(overrides, chosen) -> None:
+    """drafter.kind=eagle3 over drafter=dflash: an AttributeError traceback (a field of the other drafter's schema)."""
+    other = "eagle3" if chosen == "dflash" else "dflash"
+    with pytest.raises(ValueError, match=rf"^drafter.kind={other} disagrees with drafter={chosen}; the drafter is chosen with drafter={other}"):
+        to_train_config(compose_train(overrides))
+
+
+def test_an_empty_data_path_is_refused_naming_the_key() -> None:
+    """data.path= (an unset $DATA) read the current folder's .jsonl files as the data."""
+    with pytest.raises(ValueError, match=r"^data\.path='': empty"):
+        to_train_config(compose_train(["data.path="]))
+
+
+@pytest.mark.parametrize("override", ["trainer.lr=nan", "trainer.lr=inf", "trainer.num_epochs=inf", "trainer.grad_clip=nan",
+                                      "trainer.time_limit_minutes=nan", "data.regenerate.temperature=nan", "drafter.loss_gamma=nan"])
+def test_non_finite_numbers_are_refused_at_start_up(override) -> None:
+    """NaN passed every "<= 0" check (trainer.lr=nan failed after the target loaded, in torch's words); num_epochs=inf
+    overflowed in a traceback."""
+    key = override.split("=")[0]
+    with pytest.raises(ValueError, match=rf"^{re.escape(key)}=(nan|inf); expected a finite number"):
+        to_train_config(compose_train([override]))
+
+
+def test_eagle3_with_sglang_export_needs_three_target_layers_at_start_up() -> None:
+    """Trained, then refused by the SGLang export (its fc reads exactly 3 layers)."""
+    with pytest.raises(ValueError, match=r"^drafter.target_layer_ids=\[1\] with trainer.export_formats=\['sglang', 'speculators'\]"):
+        to_train_config(compose_train(["experiment=eagle3_swa_tiny", "drafter.target_layer_ids=[1]"]))
+    to_train_config(compose_train(["experiment=eagle3_swa_tiny", "drafter.target_layer_ids=[1]", "trainer.export_formats=[speculators]"]))
+
+
+@pytest.mark.parametrize("drafter, layers, features, message", [
+    ("dflash", 8, 6, r"the drafter reads 6 target layers .* a target of 8 layers spaces at most 5 distinct ones \(1\.\.5\)"),
+    ("eagle3", 6, None, r"target has 6 layers: EAGLE-3's default low/mid/high layers \[1, 2, 2\] repeat"),
+])
+def test_default_target_layers_that_would_repeat_are_refused(drafter, layers, features, message) -> None:
+    """The spacing computed for a null target_layer_ids repeated layers ([1, 2, 3, 3, 4, 5] for 6 of 8): the run trained,
+    then the export refused it. Every count that fits gives distinct layers inside 1 .. L-3 (checked against a loop)."""
+    from models.target import default_layer_ids
+
+    with pytest.raises(ValueError, match=message):
+        default_layer_ids(drafter, layers, features)
+    for num_layers in range(4, 40):
+        for k in range(1, num_layers - 2):
+            ids = default_layer_ids("dflash", num_layers, k)
+            assert len(set(ids)) == k and all(0 <= i <= num_layers - 2 for i in ids), (num_layers, k, ids)
+        if num_layers >= 7:
+            assert len(set(default_layer_ids("eagle3", num_layers))) == 3
+
+
+def test_num_eval_cut_to_a_tenth_is_said(caplog) -> None:
+    """data.num_eval=100000 held out 3 conversations, data.max_records=5 none (no eval at all), without a word."""
+    import logging
+
+    from datasets import Dataset
+
+    from train.data.dataset import split_train_eval
+
+    ds = Dataset.from_dict({"input_ids": [[7, i, i + 1, i + 2] for i in range(40)], "loss_mask": [[0, 0, 1, 1]] * 40})
+    with caplog.at_level(logging.WARNING):
+        _, held, _ = split_train_eval(ds, 16, 0)
+    assert len(held) == 4 and "data.num_eval=16: 40 conversations after duplicates; at most a tenth are held out, so 4" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _, held, _ = split_train_eval(ds, 4, 0)
+    assert len(held) == 4 and "data.num_eval" not in caplog.text

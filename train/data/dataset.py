@@ -238,7 +238,10 @@ def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None
     counts = {"duplicates_dropped": len(ds) - len(keep), "train_rows_sharing_an_eval_prompt": 0}
     if len(keep) < len(ds):
         ds = ds.select(keep)
-    num_eval = min(num_eval, len(ds) // 10)
+    if num_eval > len(ds) // 10:  # was cut without a word: 100,000 asked, 3 held out; or none, and no eval at all
+        log.warning("data.num_eval=%d: %d conversations after duplicates; at most a tenth are held out, so %d%s", num_eval, len(ds),
+                    len(ds) // 10, " (no eval/* metrics)" if len(ds) // 10 == 0 else "")
+        num_eval = len(ds) // 10
     if num_eval <= 0:
         return ds, None, counts
     first_of = {}
