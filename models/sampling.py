@@ -19,6 +19,9 @@ import torch
 # Legend: n rows, V vocab, B block size (B - 1 drafts).
 
 
+MIN_TEMPERATURE = 1e-6  # logits up to ~1e32 stay finite in fp32 after / T; any T this small is greedy in effect
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
@@ -29,6 +32,9 @@ class SamplingConfig:
     def __post_init__(self):
         if not self.temperature >= 0 or self.temperature == float("inf"):  # nan passed "< 0" and sampled token 0 forever
             raise ValueError(f"temperature={self.temperature}; expected a finite value >= 0")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # 1e-45: logits / T overflowed fp32 to inf, the probs NaN, token 0 forever
+            raise ValueError(f"temperature={self.temperature}; expected 0 (greedy) or >= {MIN_TEMPERATURE:g} (below it sampling "
+                             "is greedy, and fp32 logits / T overflow)")
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k}; expected >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:
@@ -48,7 +54,8 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
     probs = torch.softmax(logits, dim=-1)
     if sampling.top_p < 1:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # drop a token when the tokens strictly more likely than it already reach top_p
+        # drop a token when the tokens before it in the sort (ties in the sort's order) already reach top_p; the same
+        # function filters the target and the drafter, so speculative sampling stays exact
         drop_sorted = sorted_probs.cumsum(-1) - sorted_probs >= sampling.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0)
