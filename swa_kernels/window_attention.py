@@ -194,11 +194,20 @@ def _fa4_band_ops():
     return BandOps("fa4-band", forward, backward, backward_with_diagonal)
 
 
+@functools.cache
 def cudnn_band_available() -> bool:
-    """cuDNN's native band needs the ``nvidia-cudnn-frontend`` package (cuDNN backend >= 9.x)."""
+    """cuDNN's native band needs the ``nvidia-cudnn-frontend`` package (cuDNN backend >= 9.x). Installed but failing to
+    load (no usable libcudnn, another frontend version) is said once: the chunked path serves, slower."""
+    import importlib.util
+    import logging
+
     try:
         import cudnn.sdpa.fwd.torch_op  # noqa: F401
-    except Exception:  # not installed, or no usable libcudnn: the chunked path serves
+    except Exception as e:  # not installed, or no usable libcudnn: the chunked path serves
+        if importlib.util.find_spec("cudnn") is not None:
+            logging.getLogger(__name__).warning("nvidia-cudnn-frontend is installed but cudnn.sdpa.fwd.torch_op did not load "
+                                                "(%s: %s): EAGLE-3's window runs cuDNN's causal chunks instead (slower)",
+                                                type(e).__name__, e)
         return False
     return True
 

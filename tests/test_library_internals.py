@@ -144,3 +144,29 @@ def test_torchs_private_cudnn_attention_ops_are_checked_before_use(monkeypatch) 
     monkeypatch.setattr(window_attention, "cudnn_band_available", lambda: False)
     with pytest.raises(ValueError, match=re.escape(f"torch {torch.__version__}: torch.ops.aten._scaled_dot_product_cudnn_attention takes")):
         window_attention.cudnn_ops()
+
+
+def test_a_cudnn_frontend_that_fails_to_load_is_said(tmp_path, monkeypatch, caplog) -> None:
+    """nvidia-cudnn-frontend installed but not loading (here: its libcudnn missing) fell back to cuDNN's chunks with no
+    word, a slower EAGLE-3 step; said once now. Not installed stays quiet."""
+    import sys
+
+    from swa_kernels import window_attention
+
+    package = tmp_path / "cudnn" / "sdpa" / "fwd"
+    package.mkdir(parents=True)
+    for folder in (tmp_path / "cudnn", tmp_path / "cudnn" / "sdpa", package):
+        (folder / "__init__.py").write_text("")
+    (package / "torch_op.py").write_text("raise OSError('libcudnn.so.9: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "cudnn" or m.startswith("cudnn.")]:
+        monkeypatch.delitem(sys.modules, name)
+    window_attention.cudnn_band_available.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert not window_attention.cudnn_band_available()
+        assert "nvidia-cudnn-frontend is installed but cudnn.sdpa.fwd.torch_op did not load (OSError: libcudnn.so.9" in caplog.text
+    finally:
+        window_attention.cudnn_band_available.cache_clear()
+        for name in [m for m in sys.modules if m == "cudnn" or m.startswith("cudnn.")]:
+            sys.modules.pop(name)
