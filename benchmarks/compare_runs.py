@@ -8,6 +8,7 @@ RUN_* are output_dir folders (metrics.jsonl, export/model.safetensors). Throughp
 
 from __future__ import annotations
 
+import sys
 import argparse
 import json
 import statistics
@@ -55,4 +56,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, OSError) as e:  # bad input (a flag, a missing or malformed file): one line, not a traceback
+        sys.exit(f"error: {e}")

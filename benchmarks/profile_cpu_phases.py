@@ -66,4 +66,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, OSError) as e:  # bad input (a flag, a missing or malformed file): one line, not a traceback
+        sys.exit(f"error: {e}")

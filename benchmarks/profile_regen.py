@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import types
 
 import torch
 
 from infer.loading import decoding_target
 from models.target import TargetModel
+from models.builtin_targets import resolve_target_path
+from train.config import RegenerateConfig
 from train.data.chat import ChatRenderer
 from train.data.dataset import resolve_source
 from train.data.readers import read_conversations
@@ -82,7 +83,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     args = p.parse_args()
 
-    target = TargetModel.from_pretrained(args.target, device=args.device)
+    target = TargetModel.from_pretrained(resolve_target_path(args.target, "--target"), device=args.device)
     static = decoding_target(target.model, [])
     capacity = args.max_length + args.max_new_tokens + 1 + args.run_steps
     print("| rows | position | captured step ms | ms per row |\n|---:|---:|---:|---:|")
@@ -90,8 +91,8 @@ def main() -> None:
         for pos, ms in time_steps(static, b, capacity, args.step_positions):
             print(f"| {b} | {pos} | {ms:.3f} | {ms / b * 1000:.2f} µs |")
 
-    cfg = types.SimpleNamespace(engine="ours", max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, top_k=0,
-                                batch_size=args.batch_size, run_steps=args.run_steps, seed=0)
+    cfg = RegenerateConfig(enabled=True, engine="ours", max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                           run_steps=args.run_steps)  # the trainer's own settings (a namespace missed keep_replies)
     engine = OurReplies(target.model, target.tokenizer, cfg)
     engine.target.step = step = Timed(engine.target.step)
     engine.target.prefill_rows = prefill = Timed(engine.target.prefill_rows)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import time
-import types
 
 from models.target import TargetModel
+from models.builtin_targets import resolve_target_path
+from train.config import RegenerateConfig
 from train.data.chat import ChatRenderer
 from train.data.dataset import resolve_source
 from train.data.readers import read_conversations
@@ -40,16 +41,16 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
 
-    target = TargetModel.from_pretrained(args.target, device=args.device)
+    target = TargetModel.from_pretrained(resolve_target_path(args.target, "--target"), device=args.device)
     renderer = ChatRenderer(target.tokenizer)
     conversations, _ = read_conversations(resolve_source(args.data), max_records=args.num)
     rows, reference = [], None
     runs = [(name, b, k) for name in args.engines for b in args.batch_size
             for k in (args.run_steps if name == "ours" else [None])]
     for name, batch_size, run_steps in runs:
-        cfg = types.SimpleNamespace(engine=name, max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, top_k=0,
-                                    batch_size=batch_size, run_steps=run_steps, seed=0, concurrency=args.concurrency,
-                                    vllm_python=None, server_url=args.server_url)
+        cfg = RegenerateConfig(enabled=True, engine=name, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
+                               run_steps=run_steps or RegenerateConfig.run_steps, concurrency=args.concurrency,
+                               server_url=args.server_url)  # the trainer's own settings (a namespace missed keep_replies)
         start = time.perf_counter()
         engine = reply_engine(cfg, target, args.max_length)
         startup = time.perf_counter() - start

@@ -14,11 +14,12 @@ text round trip (decode -> chat template -> tokenize) unchanged.
 from __future__ import annotations
 
 import argparse
-import types
 
 
 from infer.generate import generate
 from models.target import CachedTarget
+from models.builtin_targets import resolve_target_path
+from train.config import RegenerateConfig
 from train.data.chat import ChatRenderer
 from train.data.readers import Conversation, read_conversations
 from train.data.regenerate import regenerate_conversations
@@ -43,14 +44,14 @@ def main() -> None:
     args = p.parse_args()
     from train.data.dataset import resolve_source
 
-    target = TargetModel.from_pretrained(args.target, device=args.device)
+    target = TargetModel.from_pretrained(resolve_target_path(args.target, "--target"), device=args.device)
     renderer = ChatRenderer(target.tokenizer)
     conversations, _ = read_conversations(resolve_source(args.data), max_records=args.num)
     first_turns = []
     for c in conversations:
         i = next(i for i, m in enumerate(c.messages) if m["role"] == "assistant")
         first_turns.append(Conversation(id=c.id, messages=[dict(m) for m in c.messages[: i + 1]]))
-    cfg = types.SimpleNamespace(max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, batch_size=args.batch_size, seed=0)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)  # the trainer's own settings
     regenerated, _ = regenerate_conversations(first_turns, target.model, renderer, cfg, max_length=1 << 20, progress=False)
     cached = CachedTarget(target.model, [])
     tok = target.tokenizer

@@ -364,6 +364,13 @@ def run(args: argparse.Namespace) -> int:
         pld = prompt_lookup(prefill)
         if pld is not None:
             summary["prompt_lookup"] = {k: pld[k] for k in ("tau", "acceptance_by_position", "tokens_per_s", "steps")}
+            if not sampling.greedy and any(r.get("turn", 1) > 1 for r in records):  # later turns follow each pass's own answers
+                summary["prompt_lookup_note"] = (f"sampled (temperature {sampling.temperature:g}): a later turn's prompt holds "
+                                                 "each pass's own sampled answers, so prompt lookup's later turns are other "
+                                                 "prompts than the drafter's (first turns are the same)")
+        else:  # a table's "-" says why
+            summary["prompt_lookup_note"] = ("not run: the drafter is prompt lookup" if isinstance(drafter, PromptLookupDrafter)
+                                             else "not run (--no-pld)")
         return label, records, summary
 
     try:

@@ -32,6 +32,8 @@ def summary_table(summary: dict, title: str) -> str:
         f"{fmt(summary.get('baseline_tokens_per_s'), '.1f')} | {fmt(summary.get('speedup'), '.2f', 'x')} | {fmt(same, '.0%')} | "
         f"{summary['mean_prompt_tokens']:.0f} | {summary['mean_latency_s']:.2f} | {split_text} | {acc} |",
     ]
+    if summary.get("prompt_lookup_note"):
+        rows += ["", f"Prompt lookup's τ: {summary['prompt_lookup_note']}."]
     if summary.get("batch_size"):
         rows += ["", f"Batched, {summary['batch_size']} conversations in flight: the rows' own tok/s above; the batch decoded "
                      f"{summary['batch_tokens_per_s']:.1f} tokens/s."]
@@ -64,6 +66,9 @@ def sweep_tables(cells: dict[tuple[str, int], dict], texts: dict[tuple[str, int]
             out.append(f"| {w} | " + " | ".join(fmt.format(cells[(w, p)][key]) if (w, p) in cells else "-" for p in prefills) + " |")
         if key == "tau" and pld:  # same prompts and prefill
             out.append("| prompt lookup | " + " | ".join(fmt.format(pld[p]) if p in pld else "-" for p in prefills) + " |")
+        notes = sorted({c["prompt_lookup_note"] for c in cells.values() if c.get("prompt_lookup_note")})
+        if key == "tau" and notes:  # its row absent, or its later turns on other prompts: said
+            out += ["", *(f"Prompt lookup's τ: {n}." for n in notes)]
         out.append("")
     first = prefills[0]
     rows = {w: {p: cells[(w, p)]["tau"] for p in prefills if (w, p) in cells} for w in windows}

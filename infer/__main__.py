@@ -55,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, help="CPU threads (default on CPU: one per core when batched, or for a target of 10M "
                                                "parameters or more; 1 for a smaller one, whose decoding runs faster on one)")
     p.add_argument("--baseline", action="store_true", help="also run autoregressive decoding and report the speedup")
+    p.add_argument("--pld", action=argparse.BooleanOptionalAction, default=True,
+                   help="with a trained drafter, also decode the same prompt(s) with prompt lookup (as many drafts a step as "
+                        "the drafter's block) and print its tau beside the drafter's")
     p.add_argument("--json", help="write the statistics here as JSON")
     return p.parse_args(argv)
 
@@ -138,6 +141,14 @@ def run(args: argparse.Namespace) -> int:
     print(tokenizer.decode(result.tokens))
     print(stats_table("speculative" if drafter else "autoregressive", result), file=sys.stderr)
     report = {"speculative" if drafter else "autoregressive": result.stats.to_dict()}
+    pld, note = prompt_lookup_beside(args, target, drafter)
+    if pld is not None:  # the free baseline on the same prompt, beside the drafter's tau
+        lookup = generate(target, pld, prompt, args.max_new_tokens, sampling, eos)
+        print(f"[prompt lookup] tau {lookup.stats.tau:.3f} on the same prompt ({pld.num_draft_tokens} drafts a step; the "
+              f"drafter's {result.stats.tau:.3f})", file=sys.stderr)
+        report["prompt_lookup"] = lookup.stats.to_dict()
+    elif note:
+        print(f"[prompt lookup] {note}", file=sys.stderr)
     if args.baseline and drafter is not None:
         base = generate(target, None, prompt, args.max_new_tokens, sampling, eos)
         print(stats_table("autoregressive", base), file=sys.stderr)
@@ -162,6 +173,19 @@ def check_fits(prompts: list[tuple[str, int]], args: argparse.Namespace, target)
             raise ValueError(f"{name}: {n} prompt tokens (--prefill-tokens {args.prefill_tokens} of them filler) + "
                              f"{args.max_new_tokens} new tokens exceed the target's max_position_embeddings={limit}; "
                              "lower --prefill-tokens or --max-new-tokens")
+
+
+def prompt_lookup_beside(args: argparse.Namespace, target, drafter) -> tuple[object | None, str | None]:
+    """(prompt lookup to decode the same prompt(s) with, beside a trained drafter (``--pld``, the default): as many drafts
+    a step as the drafter's block, eval's rule; or None and, with ``--no-pld``, the line saying so). None for plain
+    decoding and for prompt lookup itself (its own tau is the one printed)."""
+    from infer.prompt_lookup import PromptLookupDrafter
+
+    if drafter is None or isinstance(drafter, PromptLookupDrafter):
+        return None, None
+    if not args.pld:
+        return None, "not run (--no-pld)"
+    return PromptLookupDrafter(num_draft_tokens=drafter.block_size - 1, vocab_size=target.lm_head.weight.shape[0]), None
 
 
 def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer, sampling) -> int:
@@ -195,10 +219,24 @@ def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer
     tau = sum(a + 1 for a in steps) / max(len(steps), 1)
     print(f"{len(results)} prompts, batch size {args.batch_size} | new {new} tok in {seconds:.2f}s: {new / seconds:.1f} tok/s | "
           f"tau {tau:.3f} over {len(steps)} steps", file=sys.stderr)
+    (pld, note), pld_tau = prompt_lookup_beside(args, target, drafter), None
+    if pld is not None:  # the free baseline on the same prompts, decoded the same way
+        if args.batch_size == 1 or not isinstance(target, StaticTarget):
+            lookups = [generate(target, pld, p, args.max_new_tokens, sampling, eos) for p in prompts]
+        else:
+            lookups = generate_batch(target, pld, prompts, args.max_new_tokens, batch_size=args.batch_size, sampling=sampling,
+                                     eos_token_ids=eos)
+        pld_steps = [a for r in lookups for a in r.stats.accepted_per_step]
+        pld_tau = sum(a + 1 for a in pld_steps) / max(len(pld_steps), 1)
+        print(f"prompt lookup on the same prompts ({pld.num_draft_tokens} drafts a step): tau {pld_tau:.3f} over {len(pld_steps)} "
+              f"steps (the drafter's {tau:.3f})", file=sys.stderr)
+    elif note:
+        print(f"prompt lookup: {note}", file=sys.stderr)
     if args.json:
         from common.atomic import atomic_open
 
         report = {"prompts": len(results), "batch_size": args.batch_size, "new_tokens": new, "seconds": seconds, "tau": tau,
+                  "prompt_lookup_tau": pld_tau,
                   "per_prompt": [{"id": c.id, **r.stats.to_dict()} for c, r in zip(conversations, results)]}
         with atomic_open(args.json) as f:
             json.dump(report, f, indent=2)

@@ -109,6 +109,9 @@ class Conversation:
 
 
 def mt_bench(num_questions: int | None = None) -> list[Conversation]:
+    """The first ``num_questions`` MT-Bench questions (all when None)."""
+    if num_questions is not None and num_questions < 1:  # -1 sliced off the last question: 79 ran, none said
+        raise ValueError(f"--questions {num_questions}; expected a number of MT-Bench questions >= 1 (80 in all)")
     records = mt_bench_questions(MT_BENCH)
     return [Conversation(str(r["question_id"]), r.get("category", ""), tuple(r["turns"])) for r in records[:num_questions]]
 

@@ -318,6 +318,7 @@ def test_interrupt_keeps_finished_turns_and_the_same_command_resumes(runs_dir, t
     monkeypatch.setattr(runner, "generate", real)
     assert main(argv) == 0
     resumed = json.loads((tmp_path / "o" / "results.json").read_text())["records"]
+    assert "Prompt lookup's τ: not run (--no-pld)." in (tmp_path / "o" / "summary.md").read_text()  # the table's "-" said
     assert main([*argv[:-1], str(tmp_path / "fresh")]) == 0
     fresh = json.loads((tmp_path / "fresh" / "results.json").read_text())["records"]
     assert [(r["id"], r["turn"], r["output_ids"], r["stats"]["accepted_per_step"]) for r in resumed] == \
@@ -464,3 +465,17 @@ def test_a_cpu_worker_ends_with_the_process_that_forked_it(tmp_path) -> None:
     if alive(child):
         os.kill(child, signal.SIGKILL)
         pytest.fail("the worker outlived the process that forked it")
+
+
+def test_tables_say_why_prompt_lookups_tau_is_absent_or_on_other_prompts() -> None:
+    """A τ table without prompt lookup's (--no-pld, or the drafter is prompt lookup) showed a bare "-", and a sampled run's
+    later turns (each pass's own answers in the prompt) were not marked: each is a line under the table now."""
+    from eval.report import summary_table, sweep_tables
+
+    summary = {"turns": 4, "tau": 2.0, "acceptance_by_position": [0.5, 0.3], "tokens_per_s": 10.0, "mean_prompt_tokens": 70,
+               "mean_latency_s": 0.2, "time_split": {"draft": 0.3, "verify": 0.7, "other": 0.0}}
+    assert "Prompt lookup's τ" not in summary_table(summary, "t")
+    note = "sampled (temperature 0.7): a later turn's prompt holds each pass's own sampled answers"
+    assert f"Prompt lookup's τ: {note}." in summary_table({**summary, "prompt_lookup_note": note}, "t")
+    cells = {(w, p): {"tau": 2.0, "tokens_per_s": 10.0, "prompt_lookup_note": "not run (--no-pld)"} for w in ("none", "64") for p in (0, 64)}
+    assert sweep_tables(cells).count("Prompt lookup's τ: not run (--no-pld).") == 1

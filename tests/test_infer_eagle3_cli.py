@@ -81,6 +81,29 @@ def test_cli_chain_and_tree(reference_target_path, eagle3_dir, tmp_path, capsys,
     assert stats["block_size"] == (3 if "--tree-topk" in flags else 4) and stats["new_tokens"] == 8
 
 
+def test_cli_prints_prompt_lookups_tau_on_the_same_prompts(reference_target_path, eagle3_dir, tmp_path, capsys) -> None:
+    """A trained drafter's tau came alone; prompt lookup's on the same prompt(s) stands beside it now (as many drafts a
+    step as the drafter's block), the same number a run of ``--drafter pld`` gives; ``--no-pld`` says it did not run."""
+    common = ["--target", str(reference_target_path), "--question", "81", "--max-new-tokens", "12"]
+    assert infer_main([*common, "--drafter", str(eagle3_dir), "--json", str(tmp_path / "d.json")]) == 0
+    err = capsys.readouterr().err
+    assert "[prompt lookup] tau " in err and "on the same prompt (3 drafts a step" in err
+    assert infer_main([*common, "--drafter", "pld", "--draft-steps", "3", "--json", str(tmp_path / "p.json")]) == 0
+    assert "[prompt lookup]" not in capsys.readouterr().err  # prompt lookup itself: its own tau is the one printed
+    beside = json.loads((tmp_path / "d.json").read_text())["prompt_lookup"]
+    alone = json.loads((tmp_path / "p.json").read_text())["speculative"]
+    assert beside["accepted_per_step"] == alone["accepted_per_step"] and beside["tau"] == alone["tau"]
+    assert infer_main([*common, "--drafter", str(eagle3_dir), "--no-pld"]) == 0
+    assert "[prompt lookup] not run (--no-pld)" in capsys.readouterr().err
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Tell me about cats. Cats are"}\n{"prompt": "List three colors: red, green,"}\n')
+    batch = ["--target", str(reference_target_path), "--prompts", str(prompts), "--max-new-tokens", "10", "--batch-size", "2"]
+    assert infer_main([*batch, "--drafter", str(eagle3_dir), "--json", str(tmp_path / "b.json")]) == 0
+    assert "prompt lookup on the same prompts (3 drafts a step): tau " in capsys.readouterr().err
+    assert infer_main([*batch, "--drafter", "pld", "--draft-steps", "3", "--json", str(tmp_path / "bp.json")]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["prompt_lookup_tau"] == json.loads((tmp_path / "bp.json").read_text())["tau"]
+
+
 @pytest.mark.parametrize("batch_size", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_eval_mtbench_runs_eagle3_unchanged(reference_target_path, eagle3_dir, tmp_path, batch_size) -> None:
     out = tmp_path / "mt"
