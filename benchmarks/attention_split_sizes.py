@@ -27,9 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.decode_speed import measured_bandwidth  # noqa: E402
-from benchmarks.measure import captured_us  # noqa: E402
+from benchmarks.measure import captured_us, require_cuda  # noqa: E402
 from swa_kernels import decode_attention  # noqa: E402
 from swa_kernels.decode_attention import Tiling  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 8, 4, 128, 36
 SPLIT_KEYS = (128, 256, 512, 768, 1024, 1536, 2048, 4096)

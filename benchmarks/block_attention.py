@@ -27,12 +27,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.measure import captured_us  # noqa: E402
+from benchmarks.measure import captured_us, require_cuda  # noqa: E402
 from swa_kernels.attention import grouped_attention  # noqa: E402
 from swa_kernels.block_attention import _launch, block_attention  # noqa: E402
 from swa_kernels.decode_attention import Rope  # noqa: E402
 from models.dflash import LayerAttention, _softmax_over_slots, block_visible  # noqa: E402
 from models.static_target import rms_norm, rotate  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 HQ, HKV, D, BLOCK, WINDOW = 32, 8, 128, 16, 2048
 

@@ -43,6 +43,8 @@ from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, 
 from models.eagle3 import Eagle3Drafter, Eagle3DraftModel, StaticEagle3Drafter, make_eagle3_config  # noqa: E402
 from models.static_target import StaticTarget  # noqa: E402
 from models.target import CachedTarget  # noqa: E402
+from benchmarks.measure import require_cuda  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 
 # "-eager": the drafter before its static one, at the second τ; "dflash-vocab": DFlash with a draft vocabulary of

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.decode_speed import cuda_ms  # noqa: E402
+from benchmarks.measure import require_cuda  # noqa: E402
+require_cuda(__doc__, __name__, flags=False)  # one line on a machine without a CUDA GPU
 
 SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w13": (24576, 4096), "w2": (4096, 12288), "lm_head": (151936, 4096)}
 

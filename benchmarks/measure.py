@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -63,3 +65,19 @@ def count_pairs(visible, q_len: int, kv_len: int, device: torch.device | str = "
         q = torch.arange(start, min(start + chunk, q_len), device=device)[:, None]
         total += int(visible(b, q, kv).sum())
     return total
+
+
+def require_cuda(doc: str | None, name: str, flags: bool) -> None:
+    """A GPU-only benchmark script run as a script (``name`` its ``__name__``) on a machine without a CUDA GPU: one line
+    and exit 2 (was a CUDA assertion traceback, some even for ``--help``). ``flags``: the script parses its arguments
+    (argparse answers ``--help``); a script without flags prints its docstring for ``--help``. Imported: no effect."""
+    if name != "__main__":
+        return
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        if flags:
+            return
+        print((doc or "").strip())
+        sys.exit(0)
+    if not torch.cuda.is_available():
+        print(f"error: {Path(sys.argv[0]).name} times GPU kernels; this machine has no CUDA GPU", file=sys.stderr)
+        sys.exit(2)

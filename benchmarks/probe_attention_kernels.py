@@ -11,7 +11,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.measure import median_ms  # noqa: E402
+from benchmarks.measure import median_ms, require_cuda  # noqa: E402
+require_cuda(__doc__, __name__, flags=False)  # one line on a machine without a CUDA GPU
 
 print(torch.__version__, torch.cuda.get_device_name())
 W, HQ, HKV, D = 2048, 32, 8, 128

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.measure import median_ms  # noqa: E402
+from benchmarks.measure import median_ms, require_cuda  # noqa: E402
+require_cuda(__doc__, __name__, flags=False)  # one line on a machine without a CUDA GPU
 
 
 def main() -> None:

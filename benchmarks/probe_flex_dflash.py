@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swa_kernels.attention import attention  # noqa: E402
 from models.dflash import LayerMaskSpec, dense_mask, flex_block_mask, flex_packed_block_mask  # noqa: E402
+from benchmarks.measure import require_cuda  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 VARIANTS = {
     "default": None,

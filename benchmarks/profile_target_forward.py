@@ -11,6 +11,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.infer_speed import SHAPES  # noqa: E402
 from models.target import CachedTarget  # noqa: E402
+from benchmarks.measure import require_cuda  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 p = argparse.ArgumentParser()
 p.add_argument("--shape", default="qwen3-8b")

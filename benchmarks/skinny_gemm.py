@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.measure import captured_us  # noqa: E402
+from benchmarks.measure import captured_us, require_cuda  # noqa: E402
 from swa_kernels import skinny_gemm  # noqa: E402
 from swa_kernels.int8_weights import config_for, dequantized, int8_weight  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 # Qwen3-8B's target matrices (q|k|v and gate|up fused) and a DFlash drafter's (fc over 5 features, a 32K draft head)
 SHAPES = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w13": (24576, 4096), "w2": (4096, 12288), "lm_head": (151936, 4096),

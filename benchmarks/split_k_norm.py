@@ -25,9 +25,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.measure import captured_us  # noqa: E402
+from benchmarks.measure import captured_us, require_cuda  # noqa: E402
 from models.static_target import rms_norm  # noqa: E402
 from swa_kernels import skinny_gemm  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 SHAPES = {"wo": (4096, 4096), "w2": (4096, 12288)}
 CALLS = 20

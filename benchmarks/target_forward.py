@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import median_ms  # noqa: E402
 from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
 from models.target import TargetModel, default_layer_ids  # noqa: E402
+from benchmarks.measure import require_cuda  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 
 def forward_flops(target: TargetModel, tokens: int, layers_run: int, lm_head: bool) -> float:

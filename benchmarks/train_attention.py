@@ -49,12 +49,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.measure import count_pairs, median_ms  # noqa: E402
+from benchmarks.measure import count_pairs, median_ms, require_cuda  # noqa: E402
 from swa_kernels.attention import FLASH_KERNELS, attention, compiled_flex_attention  # noqa: E402
 from swa_kernels.window_attention import CUDNN, band_ops, cudnn_band_available, fa4_available, window_attention  # noqa: E402
 from train.eagle3 import ttt_flex_block_mask, ttt_visible  # noqa: E402
 from models.dflash import LayerMaskSpec, dflash_visible, flex_block_mask, flex_packed_block_mask  # noqa: E402
 from swa_kernels.key_intervals import ctx_keys_for, dflash_key_intervals, key_interval_attention, plan_key_intervals  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 
 def ttt_context_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None):

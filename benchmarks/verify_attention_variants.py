@@ -44,6 +44,8 @@ from benchmarks.attention_split_sizes import (CAPACITY, HEAD_DIM, KV_HEADS, LAYE
 from benchmarks.decode_speed import measured_bandwidth  # noqa: E402
 from swa_kernels import decode_attention as da  # noqa: E402
 from swa_kernels.decode_attention import LOG2E, Rope, _attend, _norm_rope, tl, triton  # noqa: E402
+from benchmarks.measure import require_cuda  # noqa: E402
+require_cuda(__doc__, __name__, flags=True)  # one line on a machine without a CUDA GPU
 
 GROUP = 4
 

@@ -7,6 +7,8 @@ import torch
 
 sys.path.insert(0, ".")
 from swa_kernels.attention import cached_attention  # noqa: E402
+from benchmarks.measure import require_cuda  # noqa: E402
+require_cuda(__doc__, __name__, flags=False)  # one line on a machine without a CUDA GPU
 
 for head_dim in [int(a) for a in sys.argv[1:]] or [64, 128]:
     for window in (None, 2048):

@@ -49,3 +49,24 @@ def test_mt_bench_refuses_a_count_below_one() -> None:
     with pytest.raises(ValueError, match=r"--questions -1; expected a number of MT-Bench questions >= 1"):
         mt_bench(-1)
     assert len(mt_bench(3)) == 3 and len(mt_bench()) == 80
+
+
+GPU_ONLY = {"attention_split_sizes": True, "attention_splits": False, "attention_tilings": False, "block_attention": True,
+            "gemv_shapes": False, "probe_attention_kernels": False, "probe_cudnn_band": False, "probe_flex_dflash": True,
+            "skinny_gemm": True, "split_k_norm": True, "verify_attention_variants": True, "warm_flashinfer": False,
+            "train_attention": True, "decode_speed": True, "profile_decode_loop": True, "profile_target_forward": True,
+            "target_forward": True}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is a CPU machine's answer")
+@pytest.mark.parametrize("script", sorted(GPU_ONLY))
+def test_gpu_only_scripts_refuse_a_cpu_machine_in_one_line(script) -> None:
+    """A CUDA assertion traceback, for six of them even on --help (module-level GPU work, no flags)."""
+    out = run_script(f"benchmarks/{script}.py")
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {script}.py times GPU kernels; this machine has no CUDA GPU", \
+        out.stderr[-1500:]
+    helped = run_script(f"benchmarks/{script}.py", "--help")
+    assert helped.returncode == 0 and "Traceback" not in helped.stderr and helped.stdout.strip(), helped.stderr[-1500:]
+    if not GPU_ONLY[script]:  # no flags: the docstring is the help
+        assert helped.stdout.strip().splitlines()[0] in (REPO / "benchmarks" / f"{script}.py").read_text()
