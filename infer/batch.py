@@ -182,9 +182,10 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         # each prompt's tokens the row's cache holds already (all but the last: it runs for the first new token)
         skip = {r: min(common_prefix(cached[r], prompt), len(prompt) - 1) for r, _, prompt in waiting}
         for r, _, prompt in waiting:
-            cached[r] = []
+            common, cached[r] = common_prefix(cached[r], prompt), []
             if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):  # its context keeps the prefix where its rings hold it
-                skip[r] = drafter.kept_prefix(r, skip[r], len(prompt))
+                # the common prefix uncapped (a prompt the row holds whole: EAGLE-3's key at its last position is kept too)
+                skip[r] = drafter.kept_prefix(r, common, len(prompt))
         entries = sorted(waiting, key=lambda e: len(e[2]) - skip[e[0]])
         waiting.clear()
         ids = {r: torch.as_tensor(prompt, dtype=torch.long, device=device) for r, _, prompt in entries}

@@ -432,9 +432,10 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
         # its context holds the features of the tokens its last generation saw (``context_ids``; not the target's cache:
         # a baseline run in between moves that alone), kept where its rings still hold what the prompt's window reads
-        reuse = min(reuse, common_prefix(drafter.context_ids, prompt_list))
-        drafter.reset(n + max_new_tokens + verify_len, keep=reuse)
-        reuse = drafter.kept_prefix(0, reuse, n) if reuse else 0
+        # a prompt the caches hold whole (reuse capped at n - 1): EAGLE-3's key at n - 1 is the prompt's (kept_prefix caps)
+        held = min(reuse + (0 < reuse == n - 1), common_prefix(drafter.context_ids, prompt_list))
+        drafter.reset(n + max_new_tokens + verify_len, keep=held)
+        reuse = drafter.kept_prefix(0, held, n) if held else 0
         drafter.context_ids = []  # until this generation ends
     elif drafter is not None:
         drafter.reset(n + max_new_tokens + verify_len)

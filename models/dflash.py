@@ -1079,8 +1079,9 @@ class StaticDFlashDrafter:
         ``keep`` when every position below it that the prompt's next blocks can see is still held (a sliding layer's ring
         of W + block slots has written over positions more than that far behind its newest), else 0. The row forgets
         every position from the returned count on (the prefill writes them again). One host sync."""
+        keep = min(keep, length - 1)  # keep may be ``length``: the prompt's last token runs for the first new token
         for rule, held in self.slot_pos.items():
-            low = 0 if rule.window is None else max(0, length - rule.window)  # the first block's window starts past it
+            low = 0 if rule.window is None else max(0, length - rule.window + 1)  # the first block (at length) sees > length - W
             if keep > low and int(((held[row] >= low) & (held[row] < keep)).sum()) != keep - low:
                 keep = 0
                 break

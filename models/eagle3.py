@@ -726,7 +726,8 @@ class StaticEagle3Drafter:
         prompt's; kept when every one the prompt's first index sees is still held (a sliding layer's ring of W + P
         slots writes over older ones), else 0. The row forgets every later key; its next ``prefill`` starts there
         without a pending index. One host sync."""
-        start = min(keep - 1, int(self.pending_start[row])) if keep > 0 else 0
+        # keep may be ``length`` (the whole prompt is what the row held): the key at length - 1 is then the prompt's too
+        start = min(keep - 1, int(self.pending_start[row]), length - 1) if keep > 0 else 0
         for held, window in zip(self.slot_pos, self.windows):
             low = 1 if window is None else max(1, start + 2 - window)  # the first index (position start + 1) sees past it
             if start > 0 and low <= start and int(((held[row] >= low) & (held[row] <= start)).sum()) != start - low + 1:
