@@ -70,3 +70,31 @@ def test_gpu_only_scripts_refuse_a_cpu_machine_in_one_line(script) -> None:
     assert helped.returncode == 0 and "Traceback" not in helped.stderr and helped.stdout.strip(), helped.stderr[-1500:]
     if not GPU_ONLY[script]:  # no flags: the docstring is the help
         assert helped.stdout.strip().splitlines()[0] in (REPO / "benchmarks" / f"{script}.py").read_text()
+
+
+def write_result(folder: Path, *, pld: float | None, max_new_tokens: int, num_questions: int) -> None:
+    folder.mkdir(parents=True)
+    summary = {"turns": 2 * num_questions, "tau": 3.0, "acceptance_by_position": [0.6, 0.4, 0.2]}
+    if pld is not None:
+        summary["prompt_lookup"] = {"tau": pld}
+    (folder / "results.json").write_text(__import__("json").dumps({
+        "config": {"draft_steps": None, "tree_topk": None, "tree_tokens": None, "max_new_tokens": max_new_tokens,
+                   "num_questions": num_questions, "prefill_tokens": 0},
+        "summary": summary, "records": [{"stats": {"block_size": 4}}]}))
+
+
+def test_tree_table_borrows_prompt_lookup_only_from_the_same_prompts(tmp_path, monkeypatch, capsys) -> None:
+    """A --no-pld folder took prompt lookup's τ from any folder of the same name prefix, even one run on other questions
+    and another token budget, unmarked; now only from the same prompts, marked borrowed."""
+    from benchmarks import tree_table
+
+    write_result(tmp_path / "mt_a", pld=2.5, max_new_tokens=64, num_questions=10)
+    write_result(tmp_path / "mt_b", pld=None, max_new_tokens=256, num_questions=80)
+    write_result(tmp_path / "mt_c", pld=None, max_new_tokens=64, num_questions=10)
+    monkeypatch.setattr(sys, "argv", ["tree_table.py", *(str(tmp_path / f"mt_{x}") for x in "abc")])
+    tree_table.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| mt |")]
+    assert "| 160 | 3.000 | 0.60 | - | - | - | - |" in next(line for line in rows if "| 160 |" in line)  # other prompts
+    same = [line for line in rows if "| 20 |" in line]  # mt_a's own run, and mt_c borrowing it (the same prompts)
+    assert sorted("| 2.500 (3, borrowed) | 1.20× |" in line for line in same) == [False, True]
+    assert sorted("| 0.60 | 2.500 (3) | 1.20× |" in line for line in same) == [False, True]
