@@ -2,7 +2,7 @@
 as the DFlash and EAGLE-3 drafters draw them, or proposed by ``PromptLookupDrafter``) keeps the target's distribution
 exactly: a synthetic Markov target over 5 tokens (next-token logits a table of the previous token) decoded speculatively
 20,000 times at fixed seeds, the first 2-3 output tokens' empirical distribution against the exact one (a chi-square
-test and a total-variation bound; filtering written out here independently of ``logits_to_probs``). Three proposals: an autoregressive chain (q of
+test and a total-variation bound; the filtering written out independently of ``logits_to_probs``, in ``test_infer_sampling``). Three proposals: an autoregressive chain (q of
 draft j depends on draft j-1, as EAGLE-3's), a block (every draft's q from the anchor alone, as DFlash's) and prompt
 lookup's point masses (accept x with p(x), else draw from p less x). Drafts the target's top-k / top-p excludes
 (p(x) = 0) and top-k beyond the vocabulary occur. Each case 4-7 s on one CPU thread; the end-to-end chi-square tests on
@@ -18,6 +18,7 @@ import torch
 
 from infer.prompt_lookup import PromptLookupDrafter
 from models.sampling import SamplingConfig, choose, logits_to_probs, sample, verify
+from test_infer_sampling import chi_square_p_value, filtered  # the filter written out token by token, the goodness of fit
 
 pytestmark = pytest.mark.usefixtures("single_cpu_thread")
 
@@ -37,27 +38,13 @@ def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return target, chain, block
 
 
-def filtered(logits: torch.Tensor, s: SamplingConfig) -> torch.Tensor:
-    """Temperature, top-k, top-p (keep a token while the mass of the tokens before it is < top_p), in float64."""
-    probs = torch.softmax(logits.double() / s.temperature, -1)
-    order = sorted(range(len(probs)), key=lambda t: -float(probs[t]))[:s.top_k or len(probs)]
-    total, kept, mass = sum(float(probs[t]) for t in order), [], 0.0
-    for t in order:
-        if mass >= s.top_p:
-            break
-        kept.append(t)
-        mass += float(probs[t]) / total
-    out = torch.zeros_like(probs)
-    out[kept] = probs[kept]
-    return out / out.sum()
-
-
 def exact(target: torch.Tensor, start: int, s: SamplingConfig, depth: int) -> dict[tuple, float]:
     """P(the first ``depth`` tokens after ``start``) under the target alone."""
     dist = {(): 1.0}
     for _ in range(depth):
         dist = {prefix + (t,): p * float(q[t]) for prefix, p in dist.items()
-                for q in [filtered(target[prefix[-1] if prefix else start], s)] for t in range(V) if q[t] > 0}
+                for q in [filtered(torch.softmax(target[prefix[-1] if prefix else start].double() / s.temperature, -1), s.top_k, s.top_p)]
+                for t in range(V) if q[t] > 0}
     return dist
 
 
@@ -75,24 +62,6 @@ def speculative(target: torch.Tensor, propose, start: int, s: SamplingConfig, g:
         out += new
         token = new[-1]
     return tuple(out[:depth]), accepted
-
-
-def chi_square_p_value(counts: Counter, dist: dict[tuple, float], n: int) -> float:
-    """Pearson chi-square goodness of fit (outcomes with expected count < 5 pooled)."""
-    assert set(counts) <= set(dist), f"outcomes the target gives probability 0: {set(counts) - set(dist)}"
-    observed, expected, pool_o, pool_e = [], [], 0, 0.0
-    for outcome, p in dist.items():
-        if n * p >= 5:
-            observed.append(counts[outcome])
-            expected.append(n * p)
-        else:
-            pool_o, pool_e = pool_o + counts[outcome], pool_e + n * p
-    if pool_e > 0:
-        observed.append(pool_o)
-        expected.append(pool_e)
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
-    dof = torch.tensor((len(observed) - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, torch.tensor(stat / 2, dtype=torch.float64)))
 
 
 PROMPT = [0, 1, 2, 3, 4, 0, 1, 3, 4, 0, 2, 3, 0, 1, 2, 4]  # the last token starts; the rest is prompt lookup's context
