@@ -246,6 +246,7 @@ def check_cudnn_pieces() -> None:
                              "or flash-attn-4")
 
 
+@functools.cache  # once per process: EAGLE-3's unroll asks for it every training step (the schema check is not free)
 def cudnn_ops():
     """cuDNN's band in one call when its frontend is installed, else torch's cuDNN op in causal chunks."""
     if cudnn_band_available():

@@ -142,8 +142,12 @@ def test_torchs_private_cudnn_attention_ops_are_checked_before_use(monkeypatch) 
     schema = types.SimpleNamespace(arguments=[types.SimpleNamespace(name=n) for n in names], returns=[None] * 9)
     monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", types.SimpleNamespace(default=types.SimpleNamespace(_schema=schema)))
     monkeypatch.setattr(window_attention, "cudnn_band_available", lambda: False)
-    with pytest.raises(ValueError, match=re.escape(f"torch {torch.__version__}: torch.ops.aten._scaled_dot_product_cudnn_attention takes")):
-        window_attention.cudnn_ops()
+    window_attention.cudnn_ops.cache_clear()  # (cached per process)
+    try:
+        with pytest.raises(ValueError, match=re.escape(f"torch {torch.__version__}: torch.ops.aten._scaled_dot_product_cudnn_attention takes")):
+            window_attention.cudnn_ops()
+    finally:
+        window_attention.cudnn_ops.cache_clear()
 
 
 def test_a_cudnn_frontend_that_fails_to_load_is_said(tmp_path, monkeypatch, caplog) -> None:
