@@ -188,6 +188,12 @@ def prompt_lookup_beside(args: argparse.Namespace, target, drafter) -> tuple[obj
     return PromptLookupDrafter(num_draft_tokens=drafter.block_size - 1, vocab_size=target.lm_head.weight.shape[0]), None
 
 
+def pooled_tau(results) -> tuple[float, list[int]]:
+    """(τ over every verify step of ``results``, those steps' accepted counts)."""
+    steps = [a for r in results for a in r.stats.accepted_per_step]
+    return sum(a + 1 for a in steps) / max(len(steps), 1), steps
+
+
 def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer, sampling) -> int:
     """``--prompts`` (``conversations``, its records): every record's first user turn, ``--batch-size`` in flight; each output,
     then the pooled numbers."""
@@ -202,32 +208,28 @@ def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer
     prompts = [long_prompt_ids(tokenizer, c.turns[0], args.prefill_tokens) for c in conversations]
     check_fits([(f"record {c.id}", len(p)) for c, p in zip(conversations, prompts)], args, target)
     eos = eos_ids(tokenizer, target.model)
+
+    def decode_all(d) -> list:
+        if args.batch_size == 1 and not trees_on_rows(d):  # any target and drafter (FlashInfer attention), one prompt after another
+            return [generate(target, d, p, args.max_new_tokens, sampling, eos) for p in prompts]
+        if not isinstance(target, StaticTarget):
+            raise ValueError(f"--batch-size {args.batch_size}: batched decoding runs on the static target; --backend flashinfer "
+                             "decodes at --batch-size 1")
+        return generate_batch(target, d, prompts, args.max_new_tokens, batch_size=args.batch_size, sampling=sampling, eos_token_ids=eos)
+
     start = time.perf_counter()
-    if args.batch_size == 1 and not trees_on_rows(drafter):  # any target and drafter (FlashInfer attention), one prompt after another
-        results = [generate(target, drafter, p, args.max_new_tokens, sampling, eos) for p in prompts]
-    elif not isinstance(target, StaticTarget):
-        raise ValueError(f"--batch-size {args.batch_size}: batched decoding runs on the static target; --backend flashinfer "
-                         "decodes at --batch-size 1")
-    else:
-        results = generate_batch(target, drafter, prompts, args.max_new_tokens, batch_size=args.batch_size, sampling=sampling,
-                                 eos_token_ids=eos)
+    results = decode_all(drafter)
     seconds = time.perf_counter() - start
     for conversation, result in zip(conversations, results):
         print(f"### {conversation.id}\n{tokenizer.decode(result.tokens)}")
     new = sum(len(r.tokens) for r in results)
-    steps = [a for r in results for a in r.stats.accepted_per_step]
-    tau = sum(a + 1 for a in steps) / max(len(steps), 1)
+    tau, steps = pooled_tau(results)
     print(f"{len(results)} prompts, batch size {args.batch_size} | new {new} tok in {seconds:.2f}s: {new / seconds:.1f} tok/s | "
           f"tau {tau:.3f} over {len(steps)} steps", file=sys.stderr)
     (pld, note), pld_tau = prompt_lookup_beside(args, target, drafter), None
     if pld is not None:  # the free baseline on the same prompts, decoded the same way
-        if args.batch_size == 1 or not isinstance(target, StaticTarget):
-            lookups = [generate(target, pld, p, args.max_new_tokens, sampling, eos) for p in prompts]
-        else:
-            lookups = generate_batch(target, pld, prompts, args.max_new_tokens, batch_size=args.batch_size, sampling=sampling,
-                                     eos_token_ids=eos)
-        pld_steps = [a for r in lookups for a in r.stats.accepted_per_step]
-        pld_tau = sum(a + 1 for a in pld_steps) / max(len(pld_steps), 1)
+        lookups = decode_all(pld)
+        pld_tau, pld_steps = pooled_tau(lookups)
         print(f"prompt lookup on the same prompts ({pld.num_draft_tokens} drafts a step): tau {pld_tau:.3f} over {len(pld_steps)} "
               f"steps (the drafter's {tau:.3f})", file=sys.stderr)
     elif note:
