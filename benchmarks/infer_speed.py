@@ -11,7 +11,9 @@ Two setups:
         --device cuda --prefills 0 2048 8192 32768 --windows trained none 512 --questions 10 --max-new-tokens 256
     python benchmarks/infer_speed.py --random-shape qwen3-8b --device cuda --prefills 0 8192 32768
 
-Prints one table row per (prefill, window, backend) and writes all numbers as JSON (``--out``).
+Prints one table row per (prefill, window, backend) and writes all numbers as JSON (``--out``). With a real target,
+prompt lookup's tau on the same prompts sits beside the drafter's (as many drafts a step as the drafter's block, eval's
+rule; ``--no-pld`` leaves it out); with random weights both taus mean nothing and the column reads "-".
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.dflash import DFlashDrafter  # noqa: E402
 from infer.generate import generate  # noqa: E402
+from infer.prompt_lookup import PromptLookupDrafter  # noqa: E402
 from infer.loading import eos_ids, load_models, parse_window  # noqa: E402
 from infer.prompts import long_prompt_ids, mt_bench_questions  # noqa: E402
 from models.target import CachedTarget  # noqa: E402
@@ -110,13 +113,15 @@ def main() -> None:
     p.add_argument("--questions", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--block-size", type=int, default=16, help="random drafter only")
+    p.add_argument("--pld", action=argparse.BooleanOptionalAction, default=True,
+                   help="prompt lookup's tau on the same prompts beside the drafter's (real targets only)")
     p.add_argument("--out")
     args = p.parse_args()
 
     rows = []
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"# {gpu} | torch {torch.__version__}")
-    header = "prefill | window | backend | tau | spec tok/s | AR tok/s | speedup | ms/step | draft % | verify % | other % | same output"
+    header = "prefill | window | backend | tau | PLD tau | spec tok/s | AR tok/s | speedup | ms/step | draft % | verify % | other % | same output"
     print(header)
     for backend in args.backends:
         if args.random_shape:
@@ -130,7 +135,10 @@ def main() -> None:
                 target, drafter, tokenizer = load_models(args.target, args.drafter, args.device, "auto", window, backend)
                 eos = eos_ids(tokenizer, target.model)
             for prefill in args.prefills:
-                spec_runs, base_runs, same = [], [], 0
+                spec_runs, base_runs, pld_runs, same = [], [], [], 0
+                pld = None
+                if args.pld and tokenizer is not None and not isinstance(drafter, PromptLookupDrafter):  # the free baseline, decoded the same way on the same prompts
+                    pld = PromptLookupDrafter(num_draft_tokens=drafter.block_size - 1, vocab_size=target.lm_head.weight.shape[0])
                 for i in range(args.questions):
                     if tokenizer is None:
                         prompt = torch.randint(100, 100_000, (prefill + 64,)).tolist()
@@ -144,14 +152,17 @@ def main() -> None:
                     same += spec.tokens == base.tokens
                     spec_runs.append(spec)
                     base_runs.append(base)
+                    if pld is not None:
+                        pld_runs.append(generate(target, pld, prompt, args.max_new_tokens, eos_token_ids=eos))
                 s, b = summarize(spec_runs), summarize(base_runs)
                 row = {"prefill": prefill, "window": window_arg, "backend": backend, "spec": s, "autoregressive": b,
                        "speedup": s["tokens_per_s"] / b["tokens_per_s"], "same_output": f"{same}/{args.questions}",
-                       "gpu": gpu}
+                       "prompt_lookup_tau": summarize(pld_runs)["tau"] if pld_runs else None, "gpu": gpu}
                 if args.random_shape and torch.cuda.is_available():
                     row["forward"] = forward_timings(target, prefill + 64, drafter.block_size)
                 rows.append(row)
-                print(f"{prefill} | {window_arg} | {backend} | {s['tau']:.3f} | {s['tokens_per_s']:.1f} | {b['tokens_per_s']:.1f} | "
+                pld_tau = "-" if row["prompt_lookup_tau"] is None else f"{row['prompt_lookup_tau']:.3f}"
+                print(f"{prefill} | {window_arg} | {backend} | {s['tau']:.3f} | {pld_tau} | {s['tokens_per_s']:.1f} | {b['tokens_per_s']:.1f} | "
                       f"{row['speedup']:.2f}x | {s['ms_per_step']:.2f} | {100 * s['draft_frac']:.1f} | {100 * s['verify_frac']:.1f} | "
                       f"{100 * s['other_frac']:.1f} | {row['same_output']}", flush=True)
                 if "forward" in row:

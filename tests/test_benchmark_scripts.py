@@ -98,3 +98,34 @@ def test_tree_table_borrows_prompt_lookup_only_from_the_same_prompts(tmp_path, m
     same = [line for line in rows if "| 20 |" in line]  # mt_a's own run, and mt_c borrowing it (the same prompts)
     assert sorted("| 2.500 (3, borrowed) | 1.20× |" in line for line in same) == [False, True]
     assert sorted("| 0.60 | 2.500 (3) | 1.20× |" in line for line in same) == [False, True]
+
+
+def test_infer_speed_prints_prompt_lookups_tau_on_the_same_prompts(tiny_qwen3_path, tmp_path) -> None:
+    """Found by review (2026-12-05's fifth session): ``infer_speed.py`` printed a drafter's tau with no baseline beside it.
+    Its PLD column must be prompt lookup's tau on the same prompts, as many drafts a step as the drafter's block; here
+    recomputed through the loop with a prompt-lookup drafter loaded on its own."""
+    import json
+
+    from test_cli_bad_input import dflash_export
+
+    from infer.generate import generate
+    from infer.loading import eos_ids, load_models
+    from infer.prompts import long_prompt_ids, mt_bench_questions
+
+    drafter = dflash_export(tiny_qwen3_path, tmp_path / "drafter")  # block 4: prompt lookup drafts 3 a step
+    out = run_script("benchmarks/infer_speed.py", "--target", tiny_qwen3_path, "--drafter", str(drafter), "--device", "cpu",
+                     "--prefills", "0", "--questions", "2", "--max-new-tokens", "24", "--out", str(tmp_path / "rows.json"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = json.loads((tmp_path / "rows.json").read_text())[0]
+    target, pld, tokenizer = load_models(tiny_qwen3_path, "pld", "cpu", draft_steps=3)
+    eos = eos_ids(tokenizer, target.model)
+    steps = [a for i in range(2)
+             for a in generate(target, pld, long_prompt_ids(tokenizer, mt_bench_questions()[i]["turns"][0], 0, offset=997 * i), 24,
+                               eos_token_ids=eos).stats.accepted_per_step]
+    assert row["prompt_lookup_tau"] == pytest.approx(sum(a + 1 for a in steps) / len(steps))
+    assert f"| {row['spec']['tau']:.3f} | {row['prompt_lookup_tau']:.3f} |" in out.stdout, out.stdout
+    assert "PLD tau" in out.stdout.splitlines()[1]
+
+    off = run_script("benchmarks/infer_speed.py", "--target", tiny_qwen3_path, "--drafter", str(drafter), "--device", "cpu",
+                     "--prefills", "0", "--questions", "1", "--max-new-tokens", "8", "--no-pld")
+    assert off.returncode == 0 and f"| {'-'} |" in off.stdout, off.stdout + off.stderr[-1500:]
