@@ -78,12 +78,14 @@ def reply_ended(tokens: list[int], eos: list[int], budget: int, finish_reason: s
     return any(t in eos for t in head) or len(head) < budget
 
 
-def vllm_python(python: str | None) -> str:
+def vllm_python(python: str | None, setting: str = "--vllm-python") -> str:
+    """vLLM environment's interpreter: ``python`` or ``$SWA_VLLM_PYTHON``. ``setting``: where ``python`` came from, named
+    in the error (a CLI flag, or a config key such as ``data.regenerate.vllm_python``)."""
     python = python or os.environ.get("SWA_VLLM_PYTHON")
     if not python or not Path(python).exists():
-        found = "neither --vllm-python nor SWA_VLLM_PYTHON is set" if not python else f"{python!r} does not exist"
-        raise ValueError(f"vLLM's Python not found: {found} (make vLLM's environment with .ci/vllm-env DIR, then pass "
-                         "--vllm-python DIR/bin/python or set SWA_VLLM_PYTHON; see README)")
+        found = f"neither {setting} nor SWA_VLLM_PYTHON is set" if not python else f"{setting}={python!r} does not exist"
+        raise ValueError(f"vLLM's Python not found: {found} (make vLLM's environment with .ci/vllm-env DIR, then set "
+                         f"{setting} to DIR/bin/python or SWA_VLLM_PYTHON; see README)")
     return python
 
 
@@ -99,7 +101,8 @@ class VllmEngine:
     """
 
     def __init__(self, python: str | None, target: str, drafter: str | None, method: str | None, num_speculative_tokens: int,
-                 eos: list[int], max_model_len: int, dtype: str = "float32", max_num_seqs: int = 1):
+                 eos: list[int], max_model_len: int, dtype: str = "float32", max_num_seqs: int = 1,
+                 python_setting: str = "--vllm-python"):
         config = {"target": target, "drafter": drafter, "method": method, "num_speculative_tokens": num_speculative_tokens,
                   "eos": list(eos), "max_model_len": max_model_len, "dtype": dtype, "max_num_seqs": max_num_seqs}
         # The engine core in the worker's own process, not a second one (VLLM_ENABLE_V1_MULTIPROCESSING=0: the worker
@@ -110,7 +113,7 @@ class VllmEngine:
         # vLLM's log goes to a temporary file (the terminal with SWA_VLLM_VERBOSE=1): a refusal raised in its engine
         # core can reach the worker as "initialization failed" (in a process of its own), the cause only in the log
         self.log = None if os.environ.get("SWA_VLLM_VERBOSE") else tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen([vllm_python(python), str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([vllm_python(python, python_setting), str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         self.block_size = num_speculative_tokens + 1
         self.drafter = drafter

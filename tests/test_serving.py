@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,24 @@ def test_a_missing_vllm_python_is_refused_before_the_target_loads(tmp_path: Path
                  "--engine", "vllm", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "vLLM's Python not found: neither --vllm-python nor SWA_VLLM_PYTHON is set" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("setting", [None, "/nonexistent/bin/python"])
+def test_regeneration_through_vllm_names_its_config_key_when_the_python_is_missing(setting, monkeypatch, tiny_qwen3_path) -> None:
+    """Found by review (2026-12-05's fifth session): a training run with ``data.regenerate.engine=vllm`` and no vLLM
+    environment was told to pass ``--vllm-python``, a flag the trainer does not have; the error names the config key."""
+    from types import SimpleNamespace
+
+    from train.config import RegenerateConfig
+    from train.data.regenerate import reply_engine
+
+    monkeypatch.delenv("SWA_VLLM_PYTHON", raising=False)
+    target = SimpleNamespace(tokenizer=SimpleNamespace(eos_token_id=2), path=tiny_qwen3_path)
+    found = "neither data.regenerate.vllm_python nor SWA_VLLM_PYTHON is set" if setting is None else \
+        f"data.regenerate.vllm_python='{setting}' does not exist"
+    with pytest.raises(ValueError, match="vLLM's Python not found: " + re.escape(found)) as error:
+        reply_engine(RegenerateConfig(enabled=True, engine="vllm", vllm_python=setting), target, 256)
+    assert "--vllm-python" not in str(error.value)
 
 
 def test_an_engines_reply_keeps_its_end_of_sequence_token_as_our_loop_does() -> None:

@@ -169,7 +169,7 @@ def reply_engine(cfg: Any, target: Any, max_length: int):
         return OurReplies(target.model, target.tokenizer, cfg)
     if cfg.engine == "vllm":
         return EngineReplies(VllmEngine(cfg.vllm_python, resolve_target_path(target.path), None, None, 0, eos, max_length,
-                                        max_num_seqs=cfg.concurrency), cfg)
+                                        max_num_seqs=cfg.concurrency, python_setting="data.regenerate.vllm_python"), cfg)
     return EngineReplies(ServerEngine(cfg.server_url, eos, cfg.concurrency), cfg)
 
 
