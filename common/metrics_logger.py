@@ -47,6 +47,16 @@ def logged_steps(path: Path) -> list[int]:
     return [s for s in map(record_step, lines) if s is not None]
 
 
+def logged_records(path: Path, through: int) -> list[dict[str, Any]]:
+    """``metrics.jsonl``'s records up to step ``through``, in file order ([] without the file; lines a kill cut short
+    skipped)."""
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if (step := record_step(line)) is not None and step <= through:
+            records.append(json.loads(line))
+    return records
+
+
 def drop_metrics_after(output_dir: Path, step: int) -> None:
     """Keep only ``output_dir/metrics.jsonl``'s records up to ``step`` (the checkpoint a run resumes from; 0 = a fresh
     start): the steps after it are logged again, and were appended after the killed run's own. Temp name, then rename."""

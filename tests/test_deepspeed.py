@@ -180,3 +180,29 @@ def test_ranks_wait_for_rank_zeros_data_longer_than_nccls_default(monkeypatch) -
     monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
     init_process_group(torch.device("cpu"), Ranks(1, 2, 1))
     assert calls == [("gloo", {"timeout": PREPARE_TIMEOUT})] and PREPARE_TIMEOUT >= datetime.timedelta(hours=1)
+
+
+def test_a_resume_under_another_zero_stage_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    """A ZeRO-2 checkpoint resumed with trainer.deepspeed=zero3: DeepSpeed's loader found none of its stage's files and
+    answered with a bare AssertionError traceback. Refused in one line naming both stages; the same stage resumes."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # a plain process, as no launcher started it
+        monkeypatch.delenv(name, raising=False)
+    args = ["experiment=dflash_swa_tiny", *COMMON, "trainer.max_steps=2", "trainer.checkpoint_every=1", "trainer.export=false",
+            f"output_dir={tmp_path}"]
+    train(compose_train(args + ["trainer.deepspeed=zero2", "trainer.interrupt_after=1"]))
+    with pytest.raises(ValueError, match=r"step_00000001 was written under ZeRO stage 2; this run's trainer.deepspeed runs stage 3") as err:
+        train(compose_train(args + ["trainer.deepspeed=zero3"]))
+    assert "\n" not in str(err.value)
+    assert train(compose_train(args + ["trainer.deepspeed=zero2"]))["steps"] == 2
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[1]", r"ds.json holds a JSON list; expected an object of DeepSpeed's fields"),
+    ('{"zero_optimization": 2}', r"ds.json: field 'zero_optimization' is 2; expected an object"),
+])
+def test_a_config_of_the_wrong_json_shape_is_one_line(tmp_path: Path, text: str, message: str) -> None:
+    """Valid JSON of the wrong shape was an AttributeError traceback ('list' object has no attribute 'get')."""
+    (tmp_path / "ds.json").write_text(text)
+    with pytest.raises(ValueError, match=message) as err:
+        deepspeed_config(str(tmp_path / "ds.json"), 2, 1, 1.0, 1)
+    assert "\n" not in str(err.value)

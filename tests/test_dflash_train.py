@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -316,5 +317,57 @@ def test_resuming_an_older_checkpoint_inside_its_own_run_folder_is_refused(tmp_p
     with pytest.raises(ValueError, match=r"holds checkpoints newer than it \(step_00000003, step_00000004\)") as err:
         train(compose_fast(common + [f"output_dir={tmp_path / 'run'}", f"trainer.resume={source}"]))
     assert "\n" not in str(err.value) and source.is_dir()
+    with pytest.raises(ValueError, match=r"holds checkpoints newer than it"):  # its state.pt named: was resumed from, unrefused
+        train(compose_fast(common + [f"output_dir={tmp_path / 'run'}", f"trainer.resume={source / 'state.pt'}"]))
     branched = train(compose_fast(common + [f"output_dir={tmp_path / 'branch'}", f"trainer.resume={source}"]))
     assert branched["steps"] == 4 and source.is_dir()
+
+
+SHORT_DATA = ["data.max_records=60", "data.max_length=256"]  # steps of a second, not several, on a busy 2-core machine
+
+
+def test_a_resume_off_the_log_grid_logs_what_the_uninterrupted_run_logs(tmp_path: Path) -> None:
+    """A checkpoint between two logged steps (log_every=2, resumed from step 1): the record at step 2 averaged only step 2
+    after the resume (the log window's step 1 was lost with the process), not steps 1 and 2 as the uninterrupted run's."""
+    common = ["trainer.max_steps=2", "trainer.log_every=2", "trainer.batch_size=2", "trainer.eval_every=0", "data.num_eval=0",
+              "trainer.checkpoint_every=1", "trainer.export=false", *SHORT_DATA]
+    train(compose_fast(common + [f"output_dir={tmp_path / 'straight'}"]))
+    source = tmp_path / "straight" / "checkpoints" / "step_00000001"  # what a run stopped after step 1 leaves
+    train(compose_fast(common + [f"trainer.resume={source}", f"output_dir={tmp_path / 'resumed'}"]))
+    straight, resumed = (json.loads((tmp_path / run / "metrics.jsonl").read_text()) for run in ("straight", "resumed"))
+    assert straight["step"] == resumed["step"] == 2
+    del straight["train/tokens_per_s"], resumed["train/tokens_per_s"]  # wall time
+    assert resumed == straight
+
+
+def test_a_resume_with_other_trainer_settings_is_one_line(tmp_path: Path) -> None:
+    """The checkpoint's optimizer state restores its learning rate and weight decay over this run's (trainer.lr changed
+    at a resume trained on at the old rate, silently), and its data position counts micro-batches of its batch size in
+    its seed's order (another one skipped or repeated rows). Refused in one line, naming the setting; the same settings
+    resume."""
+    common = ["trainer.max_steps=2", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=1", "trainer.interrupt_after=1",
+              "trainer.warmup_ratio=0", "trainer.export=false", *SHORT_DATA, f"output_dir={tmp_path}"]
+    train(compose_fast(common + ["trainer.lr=1e-3"]))
+    for changed, named in (("trainer.lr=1e-2", "trainer.lr 0.001 there, 0.01 here"), ("trainer.seed=7", "trainer.seed 0 there, 7 here"),
+                           ("trainer.batch_size=2", "trainer.batch_size 4 there, 2 here"),
+                           ("data.max_records=40", "training rows")):
+        with pytest.raises(ValueError, match="was trained with other settings") as err:
+            train(compose_fast(common + ["trainer.lr=1e-3", "trainer.interrupt_after=null", changed]))
+        assert named in str(err.value) and "\n" not in str(err.value), str(err.value)
+    resumed = train(compose_fast(common + ["trainer.lr=1e-3", "trainer.interrupt_after=null"]))
+    assert resumed["steps"] == 2 and resumed["train/lr"] == pytest.approx(0.5e-3 * (1 + math.cos(math.pi / 2)))
+
+
+def test_a_run_killed_after_a_graceful_stop_keeps_every_step_in_its_record(tmp_path: Path) -> None:
+    """Stopped gracefully after step 1 (run.json written), resumed, killed after its step-3 checkpoint (no run.json of its
+    own), resumed again: run.json's history came from the step-1 record, [1, 4]; steps 2 and 3 were in metrics.jsonl only."""
+    common = ["trainer.max_steps=4", "trainer.log_every=1", "trainer.eval_every=0", "data.num_eval=0", "trainer.checkpoint_every=1",
+              "trainer.export=false", *SHORT_DATA, f"output_dir={tmp_path}"]
+    train(compose_fast(common + ["trainer.interrupt_after=1"]))
+    first_record = (tmp_path / "run.json").read_bytes()
+    train(compose_fast(common + ["trainer.interrupt_after=3"]))
+    (tmp_path / "run.json").write_bytes(first_record)  # what a kill after the step-3 checkpoint leaves
+    train(compose_fast(common))
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert [h["step"] for h in history] == [1, 2, 3, 4]
+    assert history == [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

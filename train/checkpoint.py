@@ -2,9 +2,10 @@
 ``Checkpointer`` that owns save and resume for the plain and the DeepSpeed paths.
 
 A checkpoint holds everything a resume needs under fixed keys: ``model``, ``optimizer``,
-``lr_scheduler``, ``dataloader`` (epoch and position), ``train_state`` (step, token counts) and
-``rng``. It is written to a hidden temporary folder and renamed, so a folder named ``step_*`` is
-always complete; resuming picks the newest one.
+``lr_scheduler``, ``dataloader`` (epoch and position), ``train_state`` (step, token counts, the open log
+window) and ``rng``, and what a resume checks against this run: ``model_config`` and ``settings``
+(``RESUME_SETTINGS``). It is written to a hidden temporary folder and renamed, so a folder named
+``step_*`` is always complete; resuming picks the newest one.
 """
 
 from __future__ import annotations
@@ -130,6 +131,30 @@ def config_mismatch(saved: dict[str, Any] | None, current: dict[str, Any]) -> st
     return f"{len(differ)} drafter setting(s) differ: {shown}" + (", ..." if len(differ) > 3 else "")
 
 
+# The trainer's settings a checkpoint's state holds or is counted in: the optimizer's state restores its learning rates
+# and weight decays over this run's (trainer.lr changed at a resume was ignored, silently), and the data position
+# (epoch, micro-batch index) counts micro-batches of batch_size in the order seed draws over the training rows
+# (another batch size, seed or data set skipped or repeated rows, silently). grad_accum sets what a step is.
+RESUME_SETTINGS = ("seed", "batch_size", "grad_accum", "optimizer", "lr", "muon_lr", "weight_decay", "muon_weight_decay")
+
+
+def resume_settings(trainer_cfg: Any, train_rows: int) -> dict[str, Any]:
+    """What ``settings_mismatch`` compares, as a checkpoint records it."""
+    return {**{f"trainer.{k}": getattr(trainer_cfg, k) for k in RESUME_SETTINGS}, "training rows": int(train_rows)}
+
+
+def settings_mismatch(saved: dict[str, Any] | None, current: dict[str, Any] | None) -> str | None:
+    """How a checkpoint's ``resume_settings`` differ from this run's, in a few words, or None (None for a checkpoint
+    written before they were recorded)."""
+    if saved is None or current is None:
+        return None
+    differ = [k for k in current if k in saved and saved[k] != current[k]]
+    if not differ:
+        return None
+    shown = ", ".join(f"{k} {saved[k]!r} there, {current[k]!r} here" for k in differ[:3])
+    return shown + (", ..." if len(differ) > 3 else "")
+
+
 def rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -178,6 +203,11 @@ def load_deepspeed_checkpoint(path: Path, engine, state: dict[str, Any]) -> dict
         raise ValueError(f"trainer.resume: {path} holds optimizer shards of {state['world_size']} ranks; this run has "
                          f"{engine.world_size} (relaunch on {state['world_size']} GPUs, or start over in another output_dir)")
     path = Path(path) if Path(path).is_dir() else Path(path).parent
+    saved_stage, stage = state.get("zero_stage"), engine.zero_optimization_stage()
+    if saved_stage is not None and saved_stage != stage:  # DeepSpeed's loader: an AssertionError traceback (no files of its stage)
+        raise ValueError(f"trainer.resume: {path} was written under ZeRO stage {saved_stage}; this run's trainer.deepspeed "
+                         f"runs stage {stage} (resume it with the DeepSpeed config it was trained with, or start over in "
+                         "another output_dir)")
     loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name)
     if loaded is None:
         raise ValueError(f"trainer.resume: DeepSpeed could not load {path}")
@@ -201,14 +231,15 @@ class Checkpointer:
     """
 
     def __init__(self, output_dir: Path, drafter: torch.nn.Module, optimizer, scheduler, batches, engine=None, keep: int = 2,
-                 world_size: int = 1, is_main: bool = True):
+                 world_size: int = 1, is_main: bool = True, settings: dict[str, Any] | None = None):
         self.output_dir, self.drafter, self.optimizer, self.scheduler = Path(output_dir), drafter, optimizer, scheduler
         self.batches, self.engine, self.keep, self.world_size, self.is_main = batches, engine, keep, world_size, is_main
+        self.settings = settings  # resume_settings: recorded in every checkpoint, compared at resume
 
     def check_compatible(self, path: Path, state: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint of another drafter (its config and tensor shapes, before any tensor loads:
-        DeepSpeed's loader answered with a traceback) or another optimizer (Muon with AdamW against AdamW alone: a
-        KeyError)."""
+        DeepSpeed's loader answered with a traceback), another optimizer (Muon with AdamW against AdamW alone: a
+        KeyError) or other ``RESUME_SETTINGS`` (learning rate, batch, seed, data: ignored or misread, silently)."""
         how = "resume it with the settings it was trained with, or start over in another output_dir"
         # the tensors too, for checkpoints saved without a config (load_state_dict's answer: a traceback listing every tensor)
         mismatch = (config_mismatch(state.get("model_config"), self.drafter.config.to_dict())
@@ -220,12 +251,17 @@ class Checkpointer:
             if saved != here:
                 raise ValueError(f"trainer.resume: {path} holds another optimizer's state (keys {saved}; this run's {here}: "
                                  f"trainer.optimizer differs); {how}")
+        settings = settings_mismatch(state.get("settings"), self.settings)
+        if settings:
+            raise ValueError(f"trainer.resume: {path} was trained with other settings ({settings}); its optimizer state "
+                             f"and data position would override or misread them: {how}")
 
     def save(self, step: int, train_state: dict[str, Any]) -> Path:
         common = {"dataloader": self.batches.state_dict(), "train_state": dict(train_state), "rng": rng_state(),
-                  "model_config": self.drafter.config.to_dict()}
+                  "model_config": self.drafter.config.to_dict(), **({"settings": self.settings} if self.settings else {})}
         if self.engine is not None:
-            return save_deepspeed_checkpoint(self.output_dir, step, self.engine, {**common, "world_size": self.world_size},
+            return save_deepspeed_checkpoint(self.output_dir, step, self.engine, {**common, "world_size": self.world_size,
+                                                                                  "zero_stage": self.engine.zero_optimization_stage()},
                                              keep=self.keep, is_main=self.is_main)
         return save_checkpoint(self.output_dir, step, {"model": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
                                                        "lr_scheduler": self.scheduler.state_dict(), **common}, keep=self.keep)
@@ -246,8 +282,9 @@ class Checkpointer:
             path = found[-1]
         else:
             path = Path(resume)
+            folder = path if path.is_dir() else path.parent  # resume may name the folder's state.pt itself
             newer = [p.name for p in list_checkpoints(self.output_dir)
-                     if state_step(p) > state_step(path)] if STEP_DIR.match(path.name) else []
+                     if state_step(p) > state_step(folder)] if STEP_DIR.match(folder.name) else []
             if newer:  # rolled back inside the run folder: pruning deleted the source, resume=auto picked the abandoned run
                 raise ValueError(f"trainer.resume={resume!r}: {self.output_dir} holds checkpoints newer than it ({', '.join(newer)}), "
                                  "of the run it branches from; resume it into another output_dir (the checkpoint stays where it is)")

@@ -54,6 +54,11 @@ def deepspeed_config(name: str, batch_size: int, grad_accum: int, grad_clip: flo
         config = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"trainer.deepspeed: {path} is not valid JSON ({e})") from None
+    if not isinstance(config, dict):  # was an AttributeError traceback ('list' object has no attribute 'get')
+        raise ValueError(f"trainer.deepspeed: {path} holds a JSON {type(config).__name__}; expected an object of DeepSpeed's fields")
+    if not isinstance(config.get("zero_optimization", {}), dict):
+        raise ValueError(f"{path}: field 'zero_optimization' is {config['zero_optimization']!r}; expected an object, "
+                         "e.g. {\"stage\": 2}")
     for key, why in REFUSED_KEYS.items():
         enabled = not isinstance(config.get(key), dict) or config[key].get("enabled", False)  # {"enabled": false} is harmless
         if key in config and (key not in ("fp16", "bf16") or enabled):

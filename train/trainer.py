@@ -31,7 +31,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from common.atomic import atomic_dir, atomic_open
-from common.metrics_logger import MetricsLogger
+from common.metrics_logger import MetricsLogger, logged_records
 from common.transfer import to_device_async
 from swa_kernels import fa4_adapter
 from swa_kernels.fa4_adapter import available as fa4_available
@@ -39,7 +39,7 @@ from models.builtin_targets import resolve_target_path
 from models.target import TargetModel
 
 from . import deepspeed_engine
-from .checkpoint import Checkpointer
+from .checkpoint import Checkpointer, resume_settings
 from .config import TrainConfig, check_paths, to_train_config  # noqa: F401  (callers import these from here too)
 from .data import prepare_data
 from .data.dataset import RowReader, collate_padded
@@ -394,7 +394,7 @@ def build(cfg: TrainConfig) -> Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(int(tc.warmup_ratio * max_steps), max_steps, tc.min_lr_ratio))
     engine = None if ds_config is None else deepspeed_engine.initialize(step.drafter, optimizer, scheduler, ds_config, device, ranks)
     checkpointer = Checkpointer(output_dir, step.drafter, optimizer, scheduler, batches, engine, tc.keep_checkpoints,
-                                ranks.world_size, ranks.is_main)
+                                ranks.world_size, ranks.is_main, resume_settings(tc, len(train_ds)))
 
     num_params = sum(p.numel() for p in trainable)
     run_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
@@ -429,6 +429,9 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
     run = build(cfg)
     tc, step, pad_id = cfg.trainer, run.step, run.target.pad_id
     train_state = run.checkpointer.resume(tc.resume) or {"step": 0, "tokens": 0, "seconds": 0.0}
+    # the log window open at the checkpoint (steps since the last log): without it, the first record after a resume
+    # averaged only the steps run since, not those of an uninterrupted run (a checkpoint off the log_every grid)
+    saved_window = train_state.pop("window", None)
     start_step = train_state["step"]
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -436,12 +439,23 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
     history, eval_metrics, interrupted = [], {}, False
     bar = tqdm(total=run.max_steps, initial=train_state["step"], desc="train", unit="step", disable=not (tc.progress and run.ranks.is_main))
     window_stats, window_tokens, window_start = None, 0, time.perf_counter()
+    if saved_window is not None:
+        window_tokens, window_start = saved_window["tokens"], window_start - saved_window["seconds"]
+
+    def window_state() -> dict[str, Any]:
+        """The open log window, for the checkpoint: its stats' sums (on the CPU), tokens and seconds."""
+        return {"stats": None if window_stats is None else {k: v.cpu() for k, v in vars(window_stats).items()},
+                "tokens": window_tokens, "seconds": time.perf_counter() - window_start}
+
     for n in range(train_state["step"] + 1, run.max_steps + 1):
         micro = run.next_micro_batches()
         lr = run.scheduler.get_last_lr()[0]  # the rate this step trains with (train_step advances the schedule after it)
         stats, grad_norm = train_step(step, micro, n, run.optimizer, run.scheduler, run.engine, run.ranks)
         tokens = int(sum(b["attention_mask"].sum() for b in micro))
         train_state.update(step=n, tokens=train_state["tokens"] + tokens)
+        if window_stats is None and saved_window is not None and saved_window["stats"] is not None:
+            window_stats = type(stats)(**{k: v.to(vars(stats)[k].device) for k, v in saved_window["stats"].items()})
+        saved_window = None
         window_stats = stats if window_stats is None else window_stats + stats
         window_tokens += tokens
         bar.update(1)
@@ -465,11 +479,13 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
             run.logger.log(eval_metrics, n)
             history.append({"step": n, **eval_metrics})
             report_eval(n, eval_metrics, bar)
-        if (tc.checkpoint_every and n % tc.checkpoint_every == 0) or n == run.max_steps:
-            run.checkpointer.save(n, train_state)
+        saved = (tc.checkpoint_every and n % tc.checkpoint_every == 0) or n == run.max_steps
+        if saved:
+            run.checkpointer.save(n, {**train_state, "window": window_state()})
         out_of_time = tc.time_limit_minutes is not None and time.perf_counter() - run_start > 60 * tc.time_limit_minutes
         if n < run.max_steps and (out_of_time or (tc.interrupt_after is not None and n >= tc.interrupt_after)):
-            run.checkpointer.save(n, train_state)
+            if not saved:  # a step on the checkpoint_every grid is saved already (it was written twice)
+                run.checkpointer.save(n, {**train_state, "window": window_state()})
             interrupted = True
             # the same command alone starts a new folder where output_dir holds the time (every experiment's default)
             log.warning("stopping after step %d (trainer.%s); resume with the same command and output_dir=%s", n,
@@ -519,8 +535,11 @@ def finish(run: Run, train_state: dict, history: list[dict], eval_metrics: dict,
         log.info("%s finished at step %d already: nothing to train; run.json and the export kept", output_dir, start_step)
         run.logger.finish()
         return earlier["metrics"]
-    if earlier is not None:  # resumed: the steps logged before the checkpoint it resumed from come first
-        history = [h for h in earlier.get("history", []) if h.get("step", 0) <= start_step] + history
+    if run.ranks.is_main and start_step > 0:  # resumed: the steps logged before the checkpoint it resumed from come first
+        # from metrics.jsonl, which holds every step up to the checkpoint (the resume trimmed it there): run.json holds
+        # them only up to the last graceful stop, so a run killed after it lost the steps between from its history
+        before = logged_records(output_dir / "metrics.jsonl", start_step)
+        history = (before or [h for h in (earlier or {}).get("history", []) if h.get("step", 0) <= start_step]) + history
     final = {**(history[-1] if history else {}), **eval_metrics}
     final.update({"steps": train_state["step"], "max_steps": run.max_steps, "tokens": train_state["tokens"],
                   "drafter_params": run.num_params, "interrupted": interrupted})
