@@ -404,6 +404,10 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         raise ValueError("prompt is empty; expected at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}; expected >= 1")
+    # as ``infer.batch`` refuses it: 0 was range()'s own error, a negative chunk prefilled nothing and failed on an unset
+    # variable (UnboundLocalError), a float a TypeError
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk={prefill_chunk!r}; expected an integer >= 1")
     if drafter is not None and drafter.target_layer_ids and list(drafter.target_layer_ids) != list(target.feature_layer_ids):
         # in order: the features are concatenated in the target's order, and a drafter reads them in its own
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids} "

@@ -386,7 +386,7 @@ class StaticTarget:
         # to the furthest row's last position (reading it costs no sync there; batched, the capacity holds a whole
         # conversation, rows sit far below it)
         if pos.device.type == "cpu":
-            keys = int(pos.max()) + n
+            keys = self._cpu_keys(pos, n)
         elif keys is None:
             keys = self.capacity
         if tree_mask is not None:  # token t at slot pos + t, RoPE position pos + depth; it sees the cache and its ancestors
@@ -409,6 +409,14 @@ class StaticTarget:
                 features.append((self.feature_layer_ids.index(i), x))
         logits = self.linear(h, self.head_weight, self.lm_head.bias)  # h: the final norm of the last layer's output
         return logits.float() if float_logits else logits, self._ordered_features(features)
+
+    def _cpu_keys(self, pos: torch.Tensor, n: int) -> int:
+        """The cache slots a CPU step of ``n`` tokens a row at ``pos`` [B] reads: ``max(pos) + n`` (no sync there), or a
+        one-line error where that runs past the capacity (was an IndexError from the RoPE tables or the cache write)."""
+        keys = int(pos.max()) + n
+        if keys > self.capacity:
+            raise ValueError(f"step to position {keys} exceeds the KV cache capacity {self.capacity}; call allocate() first")
+        return keys
 
     def _greedy_step(self, input_ids: torch.Tensor, pos: torch.Tensor, forced: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         # ``greedy_step``'s graph: the forward, the argmax of every row on the head's own dtype (the fp32 cast is exact,
@@ -459,7 +467,7 @@ class StaticTarget:
         steps = torch.arange(n, device=pos.device)
         positions = pos[:, None] + steps  # [B, n]
         real = (steps < lengths[:, None]).reshape(-1).nonzero()[:, 0]  # [N] indices of the real tokens in the B*n block
-        keys = int(pos.max()) + n
+        keys = self._cpu_keys(pos, n) if pos.device.type == "cpu" else int(pos.max()) + n
         real_positions = positions.reshape(-1)[real]  # [N]
         per_row = pos.device.type == "cpu" and ROW_ATTENTION_ON_CPU
         if per_row:

@@ -180,6 +180,34 @@ def test_buffers_are_kept_while_the_size_fits_and_bad_steps_are_refused(referenc
         target.forward(torch.zeros(2, dtype=torch.long), 255)
 
 
+def test_steps_past_the_capacity_are_refused_in_one_line(reference_target_path) -> None:
+    """``step`` (whole and packed rows), ``greedy_step`` and ``tree_greedy`` on the CPU, a row's last token one slot past
+    the capacity: a one-line error naming the position and the capacity (before: an IndexError from the RoPE table or
+    the cache write); a step ending exactly at the capacity runs."""
+    target = StaticTarget(load(reference_target_path), feature_layer_ids=[])
+    target.allocate(100, batch=2)
+    cap = target.capacity
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    target.step(ids, torch.tensor([cap - 3, 0]))  # slots cap-3 .. cap-1: the last ones there are
+    past = torch.tensor([cap - 2, 0])
+    calls = {"step": lambda: target.step(ids, past), "packed": lambda: target.step(ids, past, torch.tensor([3, 1])),
+             "greedy_step": lambda: target.greedy_step(ids, past),
+             "tree_greedy": lambda: target.tree_greedy(ids, past, torch.tensor([[0, 1, 1]] * 2),
+                                                       torch.tril(torch.ones(2, 3, 3, dtype=torch.bool)))}
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=rf"^step to position {cap + 1} exceeds the KV cache capacity {cap}; call allocate\(\) first$"):
+            call()
+
+
+@pytest.mark.parametrize("chunk", [0, -3, 2.5])
+def test_a_bad_prefill_chunk_is_refused_in_one_line(reference_target_path, chunk) -> None:
+    """``generate``'s ``prefill_chunk`` as ``generate_batch`` refuses it (before: range()'s error for 0, an
+    UnboundLocalError for a negative chunk, which prefilled nothing, a TypeError for a float)."""
+    target = StaticTarget(load(reference_target_path), feature_layer_ids=[])
+    with pytest.raises(ValueError, match=rf"^prefill_chunk={chunk}; expected an integer >= 1$"):
+        generate(target, None, [5, 6, 7], 4, prefill_chunk=chunk)
+
+
 @pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_the_loop_on_the_static_target_equals_the_eager_loop(reference_target_path, reference_tokenizer) -> None:
     """Greedy, the target alone and with prompt lookup: the same tokens and the same accepted counts per step."""
