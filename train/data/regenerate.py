@@ -25,6 +25,7 @@ mask; the reply's own tokens are the target's and stay in.
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -54,6 +55,14 @@ class Reply(NamedTuple):
     complete: bool
 
 
+def reply_seed(seed: int, conversation: int, turn: int) -> int:
+    """The sampling seed of one reply: ``data.regenerate.seed`` with the conversation's index and the turn. Every prompt
+    drew from one seed before (``ours``): replies to the same prompt (a prompt sampled several times) came out alike,
+    and different prompts shared their random draws."""
+    digest = hashlib.sha256(f"{seed}/{conversation}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
 
 def target_fingerprint(path: str) -> list[Any]:
     folder = Path(path)
@@ -63,20 +72,36 @@ def target_fingerprint(path: str) -> list[Any]:
 
 
 class HFReplies:
-    """Hugging Face ``generate`` on the target, ``batch_size`` prompts of similar length per batch, left-padded."""
+    """Hugging Face ``generate`` on the target, ``batch_size`` prompts of similar length per batch, left-padded.
+
+    A reply depends on its batch (its neighbours' padding; with sampling, the random draws of the whole batch): the
+    batches are formed over every prompt of a turn, those a killed run answered included (``skip``: answered, not
+    handed out again), so a resumed run generates the same batches as an uninterrupted one, each seeded from its
+    members' ``seeds`` (a resumed sampled run drew other replies than the uninterrupted one: the batches after the kill
+    held other prompts and the global generator stood elsewhere)."""
+
+    whole_batches = True  # regenerate_conversations hands it the prompts already answered too, in ``skip``
 
     def __init__(self, model: Any, tokenizer: Any, cfg: Any):
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     @torch.no_grad()
-    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[Reply]:
+    def replies(self, prompts: list[list[int]], budgets: list[int], seeds: list[int] | None = None,
+                skip: frozenset[int] | set[int] = frozenset()) -> Iterator[Reply]:
+        from transformers import GenerationConfig
+
         cfg, device = self.cfg, next(self.model.parameters()).device
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
         sampling = (dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k or None) if cfg.temperature > 0
                     else dict(do_sample=False, temperature=None, top_p=None, top_k=None))
         for b in range(0, len(order), cfg.batch_size):
             batch = order[b : b + cfg.batch_size]
+            if all(i in skip for i in batch):  # answered before a kill
+                continue
+            if cfg.temperature > 0:  # the batch's draws follow its members, not the batches before it
+                members = [cfg.seed if seeds is None else seeds[i] for i in batch]
+                torch.manual_seed(int.from_bytes(hashlib.sha256(json.dumps(members).encode()).digest()[:8], "little") & (2**63 - 1))
             width = max(len(prompts[i]) for i in batch)
             input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
             attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -85,11 +110,20 @@ class HFReplies:
                 attention_mask[row, width - len(prompts[i]) :] = 1
             # the batch's largest budget, each reply cut to its own (the smallest, the longest prompt's room in a batch
             # sorted by prompt length, cut every reply of the batch to it)
-            out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                      max_new_tokens=max(budgets[i] for i in batch), pad_token_id=self.pad_id,
-                                      eos_token_id=self.tokenizer.eos_token_id, **sampling)
+            # the target's plain distribution: the model's own generation_config.json filled every setting not passed
+            # here (Qwen2.5-Instruct's repetition_penalty 1.05, a no_repeat_ngram_size, num_beams...), and the replies
+            # were neither the target's greedy ones nor those ``ours`` gives
+            saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
+            try:
+                out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                          max_new_tokens=max(budgets[i] for i in batch), pad_token_id=self.pad_id,
+                                          eos_token_id=self.tokenizer.eos_token_id, **sampling)
+            finally:
+                self.model.generation_config = saved
             eos = [self.tokenizer.eos_token_id]
             for row, i in enumerate(batch):
+                if i in skip:
+                    continue
                 raw = out[row, width:width + budgets[i]].tolist()  # a row that ended is padded past its end of sequence
                 yield Reply(i, cut_at_eos(raw, eos), None, reply_ended(raw, eos, budgets[i]))
 
@@ -110,7 +144,7 @@ class OurReplies:
         self.eos = [tokenizer.eos_token_id]
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
 
-    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[Reply]:
+    def replies(self, prompts: list[list[int]], budgets: list[int], seeds: list[int] | None = None) -> Iterator[Reply]:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a chunk: a smaller capacity
         chunk = 16 * self.batch_size
         for start in range(0, len(order), chunk):
@@ -118,7 +152,7 @@ class OurReplies:
             # one budget per chunk (the largest), each reply cut to its own: a longer run only extends a reply's tail
             outs = self.generate_batch(self.target, None, [prompts[i] for i in part], max(budgets[i] for i in part),
                                        batch_size=self.batch_size, sampling=self.sampling, eos_token_ids=self.eos,
-                                       run_steps=self.run_steps)
+                                       run_steps=self.run_steps, seeds=None if seeds is None else [seeds[i] for i in part])
             for i, out in zip(part, outs):
                 yield Reply(i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None, reply_ended(out.tokens, self.eos, budgets[i]))
 
@@ -141,7 +175,8 @@ class EngineReplies:
         self.engine, self.concurrency = engine, cfg.concurrency
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
 
-    def replies(self, prompts: list[list[int]], budgets: list[int]) -> Iterator[Reply]:
+    def replies(self, prompts: list[list[int]], budgets: list[int], seeds: list[int] | None = None) -> Iterator[Reply]:
+        # seeds: not sent (vLLM's worker and the server client take one seed per request: ``data.regenerate.seed``)
         if hasattr(self.engine, "complete_many"):  # a server: replies in the order they arrive
             for i, tokens, text, complete in self.engine.complete_many(prompts, budgets, self.sampling):
                 yield Reply(i, tokens, text, complete)
@@ -237,6 +272,7 @@ def regenerate_conversations(
     tokenizer = renderer.tokenizer
     if not hasattr(engine, "replies"):
         engine = HFReplies(engine, tokenizer, cfg)
+    whole_batches = getattr(engine, "whole_batches", False)
     torch.manual_seed(cfg.seed)
     messages = [[dict(m) for m in c.messages] for c in conversations]
     # The k-th assistant turn of each conversation, as message indices.
@@ -273,11 +309,17 @@ def regenerate_conversations(
                     stats["turns_resumed"] += 1
                     stats["replies_cut_at_budget"] += not done[(c, k)][1]
                     bar.update(1)
-                    continue
+                    if not whole_batches:
+                        continue
                 todo.append(c)
                 prompts.append(ids)
             budgets = [min(cfg.max_new_tokens, max_length - len(p)) for p in prompts]
-            for i, tokens, text, complete in engine.replies(prompts, budgets):
+            seeds = [reply_seed(cfg.seed, c, k) for c in todo]
+            if whole_batches:  # the answered prompts too, to batch as the uninterrupted run did; not handed out again
+                answers = engine.replies(prompts, budgets, seeds, skip={i for i, c in enumerate(todo) if (c, k) in done})
+            else:
+                answers = engine.replies(prompts, budgets, seeds)
+            for i, tokens, text, complete in answers:
                 c = todo[i]
                 content = tokenizer.decode(tokens, skip_special_tokens=True) if tokens is not None else text
                 set_reply(messages[c][assistant_turns[c][k]], content, complete)
