@@ -18,16 +18,19 @@ from train.trainer import train
 
 def test_walk_over_a_hand_made_sequence() -> None:
     # 8 easy positions (every draft right, 7 accepted) then 8 hard ones (none): the loop crosses the easy run
-    # in one step and pays a step for each hard position: 16 tokens in 9 steps, where the per-anchor mean says 4.5.
+    # in one step and pays a step for each hard position: the first token is the prefill's and the last ends the loop
+    # (no step from it), so 15 tokens in 8 steps, where the per-anchor mean says 4.5.
     accepted = [7] * 8 + [0] * 8
-    assert walk_tau(accepted) == (16, 9)
-    summary = tau_summaries("x", torch.tensor(float(sum(accepted))), torch.tensor(16.0), torch.tensor(16.0), torch.tensor(9.0))
-    assert summary == {"x/anchor_tau": pytest.approx(4.5), "x/block_tau": pytest.approx(16 / 9)}
-    assert walk_tau([0, 0, 0]) == (3, 3) and walk_tau([]) == (0, 0) and walk_tau([2, 5, 5, 0]) == (4, 2)
+    assert walk_tau(accepted) == (15, 8)
+    summary = tau_summaries("x", torch.tensor(float(sum(accepted))), torch.tensor(16.0), torch.tensor(15.0), torch.tensor(8.0))
+    assert summary == {"x/anchor_tau": pytest.approx(4.5), "x/block_tau": pytest.approx(15 / 8)}
+    assert walk_tau([0, 0, 0]) == (2, 2) and walk_tau([]) == (0, 0) and walk_tau([5]) == (0, 0)
+    # a step whose bonus token falls past the reply's last token counts up to it (``trim_output`` cuts the loop's)
+    assert walk_tau([2, 5, 5, 0]) == (3, 1) and walk_tau([1, 0, 1, 0]) == (3, 2)
     # two assistant turns in one row, and a row with none: each turn's walk starts at its first token
     accepted = torch.tensor([[-1, 1, 0, 1, -1, -1, 0, 0], [-1] * 8])
     loss_mask = torch.tensor([[0, 1, 1, 1, 1, 0, 1, 1], [0] * 8], dtype=torch.bool)
-    assert walk_segments(accepted, loss_mask) == (6, 4)  # turn 1: steps at 1 and 3 (2 tokens each); turn 2: at 6 and 7
+    assert walk_segments(accepted, loss_mask) == (4, 3)  # turn 1: steps at 1 and 3 (2 tokens, then 1 up to 4); turn 2: at 6
 
 
 @pytest.mark.slow
@@ -129,10 +132,11 @@ def test_dflash_evaluation_replays_blocks_drafted_one_anchor_at_a_time(tiny_qwen
             n += 1
         accepted[a] = n
     tokens = steps = 0
-    for start, end in ((6, 18), (24, 38)):  # each turn walked from its first token
+    for start, end in ((6, 18), (24, 38)):  # each turn walked from its first token (the prefill's) to its last (no step there)
         i = start
-        while i < end:
-            steps, tokens, i = steps + 1, tokens + accepted.get(i, 0) + 1, i + accepted.get(i, 0) + 1
+        while i < end - 1:
+            made = min(accepted.get(i, 0) + 1, end - 1 - i)
+            steps, tokens, i = steps + 1, tokens + made, i + made
     assert by_position[0].tolist() == [accepted.get(a, -1) for a in range(40)]
     summary = stats.summary("x")
     assert summary["x/block_tau"] == pytest.approx(tokens / steps)
@@ -181,3 +185,75 @@ def test_dflash_evaluation_in_row_chunks_equals_all_rows_at_once(tiny_qwen3_path
     assert torch.equal(chunked_positions, whole_positions) and (whole_positions >= 0).sum() > 30
     for got, want in zip(vars(chunked).values(), vars(whole).values()):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_replayed_loop_is_the_loops_tau_step_for_step(kind: str, isolated_cache) -> None:
+    """``block_tau``'s replay (``evaluate_batch``: ``eval/loop_tf_block_tau``, ``eval/block_tau``) against the real loop
+    (``infer.generate``, as ``python -m infer`` runs it) on the same prompts: a drafter with a sliding and a full layer,
+    a window shorter than every prompt, overfit for a few steps on the target's greedy replies so that drafts are
+    accepted; each reply's replayed (tokens, steps) is the loop's, so the τ is too. The replay stepped from the reply's
+    last token as well and counted a bonus token past it: (L, S + 1) or (L, S) where the loop had (L - 1, S)
+    (EAGLE-3's tiny run: 4.38 for the loop's 4.86)."""
+    from infer.generate import generate
+    from infer.loading import decoding_target, eos_ids
+    from infer.prompts import long_prompt_ids
+    from models.builtin_targets import resolve_target_path
+    from models.target import TargetModel
+    from train.loop_eval import LoopEval
+    from train.trainer import build_step, target_layer_ids, to_train_config, train_step
+
+    window = 8
+    drafter = (["experiment=dflash_swa_tiny", "drafter.num_anchors=64", "drafter.reveal_prob=0", "drafter.loss_weighting=exp"]
+               if kind == "dflash" else ["experiment=eagle3_swa_tiny", "drafter.num_hidden_layers=2", "drafter.ttt_length=4"])
+    cfg = to_train_config(compose_train([*drafter, "drafter.layer_types=[sliding_attention,full_attention]",
+                                         f"drafter.sliding_window={window}", "trainer.optimizer=adamw", "trainer.lr=3e-3"]))
+    torch.manual_seed(0)
+    target = TargetModel.from_pretrained(resolve_target_path(cfg.target.path))
+    layer_ids = target_layer_ids(cfg, target)
+    prompts = [long_prompt_ids(target.tokenizer, q["turns"][0], 0) for q in mt_bench_questions()[:3]]
+    assert min(map(len, prompts)) > window
+    alone, eos = decoding_target(target.model, layer_ids), eos_ids(target.tokenizer, target.model)
+    rows = [{"input_ids": p + g, "loss_mask": [0] * len(p) + [1] * len(g)}
+            for p in prompts for g in [generate(alone, None, p, 40, eos_token_ids=eos).tokens]]
+    step = build_step(cfg, target, layer_ids, torch.device("cpu"), train_ds=rows)  # EAGLE-3's draft vocabulary from the replies
+    loop = LoopEval(step, prompts, max_new_tokens=40)
+    assert [r["input_ids"][len(p):] for r, p in zip(rows, prompts)] == loop.greedy
+    batch = step.ctx.collate(rows, target.pad_id)
+    trainable = [p for p in step.drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=3e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    for n in range(1, 41):
+        train_step(step, [batch], n, optimizer, scheduler)
+
+    metrics = loop()
+    step.drafter.eval()
+    drafted = loop.inference_drafter()
+    with torch.no_grad():
+        for prompt, row, greedy in zip(prompts, rows, loop.greedy):
+            run = generate(loop.cached, drafted, prompt, 40, eos_token_ids=loop.eos)
+            assert run.tokens == greedy
+            stats = step.evaluate_batch(step.ctx.collate([row], target.pad_id))
+            steps = run.stats.accepted_per_step
+            assert (int(stats.walk_tokens), int(stats.walk_steps)) == (sum(a + 1 for a in steps), len(steps)) == (len(greedy) - 1, len(steps))
+    assert metrics["eval/loop_tau"] > 1.5, metrics  # drafts are accepted: the replay is not 1.0 == 1.0
+    assert metrics["eval/loop_tf_block_tau"] == pytest.approx(metrics["eval/loop_tau"], rel=1e-6)
+
+
+def test_loop_eval_with_no_verify_step_reports_no_tau(tiny_qwen3_path) -> None:
+    """``trainer.loop_eval_max_new_tokens=1``: every reply is the prefill's one token, no verify step runs. The loop's
+    τ was logged as 0.0 (``pooled_acceptance``'s value for no step, a τ below 1) beside a replayed 1.0; now neither
+    the loop's nor the replay's τ is reported (``eval/loop_steps`` 0 says why), and nothing raises."""
+    from infer.prompts import long_prompt_ids
+    from models.target import TargetModel
+    from train.loop_eval import LoopEval
+    from train.trainer import build_step, to_train_config
+
+    cfg = to_train_config(compose_train(["experiment=dflash_swa_tiny", "drafter.sliding_window=8"]))
+    target = TargetModel.from_pretrained(tiny_qwen3_path)
+    step = build_step(cfg, target, [1, 5], torch.device("cpu"))
+    prompts = [long_prompt_ids(target.tokenizer, q["turns"][0], 0) for q in mt_bench_questions()[:2]]
+    metrics = LoopEval(step, prompts, max_new_tokens=1)()
+    assert metrics["eval/loop_steps"] == 0 and metrics["eval/loop_pld_steps"] == 0, metrics
+    assert not {"eval/loop_tau", "eval/loop_pld_tau", "eval/loop_tf_block_tau", "eval/loop_acc_pos_1"} & set(metrics), metrics
+    assert all(v == v for v in metrics.values()), metrics  # no NaN
