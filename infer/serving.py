@@ -19,6 +19,7 @@ only one in flight (eval sends one at a time; a shared server's other traffic wo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -134,9 +135,12 @@ class VllmEngine:
         except json.JSONDecodeError:
             raise ValueError(f"vLLM's worker wrote {line[:200]!r} where a JSON answer belongs (infer/vllm_worker.py)") from None
 
-    def _request(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingConfig) -> dict:
+    def _request(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingConfig,
+                 seeds: list[int] | None = None) -> dict:
         request = {"prompts": [list(p) for p in prompts], "max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
                    "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed}
+        if seeds is not None:  # one per prompt (the worker's SamplingParams per prompt); else ``seed`` for all
+            request["seeds"] = [int(x) for x in seeds]
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         return self._read()
@@ -148,14 +152,15 @@ class VllmEngine:
         return tokens, engine_stats(tokens, answer["seconds"], self.block_size, answer.get("drafts", 0),
                                     answer.get("accepted_per_pos", []), "vllm")
 
-    def generate_many(self, prompts: list[list[int]], max_new_tokens: list[int],
-                      sampling: SamplingConfig) -> list[tuple[list[int], bool]]:
+    def generate_many(self, prompts: list[list[int]], max_new_tokens: list[int], sampling: SamplingConfig,
+                      seeds: list[int] | None = None) -> list[tuple[list[int], bool]]:
         """Replies to prompts, batched by vLLM (one request per distinct budget): (tokens, end-of-sequence cut; whether
-        the reply ended before its budget, ``reply_ended``)."""
+        the reply ended before its budget, ``reply_ended``). ``seeds``: one sampling seed per prompt (default
+        ``sampling.seed`` for all: sampled replies to a repeated prompt then come out alike)."""
         out: list[tuple[list[int], bool]] = [([], True) for _ in prompts]
         for budget in sorted(set(max_new_tokens)):
             idx = [i for i, b in enumerate(max_new_tokens) if b == budget]
-            answer = self._request([prompts[i] for i in idx], budget, sampling)
+            answer = self._request([prompts[i] for i in idx], budget, sampling, None if seeds is None else [seeds[i] for i in idx])
             for i, tokens in zip(idx, answer["outputs"]):
                 out[i] = cut_at_eos(tokens, self.eos), reply_ended(tokens, self.eos, budget)
         return out
@@ -295,12 +300,15 @@ class ServerEngine:
         return tokens, engine_stats(tokens, seconds, self.block_size, after["drafts"] - before["drafts"],
                                     [a - b for a, b in zip(after["accepted_per_pos"], prior)], "server")
 
-    def complete_many(self, prompts: list[list[int]], max_new_tokens: list[int],
-                      sampling: SamplingConfig) -> Iterator[tuple[int, list[int] | None, str, bool]]:
+    def complete_many(self, prompts: list[list[int]], max_new_tokens: list[int], sampling: SamplingConfig,
+                      seeds: list[int] | None = None) -> Iterator[tuple[int, list[int] | None, str, bool]]:
         """(index, tokens or None, text, ended before its budget) for each prompt as its reply arrives, ``concurrency``
-        requests in flight."""
+        requests in flight. ``seeds``: one sampling seed per prompt, each request's ``seed`` (default ``sampling.seed``)."""
+        def sampling_of(i: int) -> SamplingConfig:
+            return sampling if seeds is None else dataclasses.replace(sampling, seed=int(seeds[i]))
+
         with ThreadPoolExecutor(self.concurrency) as pool:
-            futures = {pool.submit(self.complete, p, n, sampling): i for i, (p, n) in enumerate(zip(prompts, max_new_tokens))}
+            futures = {pool.submit(self.complete, p, n, sampling_of(i)): i for i, (p, n) in enumerate(zip(prompts, max_new_tokens))}
             try:
                 for future in as_completed(futures):
                     tokens, text, ended = future.result()

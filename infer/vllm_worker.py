@@ -7,7 +7,7 @@ starts this file there and talks JSON lines. After start-up one line ``{"ready":
 ``{"error": "..."}`` (vLLM refused the model: its own message, one line). Then one request per stdin
 line, one answer per stdout line:
 
-    {"prompts": [[ids], ...], "max_new_tokens": n, "temperature": t, "top_p": p, "top_k": k, "seed": s}
+    {"prompts": [[ids], ...], "max_new_tokens": n, "temperature": t, "top_p": p, "top_k": k, "seed": s[, "seeds": [s, ...]]}
     -> {"outputs": [[ids], ...], "seconds": s, "drafts": n, "draft_tokens": n, "accepted_per_pos": [...]}
 
 The acceptance is read off vLLM's own counters (``vllm:spec_decode_*``, ``LLM.get_metrics()``) before
@@ -82,10 +82,13 @@ def main() -> None:
     answer({"ready": True})
     for line in sys.stdin:
         request = json.loads(line)
-        params = SamplingParams(temperature=request.get("temperature", 0.0), top_p=request.get("top_p", 1.0),
-                                top_k=request.get("top_k", 0), seed=request.get("seed"),
-                                max_tokens=request["max_new_tokens"], stop_token_ids=config.get("eos") or None,
-                                detokenize=False)
+        def params_of(seed):
+            return SamplingParams(temperature=request.get("temperature", 0.0), top_p=request.get("top_p", 1.0),
+                                  top_k=request.get("top_k", 0), seed=seed, max_tokens=request["max_new_tokens"],
+                                  stop_token_ids=config.get("eos") or None, detokenize=False)
+
+        # "seeds": one per prompt (sampled replies to a repeated prompt differ); else "seed" for every prompt
+        params = [params_of(s) for s in request["seeds"]] if "seeds" in request else params_of(request.get("seed"))
         before = counters(llm) if speculative else None
         start = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]], params, use_tqdm=False)

@@ -135,6 +135,31 @@ def test_regeneration_through_vllm_names_its_config_key_when_the_python_is_missi
     assert "--vllm-python" not in str(error.value)
 
 
+def test_regeneration_through_a_server_sends_each_reply_its_own_seed(monkeypatch) -> None:
+    """The server client sent the one ``data.regenerate.seed`` with every request: sampled replies to a repeated prompt
+    came out alike. Each request now carries its reply's seed (``train.data.regenerate.reply_seed``), the rest of the
+    sampling settings unchanged."""
+    from train.config import RegenerateConfig
+    from train.data.regenerate import EngineReplies, reply_seed
+
+    bodies = []
+
+    def call(self, path, body, raw=False):
+        bodies.append(body)
+        return {"choices": [{"token_ids": [5, 6], "text": "x", "finish_reason": "length"}]}
+
+    monkeypatch.setattr(ServerEngine, "_call", call)
+    server = object.__new__(ServerEngine)  # no server to list models from: the requests are what is checked
+    server.url, server.eos, server.concurrency, server.timeout, server.model = "http://unused", [2], 2, 5.0, "m"
+    cfg = RegenerateConfig(enabled=True, engine="server", server_url="http://unused", temperature=0.7, top_p=0.9, seed=3,
+                           concurrency=2)
+    seeds = [reply_seed(cfg.seed, c, 0) for c in range(4)]
+    got = sorted(i for i, *_ in EngineReplies(server, cfg).replies([[1, 2]] * 4, [2] * 4, seeds))
+    assert got == [0, 1, 2, 3]
+    assert sorted(b["seed"] for b in bodies) == sorted(seeds) and len(set(seeds)) == 4
+    assert all(b["temperature"] == 0.7 and b["top_p"] == 0.9 for b in bodies)
+
+
 def test_an_engines_reply_keeps_its_end_of_sequence_token_as_our_loop_does() -> None:
     """Our loop outputs the end-of-sequence token; vLLM's and a server's replies were cut before it, so eval's
     "tokens = target alone" read 0% on every reply that ended before its budget (a lossless engine). Regeneration

@@ -279,3 +279,31 @@ def test_a_drafter_shape_vllm_cannot_run_is_one_line(drafters, reference_target_
     with pytest.raises(ValueError, match=rf"vLLM refused target .* with dflash drafter {mixed}: .*mixed sliding/full dflash drafts") as e:
         VllmEngine(VLLM_PYTHON, str(reference_target_path), str(mixed), "dflash", config["block_size"] - 1, [], 512)
     assert "\n" not in str(e.value)
+
+
+def test_sampled_regeneration_through_vllm_gives_a_repeated_prompt_its_own_replies(reference_target_path) -> None:
+    """vLLM's worker was sent the one ``data.regenerate.seed`` for every prompt: a prompt sampled four times got four
+    identical replies (as ``ours`` did, fixed with ``reply_seed``). Each reply has its own seed now (the worker's
+    SamplingParams per prompt), and a second pass through the same engine gives the same replies. The server client's
+    per-request seeds: ``tests/test_serving.py``."""
+    from test_regenerate import one_turn_conversations
+
+    from models.target import TargetModel
+    from train.config import RegenerateConfig
+    from train.data.chat import ChatRenderer
+    from train.data.regenerate import reply_engine, regenerate_conversations
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=8, engine="vllm", concurrency=4, vllm_python=VLLM_PYTHON,
+                           temperature=1.0, seed=0)
+    replies, runs = reply_engine(cfg, target, 1024), []
+    try:
+        for _ in range(2):
+            out, _ = regenerate_conversations(one_turn_conversations(["Tell me a joke"] * 4), replies, renderer, cfg,
+                                              max_length=1024, progress=False)
+            runs.append([c.messages[1]["content"] for c in out])
+    finally:
+        replies.close()
+    assert len(set(runs[0])) == 4, runs[0]
+    assert runs[1] == runs[0]

@@ -40,9 +40,9 @@ def regenerated_key(data_cfg: Any, target: Any, renderer: ChatRenderer, source: 
         "target": target_fingerprint(target.path), "template": renderer.template,
         "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen), "replies_version": REPLIES_VERSION,
     }
-    # replies made otherwise than by earlier versions of this code, whose files must not be read for them: ``hf`` and
-    # ``ours`` sampled from per-reply seeds (``regenerate.reply_seed``), ``hf`` without the target's generation_config.json
-    if regen.temperature > 0 and regen.engine in ("hf", "ours"):
+    # replies made otherwise than by earlier versions of this code, whose files must not be read for them: every engine
+    # samples from per-reply seeds (``regenerate.reply_seed``), ``hf`` without the target's generation_config.json
+    if regen.temperature > 0:
         key_parts["sampling_seeds"] = "per reply"
     if regen.engine == "hf":
         key_parts["hf_generation_config"] = "plain"

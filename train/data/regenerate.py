@@ -176,14 +176,16 @@ class EngineReplies:
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
 
     def replies(self, prompts: list[list[int]], budgets: list[int], seeds: list[int] | None = None) -> Iterator[Reply]:
-        # seeds: not sent (vLLM's worker and the server client take one seed per request: ``data.regenerate.seed``)
+        # seeds: one per reply (``reply_seed``), as ``ours`` and ``hf`` draw them; one seed for all gave a repeated
+        # prompt identical sampled replies
         if hasattr(self.engine, "complete_many"):  # a server: replies in the order they arrive
-            for i, tokens, text, complete in self.engine.complete_many(prompts, budgets, self.sampling):
+            for i, tokens, text, complete in self.engine.complete_many(prompts, budgets, self.sampling, seeds):
                 yield Reply(i, tokens, text, complete)
             return
         for start in range(0, len(prompts), self.concurrency):
             chunk = list(range(start, min(start + self.concurrency, len(prompts))))
-            outs = self.engine.generate_many([prompts[i] for i in chunk], [budgets[i] for i in chunk], self.sampling)
+            outs = self.engine.generate_many([prompts[i] for i in chunk], [budgets[i] for i in chunk], self.sampling,
+                                              None if seeds is None else [seeds[i] for i in chunk])
             for i, (tokens, complete) in zip(chunk, outs):
                 yield Reply(i, tokens, None, complete)
 
