@@ -55,12 +55,16 @@ class Reply(NamedTuple):
     complete: bool
 
 
+def hashed_seed(key: str) -> int:
+    """A 63-bit seed drawn from ``key`` (the same on every machine and run, unlike ``hash``)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & (2**63 - 1)
+
+
 def reply_seed(seed: int, conversation: int, turn: int) -> int:
     """The sampling seed of one reply: ``data.regenerate.seed`` with the conversation's index and the turn. Every prompt
     drew from one seed before (``ours``): replies to the same prompt (a prompt sampled several times) came out alike,
     and different prompts shared their random draws."""
-    digest = hashlib.sha256(f"{seed}/{conversation}/{turn}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+    return hashed_seed(f"{seed}/{conversation}/{turn}")
 
 
 
@@ -101,7 +105,7 @@ class HFReplies:
                 continue
             if cfg.temperature > 0:  # the batch's draws follow its members, not the batches before it
                 members = [cfg.seed if seeds is None else seeds[i] for i in batch]
-                torch.manual_seed(int.from_bytes(hashlib.sha256(json.dumps(members).encode()).digest()[:8], "little") & (2**63 - 1))
+                torch.manual_seed(hashed_seed(json.dumps(members)))
             width = max(len(prompts[i]) for i in batch)
             input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
             attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
