@@ -4,13 +4,15 @@
 A checkpoint holds everything a resume needs under fixed keys: ``model``, ``optimizer``,
 ``lr_scheduler``, ``dataloader`` (epoch and position), ``train_state`` (step, token counts, the open log
 window) and ``rng``, and what a resume checks against this run: ``model_config`` and ``settings``
-(``RESUME_SETTINGS``). It is written to a hidden temporary folder and renamed, so a folder named
-``step_*`` is always complete; resuming picks the newest one.
+(``RESUME_SETTINGS``) and ``max_steps`` (the step count its schedule ran towards). It is written to a hidden temporary
+folder, its files and the folder fsynced, then renamed (and the parent folder fsynced), so a folder named ``step_*`` is
+always complete, also after a crash of the machine; resuming picks the newest one.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -33,12 +35,52 @@ def checkpoint_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
+def fsync_file(path: Path) -> None:
+    """Flush a written file's data to the disk (``os.fsync``): a rename is journalled on its own, so without it a crash of the
+    machine soon after a save could leave a complete-looking ``step_*`` folder with an empty or cut ``state.pt``."""
+    fd = os.open(path, os.O_RDWR if os.name == "nt" else os.O_RDONLY)  # Windows' fsync (_commit) needs a writable handle
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (the names made or renamed in it) to the disk, where the platform allows it: POSIX opens a
+    folder read-only and fsyncs it; Windows cannot open one (and some filesystems refuse the fsync), which is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Every file under ``folder``, then its folders (deepest first): what a save wrote, on the disk before its rename."""
+    folder = Path(folder)
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+        fsync_file(file)
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()), key=lambda p: -len(p.parts)):
+        fsync_dir(sub)
+    fsync_dir(folder)
+
+
 def save_checkpoint(output_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
     with atomic_dir(final) as tmp:
-        torch.save(state, tmp / "state.pt")
+        with open(tmp / "state.pt", "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # the data on the disk before the rename below makes the folder a checkpoint
+        fsync_dir(tmp)
+    fsync_dir(root)  # the rename itself
     prune_checkpoints(output_dir, keep)
     return final
 
@@ -134,8 +176,15 @@ def config_mismatch(saved: dict[str, Any] | None, current: dict[str, Any]) -> st
 # The trainer's settings a checkpoint's state holds or is counted in: the optimizer's state restores its learning rates
 # and weight decays over this run's (trainer.lr changed at a resume was ignored, silently), and the data position
 # (epoch, micro-batch index) counts micro-batches of batch_size in the order seed draws over the training rows
-# (another batch size, seed or data set skipped or repeated rows, silently). grad_accum sets what a step is.
-RESUME_SETTINGS = ("seed", "batch_size", "grad_accum", "optimizer", "lr", "muon_lr", "weight_decay", "muon_weight_decay")
+# (another batch size, seed or data set skipped or repeated rows, silently). grad_accum sets what a step is. The schedule's
+# shape (warmup_ratio, min_lr_ratio; lr and muon_lr above set its height) is this run's LambdaLR applied from the resumed
+# step on: changed at a resume, the learning rate jumped to another curve mid-run, silently.
+# trainer.max_steps (and num_epochs, which sets it) stays out, deliberately: raising it is how a finished or stopped run is
+# extended (the optimizer state and data position stay valid). The warmup + cosine is laid over max_steps, so the curve is
+# then stretched from the resumed step on (the rate steps up or down there): allowed, with a warning at resume
+# (Checkpointer.check_steps_left); a max_steps the checkpoint has already reached is refused there.
+RESUME_SETTINGS = ("seed", "batch_size", "grad_accum", "optimizer", "lr", "muon_lr", "weight_decay", "muon_weight_decay",
+                   "warmup_ratio", "min_lr_ratio")
 
 
 def resume_settings(trainer_cfg: Any, train_rows: int) -> dict[str, Any]:
@@ -185,9 +234,11 @@ def save_deepspeed_checkpoint(output_dir: Path, step: int, engine, state: dict[s
     dist.barrier()
     if is_main:
         torch.save({**state, "deepspeed": True}, root / tmp_tag / "state.pt")
+        fsync_tree(root / tmp_tag)  # every rank's shards and state.pt on the disk before the rename (the ranks wrote theirs before the barrier)
         if final.exists():
             shutil.rmtree(final)
         (root / tmp_tag).rename(final)
+        fsync_dir(root)
         prune_checkpoints(output_dir, keep)
     dist.barrier()
     return final
@@ -231,10 +282,15 @@ class Checkpointer:
     """
 
     def __init__(self, output_dir: Path, drafter: torch.nn.Module, optimizer, scheduler, batches, engine=None, keep: int = 2,
-                 world_size: int = 1, is_main: bool = True, settings: dict[str, Any] | None = None):
+                 world_size: int = 1, is_main: bool = True, settings: dict[str, Any] | None = None, max_steps: int | None = None,
+                 max_steps_setting: str | None = None):
         self.output_dir, self.drafter, self.optimizer, self.scheduler = Path(output_dir), drafter, optimizer, scheduler
         self.batches, self.engine, self.keep, self.world_size, self.is_main = batches, engine, keep, world_size, is_main
         self.settings = settings  # resume_settings: recorded in every checkpoint, compared at resume
+        # the run's step count (recorded in every checkpoint, checked at resume) and the setting it comes from, as the
+        # refusal names it (trainer.max_steps=N, or trainer.num_epochs=E for N steps)
+        self.max_steps = max_steps
+        self.max_steps_setting = max_steps_setting or f"trainer.max_steps={max_steps}"
 
     def check_compatible(self, path: Path, state: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint of another drafter (its config and tensor shapes, before any tensor loads:
@@ -253,12 +309,35 @@ class Checkpointer:
                                  f"trainer.optimizer differs); {how}")
         settings = settings_mismatch(state.get("settings"), self.settings)
         if settings:
-            raise ValueError(f"trainer.resume: {path} was trained with other settings ({settings}); its optimizer state "
-                             f"and data position would override or misread them: {how}")
+            raise ValueError(f"trainer.resume: {path} was trained with other settings ({settings}); its optimizer state, "
+                             f"data position and learning-rate schedule would override, misread or bend them: {how}")
+
+    def check_steps_left(self, path: Path, state: dict[str, Any]) -> None:
+        """Refuse, in one line, a checkpoint at or past this run's ``max_steps`` (a lowered one): the loop trained nothing
+        and the run exported the checkpoint's weights (or, a finished run, kept its record) as if it had ended there,
+        exit 0. The same command again on a finished run (its step is the ``max_steps`` it was saved under, this run's
+        too) stays what it was: nothing trained, its record kept. A ``max_steps`` changed otherwise resumes (how a run is
+        extended), with a warning: the schedule is stretched over it from this step on."""
+        if self.max_steps is None:
+            return
+        step, saved = int(state["train_state"]["step"]), state.get("max_steps")
+        finished_rerun = step == self.max_steps and saved in (None, self.max_steps)  # None: saved before max_steps was recorded
+        if step >= self.max_steps and not finished_rerun:
+            of = f" of a run to {saved} steps" if saved is not None else ""
+            raise_it = ("trainer.num_epochs (and trainer.max_steps, if set)" if self.max_steps_setting.startswith("trainer.num_epochs")
+                        else "trainer.max_steps")
+            raise ValueError(f"trainer.resume: {path} is at step {step}{of}, and this run's {self.max_steps_setting} leaves "
+                             f"nothing to train from it (it would be exported or kept as it is, as if finished); expected "
+                             f"{raise_it} above {step} steps to train on from it, or a new run in another output_dir")
+        if saved is not None and saved != self.max_steps:  # below max_steps here: extended (or shortened), resumed
+            log.warning("trainer.resume: %s was trained towards %d steps, this run's %s: the warmup + cosine schedule is "
+                        "stretched over %d steps from step %d on (the learning rate steps to the new curve there)",
+                        path, saved, self.max_steps_setting, self.max_steps, step)
 
     def save(self, step: int, train_state: dict[str, Any]) -> Path:
         common = {"dataloader": self.batches.state_dict(), "train_state": dict(train_state), "rng": rng_state(),
-                  "model_config": self.drafter.config.to_dict(), **({"settings": self.settings} if self.settings else {})}
+                  "model_config": self.drafter.config.to_dict(), **({"settings": self.settings} if self.settings else {}),
+                  **({"max_steps": self.max_steps} if self.max_steps is not None else {})}
         if self.engine is not None:
             return save_deepspeed_checkpoint(self.output_dir, step, self.engine, {**common, "world_size": self.world_size,
                                                                                   "zero_stage": self.engine.zero_optimization_stage()},
@@ -290,6 +369,7 @@ class Checkpointer:
                                  "of the run it branches from; resume it into another output_dir (the checkpoint stays where it is)")
         state = load_checkpoint(path)
         self.check_compatible(path, state)
+        self.check_steps_left(path, state)  # before anything loads or metrics.jsonl is trimmed: a refusal changes nothing
         if self.engine is not None:
             load_deepspeed_checkpoint(path, self.engine, state)
         else:

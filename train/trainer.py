@@ -393,8 +393,10 @@ def build(cfg: TrainConfig) -> Run:
     optimizer = build_optimizer(cfg, step.drafter, fused=device.type == "cuda" and ds_config is None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(int(tc.warmup_ratio * max_steps), max_steps, tc.min_lr_ratio))
     engine = None if ds_config is None else deepspeed_engine.initialize(step.drafter, optimizer, scheduler, ds_config, device, ranks)
+    steps_setting = (f"trainer.max_steps={max_steps}" if tc.num_epochs is None or max_steps == tc.max_steps
+                     else f"trainer.num_epochs={tc.num_epochs} ({max_steps} steps)")
     checkpointer = Checkpointer(output_dir, step.drafter, optimizer, scheduler, batches, engine, tc.keep_checkpoints,
-                                ranks.world_size, ranks.is_main, resume_settings(tc, len(train_ds)))
+                                ranks.world_size, ranks.is_main, resume_settings(tc, len(train_ds)), max_steps, steps_setting)
 
     num_params = sum(p.numel() for p in trainable)
     run_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
