@@ -17,6 +17,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.script import run_main  # noqa: E402
+
 
 def history(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/loss" in line]
@@ -56,7 +59,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:  # bad input (a flag, a missing or malformed file): one line, not a traceback
-        sys.exit(f"error: {e}")
+    run_main(main)  # bad input (a flag, a missing or malformed file): one line, not a traceback

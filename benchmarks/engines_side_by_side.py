@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
-from eval.__main__ import main as eval_main
-from infer.generate import pooled_acceptance
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from eval.__main__ import main as eval_main  # noqa: E402
+from infer.generate import pooled_acceptance  # noqa: E402
 
 
 def untrimmed(record: dict) -> list[int]:

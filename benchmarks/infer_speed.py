@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.script import run_main  # noqa: E402
 
 from models.dflash import DFlashDrafter  # noqa: E402
 from infer.generate import generate  # noqa: E402
@@ -176,7 +177,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:  # bad input (a flag, a missing or malformed file): one line, not a traceback
-        sys.exit(f"error: {e}")
+    run_main(main)  # bad input (a flag, a missing or malformed file): one line, not a traceback

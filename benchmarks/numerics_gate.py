@@ -22,6 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.script import run_main  # noqa: E402
+
 EXPERIMENTS = {"dflash": "dflash_swa_tiny", "eagle3": "eagle3_swa_tiny"}
 EXPERIMENTS_REAL = {"dflash": "dflash_swa", "eagle3": "eagle3_swa"}
 
@@ -104,7 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:  # bad input (a flag, a missing or malformed file): one line, not a traceback
-        sys.exit(f"error: {e}")
+    run_main(main)  # bad input (a flag, a missing or malformed file): one line, not a traceback

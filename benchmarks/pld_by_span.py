@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.script import run_main  # noqa: E402
 
 from models.builtin_targets import resolve_target_path  # noqa: E402
 from train.data.chat import ChatRenderer  # noqa: E402
@@ -58,7 +59,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:  # bad input (a flag, a missing or malformed file): one line, not a traceback
-        sys.exit(f"error: {e}")
+    run_main(main)  # bad input (a flag, a missing or malformed file): one line, not a traceback

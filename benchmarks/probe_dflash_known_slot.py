@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.script import run_main  # noqa: E402
 
 from infer.loading import load_drafter_model, read_drafter_config  # noqa: E402
 from infer.prompts import chat_ids  # noqa: E402
@@ -98,7 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:  # bad input (a flag, a missing or malformed file): one line, not a traceback
-        sys.exit(f"error: {e}")
+    run_main(main)  # bad input (a flag, a missing or malformed file): one line, not a traceback

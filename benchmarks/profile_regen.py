@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from infer.loading import decoding_target
-from models.target import TargetModel
-from models.builtin_targets import resolve_target_path
-from train.config import RegenerateConfig
-from train.data.chat import ChatRenderer
-from train.data.dataset import resolve_source
-from train.data.readers import read_conversations
-from train.data.regenerate import OurReplies, regenerate_conversations
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from infer.loading import decoding_target  # noqa: E402
+from models.target import TargetModel  # noqa: E402
+from models.builtin_targets import resolve_target_path  # noqa: E402
+from train.config import RegenerateConfig  # noqa: E402
+from train.data.chat import ChatRenderer  # noqa: E402
+from train.data.dataset import resolve_source  # noqa: E402
+from train.data.readers import read_conversations  # noqa: E402
+from train.data.regenerate import OurReplies, regenerate_conversations  # noqa: E402
 
 
 def time_steps(target, batch: int, capacity: int, positions: list[int], repeats: int = 30) -> list[tuple[int, float]]:

@@ -15,15 +15,18 @@ request to its last reply (vLLM's start-up is printed apart). Prints a Markdown 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from models.target import TargetModel
-from models.builtin_targets import resolve_target_path
-from train.config import RegenerateConfig
-from train.data.chat import ChatRenderer
-from train.data.dataset import resolve_source
-from train.data.readers import read_conversations
-from train.data.regenerate import regenerate_conversations, reply_engine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.target import TargetModel  # noqa: E402
+from models.builtin_targets import resolve_target_path  # noqa: E402
+from train.config import RegenerateConfig  # noqa: E402
+from train.data.chat import ChatRenderer  # noqa: E402
+from train.data.dataset import resolve_source  # noqa: E402
+from train.data.readers import read_conversations  # noqa: E402
+from train.data.regenerate import regenerate_conversations, reply_engine  # noqa: E402
 
 
 def main() -> None:

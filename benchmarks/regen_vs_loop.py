@@ -14,16 +14,18 @@ text round trip (decode -> chat template -> tokenize) unchanged.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-
-from infer.generate import generate
-from models.target import CachedTarget
-from models.builtin_targets import resolve_target_path
-from train.config import RegenerateConfig
-from train.data.chat import ChatRenderer
-from train.data.readers import Conversation, read_conversations
-from train.data.regenerate import regenerate_conversations
-from models.target import TargetModel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from infer.generate import generate  # noqa: E402
+from models.target import CachedTarget  # noqa: E402
+from models.builtin_targets import resolve_target_path  # noqa: E402
+from train.config import RegenerateConfig  # noqa: E402
+from train.data.chat import ChatRenderer  # noqa: E402
+from train.data.readers import Conversation, read_conversations  # noqa: E402
+from train.data.regenerate import regenerate_conversations  # noqa: E402
+from models.target import TargetModel  # noqa: E402
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.measure import median_ms  # noqa: E402
+from benchmarks.measure import median_ms, require_cuda  # noqa: E402
 from swa_kernels import row_stats  # noqa: E402
+require_cuda(__doc__, __name__, flags=False)  # one line on a machine without a CUDA GPU
 
 SHAPES = [(65536, 8192), (8192, 151936)]
 

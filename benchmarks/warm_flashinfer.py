@@ -2,10 +2,11 @@
 of each variant takes ~90 s on a 16-core host; later calls read the cache)."""
 
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, ".")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from swa_kernels.attention import cached_attention  # noqa: E402
 from benchmarks.measure import require_cuda  # noqa: E402
 require_cuda(__doc__, __name__, flags=False)  # one line on a machine without a CUDA GPU
