@@ -68,7 +68,9 @@ With ``tree_redraft`` = R the nodes expanded at depths 1 .. R are drafted again,
 the first mask tokens (all of a depth's k nodes in one pass of k blocks per row), so their children know their parent, as
 EAGLE's do; a drafter learns to read such tokens when trained with ``drafter.reveal_prob``.
 
-Inference-time window (SGLang's ``--speculative-draft-window-size``): ``window="trained"`` keeps the
+Inference-time window (what SGLang's ``--speculative-draft-window-size`` sets for an EAGLE-3 draft; for a DFlash draft
+SGLang reads ``layer_types`` / ``sliding_window`` from its config, and the flag only bounds the context it keeps):
+``window="trained"`` keeps the
 checkpoint's ``sliding_window``; an int replaces it in every sliding layer; None removes it (full
 attention everywhere). In-block causality of sliding layers stays as trained.
 """

@@ -108,6 +108,20 @@ def test_window_rule_matches_zlab() -> None:
     assert engines.engine_layer_ids([1, 9, 17], "speculators") == [2, 10, 18]  # speculators' converter: z-lab id + 1
 
 
+def test_sglang_draft_window_size_shows_the_drafter_its_w_keys() -> None:
+    """SGLang's ``--speculative-draft-window-size N`` is read as a window_left (sglang 0.5.23: llama_eagle3.py sets
+    RadixAttention.sliding_window_size = N; FA3 runs window_size=(N, 0), FlashInfer window_left=N: keys p-N .. p). Our W
+    (keys p-W+1 .. p, the query included) must come out as the same mask, element by element."""
+    for w in (2, 5, 16, 2048):
+        n = engines.sglang_draft_window_size(w)
+        size = w + 40
+        reference = [[p - w + 1 <= k <= p for k in range(size)] for p in range(size)]  # Hugging Face's sliding_window
+        sglang = [[p - n <= k <= p for k in range(size)] for p in range(size)]  # window_left = n
+        assert sglang == reference, w
+    with pytest.raises(ValueError, match="sliding_window=1"):
+        engines.sglang_draft_window_size(1)
+
+
 def test_refuses_a_deleted_tensor_and_writes_nothing(tmp_path: Path, target: TargetModel) -> None:
     src = make_source(tmp_path, target)
     weights = load_file(src / "model.safetensors")

@@ -62,7 +62,7 @@ def test_engine_layer_ids_and_sglang_names() -> None:
         assert from_sglang_name(to_sglang_name(name)) == name
     command = engines.sglang_eagle3_command("T", "D", 4, 2048)
     assert "--speculative-num-steps 4" in command and "--speculative-num-draft-tokens 5" in command
-    assert command.endswith("--speculative-draft-window-size 2048") and "window" not in engines.sglang_eagle3_command("T", "D", 4)
+    assert command.endswith("--speculative-draft-window-size 2047") and "window" not in engines.sglang_eagle3_command("T", "D", 4)
 
 
 @pytest.mark.parametrize("num_layers", [1, 2])
@@ -84,7 +84,7 @@ def test_sglang_round_trip(tmp_path: Path, target_config, reference_target_path,
     assert torch.equal(weights["midlayer.hidden_norm.weight"], ours.layers[0].hidden_norm.weight)
     if num_layers == 2:
         assert torch.equal(weights["additional_layers.0.hidden_norm.weight"], ours.layers[1].input_layernorm.weight)
-        assert "--speculative-draft-window-size 16" in report["commands"]["sglang"] and report["notes"]
+        assert "--speculative-draft-window-size 15" in report["commands"]["sglang"] and report["notes"]
         # Our loader, SGLang names mapped back: the same logits as the source drafter (2 TTT steps).
         again = Eagle3DraftModel.from_pretrained(src).eval()
         again.load_state_dict({from_sglang_name(k): v for k, v in weights.items()})
@@ -212,7 +212,7 @@ def test_cli(tmp_path: Path, target_config, reference_target_path, capsys) -> No
     assert main([str(src), str(tmp_path / "out"), "--target", str(reference_target_path)]) == 0  # in-process: one start-up saved
     out = capsys.readouterr().out
     assert "reload max |Δ logits|" in out and "--speculative-algorithm EAGLE3" in out  # default for EAGLE-3: sglang
-    assert "--speculative-draft-window-size 16" in out
+    assert "--speculative-draft-window-size 15" in out
     bad = subprocess.run([sys.executable, "-m", "train.export", str(src), str(tmp_path / "out2"), "--format", "dflash"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0

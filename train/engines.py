@@ -68,15 +68,26 @@ def vllm_dflash_command(target: str, draft: str, block_size: int) -> str:
 
 # --- EAGLE-3 -----------------------------------------------------------------------------------
 #
-# SGLang's draft window: ``--speculative-draft-window-size N`` is in SGLang's current source
-# (python/sglang/srt/arg_groups/fields/spec.py, ``speculative_draft_window_size``: "Sliding window
-# size for the draft model. Honored by Llama EAGLE-3 (LlamaForCausalLMEagle3), DFLASH, ... For Llama
-# EAGLE-3, the drafter only attends to the most recent N keys"; validated in
-# arg_groups/speculative_hook.py). The older models/llama_eagle3.py we read builds plain
-# RadixAttention layers with no window, and no SGLang release reads ``sliding_window`` /
-# ``layer_types`` from an EAGLE-3 draft's config.json: the flag is the one way to ask, and it is a
-# single window for every draft layer (a drafter mixing sliding and full layers cannot be told so).
-# We pass our W (keys visible, the query included); SGLang's help says "the most recent N keys".
+# SGLang's draft window: ``--speculative-draft-window-size N`` (python/sglang/srt/arg_groups/fields/spec.py; its help says
+# "the drafter only attends to the most recent N keys") is the one way to window an EAGLE-3 draft: no SGLang release reads
+# ``sliding_window`` / ``layer_types`` from an EAGLE-3 draft's config.json, and the flag is one window for every draft
+# layer (a drafter mixing sliding and full layers cannot be told so). Read in the sglang 0.5.23 wheel (2026-10-30):
+# models/llama_eagle3.py sets ``RadixAttention.sliding_window_size = N`` with no ``- 1``, and SGLang's attention backends
+# read that field as FlashInfer's ``window_left`` (keys before the query): FA3 ``window_size=(N, 0)``, FlashInfer's
+# extend and decode paths and Triton's extend kernel show a query N + 1 keys; Triton's decode clamps to N (the gap
+# sgl-project/sglang#32087 names). SGLang's own models pass ``config.sliding_window - 1`` (gemma2.py, gemma3, gpt_oss.py)
+# and its DFlash drafter does the same from the draft's config (speculative/dflash_utils.py): the window_left meaning.
+# So we pass W - 1 for our W (keys visible, the query included): W keys on FA3 (Hopper's default) and FlashInfer, W - 1
+# on Triton's decode.
+
+
+def sglang_draft_window_size(sliding_window: int) -> int:
+    """SGLang's ``--speculative-draft-window-size`` for a drafter trained with Hugging Face's ``sliding_window`` W (W keys,
+    the query included): SGLang's ``window_left``, W - 1 (see above)."""
+    if sliding_window < 2:
+        raise ValueError(f"sliding_window={sliding_window}: SGLang's --speculative-draft-window-size must be positive, so the "
+                         "drafter's window needs at least 2 keys")
+    return sliding_window - 1
 
 
 def sglang_eagle3_command(target: str, draft: str, num_steps: int, sliding_window: int | None = None) -> str:
@@ -84,7 +95,7 @@ def sglang_eagle3_command(target: str, draft: str, num_steps: int, sliding_windo
                f"--speculative-draft-model-path {shlex.quote(draft)} --speculative-num-steps {num_steps} "
                f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {num_steps + 1}")
     if sliding_window is not None:
-        command += f" --speculative-draft-window-size {sliding_window}"
+        command += f" --speculative-draft-window-size {sglang_draft_window_size(sliding_window)}"
     return command
 
 
