@@ -111,7 +111,7 @@ def main() -> None:
         for bs in order:
             set_threads(device, args.threads, bs, target.model)  # eval's default for this batch size and target unless --threads says
             # --threads sets the one-process runs (batch 1's faster count, say); forked workers run one thread each
-            workers = cpu_workers(device, bs, None, args.cpu_workers)
+            workers = cpu_workers(device, bs, None, args.cpu_workers if bs > 1 else None)  # the batched runs' workers
             threads = torch.get_num_threads() if workers == 1 else f"1 x {workers} workers"
             phases = PhaseTimer(target, d) if args.phase_times and device == "cuda" else None
             t0, c0 = time.perf_counter(), cpu_now()
