@@ -168,8 +168,11 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline and drafter is not None:
         base = generate(target, None, prompt, args.max_new_tokens, sampling, eos)
         print(stats_table("autoregressive", base), file=sys.stderr)
-        speedup = result.stats.tokens_per_s / base.stats.tokens_per_s if base.stats.tokens_per_s else 0.0
-        print(f"speedup {speedup:.2f}x | identical output: {base.tokens == result.tokens}", file=sys.stderr)
+        # no token decoded past the prefill's (max_new_tokens 1, or an end at once): no speed, no speedup (null), not 0.00x
+        speedup = (result.stats.tokens_per_s / base.stats.tokens_per_s
+                   if result.stats.tokens_per_s and base.stats.tokens_per_s else None)
+        shown = "n/a (no token decoded past the prefill's)" if speedup is None else f"{speedup:.2f}x"
+        print(f"speedup {shown} | identical output: {base.tokens == result.tokens}", file=sys.stderr)
         report["autoregressive"] = base.stats.to_dict()
         report["speedup"] = speedup
     if args.json:

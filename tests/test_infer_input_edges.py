@@ -112,6 +112,8 @@ def test_cli_says_tau_is_undefined_without_a_verify_step(reference_target_path, 
     assert "[prompt lookup] tau n/a (no verify step)" in err and "the drafter's n/a (no verify step)" in err, err
     report = json.loads(out.read_text())
     assert [report[k]["tau"] for k in ("speculative", "prompt_lookup", "autoregressive")] == [None, None, None]
+    # no token decoded past the prefill's: no speedup either (it printed "speedup 0.00x" and wrote 0.0)
+    assert "speedup n/a" in err and report["speedup"] is None, err
 
     # with verify steps: a number, as before
     out = tmp_path / "steps.json"
