@@ -69,7 +69,8 @@ the first mask tokens (all of a depth's k nodes in one pass of k blocks per row)
 EAGLE's do; a drafter learns to read such tokens when trained with ``drafter.reveal_prob``.
 
 Inference-time window (what SGLang's ``--speculative-draft-window-size`` sets for an EAGLE-3 draft; for a DFlash draft
-SGLang reads ``layer_types`` / ``sliding_window`` from its config, and the flag only bounds the context it keeps):
+SGLang reads ``layer_types`` / ``sliding_window`` from its config, and the flag bounds the committed context it keeps,
+read in sglang 0.5.23's ``speculative/dflash_worker_v2.py``):
 ``window="trained"`` keeps the
 checkpoint's ``sliding_window``; an int replaces it in every sliding layer; None removes it (full
 attention everywhere). In-block causality of sliding layers stays as trained.

@@ -231,3 +231,20 @@ def test_config_export_formats_per_drafter_kind() -> None:
     with pytest.raises(ValueError, match=r"trainer.export_formats: 'dflash' is a DFlash layout; drafter.kind=eagle3") as err:
         to_train_config(compose_train(["experiment=eagle3_swa_tiny", "trainer.export_formats=[sglang,dflash]", "output_dir=/tmp/x"]))
     assert "\n" not in str(err.value)
+
+
+def test_config_refuses_a_window_sglang_cannot_serve_at_start_up() -> None:
+    """SGLang's --speculative-draft-window-size is W - 1 (``engines.sglang_draft_window_size``), so a window of 1 has no
+    SGLang flag: refused when the config is read, not by the sglang export after the whole training (which ended the run
+    with a ValueError before run.json and the speculators export were written)."""
+    from compose import compose_train
+
+    from train.trainer import to_train_config
+
+    with pytest.raises(ValueError, match=r"drafter.sliding_window=1 with trainer.export_formats=\['sglang', 'speculators'\]") as err:
+        to_train_config(compose_train(["experiment=eagle3_swa_tiny", "drafter.sliding_window=1", "output_dir=/tmp/x"]))
+    assert "\n" not in str(err.value)
+    # served by vLLM alone, or a window SGLang can express: accepted
+    to_train_config(compose_train(["experiment=eagle3_swa_tiny", "drafter.sliding_window=1", "trainer.export_formats=[speculators]",
+                                   "output_dir=/tmp/x"]))
+    to_train_config(compose_train(["experiment=eagle3_swa_tiny", "drafter.sliding_window=2", "output_dir=/tmp/x"]))

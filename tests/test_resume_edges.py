@@ -67,6 +67,16 @@ def test_a_resume_at_or_past_a_lowered_max_steps_is_refused_in_one_line(run_copy
     assert not (run_copy / "export").exists()
 
 
+def test_a_deepspeed_checkpoint_is_named_as_such_before_its_step_count(run_copy: Path) -> None:
+    """A checkpoint written under DeepSpeed, resumed without it and with a lowered max_steps: the refusal names the cause
+    (DeepSpeed), not the step count that follows from it (a num_epochs run on another world size has other step counts)."""
+    state_path = run_copy / "checkpoints" / "step_00000003" / "state.pt"
+    state = torch.load(state_path, weights_only=False)
+    torch.save({**state, "deepspeed": True}, state_path)
+    with pytest.raises(ValueError, match="was written under DeepSpeed; resume it with trainer.deepspeed set"):
+        train(compose_train(TINY + ["trainer.max_steps=2", f"output_dir={run_copy}"]))
+
+
 def test_the_cli_refuses_a_lowered_max_steps_with_a_nonzero_exit(run_copy: Path) -> None:
     before = files(run_copy)
     proc = subprocess.run([sys.executable, "-m", "train", *TINY, "trainer.max_steps=2", f"output_dir={run_copy}"], cwd=REPO,

@@ -75,10 +75,8 @@ def save_checkpoint(output_dir: Path, step: int, state: dict[str, Any], keep: in
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
     with atomic_dir(final) as tmp:
-        with open(tmp / "state.pt", "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())  # the data on the disk before the rename below makes the folder a checkpoint
+        torch.save(state, tmp / "state.pt")
+        fsync_file(tmp / "state.pt")  # the data on the disk before the rename below makes the folder a checkpoint
         fsync_dir(tmp)
     fsync_dir(root)  # the rename itself
     prune_checkpoints(output_dir, keep)
@@ -182,7 +180,7 @@ def config_mismatch(saved: dict[str, Any] | None, current: dict[str, Any]) -> st
 # trainer.max_steps (and num_epochs, which sets it) stays out, deliberately: raising it is how a finished or stopped run is
 # extended (the optimizer state and data position stay valid). The warmup + cosine is laid over max_steps, so the curve is
 # then stretched from the resumed step on (the rate steps up or down there): allowed, with a warning at resume
-# (Checkpointer.check_steps_left); a max_steps the checkpoint has already reached is refused there.
+# (Checkpointer.check_steps_left); a lowered max_steps the checkpoint has already reached is refused there.
 RESUME_SETTINGS = ("seed", "batch_size", "grad_accum", "optimizer", "lr", "muon_lr", "weight_decay", "muon_weight_decay",
                    "warmup_ratio", "min_lr_ratio")
 
@@ -244,21 +242,35 @@ def save_deepspeed_checkpoint(output_dir: Path, step: int, engine, state: dict[s
     return final
 
 
-def load_deepspeed_checkpoint(path: Path, engine, state: dict[str, Any]) -> dict[str, Any]:
-    """Model, optimizer and scheduler into the engine, from the checkpoint whose ``state.pt`` (``load_checkpoint``) is
-    ``state``; returns it."""
+def check_deepspeed_state(path: Path, engine, state: dict[str, Any]) -> None:
+    """Refuse, in one line, a checkpoint this run's engine (None: no DeepSpeed) cannot load: written with or without
+    DeepSpeed against this run, over another world size or ZeRO stage. Cheap (``state.pt``'s fields only): it runs
+    before the other resume checks, whose messages would otherwise name a symptom (a ``num_epochs`` run on more GPUs has
+    fewer steps) rather than the cause."""
+    if engine is None:
+        if state.get("deepspeed"):
+            raise ValueError(f"trainer.resume: {path} was written under DeepSpeed; resume it with trainer.deepspeed set "
+                             "(or start over in another output_dir)")
+        return
     if not state.get("deepspeed"):
         raise ValueError(f"trainer.resume: {path} was written without DeepSpeed; resume it the same way "
                          "(no trainer.deepspeed, one process) or start over in another output_dir")
     if state.get("world_size", engine.world_size) != engine.world_size:
         raise ValueError(f"trainer.resume: {path} holds optimizer shards of {state['world_size']} ranks; this run has "
                          f"{engine.world_size} (relaunch on {state['world_size']} GPUs, or start over in another output_dir)")
-    path = Path(path) if Path(path).is_dir() else Path(path).parent
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
     saved_stage, stage = state.get("zero_stage"), engine.zero_optimization_stage()
     if saved_stage is not None and saved_stage != stage:  # DeepSpeed's loader: an AssertionError traceback (no files of its stage)
-        raise ValueError(f"trainer.resume: {path} was written under ZeRO stage {saved_stage}; this run's trainer.deepspeed "
+        raise ValueError(f"trainer.resume: {folder} was written under ZeRO stage {saved_stage}; this run's trainer.deepspeed "
                          f"runs stage {stage} (resume it with the DeepSpeed config it was trained with, or start over in "
                          "another output_dir)")
+
+
+def load_deepspeed_checkpoint(path: Path, engine, state: dict[str, Any]) -> dict[str, Any]:
+    """Model, optimizer and scheduler into the engine, from the checkpoint whose ``state.pt`` (``load_checkpoint``) is
+    ``state`` (``check_deepspeed_state`` first); returns it."""
+    check_deepspeed_state(path, engine, state)
+    path = Path(path) if Path(path).is_dir() else Path(path).parent
     loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name)
     if loaded is None:
         raise ValueError(f"trainer.resume: DeepSpeed could not load {path}")
@@ -368,14 +380,12 @@ class Checkpointer:
                 raise ValueError(f"trainer.resume={resume!r}: {self.output_dir} holds checkpoints newer than it ({', '.join(newer)}), "
                                  "of the run it branches from; resume it into another output_dir (the checkpoint stays where it is)")
         state = load_checkpoint(path)
+        check_deepspeed_state(path, self.engine, state)
         self.check_compatible(path, state)
         self.check_steps_left(path, state)  # before anything loads or metrics.jsonl is trimmed: a refusal changes nothing
         if self.engine is not None:
             load_deepspeed_checkpoint(path, self.engine, state)
         else:
-            if state.get("deepspeed"):
-                raise ValueError(f"trainer.resume: {path} was written under DeepSpeed; resume it with trainer.deepspeed set "
-                                 "(or start over in another output_dir)")
             self.drafter.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["lr_scheduler"])

@@ -512,6 +512,12 @@ class TrainConfig:
             if norms:
                 raise ValueError(f"trainer.export_formats={self.trainer.export_formats}: drafter.{norms[0]}=true, which SGLang's "
                                  "LlamaForCausalLMEagle3 does not implement; set trainer.export_formats=[speculators] (vLLM serves it)")
+            window = self.drafter.sliding_window
+            if window is not None and window < 2 and "sliding_attention" in self.drafter.resolved_layer_types():
+                # SGLang's flag is W - 1 (engines.sglang_draft_window_size): refused here, not by the export after the training
+                raise ValueError(f"drafter.sliding_window={window} with trainer.export_formats={self.trainer.export_formats}: "
+                                 "SGLang's --speculative-draft-window-size (W - 1) must be positive, so its window needs at "
+                                 "least 2 keys; raise drafter.sliding_window, or set trainer.export_formats=[speculators]")
         layer_ids = self.drafter.target_layer_ids
         if kind == "eagle3" and "sglang" in self.trainer.export_formats and layer_ids is not None and len(layer_ids) != 3:
             raise ValueError(f"drafter.target_layer_ids={list(layer_ids)} with trainer.export_formats={self.trainer.export_formats}: "

@@ -87,7 +87,7 @@ def sglang_draft_window_size(sliding_window: int) -> int:
     if sliding_window < 2:
         raise ValueError(f"sliding_window={sliding_window}: SGLang's --speculative-draft-window-size must be positive, so the "
                          "drafter's window needs at least 2 keys")
-    return sliding_window - 1
+    return flashinfer_window_left(sliding_window)
 
 
 def sglang_eagle3_command(target: str, draft: str, num_steps: int, sliding_window: int | None = None) -> str:

@@ -86,9 +86,9 @@ def hub_snapshot(repo_id: str) -> Path | None:
 
 
 def target_fingerprint(path: str) -> list[Any]:
-    """What the regenerated replies' cache key holds of the target: a local folder's files; a hub id's name, the revision
-    of its cached snapshot and that snapshot's files (a new revision behind the same id keyed by its name alone reused
-    the replies of the old one); else the name alone."""
+    """What the regenerated replies' cache key holds of the target: a local folder's files; a hub id's name and the
+    revision of its cached snapshot (a new revision behind the same id keyed by its name alone reused the replies of the
+    old one); else the name alone."""
     folder = Path(path)
     if folder.is_dir():
         return folder_fingerprint(folder)
@@ -99,7 +99,9 @@ def target_fingerprint(path: str) -> list[Any]:
         log.warning("target.path=%r: a hub id without a snapshot in the local Hugging Face cache; the regenerated replies "
                     "are keyed by its name alone, and a new revision behind it would reuse replies of the old one", path)
         return [path]
-    return [path, snapshot.name, *folder_fingerprint(snapshot)]
+    # the snapshot's folder name is its commit hash: it fixes every file's content (its file list grows as other tools
+    # fetch more files into it, and copies of the cache change modification times: neither changes the replies)
+    return [path, snapshot.name]
 
 
 class HFReplies:
