@@ -38,10 +38,17 @@ SLOWEST_MODULES_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(items) -> None:
+def pytest_collection_modifyitems(config, items) -> None:
     """Every test skipped without a GPU carries the ``gpu`` marker, so ``pytest -m gpu`` on a GPU machine runs all of
-    them: the one place the marker is given (the skip conditions name CUDA or a GPU in their reasons). Then the
-    slowest modules move to the front (``SLOWEST_MODULES_FIRST``; a stable sort: the rest keep their order)."""
+    them: the one place the marker is given (the skip conditions name CUDA or a GPU in their reasons). ``long`` tests
+    run only where ``-m`` names them: pyproject's ``-m 'not long'`` is replaced by any ``-m`` given, so the quick tier's
+    ``-m "not slow"`` ran the full matrices too (47 one-interpreter ``--help`` runs among them, ~3 CPU minutes). Then
+    the slowest modules move to the front (``SLOWEST_MODULES_FIRST``; a stable sort: the rest keep their order)."""
+    if "long" not in (config.option.markexpr or ""):
+        long = [item for item in items if item.get_closest_marker("long")]
+        if long:
+            config.hook.pytest_deselected(items=long)
+            items[:] = [item for item in items if not item.get_closest_marker("long")]
     for item in items:
         reasons = [str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif")]
         if any("CUDA" in reason or "GPU" in reason for reason in reasons):
