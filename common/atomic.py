@@ -1,7 +1,9 @@
 """Atomic writes: build under a hidden temporary name beside the target, then rename.
 
 Whatever is killed half-way leaves only a hidden ``.name.*`` leftover, never a file or folder that
-looks complete (caches, checkpoints and exports are all trusted by their name alone).
+looks complete (caches, checkpoints and exports are all trusted by their name alone). What was written is
+fsynced before the rename and the rename after it: a rename is journalled on its own, so without it a crash
+of the machine soon after could leave a complete-looking name over empty or cut data.
 """
 
 from __future__ import annotations
@@ -18,6 +20,40 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a written file's data to the disk (``os.fsync``), before the rename that makes it look complete."""
+    fd = os.open(path, os.O_RDWR if os.name == "nt" else os.O_RDONLY)  # Windows' fsync (_commit) needs a writable handle
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (the names made or renamed in it) to the disk, where the platform allows it: POSIX opens a
+    folder read-only and fsyncs it; Windows cannot open one (and some filesystems refuse the fsync), which is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Every file under ``folder``, then its folders (deepest first): what a save wrote, on the disk before its rename."""
+    folder = Path(folder)
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+        fsync_file(file)
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()), key=lambda p: -len(p.parts)):
+        fsync_dir(sub)
+    fsync_dir(folder)
 
 
 @contextmanager
@@ -38,6 +74,7 @@ def atomic_dir(final: Path, replace: bool = True) -> Iterator[Path]:
             if not inner.is_symlink():
                 os.chmod(inner, (0o777 if inner.is_dir() else 0o666) & ~mask)
         os.chmod(tmp, 0o777 & ~mask)
+        fsync_tree(tmp)
         if final.exists():
             if not replace:
                 return
@@ -46,9 +83,11 @@ def atomic_dir(final: Path, replace: bool = True) -> Iterator[Path]:
             aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.replaced.", dir=final.parent))
             os.replace(final, aside)  # onto the empty folder mkdtemp made: a rename, never a copy
             os.replace(tmp, final)
+            fsync_dir(final.parent)
             shutil.rmtree(aside, ignore_errors=True)
         else:
             os.replace(tmp, final)
+            fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -62,8 +101,11 @@ def atomic_open(final: Path, mode: str = "w", encoding: str | None = "utf-8") ->
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
         os.replace(tmp, final)
+        fsync_dir(final.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -64,3 +64,46 @@ def test_a_kill_while_replacing_keeps_the_old_folder(tmp_path: Path, monkeypatch
             (tmp / "new.bin").write_text("new")
     kept = [p for p in tmp_path.iterdir() if p.name.startswith(".export.replaced.")]
     assert len(kept) == 1 and (kept[0] / "old.bin").read_text() == "old"
+
+
+def record_fsyncs(monkeypatch, atomic) -> list[tuple[str, str]]:
+    """os.fsync (each call named by the path its descriptor has) and os.replace, in the order they run."""
+    calls: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        calls.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    return calls
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a descriptor's path through /proc (Linux)")
+def test_what_is_written_is_fsynced_before_its_rename_and_the_rename_after(tmp_path: Path, monkeypatch) -> None:
+    """A rename is journalled on its own: without an fsync of the data first, a crash of the machine soon after could
+    leave a complete-looking name over an empty or cut file (a regenerated-replies cache of hours, a feature store's
+    shard, an export). Then the folder holding the new name is fsynced, so the rename itself lasts."""
+    import common.atomic as atomic
+
+    calls = record_fsyncs(monkeypatch, atomic)
+    with atomic_open(tmp_path / "cache.jsonl") as f:
+        f.write("{}\n")
+    (kind, written), replaced, after = calls
+    assert kind == "fsync" and Path(written).name.startswith(".cache.jsonl.") and replaced == ("replace", str(tmp_path / "cache.jsonl"))
+    assert after == ("fsync", str(tmp_path))
+
+    calls.clear()
+    with atomic_dir(tmp_path / "export") as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "weights.bin").write_bytes(b"w")
+        (tmp / "config.json").write_text("{}")
+    rename = calls.index(("replace", str(tmp_path / "export")))
+    synced = {Path(p).name for _, p in calls[:rename]}
+    assert {"weights.bin", "config.json", "sub"} <= synced and Path(calls[rename - 1][1]).name.startswith(".export.")
+    assert calls[rename + 1:] == [("fsync", str(tmp_path))]

@@ -12,7 +12,6 @@ always complete, also after a crash of the machine; resuming picks the newest on
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import torch
 
-from common.atomic import atomic_dir
+from common.atomic import atomic_dir, fsync_dir, fsync_tree
 from common.metrics_logger import drop_metrics_after
 from common.tensor_shapes import shape_differences
 
@@ -35,50 +34,12 @@ def checkpoint_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def fsync_file(path: Path) -> None:
-    """Flush a written file's data to the disk (``os.fsync``): a rename is journalled on its own, so without it a crash of the
-    machine soon after a save could leave a complete-looking ``step_*`` folder with an empty or cut ``state.pt``."""
-    fd = os.open(path, os.O_RDWR if os.name == "nt" else os.O_RDONLY)  # Windows' fsync (_commit) needs a writable handle
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (the names made or renamed in it) to the disk, where the platform allows it: POSIX opens a
-    folder read-only and fsyncs it; Windows cannot open one (and some filesystems refuse the fsync), which is skipped."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(folder: Path) -> None:
-    """Every file under ``folder``, then its folders (deepest first): what a save wrote, on the disk before its rename."""
-    folder = Path(folder)
-    for file in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
-        fsync_file(file)
-    for sub in sorted((p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()), key=lambda p: -len(p.parts)):
-        fsync_dir(sub)
-    fsync_dir(folder)
-
-
 def save_checkpoint(output_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
-    with atomic_dir(final) as tmp:
+    with atomic_dir(final) as tmp:  # fsynced before and after its rename (common/atomic.py)
         torch.save(state, tmp / "state.pt")
-        fsync_file(tmp / "state.pt")  # the data on the disk before the rename below makes the folder a checkpoint
-        fsync_dir(tmp)
-    fsync_dir(root)  # the rename itself
     prune_checkpoints(output_dir, keep)
     return final
 
