@@ -72,16 +72,11 @@ def tau_text(tau: float | None) -> str:
     return NO_TAU if tau is None else f"{tau:.3f}"
 
 
-def stats_tau(stats) -> float | None:
-    """A generation's τ (``GenerationStats.tau``), or None when no step verified anything."""
-    return stats.tau if stats.steps else None
-
-
 def stats_table(name: str, gen) -> str:
     s = gen.stats
     acc = (" ".join(f"{a:.2f}" for a in s.acceptance_by_position) or "-") if s.steps else "-"
     return "\n".join([
-        f"[{name}] prompt {s.prompt_tokens} tok | new {s.new_tokens} tok | steps {s.steps} | tau {tau_text(stats_tau(s))} | "
+        f"[{name}] prompt {s.prompt_tokens} tok | new {s.new_tokens} tok | steps {s.steps} | tau {tau_text(s.tau_or_none)} | "
         f"{s.tokens_per_s:.1f} tok/s",
         f"[{name}] time: prefill {s.prefill_s:.3f}s | draft {s.draft_s:.3f}s | verify {s.verify_s:.3f}s | other {s.other_s:.3f}s",
         f"[{name}] acceptance by position: {acc}",
@@ -160,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
     pld, note = prompt_lookup_beside(args, target, drafter)
     if pld is not None:  # the free baseline on the same prompt, beside the drafter's tau
         lookup = generate(target, pld, prompt, args.max_new_tokens, sampling, eos)
-        print(f"[prompt lookup] tau {tau_text(stats_tau(lookup.stats))} on the same prompt ({pld.num_draft_tokens} drafts a "
-              f"step; the drafter's {tau_text(stats_tau(result.stats))})", file=sys.stderr)
+        print(f"[prompt lookup] tau {tau_text(lookup.stats.tau_or_none)} on the same prompt ({pld.num_draft_tokens} drafts a "
+              f"step; the drafter's {tau_text(result.stats.tau_or_none)})", file=sys.stderr)
         report["prompt_lookup"] = lookup.stats.to_dict()
     elif note:
         print(f"[prompt lookup] {note}", file=sys.stderr)
@@ -209,8 +204,10 @@ def prompt_lookup_beside(args: argparse.Namespace, target, drafter) -> tuple[obj
 
 def pooled_tau(results) -> tuple[float | None, list[int]]:
     """(τ over every verify step of ``results``, None when there was none; those steps' accepted counts)."""
+    from infer.generate import pooled_acceptance
+
     steps = [a for r in results for a in r.stats.accepted_per_step]
-    return (sum(a + 1 for a in steps) / len(steps) if steps else None), steps
+    return (pooled_acceptance(steps, 1)[0] if steps else None), steps
 
 
 def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer, sampling) -> int:

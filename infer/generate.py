@@ -112,7 +112,7 @@ class GenerationStats:
     @property
     def tau(self) -> float:
         """Mean over verify steps of (accepted drafts + 1); 0.0 when no step verified anything (the output the prefill's
-        one token), where τ is undefined: ``to_dict`` writes None there, and ``python -m infer`` prints "n/a"."""
+        one token), where τ is undefined: ``tau_or_none`` is None there (``to_dict``'s null, ``python -m infer``'s "n/a")."""
         return pooled_acceptance(self.accepted_per_step, self.block_size)[0]
 
     @property
@@ -132,9 +132,13 @@ class GenerationStats:
         overstated it by N/(N-1): 0.4% at 256 tokens, 3% at 32)."""
         return self.decoded_tokens / self.decode_s if self.decode_s else 0.0
 
+    @property
+    def tau_or_none(self) -> float | None:
+        """``tau``, or None when no step verified anything (τ undefined: JSON null, printed "n/a")."""
+        return self.tau if self.steps else None
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "steps": self.steps, "tau": self.tau if self.steps else None,  # JSON null: no step, no τ
-                "acceptance_by_position": self.acceptance_by_position,
+        return {**asdict(self), "steps": self.steps, "tau": self.tau_or_none, "acceptance_by_position": self.acceptance_by_position,
                 "tokens_per_s": self.tokens_per_s}
 
 

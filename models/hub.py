@@ -77,6 +77,18 @@ def cached(repo_id: str) -> bool:
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The local cache's snapshot folder of hub model ``repo_id`` at the revision ``refs/main`` names (what
+    ``from_pretrained(repo_id)`` loads; offline, no request; its name is the revision's commit hash), or None where the
+    cache holds none."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (OSError, ValueError):  # not cached (LocalEntryNotFoundError, an OSError), no valid id (HFValidationError)
+        return None
+
+
 def local_files_only(path: str, what: str) -> bool:
     """For ``from_pretrained(path)``: True when ``path`` is a hub id, the hub cannot be reached and the model is cached
     (load it from the cache alone); False otherwise. Raises ValueError (one line, naming ``what=path``) for a hub id

@@ -176,25 +176,18 @@ def test_readers_with_a_byte_order_mark_keep_their_errors_and_byte_offsets(tmp_p
     conversations, stats = read_conversations(path)
     assert [c.id for c in conversations] == ["r0", "r1"] and stats.truncated_at_byte == start
 
-    path = tmp_path / "two.json"
-    path.write_bytes(BOM + b'[]\n[{"id": "b", "conversations": []}]')
-    with pytest.raises(DataError, match=r"two\.json: text after the array's closing '\]' at byte 6"):
-        read_conversations(path)
-
-    path = tmp_path / "bad.json"
-    path.write_bytes(BOM + b'{"id": "a" "conversations": []}')
-    with pytest.raises(DataError, match=r"bad\.json: not valid JSON \(Expecting ',' delimiter at line 1 column 12\)"):
-        read_conversations(path)
-
-    path = tmp_path / "bad_array.json"  # a closed array with a broken record: refused, the column as without the mark
-    path.write_bytes(BOM + b'[{"id": "a" "conversations": []}, {"id": "b", "conversations": []}]')
-    with pytest.raises(DataError, match=r"bad_array\.json: record 0 is not valid JSON \(Expecting ',' delimiter at line 1 column 13\)"):
-        read_conversations(path)
-
-    path = tmp_path / "bad.jsonl"
-    path.write_bytes(BOM + b'{"id": "a" "conversations": []}\n')
-    with pytest.raises(DataError, match=r"bad\.jsonl:1: malformed JSON line \(Expecting ',' delimiter at column 12\)"):
-        read_conversations(path)
+    refused = [  # (file, its bytes after the mark, the error; columns as an editor counts them, the mark unseen)
+        ("two.json", b'[]\n[{"id": "b", "conversations": []}]', r"two\.json: text after the array's closing '\]' at byte 6"),
+        ("bad.json", b'{"id": "a" "conversations": []}', r"bad\.json: not valid JSON \(Expecting ',' delimiter at line 1 column 12\)"),
+        ("bad_array.json", b'[{"id": "a" "conversations": []}, {"id": "b", "conversations": []}]',  # a closed array, a broken record
+         r"bad_array\.json: record 0 is not valid JSON \(Expecting ',' delimiter at line 1 column 13\)"),
+        ("bad.jsonl", b'{"id": "a" "conversations": []}\n', r"bad\.jsonl:1: malformed JSON line \(Expecting ',' delimiter at column 12\)"),
+    ]
+    for name, body, error in refused:
+        path = tmp_path / name
+        path.write_bytes(BOM + body)
+        with pytest.raises(DataError, match=error):
+            read_conversations(path)
 
     # a BOM before a later line is not a file's mark: still a malformed line there
     path = tmp_path / "mid.jsonl"

@@ -229,8 +229,7 @@ def check_deepspeed_state(path: Path, engine, state: dict[str, Any]) -> None:
 
 def load_deepspeed_checkpoint(path: Path, engine, state: dict[str, Any]) -> dict[str, Any]:
     """Model, optimizer and scheduler into the engine, from the checkpoint whose ``state.pt`` (``load_checkpoint``) is
-    ``state`` (``check_deepspeed_state`` first); returns it."""
-    check_deepspeed_state(path, engine, state)
+    ``state``, already through ``check_deepspeed_state`` (``Checkpointer.resume``); returns it."""
     path = Path(path) if Path(path).is_dir() else Path(path).parent
     loaded, _ = engine.load_checkpoint(str(path.parent), tag=path.name)
     if loaded is None:

@@ -36,7 +36,7 @@ import torch
 
 from common.atomic import atomic_open
 from infer.serving import cut_at_eos, reply_ended
-from models.hub import is_hub_id
+from models.hub import cached_snapshot, is_hub_id
 from .chat import ChatRenderer
 from .readers import Conversation
 
@@ -68,33 +68,16 @@ def reply_seed(seed: int, conversation: int, turn: int) -> int:
     return hashed_seed(f"{seed}/{conversation}/{turn}")
 
 
-
-def folder_fingerprint(folder: Path) -> list[Any]:
-    """Each file of ``folder`` (symlinks followed, as in a hub snapshot): name, size and modification time."""
-    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir()) if f.is_file()]
-
-
-def hub_snapshot(repo_id: str) -> Path | None:
-    """The local hub cache's snapshot folder of model ``repo_id`` at the revision ``refs/main`` names (the one
-    ``from_pretrained(repo_id)`` loaded; offline, no request), or None where the cache holds none."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except (OSError, ValueError):  # not cached (LocalEntryNotFoundError, an OSError), no valid id (HFValidationError)
-        return None
-
-
 def target_fingerprint(path: str) -> list[Any]:
     """What the regenerated replies' cache key holds of the target: a local folder's files; a hub id's name and the
     revision of its cached snapshot (a new revision behind the same id keyed by its name alone reused the replies of the
     old one); else the name alone."""
     folder = Path(path)
     if folder.is_dir():
-        return folder_fingerprint(folder)
+        return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir()) if f.is_file()]
     if not is_hub_id(path):
         return [path]
-    snapshot = hub_snapshot(path)
+    snapshot = cached_snapshot(path)
     if snapshot is None:
         log.warning("target.path=%r: a hub id without a snapshot in the local Hugging Face cache; the regenerated replies "
                     "are keyed by its name alone, and a new revision behind it would reuse replies of the old one", path)
