@@ -320,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         if args.engine == "ours":
             from infer.batch import check_batchable
 
-            check_batchable(drafter, args.batch_size)
+            check_batchable(drafter, args.batch_size, target)
         engine = start_engine(args, source, target, drafter, tokenizer) if args.engine != "ours" else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

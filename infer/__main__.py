@@ -215,12 +215,12 @@ def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer
     then the pooled numbers."""
     import time
 
-    from infer.batch import generate_batch
+    from infer.batch import check_batchable, generate_batch
     from infer.generate import generate, trees_on_rows
     from infer.loading import eos_ids
     from infer.prompts import long_prompt_ids
-    from models.static_target import StaticTarget
 
+    check_batchable(drafter, args.batch_size, target)
     prompts = [long_prompt_ids(tokenizer, c.turns[0], args.prefill_tokens) for c in conversations]
     check_fits([(f"record {c.id}", len(p)) for c, p in zip(conversations, prompts)], args, target)
     eos = eos_ids(tokenizer, target.model)
@@ -228,9 +228,6 @@ def run_many(args: argparse.Namespace, conversations, target, drafter, tokenizer
     def decode_all(d) -> list:
         if args.batch_size == 1 and not trees_on_rows(d):  # any target and drafter (FlashInfer attention), one prompt after another
             return [generate(target, d, p, args.max_new_tokens, sampling, eos) for p in prompts]
-        if not isinstance(target, StaticTarget):
-            raise ValueError(f"--batch-size {args.batch_size}: batched decoding runs on the static target; --backend flashinfer "
-                             "decodes at --batch-size 1")
         return generate_batch(target, d, prompts, args.max_new_tokens, batch_size=args.batch_size, sampling=sampling, eos_token_ids=eos)
 
     start = time.perf_counter()

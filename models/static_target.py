@@ -42,7 +42,7 @@ from swa_kernels.attention import aligned_mask, cached_attention, grouped_attent
 from swa_kernels.decode_attention import Rope
 from swa_kernels.decode_attention import decode_attention as split_kv_attention
 from models.sampling import greedy_accepted
-from models.target import check_supported, decoder_layers
+from models.target import check_supported, decoder_layers, static_unsupported
 
 DECODE_MAX_TOKENS = 64  # a forward of more tokens per row is a prefill chunk (row by row, SDPA)
 TREE_KEY_BUCKET = 256  # tree verifies attend over the live keys rounded up to this (one captured graph per bucket)
@@ -202,7 +202,7 @@ class StaticTarget:
     """The target LM over static per-row caches; ``step`` is the captured decode/verify forward.
 
     Args:
-        model: a loaded HF causal LM (Llama/Qwen-style full-attention layers; ``check_supported``).
+        model: a loaded HF causal LM (Llama/Qwen-style full-attention layers; ``static_unsupported``).
         feature_layer_ids: layer ids whose outputs are returned as features (may be empty).
         capture: replay decode steps as CUDA graphs (default: on CUDA devices).
         compile_layers: run the decoder layer under ``torch.compile`` inside the graphs (fuses the norms,
@@ -220,6 +220,9 @@ class StaticTarget:
     def __init__(self, model: nn.Module, feature_layer_ids: list[int], capture: bool | None = None, compile_layers: bool = False,
                  decode_attention: str | None = None, prepack: bool | None = None, triton_products: bool | None = None):
         check_supported(model)
+        if why := static_unsupported(model):
+            raise ValueError(f"{why}: the static target runs Llama/Qwen-style full-attention layers; use CachedTarget "
+                             "(infer.loading.decoding_target picks it)")
         self.model = model.eval().requires_grad_(False)
         config = model.config.get_text_config()
         self.num_heads = config.num_attention_heads

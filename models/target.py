@@ -247,11 +247,12 @@ class TargetModel:
         self.layers = self.stack.layers
 
     @classmethod
-    def from_pretrained(cls, path: str, device: str | torch.device = "cpu", dtype: str = "auto", attn_implementation: str = "sdpa",
+    def from_pretrained(cls, path: str, device: str | torch.device = "cpu", dtype: str = "auto", attn_implementation: str = "auto",
                         what: str = "target.path") -> "TargetModel":
         """Load from a local folder or a hub id (offline: from the local hub cache, or a one-line error at once:
-        ``models.hub``); bf16 on GPU and fp32 on CPU unless ``dtype`` says. ``what``: the setting a one-line error names
-        (``target.path`` in train, ``--target`` in infer, eval and export)."""
+        ``models.hub``); bf16 on GPU and fp32 on CPU unless ``dtype`` says. ``attn_implementation``: Hugging Face's;
+        ``auto`` lets it choose (SDPA where the architecture has it; gpt-oss, whose sinks SDPA lacks, runs eager).
+        ``what``: the setting a one-line error names (``target.path`` in train, ``--target`` in infer, eval and export)."""
         from safetensors import SafetensorError
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -265,7 +266,8 @@ class TargetModel:
             torch_dtype = getattr(torch, dtype)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation,
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
+                                                         attn_implementation=None if attn_implementation == "auto" else attn_implementation,
                                                          local_files_only=local_only)
         except (OSError, ValueError, RuntimeError, TypeError, SafetensorError, *STRICT_CONFIG_ERRORS) as e:
             # transformers raises ValueError for a folder it cannot read (no model_type, no tokenizer); a truncated shard
@@ -511,24 +513,59 @@ class TargetModel:
 # Legend: n tokens in this forward, V vocab, L layers, C cache capacity (positions), Hkv kv heads, D head dim.
 
 
+def layer_windows(config) -> list[int | None]:
+    """Each decoder layer's attention window in Hugging Face's ``sliding_window`` meaning (W keys, the query's own
+    included), None for full attention: ``layer_types`` where the config has them (gpt-oss, Qwen2/3, Gemma), else
+    ``sliding_window`` on every layer (Mistral's attention reads it with no per-layer types; Qwen2's
+    ``use_sliding_window=False`` switches it off)."""
+    n = config.num_hidden_layers
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if types is None:
+        return [window if window and getattr(config, "use_sliding_window", True) else None] * n
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown or len(types) != n:
+        raise ValueError(f"target {config.model_type!r}: layer_types {unknown or len(types)}; expected {n} of "
+                         f"full_attention / sliding_attention")
+    if "sliding_attention" in types and not window:
+        raise ValueError(f"target {config.model_type!r}: sliding_attention layers with sliding_window={window!r}")
+    return [window if t == "sliding_attention" else None for t in types]
+
+
 def check_supported(model: nn.Module) -> None:
-    """Raise ValueError naming what the cached forward cannot run."""
+    """Raise ValueError naming what the cached forward (``CachedTarget``) cannot run."""
     config = model.config.get_text_config()
     name = f"target {config.model_type!r}"
-    types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if types != {"full_attention"} or getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        raise ValueError(f"{name}: layer_types {sorted(types)}: the inference loop runs full-attention targets only (gpt-oss-style windows in the target are not supported yet)")
+    layer_windows(config)
     layer = decoder_layers(model)[0]
     attn = getattr(layer, "self_attn", None)
     needed = ["q_proj", "k_proj", "v_proj", "o_proj"]
     if attn is None or not all(hasattr(attn, n) for n in needed) or not hasattr(layer, "mlp"):
         raise ValueError(f"{name}: decoder layer {type(layer).__name__} lacks self_attn.{{q,k,v,o}}_proj / mlp; expected a Llama/Qwen-style layer")
-    if hasattr(attn, "sinks") or getattr(config, "attn_logit_softcapping", None):
-        raise ValueError(f"{name}: attention sinks / logit soft-capping are not supported by the inference loop")
+    if getattr(config, "attn_logit_softcapping", None):
+        raise ValueError(f"{name}: attention logit soft-capping is not supported by the inference loop")
+
+
+def static_unsupported(model: nn.Module) -> str | None:
+    """Why the fast loop's ``StaticTarget`` (fused matrices, captured steps, split-KV decode attention) cannot run this
+    target, or None: it runs Llama/Qwen-style layers with full attention and a gated MLP. The others (gpt-oss's
+    sliding layers, attention sinks and experts; Mistral's window) decode on the eager ``CachedTarget``, at batch 1."""
+    config = model.config.get_text_config()
+    reasons = []
+    if any(w is not None for w in layer_windows(config)):
+        reasons.append("sliding-window layers")
+    layer = decoder_layers(model)[0]
+    if getattr(layer.self_attn, "sinks", None) is not None:
+        reasons.append("attention sinks")
+    if not all(hasattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        reasons.append(f"a {type(layer.mlp).__name__} MLP (not gate/up/down)")
+    return f"target {config.model_type!r}: {', '.join(reasons)}" if reasons else None
 
 
 class CachedTarget:
-    """The target LM with a static KV cache; returns logits and the drafter's feature layers.
+    """The target LM with a static KV cache; returns logits and the drafter's feature layers. Eager, batch 1, the HF
+    modules called in place: the loop's target under FlashInfer attention, and for the architectures the captured
+    ``StaticTarget`` does not run (``static_unsupported``: gpt-oss's sliding layers, sinks and experts; Mistral's window).
 
     Args:
         model: a loaded HF causal LM (its modules are used in place, nothing is copied).
@@ -550,6 +587,10 @@ class CachedTarget:
         self.num_heads = config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim ** -0.5
+        self.windows = layer_windows(config)
+        self.sinks = [getattr(layer.self_attn, "sinks", None) for layer in self.layers]  # gpt-oss: [Hq] logits a layer
+        if attention_backend != "sdpa" and any(s is not None for s in self.sinks):
+            raise ValueError(f"target {config.model_type!r}: attention sinks run on --backend sdpa, not {attention_backend}")
         self.feature_layer_ids = list(feature_layer_ids)
         self.attention_backend = attention_backend
         self.k_cache: torch.Tensor | None = None  # [L, C, Hkv, D]
@@ -601,12 +642,20 @@ class CachedTarget:
         if positions is None:
             positions = torch.arange(start, end, device=self.device)
         cos, sin = self.rotary_emb(x, positions.reshape(1, n))
+        if cos.shape[-1] * 2 == self.head_dim:  # gpt-oss's tables cover half the head: its rotation pairs x[i] with
+            cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)  # x[i + D/2], as rotate_half does on full ones
+        masks: dict[int | None, torch.Tensor | None] = {None: None}  # by window; None: causal (and windowed) by slot
         if mask is not None:
-            mask = torch.cat([torch.ones(n, start, dtype=torch.bool, device=self.device), mask.to(self.device)], dim=1)  # [n, end]
+            masks[None] = torch.cat([torch.ones(n, start, dtype=torch.bool, device=self.device), mask.to(self.device)], dim=1)  # [n, end]
+            # a sliding layer's tree queries see the keys of the last W positions, by RoPE position, not slot
+            key_positions = torch.cat([torch.arange(start, device=self.device), positions])
+            for w in set(self.windows) - {None}:
+                masks[w] = masks[None] & (key_positions[None] > positions[:, None] - w)
         features: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, layer.input_layernorm(x), cos, sin, start, end, mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._attention(i, layer, layer.input_layernorm(x), cos, sin, start, end, masks.get(self.windows[i], masks[None]))
+            mlp = layer.mlp(layer.post_attention_layernorm(x))
+            x = x + (mlp[0] if isinstance(mlp, tuple) else mlp)  # experts return (output, router scores)
             if i in self.feature_layer_ids:
                 features[i] = x[0]
         if last_logits_only:
@@ -635,8 +684,8 @@ class CachedTarget:
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         self.k_cache[i, start:end] = k[0].transpose(0, 1)
         self.v_cache[i, start:end] = v[0]
-        out = cached_attention(q[0].transpose(0, 1), self.k_cache[i, :end], self.v_cache[i, :end],
-                               causal=True, window=None, scale=self.scale, backend=self.attention_backend, mask=mask)  # [n, Hq, D]
+        out = cached_attention(q[0].transpose(0, 1), self.k_cache[i, :end], self.v_cache[i, :end], causal=True, window=self.windows[i],
+                               scale=self.scale, backend=self.attention_backend, mask=mask, sinks=self.sinks[i])  # [n, Hq, D]
         return attn.o_proj(out.reshape(1, n, self.num_heads * self.head_dim))
 
 

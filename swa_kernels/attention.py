@@ -185,7 +185,8 @@ def aligned_mask(q_len: int, k_len: int, causal: bool, window: int | None, devic
 
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, window: int | None,
-                     scale: float, backend: str = "sdpa", mask: torch.Tensor | None = None) -> torch.Tensor:
+                     scale: float, backend: str = "sdpa", mask: torch.Tensor | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of Q queries over K cached keys at consecutive positions, queries aligned at the end.
 
     Args:
@@ -194,10 +195,18 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         causal, window: see ``aligned_visible``.
         backend: ``sdpa`` (any device) or ``flashinfer`` (CUDA; ``window_left = W - 1``).
         mask: optional [Q, K] bool (True = visible) replacing ``causal``/``window`` (tree attention).
+        sinks: optional [Hq] attention-sink logits (gpt-oss): one more term ``exp(sink)`` in each head's softmax
+            denominator, attached to no value (``attention_with_sinks``). SDPA only.
 
     Returns:
         [Q, Hq, D].
     """
+    if sinks is not None:
+        if backend != "sdpa":
+            raise ValueError(f"attention backend {backend!r}: attention sinks (gpt-oss) run on 'sdpa' only")
+        if mask is None:
+            mask = aligned_mask(q.shape[0], k.shape[0], causal, window, q.device)
+        return attention_with_sinks(q, k, v, mask, scale, sinks)
     if backend == "flashinfer":
         import flashinfer
 
@@ -228,4 +237,25 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=mask, is_causal=square_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)
+
+
+def attention_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, scale: float,
+                         sinks: torch.Tensor) -> torch.Tensor:
+    """Softmax attention with per-head sink logits, as gpt-oss's ``eager_attention_forward`` computes it:
+    ``softmax([scale * q.k for each visible key] + [sink_h])`` with the sink's share dropped, i.e. each head's
+    denominator gains ``exp(sink_h)``. Done as SDPA over one extra key that is all zeros (score 0) with a zero value,
+    the sink added to that key's score through a float mask: exact, no scores materialised by hand.
+
+    q [Q, Hq, D], k/v [K, Hkv, D], visible [Q, K] bool or None (all visible), sinks [Hq]. Returns [Q, Hq, D]."""
+    q_len, hq, _ = q.shape
+    k_len = k.shape[0]
+    zero = k.new_zeros(1, *k.shape[1:])
+    k1, v1 = torch.cat([k, zero]), torch.cat([v, zero])  # [K + 1, Hkv, D]
+    bias = q.new_zeros(1, hq, q_len, k_len + 1, dtype=torch.float32 if q.dtype == torch.float32 else q.dtype)
+    if visible is not None:
+        bias[..., :k_len].masked_fill_(~visible, float("-inf"))
+    bias[..., k_len] = sinks.to(bias.dtype)[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k1.transpose(0, 1)[None], v1.transpose(0, 1)[None],
+                                         attn_mask=bias, scale=scale, enable_gqa=hq != k.shape[1])
     return out[0].transpose(0, 1)

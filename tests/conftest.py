@@ -133,3 +133,21 @@ def tiny_qwen3_path(isolated_cache: Path) -> str:
     from models.builtin_targets import resolve_target_path
 
     return resolve_target_path("builtin:tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny gpt-oss folder (``infer_helpers.tiny_gpt_oss``: sliding layers, sinks, experts; random weights) with the
+    ChatML tokenizer of the builtin targets: what ``from_pretrained`` reads for gpt-oss-20b, at a CPU test's size."""
+    from infer_helpers import tiny_gpt_oss
+
+    from models.builtin_targets import build_tokenizer
+
+    tokenizer = build_tokenizer("chatml")
+    model = tiny_gpt_oss(vocab_size=len(tokenizer))
+    model.config.eos_token_id, model.config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    out = tmp_path_factory.mktemp("tiny-gpt-oss")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)

@@ -47,11 +47,17 @@ def test_last_logits_only_and_capacity_error(reference_target_path) -> None:
         target.forward(ids[:2], 9)
 
 
-def test_unsupported_target_is_refused() -> None:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def test_what_the_cached_forward_cannot_run_is_refused() -> None:
+    """Soft-capped attention logits (Gemma 2) and layer types other than full / sliding are refused by name (sliding
+    layers, sinks and experts run: ``test_gpt_oss_target.py``)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=8, layer_types=["sliding_attention", "full_attention"],
-                         sliding_window=4, use_sliding_window=True)
-    with pytest.raises(ValueError, match="full-attention targets only"):
-        CachedTarget(Qwen3ForCausalLM(config), feature_layer_ids=[0])
+    shape = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=8)
+    with pytest.raises(ValueError, match="target 'gemma2': attention logit soft-capping is not supported"):
+        CachedTarget(Gemma2ForCausalLM(Gemma2Config(attn_logit_softcapping=50.0, **shape)), feature_layer_ids=[0])
+    config = Qwen3Config(layer_types=["sliding_attention", "full_attention"], sliding_window=4, use_sliding_window=True, **shape)
+    model = Qwen3ForCausalLM(config)
+    model.config.layer_types = ["sliding_attention", "chunked_attention"]
+    with pytest.raises(ValueError, match=r"target 'qwen3': layer_types \['chunked_attention'\]; expected 2 of full_attention / sliding_attention"):
+        CachedTarget(model, feature_layer_ids=[0])

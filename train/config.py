@@ -49,7 +49,8 @@ class TargetConfig:
     # Local folder or hub id of a Hugging Face causal LM, or builtin:tiny-qwen3 (built offline).
     path: str = MISSING
     dtype: str = "auto"  # auto = bfloat16 on GPU, float32 on CPU
-    attn_implementation: str = "sdpa"
+    # Hugging Face's attn_implementation for the target's forward; auto: SDPA where the architecture has it (gpt-oss: eager)
+    attn_implementation: str = "auto"
     # GPU only: each decoder layer's forward under torch.compile (benchmarks/target_forward.py: 1.4x at the 8B shape)
     compile_layers: bool = True
     # GPU training only: the feature capture (embedding, mask building, the layers the drafter reads up to the deepest,

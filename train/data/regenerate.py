@@ -161,6 +161,11 @@ class OurReplies:
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
 
     def replies(self, prompts: list[list[int]], budgets: list[int], seeds: list[int] | None = None) -> Iterator[Reply]:
+        from models.static_target import StaticTarget
+
+        if not isinstance(self.target, StaticTarget):  # a target only the eager one runs (gpt-oss): one prompt at a time
+            yield from self.replies_one_by_one(prompts, budgets, seeds)
+            return
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a chunk: a smaller capacity
         chunk = 16 * self.batch_size
         for start in range(0, len(order), chunk):
@@ -171,6 +176,17 @@ class OurReplies:
                                        run_steps=self.run_steps, seeds=None if seeds is None else [seeds[i] for i in part])
             for i, out in zip(part, outs):
                 yield Reply(i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None, reply_ended(out.tokens, self.eos, budgets[i]))
+
+    def replies_one_by_one(self, prompts: list[list[int]], budgets: list[int], seeds: list[int] | None) -> Iterator[Reply]:
+        """``generate`` on each prompt, its generator seeded as ``generate_batch`` seeds the prompt's row (the same reply)."""
+        from dataclasses import replace
+
+        from infer.generate import generate
+
+        for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+            sampling = self.sampling if seeds is None else replace(self.sampling, seed=int(seeds[i]))
+            tokens = generate(self.target, None, prompt, budget, sampling, eos_token_ids=self.eos).tokens
+            yield Reply(i, cut_at_eos(tokens, self.eos), None, reply_ended(tokens, self.eos, budget))
 
     def close(self) -> None:
         """Drop the static target (fused weight copies and the KV buffers of ``batch_size`` rows, held into training
