@@ -29,6 +29,7 @@ HF parameters become views of it, so memory is not doubled and the HF model stil
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import warnings
 from dataclasses import dataclass, replace
@@ -925,8 +926,18 @@ class CapturedStep:
                 fn(*warm)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.out = fn(*self.inputs)
+        # no cyclic garbage collection while capturing: a dead cycle holding an older graph (a dropped static target or
+        # drafter: they hold cycles) collected mid-capture destroys that graph and frees its pool, calls a capture
+        # forbids, and the capture fails ("operation failed due to a previous error during capture") with the process's
+        # CUDA state left broken for every later capture and random draw (torch.cuda.graph no longer collects first)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.out = fn(*self.inputs)
+        finally:
+            if collecting:
+                gc.enable()
 
     def __call__(self, *inputs: torch.Tensor):
         for i in self.copied:

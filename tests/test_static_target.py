@@ -579,3 +579,37 @@ def test_decode_attention_default_follows_the_head_dim() -> None:
         for head_dim in (80, 96, 8):
             with pytest.warns(UserWarning, match=f"head_dim {head_dim} is not a power of two"):
                 assert choose_decode_attention(None, cuda, head_dim) == "products"
+
+
+@gpu
+def test_a_capture_survives_the_collection_of_older_graphs(reference_target_path) -> None:
+    """Dropped static targets (cycles inside, each holding captured graphs) collected by Python's cyclic collector:
+    with the collector forced to run at nearly every allocation, the next target's capture would collect them
+    mid-capture, destroying their graphs and freeing their pools inside it ("operation failed due to a previous error
+    during capture", and the process's later captures and random draws broken): a one-in-two failure of the GPU tier's
+    ``test_captured_rows_reuse_their_turns_on_a_gpu[eagle3]`` on fresh machines. Every capture equals the eager step."""
+    import gc
+
+    model = AutoModelForCausalLM.from_pretrained(reference_target_path, dtype=torch.float32).cuda().eval()
+    torch.manual_seed(0)
+    ids = torch.randint(3, 8192, (2, 40), device="cuda")
+    pos = torch.tensor([30, 25], device="cuda")
+    block = torch.stack([ids[0, 30:34], ids[1, 25:29]])
+    thresholds = gc.get_threshold()
+    try:
+        for attempt in range(4):
+            target = StaticTarget(model, [], capture=True)
+            target.allocate(64, batch=2)
+            for row in range(2):
+                target.prefill(ids[row, :30], row, 0)
+            want = target._step(block, pos)[0].clone()
+            gc.set_threshold(1, 1, 1)  # the collector runs at nearly every allocation: inside the capture below
+            got = target.step(block, pos)[0]
+            gc.set_threshold(*thresholds)
+            torch.testing.assert_close(got, want, atol=0, rtol=0, msg=f"attempt {attempt}")
+            target.cycle = target  # dropped below with a cycle: only the collector frees it (and its graphs)
+            del target
+    finally:
+        gc.set_threshold(*thresholds)
+    torch.cuda.synchronize()
+    assert torch.randn(4, device="cuda").isfinite().all()  # the generator's state intact after the captures
