@@ -613,3 +613,38 @@ def test_a_capture_survives_the_collection_of_older_graphs(reference_target_path
         gc.set_threshold(*thresholds)
     torch.cuda.synchronize()
     assert torch.randn(4, device="cuda").isfinite().all()  # the generator's state intact after the captures
+
+
+def test_the_collector_is_off_only_while_a_graph_is_captured(monkeypatch) -> None:
+    """``CapturedStep`` on CPU stand-ins for CUDA's stream and graph calls: the warm-up runs see the cyclic collector on,
+    the captured run sees it off, and it is on again after, a failed capture included (the GPU half:
+    ``test_a_capture_survives_the_collection_of_older_graphs``)."""
+    import contextlib
+    import gc
+    from types import SimpleNamespace
+
+    from models.static_target import CapturedStep
+
+    stream = SimpleNamespace(wait_stream=lambda other: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: SimpleNamespace(replay=lambda: None))
+    capturing = []
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext(capturing.append(True)))
+    seen = []
+
+    def fn(x, fail=False):
+        seen.append((bool(capturing), gc.isenabled()))
+        if capturing and fail:
+            raise RuntimeError("capture failed")
+        return x + 1
+
+    assert gc.isenabled()
+    CapturedStep(fn, torch.zeros(2), pool=None)
+    assert seen == [(False, True), (False, True), (True, False)] and gc.isenabled()
+    capturing.clear()
+    seen.clear()
+    with pytest.raises(RuntimeError, match="capture failed"):
+        CapturedStep(lambda x: fn(x, fail=True), torch.zeros(2), pool=None)
+    assert seen[-1] == (True, False) and gc.isenabled()
