@@ -50,7 +50,7 @@ from models.eagle3 import StaticEagle3Drafter
 from models.trees import accept_trees, merge_chains
 from models.sampling import SamplingConfig, choose, verify
 from models.static_target import DECODE_MAX_TOKENS, StaticTarget
-from models.target import static_unsupported
+from models.target import eager_reason
 
 # driver(stream, finished generation or None at the stream's start) -> the stream's next prompt, or None when done
 Driver = Callable[[int, Generation | None], list[int] | None]
@@ -76,9 +76,8 @@ class Row:
 
 def check_batchable(drafter, batch_size: int, target=None) -> None:
     if batch_size > 1 and target is not None and not isinstance(target, StaticTarget):
-        why = static_unsupported(target.model) or f"--backend {target.attention_backend}"
-        raise ValueError(f"--batch-size {batch_size}: batched decoding runs on the static target; {why}: decodes on the eager "
-                         "cached target, at --batch-size 1")
+        raise ValueError(f"--batch-size {batch_size}: batched decoding runs on the static target; "
+                         f"{eager_reason(target.model, target.attention_backend)}: decodes on the eager cached target, at --batch-size 1")
     if batch_size > 1 and drafter is not None and not isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter, PromptLookupDrafter)):
         name = type(drafter).__name__
         what = f"the eager {'EAGLE-3' if 'Eagle3' in name else 'DFlash'} drafter ({name})" if getattr(drafter, "tree", False) else name

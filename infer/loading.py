@@ -17,7 +17,7 @@ from models.dflash import DFlashDrafter, StaticDFlashDrafter
 from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from infer.prompt_lookup import PromptLookupDrafter
 from models.static_target import StaticTarget
-from models.target import CachedTarget, static_unsupported
+from models.target import CachedTarget, eager_reason
 from models.dflash import DFlashDraftModel
 from models.eagle3 import Eagle3DraftModel
 from models.target import TargetModel
@@ -227,7 +227,7 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
         raise ValueError(f"{'--draft-steps' if draft_steps is not None else '--window'} sets a drafter's drafting; no --drafter was given")
     check_target_folder(target_path, target_what)
     target = TargetModel.from_pretrained(resolve_target_path(target_path, target_what), device=device, dtype=dtype, what=target_what)
-    eager_target = attention_backend == "flashinfer" or static_unsupported(target.model) is not None
+    eager_why = eager_reason(target.model, attention_backend)  # None: the static target and drafters
     drafter = None
     layer_ids: list[int] = []
     if drafter_path == PROMPT_LOOKUP:
@@ -263,14 +263,13 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
         # chains, blocks and trees at any batch size: the static drafters (fixed-shape caches, the whole draft captured on a
         # GPU, beside the static target; batch-1 trees run the batched tree step on one row, ``generate_tree_row``);
         # FlashInfer attention or a target only the eager CachedTarget runs: the eager ones (both refuse tree_lookup without a tree)
-        static = not eager_target
+        static = eager_why is None
         if eagle3:
             drafter = (StaticEagle3Drafter(model, window=window, steps=draft_steps, weights=drafter_weights, **trees) if static else
                        Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend,
                                      weights=drafter_weights, **trees))
         else:
             trees["tree_redraft"] = tree_redraft
-            eager_why = (f"--backend {attention_backend}" if attention_backend == "flashinfer" else static_unsupported(target.model))
             if drafter_weights != "model" and not static:
                 raise ValueError(f"--drafter-weights {drafter_weights} runs on the static DFlash drafter: {eager_why} drafts with "
                                  f"the eager one{'; use --backend sdpa' if attention_backend == 'flashinfer' else ''}")
@@ -320,11 +319,11 @@ def decoding_target(model, layer_ids: list[int], attention_backend: str = "sdpa"
     small ops compiled too: 93 -> 139 tokens/s at Qwen3-8B's shape); with FlashInfer attention, or for a target the
     static one does not run (gpt-oss, Mistral's window: ``static_unsupported``, said once on stderr), the eager
     ``CachedTarget`` at batch 1."""
-    if attention_backend == "flashinfer":
-        return CachedTarget(model, layer_ids, attention_backend=attention_backend)
-    if why := static_unsupported(model):
-        print(f"note: {why}: decoding on the eager cached target (batch 1, no captured steps; slower than a "
-              "Llama/Qwen-style target's static one)", file=sys.stderr)
+    why = eager_reason(model, attention_backend)
+    if why is not None:
+        if attention_backend != "flashinfer":  # a flag the user gave needs no note
+            print(f"note: {why}: decoding on the eager cached target (batch 1, no captured steps; slower than a "
+                  "Llama/Qwen-style target's static one)", file=sys.stderr)
         return CachedTarget(model, layer_ids, attention_backend=attention_backend)
     return StaticTarget(model, layer_ids, compile_layers=next(model.parameters()).is_cuda)
 

@@ -562,6 +562,12 @@ def static_unsupported(model: nn.Module) -> str | None:
     return f"target {config.model_type!r}: {', '.join(reasons)}" if reasons else None
 
 
+def eager_reason(model: nn.Module, attention_backend: str = "sdpa") -> str | None:
+    """Why the loop decodes ``model`` on the eager ``CachedTarget`` (batch 1) rather than the static target, in words for
+    one-line messages, or None when the static target runs it: FlashInfer attention, or ``static_unsupported``."""
+    return f"--backend {attention_backend}" if attention_backend == "flashinfer" else static_unsupported(model)
+
+
 class CachedTarget:
     """The target LM with a static KV cache; returns logits and the drafter's feature layers. Eager, batch 1, the HF
     modules called in place: the loop's target under FlashInfer attention, and for the architectures the captured

@@ -252,7 +252,7 @@ def attention_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visi
     k_len = k.shape[0]
     zero = k.new_zeros(1, *k.shape[1:])
     k1, v1 = torch.cat([k, zero]), torch.cat([v, zero])  # [K + 1, Hkv, D]
-    bias = q.new_zeros(1, hq, q_len, k_len + 1, dtype=torch.float32 if q.dtype == torch.float32 else q.dtype)
+    bias = q.new_zeros(1, hq, q_len, k_len + 1)  # SDPA takes a float mask in the queries' dtype
     if visible is not None:
         bias[..., :k_len].masked_fill_(~visible, float("-inf"))
     bias[..., k_len] = sinks.to(bias.dtype)[:, None]
