@@ -247,15 +247,24 @@ def attention_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visi
     denominator gains ``exp(sink_h)``. Done as SDPA over one extra key that is all zeros (score 0) with a zero value,
     the sink added to that key's score through a float mask: exact, no scores materialised by hand.
 
-    q [Q, Hq, D], k/v [K, Hkv, D], visible [Q, K] bool or None (all visible), sinks [Hq]. Returns [Q, Hq, D]."""
+    q [Q, Hq, D], k/v [K, Hkv, D], visible [Q, K] bool or None (all visible), sinks [Hq]. Returns [Q, Hq, D].
+    The mask is per head ([Hq, rows, K + 1]), so the queries go through in chunks of at most ``SINK_MASK_BYTES`` of it
+    (a 4,096-token prefill chunk over 32K keys with gpt-oss-20b's 64 heads would otherwise hold 17 GB of bf16 mask)."""
     q_len, hq, _ = q.shape
     k_len = k.shape[0]
     zero = k.new_zeros(1, *k.shape[1:])
-    k1, v1 = torch.cat([k, zero]), torch.cat([v, zero])  # [K + 1, Hkv, D]
-    bias = q.new_zeros(1, hq, q_len, k_len + 1)  # SDPA takes a float mask in the queries' dtype
-    if visible is not None:
-        bias[..., :k_len].masked_fill_(~visible, float("-inf"))
-    bias[..., k_len] = sinks.to(bias.dtype)[:, None]
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k1.transpose(0, 1)[None], v1.transpose(0, 1)[None],
-                                         attn_mask=bias, scale=scale, enable_gqa=hq != k.shape[1])
-    return out[0].transpose(0, 1)
+    k1, v1 = torch.cat([k, zero]).transpose(0, 1)[None], torch.cat([v, zero]).transpose(0, 1)[None]  # [1, Hkv, K + 1, D]
+    rows = max(1, SINK_MASK_BYTES // (hq * (k_len + 1) * q.element_size()))
+    outs = []
+    for lo in range(0, q_len, rows):
+        hi = min(q_len, lo + rows)
+        bias = q.new_zeros(1, hq, hi - lo, k_len + 1)  # SDPA takes a float mask in the queries' dtype
+        if visible is not None:
+            bias[..., :k_len].masked_fill_(~visible[lo:hi], float("-inf"))
+        bias[..., k_len] = sinks.to(bias.dtype)[:, None]
+        outs.append(F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1)[None], k1, v1, attn_mask=bias, scale=scale,
+                                                   enable_gqa=hq != k.shape[1])[0].transpose(0, 1))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+SINK_MASK_BYTES = 256 << 20  # attention_with_sinks' per-head float mask, at most this much a chunk of queries

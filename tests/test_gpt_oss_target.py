@@ -56,6 +56,19 @@ def test_sinks_match_a_dense_reference(q_len, k_len, window) -> None:
     assert not torch.allclose(got, plain, atol=1e-3)  # the sinks did something
 
 
+def test_sinks_in_query_chunks_equal_one_pass(monkeypatch) -> None:
+    """The per-head mask is bounded by chunking the queries (``SINK_MASK_BYTES``): chunks of a few rows give the same
+    output as one pass, windows and the causal edge crossing the chunk boundaries."""
+    import swa_kernels.attention as attention
+
+    torch.manual_seed(5)
+    q, k, v = torch.randn(23, 4, 8), torch.randn(30, 2, 8), torch.randn(30, 2, 8)
+    sinks = torch.randn(4) * 3
+    whole = cached_attention(q, k, v, causal=True, window=5, scale=0.3, sinks=sinks)
+    monkeypatch.setattr(attention, "SINK_MASK_BYTES", 4 * 31 * 4 * 3)  # three query rows a chunk
+    torch.testing.assert_close(cached_attention(q, k, v, causal=True, window=5, scale=0.3, sinks=sinks), whole, rtol=1e-6, atol=1e-6)
+
+
 def test_sinks_are_refused_on_flashinfer() -> None:
     q = torch.randn(1, 4, 8)
     with pytest.raises(ValueError, match="sinks .* 'sdpa' only"):
