@@ -612,13 +612,20 @@ class CachedTarget:
 
     @property
     def capacity(self) -> int:
-        return 0 if self.k_cache is None else self.k_cache.shape[1]
+        return 0 if self.k_cache is None else self.k_cache.shape[1] - self.sink_slots
+
+    @property
+    def sink_slots(self) -> int:
+        """One spare slot past the positions where a target with attention sinks has them: zeroed each forward just past
+        its last key, it is the sink's key and value (``cached_attention``'s ``sink_slot``; a copy of the cache with a
+        zero row appended, per layer per step, was what it cost before)."""
+        return int(any(s is not None for s in self.sinks))
 
     def allocate(self, capacity: int) -> None:
         """Make room for positions ``0 .. capacity-1`` (reuses the buffers when they are big enough)."""
         if self.capacity >= capacity:
             return
-        shape = (len(self.layers), capacity, self.num_kv_heads, self.head_dim)
+        shape = (len(self.layers), capacity + self.sink_slots, self.num_kv_heads, self.head_dim)
         self.k_cache = self.v_cache = None  # free the old buffers first
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -690,8 +697,13 @@ class CachedTarget:
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         self.k_cache[i, start:end] = k[0].transpose(0, 1)
         self.v_cache[i, start:end] = v[0]
-        out = cached_attention(q[0].transpose(0, 1), self.k_cache[i, :end], self.v_cache[i, :end], causal=True, window=self.windows[i],
-                               scale=self.scale, backend=self.attention_backend, mask=mask, sinks=self.sinks[i])  # [n, Hq, D]
+        sink_slot = self.sinks[i] is not None
+        if sink_slot:  # the spare slot past the keys: the sink's zero key and value (written over by the next forward's keys)
+            self.k_cache[i, end] = 0
+            self.v_cache[i, end] = 0
+        out = cached_attention(q[0].transpose(0, 1), self.k_cache[i, :end + sink_slot], self.v_cache[i, :end + sink_slot], causal=True,
+                               window=self.windows[i], scale=self.scale, backend=self.attention_backend, mask=mask, sinks=self.sinks[i],
+                               sink_slot=sink_slot)  # [n, Hq, D]
         return attn.o_proj(out.reshape(1, n, self.num_heads * self.head_dim))
 
 

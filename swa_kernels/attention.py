@@ -186,7 +186,7 @@ def aligned_mask(q_len: int, k_len: int, causal: bool, window: int | None, devic
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, window: int | None,
                      scale: float, backend: str = "sdpa", mask: torch.Tensor | None = None,
-                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, sink_slot: bool = False) -> torch.Tensor:
     """Attention of Q queries over K cached keys at consecutive positions, queries aligned at the end.
 
     Args:
@@ -197,6 +197,8 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         mask: optional [Q, K] bool (True = visible) replacing ``causal``/``window`` (tree attention).
         sinks: optional [Hq] attention-sink logits (gpt-oss): one more term ``exp(sink)`` in each head's softmax
             denominator, attached to no value (``attention_with_sinks``). SDPA only.
+        sink_slot: with ``sinks``, k and v carry one more row after the K keys, all zeros (the caller's spare cache
+            slot), which serves as the sink's key instead of a copy of k and v with a zero row appended.
 
     Returns:
         [Q, Hq, D].
@@ -205,8 +207,8 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         if backend != "sdpa":
             raise ValueError(f"attention backend {backend!r}: attention sinks (gpt-oss) run on 'sdpa' only")
         if mask is None:
-            mask = aligned_mask(q.shape[0], k.shape[0], causal, window, q.device)
-        return attention_with_sinks(q, k, v, mask, scale, sinks)
+            mask = aligned_mask(q.shape[0], k.shape[0] - sink_slot, causal, window, q.device)
+        return attention_with_sinks(q, k, v, mask, scale, sinks, zero_row=sink_slot)
     if backend == "flashinfer":
         import flashinfer
 
@@ -241,19 +243,22 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
 
 
 def attention_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, scale: float,
-                         sinks: torch.Tensor) -> torch.Tensor:
+                         sinks: torch.Tensor, zero_row: bool = False) -> torch.Tensor:
     """Softmax attention with per-head sink logits, as gpt-oss's ``eager_attention_forward`` computes it:
     ``softmax([scale * q.k for each visible key] + [sink_h])`` with the sink's share dropped, i.e. each head's
     denominator gains ``exp(sink_h)``. Done as SDPA over one extra key that is all zeros (score 0) with a zero value,
     the sink added to that key's score through a float mask: exact, no scores materialised by hand.
 
-    q [Q, Hq, D], k/v [K, Hkv, D], visible [Q, K] bool or None (all visible), sinks [Hq]. Returns [Q, Hq, D].
+    q [Q, Hq, D], k/v [K, Hkv, D] (``zero_row``: [K + 1, Hkv, D], the last row zeros already), visible [Q, K] bool or
+    None (all visible), sinks [Hq]. Returns [Q, Hq, D].
     The mask is per head ([Hq, rows, K + 1]), so the queries go through in chunks of at most ``SINK_MASK_BYTES`` of it
     (a 4,096-token prefill chunk over 32K keys with gpt-oss-20b's 64 heads would otherwise hold 17 GB of bf16 mask)."""
     q_len, hq, _ = q.shape
-    k_len = k.shape[0]
-    zero = k.new_zeros(1, *k.shape[1:])
-    k1, v1 = torch.cat([k, zero]).transpose(0, 1)[None], torch.cat([v, zero]).transpose(0, 1)[None]  # [1, Hkv, K + 1, D]
+    if not zero_row:
+        zero = k.new_zeros(1, *k.shape[1:])
+        k, v = torch.cat([k, zero]), torch.cat([v, zero])
+    k_len = k.shape[0] - 1
+    k1, v1 = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, Hkv, K + 1, D]
     rows = max(1, SINK_MASK_BYTES // (hq * (k_len + 1) * q.element_size()))
     outs = []
     for lo in range(0, q_len, rows):
