@@ -13,8 +13,10 @@ Needs vLLM's Python in ``SWA_VLLM_PYTHON`` (``.ci/vllm-env`` makes one); skipped
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -22,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 from compose import compose_train
 
 from infer.generate import pooled_acceptance
@@ -307,3 +310,74 @@ def test_sampled_regeneration_through_vllm_gives_a_repeated_prompt_its_own_repli
         replies.close()
     assert len(set(runs[0])) == 4, runs[0]
     assert runs[1] == runs[0]
+
+
+# vLLM's side of the RoPE check below: each export folder's config through vLLM's own loader, then the rotary
+# embedding its Llama / Qwen3 layers build from it (get_rope with the text config's rope_parameters); its cos/sin at the
+# reference's positions against the saved Hugging Face tables
+_VLLM_ROPE = """
+import sys, torch
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.transformers_utils.config import get_config
+for folder in sys.argv[1:]:
+    text = get_config(folder, trust_remote_code=False).get_text_config()
+    with set_current_vllm_config(VllmConfig()):
+        rope = get_rope(text.head_dim, max_position=text.max_position_embeddings, is_neox_style=True,
+                        rope_parameters=text.rope_parameters, dtype=torch.float32)
+    ref = torch.load(folder + "/hf_rope.pt")
+    cos, sin = rope.cos_sin_cache[ref["positions"]].chunk(2, dim=-1)
+    print("DIFF", folder, max((cos.repeat(1, 2) - ref["cos"]).abs().max().item(), (sin.repeat(1, 2) - ref["sin"]).abs().max().item()))
+"""
+
+
+def test_vllm_reads_a_gpt_oss_drafters_yarn_rope_as_trained(tmp_path: Path) -> None:
+    """gpt-oss's RoPE is YaRN with ``truncate: false`` (Hugging Face's default for the architecture; engines' YaRN
+    truncates the correction range unless told). The drafters copy the target's ``rope_parameters``; each export's config
+    (EAGLE-3 speculators, DFlash z-lab, DFlash speculators) read by vLLM's loader gives vLLM's rotary tables equal to the
+    ones the drafter trained with (Hugging Face's, positions up to 128K). The same exports with ``truncate`` flipped give
+    tables that differ: the comparison sees the field."""
+    from infer_helpers import tiny_gpt_oss
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from models.dflash import make_dflash_config
+    from models.eagle3 import make_eagle3_config
+    from train.export import dflash_config_json, eagle3_speculators_config_json, speculators_config_json
+
+    target_config = tiny_gpt_oss().config
+    assert target_config.rope_parameters["truncate"] is False
+    positions = torch.tensor([0, 1, 100, 4095, 5000, 60000, 131071])
+
+    def exports(config, folder: Path) -> list[Path]:
+        rope = dict(config.rope_parameters)
+        eagle3 = make_eagle3_config(config, num_hidden_layers=1, target_layer_ids=[0, 1, 2], layer_types=["sliding_attention"],
+                                    sliding_window=64, draft_vocab_size=64)
+        dflash = make_dflash_config(config, num_hidden_layers=1, block_size=4, mask_token_id=3, target_layer_ids=[0, 1, 2],
+                                    layer_types=["sliding_attention"], sliding_window=64)
+        cos, sin = LlamaRotaryEmbedding(eagle3)(torch.zeros(1), positions[None])  # the tables the drafters train with
+        assert dict(dflash.rope_parameters) == rope == dict(eagle3.rope_parameters)
+        jsons = {"eagle3_speculators": eagle3_speculators_config_json(eagle3.to_dict(), "tiny-gpt-oss", ["GptOssForCausalLM"], 3),
+                 "dflash": dflash_config_json(dflash.to_dict()),
+                 "dflash_speculators": speculators_config_json(dflash.to_dict(), config, "tiny-gpt-oss")}
+        out = []
+        for name, config_json in jsons.items():
+            (folder / name).mkdir(parents=True)
+            (folder / name / "config.json").write_text(json.dumps(config_json))
+            torch.save({"positions": positions, "cos": cos[0], "sin": sin[0]}, folder / name / "hf_rope.pt")
+            out.append(folder / name)
+        return out
+
+    as_trained = exports(target_config, tmp_path / "as_trained")
+    flipped_config = copy.deepcopy(target_config)
+    flipped_config.rope_parameters["truncate"] = True
+    flipped = exports(flipped_config, tmp_path / "flipped")
+    for folder in flipped:  # vLLM reads the flipped config, compared with the tables of the config as trained
+        shutil.copy(tmp_path / "as_trained" / folder.name / "hf_rope.pt", folder / "hf_rope.pt")
+    run = subprocess.run([VLLM_PYTHON, "-c", _VLLM_ROPE, *map(str, as_trained + flipped)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    diffs = {line.split()[1]: float(line.split()[2]) for line in run.stdout.splitlines() if line.startswith("DIFF ")}
+    assert len(diffs) == 6, run.stdout
+    for folder in as_trained:
+        assert diffs[str(folder)] < 1e-5, (folder.name, diffs)
+    for folder in flipped:
+        assert diffs[str(folder)] > 1e-2, (folder.name, diffs)
