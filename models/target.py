@@ -230,6 +230,24 @@ def output_recorder(store: dict[int, torch.Tensor], layer_id: int, state: dict |
     return hook
 
 
+def dequantizing(path: str, local_only: bool, what: str) -> dict[str, Any]:
+    """``from_pretrained``'s extra arguments for a checkpoint stored quantized. MXFP4 (gpt-oss's experts, as published):
+    dequantized at load to the loading dtype. Left to itself, transformers runs MXFP4 experts on Triton kernels it fetches
+    from the hub (``kernels-community/gpt-oss-triton-kernels``) wherever the ``kernels`` package is installed: a download
+    at run time (refused offline), and kernels this toolkit's loops were never checked on. Other quantization methods go
+    to transformers as the checkpoint says."""
+    from transformers import AutoConfig
+
+    quantization = getattr(AutoConfig.from_pretrained(path, local_files_only=local_only), "quantization_config", None)
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else getattr(quantization, "quant_method", None)
+    if str(getattr(method, "value", method)).lower() != "mxfp4":
+        return {}
+    from transformers import Mxfp4Config
+
+    log.warning("%s=%r: MXFP4 experts dequantized at load (gpt-oss-20b: ~13 GB as stored, ~42 GB in bf16)", what, path)
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
+
+
 class TargetModel:
     """A frozen Hugging Face causal LM that returns hidden states at chosen layers.
 
@@ -268,7 +286,7 @@ class TargetModel:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
                                                          attn_implementation=None if attn_implementation == "auto" else attn_implementation,
-                                                         local_files_only=local_only)
+                                                         local_files_only=local_only, **dequantizing(path, local_only, what))
         except (OSError, ValueError, RuntimeError, TypeError, SafetensorError, *STRICT_CONFIG_ERRORS) as e:
             # transformers raises ValueError for a folder it cannot read (no model_type, no tokenizer); a truncated shard
             # SafetensorError, a config.json short of a size a RuntimeError, a field of the wrong type a strict-dataclass error

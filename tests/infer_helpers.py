@@ -260,13 +260,13 @@ def ancestor_masks(parents: torch.Tensor) -> torch.Tensor:
     return masks
 
 
-def tiny_gpt_oss(vocab_size: int = 96, window: int = 8, seed: int = 0):
+def tiny_gpt_oss(vocab_size: int = 96, window: int = 8, seed: int = 0, intermediate_size: int = 48):
     """A 4-layer gpt-oss (random init, fp32, eager attention; heads of 16, the least flex attention takes in a drafter): sliding layers of ``window`` keys alternating with full
     ones, attention sinks drawn large enough to matter (N(0, 2): HF's init leaves them ~0.02), 4 experts, top 2, YaRN
     RoPE whose tables cover half the head; attention, expert and router biases as the architecture has them."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
-    config = GptOssConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+    config = GptOssConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=intermediate_size, num_hidden_layers=4, num_attention_heads=4,
                           num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=window,
                           layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=131072,
                           tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, bos_token_id=None)

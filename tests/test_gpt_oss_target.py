@@ -221,6 +221,54 @@ def test_gpt_oss_loads_and_its_capture_matches_hf(tiny_gpt_oss_path) -> None:
     torch.testing.assert_close(got.features, torch.cat([ref.hidden_states[2], ref.hidden_states[3]], -1), rtol=1e-5, atol=1e-5)
 
 
+def fp4_e2m1(code: torch.Tensor) -> torch.Tensor:
+    """OCP MX's FP4 (E2M1) by its bit fields: sign bit 3, exponent bits 1-2 (bias 1; 0 = subnormal), mantissa bit 0."""
+    sign = torch.where(code & 8 > 0, -1.0, 1.0)
+    exponent, mantissa = (code >> 1) & 3, (code & 1).float()
+    return sign * torch.where(exponent == 0, 0.5 * mantissa, 2.0 ** (exponent.float() - 1) * (1 + 0.5 * mantissa))
+
+
+def test_an_mxfp4_checkpoint_loads_dequantized_without_the_hub(tmp_path, monkeypatch) -> None:
+    """gpt-oss is published with its experts in MXFP4 (``*_blocks``: two FP4 values a byte, low nibble first, 32 inputs
+    a block; ``*_scales``: one power-of-two exponent a block, bias 127). Where the ``kernels`` package is installed (a
+    dependency of transformers 5.25) transformers ran such experts on Triton kernels fetched from the hub: offline, the
+    load failed. ``TargetModel.from_pretrained`` dequantizes them at load, with the hub unreachable; every expert weight
+    equals an independent decoding of the stored bytes, and the loaded model decodes greedily through our loop."""
+    from safetensors.torch import load_file, save_file
+
+    from infer.generate import generate
+    from models.builtin_targets import build_tokenizer
+    from models.target import TargetModel
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizer = build_tokenizer("chatml")
+    model = tiny_gpt_oss(vocab_size=len(tokenizer), intermediate_size=64)  # MXFP4 blocks: inputs in 32s
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    weights, want = load_file(tmp_path / "model.safetensors"), {}
+    generator = torch.Generator().manual_seed(0)
+    for name in [n for n in weights if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, inputs, outputs = weights.pop(name).shape  # stored [experts, outputs, inputs / 32, 16] bytes
+        blocks = torch.randint(0, 256, (experts, outputs, inputs // 32, 16), dtype=torch.uint8, generator=generator)
+        scales = torch.randint(122, 131, (experts, outputs, inputs // 32), dtype=torch.uint8, generator=generator)
+        values = torch.stack([fp4_e2m1(blocks & 15), fp4_e2m1(blocks >> 4)], -1).reshape(experts, outputs, inputs // 32, 32)
+        want[name] = (values * 2.0 ** (scales.float() - 127)[..., None]).reshape(experts, outputs, inputs).transpose(1, 2)
+        weights[name + "_blocks"], weights[name + "_scales"] = blocks, scales
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4",  # as gpt-oss-20b's config.json has it
+                                     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                "model.embed_tokens", "lm_head"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    target = TargetModel.from_pretrained(str(tmp_path))
+    assert len(want) == 2 * target.num_layers
+    for name, value in want.items():
+        assert torch.equal(target.model.get_parameter(name), value), name  # FP4 times powers of two: exact in fp32
+    prompt = torch.randint(2, target.vocab_size, (20,), generator=generator).tolist()
+    assert generate(CachedTarget(target.model, [0, 1, 2]), None, prompt, 12).tokens == recomputed_greedy(target.model, prompt, 12)
+
+
 def test_infer_cli_on_gpt_oss_decodes_at_batch_1_and_refuses_batches_in_one_line(tiny_gpt_oss_path, tmp_path, capsys) -> None:
     from infer.__main__ import main
 
