@@ -129,3 +129,31 @@ def test_infer_speed_prints_prompt_lookups_tau_on_the_same_prompts(tiny_qwen3_pa
     off = run_script("benchmarks/infer_speed.py", "--target", tiny_qwen3_path, "--drafter", str(drafter), "--device", "cpu",
                      "--prefills", "0", "--questions", "1", "--max-new-tokens", "8", "--no-pld")
     assert off.returncode == 0 and f"| {'-'} |" in off.stdout, off.stdout + off.stderr[-1500:]
+
+
+def test_eager_target_speed_counts_a_gpt_oss_tokens_bytes_and_runs_on_cpu(tmp_path) -> None:
+    """``eager_target_speed.py``'s bandwidth fraction rests on its count of a token's bytes: here against the count by
+    hand from the tiny gpt-oss shape's config (attention with biases and sinks, router, norms, the head, top-2 of 8
+    experts, no embedding; keys and values of every position on full layers, of the window on sliding ones); and the
+    script runs on the CPU, its forced τ = 3 decoding 1.5-3 tokens a step."""
+    import json
+
+    from benchmarks.eager_target_speed import bytes_per_token
+    from benchmarks.shapes import random_target
+
+    model = random_target("tiny-gpt-oss", "cpu").model  # fp32: 4 bytes a value
+    hidden, inter, experts, top, layers, heads, kv_heads, dim, vocab, window = 64, 64, 8, 2, 6, 4, 2, 16, 512, 16
+    attention = hidden * heads * dim + heads * dim + 2 * (hidden * kv_heads * dim + kv_heads * dim) + heads * dim * hidden + hidden + heads
+    router, norms = experts * hidden + experts, 2 * hidden
+    expert = hidden * 2 * inter + 2 * inter + inter * hidden + hidden
+    weights = layers * (attention + router + norms) + hidden + vocab * hidden + layers * top * expert
+    for context in (8, 100):
+        keys = 3 * context + 3 * min(context, window)  # layers alternate sliding, full
+        assert bytes_per_token(model, context) == 4 * weights + 2 * kv_heads * dim * 4 * keys
+
+    out = run_script("benchmarks/eager_target_speed.py", "--shape", "tiny-gpt-oss", "--device", "cpu", "--contexts", "40",
+                     "--new-tokens", "12", "--taus", "3", "--out", str(tmp_path / "rows.json"))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    row = json.loads((tmp_path / "rows.json").read_text())["rows"][0]
+    assert row["context"] == 40 and row["ar_tokens_per_s"] > 0 and row["spec"]["3"]["tokens_per_s"] > 0
+    assert out.stdout.splitlines()[2].startswith("40 | ")
