@@ -531,14 +531,29 @@ class TargetModel:
 # Legend: n tokens in this forward, V vocab, L layers, C cache capacity (positions), Hkv kv heads, D head dim.
 
 
+# The architectures the cached forwards (``CachedTarget``, ``StaticTarget``) run, each checked against Hugging Face's own
+# forward (tests/test_gpt_oss_target.py), and where each one's attention windows come from: "types" = ``layer_types``
+# (a sliding layer has ``sliding_window``), "every" = ``sliding_window`` on every layer (the attention reads the config's
+# field whatever ``layer_types`` says), "none" = full attention. Others (GLM's partial rotary, Gemma's scaled embeddings
+# and extra norms, Granite's multipliers, OLMo's post-norms, SmolLM3's layers without RoPE, Cohere's parallel blocks)
+# would run the wrong computation through these layers' loop: refused by name.
+WINDOW_RULE = {"llama": "none", "mistral": "every", "mixtral": "every", "qwen3_moe": "every", "qwen2": "types",
+               "qwen2_moe": "types", "qwen3": "types", "gpt_oss": "types"}
+
+
 def layer_windows(config) -> list[int | None]:
     """Each decoder layer's attention window in Hugging Face's ``sliding_window`` meaning (W keys, the query's own
-    included), None for full attention: ``layer_types`` where the config has them (gpt-oss, Qwen2/3, Gemma), else
-    ``sliding_window`` on every layer (Mistral's attention reads it with no per-layer types; Qwen2's
-    ``use_sliding_window=False`` switches it off)."""
+    included), None for full attention, by the architecture's rule (``WINDOW_RULE``): ``layer_types`` (gpt-oss,
+    Qwen2/3; Qwen2's ``use_sliding_window=False`` leaves every type full), or ``sliding_window`` on every layer (Mistral,
+    Mixtral, Qwen3-MoE: their attention reads it with no per-layer types, ``layer_types`` in a config.json or not)."""
     n = config.num_hidden_layers
-    types = getattr(config, "layer_types", None)
+    rule = WINDOW_RULE.get(config.model_type, "types")
     window = getattr(config, "sliding_window", None)
+    if rule == "none":
+        return [None] * n
+    if rule == "every":
+        return [window or None] * n
+    types = getattr(config, "layer_types", None)
     if types is None:
         return [window if window and getattr(config, "use_sliding_window", True) else None] * n
     unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
@@ -551,17 +566,19 @@ def layer_windows(config) -> list[int | None]:
 
 
 def check_supported(model: nn.Module) -> None:
-    """Raise ValueError naming what the cached forward (``CachedTarget``) cannot run."""
+    """Raise ValueError naming what the cached forwards (``CachedTarget``, ``StaticTarget``) cannot run: an architecture
+    outside ``WINDOW_RULE``, layer types other than full / sliding, a layer without the Llama/Qwen parts."""
     config = model.config.get_text_config()
     name = f"target {config.model_type!r}"
+    if config.model_type not in WINDOW_RULE:
+        raise ValueError(f"{name}: the inference loop runs {', '.join(sorted(WINDOW_RULE))} targets (each checked against "
+                         f"Hugging Face's forward), not {config.model_type}")
     layer_windows(config)
-    layer = decoder_layers(model)[0]
-    attn = getattr(layer, "self_attn", None)
-    needed = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    if attn is None or not all(hasattr(attn, n) for n in needed) or not hasattr(layer, "mlp"):
-        raise ValueError(f"{name}: decoder layer {type(layer).__name__} lacks self_attn.{{q,k,v,o}}_proj / mlp; expected a Llama/Qwen-style layer")
-    if getattr(config, "attn_logit_softcapping", None):
-        raise ValueError(f"{name}: attention logit soft-capping is not supported by the inference loop")
+    for layer in decoder_layers(model):
+        attn = getattr(layer, "self_attn", None)
+        needed = ["q_proj", "k_proj", "v_proj", "o_proj"]
+        if attn is None or not all(hasattr(attn, n) for n in needed) or not hasattr(layer, "mlp"):
+            raise ValueError(f"{name}: decoder layer {type(layer).__name__} lacks self_attn.{{q,k,v,o}}_proj / mlp; expected a Llama/Qwen-style layer")
 
 
 def static_unsupported(model: nn.Module) -> str | None:
@@ -572,11 +589,13 @@ def static_unsupported(model: nn.Module) -> str | None:
     reasons = []
     if any(w is not None for w in layer_windows(config)):
         reasons.append("sliding-window layers")
-    layer = decoder_layers(model)[0]
-    if getattr(layer.self_attn, "sinks", None) is not None:
+    layers = decoder_layers(model)
+    if any(getattr(layer.self_attn, "sinks", None) is not None for layer in layers):
         reasons.append("attention sinks")
-    if not all(hasattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
-        reasons.append(f"a {type(layer.mlp).__name__} MLP (not gate/up/down)")
+    # every layer: an MoE may keep its first layers dense (Qwen3-MoE's mlp_only_layers)
+    other = next((layer.mlp for layer in layers if not all(hasattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj"))), None)
+    if other is not None:
+        reasons.append(f"a {type(other).__name__} MLP (not gate/up/down)")
     return f"target {config.model_type!r}: {', '.join(reasons)}" if reasons else None
 
 
@@ -612,6 +631,7 @@ class CachedTarget:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim ** -0.5
         self.windows = layer_windows(config)
+        self.half_rotary_tables = config.model_type == "gpt_oss"
         self.sinks = [getattr(layer.self_attn, "sinks", None) for layer in self.layers]  # gpt-oss: [Hq] logits a layer
         if attention_backend != "sdpa" and any(s is not None for s in self.sinks):
             raise ValueError(f"target {config.model_type!r}: attention sinks run on --backend sdpa, not {attention_backend}")
@@ -673,8 +693,10 @@ class CachedTarget:
         if positions is None:
             positions = torch.arange(start, end, device=self.device)
         cos, sin = self.rotary_emb(x, positions.reshape(1, n))
-        if cos.shape[-1] * 2 == self.head_dim:  # gpt-oss's tables cover half the head: its rotation pairs x[i] with
-            cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)  # x[i + D/2], as rotate_half does on full ones
+        if self.half_rotary_tables:  # gpt-oss's tables cover half the head: its rotation pairs x[i] with x[i + D/2],
+            cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)  # as rotate_half does with full ones
+        if cos.shape[-1] != self.head_dim:
+            raise ValueError(f"target {self.model.config.model_type!r}: RoPE tables of {cos.shape[-1]} for heads of {self.head_dim}")
         masks: dict[int | None, torch.Tensor | None] = {None: None}  # by window; None: causal (and windowed) by slot
         if mask is not None:
             masks[None] = torch.cat([torch.ones(n, start, dtype=torch.bool, device=self.device), mask.to(self.device)], dim=1)  # [n, end]

@@ -80,24 +80,44 @@ def test_sinks_are_refused_on_flashinfer() -> None:
 
 
 def windowed_model(which: str):
-    from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    """A tiny random model of each architecture the cached forward runs (``models.target.WINDOW_RULE``), windowed where
+    the architecture has windows."""
+    import transformers as tf
 
     common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                   max_position_embeddings=512)
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
     torch.manual_seed(0)
-    if which == "gpt-oss":
-        return tiny_gpt_oss()
-    if which == "mistral":  # sliding_window with no layer_types: every layer windowed
-        return MistralForCausalLM(MistralConfig(num_hidden_layers=3, sliding_window=6, **common)).eval()
-    return Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=5,
-                                        use_sliding_window=True, **common)).eval()
+    build = {
+        "gpt-oss": lambda: tiny_gpt_oss(),
+        # sliding_window with no layer_types: every layer windowed
+        "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(num_hidden_layers=3, sliding_window=6, **common)),
+        # layer_types in a Mistral config.json: kept by the config, ignored by Mistral's attention (every layer windowed);
+        # they were followed before (two full layers: 51 logits off at layer 0)
+        "mistral-types": lambda: tf.MistralForCausalLM(tf.MistralConfig(num_hidden_layers=3, sliding_window=6,
+                                                                           layer_types=["full_attention"] * 3, **common)),
+        "qwen3-sliding": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(num_hidden_layers=3, sliding_window=5, use_sliding_window=True,
+                                                                    layer_types=["sliding_attention", "full_attention", "sliding_attention"], **common)),
+        "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(num_hidden_layers=3, **common)),
+        "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(num_hidden_layers=3, **common)),
+        "mixtral": lambda: tf.MixtralForCausalLM(tf.MixtralConfig(num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
+                                                                  sliding_window=None, **common)),
+        "qwen2-moe": lambda: tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(num_hidden_layers=3, shared_expert_intermediate_size=32, **moe, **common)),
+        # dense first and last layers, experts between: the static target was handed it (layer 0 alone was checked) and crashed
+        "qwen3-moe-dense-first": lambda: tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(num_hidden_layers=3, mlp_only_layers=[0, 2], **moe, **common)),
+    }
+    return build[which]().eval()
 
 
-@pytest.mark.parametrize("which,windows", [("gpt-oss", [8, None, 8, None]), ("mistral", [6, 6, 6]), ("qwen3-sliding", [5, None, 5])])
+@pytest.mark.parametrize("which,windows", [("gpt-oss", [8, None, 8, None]), ("mistral", [6, 6, 6]), ("mistral-types", [6, 6, 6]),
+                                           ("qwen3-sliding", [5, None, 5]), ("llama", [None] * 3), ("qwen2", [None] * 3),
+                                           ("mixtral", [None] * 3), ("qwen2-moe", [None] * 3), ("qwen3-moe-dense-first", [None] * 3)])
 def test_chunked_prefill_and_overwritten_drafts_match_hf(which, windows) -> None:
+    """Every architecture the cached forward runs, against Hugging Face's forward with no cache: logits and features
+    over odd prefill chunks and drafts written over. The static target refuses all but full-attention gated MLPs."""
     model = windowed_model(which)
     assert layer_windows(model.config) == windows
-    assert static_unsupported(model) is not None
+    assert (static_unsupported(model) is None) == (which in ("llama", "qwen2")), static_unsupported(model)
     torch.manual_seed(1)
     ids = torch.randint(0, 96, (60,))  # several windows long
     target = CachedTarget(model, feature_layer_ids=[1, 0])
@@ -110,6 +130,30 @@ def test_chunked_prefill_and_overwritten_drafts_match_hf(which, windows) -> None
         ref = model(ids[None], output_hidden_states=True)
     torch.testing.assert_close(torch.cat(logits), ref.logits[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(features, torch.cat([ref.hidden_states[2][0, 40:], ref.hidden_states[1][0, 40:]], -1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type,extra", [("glm", dict(partial_rotary_factor=0.5)), ("stablelm", dict(partial_rotary_factor=0.5)),
+                                              ("gemma", {}), ("gemma3_text", dict(sliding_window=4)), ("cohere2", dict(sliding_window=4)),
+                                              ("granite", dict(embedding_multiplier=2.0)), ("olmo2", {}), ("smollm3", {})])
+def test_architectures_the_loop_would_run_wrong_are_refused_in_one_line(model_type, extra) -> None:
+    """Found by review (2026-12-06's third session): with the full-attention gate gone, these passed the check; GLM and
+    StableLM (RoPE on half of each head, paired differently from gpt-oss's half tables) then decoded another model's
+    tokens, Gemma 3, Cohere 2, Exaone 4 and OLMo 3 crashed mid-forward; Gemma's scaled embeddings, Granite's multipliers,
+    OLMo 2's post-norms and SmolLM3's layers without RoPE would be run as Llama's. Refused by name now, through the
+    loop's loading too."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from infer.loading import decoding_target
+    from models.static_target import StaticTarget
+
+    config = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0, **extra)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    want = rf"^target '{model_type}': the inference loop runs gpt_oss, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe targets"
+    for build in (lambda: CachedTarget(model, [0]), lambda: StaticTarget(model, [0]), lambda: decoding_target(model, [0])):
+        with pytest.raises(ValueError, match=want) as e:
+            build()
+        assert "\n" not in str(e.value)
 
 
 def test_tree_nodes_see_the_window_by_position_not_slot() -> None:

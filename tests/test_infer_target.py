@@ -48,13 +48,15 @@ def test_last_logits_only_and_capacity_error(reference_target_path) -> None:
 
 
 def test_what_the_cached_forward_cannot_run_is_refused() -> None:
-    """Soft-capped attention logits (Gemma 2) and layer types other than full / sliding are refused by name (sliding
-    layers, sinks and experts run: ``test_gpt_oss_target.py``)."""
+    """Architectures outside the checked list (Gemma 2's soft-capped logits among them; more in
+    ``test_gpt_oss_target.py``) and layer types other than full / sliding are refused by name (sliding layers, sinks and
+    experts run: ``test_gpt_oss_target.py``)."""
     from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     shape = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=8)
-    with pytest.raises(ValueError, match="target 'gemma2': attention logit soft-capping is not supported"):
+    with pytest.raises(ValueError, match=r"target 'gemma2': the inference loop runs gpt_oss, llama, .* targets \(each checked "
+                                         r"against Hugging Face's forward\), not gemma2$"):
         CachedTarget(Gemma2ForCausalLM(Gemma2Config(attn_logit_softcapping=50.0, **shape)), feature_layer_ids=[0])
     config = Qwen3Config(layer_types=["sliding_attention", "full_attention"], sliding_window=4, use_sliding_window=True, **shape)
     model = Qwen3ForCausalLM(config)
