@@ -46,6 +46,28 @@ def test_grouped_attention_equals_a_softmax_written_out() -> None:
             torch.testing.assert_close(got[i, h], reference_attention(q[i, h], k[i, h], v[i, h], visible[i, 0], 0.5))
 
 
+@pytest.mark.parametrize("which", ["qwen2", "llama-biases"])
+def test_biased_projections_on_the_static_target_match_hf(which) -> None:
+    """The static target runs every architecture ``static_unsupported`` passes, biases included (Qwen2's q/k/v, Llama's
+    ``attention_bias`` / ``mlp_bias``), against Hugging Face's forward: a prefill and a 10-token step."""
+    import transformers as tf
+
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                  num_hidden_layers=3, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = (tf.Qwen2ForCausalLM(tf.Qwen2Config(**common)) if which == "qwen2" else
+             tf.LlamaForCausalLM(tf.LlamaConfig(attention_bias=True, mlp_bias=True, **common))).eval()
+    for p in model.parameters():  # biases and norms away from their zeros and ones
+        p.data.normal_(0, 0.3)
+    ids = torch.randint(0, 96, (40,))
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    target = StaticTarget(model, feature_layer_ids=[])
+    target.allocate(64)
+    logits = [target.prefill(ids[:30], 0, 0)[0], target.step(ids[None, 30:40], torch.tensor([30]))[0][0]]
+    torch.testing.assert_close(torch.cat(logits), ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("which", ["reference", "tiny_llama3"])
 def test_prefill_steps_and_overwritten_drafts_match_hf(which, reference_target_path, tiny_llama3_path) -> None:
     model = load(reference_target_path if which == "reference" else tiny_llama3_path)
