@@ -363,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
         summary = summarize(records)
         pld = prompt_lookup(prefill)
         if pld is not None:
-            summary["prompt_lookup"] = {k: pld[k] for k in ("tau", "acceptance_by_position", "tokens_per_s", "steps")}
+            summary["prompt_lookup"] = {k: pld[k] for k in ("tau", "acceptance_by_position", "tokens_per_s", "steps", "tau_by_category")}
             if not sampling.greedy and any(r.get("turn", 1) > 1 for r in records):  # later turns follow each pass's own answers
                 summary["prompt_lookup_note"] = (f"sampled (temperature {sampling.temperature:g}): a later turn's prompt holds "
                                                  "each pass's own sampled answers, so prompt lookup's later turns are other "
@@ -410,7 +410,9 @@ def run(args: argparse.Namespace) -> int:
                     print(f"window {label} prefill {prefill}: the cell was made with {made_with}; made again with "
                           f"{ {k: config.get(k) for k in CELL_SETTINGS} }", file=sys.stderr)
                 label, records, summary = run_cell(window, prefill, bool(args.baseline))
-                write_json(path, {"config": {**config, "window": label, "prefill": prefill}, "summary": summary, "records": records})
+                # prefill_tokens: the single-cell commands' field (vars(args) holds its unused default), this cell's prefill
+                write_json(path, {"config": {**config, "window": label, "prefill": prefill, "prefill_tokens": prefill},
+                                  "summary": summary, "records": records})
                 keep(label, prefill, summary, records)
                 print(f"window {label} prefill {prefill}: tau {summary['tau']:.3f}, {summary['tokens_per_s']:.1f} tok/s", file=sys.stderr)
         for prefill in args.prefills:  # prompt lookup's records for its interval where every cell of a prefill was resumed:

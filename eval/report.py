@@ -42,8 +42,10 @@ def summary_table(summary: dict, title: str) -> str:
         rows += ["", f"A warm-up of the pass's shapes took {summary['warmup_s']:.1f} s before it{baseline}, not counted above."]
     cats = summary.get("tau_by_category", {})
     if len(cats) > 1:
+        pld_cats = summary.get("prompt_lookup", {}).get("tau_by_category", {})  # the same prompts' free baseline, "-" if not run
         rows += ["", "| category | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats),
-                 "| τ | " + " | ".join(f"{t:.3f}" for t in cats.values()) + " |"]
+                 "| τ | " + " | ".join(f"{t:.3f}" for t in cats.values()) + " |",
+                 "| prompt lookup τ | " + " | ".join(fmt(pld_cats.get(c), ".3f") for c in cats) + " |"]
     return "\n".join(rows)
 
 

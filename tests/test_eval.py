@@ -73,6 +73,27 @@ def test_prompts_file_and_its_errors(runs_dir, tmp_path, capsys) -> None:
     assert not (tmp_path / "q").exists()  # nothing half-written
 
 
+def test_the_category_table_has_prompt_lookups_tau_beside(runs_dir, tmp_path) -> None:
+    """Found by review (2026-12-06's third session): the per-category τ table carried no prompt-lookup τ (every τ table
+    carries it). Its row is prompt lookup's τ per category, recomputed here from prompt lookup's own records."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "What is 2 + 2?", "category": "math"}\n{"prompt": "Write a line about rain.", "category": "writing"}\n'
+                       '{"prompt": "What is 3 * 5?", "category": "math"}\n')
+    out = tmp_path / "p"
+    assert main(["prompts", "--runs-dir", str(runs_dir), "--prompts", str(prompts), "--max-new-tokens", "8", "--no-baseline",
+                 "--out", str(out)]) == 0
+    pld_records = [json.loads(line) for line in (out / "partial" / "pld_prefill-0.jsonl").read_text().splitlines() if line.strip()]
+    want = {}
+    for r in pld_records:
+        want.setdefault(r["category"], []).extend(r["stats"]["accepted_per_step"])
+    want = {c: sum(a + 1 for a in steps) / len(steps) for c, steps in sorted(want.items())}
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["prompt_lookup"]["tau_by_category"] == pytest.approx(want)
+    table = (out / "summary.md").read_text()
+    assert "| category | math | writing |" in table
+    assert f"| prompt lookup τ | {want['math']:.3f} | {want['writing']:.3f} |" in table
+
+
 @pytest.mark.parametrize("line,message", [
     ('{"turns": 5}', "'turns' is int 5; expected a list of user messages"),
     ('{"turns": "Hello?"}', "'turns' is str 'Hello?'; expected a list"),  # not five one-letter turns
@@ -275,6 +296,8 @@ def test_sweep_writes_matrix_plot_and_resumes(runs_dir, tmp_path, monkeypatch) -
     assert main([a if a != "1" else "2" for a in argv]) == 0
     for name in cells:
         again = json.loads((out / "cells" / name).read_text())
+        # each cell names its own prefill (the single-cell commands' --prefill-tokens default, 0, was written before)
+        assert again["config"]["prefill"] == again["config"]["prefill_tokens"] == int(name.split("prefill-")[1].split(".")[0])
         assert again["config"]["num_questions"] == 2 and len({r["id"] for r in again["records"]}) == 2
         first = [r for r in again["records"] if r["id"] == cell[name]["records"][0]["id"]]
         assert [r["output_ids"] for r in first] == [r["output_ids"] for r in cell[name]["records"]]
