@@ -53,13 +53,24 @@ def read_cells(sweep: Path) -> dict[tuple[str, int], list[dict]]:
         if m is None:
             continue
         key = (m["window"] or "prompt lookup", int(m["prefill"]))
-        if m["kind"] == "json":
-            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-            cells[key] = json.loads(raw)["records"]
-        else:  # the sweep's own reader: a turn written twice (again with its baseline) counts once, its last line
-            cells[key] = list(read_partial(path).values())
+        try:
+            if m["kind"] == "json":
+                raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+                records = json.loads(raw)["records"]
+                if not isinstance(records, list):
+                    raise ValueError(f"'records' is {type(records).__name__}")
+                cells[key] = records
+            else:  # the sweep's own reader: a turn written twice (again with its baseline) counts once, its last line
+                cells[key] = list(read_partial(path).values())
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as e:  # a cut or corrupt file: named, not a traceback
+            raise ValueError(f"{path}: not a readable sweep cell ({type(e).__name__}: {e}); expected `python -m eval sweep`'s output") from None
     if not cells:
         raise ValueError(f"{sweep}: no cells/*.json or partial/pld_prefill-*.jsonl; expected a `python -m eval sweep --out` folder")
+    # prompt lookup's partial files keep every question ever decoded into the folder; a sweep rerun there on fewer
+    # questions rebuilt its cells on those alone: prompt lookup's rows are read on the cells' questions
+    asked = {str(r["id"]) for (window, _), records in cells.items() if window != "prompt lookup" for r in records}
+    if asked:
+        cells = {key: [r for r in records if key[0] != "prompt lookup" or str(r["id"]) in asked] for key, records in cells.items()}
     return cells
 
 

@@ -96,3 +96,30 @@ def test_shards_of_a_sweep_merge_into_the_sweep_and_overlapping_shards_are_refus
         assert sorted(str(r["id"]) for r in merged[key]) == sorted(str(r["id"]) for r in records)
     with pytest.raises(ValueError, match="in two shards"):
         ci.merge_shards([shards[0], shards[0]])
+
+
+def test_prompt_lookups_rows_are_read_on_the_cells_questions_and_bad_cells_are_named(tmp_path: Path) -> None:
+    """Found by review (2026-12-06's third session): a sweep rerun into its folder on fewer questions rebuilds its
+    cells on those, but prompt lookup's partial file keeps every question ever decoded there, and its rows were read
+    whole (its kept τ over other questions than the drafter's). And a cut or corrupt cell was a traceback."""
+    whole = ci.read_cells(SWEEP)
+    assert any(window == "prompt lookup" for window, _ in whole)
+    ids = sorted({str(r["id"]) for records in whole.values() for r in records})
+    fewer = set(ids[: len(ids) // 2])
+    folder = tmp_path / "rerun"
+    (folder / "cells").mkdir(parents=True)
+    (folder / "partial").mkdir()
+    for (window, prefill), records in whole.items():
+        if window == "prompt lookup":  # every question, as the partial file holds them
+            (folder / "partial" / f"pld_prefill-{prefill}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        else:
+            mine = [r for r in records if str(r["id"]) in fewer]
+            (folder / "cells" / f"window-{window}_prefill-{prefill}.json").write_text(json.dumps({"records": mine}))
+    cells = ci.read_cells(folder)
+    for (window, prefill), records in cells.items():
+        assert {str(r["id"]) for r in records} == fewer, (window, prefill)
+    broken = folder / "cells" / "window-2048_prefill-0.json"
+    for text in ('{"records": [', '{"summary": {}}'):
+        broken.write_text(text)
+        with pytest.raises(ValueError, match=rf"^{broken}: not a readable sweep cell"):
+            ci.read_cells(folder)
