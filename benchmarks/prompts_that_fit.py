@@ -4,9 +4,10 @@
         --out OUT.jsonl [--shards N]
 
 A sweep refuses a prompt set with one conversation that may not fit (``eval.runner.check_context_fits``: each earlier
-answer counted at ``--max-new-tokens`` + 16, plus the new tokens); this writes the lines that pass, in file order,
-unchanged, and prints how many. ``--shards N`` also writes ``OUT.shard{i}.jsonl``, N interleaved slices (i::N) of the
-kept lines, for one sweep per GPU whose folders ``benchmarks/sweep_kept_ci.py --merge`` reads as one. Only the
+answer counted at ``--max-new-tokens`` + 16, plus the new tokens); this writes the records that pass, in file order,
+and prints how many. ``--shards N`` also writes ``OUT.shard{i}.jsonl``, N interleaved slices (i::N) of the
+kept lines, for one sweep per GPU whose folders ``benchmarks/sweep_kept_ci.py --merge`` reads as one. Each kept record
+keeps the id eval gives it in the whole file (its line number where it has none), so shards keep distinct ids. Only the
 tokenizer and config are read (no weights). Each file is written under a temporary name, then renamed.
 """
 
@@ -36,30 +37,39 @@ def main() -> int:
     from eval.runner import check_context_fits
     from infer.prompts import prompts_file
 
+    if args.prefill < 0 or args.max_new_tokens < 1:
+        print(f"error: --prefill {args.prefill} --max-new-tokens {args.max_new_tokens}; expected a prefill >= 0 and new "
+              "tokens >= 1", file=sys.stderr)
+        return 2
     try:
         conversations = prompts_file(args.prompts)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
+        limit = int(getattr(AutoConfig.from_pretrained(args.target).get_text_config(), "max_position_embeddings", 1 << 30))
+    except (OSError, ValueError) as e:  # the prompt file's one-line errors; a target folder that is not one
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    limit = int(getattr(AutoConfig.from_pretrained(args.target).get_text_config(), "max_position_embeddings", 1 << 30))
-    lines = [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
-    assert len(lines) == len(conversations)
+    # the records as prompts_file read them (its encoding, its lines: str.splitlines also splits at U+2028 inside a JSON
+    # string), each written with the id eval gave it (its line number where the record has none: the kept file and its
+    # shards renumbered the questions, so shards shared ids and --merge refused them)
+    with open(args.prompts, encoding="utf-8-sig") as f:
+        records = [json.loads(line) for line in f if line.strip()]
     kept = []
-    for line, conversation in zip(lines, conversations):
+    for record, conversation in zip(records, conversations, strict=True):
         try:
             check_context_fits(tokenizer, [conversation], [args.prefill], args.max_new_tokens, limit)
-        except ValueError:
+        except ValueError as e:
+            if "may need" not in str(e):  # the one refusal that means "does not fit"
+                raise
             continue
-        kept.append(line)
+        kept.append(json.dumps({**record, "id": conversation.id}, ensure_ascii=False))
     files = {Path(args.out): kept}
     if args.shards > 0:
         out = Path(args.out)
         files.update({out.with_suffix(f".shard{i}.jsonl"): kept[i::args.shards] for i in range(args.shards)})
     for path, rows in files.items():
         with atomic_open(path) as f:
-            f.write("".join(json.dumps(json.loads(r), ensure_ascii=False) + "\n" for r in rows))
-    print(f"{len(kept)} of {len(lines)} prompts fit {limit} positions behind {args.prefill} prefill tokens "
+            f.write("".join(r + "\n" for r in rows))
+    print(f"{len(kept)} of {len(records)} prompts fit {limit} positions behind {args.prefill} prefill tokens "
           f"with {args.max_new_tokens} new tokens a turn -> {args.out}")
     return 0
 

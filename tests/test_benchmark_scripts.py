@@ -157,3 +157,35 @@ def test_eager_target_speed_counts_a_gpt_oss_tokens_bytes_and_runs_on_cpu(tmp_pa
     row = json.loads((tmp_path / "rows.json").read_text())["rows"][0]
     assert row["context"] == 40 and row["ar_tokens_per_s"] > 0 and row["spec"]["3"]["tokens_per_s"] > 0
     assert out.stdout.splitlines()[2].startswith("40 | ")
+
+
+@pytest.mark.slow  # three processes, filler of 28,000 tokens: ~25 s alone
+def test_prompts_that_fit_keeps_each_questions_id_and_answers_bad_input_in_one_line(reference_target_path, tmp_path) -> None:
+    """Found by review (2026-12-06's third session): records without an id were written without one, so the kept file
+    and its shards renumbered the questions (shards shared ids: ``sweep_kept_ci.py --merge`` refused them; an id named
+    another question than in the original file); a prompt holding U+2028 stopped at an assertion, a byte-order mark at a
+    JSON error, a missing target at a traceback, and ``--prefill -5`` wrote an empty file and exited 0."""
+    import json
+
+    from infer.prompts import prompts_file
+
+    target = str(reference_target_path)  # 32,768 positions: behind 28,000 filler tokens a 5,000-word prompt does not fit
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"prompt": "Write a short poem"}, {"prompt": "word " * 5000}, {"prompt": "What is 2+2?\u2028Explain."},
+            {"prompt": "Name three colors."}, {"id": "q5", "prompt": "Tell me a joke."}]
+    prompts.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+    out = run_script("benchmarks/prompts_that_fit.py", "--target", target, "--prompts", str(prompts), "--prefill", "28000",
+                     "--max-new-tokens", "32", "--out", str(tmp_path / "fit.jsonl"), "--shards", "2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    original = {c.id: c.turns for c in prompts_file(prompts)}
+    kept = {c.id: c.turns for c in prompts_file(tmp_path / "fit.jsonl")}
+    assert list(kept) == ["1", "3", "4", "q5"] and all(kept[i] == original[i] for i in kept)  # question 2 does not fit
+    shards = [[c.id for c in prompts_file(tmp_path / f"fit.shard{i}.jsonl")] for i in range(2)]
+    assert shards == [["1", "4"], ["3", "q5"]]
+    for args, names in ((["--prefill", "-5"], "--prefill -5"), (["--target", str(tmp_path / "nothing")], str(tmp_path / "nothing"))):
+        base = {"--target": target, "--prompts": str(prompts), "--prefill": "100", "--max-new-tokens": "32", "--out": str(tmp_path / "bad.jsonl")}
+        base.update(dict(zip(args[::2], args[1::2])))
+        bad = run_script("benchmarks/prompts_that_fit.py", *[x for kv in base.items() for x in kv])
+        last = bad.stderr.strip().splitlines()[-1]
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr and last.startswith("error: ") and names in last, bad.stderr[-1500:]
+        assert not (tmp_path / "bad.jsonl").exists()
