@@ -6,7 +6,8 @@ run accepted, in its order (``benchmarks/decode_speed.py --traces``). A trace is
 writes, every turn's ``stats.accepted_per_step`` joined in file order:
 
 - ``results.json`` (``mtbench`` / ``prompts``) or a sweep cell (``cells/*.json``): ``{"config", "summary", "records"}``;
-- a partial file (``partial/*.jsonl``): one record a line;
+- a partial file (``partial/*.jsonl``): one record a line (a line a kill cut off, which eval decoded again, skipped);
+- any of them gzipped (``.gz``), as ``benchmarks/results/`` keeps them;
 - the compact copies under ``benchmarks/results/``: ``{"config", "summary", "accepted_per_step_by_turn"}``.
 
 A tree run's counts are refused where its config says it drafted trees: the replay drafts chains, whose verify is
@@ -15,6 +16,7 @@ cheaper than a tree's, so a tree's acceptance would flatter the chain's speed.
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,18 +67,25 @@ def read_acceptance_trace(path: str | Path) -> AcceptanceTrace:
     file that is none of those, a tree run's, or one with no steps raises ValueError naming the file and the field."""
     path = str(path)
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
+        text = (gzip.decompress(raw) if path.endswith(".gz") else raw).decode("utf-8")  # committed cells are gzipped
     except OSError as e:
-        raise ValueError(f"{path}: cannot read the trace ({e.strerror})") from None
+        raise ValueError(f"{path}: cannot read the trace ({e.strerror or e})") from None
+    except (EOFError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a UTF-8 eval output ({type(e).__name__}); expected eval's results.json, a sweep cell "
+                         "or a .jsonl of records (.gz for gzipped ones)") from None
     blocks: set[int] = set()
     config = None
-    if path.endswith(".jsonl"):
+    if path.removesuffix(".gz").endswith(".jsonl"):
         by_turn: dict = {}
-        for n, line in enumerate(text.splitlines(), 1):
+        lines = text.splitlines()
+        for n, line in enumerate(lines, 1):
             if line.strip():
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
+                    if n < len(lines) and line.lstrip().startswith("{"):  # a record a kill cut off, the run resumed
+                        continue  # after it: eval decoded that turn again (its read_partial drops the line too)
                     raise ValueError(f"{path}: line {n} is not valid JSON ({e.msg}); expected one eval record a line") from None
                 # a partial file holds a turn again when its baseline is added or a resumed run decodes it again: the
                 # last record of a (conversation, turn) stands, as eval's own read_partial takes it (each was counted)

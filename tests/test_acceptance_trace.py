@@ -5,6 +5,7 @@ sync, after it, the eager drafters, EAGLE-3)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -46,6 +47,15 @@ def test_every_eval_output_reads_as_the_same_trace(tmp_path) -> None:
     redone = record(1, [7, 0])
     (tmp_path / "redone.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [records[0], records[1], redone]))
     assert read_acceptance_trace(tmp_path / "redone.jsonl").counts == [2, 2, 7, 0]
+    # found by review (2026-12-06's third session): a record a kill cut off, then the run resumed after it (the line eval
+    # itself drops), refused the whole file; gzipped outputs (benchmarks/results keeps cells so) were a decode error
+    cut = json.dumps(records[0])[:25] + "\n"
+    (tmp_path / "resumed.jsonl").write_text(json.dumps(records[1]) + "\n" + cut + json.dumps(records[0]) + "\n")
+    assert read_acceptance_trace(tmp_path / "resumed.jsonl").counts == [2, 2, 0, 3, 15, 1]
+    for name in ("results.json", "partial.jsonl"):
+        zipped = tmp_path / f"{name}.gz"
+        zipped.write_bytes(gzip.compress((tmp_path / name).read_bytes()))
+        assert read_acceptance_trace(zipped).counts == orders[name]
 
 
 def test_a_committed_run_reads_back_its_own_tau() -> None:
