@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
     from eval.bootstrap import per_question
     from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
-    from eval.runner import check_context_fits, cpu_workers, max_positions, run_conversations, summarize
+    from eval.runner import as_engine_counts, check_context_fits, cpu_workers, max_positions, run_conversations, summarize
     from infer.loading import (check_backend, drafting_label, eos_ids, load_models, parse_window, recorded_target_warning, resolve_device,
                                resolve_run, set_threads, target_setting, window_warning)
     from infer.prompt_lookup import PromptLookupDrafter
@@ -348,6 +348,8 @@ def run(args: argparse.Namespace) -> int:
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos, baseline=False, batch_size=args.batch_size,
                                         desc=f"prompt lookup, prefill {prefill}", partial=out / "partial" / f"pld_prefill-{prefill}.jsonl",
                                         reuse_prefixes=args.prefix_reuse, workers=workers, warmup=warmup)
+            if args.engine != "ours":  # the engine's τ counts each turn's last drafts past the end: so does this one
+                records = as_engine_counts(records)
             pld_summaries[prefill] = summarize(records)
             pld_questions[prefill] = per_question(records)
         return pld_summaries[prefill]
@@ -364,6 +366,9 @@ def run(args: argparse.Namespace) -> int:
         pld = prompt_lookup(prefill)
         if pld is not None:
             summary["prompt_lookup"] = {k: pld[k] for k in ("tau", "acceptance_by_position", "tokens_per_s", "steps", "tau_by_category")}
+            if args.engine != "ours":
+                summary["prompt_lookup_note"] = (f"counted as {args.engine}'s counters count (each turn's last step with the "
+                                                 "drafts it accepted past the token budget or end)")
             if not sampling.greedy and any(r.get("turn", 1) > 1 for r in records):  # later turns follow each pass's own answers
                 summary["prompt_lookup_note"] = (f"sampled (temperature {sampling.temperature:g}): a later turn's prompt holds "
                                                  "each pass's own sampled answers, so prompt lookup's later turns are other "

@@ -497,6 +497,19 @@ def decoded_tokens(stats: dict) -> int:
     return max(stats["new_tokens"] - 1, 0)
 
 
+def as_engine_counts(records: list[dict]) -> list[dict]:
+    """Our loop's records with each turn's last step counting the drafts it accepted past the end (the token budget or
+    an end-of-sequence token; ``GenerationStats.untrimmed_steps``), as vLLM's counters count them: the prompt-lookup τ
+    printed beside an engine's τ, counted the same way."""
+    out = []
+    for r in records:
+        steps = list(r["stats"]["accepted_per_step"])
+        if steps:
+            steps[-1] += r["stats"].get("accepted_past_end", 0)
+        out.append({**r, "stats": {**r["stats"], "accepted_per_step": steps}})
+    return out
+
+
 def summarize(records: list[dict]) -> dict:
     """Pooled over every verify step of every turn: τ, acceptance by position, speed, latency, speedup."""
     accepted = [a for r in records for a in r["stats"]["accepted_per_step"]]

@@ -502,3 +502,21 @@ def test_tables_say_why_prompt_lookups_tau_is_absent_or_on_other_prompts() -> No
     assert f"Prompt lookup's τ: {note}." in summary_table({**summary, "prompt_lookup_note": note}, "t")
     cells = {(w, p): {"tau": 2.0, "tokens_per_s": 10.0, "prompt_lookup_note": "not run (--no-pld)"} for w in ("none", "64") for p in (0, 64)}
     assert sweep_tables(cells).count("Prompt lookup's τ: not run (--no-pld).") == 1
+
+
+def test_prompt_lookup_beside_an_engine_counts_as_the_engine_counts() -> None:
+    """Found by review (2026-12-06's third session): an engine's τ (vLLM's counters) counts each turn's last step with
+    the drafts it accepted past the token budget; prompt lookup's τ beside it (our loop) did not: the ratio leaned to
+    the drafter. Beside an engine, prompt lookup's records count as ``GenerationStats.untrimmed_steps`` does."""
+    from eval.runner import as_engine_counts, summarize
+    from infer.generate import GenerationStats
+
+    stats = [GenerationStats(prompt_tokens=5, new_tokens=7, block_size=4, accepted_per_step=[3, 1, 2], accepted_past_end=1, decode_s=1.0),
+             GenerationStats(prompt_tokens=5, new_tokens=3, block_size=4, accepted_per_step=[1, 0], accepted_past_end=0, decode_s=1.0),
+             GenerationStats(prompt_tokens=5, new_tokens=1, block_size=4, accepted_per_step=[], decode_s=1.0)]
+    records = [{"id": str(i), "turn": 1, "category": None, "prompt_tokens": 5, "latency_s": 1.0, "stats": s.to_dict()}
+               for i, s in enumerate(stats)]
+    counted = as_engine_counts(records)
+    assert [r["stats"]["accepted_per_step"] for r in counted] == [s.untrimmed_steps for s in stats] == [[3, 1, 3], [1, 0], []]
+    assert summarize(counted)["tau"] == pytest.approx((4 + 2 + 4 + 2 + 1) / 5)
+    assert summarize(records)["tau"] == pytest.approx((4 + 2 + 3 + 2 + 1) / 5)  # ours, trimmed, untouched
