@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.infer_speed import SHAPES  # noqa: E402
+from benchmarks.shapes import zlab_feature_layers  # noqa: E402
 from eval.acceptance_trace import read_acceptance_trace  # noqa: E402
 from infer.generate import generate  # noqa: E402
 from models.dflash import DFlashDrafter, DFlashDraftModel, StaticDFlashDrafter, make_dflash_config  # noqa: E402
@@ -119,7 +120,7 @@ def build(shape: str):
         torch.set_default_dtype(torch.bfloat16)
         model = Qwen3ForCausalLM(config).eval().requires_grad_(False)
         layers = config.num_hidden_layers
-        dflash_ids = [int(round(1 + i * (layers - 4) / 4)) for i in range(5)]  # z-lab's spacing of 5 features
+        dflash_ids = zlab_feature_layers(layers)
         dflash = DFlashDraftModel(make_dflash_config(config, num_hidden_layers=5, block_size=DFLASH_BLOCK, mask_token_id=151669,
                                                      target_layer_ids=dflash_ids, layer_types=["sliding_attention"] * 4 + ["full_attention"],
                                                      sliding_window=2048)).eval()

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.script import run_main  # noqa: E402
-from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
+from benchmarks.shapes import TARGET_SHAPES, random_target, zlab_feature_layers  # noqa: E402
 
 from infer.generate import generate  # noqa: E402
 from models.dflash import DFlashDrafter, DFlashDraftModel, make_dflash_config  # noqa: E402
@@ -66,7 +66,7 @@ def main() -> None:
     target_model = random_target(args.shape, args.device).model
     config = target_model.config
     layers = config.num_hidden_layers
-    feature_ids = [int(round(1 + i * (layers - 4) / 4)) for i in range(5)]  # z-lab's spacing of 5 features
+    feature_ids = zlab_feature_layers(layers)
     with torch.device(args.device):
         draft = DFlashDraftModel(make_dflash_config(config, num_hidden_layers=5, block_size=16, mask_token_id=3, target_layer_ids=feature_ids,
                                                     layer_types=["sliding_attention"] * 4 + ["full_attention"], sliding_window=2048))

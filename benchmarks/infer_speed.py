@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.script import run_main  # noqa: E402
+from benchmarks.shapes import zlab_feature_layers  # noqa: E402
 
 from models.dflash import DFlashDrafter  # noqa: E402
 from infer.generate import generate  # noqa: E402
@@ -55,7 +56,7 @@ def random_models(shape: str, device: str, block_size: int, window: int, attenti
         torch.set_default_dtype(torch.bfloat16)
         model = Qwen3ForCausalLM(config).eval()
         layers = config.num_hidden_layers
-        target_layer_ids = [int(round(1 + i * (layers - 4) / 4)) for i in range(5)]  # 5 features, z-lab's spacing
+        target_layer_ids = zlab_feature_layers(layers)
         draft_config = make_dflash_config(config, num_hidden_layers=5, block_size=block_size, mask_token_id=151669,
                                           target_layer_ids=target_layer_ids, layer_types=["sliding_attention"] * 4 + ["full_attention"],
                                           sliding_window=window)

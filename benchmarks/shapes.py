@@ -32,6 +32,11 @@ TARGET_SHAPES = {
 }
 
 
+def zlab_feature_layers(num_layers: int) -> list[int]:
+    """The 5 target layers z-lab's DFlash drafters read, spaced as theirs are (Qwen3-8B's 36 layers: 1, 9, 17, 25, 33)."""
+    return [int(round(1 + i * (num_layers - 4) / 4)) for i in range(5)]
+
+
 def random_target(shape: str, device: str = "cuda", seed: int = 0):
     """A ``TargetModel`` with ``shape``'s config and random bf16 weights, built on ``device``."""
     from transformers import AutoConfig, AutoModelForCausalLM
