@@ -324,10 +324,14 @@ def run_conversations_batched(target, drafter, tokenizer, conversations: list[Co
                             for i, r in todo]
             base_warm_s = warm_up(target, None, capacity=max(len(p) for p in base_prompts) + max_new_tokens + 1,
                                   **{**warm, "rows": min(batch_size, len(base_prompts))}) if warm else 0.0  # generate_batch's shapes
-            for (_, record), base in zip(todo, generate_batch(target, None, base_prompts, max_new_tokens, batch_size=batch_size,
-                                                              sampling=sampling, eos_token_ids=eos_token_ids)):
-                record["baseline_stats"] = {**base.stats.to_dict(), "warmup_s": base_warm_s}
-                record["same_as_baseline"] = base.tokens == record["output_ids"]
+            generate_args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids)
+            if workers > 1:  # as the drafter pass ran: its speed and the baseline's are of one setup
+                bases = baseline_in_workers(target, base_prompts, workers, batch_size, **generate_args)
+            else:
+                bases = [(g.tokens, g.stats.to_dict()) for g in generate_batch(target, None, base_prompts, batch_size=batch_size, **generate_args)]
+            for (_, record), (tokens, stats) in zip(todo, bases):
+                record["baseline_stats"] = {**stats, "warmup_s": base_warm_s, "workers": workers}
+                record["same_as_baseline"] = tokens == record["output_ids"]
                 write(record)
     finally:
         if sink is not None:
@@ -454,11 +458,28 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
         except BaseException as e:
             messages.put(("error", (w, type(e).__name__, str(e), traceback.format_exc())))
 
-    processes = {w: context.Process(target=work, args=(w,), daemon=True) for w in range(min(workers, len(conversations)))}
-    for process in processes.values():
-        process.start()
     records: list[list[dict]] = [[] for _ in conversations]
     prompts: dict[tuple[int, int], list[int]] = {}
+
+    def done(payload) -> None:
+        _, share_records, share_prompts = payload
+        for i, conv_records in share_records.items():
+            records[i] = conv_records
+        prompts.update(share_prompts)
+
+    on = {"record": write, "finished": lambda _: bar.update(1), "done": done}
+    collect_workers(context, work, min(workers, len(conversations)), messages, on)
+    return records, prompts
+
+
+def collect_workers(context, work, workers: int, messages, on: dict) -> None:
+    """Start ``work(w)`` in ``workers`` forked processes and handle what they put on ``messages`` until each has sent
+    ("done", (w, ...)): ``on[kind](payload)`` for each message; ("error", (w, name, message, traceback)) raises here, a
+    ValueError (bad input) as the one-process run raises it, another error as a RuntimeError with the worker's traceback;
+    a worker that exits without its "done" is an error too."""
+    processes = {w: context.Process(target=work, args=(w,), daemon=True) for w in range(workers)}
+    for process in processes.values():
+        process.start()
     pending = set(processes)
     try:
         while pending:
@@ -469,27 +490,54 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
                 if dead:
                     raise RuntimeError(f"a CPU worker process died (exit code {dead[0].exitcode}) before sending its records")
                 continue
-            if kind == "record":
-                write(payload)
-            elif kind == "finished":
-                bar.update(1)
-            elif kind == "error":
+            if kind == "error":
                 w, name, message, trace = payload
                 if name == "ValueError":  # bad input (a turn that cannot fit, say): the one line the one-process run raises
                     raise ValueError(message)
                 raise RuntimeError(f"CPU worker {w} failed with {name}: {message}\n{trace}")
-            else:
-                w, share_records, share_prompts = payload
-                for i, conv_records in share_records.items():
-                    records[i] = conv_records
-                prompts.update(share_prompts)
-                pending.discard(w)
+            on[kind](payload)
+            if kind == "done":
+                pending.discard(payload[0])
     finally:
         for process in processes.values():
             process.join(timeout=5)
             if process.is_alive():
                 process.terminate()
-    return records, prompts
+
+
+def baseline_in_workers(target, prompts: list[list[int]], workers: int, batch_size: int, **generate_args) -> list[tuple[list[int], dict]]:
+    """The autoregressive baseline of a batched pass run as its drafter pass ran (``decode_in_workers``): ``workers``
+    forked one-thread processes, each with its share of the ``batch_size`` rows and every ``workers``-th prompt. Run
+    in this process on its threads instead, the baseline's speed was another setup's (on a loaded 2-core machine its
+    two threads ran 30-50x slower than the workers' one each, and the speedup column read 40x). -> (tokens, stats dict)
+    per prompt, in order."""
+    from infer.batch import generate_batch
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    context = multiprocessing.get_context("fork")
+    messages = context.Queue()
+    workers = min(workers, len(prompts))
+    rows = [max(batch_size // workers + (w < batch_size % workers), 1) for w in range(workers)]
+    parent = os.getpid()
+
+    def work(w: int) -> None:
+        try:
+            die_with_parent(parent)
+            torch.set_num_threads(1)
+            share = prompts[w::workers]
+            out = generate_batch(target, None, share, batch_size=rows[w], **generate_args)
+            messages.put(("done", (w, [(g.tokens, g.stats.to_dict()) for g in out])))
+        except BaseException as e:
+            messages.put(("error", (w, type(e).__name__, str(e), traceback.format_exc())))
+
+    results: list = [None] * len(prompts)
+
+    def done(payload) -> None:
+        w, share = payload
+        results[w::workers] = share
+
+    collect_workers(context, work, workers, messages, {"done": done})
+    return results
 
 
 def decoded_tokens(stats: dict) -> int:

@@ -391,6 +391,32 @@ def test_eval_records_from_cpu_workers_equal_batch_one(setup, reference_tokenize
     assert fields(again) == fields(want) and all("batch" not in r["stats"] or r["stats"]["batch"]["pass_tokens"] > 0 for r in again)
 
 
+@pytest.mark.slow  # worker processes
+def test_the_baseline_of_a_pass_in_cpu_workers_runs_in_them_too(setup, reference_tokenizer, monkeypatch) -> None:
+    """Found by review (2026-12-06's third session): with ``--cpu-workers``, the drafter pass ran in forked one-thread
+    processes and its autoregressive baseline in this process on its threads: the speedup column compared two setups
+    (on a loaded 2-core machine 40x). The baseline now runs in the same workers, in no other process: its tokens are
+    the target's greedy tokens (batch 1's), each record says so."""
+    import os
+
+    from infer.prompts import mt_bench
+    from eval import runner
+
+    target, drafter = make_drafter(setup, "pld")
+    conversations = mt_bench(3)
+    kwargs = dict(prefill_tokens=0, sampling=SamplingConfig(), max_new_tokens=10, eos_token_ids=setup[3])
+    want = runner.run_conversations(target, None, reference_tokenizer, conversations, baseline=False, **kwargs)
+    import infer.batch as batch
+
+    real, pids = batch.generate_batch, []
+    monkeypatch.setattr(batch, "generate_batch", lambda *a, **k: pids.append(os.getpid()) or real(*a, **k))
+    got = runner.run_conversations(target, drafter, reference_tokenizer, conversations, baseline=True, batch_size=4, workers=2, **kwargs)
+    assert pids == []  # no baseline decoded in this process (the workers' calls are in theirs)
+    by_turn = {(r["id"], r["turn"]): r["output_ids"] for r in want}
+    assert len(got) == 6 and all(r["same_as_baseline"] and r["baseline_stats"]["workers"] == 2 for r in got)
+    assert all(r["output_ids"] == by_turn[(r["id"], r["turn"])] for r in got)
+
+
 def test_a_cpu_worker_error_reaches_the_caller(setup, reference_tokenizer) -> None:
     """A worker's exception comes back to the caller instead of a hang: bad input (here a turn that cannot fit the
     target's positions) as the one-line ValueError the one-process run raises."""
