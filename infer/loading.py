@@ -44,6 +44,9 @@ def read_drafter_config(path: str | Path) -> dict:
         mapped = speculators_checkpoint.read_config(path)
         check_drafter_fields(mapped, f"{config_file} (a speculators checkpoint, read as ours):")
         return mapped
+    if config.get("architectures") == ["LlamaForCausalLMEagle3"]:  # our SGLang export: SGLang's layout, not the loop's
+        raise ValueError(f"{config_file}: an EAGLE-3 export in SGLang's layout (--format sglang), which SGLang serves; this loop "
+                         "reads the run's own export (RUN/export) or its speculators export (RUN/export_speculators)")
     if not is_eagle3(config) and "dflash_config" not in config:
         raise ValueError(f"{config_file}: no 'dflash_config' field and architectures {config.get('architectures')!r}; expected a DFlash "
                          f"drafter (our 'dflash' export format) or an EAGLE-3 drafter (architectures {EAGLE3_ARCHITECTURES})")

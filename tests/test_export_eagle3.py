@@ -217,6 +217,13 @@ def test_cli(tmp_path: Path, target_config, reference_target_path, capsys) -> No
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
     assert "EAGLE-3 drafter" in bad.stderr and not (tmp_path / "out2").exists()
+    # the SGLang export handed to our loop (a new user's first try, found by a README walkthrough): one line pointing at
+    # the exports the loop reads, where it named the architecture alone
+    from infer.loading import read_drafter_config
+
+    with pytest.raises(ValueError, match=r"an EAGLE-3 export in SGLang's layout \(--format sglang\), which SGLang serves; this "
+                                         r"loop reads the run's own export \(RUN/export\) or its speculators export"):
+        read_drafter_config(tmp_path / "out")
 
 
 def test_config_export_formats_per_drafter_kind() -> None:
