@@ -22,7 +22,6 @@ two shards is refused.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eval.bootstrap import per_question, pooled_tau, ratio_with_interval  # noqa: E402
+from common.json_file import read_eval_text  # noqa: E402
 from eval.runner import read_partial  # noqa: E402
 
 CELL = re.compile(r"(?:window-(?P<window>[^_]+)|pld)_prefill-(?P<prefill>\d+)\.(?P<kind>jsonl?)(?:\.gz)?$")
@@ -55,8 +55,7 @@ def read_cells(sweep: Path) -> dict[tuple[str, int], list[dict]]:
         key = (m["window"] or "prompt lookup", int(m["prefill"]))
         try:
             if m["kind"] == "json":
-                raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-                records = json.loads(raw)["records"]
+                records = json.loads(read_eval_text(path))["records"]
                 if not isinstance(records, list):
                     raise ValueError(f"'records' is {type(records).__name__}")
                 cells[key] = records

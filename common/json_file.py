@@ -3,6 +3,7 @@ naming the file: what is wrong with it, then what was expected there."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -17,3 +18,10 @@ def read_json_object(path: str | Path, expected: str = "an object", error: type[
     if not isinstance(data, dict):
         raise error(f"{path}: a JSON {type(data).__name__}; expected {expected}")
     return data
+
+
+def read_eval_text(path: str | Path) -> str:
+    """An eval output's text (a results file, a sweep cell, a partial file), gunzipped where its name ends in .gz
+    (committed result folders keep them so: benchmarks/results/*)."""
+    path = Path(path)
+    return (gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()).decode("utf-8")

@@ -16,10 +16,11 @@ cheaper than a tree's, so a tree's acceptance would flatter the chain's speed.
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from common.json_file import read_eval_text
 
 
 @dataclass
@@ -67,8 +68,7 @@ def read_acceptance_trace(path: str | Path) -> AcceptanceTrace:
     file that is none of those, a tree run's, or one with no steps raises ValueError naming the file and the field."""
     path = str(path)
     try:
-        raw = Path(path).read_bytes()
-        text = (gzip.decompress(raw) if path.endswith(".gz") else raw).decode("utf-8")  # committed cells are gzipped
+        text = read_eval_text(path)  # committed cells are gzipped
     except OSError as e:
         raise ValueError(f"{path}: cannot read the trace ({e.strerror or e})") from None
     except (EOFError, UnicodeDecodeError) as e:

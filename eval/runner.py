@@ -8,7 +8,6 @@ question i starts 997*i tokens into the bundled ShareGPT sample), identical for 
 
 from __future__ import annotations
 
-import gzip
 import json
 import multiprocessing
 import os
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+
+from common.json_file import read_eval_text
 
 from infer.prompts import Conversation
 from models.dflash import DFlashDrafter
@@ -67,8 +68,7 @@ def read_partial(path: Path | None) -> dict[tuple[str, int], dict]:
     by a kill is dropped (its turn is decoded again); a whole line of another shape is refused, naming it."""
     done = {}
     if path is not None and path.exists():
-        # committed result folders keep them gzipped (benchmarks/results/*)
-        text = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text(encoding="utf-8")
+        text = read_eval_text(path)
         for number, line in enumerate(text.splitlines(), 1):
             try:
                 record = json.loads(line)
@@ -435,7 +435,7 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
     claimed = context.Value("i", 0)  # the next conversation to hand out (its own lock)
-    rows = [batch_size // workers + (w < batch_size % workers) for w in range(workers)]
+    rows = rows_per_worker(batch_size, workers)
 
     def claim() -> int | None:
         with claimed.get_lock():
@@ -470,6 +470,11 @@ def decode_in_workers(target, drafter, tokenizer, conversations: list[Conversati
     on = {"record": write, "finished": lambda _: bar.update(1), "done": done}
     collect_workers(context, work, min(workers, len(conversations)), messages, on)
     return records, prompts
+
+
+def rows_per_worker(batch_size: int, workers: int) -> list[int]:
+    """The ``batch_size`` rows of a batched pass shared out over ``workers`` (the first ones one more where it does not divide)."""
+    return [batch_size // workers + (w < batch_size % workers) for w in range(workers)]
 
 
 def collect_workers(context, work, workers: int, messages, on: dict) -> None:
@@ -517,7 +522,7 @@ def baseline_in_workers(target, prompts: list[list[int]], workers: int, batch_si
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
     workers = min(workers, len(prompts))
-    rows = [max(batch_size // workers + (w < batch_size % workers), 1) for w in range(workers)]
+    rows = [max(r, 1) for r in rows_per_worker(batch_size, workers)]
     parent = os.getpid()
 
     def work(w: int) -> None:
