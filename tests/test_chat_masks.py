@@ -135,3 +135,41 @@ def test_template_errors_name_the_template_or_the_conversation(reference_tokeniz
         renderer.tokenize([{"role": "user", "content": "q"}, {"role": "user", "content": "q2"},
                            {"role": "assistant", "content": "a"}], "c7")
     renderer.tokenize([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "c8")  # alternating: fine
+
+
+def test_a_reply_with_token_ids_is_trained_as_those_ids(reference_tokenizer) -> None:
+    """An assistant turn's ``token_ids`` (regeneration stores the target's own) are the row's tokens for that reply, as
+    generated, even split otherwise than the text tokenizes (here one token a character), with the text before it
+    tokenized alone (the engine's prompt); a turn whose ids do not spell its text is tokenized from its text."""
+    tok = reference_tokenizer
+    renderer = ChatRenderer(tok)
+    by_char = tok.convert_tokens_to_ids(list("Hello") + ["Ġ"] + list("world"))
+    assert None not in by_char and tok.decode(by_char) == "Hello world"
+    assert tok("Hello world", add_special_tokens=False)["input_ids"] != by_char  # the text alone tokenizes otherwise
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Hello world", "token_ids": by_char},
+                {"role": "user", "content": "again"}, {"role": "assistant", "content": "Bye now", "token_ids": by_char}]
+    counts = {}
+    (row,) = renderer.tokenize_batch([messages], ["c"], counts)
+    assert counts == {"replies_from_ids": 1, "replies_from_text": 1}
+    # the reference, built by hand: the prompt's text alone, the ids, then the rest of the conversation's text alone
+    text = renderer.render(messages)
+    prompt = renderer.render(messages[:1], add_generation_prompt=True)
+    end_of_first = len(prompt) + len("Hello world")
+    rest = tok(text[end_of_first:], add_special_tokens=False)["input_ids"]
+    assert row.input_ids == tok(prompt, add_special_tokens=False)["input_ids"] + by_char + rest
+    assert renderer.prompt_ids(messages[:3], "c") == tok(prompt, add_special_tokens=False)["input_ids"] + by_char + \
+        tok(renderer.render(messages[:3], add_generation_prompt=True)[end_of_first:], add_special_tokens=False)["input_ids"]
+    assert masked_spans(tok, row.input_ids, row.loss_mask) == ["Hello world<|im_end|>", "Bye now<|im_end|>"]
+    first = row.input_ids.index(by_char[0])
+    assert row.loss_mask[first:first + len(by_char) + 1] == [1] * (len(by_char) + 1) and row.loss_mask[first - 1] == 0
+    # without ids, the same conversation is the text tokenized whole, as before
+    plain = [{k: v for k, v in m.items() if k != "token_ids"} for m in messages]
+    assert renderer.tokenize(plain).input_ids == tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_token_ids_outside_the_vocabulary_are_one_line(reference_tokenizer) -> None:
+    renderer = ChatRenderer(reference_tokenizer)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x", "token_ids": [len(reference_tokenizer) + 5]}]
+    with pytest.raises(DataError, match=r"conversation c7: an assistant turn's token_ids hold \d+, not an id of the tokenizer") as e:
+        renderer.tokenize(messages, "c7")
+    assert "\n" not in str(e.value)

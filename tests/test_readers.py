@@ -319,3 +319,16 @@ def test_a_json_file_nested_too_deeply_is_one_line(tmp_path: Path, text: str) ->
     with pytest.raises(DataError, match=r"deep\.json: (record 0 is )?nested too deeply to parse") as e:
         read_conversations(path)
     assert "\n" not in str(e.value)
+
+
+def test_an_assistant_turns_token_ids_are_kept_and_bad_ones_are_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    turn = {"role": "assistant", "content": "yo", "token_ids": [5, 9]}
+    path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi", "token_ids": [1]}, turn]}) + "\n")
+    conversations, _ = read_conversations(path)
+    assert conversations[0].messages == [{"role": "user", "content": "hi"}, turn]  # a user turn's ids mean nothing here
+    for bad in ("5 9", [5, -1], [5, 2.0], [True]):
+        path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}, {**turn, "token_ids": bad}]}) + "\n")
+        with pytest.raises(DataError, match=r"d.jsonl:1 turn 1: 'token_ids' is .*; expected a list of token ids") as e:
+            read_conversations(path)
+        assert "\n" not in str(e.value)

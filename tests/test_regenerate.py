@@ -17,22 +17,22 @@ from models.target import TargetModel
 
 
 @torch.no_grad()
-def greedy_reply(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> tuple[str, bool]:
-    """Reference: full forward each step, argmax, stop at EOS (no cache, no batching, no padding); (the reply, whether
-    the target ended it within the budget)."""
+def greedy_reply(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], bool]:
+    """Reference: full forward each step, argmax, stop at EOS (no cache, no batching, no padding); (the reply's tokens,
+    whether the target ended it within the budget)."""
     ids = list(prompt_ids)
     new = []
     for _ in range(max_new_tokens):
         next_id = int(model(torch.tensor([ids])).logits[0, -1].argmax())
         if next_id == tokenizer.eos_token_id:
-            return tokenizer.decode(new, skip_special_tokens=True), True
+            return new, True
         ids.append(next_id)
         new.append(next_id)
-    return tokenizer.decode(new, skip_special_tokens=True), False
+    return new, False
 
 
 def plain_greedy(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> str:
-    return greedy_reply(model, tokenizer, prompt_ids, max_new_tokens)[0]
+    return tokenizer.decode(greedy_reply(model, tokenizer, prompt_ids, max_new_tokens)[0], skip_special_tokens=True)
 
 
 def conversations_to_regenerate() -> list[Conversation]:
@@ -45,20 +45,35 @@ def conversations_to_regenerate() -> list[Conversation]:
     ]
 
 
+def reply_runs(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each run of trained positions in a row (a reply, with its end of turn where trained)."""
+    runs, start = [], None
+    for t, m in enumerate(loss_mask + [0]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            runs.append((start, t))
+            start = None
+    return runs
+
+
 def check_greedy_replies(target, renderer, conversations, out, max_new_tokens: int) -> None:
-    """Each reply is the plain greedy loop's on a prompt holding the earlier regenerated replies; user turns untouched."""
+    """Each conversation's training row is the target's own greedy trajectory: every reply, as trained, is what the
+    plain greedy loop generates on the row before it (its token ids, its text, whether it ended), so every trained
+    label is the target's argmax there; user turns untouched."""
     assert [c.id for c in out] == ["a", "b", "c"]
+    eos = target.tokenizer.eos_token_id
     for new in out:
-        messages = new.messages
-        for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                continue
-            # The prompt holds the target's own earlier replies, as regenerated.
-            prompt = target.tokenizer(renderer.render(messages[:i], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-            text, ended = greedy_reply(target.model, target.tokenizer, prompt, max_new_tokens)
-            assert m["content"] == text, (new.id, i)
-            assert m.get("complete", True) is ended, (new.id, i)  # a reply cut at the budget is marked
-            assert m["content"] != "old"
+        replies = [m for m in new.messages if m["role"] == "assistant"]
+        row = renderer.tokenize(new.messages, new.id)
+        runs = reply_runs(row.loss_mask)
+        assert len(runs) == len(replies), new.id
+        for (start, end), m in zip(runs, replies):
+            ids, ended = greedy_reply(target.model, target.tokenizer, row.input_ids[:start], max_new_tokens)
+            assert m["token_ids"] == ids and row.input_ids[start:start + len(ids)] == ids, (new.id, start)
+            assert m["content"] == target.tokenizer.decode(ids, skip_special_tokens=True) and m["content"] != "old"
+            assert m.get("complete", True) is ended, (new.id, start)  # a reply cut at the budget is marked
+            assert end - start == len(ids) + ended and (not ended or row.input_ids[end - 1] == eos)  # its end trained if ended
     # Roles and user turns are untouched.
     for old, new in zip(conversations, out):
         assert [m["role"] for m in old.messages] == [m["role"] for m in new.messages]
@@ -193,8 +208,8 @@ def test_a_prompt_near_max_length_gets_the_room_left_and_one_at_it_is_cut(refere
     cfg = RegenerateConfig(max_new_tokens=8, engine="ours")
     engine = OurReplies(target.model, target.tokenizer, cfg)
     out, stats = regenerate_conversations([conversation], engine, renderer, cfg, max_length=len(prompt) + 3, progress=False)
-    text, ended = greedy_reply(target.model, target.tokenizer, prompt, 3)
-    assert out[0].messages[1]["content"] == text and not ended and out[0].messages[1].get("complete", True) is False
+    ids, ended = greedy_reply(target.model, target.tokenizer, prompt, 3)
+    assert out[0].messages[1]["content"] == target.tokenizer.decode(ids) and not ended and out[0].messages[1].get("complete", True) is False
     assert stats["replies_cut_at_budget"] == 1 and stats["conversations_cut"] == 0
     out, stats = regenerate_conversations([conversation], engine, renderer, cfg, max_length=len(prompt), progress=False)
     assert stats["conversations_cut"] == 1 and stats["turns_regenerated"] == 0
@@ -310,11 +325,12 @@ def test_a_reply_cut_at_its_budget_is_marked_and_its_end_of_turn_is_not_trained(
 
 
 def test_a_cut_reply_resumes_with_its_flag(tmp_path) -> None:
-    """The partial file keeps each reply's flag: a resumed run marks a cut reply as the run that made it did."""
+    """The partial file keeps each reply's flag and token ids: a resumed run marks a cut reply as the run that made it
+    did (a server's reply has no ids)."""
     partial = tmp_path / "regen.partial.jsonl"
-    partial.write_text('{"conversation": 0, "turn": 0, "content": "cut", "complete": false}\n'
-                       '{"conversation": 0, "turn": 1, "content": "whole", "complete": true}\n')
-    assert read_partial(partial) == {(0, 0): ("cut", False), (0, 1): ("whole", True)}
+    partial.write_text('{"conversation": 0, "turn": 0, "content": "cut", "complete": false, "token_ids": [5, 6]}\n'
+                       '{"conversation": 0, "turn": 1, "content": "whole", "complete": true, "token_ids": null}\n')
+    assert read_partial(partial) == {(0, 0): ("cut", False, [5, 6]), (0, 1): ("whole", True, None)}
 
 
 def test_the_regenerated_cache_follows_the_targets_dtype(reference_target_path, tmp_path) -> None:
@@ -346,10 +362,10 @@ def test_a_reply_line_cut_inside_a_character_is_dropped_and_the_next_starts_a_li
     good = json.dumps({"conversation": 0, "turn": 0, "content": "héllo", "complete": True}, ensure_ascii=False) + "\n"
     cut = json.dumps({"conversation": 1, "turn": 0, "content": "日本語", "complete": True}, ensure_ascii=False).encode()[:-4]
     path.write_bytes(good.encode() + cut[:-1])  # ends inside 語's three bytes
-    assert read_partial(path) == {(0, 0): ("héllo", True)}
+    assert read_partial(path) == {(0, 0): ("héllo", True, None)}
     with open_partial(path) as sink:
         sink.write(json.dumps({"conversation": 2, "turn": 0, "content": "next", "complete": False}) + "\n")
-    assert read_partial(path) == {(0, 0): ("héllo", True), (2, 0): ("next", False)}
+    assert read_partial(path) == {(0, 0): ("héllo", True, None), (2, 0): ("next", False, None)}
 
 
 def one_turn_conversations(prompts: list[str]) -> list[Conversation]:
@@ -417,3 +433,28 @@ def test_hf_replies_ignore_the_targets_generation_config(reference_target_path, 
                                       max_length=1024, progress=False)
     check_greedy_replies(target, renderer, conversations_to_regenerate(), out, 12)
     assert target.model.generation_config.repetition_penalty == 1.5 and target.model.generation_config.top_k == 20
+
+
+@torch.no_grad()
+def test_a_regenerated_row_trains_only_the_targets_own_tokens(tiny_qwen3_path) -> None:
+    """The quickstart's target (builtin tiny-qwen3) regenerates replies that, decoded and tokenized again, split otherwise
+    than it generated them: 10% of the quickstart's trained labels were not its own greedy tokens
+    (``benchmarks/on_policy_check.py``). The replies' stored ids make each row the target's own trajectory: at every
+    trained position the label is the target's argmax over the row before it (one forward over the row, the reference)."""
+    from train.data.readers import read_conversations
+    from train.data.dataset import resolve_source
+
+    target = TargetModel.from_pretrained(tiny_qwen3_path, "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    conversations, _ = read_conversations(resolve_source("builtin:sharegpt-sample"), max_records=12)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=24, batch_size=4, engine="ours")
+    out, stats = regenerate_conversations(conversations, OurReplies(target.model, target.tokenizer, cfg), renderer, cfg,
+                                          max_length=1024, progress=False)
+    trained = wrong = 0
+    for conversation in out:
+        row = renderer.tokenize(conversation.messages, conversation.id)
+        predicted = target.model(torch.tensor([row.input_ids])).logits[0].argmax(-1).tolist()
+        labels = [t for t in range(1, len(row.input_ids)) if row.loss_mask[t]]
+        trained += len(labels)
+        wrong += sum(predicted[t - 1] != row.input_ids[t] for t in labels)
+    assert trained > 12 * 20 and wrong == 0, f"{wrong} of {trained} trained labels are not the target's own tokens"

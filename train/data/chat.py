@@ -14,6 +14,14 @@ prompt or a user turn. It is computed on the rendered text, independent of the t
    ``"complete": false`` (a reply cut at a token budget: the template still closes it, but the
    target never ended it there, and a drafter trained on that token learns an end that is not the
    target's).
+
+An assistant turn may carry ``token_ids``: the reply as the target generated it (regeneration stores them). Text
+tokenized again can split otherwise than the target generated it (on the quickstart's data 10% of the trained labels
+were not the target's own greedy tokens: ``benchmarks/on_policy_check.py``), so such a turn's tokens are its ids, the
+text around it tokenized piece by piece: the text before a reply, up to its generation prompt, is tokenized alone, as
+the engine's prompt was. A turn's ids are used only where they decode to its text in the rendered conversation (a
+template that trims or rewrites the reply falls back to the text, counted in ``replies_from_text``); special tokens the
+target generated inside a reply are not in its text and stay in the row, as generated.
 """
 
 from __future__ import annotations
@@ -90,9 +98,9 @@ class ChatRenderer:
         except TemplateError as e:  # a template's raise_exception (Mistral's, Gemma's: roles must alternate, no system)
             raise DataError(f"conversation {conversation_id}: {self.template_source} refused it: {e}") from None
 
-    def assistant_spans(self, messages: list[dict[str, Any]], text: str, conversation_id: str) -> list[tuple[int, int, bool]]:
+    def assistant_spans(self, messages: list[dict[str, Any]], text: str, conversation_id: str) -> list[tuple[int, int, bool, int]]:
         """Character spans ``[start, end)`` of each non-empty assistant content in ``text``, each with whether its
-        end-of-turn token is trained (the reply ended there: not ``"complete": false``)."""
+        end-of-turn token is trained (the reply ended there: not ``"complete": false``) and its message's index."""
         spans = []
         cursor = 0
         for i, message in enumerate(messages):
@@ -120,35 +128,102 @@ class ChatRenderer:
                 continue  # some templates drop or rewrite system/user text; nothing to mask there
             cursor = found + len(content)
             if message["role"] == "assistant":
-                spans.append((found, cursor, message.get("complete", True) is not False))
+                spans.append((found, cursor, message.get("complete", True) is not False, i))
         return spans
 
     def tokenize(self, messages: list[dict[str, str]], conversation_id: str = "?") -> TokenizedConversation:
         return self.tokenize_batch([messages], [conversation_id])[0]
 
+    def is_end_of_turn(self, token_id: int) -> bool:
+        return token_id == self.end_of_turn_id if self.end_of_turn_id is not None else token_id in self.special_ids
+
     def mask_from_offsets(self, input_ids: list[int], offsets: list[tuple[int, int]],
-                          spans: list[tuple[int, int, bool]]) -> TokenizedConversation:
+                          spans: list[tuple[int, int, bool, int]]) -> TokenizedConversation:
         loss_mask = [0] * len(input_ids)
         t = 0
-        for start, end, closes in spans:
+        for start, end, closes, _ in spans:
             while t < len(input_ids) and offsets[t][0] < start:
                 t += 1
             while t < len(input_ids) and offsets[t][0] < end:
                 loss_mask[t] = 1
                 t += 1
             # The end-of-turn marker: the next token, when it is special (or the configured one).
-            if t < len(input_ids):
-                is_end = input_ids[t] == self.end_of_turn_id if self.end_of_turn_id is not None else input_ids[t] in self.special_ids
-                if is_end:
-                    loss_mask[t] = int(closes)
-                    t += 1
+            if t < len(input_ids) and self.is_end_of_turn(input_ids[t]):
+                loss_mask[t] = int(closes)
+                t += 1
         return TokenizedConversation(input_ids=list(input_ids), loss_mask=loss_mask)
 
-    def tokenize_batch(self, batch_messages: list[list[dict[str, str]]], ids: list[str]) -> list[TokenizedConversation]:
+    def reply_ids(self, message: dict[str, Any], text: str, start: int, end: int, conversation_id: str) -> list[int] | None:
+        """The turn's stored ``token_ids`` where they spell its text in the rendered conversation, else None."""
+        ids = message.get("token_ids")
+        if ids is None:
+            return None
+        if any(not 0 <= i < len(self.tokenizer) for i in ids):
+            bad = next(i for i in ids if not 0 <= i < len(self.tokenizer))
+            raise DataError(f"conversation {conversation_id}: an assistant turn's token_ids hold {bad}, not an id of the "
+                            f"tokenizer ({len(self.tokenizer)} tokens): the replies were made by another target")
+        # the text as regeneration stored it: special tokens the target generated inside a reply (a toy target's
+        # <|im_start|>) are not in the text, and stay in the row as the ids hold them
+        spelled = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return ids if spelled == text[start:end] else None
+
+    def tokenize_pieces(self, messages: list[dict[str, Any]], text: str, spans: list[tuple[int, int, bool, int]],
+                        conversation_id: str) -> tuple[TokenizedConversation, int, int]:
+        """``text`` with each reply that has usable ``token_ids`` as those ids and the text between tokenized piece by
+        piece (replies without them inside the pieces, masked by offsets); and how many replies were their ids and how
+        many, holding ids, fell back to their text."""
+        input_ids, loss_mask, from_ids, from_text = [], [], 0, 0
+        piece_start, piece_spans, closes_before = 0, [], None
+
+        def add_text(end: int) -> None:
+            piece = text[piece_start:end]
+            encoding = self.tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
+            shifted = [(s - piece_start, e - piece_start, c, i) for s, e, c, i in piece_spans]
+            tok = self.mask_from_offsets(encoding["input_ids"], encoding["offset_mapping"], shifted)
+            if closes_before is not None and tok.input_ids and self.is_end_of_turn(tok.input_ids[0]):
+                tok.loss_mask[0] = int(closes_before)  # the end of turn closing the stored reply just before the piece
+            input_ids.extend(tok.input_ids)
+            loss_mask.extend(tok.loss_mask)
+
+        for start, end, closes, index in spans:
+            ids = self.reply_ids(messages[index], text, start, end, conversation_id)
+            if ids is None:
+                from_text += "token_ids" in messages[index]
+                piece_spans.append((start, end, closes, index))
+                continue
+            add_text(start)
+            from_ids += 1
+            input_ids.extend(ids)
+            loss_mask.extend([1] * len(ids))
+            piece_start, piece_spans, closes_before = end, [], closes
+        add_text(len(text))
+        return TokenizedConversation(input_ids=input_ids, loss_mask=loss_mask), from_ids, from_text
+
+    def prompt_ids(self, messages: list[dict[str, Any]], conversation_id: str = "?") -> list[int]:
+        """The ids of ``messages`` rendered with the generation prompt: the prompt a reply to them is generated from, the
+        earlier replies as their stored ``token_ids`` (so a regenerated conversation's training row holds exactly the
+        tokens each reply was generated after)."""
+        text = self.render(messages, add_generation_prompt=True, conversation_id=conversation_id)
+        if not any("token_ids" in m for m in messages):
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenize_pieces(messages, text, self.assistant_spans(messages, text, conversation_id), conversation_id)[0].input_ids
+
+    def tokenize_batch(self, batch_messages: list[list[dict[str, str]]], ids: list[str],
+                       counts: dict[str, int] | None = None) -> list[TokenizedConversation]:
+        """Rows of ``batch_messages``; ``counts`` (optional) gains ``replies_from_ids`` and ``replies_from_text``: stored
+        reply ids used, and stored ids that did not spell their turn's text (tokenized from the text instead)."""
         texts = [self.render(m, conversation_id=cid) for m, cid in zip(batch_messages, ids)]
         spans = [self.assistant_spans(m, text, cid) for m, text, cid in zip(batch_messages, texts, ids)]
-        encodings = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-        return [
-            self.mask_from_offsets(ids_, offsets, s)
-            for ids_, offsets, s in zip(encodings["input_ids"], encodings["offset_mapping"], spans)
-        ]
+        plain = [i for i, m in enumerate(batch_messages) if not any("token_ids" in message for message in m)]
+        out: list[TokenizedConversation | None] = [None] * len(texts)
+        if plain:  # one batched call (the tokenizer refuses an empty batch)
+            encodings = self.tokenizer([texts[i] for i in plain], add_special_tokens=False, return_offsets_mapping=True)
+            for i, ids_, offsets in zip(plain, encodings["input_ids"], encodings["offset_mapping"]):
+                out[i] = self.mask_from_offsets(ids_, offsets, spans[i])
+        for i, messages in enumerate(batch_messages):
+            if out[i] is None:
+                out[i], from_ids, from_text = self.tokenize_pieces(messages, texts[i], spans[i], ids[i])
+                if counts is not None:
+                    counts["replies_from_ids"] = counts.get("replies_from_ids", 0) + from_ids
+                    counts["replies_from_text"] = counts.get("replies_from_text", 0) + from_text
+        return out

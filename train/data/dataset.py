@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 
 # Bumped whenever what a cached file holds changes for the same inputs (its key carries it): 2 = assistant spans found
 # after the template's generation prompt (64b35d2's mask fix: caches from before kept the old masks) and cut replies'
-# end-of-turn token left out of the mask; the regenerated replies' own version is ``regenerate.REPLIES_VERSION``.
-CACHE_FORMAT_VERSION = 2
+# end-of-turn token left out of the mask; 3 = assistant turns' ``token_ids`` read (before, dropped by the reader) and
+# trained on as they are; the regenerated replies' own version is ``regenerate.REPLIES_VERSION``.
+CACHE_FORMAT_VERSION = 3
 
 
 @dataclass
@@ -39,13 +40,17 @@ class TokenizeStats:
     dropped_no_assistant_token: int = 0
     tokens: int = 0
     loss_tokens: int = 0
+    replies_from_ids: int = 0  # assistant turns trained on their stored token_ids (regenerated: the target's own tokens)
+    replies_from_text: int = 0  # turns whose stored token_ids did not spell their rendered text: tokenized from the text
 
     def summary(self) -> str:
+        replies = (f"; {self.replies_from_ids} replies as their token ids, {self.replies_from_text} from their text"
+                   if self.replies_from_ids or self.replies_from_text else "")
         return (
             f"{self.kept}/{self.conversations} conversations kept "
             f"({self.truncated} truncated, {self.dropped_too_long} dropped as too long, "
             f"{self.dropped_no_assistant_token} dropped with no assistant token); "
-            f"{self.tokens} tokens, {self.loss_tokens} in the loss mask"
+            f"{self.tokens} tokens, {self.loss_tokens} in the loss mask{replies}"
         )
 
 
@@ -97,7 +102,8 @@ def tokenize_conversations(
     bar = tqdm(total=len(conversations), desc="tokenize", unit="conv", disable=not progress, leave=False)
     for b in range(0, len(conversations), batch_size):
         chunk = conversations[b : b + batch_size]
-        for conversation, tok in zip(chunk, renderer.tokenize_batch([c.messages for c in chunk], [c.id for c in chunk])):
+        counts: dict[str, int] = {}
+        for conversation, tok in zip(chunk, renderer.tokenize_batch([c.messages for c in chunk], [c.id for c in chunk], counts)):
             ids, mask = tok.input_ids, tok.loss_mask
             too_long = len(ids) > max_length
             if too_long and overflow == "drop":
@@ -112,6 +118,8 @@ def tokenize_conversations(
             stats.kept += 1
             stats.tokens += len(ids)
             stats.loss_tokens += sum(mask)
+        stats.replies_from_ids += counts.get("replies_from_ids", 0)
+        stats.replies_from_text += counts.get("replies_from_text", 0)
         bar.update(len(chunk))
     bar.close()
     return rows, stats

@@ -3,7 +3,8 @@
 Every reader yields ``Conversation(id, messages)`` where ``messages`` is a list of
 ``{"role": "system"|"user"|"assistant", "content": str}`` dicts, in order. An assistant turn may also
 carry ``"complete": false``: a reply cut at a token budget (regeneration writes it), whose end-of-turn
-token is not trained (``chat.ChatRenderer``).
+token is not trained (``chat.ChatRenderer``), and ``"token_ids"``: the reply's tokens as the target generated
+them (regeneration writes them; ``chat.ChatRenderer`` trains on them instead of the text tokenized again).
 
 Sources (``read_conversations(source)``):
 - ShareGPT JSON (one array) or JSONL: records with ``conversations: [{from, value}, ...]``.
@@ -118,6 +119,11 @@ def normalise_record(record: Any, where: str, stats: ReadStats) -> Conversation 
                 raise DataError(f"{where} turn {i}: 'complete' is {turn['complete']!r}; expected true or false")
             if not turn["complete"]:
                 message["complete"] = False
+        if "token_ids" in turn and role == "assistant":
+            ids = turn["token_ids"]
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                raise DataError(f"{where} turn {i}: 'token_ids' is {str(ids)[:60]}; expected a list of token ids (integers >= 0)")
+            message["token_ids"] = ids
         messages.append(message)
     # Split ShareGPT records often start mid-dialogue with the assistant; the reply has no
     # question to answer and strict templates refuse it (FastChat's preprocessing drops it too).

@@ -20,6 +20,11 @@ A reply the engine stopped at its token budget, before the target's end of seque
 trained on, that token would teach the drafter an end the target never produced there (at the recipes'
 budgets most replies of the repetitive 27M target are cut). ``ChatRenderer`` leaves it out of the loss
 mask; the reply's own tokens are the target's and stay in.
+
+Each reply is stored with its ``token_ids`` too (engines that return ids: all but ``server``), and the training rows
+are built from them (``ChatRenderer``): decoded and tokenized again, 10% of the quickstart's trained labels were not
+the target's own greedy tokens (``benchmarks/on_policy_check.py``). Turn k's prompt holds the earlier replies as their
+ids too, so a regenerated conversation's row is token for token the sequence its replies were generated in.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ from .readers import Conversation
 
 log = logging.getLogger(__name__)
 
-# Changes what a regenerated file holds (its cache key carries it): 2 = cut replies marked ``"complete": false``.
-REPLIES_VERSION = 2
+# Changes what a regenerated file holds (its cache key carries it): 2 = cut replies marked ``"complete": false``;
+# 3 = replies carry their ``token_ids`` and later turns' prompts hold them (decoded without cleaning up spaces).
+REPLIES_VERSION = 3
 
 
 class Reply(NamedTuple):
@@ -242,9 +248,9 @@ def reply_engine(cfg: Any, target: Any, max_length: int):
     return EngineReplies(ServerEngine(cfg.server_url, eos, cfg.concurrency), cfg)
 
 
-def read_partial(path: Path) -> dict[tuple[int, int], tuple[str, bool]]:
-    """Replies a killed run finished: (conversation index, assistant turn k) -> (content, complete). A line cut by the
-    kill is dropped."""
+def read_partial(path: Path) -> dict[tuple[int, int], tuple[str, bool, list[int] | None]]:
+    """Replies a killed run finished: (conversation index, assistant turn k) -> (content, complete, token ids or None).
+    A line cut by the kill is dropped."""
     done = {}
     if path.exists():
         # line by line from bytes: a kill (or a full disk) can cut a line inside a multi-byte character, and decoding the
@@ -252,7 +258,7 @@ def read_partial(path: Path) -> dict[tuple[int, int], tuple[str, bool]]:
         for raw in path.read_bytes().split(b"\n"):
             try:
                 row = json.loads(raw.decode("utf-8"))
-                done[(row["conversation"], row["turn"])] = (row["content"], bool(row["complete"]))
+                done[(row["conversation"], row["turn"])] = (row["content"], bool(row["complete"]), row.get("token_ids"))
             except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
                 continue
     return done
@@ -272,11 +278,14 @@ def open_partial(path: Path):
     return sink
 
 
-def set_reply(message: dict[str, Any], content: str, complete: bool) -> None:
+def set_reply(message: dict[str, Any], content: str, complete: bool, token_ids: list[int] | None = None) -> None:
     message["content"] = content
     message.pop("complete", None)
     if not complete:  # only cut replies carry the key: a file of finished replies reads as any messages file
         message["complete"] = False
+    message.pop("token_ids", None)  # a source's own ids belong to the reply replaced
+    if token_ids is not None:
+        message["token_ids"] = list(token_ids)
 
 
 def regenerate_conversations(
@@ -327,8 +336,7 @@ def regenerate_conversations(
                 if k >= len(assistant_turns[c]) or cut_at[c] is not None:
                     continue
                 turn = assistant_turns[c][k]
-                ids = tokenizer(renderer.render(messages[c][:turn], add_generation_prompt=True, conversation_id=conversations[c].id),
-                                add_special_tokens=False)["input_ids"]
+                ids = renderer.prompt_ids(messages[c][:turn], conversations[c].id)  # earlier replies as their ids
                 if len(ids) >= max_length:
                     cut_at[c] = turn
                     stats["conversations_cut"] += 1
@@ -355,13 +363,14 @@ def regenerate_conversations(
                 answers = engine.replies(prompts, budgets, seeds)
             for i, tokens, text, complete in answers:
                 c = todo[i]
-                content = tokenizer.decode(tokens, skip_special_tokens=True) if tokens is not None else text
-                set_reply(messages[c][assistant_turns[c][k]], content, complete)
+                content = (tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                           if tokens is not None else text)
+                set_reply(messages[c][assistant_turns[c][k]], content, complete, tokens)
                 stats["turns_regenerated"] += 1
                 stats["replies_cut_at_budget"] += not complete
                 if sink is not None:
-                    sink.write(json.dumps({"conversation": c, "turn": k, "content": content, "complete": complete},
-                                          ensure_ascii=False) + "\n")
+                    sink.write(json.dumps({"conversation": c, "turn": k, "content": content, "complete": complete,
+                                           "token_ids": None if tokens is None else list(tokens)}, ensure_ascii=False) + "\n")
                     sink.flush()
                 bar.update(1)
     finally:
