@@ -159,6 +159,9 @@ def is_eagle3(config: dict) -> bool:
 def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DFlashDraftModel | Eagle3DraftModel:
     """The drafter's model in ``dtype`` (on the CPU), from our layout or a speculators checkpoint."""
     if speculators_checkpoint.is_speculators_config(json.loads((Path(path) / "config.json").read_text())):
+        file = Path(path) / "model.safetensors"
+        if file.is_file():  # a missing file: load_model says so in one line; a cut-off one was safetensors' traceback
+            safetensors_shapes(file)
         return speculators_checkpoint.load_model(path, config, dtype)
     model_class = Eagle3DraftModel if is_eagle3(config) else DFlashDraftModel
     check_drafter_weights(path, config, model_class)
@@ -166,19 +169,24 @@ def load_drafter_model(path: str | Path, config: dict, dtype: torch.dtype) -> DF
     return model_class.from_pretrained(path, config=model_class.config_class.from_dict(config), dtype=dtype)
 
 
+def safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """``file``'s tensor shapes from its header; a truncated or corrupt file as one ValueError naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(file, framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{file}: not a readable safetensors file ({e}); truncated or corrupt?") from None
+
+
 def check_drafter_weights(path: str | Path, config: dict, model_class: type) -> None:
     """Refuse a missing, unreadable (truncated, corrupt) or mismatched ``model.safetensors`` in one line: ``from_pretrained``
     answers those with a traceback, and a missing tensor it starts from random values (a drafter that drafts noise)."""
-    from safetensors import SafetensorError, safe_open
-
     file = Path(path) / "model.safetensors"
     if not file.is_file():
         raise ValueError(f"drafter {path}: no model.safetensors there; expected an exported drafter folder (config.json + model.safetensors)")
-    try:
-        with safe_open(file, framework="pt") as f:
-            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise ValueError(f"{file}: not a readable safetensors file ({e}); truncated or corrupt?") from None
+    shapes = safetensors_shapes(file)
     with torch.device("meta"):  # the tensors the architecture needs, and their shapes, without allocating them
         expected = {name: tuple(t.shape) for name, t in model_class(model_class.config_class.from_dict(config)).state_dict().items()}
     for name, found, wanted in shape_differences(shapes, expected)[:1]:

@@ -218,6 +218,14 @@ def check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], wher
         raise ExportError(f"{where}: tensor {name!r} has shape {found}, expected {wanted}")
 
 
+def with_model_rope(config: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """``config`` with RoPE as the model's config class read it (``rope_parameters``): a transformers-4 config (z-lab's
+    published ones: ``rope_theta`` + ``rope_scaling``, no ``rope_parameters``) built a yarn / llama3 drafter, and
+    ``_legacy_rope`` then wrote default RoPE (``rope_scaling: null``) for it."""
+    rope = getattr(model.config, "rope_parameters", None)
+    return {**config, "rope_parameters": dict(rope)} if rope else config
+
+
 def _legacy_rope(out: dict[str, Any]) -> None:
     rope = out.get("rope_parameters") or {}
     out["rope_theta"] = rope.get("rope_theta", out.get("rope_theta"))
@@ -358,7 +366,7 @@ def export(source: Path, output: Path, fmt: str | None = "dflash", target: str |
         check_draft_vocab(weights["d2t"], weights["t2d"], str(source))
     model.load_state_dict(weights)
     model.eval()
-    config = {**config, "layer_types": list(model.config.layer_types)}  # z-lab's layout may leave it out: all full
+    config = {**with_model_rope(config, model), "layer_types": list(model.config.layer_types)}  # z-lab's layout may leave it out: all full
     if model.has_draft_vocab and fmt in ("dflash", "sglang"):
         raise ExportError(f"--format {fmt}: z-lab's DFlash layout has no draft vocabulary (config.json draft_vocab_size="
                           f"{config['draft_vocab_size']}); use --format speculators")
@@ -592,6 +600,7 @@ def export_eagle3(config: dict[str, Any], weights: dict[str, torch.Tensor], run_
     if fmt == "sglang" and (why := eagle3_sglang_refusal(config)):
         raise ExportError(why)
     model = build_model(config, source)
+    config = with_model_rope(config, model)
     check_weights(model, weights, str(source))
     check_draft_vocab(weights["d2t"], weights["t2d"], str(source))
     model.load_state_dict(weights)
