@@ -82,10 +82,35 @@ def checkpoint_file(path: Path | str) -> Path:
 def load_checkpoint(path: Path) -> dict[str, Any]:
     file = checkpoint_file(path)
     try:
-        return read_state(file)
+        state = read_state(file)
     except UnreadableCheckpoint as e:
         raise ValueError(f"trainer.resume: {file} is not a readable checkpoint ({e}); delete its folder "
                          "to resume from an older one, or start over in another output_dir") from None
+    # a torch file that loads but is no checkpoint of this trainer (a model's weights, a bare tensor): the resume read
+    # its keys as KeyError / AttributeError tracebacks
+    missing = checkpoint_missing(state)
+    if missing:
+        raise ValueError(f"trainer.resume: {file} is not a checkpoint of python -m train ({missing}); expected a "
+                         f"checkpoint folder (checkpoints/step_*) as python -m train writes it, or auto")
+    return state
+
+
+# What every checkpoint's state.pt holds (Checkpointer.save), and what a plain (not DeepSpeed) one adds.
+CHECKPOINT_KEYS = ("train_state", "dataloader", "rng")
+PLAIN_CHECKPOINT_KEYS = ("model", "optimizer", "lr_scheduler")
+
+
+def checkpoint_missing(state: Any) -> str | None:
+    """What a loaded ``state.pt`` lacks to be a checkpoint, in a few words, or None."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}, not a dict"
+    keys = CHECKPOINT_KEYS + (() if state.get("deepspeed") else PLAIN_CHECKPOINT_KEYS)
+    missing = [k for k in keys if k not in state]
+    if missing:
+        return f"no {', '.join(repr(k) for k in missing)}"
+    if not isinstance(state["train_state"], dict) or not isinstance(state["train_state"].get("step"), int):
+        return "no step in 'train_state'"
+    return None
 
 
 class UnreadableCheckpoint(ValueError):

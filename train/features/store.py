@@ -154,6 +154,15 @@ class StoreWriter:
         if spec_file.exists():
             check_spec(read_json(spec_file, "a feature store spec (store.json)"), asdict(spec), self.path)
         else:
+            # shards (or a complete.json) without their spec: written for inputs no file here records any more; taken as
+            # done under a new store.json, they would be served as this run's features (same shapes: silently)
+            orphans = sorted(p.relative_to(self.path).as_posix() for p in (*self.path.glob("*/shard_*"), self.path / "complete.json")
+                             if p.exists())
+            if orphans:
+                raise StoreError(f"features.path={str(self.path)!r}: no store.json, but {len(orphans)} file(s) of an earlier "
+                                 f"store ({', '.join(orphans[:2])}{', ...' if len(orphans) > 2 else ''}) whose inputs are "
+                                 "unknown; expected an empty folder or a whole store: delete the folder, or point "
+                                 "features.path elsewhere")
             with atomic_open(spec_file) as f:
                 json.dump(asdict(spec), f, indent=2)
 
@@ -251,7 +260,7 @@ class FeatureStore:
         spec_file, complete = self.path / "store.json", self.path / "complete.json"
         try:
             self.spec = StoreSpec(**json.loads(spec_file.read_text()))
-        except (TypeError, json.JSONDecodeError) as e:
+        except (TypeError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise StoreError(f"{spec_file}: not a feature store spec this code reads ({e})") from None
         if self.spec.format_version != FORMAT_VERSION:
             raise StoreError(f"{spec_file}: format_version {self.spec.format_version}; this code reads {FORMAT_VERSION}")
