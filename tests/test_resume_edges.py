@@ -201,3 +201,23 @@ def test_a_deepspeed_checkpoint_is_fsynced_before_its_rename(tmp_path: Path, mon
     assert final == tmp_path / "checkpoints" / "step_00000002"
     assert_synced_around_the_rename(events, final, [final / "state.pt", final / "mp_rank_00_model_states.pt",
                                                     final / "zero_pp_rank_0_mp_rank_00_optim_states.pt"])
+
+
+# ----------------------------------------------------------------------------- 4. the training rows at resume
+
+def test_a_resume_on_other_rows_of_the_same_count_is_one_line(run_copy: Path, tmp_path: Path) -> None:
+    """The data position (epoch, micro-batch) counts over the training rows in a seeded order: resumed on other rows of
+    the same count (another data file; replies regenerated otherwise) it skipped or repeated conversations, silently, as
+    only the count was compared. The rows' hash is compared too; the same rows still resume."""
+    from train.data.dataset import resolve_source
+
+    source = Path(resolve_source("builtin:sharegpt-sample")).read_text().splitlines()
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text("\n".join([source[0].replace("Homogeneity", "Sameness")] + source[1:]) + "\n")  # one reply reworded
+    before = files(run_copy)
+    with pytest.raises(ValueError, match="was trained with other settings") as err:
+        train(compose_train(TINY + ["trainer.max_steps=4", f"data.path={edited}", f"output_dir={run_copy}"]))
+    assert "training rows' hash" in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert files(run_copy) == before
+    metrics = train(compose_train(TINY + ["trainer.max_steps=4", f"output_dir={run_copy}"]))  # the same rows: resumed
+    assert metrics["steps"] == 4 and not metrics["interrupted"]

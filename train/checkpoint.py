@@ -171,9 +171,14 @@ RESUME_SETTINGS = ("seed", "batch_size", "grad_accum", "optimizer", "lr", "muon_
                    "warmup_ratio", "min_lr_ratio")
 
 
-def resume_settings(trainer_cfg: Any, train_rows: int) -> dict[str, Any]:
-    """What ``settings_mismatch`` compares, as a checkpoint records it."""
-    return {**{f"trainer.{k}": getattr(trainer_cfg, k) for k in RESUME_SETTINGS}, "training rows": int(train_rows)}
+def resume_settings(trainer_cfg: Any, train_rows: int, rows_fingerprint: str | None = None) -> dict[str, Any]:
+    """What ``settings_mismatch`` compares, as a checkpoint records it: the settings above, the training rows' count and
+    a hash of them (``train.data.dataset.rows_fingerprint``: other rows of the same count, from another data file or
+    replies regenerated otherwise, resumed silently at a data position counted over the old ones)."""
+    settings = {**{f"trainer.{k}": getattr(trainer_cfg, k) for k in RESUME_SETTINGS}, "training rows": int(train_rows)}
+    if rows_fingerprint is not None:
+        settings["training rows' hash"] = rows_fingerprint
+    return settings
 
 
 def settings_mismatch(saved: dict[str, Any] | None, current: dict[str, Any] | None) -> str | None:

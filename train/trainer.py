@@ -42,7 +42,7 @@ from . import deepspeed_engine
 from .checkpoint import Checkpointer, resume_settings
 from .config import TrainConfig, check_paths, to_train_config  # noqa: F401  (callers import these from here too)
 from .data import prepare_data
-from .data.dataset import RowReader, collate_padded
+from .data.dataset import RowReader, collate_padded, rows_fingerprint
 from .distributed import Ranks, barrier, init_process_group, launcher_env_restored, local_device, rank0_first, ranks_from_env
 from .drafters import DRAFTERS, Drafter
 from .features.spec import open_store
@@ -396,7 +396,8 @@ def build(cfg: TrainConfig) -> Run:
     steps_setting = (f"trainer.max_steps={max_steps}" if tc.num_epochs is None or max_steps == tc.max_steps
                      else f"trainer.num_epochs={tc.num_epochs} ({max_steps} steps)")
     checkpointer = Checkpointer(output_dir, step.drafter, optimizer, scheduler, batches, engine, tc.keep_checkpoints,
-                                ranks.world_size, ranks.is_main, resume_settings(tc, len(train_ds)), max_steps, steps_setting)
+                                ranks.world_size, ranks.is_main, resume_settings(tc, len(train_ds), rows_fingerprint(train_ds)), max_steps,
+                                steps_setting)
 
     num_params = sum(p.numel() for p in trainable)
     run_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)

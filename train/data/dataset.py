@@ -221,6 +221,19 @@ def numpy_columns(ds: Any, indices: list[int] | None = None) -> dict[str, Any]:
     return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
 
 
+def rows_fingerprint(ds: Any) -> str:
+    """A short hash of a dataset's rows, in order (their ids and loss masks): what a checkpoint's data position counts
+    over. A resume on other rows of the same count (another data file, replies regenerated otherwise, other masks)
+    skipped or repeated conversations, silently."""
+    table = ds.with_format("arrow")[:]
+    digest = hashlib.sha256()
+    for name in ("input_ids", "loss_mask"):
+        column = table.column(name).combine_chunks()  # a list column: its row offsets and its values, one buffer each
+        digest.update(np.diff(np.asarray(column.offsets)).astype(np.int64).tobytes())
+        digest.update(np.asarray(column.flatten()).astype(np.int64).tobytes())
+    return digest.hexdigest()[:16]
+
+
 def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None, dict[str, int]]:
     """Drop exact duplicate rows, then hold out ``num_eval`` conversations (at most a tenth of the data) whose first
     prompt no training conversation shares.
