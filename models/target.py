@@ -138,9 +138,16 @@ def check_rope_taken(config, rope: dict, rotary_cls: type) -> None:
     it as an unread attribute (4.x does) would train and export a drafter on its default theta, silently."""
     import transformers
 
-    if rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
+    rope_type = rope.get("rope_type", "default")
+    rotary = rotary_cls(config)
+    # a scaled RoPE (llama3, yarn: Llama 3.1, the builtin SmolLM2) dropped falls back to the default type: said, as theta is
+    taken = getattr(rotary, "rope_type", None)  # None: a rotary class that does not say (the theta check below still runs)
+    if taken is not None and taken != rope_type:
+        raise ValueError(f"transformers {transformers.__version__}: {type(config).__name__}(rope_parameters=...) did not take the "
+                         f"target's RoPE (type {rope_type!r}, got {taken!r}); the drafter would train on another (tested with 5.17-5.25)")
+    if rope_type != "default" or "rope_theta" not in rope:
         return  # scaled RoPEs rescale inv_freq by their own rules
-    inv_freq = rotary_cls(config).inv_freq.float()
+    inv_freq = rotary.inv_freq.float()
     dim = 2 * inv_freq.numel()
     want = 1.0 / rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
     if not torch.allclose(inv_freq, want, rtol=1e-4):

@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 DISTRIBUTION = "flash-attn-4"
 PINNED_VERSION = "4.0.0b36"  # pyproject.toml's fa4 extra
 
-# (module, name) -> ("params", names in order) for functions, ("fields", names) for dataclasses,
-# ("class", ()) for classes we swap or patch by name. Read off flash-attn-4 4.0.0b36's source.
+# (module, name) -> ("params", names in order) for functions and methods ("Class.method", self included), ("fields",
+# names) for dataclasses, ("class", ()) for classes we swap or patch by name. Read off flash-attn-4 4.0.0b36's source.
 RECORDED: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("flash_attn.cute.interface", "_flash_attn_fwd"): ("params", (
         "q", "k", "v", "qv", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k",
@@ -69,6 +69,17 @@ RECORDED: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
         "qhead_per_kvhead_packgqa", "num_splits", "pack_split_idx", "num_n_blocks_per_split")),
     ("flash_attn.cute.mask", "AttentionMask"): ("fields", (
         "tile_m", "tile_n", "seqlen_info", "window_size_left", "window_size_right", "qhead_per_kvhead_packgqa", "swap_AB")),
+    # the methods fa4_key_intervals' IntervalBlockInfo / IntervalMask override (FA4's kernels call them positionally)
+    ("flash_attn.cute.block_info", "BlockInfo.get_n_block_min_max"): ("params", (
+        "self", "seqlen_info", "m_block", "split_idx", "num_splits")),
+    ("flash_attn.cute.block_info", "BlockInfo.get_n_block_min_causal_local_mask"): ("params", (
+        "self", "seqlen_info", "m_block", "n_block_min")),
+    ("flash_attn.cute.block_info", "BlockInfo.get_n_block_min_before_local_mask"): ("params", (
+        "self", "seqlen_info", "m_block", "n_block_min")),
+    ("flash_attn.cute.block_info", "BlockInfo.get_m_block_min_max"): ("params", ("self", "seqlen_info", "n_block")),
+    ("flash_attn.cute.mask", "AttentionMask.apply_mask"): ("params", (
+        "self", "acc_S", "batch_idx", "head_idx", "m_block", "n_block", "thr_mma", "mask_seqlen", "mask_causal", "mask_local",
+        "mask_mod", "aux_data", "fastdiv_mods")),
     ("flash_attn.cute.mask", "mask_r2p_lambda"): ("params", ("X", "mask_gen_fn", "rank1")),
     ("flash_attn.cute.mask", "r2p_bitmask_above"): ("params", ("limit", "s")),
     ("flash_attn.cute.mask", "r2p_bitmask_below"): ("params", ("limit", "s")),
@@ -123,8 +134,10 @@ def mismatches(lookup) -> list[str]:
 
 
 def _live(module: str, name: str):
-    mod = importlib.import_module(module)
-    return getattr(mod, name) if name else mod
+    obj = importlib.import_module(module)
+    for part in name.split(".") if name else ():  # "Class.method": a method looked up on its class
+        obj = getattr(obj, part)
+    return obj
 
 
 @functools.cache

@@ -39,7 +39,11 @@ def ast_lookup(module: str, name: str):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     if not name:
         return tree
-    for node in tree.body:
+    body = tree.body
+    if "." in name:  # "Class.method": the method in its class's body
+        owner, name = name.split(".")
+        body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner), [])
+    for node in body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             a = node.args
             names = [x.arg for x in a.posonlyargs + a.args] + [x.arg for x in a.kwonlyargs]
