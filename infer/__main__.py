@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 def run(args: argparse.Namespace) -> int:
     # heavy imports after argument parsing: --help and argument errors answer at once
     from infer.generate import generate
-    from infer.loading import check_backend, eos_ids, load_models, parse_window, recorded_target_warning, resolve_device, resolve_run, set_threads, target_setting, window_warning
+    from infer.loading import PROMPT_LOOKUP, check_backend, eos_ids, load_models, parse_window, recorded_target_warning, resolve_device, resolve_run, set_threads, target_setting, window_warning
     from infer.prompts import long_prompt_ids, mt_bench_questions, prompts_file
     from models.sampling import SamplingConfig
     from common.atomic import unwritable_reason
@@ -117,7 +117,12 @@ def run(args: argparse.Namespace) -> int:
         reason = unwritable_reason(args.json) if args.json else None  # before decoding: the write failed with a traceback after it
         if reason:
             raise ValueError(f"--json {args.json}: {reason}; expected a file path the statistics can be written to")
+        if args.prefill_tokens < 0:  # was "prefill_tokens=-1" after the target loaded
+            raise ValueError(f"--prefill-tokens {args.prefill_tokens}; expected >= 0 (filler tokens before the question)")
         window = parse_window(args.window)
+        if args.drafter == PROMPT_LOOKUP and window != "trained":  # was ignored, rc 0 (eval's sweeps run pld under any window)
+            raise ValueError(f"--window {args.window} sets a trained drafter's attention window; prompt lookup (--drafter pld) "
+                             "has none: leave it out")
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         # the prompts file read before any model loads (an 8B target takes a minute to load before a typo surfaced)
         conversations = prompts_file(args.prompts) if args.prompts is not None else None

@@ -234,8 +234,11 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
     if drafter_path in (None, PROMPT_LOOKUP) and drafter_weights != "model":  # was ignored: rc 0, no int8 anywhere
         raise ValueError(f"--drafter-weights {drafter_weights} quantizes a trained drafter's matrices; "
                          f"{'prompt lookup has none' if drafter_path else 'no --drafter was given'}")
-    if drafter_path is None and (draft_steps is not None or window != "trained"):  # was ignored: plain decoding, rc 0
-        raise ValueError(f"{'--draft-steps' if draft_steps is not None else '--window'} sets a drafter's drafting; no --drafter was given")
+    tree_flags = [flag for flag, given in (("--tree-topk", tree_topk is not None), ("--tree-tokens", tree_tokens is not None),
+                                           ("--tree-lookup", bool(tree_lookup)), ("--tree-redraft", bool(tree_redraft))) if given]
+    if drafter_path is None and (draft_steps is not None or window != "trained" or tree_flags):  # was ignored: plain decoding, rc 0
+        flag = "--draft-steps" if draft_steps is not None else "--window" if window != "trained" else "/".join(tree_flags)
+        raise ValueError(f"{flag} sets a drafter's drafting; no --drafter was given")
     check_target_folder(target_path, target_what)
     target = TargetModel.from_pretrained(resolve_target_path(target_path, target_what), device=device, dtype=dtype, what=target_what)
     eager_why = eager_reason(target.model, attention_backend)  # None: the static target and drafters

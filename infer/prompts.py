@@ -15,7 +15,9 @@ with optional "id" and "category".
 
 from __future__ import annotations
 
+import codecs
 import functools
+import io
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -122,7 +124,15 @@ def prompts_file(path: str | Path, num_questions: int | None = None) -> list[Con
         raise ValueError(f"--prompts {path}: {'a folder' if path.is_dir() else 'no such file'}; expected a JSONL file of prompts")
     out = []
     lines_of: dict[str, int] = {}  # each id's line: results resume by (id, turn), so two records of one id would mix
-    with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark (Windows tools write one) skipped
+    data = path.read_bytes()
+    try:  # -sig: a leading byte-order mark (Windows tools write one) skipped
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:  # was "'utf-8' codec can't decode byte ...", naming no file
+        at = e.start + (3 if data.startswith(codecs.BOM_UTF8) else 0)  # e.start counts from past the mark
+        line_no = data[:at].count(b"\n") + 1
+        raise ValueError(f"{path}:{line_no}: not UTF-8 text (byte {data[at]:#04x} at byte offset {at}); expected a UTF-8 "
+                         "JSONL file of prompts") from None
+    with io.StringIO(text, newline=None) as f:  # line ends as a text-mode open reads them (\r\n, \r)
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -147,7 +157,7 @@ def prompts_file(path: str | Path, num_questions: int | None = None) -> list[Con
                 turns = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
             else:
                 raise ValueError(f"{where}: expected a field 'prompt', 'turns' or 'messages'")
-            if not turns or not all(isinstance(t, str) and t for t in turns):
+            if not turns or not all(isinstance(t, str) and t.strip() for t in turns):  # blank: as --prompt '  ' is refused
                 raise ValueError(f"{where}: the user turns must be non-empty strings")
             conv_id = str(record.get("id", line_no))  # a record without an id: its line number
             if conv_id in lines_of:
