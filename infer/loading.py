@@ -419,7 +419,12 @@ def window_warning(drafter, window) -> str | None:
     """One line when the inference window differs from the trained one in a way training never saw."""
     model = getattr(drafter, "model", None)
     trained = getattr(getattr(model, "config", None), "sliding_window", None)
-    if model is None or trained is None or window == "trained" or "sliding_attention" not in (model.config.layer_types or []):
+    layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
+    if model is not None and isinstance(window, int) and layer_types and "sliding_attention" not in layer_types:
+        # a window applies to sliding layers only: a sweep over windows of this drafter decodes the same cell again and again
+        return (f"warning: --window {window} changes nothing: every layer of this drafter attends fully "
+                f"(layer_types: {len(layer_types)} x full_attention)")
+    if model is None or trained is None or window == "trained" or "sliding_attention" not in layer_types:
         return None
     if window is None:
         return (f"warning: --window none runs a drafter trained with W={trained} with full attention; its τ measures "

@@ -78,3 +78,28 @@ def test_a_negative_prefill_is_named_by_its_flag_before_loading(capsys) -> None:
 
     assert main(["--target", "never-loaded", "--prompt", "hi", "--prefill-tokens", "-1"]) == 2
     assert last_error(capsys) == "error: --prefill-tokens -1; expected >= 0 (filler tokens before the question)"
+
+
+def test_a_window_on_a_drafter_without_sliding_layers_is_said_to_change_nothing(tiny_qwen3_path) -> None:
+    """A window applies to a drafter's sliding layers only (``layer_attention``): on a drafter whose layers all attend fully
+    ``--window W`` decoded exactly what the drafter decodes without it, and said nothing (a sweep over windows repeated one
+    cell). Said in one line now; a drafter with a sliding layer, ``--window none`` and the trained window stay quiet."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from infer.loading import window_warning
+    from models.dflash import DFlashDraftModel, layer_attention, make_dflash_config
+
+    def drafter(layer_types, window):
+        config = make_dflash_config(AutoConfig.from_pretrained(tiny_qwen3_path), num_hidden_layers=len(layer_types), block_size=4,
+                                    mask_token_id=1, target_layer_ids=[1], layer_types=layer_types, sliding_window=window)
+        return SimpleNamespace(model=DFlashDraftModel(config))
+
+    full = drafter(["full_attention", "full_attention"], None)
+    assert layer_attention(full.model, 16) == layer_attention(full.model, "trained")  # the window changes no layer's rule
+    warning = window_warning(full, 16)
+    assert warning == "warning: --window 16 changes nothing: every layer of this drafter attends fully (layer_types: 2 x full_attention)"
+    assert window_warning(full, None) is None and window_warning(full, "trained") is None
+    mixed = drafter(["sliding_attention", "full_attention"], 64)
+    assert window_warning(mixed, 16) is None and window_warning(mixed, 64) is None
