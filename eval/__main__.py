@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     from infer.loading import (check_backend, drafting_label, eos_ids, load_models, parse_window, recorded_target_warning, resolve_device,
                                resolve_run, set_threads, target_setting, window_warning)
     from infer.prompt_lookup import PromptLookupDrafter
-    from models.sampling import SamplingConfig
+    from models.sampling import sampling_from_flags
     from common.atomic import atomic_open
     from eval.engines import check_engine_args, start_engine
 
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
             # 1: the prefill makes the only token, no verify step to measure (τ came out 0, the sweep divided by it)
             raise ValueError(f"--max-new-tokens {args.max_new_tokens}; expected >= 2 (the first new token comes from the prefill: "
                              "τ needs verify steps after it)")
-        sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        sampling = sampling_from_flags(args.temperature, args.top_k, args.top_p, args.seed)
         check_engine_args(args, windows)
         conversations = conversations_for(args)
         if args.drafter is None:

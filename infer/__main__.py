@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from infer.generate import generate
     from infer.loading import PROMPT_LOOKUP, check_backend, eos_ids, load_models, parse_window, recorded_target_warning, resolve_device, resolve_run, set_threads, target_setting, window_warning
     from infer.prompts import long_prompt_ids, mt_bench_questions, prompts_file
-    from models.sampling import SamplingConfig
+    from models.sampling import sampling_from_flags
     from common.atomic import unwritable_reason
 
     if args.batch_size < 1 or (args.batch_size > 1 and args.prompts is None):
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         if args.drafter == PROMPT_LOOKUP and window != "trained":  # was ignored, rc 0 (eval's sweeps run pld under any window)
             raise ValueError(f"--window {args.window} sets a trained drafter's attention window; prompt lookup (--drafter pld) "
                              "has none: leave it out")
-        sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        sampling = sampling_from_flags(args.temperature, args.top_k, args.top_p, args.seed)
         # the prompts file read before any model loads (an 8B target takes a minute to load before a typo surfaced)
         conversations = prompts_file(args.prompts) if args.prompts is not None else None
         target_path, drafter_path, run_dir = resolve_run(args.target, args.drafter)

@@ -45,6 +45,16 @@ class SamplingConfig:
         return self.temperature == 0
 
 
+def sampling_from_flags(temperature: float, top_k: int, top_p: float, seed: int) -> SamplingConfig:
+    """``python -m infer`` / ``eval``'s sampling flags; ``--top-k`` / ``--top-p`` without a temperature were ignored (greedy
+    decoding, exit 0): refused in one line."""
+    if temperature == 0 and (top_k or top_p != 1.0):
+        flag = f"--top-k {top_k}" if top_k else f"--top-p {top_p}"
+        raise ValueError(f"{flag} filters sampling, and --temperature 0 (the default) decodes greedily; expected --temperature > 0 "
+                         "with it, or leave it out")
+    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+
+
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) filtering; [n, V] logits -> [n, V] fp32 probs."""
     logits = logits.float() / sampling.temperature

@@ -103,3 +103,20 @@ def test_a_window_on_a_drafter_without_sliding_layers_is_said_to_change_nothing(
     assert window_warning(full, None) is None and window_warning(full, "trained") is None
     mixed = drafter(["sliding_attention", "full_attention"], 64)
     assert window_warning(mixed, 16) is None and window_warning(mixed, 64) is None
+
+
+@pytest.mark.parametrize("command", ["infer", "eval"])
+@pytest.mark.parametrize("flags, named", [(["--top-k", "5"], "--top-k 5"), (["--top-p", "0.9"], "--top-p 0.9")])
+def test_a_sampling_filter_without_a_temperature_is_refused(tiny_qwen3_path, capsys, command, flags, named) -> None:
+    """``--top-k`` / ``--top-p`` filter sampling; at the default ``--temperature 0`` the run decoded greedily with them
+    ignored, exit 0. Refused in one line naming the flag, before any model loads; with a temperature they run."""
+    from eval.__main__ import main as eval_main
+    from infer.__main__ import main as infer_main
+
+    if command == "infer":
+        assert infer_main(["--target", "never-loaded", "--prompt", "hi", *flags]) == 2
+    else:
+        assert eval_main(["mtbench", "--target", "never-loaded", "--drafter", "pld", "--num-questions", "1", *flags]) == 2
+    error = last_error(capsys)
+    assert named in error and "--temperature 0" in error and "never-loaded" not in error, error
+    assert infer_main(["--target", tiny_qwen3_path, "--prompt", "hi", "--max-new-tokens", "2", "--temperature", "0.7", *flags]) == 0
