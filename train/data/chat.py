@@ -158,10 +158,11 @@ class ChatRenderer:
         ids = message.get("token_ids")
         if ids is None:
             return None
-        if any(not 0 <= i < len(self.tokenizer) for i in ids):
-            bad = next(i for i in ids if not 0 <= i < len(self.tokenizer))
+        vocab = len(self.tokenizer)
+        if ids and not 0 <= min(ids) <= max(ids) < vocab:
+            bad = next(i for i in ids if not 0 <= i < vocab)
             raise DataError(f"conversation {conversation_id}: an assistant turn's token_ids hold {bad}, not an id of the "
-                            f"tokenizer ({len(self.tokenizer)} tokens): the replies were made by another target")
+                            f"tokenizer ({vocab} tokens): the replies were made by another target")
         # the text as regeneration stored it: special tokens the target generated inside a reply (a toy target's
         # <|im_start|>) are not in the text, and stay in the row as the ids hold them
         spelled = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
