@@ -458,7 +458,8 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, anchor_valid: torch.T
     if dpace_alpha is None:
         weight = torch.exp(-(slot - 1).clamp(min=0).float() / gamma).expand(bsz, -1)
     else:
-        weight = dpace_weights(ce, has_label, block_size, dpace_alpha)
+        # a label outside the draft vocabulary is a sure miss (q = 0), not the sure hit its zero CE term would read as
+        weight = dpace_weights(torch.where(labels == OUTSIDE, torch.inf, ce), has_label, block_size, dpace_alpha)
     correct = (top == labels) & has_label
     slot_correct = torch.zeros(block_size, device=labels.device).index_add_(0, slot, correct.float().sum(0))
     slot_count = torch.zeros(block_size, device=labels.device).index_add_(0, slot, has_label.float().sum(0))
