@@ -110,3 +110,32 @@ def test_a_resume_after_a_kill_logs_each_step_once(tmp_path: Path) -> None:
     assert steps() == [1, 2, 3, 4, 5]
     record = json.loads((tmp_path / "run.json").read_text())
     assert [h["step"] for h in record["history"]] == [1, 2, 3, 4, 5]
+
+
+def test_a_data_cache_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    """A cache folder nothing can be written in (a read-only mount; here a path under a file, as root writes anywhere) was
+    OSError's traceback from the first lock or cache file; now one line naming the setting, exit 2, no run folder left."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    run = tmp_path / "run"
+    out = cli(TINY + ["trainer.max_steps=1", f"data.cache_dir={blocker}/data", f"output_dir={run}"], REPO)
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [line for line in (out.stdout + out.stderr).splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "data.cache_dir=" in errors[0] and "SWA_DRAFTERS_CACHE" in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "Loading weights" not in out.stderr and not run.exists()  # before the target
+
+
+def test_token_ids_that_do_not_spell_their_turns_are_warned_about(tmp_path: Path, caplog) -> None:
+    """A messages file whose assistant turns carry ids of another tokenizer: those turns are tokenized from their text (the
+    README's rule) and the run says so in a warning, not only in the tokenize summary's counts."""
+    import logging
+
+    path = tmp_path / "mine.jsonl"
+    rows = [{"id": str(i), "messages": [{"role": "user", "content": f"question {i}"},
+                                        {"role": "assistant", "content": f"answer {i}", "token_ids": [7, 8, 9]}]} for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING, logger="train.data.dataset"):
+        train(compose_train(TINY + ["trainer.max_steps=1", f"data.path={path}", f"output_dir={tmp_path / 'run'}",
+                                    f"data.cache_dir={tmp_path / 'cache'}"]))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "token_ids" in r.getMessage()]
+    assert len(warned) == 1 and "6 of 6 assistant turns' token_ids do not spell their text" in warned[0], warned

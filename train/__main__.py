@@ -35,8 +35,8 @@ def main(cfg: DictConfig) -> None:
         remove_if_unstarted(cfg.get("output_dir"))
         sys.exit(2)
     except KeyboardInterrupt:
-        log.error("interrupted (Ctrl-C); the same command resumes from the newest checkpoint in %s, if one was written",
-                  cfg.get("output_dir"))
+        log.error("interrupted (Ctrl-C); the same command resumes: training from the newest checkpoint in %s, if one was "
+                  "written; a regeneration from its replies kept in the data cache (<key>.partial.jsonl)", cfg.get("output_dir"))
         sys.exit(130)
 
 

@@ -589,6 +589,9 @@ def check_paths(cfg: TrainConfig) -> None:
     if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
         raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
     check_target_folder(cfg.target.path, "target.path")  # a local path (hub ids load from the hub or its cache)
+    from .data import check_cache_dir  # the data is tokenized (and regenerated) into the cache: writable, before the target loads
+
+    check_cache_dir(cfg.data)
     if cfg.trainer.resume == "never":
         refuse_fresh_start_over_a_run(cfg.output_dir)
     if cfg.trainer.resume not in ("auto", "never"):  # a checkpoint: refused before regeneration (minutes to hours), not after

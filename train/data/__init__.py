@@ -9,6 +9,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from common.atomic import unwritable_reason
+
 from .chat import ChatRenderer
 from .dataset import cache_key, load_tokenized, pack_conversations, resolve_source, source_fingerprint, split_train_eval
 from .readers import Conversation, DataError, read_conversations
@@ -52,12 +54,23 @@ def regenerated_key(data_cfg: Any, target: Any, renderer: ChatRenderer, source: 
     return key_parts
 
 
+def check_cache_dir(data_cfg: Any) -> Path:
+    """``data.cache_dir``, refused in one line where nothing can be written (a read-only mount was OSError's traceback from
+    the first lock or cache file, after the target had loaded)."""
+    cache_dir = Path(data_cfg.cache_dir).expanduser()
+    reason = unwritable_reason(cache_dir)
+    if reason:
+        raise DataError(f"data.cache_dir={str(cache_dir)!r}: {reason}; expected a folder the tokenized (and regenerated) "
+                        "data can be cached in (data.cache_dir, or the SWA_DRAFTERS_CACHE environment variable)")
+    return cache_dir
+
+
 def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = True) -> tuple[Any, Any, dict[str, Any]]:
     """Read, (optionally) regenerate with the target, tokenize (cached) and split.
 
     Returns ``(train_dataset, eval_dataset_or_None, summary)``; see ``dataset.load_tokenized``.
     """
-    cache_dir = Path(data_cfg.cache_dir).expanduser()
+    cache_dir = check_cache_dir(data_cfg)
     regen = data_cfg.regenerate
     if not regen.enabled:
         ds, summary = load_tokenized(data_cfg, target.tokenizer, cache_dir / "tokenized")

@@ -188,6 +188,10 @@ def load_tokenized(
     if not rows:
         raise DataError(f"data.path={data_cfg.path!r}: no conversation left after tokenizing ({tok_stats.summary()})")
     log.info("tokenized %s: %s", data_cfg.path, tok_stats.summary())
+    if tok_stats.replies_from_text:  # ids of another tokenizer, or a template that rewrites replies: said, not silent
+        log.warning("%s: %d of %d assistant turns' token_ids do not spell their text under this target's tokenizer and chat "
+                    "template; those turns are tokenized from their text (ids made by another target's tokenizer?)",
+                    data_cfg.path, tok_stats.replies_from_text, tok_stats.replies_from_text + tok_stats.replies_from_ids)
     features = datasets.Features(
         {
             "id": datasets.Value("string"),

@@ -121,8 +121,12 @@ def normalise_record(record: Any, where: str, stats: ReadStats) -> Conversation 
                 message["complete"] = False
         if "token_ids" in turn and role == "assistant":
             ids = turn["token_ids"]
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-                raise DataError(f"{where} turn {i}: 'token_ids' is {str(ids)[:60]}; expected a list of token ids (integers >= 0)")
+            if not isinstance(ids, list):
+                raise DataError(f"{where} turn {i}: 'token_ids' is a {type(ids).__name__}; expected a list of token ids (integers >= 0)")
+            bad = next((j for j, t in enumerate(ids) if not isinstance(t, int) or isinstance(t, bool) or t < 0), None)
+            if bad is not None:
+                raise DataError(f"{where} turn {i}: 'token_ids' holds {ids[bad]!r} at index {bad}; expected a list of token ids "
+                                "(integers >= 0)")
             message["token_ids"] = ids
         messages.append(message)
     # Split ShareGPT records often start mid-dialogue with the assistant; the reply has no
