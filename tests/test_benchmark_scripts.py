@@ -43,6 +43,19 @@ def test_bad_input_is_one_line(args, names, tiny_qwen3_path) -> None:
     assert last.startswith("error: ") and names in last, out.stderr[-1500:]
 
 
+def test_on_policy_check_refuses_an_empty_or_cut_file_in_one_line(tiny_qwen3_path, tmp_path) -> None:
+    """An empty file scored 0/0 with exit 0; a file cut mid-line named no file and the wrong line (a user's walk)."""
+    empty, cut = tmp_path / "empty.jsonl", tmp_path / "cut.jsonl"
+    empty.write_text("")
+    record = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "token_ids": [5]}]}'
+    cut.write_text(record + "\n" + record[:40])
+    for path, names in ((empty, "no records"), (cut, "cut.jsonl:2: malformed JSON line")):
+        out = run_script("benchmarks/on_policy_check.py", "--target", "builtin:tiny-qwen3", "--data", str(path))
+        assert out.returncode != 0 and "Traceback" not in out.stderr and "Loading weights" not in out.stderr, out.stderr[-1500:]
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and names in last, out.stderr[-1500:]
+
+
 def test_mt_bench_refuses_a_count_below_one() -> None:
     from infer.prompts import mt_bench
 
