@@ -11,23 +11,10 @@ import types
 import pytest
 import torch
 import transformers
+from test_library_internals import LlamaConfigAsTransformers4, Qwen3ConfigAsTransformers4
 
 
 # --- transformers: a drafter config that drops a *scaled* RoPE (llama3: Llama 3.1; yarn: the builtin SmolLM2) ----------
-
-class LlamaConfigDroppingRope(transformers.LlamaConfig):
-    """transformers 4.x's LlamaConfig given ``rope_parameters=``: an attribute nobody reads; the default RoPE runs."""
-
-    def __init__(self, rope_parameters=None, **kwargs):
-        super().__init__(**kwargs)
-        self.unread_rope_parameters = rope_parameters
-
-
-class Qwen3ConfigDroppingRope(transformers.Qwen3Config):
-    def __init__(self, rope_parameters=None, **kwargs):
-        super().__init__(**kwargs)
-        self.unread_rope_parameters = rope_parameters
-
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
@@ -54,8 +41,8 @@ def test_a_drafter_config_that_drops_a_scaled_rope_is_refused(monkeypatch, rope)
     assert eagle3.LlamaRotaryEmbedding(eagle3.make_eagle3_config(target, **eagle3_args)).rope_type == rope["rope_type"]
     assert dflash.Qwen3RotaryEmbedding(dflash.make_dflash_config(target, **dflash_args)).rope_type == rope["rope_type"]
 
-    monkeypatch.setattr(eagle3, "LlamaConfig", LlamaConfigDroppingRope)
-    monkeypatch.setattr(dflash, "Qwen3Config", Qwen3ConfigDroppingRope)
+    monkeypatch.setattr(eagle3, "LlamaConfig", LlamaConfigAsTransformers4)
+    monkeypatch.setattr(dflash, "Qwen3Config", Qwen3ConfigAsTransformers4)
     told = re.escape(f"transformers {transformers.__version__}: ") + r".*did not take the target's RoPE \(type '" + rope["rope_type"]
     with pytest.raises(ValueError, match=told) as error:
         eagle3.make_eagle3_config(target, **eagle3_args)
