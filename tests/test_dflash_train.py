@@ -191,11 +191,19 @@ def test_a_run_folder_resumed_with_another_drafter_is_one_line(tmp_path: Path) -
         with pytest.raises(ValueError, match="holds another drafter than this config builds") as err:
             train(compose_fast(common + changed + ["trainer.max_steps=2"]))
         assert named in str(err.value) and "\n" not in str(err.value)
-    # another optimizer: a KeyError ('param_groups') from the optimizer's load_state_dict
+    # another optimizer: a KeyError ('param_groups') from the optimizer's load_state_dict; named as a setting, before the
+    # target loads (a checkpoint without recorded settings: by its optimizer state's keys, Checkpointer.check_compatible)
     other = "trainer.optimizer=adamw" if compose_fast(common).trainer.optimizer == "muon" else "trainer.optimizer=muon"
-    with pytest.raises(ValueError, match=r"holds another optimizer's state \(keys .*trainer.optimizer differs\)"):
+    with pytest.raises(ValueError, match=r"was trained with other settings \(trainer.optimizer '\w+' there, '\w+' here\)"):
         train(compose_fast(common + [other, "trainer.max_steps=2"]))
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and ".hydra" not in p.parts} == before
+    unrecorded = tmp_path.parent / "unrecorded" / "step_00000001"  # saved before the settings were recorded
+    unrecorded.mkdir(parents=True)
+    state = torch.load(tmp_path / "checkpoints" / "step_00000001" / "state.pt", weights_only=True)
+    torch.save({k: v for k, v in state.items() if k != "settings"}, unrecorded / "state.pt")
+    with pytest.raises(ValueError, match=r"holds another optimizer's state \(keys .*trainer.optimizer differs\)"):
+        train(compose_fast(common[:-1] + [other, "trainer.max_steps=2", f"trainer.resume={unrecorded}",
+                                          f"output_dir={tmp_path.parent / 'elsewhere'}"]))
 
 
 def test_config_mismatch_names_what_differs() -> None:
@@ -350,7 +358,7 @@ def test_a_resume_with_other_trainer_settings_is_one_line(tmp_path: Path) -> Non
     train(compose_fast(common + ["trainer.lr=1e-3"]))
     for changed, named in (("trainer.lr=1e-2", "trainer.lr 0.001 there, 0.01 here"), ("trainer.seed=7", "trainer.seed 0 there, 7 here"),
                            ("trainer.batch_size=2", "trainer.batch_size 4 there, 2 here"),
-                           ("data.max_records=40", "training rows")):
+                           ("data.max_records=40", "data.max_records 60 there, 40 here")):
         with pytest.raises(ValueError, match="was trained with other settings") as err:
             train(compose_fast(common + ["trainer.lr=1e-3", "trainer.interrupt_after=null", changed]))
         assert named in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -221,3 +221,28 @@ def test_a_resume_on_other_rows_of_the_same_count_is_one_line(run_copy: Path, tm
     assert files(run_copy) == before
     metrics = train(compose_train(TINY + ["trainer.max_steps=4", f"output_dir={run_copy}"]))  # the same rows: resumed
     assert metrics["steps"] == 4 and not metrics["interrupted"]
+
+
+# ----------------------------------------------------------------------------- 5. data settings, before the target loads
+
+@pytest.mark.parametrize("changed,named", [
+    ("data.max_records=30", "data.max_records 40 there, 30 here"),
+    ("data.regenerate.enabled=true", "data.regenerate {'enabled': False} there"),
+])
+def test_a_resume_with_other_data_settings_is_refused_before_the_target_loads(run_copy: Path, monkeypatch, changed: str,
+                                                                              named: str) -> None:
+    """Another data.max_records or a regeneration at a resume: the rows' count or hash refused it only after the data was
+    prepared again (a regeneration: minutes to hours with a real target). Refused now before the target loads, naming
+    the setting; the folder unchanged."""
+    import models.target
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target was loaded before the resume's settings were compared")
+
+    monkeypatch.setattr(models.target.TargetModel, "from_pretrained", no_target)
+    before = files(run_copy)
+    with pytest.raises(ValueError, match="was trained with other settings") as err:
+        train(compose_train(TINY + ["trainer.max_steps=4", changed, f"output_dir={run_copy}"]))
+    assert named in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert str(run_copy / "checkpoints" / "step_00000003") in str(err.value)
+    assert files(run_copy) == before

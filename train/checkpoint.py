@@ -79,10 +79,10 @@ def checkpoint_file(path: Path | str) -> Path:
     return file
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     file = checkpoint_file(path)
     try:
-        state = read_state(file)
+        state = read_state(file, mmap)
     except UnreadableCheckpoint as e:
         raise ValueError(f"trainer.resume: {file} is not a readable checkpoint ({e}); delete its folder "
                          "to resume from an older one, or start over in another output_dir") from None
@@ -117,11 +117,11 @@ class UnreadableCheckpoint(ValueError):
     """A state.pt torch cannot read back (cut off, overwritten, not a checkpoint); the message is why, in one line."""
 
 
-def read_state(file: Path) -> Any:
+def read_state(file: Path, mmap: bool = False) -> Any:
     """``torch.load`` of a checkpoint file (weights only, on the CPU); any failure as one ``UnreadableCheckpoint``: torch's
     errors for a cut-off or foreign file vary (RuntimeError, UnpicklingError, EOFError, KeyError) and run on for lines."""
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - see above
         reason = str(e).split(". ")[0].splitlines()[0] if str(e) else ""
         raise UnreadableCheckpoint(f"{type(e).__name__}: {reason}" if reason else type(e).__name__) from None
@@ -171,11 +171,35 @@ RESUME_SETTINGS = ("seed", "batch_size", "grad_accum", "optimizer", "lr", "muon_
                    "warmup_ratio", "min_lr_ratio")
 
 
-def resume_settings(trainer_cfg: Any, train_rows: int, rows_fingerprint: str | None = None) -> dict[str, Any]:
-    """What ``settings_mismatch`` compares, as a checkpoint records it: the settings above, the training rows' count and
-    a hash of them (``train.data.dataset.rows_fingerprint``: other rows of the same count, from another data file or
-    replies regenerated otherwise, resumed silently at a data position counted over the old ones)."""
-    settings = {**{f"trainer.{k}": getattr(trainer_cfg, k) for k in RESUME_SETTINGS}, "training rows": int(train_rows)}
+# The data settings that decide the training rows, whose seeded order the data position counts in: changed at a resume,
+# the rows' count or hash refused them only once the data was prepared again (a regeneration: minutes to hours). They
+# are compared before the target loads (``check_resume_early``). data.path and target.path are not: the same files
+# under another path (a run folder carried to another machine) resume, and other files are caught by the rows' hash.
+DATA_RESUME_SETTINGS = ("split", "max_length", "overflow", "chat_template", "end_of_turn_token", "skip_bad_lines", "max_records",
+                        "num_eval", "pack_length", "pack_fresh_fraction")
+
+
+def data_resume_settings(data_cfg: Any) -> dict[str, Any]:
+    """``DATA_RESUME_SETTINGS`` and the regeneration's settings (those that change the replies), as plain values."""
+    from .data import regenerate_key  # here: the data package imports datasets
+
+    settings = {f"data.{k}": getattr(getattr(data_cfg, k), "value", getattr(data_cfg, k)) for k in DATA_RESUME_SETTINGS}
+    regen = data_cfg.regenerate
+    settings["data.regenerate"] = regenerate_key(regen) if regen.enabled else {"enabled": False}
+    return settings
+
+
+def resume_settings(trainer_cfg: Any, train_rows: int | None = None, rows_fingerprint: str | None = None,
+                    data_cfg: Any = None) -> dict[str, Any]:
+    """What ``settings_mismatch`` compares, as a checkpoint records it: the settings above, the data's settings, the
+    training rows' count and a hash of them (``train.data.dataset.rows_fingerprint``: other rows of the same count, from
+    another data file or replies regenerated otherwise, resumed silently at a data position counted over the old ones).
+    Before the data is prepared, without the rows (``check_resume_early``)."""
+    settings = {f"trainer.{k}": getattr(trainer_cfg, k) for k in RESUME_SETTINGS}
+    if data_cfg is not None:
+        settings.update(data_resume_settings(data_cfg))
+    if train_rows is not None:
+        settings["training rows"] = int(train_rows)
     if rows_fingerprint is not None:
         settings["training rows' hash"] = rows_fingerprint
     return settings
@@ -191,6 +215,25 @@ def settings_mismatch(saved: dict[str, Any] | None, current: dict[str, Any] | No
         return None
     shown = ", ".join(f"{k} {saved[k]!r} there, {current[k]!r} here" for k in differ[:3])
     return shown + (", ..." if len(differ) > 3 else "")
+
+
+def refuse_other_settings(path: Path, state: dict[str, Any], settings: dict[str, Any] | None) -> None:
+    mismatch = settings_mismatch(state.get("settings"), settings)
+    if mismatch:
+        raise ValueError(f"trainer.resume: {path} was trained with other settings ({mismatch}); its optimizer state, data "
+                         "position and learning-rate schedule would override, misread or bend them: resume it with the "
+                         "settings it was trained with, or start over in another output_dir")
+
+
+def check_resume_early(cfg: Any) -> None:
+    """The checkpoint ``trainer.resume`` picks, against this run's trainer and data settings, before the target loads
+    and the data is prepared: a resume with another ``data.max_records`` or regeneration was refused only after the data
+    had been regenerated (minutes to hours). The rows themselves, the drafter and the step count are checked at resume."""
+    if cfg.trainer.resume == "never":
+        return
+    found = list_checkpoints(cfg.output_dir) if cfg.trainer.resume == "auto" else [Path(cfg.trainer.resume)]
+    if found:  # mmap: the settings are read, not the weights and optimizer state
+        refuse_other_settings(found[-1], load_checkpoint(found[-1], mmap=True), resume_settings(cfg.trainer, data_cfg=cfg.data))
 
 
 def rng_state() -> dict[str, Any]:
@@ -309,10 +352,7 @@ class Checkpointer:
             if saved != here:
                 raise ValueError(f"trainer.resume: {path} holds another optimizer's state (keys {saved}; this run's {here}: "
                                  f"trainer.optimizer differs); {how}")
-        settings = settings_mismatch(state.get("settings"), self.settings)
-        if settings:
-            raise ValueError(f"trainer.resume: {path} was trained with other settings ({settings}); its optimizer state, "
-                             f"data position and learning-rate schedule would override, misread or bend them: {how}")
+        refuse_other_settings(path, state, self.settings)
 
     def check_steps_left(self, path: Path, state: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint at or past this run's ``max_steps`` (a lowered one): the loop trained nothing

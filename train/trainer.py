@@ -396,7 +396,7 @@ def build(cfg: TrainConfig) -> Run:
     steps_setting = (f"trainer.max_steps={max_steps}" if tc.num_epochs is None or max_steps == tc.max_steps
                      else f"trainer.num_epochs={tc.num_epochs} ({max_steps} steps)")
     checkpointer = Checkpointer(output_dir, step.drafter, optimizer, scheduler, batches, engine, tc.keep_checkpoints,
-                                ranks.world_size, ranks.is_main, resume_settings(tc, len(train_ds), rows_fingerprint(train_ds)), max_steps,
+                                ranks.world_size, ranks.is_main, resume_settings(tc, len(train_ds), rows_fingerprint(train_ds), cfg.data), max_steps,
                                 steps_setting)
 
     num_params = sum(p.numel() for p in trainable)
