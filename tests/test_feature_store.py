@@ -265,3 +265,26 @@ def test_a_cut_shard_read_unverified_is_one_line_naming_it(tmp_path: Path, cut: 
     with pytest.raises(StoreError) as err:
         store.gather("train", [0, 1], 8)
     assert str(err.value).startswith(f"{shard}: not a readable feature shard (SafetensorError: ") and "\n" not in str(err.value)
+
+
+def test_a_batch_over_more_shards_than_stay_open_reads_the_handle_cache_from_one_thread(tmp_path: Path, monkeypatch) -> None:
+    """``gather`` reads rows in a thread pool; the handle cache (an OrderedDict evicting past ``open_shards``) was opened
+    for the batch up front, but a batch over more shards than stay open had its threads reopen evicted shards and evict
+    others concurrently (``move_to_end`` on a key another thread had just popped: a KeyError mid-training). The race is
+    rare, so this checks its precondition: the cache is touched from the calling thread only, and every row reads back."""
+    import threading
+
+    from train.features.store import StoreSpec, StoreWriter
+
+    spec = StoreSpec(target={"config": "c", "weights": "w"}, layer_ids=[1], with_final_hidden=False, dtype="float32", hidden_size=4,
+                     max_length=8, batch_size=1, data={"train": "d"}, rows={"train": 6}, rows_per_shard=1)
+    writer = StoreWriter(tmp_path / "store", spec)
+    for shard in range(6):
+        writer.write_shard("train", shard, {f"{shard}.features": torch.full((3, 4), float(shard))}, 3)
+    writer.finish()
+    store = FeatureStore(tmp_path / "store", open_shards=2, threads=4)
+    callers, shard = set(), store._shard
+    monkeypatch.setattr(store, "_shard", lambda *a: callers.add(threading.current_thread()) or shard(*a))
+    batch = store.gather("train", [5, 0, 3, 1, 4, 2], 8).features
+    assert callers == {threading.current_thread()}
+    assert torch.equal(batch[:, :3, 0], torch.tensor([5.0, 0, 3, 1, 4, 2])[:, None].expand(6, 3)) and not batch[:, 3:].any()

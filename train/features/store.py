@@ -315,9 +315,11 @@ class FeatureStore:
         if not 0 <= row < self.spec.rows.get(split, 0):
             raise StoreError(f"{self.path}: {split} row {row} is outside the store ({self.spec.rows.get(split, 0)} rows)")
 
-    def row(self, split: str, row: int, name: str = "features") -> torch.Tensor:
+    def row(self, split: str, row: int, name: str = "features", opened: tuple[Any, dict] | None = None) -> torch.Tensor:
+        """One row's tensor; ``opened``: its shard's (handle, compressed) as ``_shard`` returned it (from reader threads,
+        which must not touch the handle cache)."""
         self._check_row(split, row)
-        handle, compressed = self._shard(split, row // self.spec.rows_per_shard)
+        handle, compressed = opened or self._shard(split, row // self.spec.rows_per_shard)
         key = f"{row}.{name}"
         try:
             t = handle.get_tensor(key)
@@ -335,10 +337,11 @@ class FeatureStore:
         out = {}
         for r in rows:
             self._check_row(split, r)
-        for shard in sorted({r // self.spec.rows_per_shard for r in rows}):
-            self._shard(split, shard)  # opened here, once, not from the threads
+        # opened here, once, and handed to the threads: the handle cache (an OrderedDict, evicting past open_shards) is
+        # not thread-safe, and a batch over more than open_shards shards had its threads reopen and evict concurrently
+        opened = {shard: self._shard(split, shard) for shard in sorted({r // self.spec.rows_per_shard for r in rows})}
         for name in names:
-            parts = list(self.pool.map(lambda r: self.row(split, r, name), rows))
+            parts = list(self.pool.map(lambda r: self.row(split, r, name, opened[r // self.spec.rows_per_shard]), rows))
             width = parts[0].shape[-1]
             batch = torch.zeros(len(rows), length, width, dtype=parts[0].dtype, pin_memory=torch.device(device).type == "cuda")
             for i, p in enumerate(parts):
