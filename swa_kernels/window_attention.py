@@ -209,7 +209,41 @@ def cudnn_band_available() -> bool:
                                                 "(%s: %s): EAGLE-3's window runs cuDNN's causal chunks instead (slower)",
                                                 type(e).__name__, e)
         return False
+    problem = cudnn_band_problem() if torch.cuda.is_available() else None
+    if problem is not None:
+        import cudnn
+
+        logging.getLogger(__name__).warning("nvidia-cudnn-frontend %s: its band (torch.ops.cudnn.sdpa_fwd/sdpa_bwd) %s; EAGLE-3's "
+                                            "window runs cuDNN's causal chunks instead (slower)", getattr(cudnn, "__version__", "?"),
+                                            problem)
+        return False
     return True
+
+
+def cudnn_band_problem(band: BandOps | None = None, window: int = 16, device: str = "cuda") -> str | None:
+    """Why cuDNN's band cannot serve, in a few words, or None. The frontend's torch ops are called by keyword with
+    ``window_left`` read as W keys counting the query (probed on frontend 1.32.0: ``benchmarks/probe_cudnn_band.py``);
+    another version may take other arguments or count otherwise, so the band is run once on a small problem, forward
+    and backward, against the dense reference mask at W and at W +- 1 (an off-by-one lands nearer a neighbour)."""
+    band = band or _cudnn_band_ops()
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, dout = (torch.randn(1, h, 64, 64, device=device, generator=gen).to(torch.bfloat16) for h in (2, 1, 1, 2))
+    scale = 64 ** -0.5
+    try:
+        out, lse = band.forward(q, k, v, window, scale)
+        grads = band.backward(dout, q, k, v, out, lse, window, scale)
+    except Exception as e:  # noqa: BLE001 - another signature: TypeError, RuntimeError from the op's schema
+        return f"failed on a 64-token problem ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    got = torch.cat([out.flatten(), *(g.flatten() for g in grads)]).float()
+    errors = {}
+    for w in (window - 1, window, window + 1):
+        ref_out, ref_lse = _reference_forward(q.float(), k.float(), v.float(), scale, w)
+        ref = _reference_backward(dout.float(), q.float(), k.float(), v.float(), ref_out, ref_lse, scale, w)
+        errors[w] = float((got - torch.cat([ref_out.flatten(), *(g.flatten() for g in ref)])).abs().max())
+    if not (errors[window] < 0.05 and errors[window] * 4 < min(errors[window - 1], errors[window + 1])):
+        return (f"disagrees with the window's dense mask (max |error| {errors[window]:.3g} at W={window}, {errors[window - 1]:.3g} "
+                f"at W-1, {errors[window + 1]:.3g} at W+1)")
+    return None
 
 
 @functools.cache

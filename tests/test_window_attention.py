@@ -173,6 +173,39 @@ def test_gpu_fa4_band_compiles_as_one_graph(steps: int) -> None:
         assert rel < 1e-2, f"{name} (fp32 q, k under autocast): relative difference {rel:.2e}"
 
 
+def shifted_band(shift: int) -> BandOps:
+    """The reference band with its window read ``shift`` keys off: what a frontend counting W otherwise would run."""
+    return BandOps(f"shifted{shift}", lambda q, k, v, w, scale: REFERENCE_BAND.forward(q, k, v, w + shift, scale),
+                   lambda dout, q, k, v, out, lse, w, scale: REFERENCE_BAND.backward(dout, q, k, v, out, lse, w + shift, scale))
+
+
+def test_the_cudnn_band_probe_passes_the_window_and_names_an_off_by_one_or_another_signature() -> None:
+    """cuDNN's band is called through the frontend's torch ops by keyword, ``window_left`` read as W (probed on one
+    frontend version): ``cudnn_band_problem`` runs a band once against the dense mask and names what is off, so that
+    another version falls back to the chunked path loudly instead of training on another window."""
+    from swa_kernels.window_attention import cudnn_band_problem
+
+    assert cudnn_band_problem(REFERENCE_BAND, device="cpu") is None
+    for shift in (-1, 1):  # FlashAttention's W - 1 handed to it, or a window counted without the query
+        problem = cudnn_band_problem(shifted_band(shift), device="cpu")
+        assert problem is not None and problem.startswith("disagrees with the window's dense mask (max |error| "), problem
+
+    def renamed(q, k, v, window, scale):
+        raise TypeError("sdpa_fwd() got an unexpected keyword argument 'window_left'")
+
+    problem = cudnn_band_problem(BandOps("renamed", renamed, REFERENCE_BAND.backward), device="cpu")
+    assert problem == "failed on a 64-token problem (TypeError: sdpa_fwd() got an unexpected keyword argument 'window_left')"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's band needs a GPU")
+def test_gpu_the_installed_cudnn_band_passes_its_probe() -> None:
+    if not cudnn_band_available():
+        pytest.skip("cuDNN's band needs the nvidia-cudnn-frontend package (or failed its probe: see the warning)")
+    from swa_kernels.window_attention import cudnn_band_problem
+
+    assert cudnn_band_problem() is None
+
+
 def test_unknown_band_engine() -> None:
     with pytest.raises(ValueError, match="'flash3'.*fa4-band"):
         band_ops("flash3")
