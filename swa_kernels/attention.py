@@ -212,6 +212,11 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     if backend == "flashinfer":
         import flashinfer
 
+        if mask is None and not causal and window is not None and window < q.shape[0]:
+            # FlashInfer's window bounds the left side only (kv_idx + qo_len + window_left >= kv_len + qo_idx in its
+            # variants.cuh): a non-causal band narrower than the queries (a bidirectional sliding layer with W under
+            # the block size) needs its right edge k < q + W as a mask
+            mask = aligned_mask(q.shape[0], k.shape[0], causal, window, q.device)
         if mask is not None:
             return flashinfer.single_prefill_with_kv_cache(q, k, v, custom_mask=mask, sm_scale=scale)
         return flashinfer.single_prefill_with_kv_cache(

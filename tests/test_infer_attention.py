@@ -61,3 +61,38 @@ def test_cached_attention_sdpa_matches_softmax_loop(q_len, k_len, causal, window
             scores = torch.tensor([float(q[i, h] @ k[j, kv_h]) * d ** -0.5 if mask[i, j] else float("-inf") for j in range(k_len)])
             want[i, h] = torch.softmax(scores, 0) @ v[:, kv_h]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def flashinfer_rule(q, k, v, causal=False, window_left=-1, sm_scale=None, custom_mask=None):
+    """``flashinfer.single_prefill_with_kv_cache`` as its mask reads (include/flashinfer/attention/variants.cuh,
+    bottom-right aligned): causal ``kv_idx <= kv_len - qo_len + qo_idx``; the window on the left only,
+    ``kv_idx + qo_len + window_left >= kv_len + qo_idx``; a custom mask instead of both. Softmax over the kept keys."""
+    q_len, k_len = q.shape[0], k.shape[0]
+    if custom_mask is None:
+        custom_mask = torch.zeros(q_len, k_len, dtype=torch.bool)
+        for i in range(q_len):
+            for j in range(k_len):
+                custom_mask[i, j] = ((not causal or j <= k_len - q_len + i)
+                                     and (window_left < 0 or j + q_len + window_left >= k_len + i))
+    groups = q.shape[1] // k.shape[1]
+    scores = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(groups, 1)) * sm_scale
+    return torch.einsum("hqk,khd->qhd", scores.masked_fill(~custom_mask, float("-inf")).softmax(-1), v.repeat_interleave(groups, 1))
+
+
+@pytest.mark.parametrize("q_len,k_len", [(1, 9), (8, 8), (8, 13), (16, 40)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [None, 1, 3, 7, 8, 100])
+def test_the_flashinfer_mapping_equals_the_dense_reference(monkeypatch, q_len, k_len, causal, window) -> None:
+    """``backend="flashinfer"`` hands FlashInfer W - 1 as its left window; its window has no right edge, so a non-causal
+    band narrower than the queries (a bidirectional sliding layer with W under the block size: the block's slot 0 saw
+    slots >= W the training mask hides) goes as a custom mask. Checked through FlashInfer's own mask rule, written out
+    element by element, against the dense reference (the GPU test runs the real kernel where it is installed)."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(single_prefill_with_kv_cache=flashinfer_rule))
+    torch.manual_seed(0)
+    q, k, v = torch.randn(q_len, 4, 8, dtype=torch.float64), torch.randn(k_len, 2, 8, dtype=torch.float64), torch.randn(k_len, 2, 8, dtype=torch.float64)
+    got = cached_attention(q, k, v, causal=causal, window=window, scale=0.3, backend="flashinfer")
+    want = flashinfer_rule(q, k, v, sm_scale=0.3, custom_mask=reference_mask(q_len, k_len, causal, window))
+    torch.testing.assert_close(got, want)

@@ -25,6 +25,7 @@ BACKENDS = ["sdpa"]  # FlashInfer has no fp32 kernels: its bf16 loop is compared
 @pytest.mark.parametrize("q_len,k_len,causal,window", [
     (1, 5000, True, None), (16, 5000, True, None), (16, 2063, True, 2048), (16, 300, True, 2048),
     (16, 5000, False, None), (16, 2063, False, 2048), (2048, 6144, True, None), (16, 530, True, 512), (8, 40, True, 3),
+    (16, 40, False, 3),  # a bidirectional band narrower than the queries: FlashInfer's window has no right edge
 ])
 def test_flashinfer_equals_sdpa(q_len, k_len, causal, window) -> None:
     torch.manual_seed(0)
