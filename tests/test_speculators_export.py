@@ -185,6 +185,29 @@ def test_packed_rows_reach_speculators_whole_with_our_step_budget(tmp_path: Path
         assert f"--total-seq-len {tokens} " in train and "--max-anchors 4096" in train
 
 
+@pytest.mark.parametrize("overrides,window,full,non_causal", [
+    ([], 2048, [], False),
+    (["drafter.sliding_block_causal=false"], 2048, [], True),  # was trained causal inside the block by speculators
+    (["drafter.sliding_window=null", "drafter.layer_types=null"], None, [0, 1, 2, 3, 4], False),  # was "--sliding-window None"
+])
+def test_the_train_command_parses_to_the_drafter_we_train(tmp_path: Path, overrides: list[str], window, full, non_causal) -> None:
+    """The command's window, full layers and block causality, read back by speculators 0.9.0's own parser."""
+    import shlex
+
+    from speculators.train.config.resolution import build_parser
+    from train.trainer import to_train_config
+
+    manifest = {"target": "T", "seq_length": 2048, "seed": 0, "train_data_ratio": 0.9, "speculators_epochs": 1,
+                "speculators_layer_ids": [2, 3], "mask_token_id": 3, "draft_vocab_size": 8192}
+    cfg = to_train_config(compose_train(["experiment=dflash_swa_small", *overrides]))
+    assert cfg.drafter.num_hidden_layers == 5
+    parsed = build_parser().parse_args(shlex.split(speculators_commands(cfg, manifest, tmp_path)["train"].replace("\\\n", " "))[2:])
+    # flags left out are absent from its namespace (its schema's defaults apply: every layer sliding at 2048, causal)
+    assert getattr(parsed, "full_attention_indices", []) == full
+    assert getattr(parsed, "sliding_window_non_causal", False) == non_causal
+    assert getattr(parsed, "sliding_window", None) == window
+
+
 def test_bad_input_fails_in_one_line(tmp_path: Path, dflash_export, reference_target_path: Path, capsys) -> None:
     cfg, out, manifest, _ = dflash_export
     with pytest.raises(DataError, match="no export.json"):

@@ -230,8 +230,11 @@ def speculators_commands(cfg: Any, manifest: dict[str, Any], out: Path) -> dict[
         f"speculators train --verifier-name-or-path {target} --data-path {prepared} --speculator-type {kind}",
         f"--on-missing raise --train-data-ratio {manifest['train_data_ratio']!r} --seed {tc.seed}",
         f"--target-layer-ids {' '.join(map(str, manifest['speculators_layer_ids']))} --mask-token-id {manifest['mask_token_id']}",
-        f"--num-layers {d.num_hidden_layers} --sliding-window {d.sliding_window}"
-        + (f" --full-attention-indices {' '.join(map(str, full))}" if full else ""),
+        # no window (every layer full): the indices say so; "--sliding-window None" is no int to its parser
+        f"--num-layers {d.num_hidden_layers}" + (f" --sliding-window {d.sliding_window}" if d.sliding_window is not None else "")
+        + (f" --full-attention-indices {' '.join(map(str, full))}" if full else "")
+        # its sliding layers are causal inside the block unless told (full layers bidirectional either way), as ours
+        + (" --sliding-window-non-causal" if kind == "dflash" and not d.sliding_block_causal else ""),
         # one packed sequence per step of our batch's token budget; epochs = our samples / our train rows
         f"--total-seq-len {tc.batch_size * tc.grad_accum * cfg.data.longest_row} --epochs {manifest['speculators_epochs']}",
         f"--lr {tc.lr!r} --scheduler-type cosine --scheduler-warmup-ratio {tc.warmup_ratio!r}",
