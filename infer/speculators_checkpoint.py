@@ -130,12 +130,16 @@ def eagle3_config(config: dict, where: str) -> dict[str, Any]:
     ids = config.get("eagle_aux_hidden_state_layer_ids")
     if not ids or min(ids) < LAYER_ID_OFFSET:  # None: speculators resolves defaults from the verifier at load time
         raise _refuse(where, "eagle_aux_hidden_state_layer_ids", ids, "expected the ids written out (>= 1)")
+    if not isinstance(config.get("norm_before_residual"), bool):  # the engines read a missing one two ways: no guess
+        raise _refuse(where, "norm_before_residual", config.get("norm_before_residual"),
+                      "expected true or false written out (speculators' own config reads a missing one as false, "
+                      "vLLM's as true: the drafts differ)")
     proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     out.update(architectures=["Eagle3DraftModel"], draft_vocab_size=int(config["draft_vocab_size"]),
                target_hidden_size=out["hidden_size"], target_layer_ids=[i - LAYER_ID_OFFSET for i in ids],
                fc_norm=bool(config.get("fc_norm", False)), norm_before_fc=bool(config.get("norm_before_fc", False)),
                norm_output=bool(config.get("norm_output", False)),
-               norm_before_residual=bool(config.get("norm_before_residual", False)),
+               norm_before_residual=config["norm_before_residual"],
                ttt_length=int(proposals[0].get("speculative_tokens") or 7))
     if "sliding_attention" not in out["layer_types"]:
         out["sliding_window"] = None

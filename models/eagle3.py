@@ -11,7 +11,8 @@
 
 Index t of the drafter holds the target's features at position t and the *next* token x_{t+1}, so
 it sits at RoPE position t + 1 and predicts x_{t+2}; each further drafting step moves one position
-on (vLLM, SGLang and speculators place draft steps the same way).
+on. vLLM's proposer puts index t at the target's position t instead: a constant offset, which RoPE's
+relative angles and the window (both differences of positions) do not see, so the drafts are the same.
 
 Draft vocabulary: draft id i is target id ``i + d2t[i]``; ``t2d[j]`` says whether target id j has
 a draft id (``build_draft_vocab``). The token embedding is the target's, frozen.

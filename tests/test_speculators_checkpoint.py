@@ -239,3 +239,19 @@ def test_unmappable_fields_fail_in_one_line(tmp_path: Path, kind: str, field: st
     with pytest.raises(ValueError, match=message) as error:
         read_drafter_config(tmp_path)
     assert "\n" not in str(error.value) and "config.json" in str(error.value)
+
+
+def test_an_eagle3_config_without_norm_before_residual_is_refused_in_one_line(tmp_path: Path) -> None:
+    """speculators' own config reads a missing norm_before_residual as false, vLLM's reader (``update_eagle3``) as true:
+    our loop took false, so the same folder drafted otherwise under vLLM. Neither is guessed; written out, it is read."""
+    layers = {"model_type": "llama", "vocab_size": 151936, "hidden_size": 512, "num_hidden_layers": 1, "layer_types": ["full_attention"]}
+    config = {"speculators_model_type": "eagle3", "transformer_layer_config": layers, "draft_vocab_size": 151936,
+              "eagle_aux_hidden_state_layer_ids": [2, 4, 6]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as error:
+        read_drafter_config(tmp_path)
+    assert str(error.value) == (f"{tmp_path / 'config.json'}: norm_before_residual=None: expected true or false written out "
+                                "(speculators' own config reads a missing one as false, vLLM's as true: the drafts differ)")
+    for value in (True, False):
+        (tmp_path / "config.json").write_text(json.dumps({**config, "norm_before_residual": value}))
+        assert read_drafter_config(tmp_path)["norm_before_residual"] is value

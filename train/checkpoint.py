@@ -232,8 +232,13 @@ def check_resume_early(cfg: Any) -> None:
     if cfg.trainer.resume == "never":
         return
     found = list_checkpoints(cfg.output_dir) if cfg.trainer.resume == "auto" else [Path(cfg.trainer.resume)]
-    if found:  # mmap: the settings are read, not the weights and optimizer state
-        refuse_other_settings(found[-1], load_checkpoint(found[-1], mmap=True), resume_settings(cfg.trainer, data_cfg=cfg.data))
+    if not found:
+        return
+    try:  # mmap: the settings are read, not the weights and optimizer state
+        state = load_checkpoint(found[-1], mmap=True)
+    except ValueError:  # a file torch cannot map (saved in its legacy format) may still load: the plain load says
+        state = load_checkpoint(found[-1])
+    refuse_other_settings(found[-1], state, resume_settings(cfg.trainer, data_cfg=cfg.data))
 
 
 def rng_state() -> dict[str, Any]:
