@@ -52,15 +52,18 @@ def assert_close_runs(a: Path, b: Path, atol: float) -> None:
         assert torch.allclose(wa[name].float(), wb[name].float(), atol=atol, rtol=0), name
 
 
-def launch(args: list[str], tmp_path: Path, launcher: str = "torchrun", processes: int = 2) -> subprocess.CompletedProcess:
-    """``torchrun -m train ...`` or ``deepspeed --module train ...`` (which appends --local_rank=N)."""
+def launch(args: list[str], tmp_path: Path, launcher: str = "torchrun", processes: int = 2, script: Path | None = None,
+           env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``torchrun -m train ...`` (or ``torchrun script ...``) or ``deepspeed --module train ...`` (which appends
+    --local_rank=N)."""
     if launcher == "torchrun":
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}"]
     else:
         command = [str(Path(sys.executable).parent / "deepspeed"), f"--num_gpus={processes}", f"--master_port={free_port()}"]
-    command += ["-m" if launcher == "torchrun" else "--module", "train", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    command += [str(script)] if script is not None else ["-m" if launcher == "torchrun" else "--module", "train"]
+    command += args
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -190,9 +193,21 @@ def test_a_resume_under_another_zero_stage_is_one_line(tmp_path: Path, monkeypat
     args = ["experiment=dflash_swa_tiny", *COMMON, "trainer.max_steps=2", "trainer.checkpoint_every=1", "trainer.export=false",
             f"output_dir={tmp_path}"]
     train(compose_train(args + ["trainer.deepspeed=zero2", "trainer.interrupt_after=1"]))
-    with pytest.raises(ValueError, match=r"step_00000001 was written under ZeRO stage 2; this run's trainer.deepspeed runs stage 3") as err:
-        train(compose_train(args + ["trainer.deepspeed=zero3"]))
-    assert "\n" not in str(err.value)
+    import models.target
+
+    loaded = models.target.TargetModel.from_pretrained
+    with monkeypatch.context() as patch:  # refused before the target loads and the data is prepared (was after both)
+        patch.setattr(models.target.TargetModel, "from_pretrained", lambda *a, **k: pytest.fail("the target loaded first"))
+        with pytest.raises(ValueError, match=r"step_00000001 was written under ZeRO stage 2; this run's trainer.deepspeed runs stage 3") as err:
+            train(compose_train(args + ["trainer.deepspeed=zero3"]))
+        assert "\n" not in str(err.value)
+        state_path = tmp_path / "checkpoints" / "step_00000001" / "state.pt"
+        state = torch.load(state_path, weights_only=True)
+        torch.save({**state, "world_size": 2}, state_path)  # as two ranks write it
+        with pytest.raises(ValueError, match=r"step_00000001 holds optimizer shards of 2 ranks; this run has 1"):
+            train(compose_train(args + ["trainer.deepspeed=zero2"]))
+        torch.save(state, state_path)
+    assert models.target.TargetModel.from_pretrained == loaded
     assert train(compose_train(args + ["trainer.deepspeed=zero2"]))["steps"] == 2
 
 
@@ -206,3 +221,30 @@ def test_a_config_of_the_wrong_json_shape_is_one_line(tmp_path: Path, text: str,
     with pytest.raises(ValueError, match=message) as err:
         deepspeed_config(str(tmp_path / "ds.json"), 2, 1, 1.0, 1)
     assert "\n" not in str(err.value)
+
+
+def test_ranks_whose_clocks_started_apart_stop_at_the_same_step(tmp_path: Path, tiny_qwen3_path: str) -> None:
+    """trainer.time_limit_minutes read each rank's own clock, started when that rank reached the loop (rank 0 alone sets
+    up W&B and runs the loop evaluation first): the rank out of time waited at the checkpoint's barrier while the other
+    stepped on, a deadlock until the collective timeout (6 h), no checkpoint written. Here rank 1 starts 8 s late: both
+    stop at the same step, its checkpoint written and the run marked interrupted."""
+    run = tmp_path / "run"
+    launch(["experiment=dflash_swa_tiny", *COMMON, "trainer.max_steps=500", "trainer.checkpoint_every=0", "trainer.grad_accum=1",
+            "trainer.deepspeed=zero2", "trainer.time_limit_minutes=0.05", f"output_dir={run}"], tmp_path,
+           script=REPO / "tests" / "skewed_train.py", env={"SKEW": "8"}, timeout=240)
+    record = json.loads((run / "run.json").read_text())["metrics"]
+    steps = [p.name for p in (run / "checkpoints").glob("step_*")]  # beside DeepSpeed's zero_to_*.py
+    assert record["interrupted"] and steps == [f"step_{record['steps']:08d}"] and record["steps"] < 500, (record, steps)
+
+
+def test_zero3_on_two_processes_runs_the_loop_evaluation(tmp_path: Path, tiny_qwen3_path: str, plain_run: Path) -> None:
+    """Under ZeRO-3 the loop evaluation ran on rank 0 alone through the drafter's ZeRO hooks, whose every forward joins a
+    collective: the run hung at its first eval (the default trainer.loop_eval_prompts=8). It runs on a plain copy of the
+    gathered weights now; and the drafter's parameter count (ZeRO-3 splits the parameters across the ranks) read 0."""
+    run = tmp_path / "run"
+    launch(["experiment=dflash_swa_tiny", *COMMON, "trainer.max_steps=2", "trainer.grad_accum=1", "trainer.deepspeed=zero3",
+            "data.num_eval=4", "trainer.eval_every=2", "trainer.loop_eval_prompts=2", "trainer.loop_eval_max_new_tokens=16",
+            f"output_dir={run}"], tmp_path, timeout=240)
+    metrics = json.loads((run / "run.json").read_text())["metrics"]
+    assert metrics.get("eval/loop_tau", 0) >= 1 and metrics["eval/loop_same_as_greedy"] == 1.0, metrics
+    assert metrics["drafter_params"] == json.loads((plain_run / "run.json").read_text())["metrics"]["drafter_params"] > 0

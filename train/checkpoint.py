@@ -225,10 +225,11 @@ def refuse_other_settings(path: Path, state: dict[str, Any], settings: dict[str,
                          "settings it was trained with, or start over in another output_dir")
 
 
-def check_resume_early(cfg: Any) -> None:
-    """The checkpoint ``trainer.resume`` picks, against this run's trainer and data settings, before the target loads
-    and the data is prepared: a resume with another ``data.max_records`` or regeneration was refused only after the data
-    had been regenerated (minutes to hours). The rows themselves, the drafter and the step count are checked at resume."""
+def check_resume_early(cfg: Any, stage: int | None = None, world_size: int = 1) -> None:
+    """The checkpoint ``trainer.resume`` picks, against this run's DeepSpeed layout (``stage`` None: none; the world
+    size), trainer and data settings, before the target loads and the data is prepared: a resume with another
+    ``data.max_records``, regeneration or number of GPUs was refused only after the data had been regenerated (minutes
+    to hours). The rows themselves, the drafter and the step count are checked at resume."""
     if cfg.trainer.resume == "never":
         return
     found = list_checkpoints(cfg.output_dir) if cfg.trainer.resume == "auto" else [Path(cfg.trainer.resume)]
@@ -238,6 +239,7 @@ def check_resume_early(cfg: Any) -> None:
         state = load_checkpoint(found[-1], mmap=True)
     except ValueError:  # a file torch cannot map (saved in its legacy format) may still load: the plain load says
         state = load_checkpoint(found[-1])
+    check_deepspeed_layout(found[-1], state, stage, world_size)
     refuse_other_settings(found[-1], state, resume_settings(cfg.trainer, data_cfg=cfg.data))
 
 
@@ -287,6 +289,14 @@ def check_deepspeed_state(path: Path, engine, state: dict[str, Any]) -> None:
     before the other resume checks, whose messages would otherwise name a symptom (a ``num_epochs`` run on more GPUs has
     fewer steps) rather than the cause."""
     if engine is None:
+        check_deepspeed_layout(path, state, None, 1)
+    else:
+        check_deepspeed_layout(path, state, engine.zero_optimization_stage(), engine.world_size)
+
+
+def check_deepspeed_layout(path: Path, state: dict[str, Any], stage: int | None, world_size: int) -> None:
+    """``check_deepspeed_state`` for a run without its engine yet: ``stage`` None for no DeepSpeed."""
+    if stage is None:
         if state.get("deepspeed"):
             raise ValueError(f"trainer.resume: {path} was written under DeepSpeed; resume it with trainer.deepspeed set "
                              "(or start over in another output_dir)")
@@ -294,11 +304,11 @@ def check_deepspeed_state(path: Path, engine, state: dict[str, Any]) -> None:
     if not state.get("deepspeed"):
         raise ValueError(f"trainer.resume: {path} was written without DeepSpeed; resume it the same way "
                          "(no trainer.deepspeed, one process) or start over in another output_dir")
-    if state.get("world_size", engine.world_size) != engine.world_size:
+    if state.get("world_size", world_size) != world_size:
         raise ValueError(f"trainer.resume: {path} holds optimizer shards of {state['world_size']} ranks; this run has "
-                         f"{engine.world_size} (relaunch on {state['world_size']} GPUs, or start over in another output_dir)")
+                         f"{world_size} (relaunch on {state['world_size']} GPUs, or start over in another output_dir)")
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
-    saved_stage, stage = state.get("zero_stage"), engine.zero_optimization_stage()
+    saved_stage = state.get("zero_stage")
     if saved_stage is not None and saved_stage != stage:  # DeepSpeed's loader: an AssertionError traceback (no files of its stage)
         raise ValueError(f"trainer.resume: {folder} was written under ZeRO stage {saved_stage}; this run's trainer.deepspeed "
                          f"runs stage {stage} (resume it with the DeepSpeed config it was trained with, or start over in "

@@ -598,9 +598,6 @@ def check_paths(cfg: TrainConfig) -> None:
         from .checkpoint import checkpoint_file
 
         checkpoint_file(cfg.trainer.resume)
-    from .checkpoint import check_resume_early  # its settings too (the data's among them), before the target loads
-
-    check_resume_early(cfg)
     if cfg.features.path is not None:  # a store to read (python -m train.features, which writes it, does not come here)
         from .features.store import StoreError, unreadable_store  # a ValueError: exit 2, one line
 

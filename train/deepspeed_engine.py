@@ -14,10 +14,12 @@ where a file sets one to something else than "auto" or the trainer's value, star
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import sys
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,29 @@ def gathered_parameters(engine) -> Any:
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+
+
+@contextmanager
+def plain_drafter(step, engine) -> Iterator[None]:
+    """Inside ``gathered_parameters``: ``step`` on a plain copy of its drafter for rank 0's loop evaluation, under ZeRO-3
+    on several ranks. ZeRO-3's forward hooks stay on the module while its parameters are gathered, and each forward's
+    hook joins a collective: forwards on rank 0 alone waited for ranks that never came (a deadlock at the first eval with
+    the default trainer.loop_eval_prompts). Other stages and one rank: the drafter itself."""
+    if engine is None or engine.zero_optimization_stage() != 3 or engine.world_size == 1:
+        yield
+        return
+    drafter, head = step.drafter, getattr(step, "head", None)
+    copy = type(drafter)(drafter.config)
+    gathered = dict(itertools.chain(drafter.named_parameters(), drafter.named_buffers()))
+    copy.load_state_dict({name: gathered[name].detach() for name in copy.state_dict()})
+    copy.to(next(iter(gathered.values())).device).train(drafter.training)
+    step.drafter = copy
+    if head is not None and head is getattr(drafter, "lm_head", None):  # a draft vocabulary's head is the drafter's own
+        step.head = copy.lm_head
+    try:
+        yield
+    finally:
+        step.drafter, step.head = drafter, head
 
 
 def leave_process_group() -> None:

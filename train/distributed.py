@@ -32,6 +32,13 @@ class Ranks:
         return self.world_size > 1
 
 
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any (a collective: every rank calls it at the same point)."""
+    flags = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return bool(flags.item())
+
+
 def ranks_from_env() -> Ranks:
     return Ranks(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
 

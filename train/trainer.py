@@ -39,11 +39,11 @@ from models.builtin_targets import resolve_target_path
 from models.target import TargetModel
 
 from . import deepspeed_engine
-from .checkpoint import Checkpointer, resume_settings
+from .checkpoint import Checkpointer, check_resume_early, resume_settings
 from .config import TrainConfig, check_paths, to_train_config  # noqa: F401  (callers import these from here too)
 from .data import prepare_data
 from .data.dataset import RowReader, collate_padded, rows_fingerprint
-from .distributed import Ranks, barrier, init_process_group, launcher_env_restored, local_device, rank0_first, ranks_from_env
+from .distributed import Ranks, any_rank, barrier, init_process_group, launcher_env_restored, local_device, rank0_first, ranks_from_env
 from .drafters import DRAFTERS, Drafter
 from .features.spec import open_store
 from .loop_eval import LoopEval, drafts_per_step, held_out_prompts, prompt_lookup_block_tau
@@ -351,6 +351,10 @@ def build(cfg: TrainConfig) -> Run:
         ds_config = deepspeed_engine.deepspeed_config(tc.deepspeed or "zero2", tc.batch_size, tc.grad_accum, tc.grad_clip, ranks.world_size)
         if tc.optimizer == "muon":
             raise ValueError("trainer.optimizer=muon runs without DeepSpeed (one process); DeepSpeed brings its own AdamW")
+    # the checkpoint a resume picks, against this run's DeepSpeed layout and settings (the data's among them), before the
+    # target loads and the data is prepared (a regeneration: minutes to hours)
+    check_resume_early(cfg, None if ds_config is None else ds_config.get("zero_optimization", {}).get("stage", 0), ranks.world_size)
+    if ds_config is not None:
         init_process_group(device, ranks, single_process=True)
     torch.manual_seed(tc.seed)
     output_dir = Path(cfg.output_dir)
@@ -399,7 +403,7 @@ def build(cfg: TrainConfig) -> Run:
                                 ranks.world_size, ranks.is_main, resume_settings(tc, len(train_ds), rows_fingerprint(train_ds), cfg.data), max_steps,
                                 steps_setting)
 
-    num_params = sum(p.numel() for p in trainable)
+    num_params = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)  # ZeRO-3 has split them across the ranks
     run_config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     logger = MetricsLogger(cfg.logger, {**run_config, "drafter_params": num_params, "target_layer_ids": layer_ids,
                                         "world_size": ranks.world_size}, output_dir, enabled=ranks.is_main)
@@ -478,7 +482,8 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
             eval_metrics = evaluate(step, run.eval_ds, pad_id, tc.eval_batches)
             with deepspeed_engine.gathered_parameters(run.engine):  # ZeRO-3: the loop needs whole weights (rank 0 runs it)
                 if run.loop_eval is not None:
-                    eval_metrics.update(run.loop_eval())
+                    with deepspeed_engine.plain_drafter(step, run.engine):
+                        eval_metrics.update(run.loop_eval())
             run.logger.log(eval_metrics, n)
             history.append({"step": n, **eval_metrics})
             report_eval(n, eval_metrics, bar)
@@ -486,6 +491,10 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         if saved:
             run.checkpointer.save(n, {**train_state, "window": window_state()})
         out_of_time = tc.time_limit_minutes is not None and time.perf_counter() - run_start > 60 * tc.time_limit_minutes
+        if tc.time_limit_minutes is not None and run.ranks.distributed:
+            # every rank stops at the same step: each clock started apart (rank 0 alone sets up W&B and runs the loop
+            # eval), and a rank out of time waited at the checkpoint's barrier while the others stepped on (a deadlock)
+            out_of_time = any_rank(out_of_time, run.device)
         if n < run.max_steps and (out_of_time or (tc.interrupt_after is not None and n >= tc.interrupt_after)):
             if not saved:  # a step on the checkpoint_every grid is saved already (it was written twice)
                 run.checkpointer.save(n, {**train_state, "window": window_state()})
