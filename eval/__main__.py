@@ -365,7 +365,8 @@ def run(args: argparse.Namespace) -> int:
         summary = summarize(records)
         pld = prompt_lookup(prefill)
         if pld is not None:
-            summary["prompt_lookup"] = {k: pld[k] for k in ("tau", "acceptance_by_position", "tokens_per_s", "steps", "tau_by_category")}
+            summary["prompt_lookup"] = {k: pld[k] for k in ("tau", "acceptance_by_position", "tokens_per_s", "steps", "tau_by_category",
+                                                            "steps_without_drafts", "tau_drafting_steps")}
             if args.engine != "ours":
                 summary["prompt_lookup_note"] = (f"counted as {args.engine}'s counters count (each turn's last step with the "
                                                  "drafts it accepted past the token budget or end)")

@@ -32,6 +32,11 @@ def summary_table(summary: dict, title: str) -> str:
         f"{fmt(summary.get('baseline_tokens_per_s'), '.1f')} | {fmt(summary.get('speedup'), '.2f', 'x')} | {fmt(same, '.0%')} | "
         f"{summary['mean_prompt_tokens']:.0f} | {summary['mean_latency_s']:.2f} | {split_text} | {acc} |",
     ]
+    for who, pld in (("This drafter", summary), ("Prompt lookup", summary.get("prompt_lookup", {}))):
+        if pld.get("steps_without_drafts"):  # the stricter reading of its τ, beside: vLLM counts only steps with drafts
+            rows += ["", f"{who} proposed no draft in {pld['steps_without_drafts']} of its {pld['steps']} steps (one token "
+                         f"each, counted in its τ); over the steps with drafts, as vLLM's counters count it, its τ is "
+                         f"{fmt(pld.get('tau_drafting_steps'), '.3f')}."]
     if summary.get("prompt_lookup_note"):
         rows += ["", f"Prompt lookup's τ: {summary['prompt_lookup_note']}."]
     if summary.get("batch_size"):

@@ -420,6 +420,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             acc = values[r][0]
             new = values[r][1:1 + acc] + [values[r][-1]]
             row.stats.accepted_per_step.append(acc)
+            row.stats.steps_without_drafts += bool(num_drafts) and num_drafts[r] == 0  # prompt lookup without a match
             row.stats.draft_s += t1 - t0
             row.stats.verify_s += t2 - t1
             row.stats.other_s += t3 - t2

@@ -96,6 +96,9 @@ class GenerationStats:
     # accepted_per_step (vLLM's counters do count them: ``untrimmed_steps`` is what they compare with)
     accepted_past_end: int = 0
     reused_tokens: int = 0  # leading prompt tokens whose keys/values the cache held already (not prefilled; ``cached_ids``)
+    # verify steps that proposed no draft (prompt lookup without an n-gram match: one token decoded, counted accepted 0
+    # in τ; vLLM's counters leave such a step out of its mean acceptance length: ``tau_drafting_steps``)
+    steps_without_drafts: int = 0
 
     @property
     def untrimmed_steps(self) -> list[int]:
@@ -566,6 +569,7 @@ def generate(target: CachedTarget, drafter: DFlashDrafter | Eagle3Drafter | Prom
             ahead = None
             timer.mark("draft")
             num_drafts = draft_tokens.shape[0]  # k; prompt lookup: 0 .. k, what it found
+            stats.steps_without_drafts += num_drafts == 0
             block_ids = torch.cat([token[None], draft_tokens])
             if num_drafts < block - 1 and (fixed_shapes or accept_per_step is not None):
                 # a captured target replays one graph per block length, and the benchmark mode accepts a fixed count:

@@ -133,3 +133,32 @@ def test_the_loop_verifies_only_the_real_drafts_and_keeps_the_target_alones_toke
         real.append(len(proposal))
     assert min(real) == 0 and max(real) == 5 and any(0 < r < 5 for r in real)
     assert run.tokens == generate(target, None, prompt, 64, eos_token_ids=eos).tokens
+    # the steps that proposed nothing are counted (τ over the steps with drafts, vLLM's count, comes from it), batched too
+    assert run.stats.steps_without_drafts == real.count(0)
+    from infer.batch import generate_batch
+
+    other = list(reference_tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                                         add_generation_prompt=True, tokenize=True, return_dict=False))
+    batched = generate_batch(target, PromptLookupDrafter(num_draft_tokens=5), [other, prompt], 64, batch_size=2, eos_token_ids=eos)
+    assert batched[1].stats.steps_without_drafts == real.count(0)
+    alone = generate(target, PromptLookupDrafter(num_draft_tokens=5), other, 64, eos_token_ids=eos)
+    assert batched[0].stats.steps_without_drafts == alone.stats.steps_without_drafts
+
+
+def test_tau_over_the_steps_with_drafts_leaves_out_the_steps_without_any() -> None:
+    """vLLM's counters count a step without drafts as no draft: its mean acceptance length is over the others. Two turns,
+    steps accepted [0, 3, 0, 2] with 2 of them draftless and [1, 0] with none: τ 2.0 over all six steps, 2.5 over the
+    four with drafts ((4 + 3 + 2 + 1) / 4 = 2.5); the eval's report says both."""
+    from eval.report import summary_table
+    from eval.runner import summarize
+
+    def record(accepted, without):
+        stats = {"accepted_per_step": accepted, "steps_without_drafts": without, "block_size": 4, "new_tokens": 9, "prefill_s": 0.0,
+                 "decode_s": 1.0, "draft_s": 0.0, "verify_s": 1.0, "other_s": 0.0}
+        return {"id": "1", "category": "writing", "turn": 1, "prompt_tokens": 5, "stats": stats}
+
+    summary = summarize([record([0, 3, 0, 2], 2), record([1, 0], 0)])
+    assert summary["tau"] == pytest.approx(2.0) and summary["tau_drafting_steps"] == pytest.approx(2.5)
+    assert summary["steps_without_drafts"] == 2
+    text = summary_table(summary, "pld")
+    assert "proposed no draft in 2 of its 6 steps" in text and "its τ is 2.500" in text
