@@ -194,8 +194,16 @@ def _fa4_band_ops():
     return BandOps("fa4-band", forward, backward, backward_with_diagonal)
 
 
-@functools.cache
+# a constant to torch.compile (run at trace time, outside the graph): EAGLE-3's compiled step asks for the kernels inside
+# its traced code, and Dynamo, which looks through functools.cache (and so past a mark on its wrapper), traced the probe's
+# problem into the step
+@torch.compiler.assume_constant_result
 def cudnn_band_available() -> bool:
+    return _cudnn_band_available()
+
+
+@functools.cache
+def _cudnn_band_available() -> bool:
     """cuDNN's native band needs the ``nvidia-cudnn-frontend`` package (cuDNN backend >= 9.x). Installed but failing to
     load (no usable libcudnn, another frontend version) is said once: the chunked path serves, slower."""
     import importlib.util
@@ -209,7 +217,7 @@ def cudnn_band_available() -> bool:
                                                 "(%s: %s): EAGLE-3's window runs cuDNN's causal chunks instead (slower)",
                                                 type(e).__name__, e)
         return False
-    problem = cudnn_band_problem() if torch.cuda.is_available() else None
+    problem = installed_band_problem()
     if problem is not None:
         import cudnn
 
@@ -218,6 +226,11 @@ def cudnn_band_available() -> bool:
                                             problem)
         return False
     return True
+
+
+def installed_band_problem() -> str | None:
+    """``cudnn_band_problem`` for the installed frontend on the GPU; None without a GPU (nothing to run it on)."""
+    return cudnn_band_problem() if torch.cuda.is_available() else None
 
 
 def cudnn_band_problem(band: BandOps | None = None, window: int = 16, device: str = "cuda") -> str | None:

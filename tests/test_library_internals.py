@@ -165,12 +165,12 @@ def test_a_cudnn_frontend_that_fails_to_load_is_said(tmp_path, monkeypatch, capl
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m == "cudnn" or m.startswith("cudnn.")]:
         monkeypatch.delitem(sys.modules, name)
-    window_attention.cudnn_band_available.cache_clear()
+    window_attention._cudnn_band_available.cache_clear()
     try:
         with caplog.at_level(logging.WARNING):
             assert not window_attention.cudnn_band_available()
         assert "nvidia-cudnn-frontend is installed but cudnn.sdpa.fwd.torch_op did not load (OSError: libcudnn.so.9" in caplog.text
     finally:
-        window_attention.cudnn_band_available.cache_clear()
+        window_attention._cudnn_band_available.cache_clear()
         for name in [m for m in sys.modules if m == "cudnn" or m.startswith("cudnn.")]:
             sys.modules.pop(name)

@@ -197,6 +197,29 @@ def test_the_cudnn_band_probe_passes_the_window_and_names_an_off_by_one_or_anoth
     assert problem == "failed on a 64-token problem (TypeError: sdpa_fwd() got an unexpected keyword argument 'window_left')"
 
 
+def test_the_cudnn_band_probe_runs_once_outside_a_compiled_step(monkeypatch) -> None:
+    """EAGLE-3's compiled training step asks for its kernels inside traced code; Dynamo looks through functools.cache, so
+    the probe (a 64-token problem and its reference) was traced into the step (seen on an H100 with the frontend
+    installed). ``cudnn_band_available`` is a constant to torch.compile: the probe runs once, at trace time, and the
+    step compiles as one graph. The frontend faked as installed."""
+    import sys
+    import types
+
+    from swa_kernels import window_attention
+
+    for name in ("cudnn", "cudnn.sdpa", "cudnn.sdpa.fwd", "cudnn.sdpa.fwd.torch_op"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    probes = []
+    monkeypatch.setattr(window_attention, "installed_band_problem", lambda: probes.append(1))  # None: the band serves
+    window_attention._cudnn_band_available.cache_clear()
+    try:
+        step = torch.compile(lambda x: x + 1 if window_attention.cudnn_band_available() else x - 1, backend="eager", fullgraph=True)
+        assert step(torch.zeros(2)).tolist() == [1.0, 1.0] and step(torch.ones(2)).tolist() == [2.0, 2.0]
+        assert probes == [1]
+    finally:
+        window_attention._cudnn_band_available.cache_clear()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's band needs a GPU")
 def test_gpu_the_installed_cudnn_band_passes_its_probe() -> None:
     if not cudnn_band_available():
