@@ -73,6 +73,12 @@ def sweep_tables(cells: dict[tuple[str, int], dict], texts: dict[tuple[str, int]
             out.append(f"| {w} | " + " | ".join(fmt.format(cells[(w, p)][key]) if (w, p) in cells else "-" for p in prefills) + " |")
         if key == "tau" and pld:  # same prompts and prefill
             out.append("| prompt lookup | " + " | ".join(fmt.format(pld[p]) if p in pld else "-" for p in prefills) + " |")
+            # the stricter reading beside: over the steps that proposed drafts, as vLLM's counters count it (cells
+            # computed before the loop counted its steps without drafts have none: "-")
+            drafting = {p: c["prompt_lookup"].get("tau_drafting_steps") for (_, p), c in cells.items() if "prompt_lookup" in c}
+            if any(v is not None for v in drafting.values()):
+                out.append("| prompt lookup, steps with drafts (vLLM's count) | " + " | ".join(
+                    fmt.format(drafting[p]) if drafting.get(p) is not None else "-" for p in prefills) + " |")
         notes = sorted({c["prompt_lookup_note"] for c in cells.values() if c.get("prompt_lookup_note")})
         if key == "tau" and notes:  # its row absent, or its later turns on other prompts: said
             out += ["", *(f"Prompt lookup's τ: {n}." for n in notes)]

@@ -375,6 +375,10 @@ def test_sweep_tables_kept_and_same_text() -> None:
     same = table.split("**turns with the same target text as at prefill 0**")[1]
     assert "| none | 2/2 | 1/2 |" in same and "| 64 | 2/2 | 2/2 |" in same
     assert "**turns with" not in sweep_tables(cells)  # no texts given: no such table
+    assert "steps with drafts" not in table  # cells made before the loop counted steps without drafts
+    for (_, p), c in cells.items():
+        c["prompt_lookup"]["tau_drafting_steps"] = 6.5 if p == 0 else 7.25
+    assert "| prompt lookup, steps with drafts (vLLM's count) | 6.500 | 7.250 |" in sweep_tables(cells)
 
 
 @pytest.mark.parametrize("line", ['["What?"]', '{"turns": []}', '{"turns": ["Hi", null]}', '{"question_id": 1}'])
