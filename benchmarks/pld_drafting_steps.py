@@ -29,9 +29,16 @@ from infer.prompt_lookup import NgramIndex  # noqa: E402
 
 
 def read_records(path: Path) -> list[dict]:
+    """The records of a partial file; a last line a kill cut short is skipped, as the eval's own reader skips it."""
     opener = gzip.open if path.suffix == ".gz" else open
+    records = []
     with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
 
 
 def replay(prompt: list[int], output: list[int], k: int) -> list[tuple[int, int]]:

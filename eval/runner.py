@@ -573,13 +573,16 @@ def summarize(records: list[dict]) -> dict:
     tau, acceptance = pooled_acceptance(accepted, block)
     # τ over the steps that proposed drafts, as vLLM's counters count it (a step without drafts is no draft there): above
     # τ for prompt lookup, whose steps without an n-gram match decode one token (accepted 0); τ itself for the others
-    without = sum(r["stats"].get("steps_without_drafts", 0) for r in records)
+    # (turns saved before the loop counted them, e.g. a resumed cell's, have no count: then neither is known)
+    counted = all("steps_without_drafts" in r["stats"] for r in records)
+    without = sum(r["stats"]["steps_without_drafts"] for r in records) if counted else None
     summary = {
         "turns": len(records),
         "steps": len(accepted),
         "tau": tau,
         "steps_without_drafts": without,
-        "tau_drafting_steps": (sum(accepted) + len(accepted) - without) / (len(accepted) - without) if len(accepted) > without else None,
+        "tau_drafting_steps": ((sum(accepted) + len(accepted) - without) / (len(accepted) - without)
+                               if without is not None and len(accepted) > without else None),
         "acceptance_by_position": acceptance,
         "new_tokens": new_tokens,
         "tokens_per_s": decoded / decode_s if decode_s else 0.0,  # decoding speed: the decode steps' tokens over their time

@@ -162,3 +162,8 @@ def test_tau_over_the_steps_with_drafts_leaves_out_the_steps_without_any() -> No
     assert summary["steps_without_drafts"] == 2
     text = summary_table(summary, "pld")
     assert "proposed no draft in 2 of its 6 steps" in text and "its τ is 2.500" in text
+    old = record([1, 0], 0)  # a turn saved before the count existed (a resumed cell): neither number is known
+    del old["stats"]["steps_without_drafts"]
+    resumed = summarize([record([0, 3, 0, 2], 2), old])
+    assert resumed["steps_without_drafts"] is None and resumed["tau_drafting_steps"] is None
+    assert "proposed no draft" not in summary_table(resumed, "pld")

@@ -227,7 +227,7 @@ def test_a_resume_on_other_rows_of_the_same_count_is_one_line(run_copy: Path, tm
 
 @pytest.mark.parametrize("changed,named", [
     ("data.max_records=30", "data.max_records 40 there, 30 here"),
-    ("data.regenerate.enabled=true", "data.regenerate {'enabled': False} there"),
+    ("data.regenerate.enabled=true", "data.regenerate.enabled False there, True here"),
 ])
 def test_a_resume_with_other_data_settings_is_refused_before_the_target_loads(run_copy: Path, monkeypatch, changed: str,
                                                                               named: str) -> None:
@@ -246,3 +246,29 @@ def test_a_resume_with_other_data_settings_is_refused_before_the_target_loads(ru
     assert named in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert str(run_copy / "checkpoints" / "step_00000003") in str(err.value)
     assert files(run_copy) == before
+
+
+def test_the_early_check_names_the_regeneration_field_and_leaves_greedy_sampling_settings_alone(tmp_path: Path) -> None:
+    """The regeneration's settings are compared one field each (the message names the field, not the whole dict), and
+    the sampling ones (seed, top_p, top_k) only when it samples: greedy replies do not depend on them."""
+    from train.checkpoint import check_resume_early, resume_settings, save_checkpoint
+    from train.config import to_train_config
+
+    def config(*overrides):
+        return to_train_config(compose_train(TINY[:5] + ["data.regenerate.enabled=true", *overrides, f"output_dir={tmp_path}"]))
+
+    saved = config()
+    state = {"train_state": {"step": 1}, "dataloader": {}, "rng": {}, "model": {}, "optimizer": {}, "lr_scheduler": {},
+             "settings": resume_settings(saved.trainer, data_cfg=saved.data)}
+    save_checkpoint(tmp_path, 1, state, keep=0)
+    check_resume_early(config("data.regenerate.seed=7", "data.regenerate.top_k=5"))  # greedy: the same replies
+    with pytest.raises(ValueError, match=r"other settings \(data.regenerate.max_new_tokens 128 there, 64 here\)"):
+        check_resume_early(config("data.regenerate.max_new_tokens=64"))
+    with pytest.raises(ValueError, match=r"data.regenerate.seed 0 there, 7 here"):  # sampled replies depend on the seed
+        sampled = config("data.regenerate.temperature=0.7")
+        state["settings"] = resume_settings(sampled.trainer, data_cfg=sampled.data)
+        save_checkpoint(tmp_path, 2, state, keep=0)
+        check_resume_early(config("data.regenerate.temperature=0.7", "data.regenerate.seed=7"))
+    # a checkpoint torch cannot map (its legacy format) is read plainly, not refused
+    torch.save(state, tmp_path / "checkpoints" / "step_00000002" / "state.pt", _use_new_zipfile_serialization=False)
+    check_resume_early(config("data.regenerate.temperature=0.7"))

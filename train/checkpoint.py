@@ -80,10 +80,13 @@ def checkpoint_file(path: Path | str) -> Path:
 
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """``mmap``: the file mapped, its tensors not read (torch maps only its zip format: another one is loaded plainly)."""
     file = checkpoint_file(path)
     try:
         state = read_state(file, mmap)
     except UnreadableCheckpoint as e:
+        if mmap:
+            return load_checkpoint(path)
         raise ValueError(f"trainer.resume: {file} is not a readable checkpoint ({e}); delete its folder "
                          "to resume from an older one, or start over in another output_dir") from None
     # a torch file that loads but is no checkpoint of this trainer (a model's weights, a bare tensor): the resume read
@@ -171,21 +174,25 @@ RESUME_SETTINGS = ("seed", "batch_size", "grad_accum", "optimizer", "lr", "muon_
                    "warmup_ratio", "min_lr_ratio")
 
 
-# The data settings that decide the training rows, whose seeded order the data position counts in: changed at a resume,
-# the rows' count or hash refused them only once the data was prepared again (a regeneration: minutes to hours). They
-# are compared before the target loads (``check_resume_early``). data.path and target.path are not: the same files
-# under another path (a run folder carried to another machine) resume, and other files are caught by the rows' hash.
-DATA_RESUME_SETTINGS = ("split", "max_length", "overflow", "chat_template", "end_of_turn_token", "skip_bad_lines", "max_records",
-                        "num_eval", "pack_length", "pack_fresh_fraction")
+# The data settings a regeneration's cache key holds (train.data.regenerated_key): changed at a resume, the rows' count
+# or hash refused them only once the data had been regenerated again (minutes to hours). They are compared before the
+# target loads (``check_resume_early``); the settings applied after regeneration (num_eval, packing, overflow, ...) are
+# cheap to prepare again and left to the rows' hash, as data.path and target.path are (the same files under another path,
+# a run folder carried to another machine, resume; other files are caught by the hash).
+DATA_RESUME_SETTINGS = ("split", "max_records", "max_length", "chat_template")
+# the regeneration's settings that change the replies: the sampling ones only when it samples (greedy replies ignore them)
+REGENERATE_SAMPLING = ("seed", "top_p", "top_k")
 
 
 def data_resume_settings(data_cfg: Any) -> dict[str, Any]:
-    """``DATA_RESUME_SETTINGS`` and the regeneration's settings (those that change the replies), as plain values."""
+    """``DATA_RESUME_SETTINGS`` and the regeneration's settings (those that change the replies), one key each."""
     from .data import regenerate_key  # here: the data package imports datasets
 
-    settings = {f"data.{k}": getattr(getattr(data_cfg, k), "value", getattr(data_cfg, k)) for k in DATA_RESUME_SETTINGS}
+    settings = {f"data.{k}": getattr(data_cfg, k) for k in DATA_RESUME_SETTINGS}
     regen = data_cfg.regenerate
-    settings["data.regenerate"] = regenerate_key(regen) if regen.enabled else {"enabled": False}
+    replies = regenerate_key(regen) if regen.enabled else {"enabled": False}
+    settings.update({f"data.regenerate.{k}": v for k, v in replies.items()
+                     if not (k in REGENERATE_SAMPLING and regen.temperature == 0)})
     return settings
 
 
@@ -235,10 +242,7 @@ def check_resume_early(cfg: Any, stage: int | None = None, world_size: int = 1) 
     found = list_checkpoints(cfg.output_dir) if cfg.trainer.resume == "auto" else [Path(cfg.trainer.resume)]
     if not found:
         return
-    try:  # mmap: the settings are read, not the weights and optimizer state
-        state = load_checkpoint(found[-1], mmap=True)
-    except ValueError:  # a file torch cannot map (saved in its legacy format) may still load: the plain load says
-        state = load_checkpoint(found[-1])
+    state = load_checkpoint(found[-1], mmap=True)  # the settings are read, not the weights and optimizer state
     check_deepspeed_layout(found[-1], state, stage, world_size)
     refuse_other_settings(found[-1], state, resume_settings(cfg.trainer, data_cfg=cfg.data))
 

@@ -127,10 +127,12 @@ def plain_drafter(step, engine) -> Iterator[None]:
         yield
         return
     drafter, head = step.drafter, getattr(step, "head", None)
-    copy = type(drafter)(drafter.config)
     gathered = dict(itertools.chain(drafter.named_parameters(), drafter.named_buffers()))
+    copy = getattr(step, "plain_copy", None)  # one per run: a compiled evaluation guards on the module (a new one recompiled)
+    if copy is None:
+        copy = step.plain_copy = type(drafter)(drafter.config).to(next(iter(gathered.values())).device)
     copy.load_state_dict({name: gathered[name].detach() for name in copy.state_dict()})
-    copy.to(next(iter(gathered.values())).device).train(drafter.training)
+    copy.train(drafter.training)
     step.drafter = copy
     if head is not None and head is getattr(drafter, "lm_head", None):  # a draft vocabulary's head is the drafter's own
         step.head = copy.lm_head
