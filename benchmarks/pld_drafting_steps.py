@@ -25,7 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infer.prompt_lookup import NgramIndex  # noqa: E402
+from infer.prompt_lookup import NgramIndex, PromptLookupDrafter  # noqa: E402
+
+LOOKUP = PromptLookupDrafter()  # the n-gram sizes the loop's prompt lookup uses (the eval builds it with the defaults)
 
 
 def read_records(path: Path) -> list[dict]:
@@ -44,7 +46,7 @@ def read_records(path: Path) -> list[dict]:
 def replay(prompt: list[int], output: list[int], k: int) -> list[tuple[int, int]]:
     """(accepted, drafts proposed) per verify step of prompt lookup over ``prompt`` + ``output`` (greedy: the output is the
     target's, so a draft is accepted while it matches it); the last step's accepted count cut at the output's end."""
-    index = NgramIndex(1, 3)
+    index = NgramIndex(LOOKUP.min_ngram, LOOKUP.max_ngram)
     index.extend(prompt)
     steps, pos = [], 1  # output[0] comes from the prefill
     while pos < len(output):

@@ -135,6 +135,9 @@ def test_the_loop_verifies_only_the_real_drafts_and_keeps_the_target_alones_toke
     assert run.tokens == generate(target, None, prompt, 64, eos_token_ids=eos).tokens
     # the steps that proposed nothing are counted (τ over the steps with drafts, vLLM's count, comes from it), batched too
     assert run.stats.steps_without_drafts == real.count(0)
+    from benchmarks.pld_drafting_steps import replay  # the replay of saved records: the run's steps from its tokens alone
+
+    assert replay(prompt, run.tokens, 5) == list(zip(run.stats.accepted_per_step, real))
     from infer.batch import generate_batch
 
     other = list(reference_tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
