@@ -17,10 +17,7 @@ run, not a model of it. Needs the tokenizer only (no model, no GPU).
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,19 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from infer.prompt_lookup import NgramIndex, PromptLookupDrafter  # noqa: E402
 
 LOOKUP = PromptLookupDrafter()  # the n-gram sizes the loop's prompt lookup uses (the eval builds it with the defaults)
-
-
-def read_records(path: Path) -> list[dict]:
-    """The records of a partial file; a last line a kill cut short is skipped, as the eval's own reader skips it."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    records = []
-    with opener(path, "rt") as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
 
 
 def replay(prompt: list[int], output: list[int], k: int) -> list[tuple[int, int]]:
@@ -72,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from eval.runner import turn_prompt
+    from eval.runner import read_partial, turn_prompt
     from infer.prompts import mt_bench, prompts_file
 
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -80,19 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| records | turns | steps | steps without drafts | τ, every step | τ, steps with drafts | replay = record |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for path in args.records:
-        by_id = defaultdict(dict)
-        for record in read_records(path):
-            by_id[str(record["id"])][int(record["turn"])] = record
+        done = read_partial(path)  # the eval's own reader: (id, turn) -> record, .gz read, a line a kill cut skipped
         all_steps, mismatched, turns = [], [], 0
         for index, conv in enumerate(conversations):
-            done = by_id.get(str(conv.id), {})
             answers = []
             for turn in range(len(conv.turns)):
-                record = done.get(turn + 1)
+                record = done.get((str(conv.id), turn + 1))
                 if record is None:
                     break
                 prompt = turn_prompt(tokenizer, conv, index, turn, answers + [""] * (len(conv.turns) - turn), args.prefill_tokens)
-                stats = record["stats"] if isinstance(record["stats"], dict) else json.loads(record["stats"])
+                stats = record["stats"]
                 steps = replay(prompt, list(record["output_ids"]), args.drafts or int(stats["block_size"]) - 1)
                 if len(prompt) != int(record["prompt_tokens"]) or [a for a, _ in steps] != list(stats["accepted_per_step"]):
                     mismatched.append(f"{conv.id}/{turn + 1}")

@@ -178,17 +178,17 @@ RESUME_SETTINGS = ("seed", "batch_size", "grad_accum", "optimizer", "lr", "muon_
 # or hash refused them only once the data had been regenerated again (minutes to hours). They are compared before the
 # target loads (``check_resume_early``); the settings applied after regeneration (num_eval, packing, overflow, ...) are
 # cheap to prepare again and left to the rows' hash, as data.path and target.path are (the same files under another path,
-# a run folder carried to another machine, resume; other files are caught by the hash).
-DATA_RESUME_SETTINGS = ("split", "max_records", "max_length", "chat_template")
-# the regeneration's settings that change the replies: the sampling ones only when it samples (greedy replies ignore them)
+# a run folder carried to another machine, resume; other files are caught by the hash): ``data_resume_settings``.
+# The regeneration's settings that change the replies: the sampling ones only when it samples (greedy replies ignore them)
 REGENERATE_SAMPLING = ("seed", "top_p", "top_k")
 
 
 def data_resume_settings(data_cfg: Any) -> dict[str, Any]:
-    """``DATA_RESUME_SETTINGS`` and the regeneration's settings (those that change the replies), one key each."""
-    from .data import regenerate_key  # here: the data package imports datasets
+    """The data settings the regenerated replies depend on (``REPLY_DATA_SETTINGS``, the chat template) and the
+    regeneration's (those that change the replies), one key each."""
+    from .data import REPLY_DATA_SETTINGS, regenerate_key  # here: the data package imports datasets
 
-    settings = {f"data.{k}": getattr(data_cfg, k) for k in DATA_RESUME_SETTINGS}
+    settings = {f"data.{k}": getattr(data_cfg, k) for k in (*REPLY_DATA_SETTINGS, "chat_template")}
     regen = data_cfg.regenerate
     replies = regenerate_key(regen) if regen.enabled else {"enabled": False}
     settings.update({f"data.regenerate.{k}": v for k, v in replies.items()

@@ -32,15 +32,20 @@ def regenerate_key(regen: Any) -> dict[str, Any]:
     return settings
 
 
+# data.* settings the regenerated replies depend on (with the source, the target and the template: ``regenerated_key``);
+# a resume compares them before anything is regenerated (train.checkpoint.data_resume_settings)
+REPLY_DATA_SETTINGS = ("split", "max_records", "max_length")
+
+
 def regenerated_key(data_cfg: Any, target: Any, renderer: ChatRenderer, source: str) -> dict[str, Any]:
     """What the regenerated replies depend on: the source data, the target's files, the template, the settings, and for
     replies made in this process (``hf``, ``ours``) the target's dtype and device (bf16 and fp32 greedy replies
     differ; vLLM and a server load the target themselves)."""
     regen = data_cfg.regenerate
     key_parts = {
-        "source": source_fingerprint(source), "split": data_cfg.split, "max_records": data_cfg.max_records,
+        "source": source_fingerprint(source), **{k: getattr(data_cfg, k) for k in REPLY_DATA_SETTINGS},
         "target": target_fingerprint(target.path), "template": renderer.template,
-        "max_length": data_cfg.max_length, "regenerate": regenerate_key(regen), "replies_version": REPLIES_VERSION,
+        "regenerate": regenerate_key(regen), "replies_version": REPLIES_VERSION,
     }
     # replies made otherwise than by earlier versions of this code, whose files must not be read for them: every engine
     # samples from per-reply seeds (``regenerate.reply_seed``), ``hf`` without the target's generation_config.json
