@@ -8,6 +8,9 @@ as many drafts per step as the drafter's deepest branch), else the run of anothe
 many drafts and the same prompts (questions or prompts file, token budget, prefill, temperature), marked "borrowed"
 (``--no-pld`` folders reuse it); a folder with other prompts borrows nothing. ``best PLD`` is the highest prompt-lookup τ measured on the set at any
 draft count, and ``ratio (best)`` the stricter ratio against it. ``verified`` is the target tokens one step verifies.
+``PLD, steps with drafts`` is the same prompt-lookup run's τ over its steps that proposed drafts (vLLM's count: a step
+with no n-gram match decodes one token and is no draft there; ``tau_drafting_steps``), beside the ratio against it ("-"
+for results saved before the loop counted those steps).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def load(folder: Path) -> dict:
         "tau": summary["tau"],
         "first": summary["acceptance_by_position"][0],
         "pld": summary.get("prompt_lookup", {}).get("tau"),
+        "pld_drafting": summary.get("prompt_lookup", {}).get("tau_drafting_steps"),
     }
 
 
@@ -50,19 +54,23 @@ def main() -> None:
     rows = [load(f) for f in args.folders]
     # (set, prompts, drafts) -> prompt lookup's τ on those prompts
     pld = {(r["set"], r["prompts"], r["drafts"]): r["pld"] for r in rows if r["pld"] is not None}
+    pld_drafting = {(r["set"], r["prompts"], r["drafts"]): r["pld_drafting"] for r in rows if r["pld"] is not None}
     best = {}
     for (s, prompts, drafts), tau in pld.items():
         if tau > best.get((s, prompts), (0, 0))[1]:
             best[(s, prompts)] = (drafts, tau)
-    print("| set | drafting | verified | turns | τ | 1st draft | prompt lookup (drafts) | ratio | best PLD (drafts) | ratio (best) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| set | drafting | verified | turns | τ | 1st draft | prompt lookup (drafts) | ratio | best PLD (drafts) | ratio (best) "
+          "| PLD, steps with drafts | ratio (vLLM's count) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: (r["set"], r["tau"])):
         same = pld.get((r["set"], r["prompts"], r["drafts"]))
         b = best.get((r["set"], r["prompts"]))
         borrowed = ", borrowed" if same is not None and r["pld"] is None else ""
         print(f"| {r['set']} | {r['drafting']} | {r['verified']} | {r['turns']} | {r['tau']:.3f} | {r['first']:.2f} | "
               + (f"{same:.3f} ({r['drafts']}{borrowed}) | {r['tau'] / same:.2f}× | " if same else "- | - | ")
-              + (f"{b[1]:.3f} ({b[0]}) | {r['tau'] / b[1]:.2f}× |" if b else "- | - |"))
+              + (f"{b[1]:.3f} ({b[0]}) | {r['tau'] / b[1]:.2f}× |" if b else "- | - |")
+              + (f" {drafting:.3f} | {r['tau'] / drafting:.2f}× |" if (drafting := pld_drafting.get((r["set"], r["prompts"], r["drafts"])))
+                 else " - | - |"))
 
 
 if __name__ == "__main__":

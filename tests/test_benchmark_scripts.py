@@ -85,11 +85,12 @@ def test_gpu_only_scripts_refuse_a_cpu_machine_in_one_line(script) -> None:
         assert helped.stdout.strip().splitlines()[0] in (REPO / "benchmarks" / f"{script}.py").read_text()
 
 
-def write_result(folder: Path, *, pld: float | None, max_new_tokens: int, num_questions: int) -> None:
+def write_result(folder: Path, *, pld: float | None, max_new_tokens: int, num_questions: int,
+                 pld_drafting: float | None = None) -> None:
     folder.mkdir(parents=True)
     summary = {"turns": 2 * num_questions, "tau": 3.0, "acceptance_by_position": [0.6, 0.4, 0.2]}
     if pld is not None:
-        summary["prompt_lookup"] = {"tau": pld}
+        summary["prompt_lookup"] = {"tau": pld, "tau_drafting_steps": pld_drafting}
     (folder / "results.json").write_text(__import__("json").dumps({
         "config": {"draft_steps": None, "tree_topk": None, "tree_tokens": None, "max_new_tokens": max_new_tokens,
                    "num_questions": num_questions, "prefill_tokens": 0},
@@ -111,6 +112,24 @@ def test_tree_table_borrows_prompt_lookup_only_from_the_same_prompts(tmp_path, m
     same = [line for line in rows if "| 20 |" in line]  # mt_a's own run, and mt_c borrowing it (the same prompts)
     assert sorted("| 2.500 (3, borrowed) | 1.20× |" in line for line in same) == [False, True]
     assert sorted("| 0.60 | 2.500 (3) | 1.20× |" in line for line in same) == [False, True]
+
+
+def test_tree_table_prints_prompt_lookups_tau_over_its_drafting_steps(tmp_path, monkeypatch, capsys) -> None:
+    """Beside the every-step ratio, the ratio against prompt lookup's τ over its steps with drafts (vLLM's count), from
+    the same run (borrowed with it by a --no-pld folder of the same prompts); "-" where the run did not count them."""
+    from benchmarks import tree_table
+
+    write_result(tmp_path / "mt_a", pld=2.5, pld_drafting=3.75, max_new_tokens=64, num_questions=10)
+    write_result(tmp_path / "mt_b", pld=None, max_new_tokens=64, num_questions=10)
+    write_result(tmp_path / "ho_a", pld=2.0, pld_drafting=None, max_new_tokens=64, num_questions=10)  # saved before the count
+    monkeypatch.setattr(sys, "argv", ["tree_table.py", *(str(tmp_path / f) for f in ("mt_a", "mt_b", "ho_a"))])
+    tree_table.main()
+    out = capsys.readouterr().out
+    assert "| PLD, steps with drafts | ratio (vLLM's count) |" in out
+    mt = [line for line in out.splitlines() if line.startswith("| mt |")]
+    assert len(mt) == 2 and all(line.endswith("| 1.20× | 3.750 | 0.80× |") for line in mt)  # τ 3.0 / 3.75
+    ho = next(line for line in out.splitlines() if line.startswith("| ho |"))
+    assert ho.endswith("| 1.50× | - | - |")
 
 
 def test_infer_speed_prints_prompt_lookups_tau_on_the_same_prompts(tiny_qwen3_path, tmp_path) -> None:
