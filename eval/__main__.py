@@ -35,6 +35,8 @@ def latest_run(root: Path = Path("outputs")) -> dict:
             raise ValueError(f"{path}: not valid JSON ({e}); expected a training run's run.json (pass --target and --drafter, "
                              "or another --runs-dir)") from None
         export = run.get("export") if isinstance(run, dict) else None
+        if export:  # inside the run folder, read there (the recorded path is where the run was written: infer.loading.resolve_run)
+            export = str(path.parent / Path(export).name)
         if export and (Path(export) / "config.json").exists():
             target = run.get("target")
             if not isinstance(target, dict) or not isinstance(target.get("path"), str):

@@ -371,8 +371,10 @@ def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, st
         export, run_target = record.get("export"), record["target"]["path"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{record_file}: not a training run record ({e})") from None
-    if export and not (Path(export) / "config.json").is_file() and (folder / "export" / "config.json").is_file():
-        export = str(folder / "export")  # the run folder moved or copied since: run.json holds the old absolute path
+    if export:  # the trainer writes it inside the run folder (output_dir/export): read there, never at the recorded path,
+        # which is where the run was (relative to the directory it ran in): a copy or move of the folder read the other
+        # run's drafter whenever that one still existed, and a copy with a broken or missing export decoded without a word
+        export = str(folder / Path(export).name)
     if not export or not (Path(export) / "config.json").is_file():
         raise ValueError(f"{record_file}: the run has no export (export={export!r}; interrupted, or trainer.export=false); "
                          f"pass an exported drafter folder instead")

@@ -156,6 +156,33 @@ def test_a_moved_run_folder_finds_its_own_export(tmp_path) -> None:
         resolve_run(None, str(run))
 
 
+def test_a_copied_run_folder_never_reads_the_originals_export(tmp_path) -> None:
+    """Found by review (2026-12-06's sixth session): a copy of a run folder whose original still exists read the
+    original's drafter (run.json records the export's path where the run was written), so a copy with a broken or
+    missing export decoded with exit 0 and eval recorded the other drafter. The copy's own export is read, or refused."""
+    from infer.loading import resolve_run
+
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    for run in (original, copy):
+        (run / "export").mkdir(parents=True)
+        (run / "export" / "config.json").write_text("{}")
+        (run / "run.json").write_text(json.dumps({"target": {"path": "builtin:tiny-qwen3"}, "export": str(original / "export")}))
+    assert resolve_run(None, str(copy))[1] == str(copy / "export")
+    (copy / "export" / "config.json").unlink()  # an interrupted copy: refused, not decoded with the original's drafter
+    with pytest.raises(ValueError, match=rf"{copy}/run.json: the run has no export \(export='{copy}/export'"):
+        resolve_run(None, str(copy))
+    relative = tmp_path / "relative"  # the default output_dir is relative to the directory the run started in
+    (relative / "export").mkdir(parents=True)
+    (relative / "export" / "config.json").write_text("{}")
+    (relative / "run.json").write_text(json.dumps({"target": {"path": "T"}, "export": "outputs/dflash_swa_tiny/x/export"}))
+    assert resolve_run(None, str(relative)) == ("T", str(relative / "export"), str(relative))
+    from eval.__main__ import latest_run  # eval with no --drafter: the newest run under --runs-dir, its own export too
+
+    (copy / "export" / "config.json").write_text("{}")
+    __import__("os").utime(copy / "run.json", (2e9, 2e9))  # the newest
+    assert latest_run(tmp_path) == {"target": "builtin:tiny-qwen3", "drafter": str(copy / "export"), "run": str(copy)}
+
+
 def test_a_target_other_than_the_runs_is_named(tmp_path) -> None:
     """--target naming another model than the one the run was trained on loaded without a word when the shapes matched
     (the drafter then reads features it never saw). The recorded folder, a copy of it, or the recorded name pass."""

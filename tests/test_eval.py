@@ -186,6 +186,7 @@ def test_a_malformed_run_json_is_named(runs_dir, tmp_path, capsys) -> None:
     run_json.write_text('{"target": ')  # cut off
     assert main(["mtbench", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "o")]) == 2
     assert f"error: {run_json}: not valid JSON" in capsys.readouterr().err
+    __import__("shutil").copytree(runs_dir / "run1" / "export", run_json.parent / "export")
     run_json.write_text(json.dumps({"export": str(runs_dir / "run1" / "export")}))  # an export, but no target recorded
     assert main(["mtbench", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "o")]) == 2
     assert f"error: {run_json}: field 'target' is None" in capsys.readouterr().err
