@@ -17,7 +17,7 @@ from models.dflash import DFlashDrafter, StaticDFlashDrafter
 from models.eagle3 import Eagle3Drafter, StaticEagle3Drafter
 from infer.prompt_lookup import PromptLookupDrafter
 from models.static_target import StaticTarget
-from models.target import CachedTarget, eager_reason
+from models.target import CONFIG_ERRORS, CachedTarget, config_error_text, eager_reason
 from models.dflash import DFlashDraftModel
 from models.eagle3 import Eagle3DraftModel
 from models.target import TargetModel
@@ -187,8 +187,11 @@ def check_drafter_weights(path: str | Path, config: dict, model_class: type) -> 
     if not file.is_file():
         raise ValueError(f"drafter {path}: no model.safetensors there; expected an exported drafter folder (config.json + model.safetensors)")
     shapes = safetensors_shapes(file)
-    with torch.device("meta"):  # the tensors the architecture needs, and their shapes, without allocating them
-        expected = {name: tuple(t.shape) for name, t in model_class(model_class.config_class.from_dict(config)).state_dict().items()}
+    try:
+        with torch.device("meta"):  # the tensors the architecture needs, and their shapes, without allocating them
+            expected = {name: tuple(t.shape) for name, t in model_class(model_class.config_class.from_dict(config)).state_dict().items()}
+    except CONFIG_ERRORS as e:  # e.g. an unknown rope_type, a string size: was the config class's traceback
+        raise ValueError(f"{path}/config.json: the drafter's config does not build its model: {config_error_text(e)}") from None
     for name, found, wanted in shape_differences(shapes, expected)[:1]:
         if found is None:
             raise ValueError(f"{file}: missing tensor {name!r}")

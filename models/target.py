@@ -59,6 +59,15 @@ try:  # transformers' config classes validate through huggingface_hub's strict d
 except ImportError:  # an older huggingface_hub: the config classes raise ValueError, caught beside it
     STRICT_CONFIG_ERRORS = ()
 
+CONFIG_ERRORS = (ValueError, TypeError, KeyError, AttributeError, *STRICT_CONFIG_ERRORS)  # what building a model from a bad config raises
+
+
+def config_error_text(e: BaseException) -> str:
+    """A config class's error on one line: the strict dataclasses' spans lines (its cause on the second), a KeyError is
+    only the key (e.g. an unknown ``rope_type``)."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__} {text}" if isinstance(e, KeyError) or not text else text
+
 
 @dataclass
 class TargetFeatures:

@@ -73,6 +73,19 @@ def test_drafter_configs_the_target_cannot_feed_are_one_line(tiny_qwen3_path, tm
         load_models(tiny_qwen3_path, str(wide))
 
 
+def test_a_drafter_config_its_model_cannot_be_built_from_is_one_line(tiny_qwen3_path, tmp_path, capsys) -> None:
+    """Found by review (2026-12-06's sixth session): an unknown rope_type or a size given as a string in an exported
+    drafter's config.json was transformers' traceback (KeyError, a strict-dataclass error over two lines) in infer and
+    eval; ``python -m train.export`` named it. Now one line naming the file, as the export does."""
+    from infer.__main__ import main
+
+    bad_rope = dflash_export(tiny_qwen3_path, tmp_path / "rope", rope_parameters={"rope_type": "bogus", "rope_theta": 1e6})
+    bad_size = dflash_export(tiny_qwen3_path, tmp_path / "size", intermediate_size="big")
+    for folder, why in ((bad_rope, "KeyError 'bogus'"), (bad_size, "Validation error for field 'intermediate_size': TypeError")):
+        assert main(["--target", tiny_qwen3_path, "--drafter", str(folder), "--prompt", "hi", "--max-new-tokens", "2"]) == 2
+        assert last_line(capsys).startswith(f"error: {folder}/config.json: the drafter's config does not build its model: {why}")
+
+
 def test_flags_that_would_be_ignored_or_fail_late_are_refused_before_loading(tiny_qwen3_path, tmp_path) -> None:
     """--drafter-weights int8 with prompt lookup or no drafter, --draft-steps or --window with no drafter: ignored (rc 0,
     plain decoding); --backend flashinfer without the package or on the CPU: ModuleNotFoundError after the target loaded."""

@@ -53,7 +53,7 @@ from common.tensor_shapes import shape_differences
 from infer import speculators_checkpoint
 from infer.speculators_checkpoint import eagle3_config as speculators_eagle3_config
 from models.dflash import DFlashDraftModel, sliding_block_causal
-from models.target import STRICT_CONFIG_ERRORS, layer_ids_fit
+from models.target import CONFIG_ERRORS, config_error_text, layer_ids_fit
 
 from . import engines
 from .checkpoint import UnreadableCheckpoint, list_checkpoints, read_state
@@ -198,9 +198,8 @@ def build_model(config_dict: dict[str, Any], source: Path | str = "config.json")
 
             return Eagle3DraftModel(LlamaConfig.from_dict(config_dict))
         return DFlashDraftModel(Qwen3Config.from_dict(config_dict))
-    except (ValueError, TypeError, KeyError, AttributeError, *STRICT_CONFIG_ERRORS) as e:  # the config classes' validation
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ExportError(f"{source}: the drafter's config does not build its model: {first}") from None
+    except CONFIG_ERRORS as e:  # the config classes' validation
+        raise ExportError(f"{source}: the drafter's config does not build its model: {config_error_text(e)}") from None
 
 
 def check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
