@@ -164,11 +164,16 @@ def test_store_refusals_name_the_problem(tmp_path: Path, tiny_store: Path) -> No
 
 @pytest.mark.slow  # the quick tier stays under 3 minutes (README); the full suite runs it
 def test_features_command_without_a_path_exits_with_one_line(tmp_path: Path, tiny_qwen3_path: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "train.features", "experiment=dflash_swa_tiny", f"output_dir={tmp_path}"],
+    """Refused in one line, and no run folder is left behind (found by review, 2026-12-06's sixth session: Hydra's
+    .hydra and log stayed in output_dir, by default a new outputs/<time>/, after each refusal; python -m train removed
+    its own)."""
+    run = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "train.features", "experiment=dflash_swa_tiny", f"output_dir={run}"],
                             env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line]  # Hydra logs to stdout
     assert len(errors) == 1 and "features.path is null" in errors[0], result.stdout + result.stderr
+    assert not run.exists(), sorted(p.name for p in run.iterdir())
 
 
 def test_store_files_of_another_shape_are_one_clear_error(tmp_path: Path) -> None:

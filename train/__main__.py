@@ -7,7 +7,6 @@ itself is ``train.trainer.train(cfg)``, which tests call directly.
 
 import logging
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -15,7 +14,8 @@ import hydra
 from omegaconf import DictConfig
 
 # registers train_schema and each drafter's schema
-from train.config import check_paths, refuse_bad_overrides, refuse_fresh_start_over_a_run, to_train_config
+from train.config import (check_paths, refuse_bad_overrides, refuse_fresh_start_over_a_run, remove_if_unstarted,
+                          to_train_config)
 
 log = logging.getLogger("train")
 
@@ -38,15 +38,6 @@ def main(cfg: DictConfig) -> None:
         log.error("interrupted (Ctrl-C); the same command resumes: training from the newest checkpoint in %s, if one was "
                   "written; a regeneration from its replies kept in the data cache (<key>.partial.jsonl)", cfg.get("output_dir"))
         sys.exit(130)
-
-
-def remove_if_unstarted(output_dir) -> None:
-    """A run that failed at start-up leaves no folder behind: removed while it holds only what Hydra wrote
-    (``.hydra``, the log), never once it has checkpoints, metrics or an export."""
-    path = Path(str(output_dir)) if output_dir else None
-    if path is not None and path.is_dir() and all(p.name in (".hydra", "__main__.log") for p in path.iterdir()):
-        logging.shutdown()  # close the log file first
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def refuse_bad_output_dir(argv: list[str]) -> None:

@@ -614,6 +614,18 @@ def held_run(output_dir: str | Path) -> list[str]:
             + (["run.json"] if (folder / "run.json").exists() else []))
 
 
+def remove_if_unstarted(output_dir) -> None:
+    """A run that failed at start-up leaves no folder behind: removed while it holds only what Hydra wrote
+    (``.hydra``, the entry point's log), never once it has checkpoints, metrics or an export."""
+    import logging
+    import shutil
+
+    path = Path(str(output_dir)) if output_dir else None
+    if path is not None and path.is_dir() and all(p.name in (".hydra", "__main__.log") for p in path.iterdir()):
+        logging.shutdown()  # close the log file first
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def refuse_fresh_start_over_a_run(output_dir: str | Path) -> None:
     """``trainer.resume=never`` into a run's folder: the new run's early checkpoints were pruned while the old run's newer
     ones stayed (the next resume continued the old run), its export and run.json looked complete, and metrics.jsonl

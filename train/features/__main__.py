@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from train.config import refuse_bad_overrides  # (the module registers train_schema and each drafter's schema)
+from train.config import refuse_bad_overrides, remove_if_unstarted  # (the module registers the schemas too)
 from train.features.store import StoreError
 from train.features.write import write_features
 
@@ -24,6 +24,7 @@ def main(cfg: DictConfig) -> None:
         write_features(cfg)
     except (ValueError, StoreError, OSError) as e:  # bad user input (or a disk that refuses): one line, non-zero exit
         log.error("%s", e)
+        remove_if_unstarted(cfg.get("output_dir"))  # Hydra made the run folder (its .hydra and log) before the refusal
         sys.exit(2)
 
 
