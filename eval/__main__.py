@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     from eval.bootstrap import per_question
     from eval.report import log_wandb, summary_table, sweep_plot, sweep_tables
     from eval.runner import as_engine_counts, check_context_fits, cpu_workers, max_positions, run_conversations, summarize
-    from infer.loading import (check_backend, drafting_label, eos_ids, load_models, parse_window, recorded_target_warning, resolve_device,
+    from infer.loading import (PROMPT_LOOKUP, check_backend, drafting_label, eos_ids, load_models, parse_window, recorded_target_warning, resolve_device,
                                resolve_run, set_threads, target_setting, window_warning)
     from infer.prompt_lookup import PromptLookupDrafter
     from models.sampling import sampling_from_flags
@@ -279,6 +279,12 @@ def run(args: argparse.Namespace) -> int:
             for i, value in enumerate(values):
                 if value in values[:i]:
                     raise ValueError(f"{name}: {'none' if value is None else value} given twice; expected each once")
+        # flags that would be ignored with exit 0, their value written into the results' settings and titles
+        if args.command != "sweep" and args.drafter == PROMPT_LOOKUP and args.window != "trained":
+            raise ValueError(f"--window {args.window} sets a trained drafter's attention window; prompt lookup (--drafter pld) "
+                             "has none")
+        if args.command == "sweep" and args.prefill_tokens:
+            raise ValueError(f"--prefill-tokens {args.prefill_tokens} sets mtbench's and prompts' filler; a sweep's are --prefills")
         for name, values in (("--prefill-tokens", [args.prefill_tokens]), ("--prefills", getattr(args, "prefills", []))):
             for value in values:
                 if value < 0:

@@ -135,6 +135,9 @@ def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
      "--batch-size 4: batched decoding runs on the static target; --backend flashinfer decodes at"),  # a traceback mid-cell
     (["mtbench", "--temperature", "nan"], "temperature=nan; expected a finite value >= 0"),
     (["sweep", "--prefills", "0", "-1"], "--prefills -1; expected filler token counts >= 0"),
+    # found by review (2026-12-06's sixth session): ignored, exit 0, the value written into the results' titles
+    (["mtbench", "--drafter", "pld", "--window", "32"], "--window 32 sets a trained drafter's attention window; prompt lookup"),
+    (["sweep", "--prefill-tokens", "100", "--prefills", "0"], "--prefill-tokens 100 sets mtbench's and prompts' filler; a sweep's are --prefills"),
 ])
 def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) -> None:
     assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
