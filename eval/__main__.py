@@ -206,6 +206,10 @@ def check_out(out: Path) -> None:
     reason = unwritable_reason(out)  # before the models load: a results folder that cannot be made failed after them
     if reason:
         raise ValueError(f"--out {out}: {reason}; expected a results folder that can be written")
+    held = next((name for name in ("run.json", "checkpoints", "export", "config.json") if (out / name).exists()), None)
+    if held is not None:  # results.json, settings.json and partial/ were written beside a training run's or a drafter's files
+        raise ValueError(f"--out {out}: holds {held}, a training run or an exported drafter; expected a results folder "
+                         "(new, or one eval wrote)")
 
 
 def read_cell(path: Path) -> dict:

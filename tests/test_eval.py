@@ -146,6 +146,17 @@ def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) 
     assert not (tmp_path / "o").exists()  # nothing written for a refused command
 
 
+def test_a_training_run_folder_is_refused_as_out(runs_dir, tmp_path, capsys) -> None:
+    """Found by review (2026-12-06's sixth session): ``--out`` at a training run folder wrote results.json, settings.json,
+    summary.md and partial/ beside its run.json and checkpoints."""
+    run = runs_dir / "run1"
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["mtbench", "--drafter", str(run), "--num-questions", "1", "--max-new-tokens", "4", "--runs-dir", str(runs_dir),
+                 "--out", str(run)]) == 2
+    assert f"error: --out {run}: holds run.json, a training run or an exported drafter" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
 def test_an_unknown_dtype_is_refused_by_the_parser(runs_dir, tmp_path, capsys) -> None:
     """A dtype torch has no name for was a traceback from deep in the loading (``getattr(torch, 'float99')``)."""
     with pytest.raises(SystemExit) as caught:
