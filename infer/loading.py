@@ -254,50 +254,74 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
             raise ValueError("--drafter pld drafts chains only: leave out --tree-topk/--tree-tokens/--tree-lookup/--tree-redraft")
         drafter = PromptLookupDrafter(num_draft_tokens=draft_steps or 15, vocab_size=target.vocab_size)
     elif drafter_path is not None:
-        config = read_drafter_config(drafter_path)
-        eagle3 = is_eagle3(config)
-        if eagle3 and tree_redraft:
-            raise ValueError(f"drafter {drafter_path} is an EAGLE-3 drafter: --tree-redraft is a DFlash option (EAGLE-3's trees draft "
-                             f"every node from its parent already)")
-        if not eagle3 and draft_steps is not None and (tree_topk is not None or tree_tokens is not None or tree_lookup):
-            raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps (the first N drafts of its block verified) "
-                             f"is for chains; a tree's size is --tree-tokens")
-        layer_ids = list(config["target_layer_ids"] if eagle3 else config["dflash_config"]["target_layer_ids"])
-        where = "target_layer_ids" if eagle3 else "dflash_config.target_layer_ids"
-        target.check_layer_ids(layer_ids, where=f"{drafter_path}/config.json {where}")
-        if config.get("hidden_size") != target.hidden_size:
-            raise ValueError(f"{drafter_path}/config.json: hidden_size={config.get('hidden_size')}, the target's is {target.hidden_size}")
-        target_vocab = target.model.config.get_text_config().vocab_size
-        if eagle3 and config.get("vocab_size") != target_vocab:
-            raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is {target_vocab}")
-        if not eagle3 and not config["dflash_config"]["mask_token_id"] < target_vocab:  # DFlash embeds it with the target's table
-            raise ValueError(f"{drafter_path}/config.json: dflash_config.mask_token_id={config['dflash_config']['mask_token_id']}; "
-                             f"expected a token id of the target's vocabulary (0..{target_vocab - 1})")
-        if drafter_weights not in DRAFTER_WEIGHTS:
-            raise ValueError(f"--drafter-weights {drafter_weights}: expected one of {', '.join(DRAFTER_WEIGHTS)}")
-        model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
-        trees = dict(tree_topk=tree_topk, tree_tokens=tree_tokens, tree_lookup=tree_lookup)
-        # chains, blocks and trees at any batch size: the static drafters (fixed-shape caches, the whole draft captured on a
-        # GPU, beside the static target; batch-1 trees run the batched tree step on one row, ``generate_tree_row``);
-        # FlashInfer attention or a target only the eager CachedTarget runs: the eager ones (both refuse tree_lookup without a tree)
-        static = eager_why is None
-        if eagle3:
-            drafter = (StaticEagle3Drafter(model, window=window, steps=draft_steps, weights=drafter_weights, **trees) if static else
-                       Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend,
-                                     weights=drafter_weights, **trees))
-        else:
-            trees["tree_redraft"] = tree_redraft
-            if drafter_weights != "model" and not static:
-                raise ValueError(f"--drafter-weights {drafter_weights} runs on the static DFlash drafter: {eager_why} drafts with "
-                                 f"the eager one{'; use --backend sdpa' if attention_backend == 'flashinfer' else ''}")
-            if draft_steps is not None and not static:
-                raise ValueError(f"--draft-steps with a DFlash drafter runs on the static drafter: {eager_why} drafts with the "
-                                 f"eager one, which verifies whole blocks{'; use --backend sdpa' if attention_backend == 'flashinfer' else ''}")
-            drafter = (StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, draft_tokens=draft_steps,
-                                           weights=drafter_weights, **trees)
-                       if static else
-                       DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend, **trees))
+        try:
+            drafter, layer_ids = load_trained_drafter(drafter_path, target, eager_why, window, attention_backend, draft_steps,
+                                                      tree_topk, tree_tokens, tree_lookup, tree_redraft, drafter_weights)
+        except ValueError as e:
+            raise as_flags(e) from None
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
+
+
+# the drafters' own checks name their parameters (``tree topk=0``); the user of the CLIs typed the flags (``--tree-topk 0``)
+DRAFTER_FLAGS = (("draft_tokens=", "--draft-steps "), ("draft steps=", "--draft-steps "), ("tree topk=", "--tree-topk "),
+                 ("tree tokens=", "--tree-tokens "), ("tree_lookup=", "--tree-lookup "), ("tree_redraft=", "--tree-redraft "))
+
+
+def as_flags(e: ValueError) -> ValueError:
+    message = str(e)
+    for name, flag in DRAFTER_FLAGS:
+        if message.startswith(name):
+            return ValueError(flag + message[len(name):])
+    return e
+
+
+def load_trained_drafter(drafter_path: str, target, eager_why, window, attention_backend, draft_steps, tree_topk, tree_tokens,
+                         tree_lookup, tree_redraft, drafter_weights):
+    """``load_models``' DFlash or EAGLE-3 drafter for ``target`` and the target layers it reads."""
+    config = read_drafter_config(drafter_path)
+    eagle3 = is_eagle3(config)
+    if eagle3 and tree_redraft:
+        raise ValueError(f"drafter {drafter_path} is an EAGLE-3 drafter: --tree-redraft is a DFlash option (EAGLE-3's trees draft "
+                         f"every node from its parent already)")
+    if not eagle3 and draft_steps is not None and (tree_topk is not None or tree_tokens is not None or tree_lookup):
+        raise ValueError(f"drafter {drafter_path} is a DFlash drafter: --draft-steps (the first N drafts of its block verified) "
+                         f"is for chains; a tree's size is --tree-tokens")
+    layer_ids = list(config["target_layer_ids"] if eagle3 else config["dflash_config"]["target_layer_ids"])
+    where = "target_layer_ids" if eagle3 else "dflash_config.target_layer_ids"
+    target.check_layer_ids(layer_ids, where=f"{drafter_path}/config.json {where}")
+    if config.get("hidden_size") != target.hidden_size:
+        raise ValueError(f"{drafter_path}/config.json: hidden_size={config.get('hidden_size')}, the target's is {target.hidden_size}")
+    target_vocab = target.model.config.get_text_config().vocab_size
+    if eagle3 and config.get("vocab_size") != target_vocab:
+        raise ValueError(f"{drafter_path}/config.json: vocab_size={config.get('vocab_size')}, the target's is {target_vocab}")
+    if not eagle3 and not config["dflash_config"]["mask_token_id"] < target_vocab:  # DFlash embeds it with the target's table
+        raise ValueError(f"{drafter_path}/config.json: dflash_config.mask_token_id={config['dflash_config']['mask_token_id']}; "
+                         f"expected a token id of the target's vocabulary (0..{target_vocab - 1})")
+    if drafter_weights not in DRAFTER_WEIGHTS:
+        raise ValueError(f"--drafter-weights {drafter_weights}: expected one of {', '.join(DRAFTER_WEIGHTS)}")
+    model = load_drafter_model(drafter_path, config, target.model.dtype).to(target.device)
+    trees = dict(tree_topk=tree_topk, tree_tokens=tree_tokens, tree_lookup=tree_lookup)
+    # chains, blocks and trees at any batch size: the static drafters (fixed-shape caches, the whole draft captured on a
+    # GPU, beside the static target; batch-1 trees run the batched tree step on one row, ``generate_tree_row``);
+    # FlashInfer attention or a target only the eager CachedTarget runs: the eager ones (both refuse tree_lookup without a tree)
+    static = eager_why is None
+    if eagle3:
+        drafter = (StaticEagle3Drafter(model, window=window, steps=draft_steps, weights=drafter_weights, **trees) if static else
+                   Eagle3Drafter(model, window=window, steps=draft_steps, attention_backend=attention_backend,
+                                 weights=drafter_weights, **trees))
+    else:
+        trees["tree_redraft"] = tree_redraft
+        if drafter_weights != "model" and not static:
+            raise ValueError(f"--drafter-weights {drafter_weights} runs on the static DFlash drafter: {eager_why} drafts with "
+                             f"the eager one{'; use --backend sdpa' if attention_backend == 'flashinfer' else ''}")
+        if draft_steps is not None and not static:
+            raise ValueError(f"--draft-steps with a DFlash drafter runs on the static drafter: {eager_why} drafts with the "
+                             f"eager one, which verifies whole blocks{'; use --backend sdpa' if attention_backend == 'flashinfer' else ''}")
+        drafter = (StaticDFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, draft_tokens=draft_steps,
+                                       weights=drafter_weights, **trees)
+                   if static else
+                   DFlashDrafter(model, target.embed_tokens, target.lm_head, window=window, attention_backend=attention_backend, **trees))
+    return drafter, layer_ids
 
 
 RECORDED_TARGET = "target (recorded with the drafter)"  # what an error names for a target no flag gave (a run.json, a checkpoint)

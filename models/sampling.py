@@ -52,7 +52,16 @@ def sampling_from_flags(temperature: float, top_k: int, top_p: float, seed: int)
         flag = f"--top-k {top_k}" if top_k else f"--top-p {top_p}"
         raise ValueError(f"{flag} filters sampling, and --temperature 0 (the default) decodes greedily; expected --temperature > 0 "
                          "with it, or leave it out")
-    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if not 0 <= seed < 2**64:  # torch's generators take 64 bits: was "Overflow when unpacking long long", after the baseline ran
+        raise ValueError(f"--seed {seed}; expected an integer in 0 .. 2**64 - 1")
+    try:
+        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    except ValueError as e:  # the config names its fields; the user typed flags
+        message = str(e)
+        for field, flag in (("temperature=", "--temperature "), ("top_k=", "--top-k "), ("top_p=", "--top-p ")):
+            if message.startswith(field):
+                message = flag + message[len(field):]
+        raise ValueError(message) from None
 
 
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

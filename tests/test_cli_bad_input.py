@@ -86,6 +86,22 @@ def test_a_drafter_config_its_model_cannot_be_built_from_is_one_line(tiny_qwen3_
         assert last_line(capsys).startswith(f"error: {folder}/config.json: the drafter's config does not build its model: {why}")
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--draft-steps", "0"], "--draft-steps 0: a DFlash chain verifies 1 .. 3 drafts"),
+    (["--tree-topk", "0"], "--tree-topk 0; expected an int in 1 .."),
+    (["--tree-lookup", "2"], "--tree-lookup 2: prompt lookup's branch joins a tree; give --tree-topk/--tree-tokens too"),
+    (["--tree-redraft", "1"], "--tree-redraft 1: re-drafting grows a tree; give --tree-topk/--tree-tokens too"),
+])
+def test_drafting_options_are_refused_by_their_flags(tiny_qwen3_path, tmp_path, capsys, flags, message) -> None:
+    """Found by review (2026-12-06's sixth session): the drafters' checks named their parameters (``draft_tokens=0``,
+    ``tree topk=0``, ``tree_lookup=2``), not the flag the user typed."""
+    from infer.__main__ import main
+
+    drafter = dflash_export(tiny_qwen3_path, tmp_path / "drafter")
+    assert main(["--target", tiny_qwen3_path, "--drafter", str(drafter), "--prompt", "hi", "--max-new-tokens", "2", *flags]) == 2
+    assert last_line(capsys).startswith(f"error: {message}")
+
+
 def test_flags_that_would_be_ignored_or_fail_late_are_refused_before_loading(tiny_qwen3_path, tmp_path) -> None:
     """--drafter-weights int8 with prompt lookup or no drafter, --draft-steps or --window with no drafter: ignored (rc 0,
     plain decoding); --backend flashinfer without the package or on the CPU: ModuleNotFoundError after the target loaded."""

@@ -247,7 +247,7 @@ def test_load_models_drafts_dflash_trees_on_the_static_drafter_and_eagerly_under
     _, block, _ = load_models(str(reference_target_path), str(tmp_path))
     _, pld, _ = load_models(str(reference_target_path), "pld")
     assert (drafting_label(block), drafting_label(pld), drafting_label(None)) == ("DFlash block of 8", "prompt lookup, up to 15 drafts", "target alone")
-    with pytest.raises(ValueError, match=r"tree_redraft=7; expected an int in 0 \.\. 6"):
+    with pytest.raises(ValueError, match=r"--tree-redraft 7; expected an int in 0 \.\. 6"):  # load_models: the flag
         load_models(str(reference_target_path), str(tmp_path), tree_topk=4, tree_redraft=7)
     with pytest.raises(ValueError, match="--drafter pld drafts chains only"):
         load_models(str(reference_target_path), "pld", tree_redraft=1)

@@ -156,13 +156,13 @@ def test_eval_tree_drafting_is_lossless_and_batches(reference_target_path, accep
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--tree-topk", "0"], "tree topk=0"),
-    (["--tree-topk", "2", "--tree-tokens", "500"], "tree tokens=500"),
-    (["--draft-steps", "0"], "draft steps=0"),
+    (["--tree-topk", "0"], "--tree-topk 0"),
+    (["--tree-topk", "2", "--tree-tokens", "500"], "--tree-tokens 500"),
+    (["--draft-steps", "0"], "--draft-steps 0"),
     (["--window", "0"], "--window '0'"),
     (["--tree-topk", "2", "--temperature", "0.5"], "tree drafting is greedy only"),
-    (["--tree-lookup", "4"], "tree_lookup=4: prompt lookup's branch joins a tree; give --tree-topk/--tree-tokens too"),
-    (["--tree-topk", "2", "--tree-lookup", "-1"], "tree_lookup=-1; expected an int >= 0"),
+    (["--tree-lookup", "4"], "--tree-lookup 4: prompt lookup's branch joins a tree; give --tree-topk/--tree-tokens too"),
+    (["--tree-topk", "2", "--tree-lookup", "-1"], "--tree-lookup -1; expected an int >= 0"),
 ])
 def test_bad_options_are_one_line(reference_target_path, eagle3_dir, capsys, argv, message) -> None:
     base = ["--target", str(reference_target_path), "--drafter", str(eagle3_dir), "--prompt", "Hi", "--max-new-tokens", "4"]
@@ -175,7 +175,8 @@ def test_run_folder_gives_target_and_drafter_and_window_warns(reference_target_p
     """``--drafter RUN`` (python -m train's output_dir) needs no --target: run.json records it."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "run.json").write_text(json.dumps({"target": {"path": str(reference_target_path)}, "export": str(eagle3_dir)}))
+    (run / "export").symlink_to(eagle3_dir)  # the trainer exports into its run folder (output_dir/export)
+    (run / "run.json").write_text(json.dumps({"target": {"path": str(reference_target_path)}, "export": str(run / "export")}))
     assert infer_main(["--drafter", str(run), "--prompt", "Hi", "--max-new-tokens", "4", "--window", "16", "--device", "auto"]) == 0
     err = capsys.readouterr().err
     assert err.count("--window 16 is beyond the W=8 this drafter was trained with") == 1 and "[speculative]" in err
