@@ -263,6 +263,16 @@ def test_target_folder_without_config_json_fails_before_the_target_loads(tmp_pat
         check_paths(cfg)
 
 
+def test_an_unknown_builtin_dataset_is_named_before_the_target_loads() -> None:
+    """Found by review (2026-12-06's sixth session): data.path=builtin:nope reached Hugging Face's dataset loader ("Repo
+    id must use alphanumeric chars ...: 'builtin:nope'")."""
+    from train.config import check_paths
+
+    cfg = to_train_config(compose_train(["experiment=dflash_swa_tiny", "data.path=builtin:nope", "output_dir=/tmp/x"]))
+    with pytest.raises(ValueError, match=r"data.path='builtin:nope': no such built-in dataset; expected builtin:sharegpt-sample"):
+        check_paths(cfg)
+
+
 def test_feature_store_that_is_missing_or_unfinished_fails_before_the_target_loads(tmp_path: Path) -> None:
     """features.path was opened after the target had loaded (and its data had been tokenized): minutes, then the error."""
     from train.config import check_paths

