@@ -284,9 +284,6 @@ def run(args: argparse.Namespace) -> int:
                 if value in values[:i]:
                     raise ValueError(f"{name}: {'none' if value is None else value} given twice; expected each once")
         # flags that would be ignored with exit 0, their value written into the results' settings and titles
-        if args.command != "sweep" and args.drafter == PROMPT_LOOKUP and args.window != "trained":
-            raise ValueError(f"--window {args.window} sets a trained drafter's attention window; prompt lookup (--drafter pld) "
-                             "has none")
         if args.command == "sweep" and args.prefill_tokens:
             raise ValueError(f"--prefill-tokens {args.prefill_tokens} sets mtbench's and prompts' filler; a sweep's are --prefills")
         for name, values in (("--prefill-tokens", [args.prefill_tokens]), ("--prefills", getattr(args, "prefills", []))):
@@ -299,6 +296,9 @@ def run(args: argparse.Namespace) -> int:
                              "τ needs verify steps after it)")
         sampling = sampling_from_flags(args.temperature, args.top_k, args.top_p, args.seed)
         check_engine_args(args, windows)
+        if args.command != "sweep" and args.drafter == PROMPT_LOOKUP and args.window != "trained":
+            raise ValueError(f"--window {args.window} sets a trained drafter's attention window; prompt lookup (--drafter pld) "
+                             "has none")
         conversations = conversations_for(args)
         if args.drafter is None:
             source = latest_run(Path(args.runs_dir))

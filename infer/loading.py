@@ -125,6 +125,11 @@ def check_drafter_fields(config: dict, where: str) -> None:
         if not _is_int(config.get(field)) or config[field] < 1:
             raise refuse(field, config.get(field), "a positive integer")
     n, vocab = config["num_hidden_layers"], config["vocab_size"]
+    # flags the models read with bool(): "yes" or "false" (a string) was taken as true, or blamed on the weights
+    flags = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual") if eagle3 else ("sliding_block_causal", "is_causal")
+    for field in flags:
+        if config.get(field) is not None and not isinstance(config[field], bool):
+            raise refuse(field, config[field], "true, false or absent")
     types = config.get("layer_types")
     if types is None and not eagle3:
         pass  # z-lab's layout without it: every layer full (Qwen3Config fills it so; dflash_config_json writes it)

@@ -304,6 +304,7 @@ def _small_source(tmp_path: Path, name: str = "good", **config_changes) -> tuple
     ({"dflash_config": {"target_layer_ids": [1, 3], "block_size": 1, "mask_token_id": 5}}, r"config dflash_config\.block_size=1; expected an integer >= 2"),
     ({"dflash_config": {"target_layer_ids": [1, 3], "block_size": 4, "mask_token_id": 96}}, r"config dflash_config\.mask_token_id=96; expected a token id in 0\.\.95"),
     ({"vocab_size": 0}, r"config vocab_size=0; expected a positive integer"),
+    ({"sliding_block_causal": "yes"}, r"config sliding_block_causal='yes'; expected true, false or absent"),  # was read as true
 ])
 def test_bad_config_fields_are_one_line_and_write_nothing(tmp_path: Path, change: dict, message: str) -> None:
     """Each of these used to be a traceback (a KeyError, IndexError or huggingface_hub's validation error, which is no

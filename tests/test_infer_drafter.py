@@ -214,6 +214,10 @@ def test_a_drafter_config_out_of_range_is_one_line_at_load(tmp_path) -> None:
         (model, {"dflash_config.mask_token_id": -1}, r"dflash_config\.mask_token_id=-1; expected a token id"),
         (model, {"dflash_config.block_size": 1}, r"dflash_config\.block_size=1; expected an integer >= 2"),
         (eagle, dict(ttt_length=0), r"ttt_length=0; expected a positive integer"),
+        # found by review (2026-12-06's sixth session): "yes" read as true; EAGLE-3's blamed on the weights (a missing fc_norm)
+        (model, dict(sliding_block_causal="yes"), r"sliding_block_causal='yes'; expected true, false or absent"),
+        (eagle, dict(fc_norm="yes"), r"fc_norm='yes'; expected true, false or absent"),
+        (eagle, dict(norm_output="false"), r"norm_output='false'; expected true, false or absent"),
     ]
     for i, (drafter, edits, message) in enumerate(cases):
         with pytest.raises(ValueError, match=r"config\.json: " + message):
