@@ -295,6 +295,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--max-new-tokens {args.max_new_tokens}; expected >= 2 (the first new token comes from the prefill: "
                              "τ needs verify steps after it)")
         sampling = sampling_from_flags(args.temperature, args.top_k, args.top_p, args.seed)
+        if not sampling.greedy and (args.tree_topk is not None or args.tree_tokens is not None):  # the loop refused it at the first
+            # drafted turn, after the baseline pass had decoded and settings.json and partial/ were written
+            raise ValueError(f"--temperature {args.temperature}: tree drafting (--tree-topk/--tree-tokens) is greedy only; leave out "
+                             "the tree options to sample with chains")
         check_engine_args(args, windows)
         if args.command != "sweep" and args.drafter == PROMPT_LOOKUP and args.window != "trained":
             raise ValueError(f"--window {args.window} sets a trained drafter's attention window; prompt lookup (--drafter pld) "

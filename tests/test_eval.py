@@ -140,6 +140,7 @@ def test_prompts_file_names_the_bad_line(tmp_path, line, message) -> None:
     # found by review (2026-12-06's sixth session): ignored, exit 0, the value written into the results' titles
     (["mtbench", "--drafter", "pld", "--window", "32"], "--window 32 sets a trained drafter's attention window; prompt lookup"),
     (["sweep", "--prefill-tokens", "100", "--prefills", "0"], "--prefill-tokens 100 sets mtbench's and prompts' filler; a sweep's are --prefills"),
+    (["mtbench", "--tree-topk", "2", "--temperature", "0.7"], "--temperature 0.7: tree drafting (--tree-topk/--tree-tokens) is greedy only"),
 ])
 def test_bad_input_is_one_clear_line(runs_dir, tmp_path, capsys, argv, message) -> None:
     assert main([*argv, "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o")]) == 2
