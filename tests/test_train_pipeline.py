@@ -116,6 +116,8 @@ def test_regeneration_through_an_unreachable_server_fails_in_one_line(tmp_path: 
 @pytest.mark.parametrize("override,message", [
     ("data.regenerate.engine=tgi", "data.regenerate.engine='tgi'; expected one of hf, ours, vllm, server"),
     ("data.regenerate.engine=server", "data.regenerate.engine=server needs data.regenerate.server_url"),
+    ("data.regenerate.engine=server data.regenerate.server_url=notaurl",  # found by review: urllib's error after the target loaded
+     "data.regenerate.server_url='notaurl'; expected the server's base URL, http(s)://HOST:PORT"),
     ("data.regenerate.concurrency=0", "data.regenerate.concurrency=0; expected >= 1"),
     ("data.regenerate.run_steps=0", "data.regenerate.run_steps=0; expected >= 1"),
 ])
@@ -123,4 +125,4 @@ def test_regeneration_settings_are_checked_at_start_up(override: str, message: s
     from train.trainer import to_train_config
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        to_train_config(compose_train(["experiment=dflash_swa_tiny", override, f"output_dir={tmp_path}"]))
+        to_train_config(compose_train(["experiment=dflash_swa_tiny", *override.split(), f"output_dir={tmp_path}"]))

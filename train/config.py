@@ -226,6 +226,12 @@ class RegenerateConfig:
             raise ValueError(f"data.regenerate.engine={self.engine!r}; expected one of {', '.join(REGENERATE_ENGINES)}")
         if self.engine == "server" and not self.server_url:
             raise ValueError("data.regenerate.engine=server needs data.regenerate.server_url (e.g. http://localhost:8000)")
+        if self.engine == "server":  # was "unknown url type: 'notaurl/v1/models'", after the target had loaded
+            from urllib.parse import urlparse
+
+            url = urlparse(self.server_url)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise ValueError(f"data.regenerate.server_url={self.server_url!r}; expected the server's base URL, http(s)://HOST:PORT")
         if self.concurrency < 1:
             raise ValueError(f"data.regenerate.concurrency={self.concurrency}; expected >= 1")
         if self.keep_replies < 0:
