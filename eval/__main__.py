@@ -27,6 +27,8 @@ from common.cli_help import DefaultsHelpFormatter
 
 def latest_run(root: Path = Path("outputs")) -> dict:
     """The newest ``run.json`` under ``root`` whose export folder exists (what ``python -m train`` wrote)."""
+    from infer.loading import run_export_path
+
     runs = sorted(root.glob("**/run.json"), key=lambda p: p.stat().st_mtime, reverse=True) if root.exists() else []
     for path in runs:
         try:
@@ -34,14 +36,12 @@ def latest_run(root: Path = Path("outputs")) -> dict:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e}); expected a training run's run.json (pass --target and --drafter, "
                              "or another --runs-dir)") from None
-        export = run.get("export") if isinstance(run, dict) else None
-        if export:  # inside the run folder, read there (the recorded path is where the run was written: infer.loading.resolve_run)
-            export = str(path.parent / Path(export).name)
-        if export and (Path(export) / "config.json").exists():
+        export = run_export_path(path.parent, run.get("export")) if isinstance(run, dict) else None
+        if export and (export / "config.json").exists():
             target = run.get("target")
             if not isinstance(target, dict) or not isinstance(target.get("path"), str):
                 raise ValueError(f"{path}: field 'target' is {target!r}; expected {{\"path\": TARGET}} (pass --target and --drafter)")
-            return {"target": target["path"], "drafter": export, "run": str(path.parent)}
+            return {"target": target["path"], "drafter": str(export), "run": str(path.parent)}
     raise ValueError(f"no --drafter given and no finished training run (run.json with an export) under {root}/; "
                      "run `python -m train ...` first or pass --target and --drafter")
 
@@ -295,11 +295,11 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--max-new-tokens {args.max_new_tokens}; expected >= 2 (the first new token comes from the prefill: "
                              "τ needs verify steps after it)")
         sampling = sampling_from_flags(args.temperature, args.top_k, args.top_p, args.seed)
+        check_engine_args(args, windows)
         if not sampling.greedy and (args.tree_topk is not None or args.tree_tokens is not None):  # the loop refused it at the first
             # drafted turn, after the baseline pass had decoded and settings.json and partial/ were written
             raise ValueError(f"--temperature {args.temperature}: tree drafting (--tree-topk/--tree-tokens) is greedy only; leave out "
                              "the tree options to sample with chains")
-        check_engine_args(args, windows)
         if args.command != "sweep" and args.drafter == PROMPT_LOOKUP and args.window != "trained":
             raise ValueError(f"--window {args.window} sets a trained drafter's attention window; prompt lookup (--drafter pld) "
                              "has none")

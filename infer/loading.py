@@ -403,14 +403,19 @@ def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, st
         export, run_target = record.get("export"), record["target"]["path"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{record_file}: not a training run record ({e})") from None
-    if export:  # the trainer writes it inside the run folder (output_dir/export): read there, never at the recorded path,
-        # which is where the run was (relative to the directory it ran in): a copy or move of the folder read the other
-        # run's drafter whenever that one still existed, and a copy with a broken or missing export decoded without a word
-        export = str(folder / Path(export).name)
-    if not export or not (Path(export) / "config.json").is_file():
-        raise ValueError(f"{record_file}: the run has no export (export={export!r}; interrupted, or trainer.export=false); "
+    export = run_export_path(folder, export)
+    if export is None or not (export / "config.json").is_file():
+        raise ValueError(f"{record_file}: the run has no export (export={None if export is None else str(export)!r}; interrupted, or trainer.export=false); "
                          f"pass an exported drafter folder instead")
-    return target or run_target, export, drafter
+    return target or run_target, str(export), drafter
+
+
+def run_export_path(run_dir: str | Path, recorded: str | None) -> Path | None:
+    """A training run's drafter folder from run.json's ``export`` (None: not exported): inside the run folder, where the
+    trainer writes it (output_dir/export), never at the recorded path, which is where the run was written (relative to the
+    directory it ran in): a copy or move of the folder read the other run's drafter whenever that one still existed, and a
+    copy with a broken or missing export decoded without a word."""
+    return Path(run_dir) / Path(recorded).name if recorded else None
 
 
 def recorded_target_warning(given: str | None, run_dir: str | None) -> str | None:

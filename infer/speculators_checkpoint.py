@@ -114,6 +114,7 @@ def dflash_config(config: dict, where: str) -> dict[str, Any]:
     ids = config.get("aux_hidden_state_layer_ids")
     if not ids or min(ids) < LAYER_ID_OFFSET:
         raise _refuse(where, "aux_hidden_state_layer_ids", ids, "expected ids >= 1 (speculators' id k = the input of layer k)")
+    check_flags(config, where, ("sliding_window_non_causal",))
     block_size = int(config["block_size"])
     ours = [i - LAYER_ID_OFFSET for i in ids]
     out.update(architectures=["DFlashDraftModel"], block_size=block_size,
@@ -122,6 +123,13 @@ def dflash_config(config: dict, where: str) -> dict[str, Any]:
                sliding_block_causal=not config.get("sliding_window_non_causal", False),
                use_sliding_window="sliding_attention" in out["layer_types"])
     return out
+
+
+def check_flags(config: dict, where: str, fields: tuple[str, ...]) -> None:
+    """Boolean fields true, false or absent: mapped with bool() below, the string "false" was read as true."""
+    for field in fields:
+        if config.get(field) is not None and not isinstance(config[field], bool):
+            raise _refuse(where, field, config[field], "expected true, false or absent")
 
 
 def eagle3_config(config: dict, where: str) -> dict[str, Any]:
@@ -134,6 +142,7 @@ def eagle3_config(config: dict, where: str) -> dict[str, Any]:
         raise _refuse(where, "norm_before_residual", config.get("norm_before_residual"),
                       "expected true or false written out (speculators' own config reads a missing one as false, "
                       "vLLM's as true: the drafts differ)")
+    check_flags(config, where, ("fc_norm", "norm_before_fc", "norm_output"))
     proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     out.update(architectures=["Eagle3DraftModel"], draft_vocab_size=int(config["draft_vocab_size"]),
                target_hidden_size=out["hidden_size"], target_layer_ids=[i - LAYER_ID_OFFSET for i in ids],

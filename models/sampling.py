@@ -52,8 +52,9 @@ def sampling_from_flags(temperature: float, top_k: int, top_p: float, seed: int)
         flag = f"--top-k {top_k}" if top_k else f"--top-p {top_p}"
         raise ValueError(f"{flag} filters sampling, and --temperature 0 (the default) decodes greedily; expected --temperature > 0 "
                          "with it, or leave it out")
-    if not 0 <= seed < 2**64:  # torch's generators take 64 bits: was "Overflow when unpacking long long", after the baseline ran
-        raise ValueError(f"--seed {seed}; expected an integer in 0 .. 2**64 - 1")
+    if not -2**63 <= seed < 2**63:  # was "Overflow when unpacking long long" after the baseline ran; a signed 64-bit seed is
+        # what torch's generators and the engines' requests (vLLM's) both take
+        raise ValueError(f"--seed {seed}; expected a signed 64-bit integer (-2**63 .. 2**63 - 1)")
     try:
         return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     except ValueError as e:  # the config names its fields; the user typed flags

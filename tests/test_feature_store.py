@@ -174,6 +174,11 @@ def test_features_command_without_a_path_exits_with_one_line(tmp_path: Path, tin
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "ERROR" in line]  # Hydra logs to stdout
     assert len(errors) == 1 and "features.path is null" in errors[0], result.stdout + result.stderr
     assert not run.exists(), sorted(p.name for p in run.iterdir())
+    run.mkdir()  # a rerun into a folder that was there (its earlier runs' logs): refused, and the folder left as it was
+    (run / "__main__.log").write_text("an earlier run's log\n")
+    result = subprocess.run([sys.executable, "-m", "train.features", "experiment=dflash_swa_tiny", f"output_dir={run}"],
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and (run / "__main__.log").read_text().startswith("an earlier run's log")
 
 
 def test_store_files_of_another_shape_are_one_clear_error(tmp_path: Path) -> None:

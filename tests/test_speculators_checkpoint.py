@@ -255,3 +255,7 @@ def test_an_eagle3_config_without_norm_before_residual_is_refused_in_one_line(tm
     for value in (True, False):
         (tmp_path / "config.json").write_text(json.dumps({**config, "norm_before_residual": value}))
         assert read_drafter_config(tmp_path)["norm_before_residual"] is value
+    # found by review (2026-12-06's sixth session): the other flags went through bool(), so the string "false" read as true
+    (tmp_path / "config.json").write_text(json.dumps({**config, "norm_before_residual": False, "norm_output": "false"}))
+    with pytest.raises(ValueError, match=r"config\.json: norm_output='false': expected true, false or absent"):
+        read_drafter_config(tmp_path)

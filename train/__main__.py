@@ -14,10 +14,11 @@ import hydra
 from omegaconf import DictConfig
 
 # registers train_schema and each drafter's schema
-from train.config import (check_paths, refuse_bad_overrides, refuse_fresh_start_over_a_run, remove_if_unstarted,
-                          to_train_config)
+from train.config import (check_paths, output_dir_exists, refuse_bad_overrides, refuse_fresh_start_over_a_run,
+                          remove_if_unstarted, to_train_config)
 
 log = logging.getLogger("train")
+OUTPUT_DIR_EXISTED = False  # set from the command line before Hydra makes the folder (remove_if_unstarted)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://configs", config_name="train")
@@ -32,7 +33,7 @@ def main(cfg: DictConfig) -> None:
         train(checked)
     except ValueError as e:  # bad user input: one line naming what is wrong, non-zero exit
         log.error("%s", e)
-        remove_if_unstarted(cfg.get("output_dir"))
+        remove_if_unstarted(cfg.get("output_dir"), OUTPUT_DIR_EXISTED)
         sys.exit(2)
     except KeyboardInterrupt:
         log.error("interrupted (Ctrl-C); the same command resumes: training from the newest checkpoint in %s, if one was "
@@ -79,4 +80,5 @@ if __name__ == "__main__":
     sys.argv = [a for a in sys.argv if not a.startswith("--local_rank")]
     refuse_bad_output_dir(sys.argv[1:])
     refuse_bad_overrides(sys.argv[1:])
+    OUTPUT_DIR_EXISTED = output_dir_exists(sys.argv[1:])
     main()

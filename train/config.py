@@ -621,13 +621,24 @@ def held_run(output_dir: str | Path) -> list[str]:
             + (["run.json"] if (folder / "run.json").exists() else []))
 
 
-def remove_if_unstarted(output_dir) -> None:
-    """A run that failed at start-up leaves no folder behind: removed while it holds only what Hydra wrote
-    (``.hydra``, the entry point's log), never once it has checkpoints, metrics or an export."""
+def output_dir_exists(argv: list[str]) -> bool:
+    """Whether the command's ``output_dir=`` names a folder that exists before Hydra makes it (a rerun's): a refusal then
+    removes nothing (``remove_if_unstarted``), so the earlier runs' logs stay."""
+    values = [a.partition("=")[2] for a in argv if a.lstrip("+").partition("=")[0] == "output_dir"]
+    return bool(values) and Path(values[-1]).is_dir()
+
+
+def remove_if_unstarted(output_dir, existed: bool = False) -> None:
+    """A run refused at start-up leaves no folder behind: the folder Hydra made for it (``existed``: it was there before
+    this command, left alone) removed while it holds only what Hydra wrote (``.hydra``, the entry point's log), never
+    once it has checkpoints, metrics or an export; on rank 0 only (the other ranks of a launch share the folder)."""
     import logging
+    import os
     import shutil
 
     path = Path(str(output_dir)) if output_dir else None
+    if existed or int(os.environ.get("RANK", 0)) != 0:
+        return
     if path is not None and path.is_dir() and all(p.name in (".hydra", "__main__.log") for p in path.iterdir()):
         logging.shutdown()  # close the log file first
         shutil.rmtree(path, ignore_errors=True)

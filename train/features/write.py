@@ -70,14 +70,23 @@ def check_writable(path: str) -> None:
         raise StoreError(f"features.path={path!r}: {reason}; expected a folder the store can be written to")
 
 
-def write_features(cfg) -> dict[str, Any]:
-    """Write (or finish) the store at ``features.path``; returns its totals (rank 0) or {}."""
-    from ..trainer import pick_device, target_dtype, target_layer_ids, to_train_config
+def check_features_command(cfg) -> TrainConfig:
+    """The refusals before any work (``python -m train.features`` removes the run folder Hydra made with them): the
+    config, ``features.path`` set and writable (before the target and the data, hours of regeneration, not after)."""
+    from ..trainer import to_train_config
 
     cfg: TrainConfig = to_train_config(cfg)
     if cfg.features.path is None:
         raise ValueError("features.path is null; set where the store goes: python -m train.features ... features.path=DIR")
-    check_writable(cfg.features.path)  # before the target and the data (hours of regeneration), not after
+    check_writable(cfg.features.path)
+    return cfg
+
+
+def write_features(cfg) -> dict[str, Any]:
+    """Write (or finish) the store at ``features.path``; returns its totals (rank 0) or {}."""
+    from ..trainer import pick_device, target_dtype, target_layer_ids
+
+    cfg = check_features_command(cfg)
     ranks = ranks_from_env()
     device = local_device(pick_device(cfg.trainer.device), ranks)
     init_process_group(device, ranks)
