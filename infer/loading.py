@@ -273,6 +273,7 @@ DRAFTER_FLAGS = (("draft_tokens=", "--draft-steps "), ("draft steps=", "--draft-
 
 
 def as_flags(e: ValueError) -> ValueError:
+    """``e`` with a DRAFTER_FLAGS parameter name at its start written as the flag."""
     message = str(e)
     for name, flag in DRAFTER_FLAGS:
         if message.startswith(name):
@@ -405,7 +406,8 @@ def resolve_run(target: str | None, drafter: str | None) -> tuple[str | None, st
         raise ValueError(f"{record_file}: not a training run record ({e})") from None
     export = run_export_path(folder, export)
     if export is None or not (export / "config.json").is_file():
-        raise ValueError(f"{record_file}: the run has no export (export={None if export is None else str(export)!r}; interrupted, or trainer.export=false); "
+        shown = None if export is None else str(export)
+        raise ValueError(f"{record_file}: the run has no export (export={shown!r}; interrupted, or trainer.export=false); "
                          f"pass an exported drafter folder instead")
     return target or run_target, str(export), drafter
 
