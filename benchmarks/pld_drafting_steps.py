@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from eval.runner import read_partial, turn_prompt
+    from eval.runner import read_partial, tau_over_drafting_steps, turn_prompt
     from infer.prompts import mt_bench, prompts_file
 
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -80,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
                 all_steps += steps
                 turns += 1
                 answers.append(record["output_text"])
-        drafting = [a for a, d in all_steps if d > 0]
-        tau_all = sum(a + 1 for a, _ in all_steps) / max(len(all_steps), 1)
-        tau_drafting = sum(a + 1 for a in drafting) / max(len(drafting), 1)
+        accepted, without = [a for a, _ in all_steps], sum(d == 0 for _, d in all_steps)
+        tau_all = sum(a + 1 for a in accepted) / max(len(accepted), 1)
+        tau_drafting = tau_over_drafting_steps(accepted, without) or 0.0  # the eval's summary's own formula
         same = "yes" if not mismatched else f"**no: {len(mismatched)} turns** ({', '.join(mismatched[:5])})"
-        print(f"| {path} | {turns} | {len(all_steps)} | {len(all_steps) - len(drafting)} ({(len(all_steps) - len(drafting)) / max(len(all_steps), 1):.1%}) "
+        print(f"| {path} | {turns} | {len(accepted)} | {without} ({without / max(len(accepted), 1):.1%}) "
               f"| {tau_all:.3f} | {tau_drafting:.3f} | {same} |")
     return 0
 

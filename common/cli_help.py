@@ -1,4 +1,4 @@
-"""The CLIs' help formatter: argparse's defaults in the help, where they say something."""
+"""The CLIs' help formatter (argparse's defaults in the help, where they say something), and their errors named by the flag."""
 
 from __future__ import annotations
 
@@ -16,3 +16,13 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.nargs == 0 or "default" in text:
             return action.help
         return super()._get_help_string(action)
+
+
+def named_by_flag(e: ValueError, names: tuple[tuple[str, str], ...]) -> ValueError:
+    """``e`` with the parameter name at its start (``names``' first of a pair, e.g. ``top_p=``) written as the flag the
+    user of a CLI typed (the pair's second, ``--top-p ``): the checks below the CLIs name their parameters."""
+    message = str(e)
+    for name, flag in names:
+        if message.startswith(name):
+            return ValueError(flag + message[len(name):])
+    return e

@@ -563,6 +563,14 @@ def as_engine_counts(records: list[dict]) -> list[dict]:
     return out
 
 
+def tau_over_drafting_steps(accepted: list[int], without: int | None) -> float | None:
+    """τ over the steps that proposed drafts (vLLM's count), given every step's accepted count and how many of the steps
+    proposed none (each accepted 0); None where that count is unknown or no step drafted."""
+    if without is None or len(accepted) <= without:
+        return None
+    return (sum(accepted) + len(accepted) - without) / (len(accepted) - without)
+
+
 def summarize(records: list[dict]) -> dict:
     """Pooled over every verify step of every turn: τ, acceptance by position, speed, latency, speedup."""
     accepted = [a for r in records for a in r["stats"]["accepted_per_step"]]
@@ -581,8 +589,7 @@ def summarize(records: list[dict]) -> dict:
         "steps": len(accepted),
         "tau": tau,
         "steps_without_drafts": without,
-        "tau_drafting_steps": ((sum(accepted) + len(accepted) - without) / (len(accepted) - without)
-                               if without is not None and len(accepted) > without else None),
+        "tau_drafting_steps": tau_over_drafting_steps(accepted, without),
         "acceptance_by_position": acceptance,
         "new_tokens": new_tokens,
         "tokens_per_s": decoded / decode_s if decode_s else 0.0,  # decoding speed: the decode steps' tokens over their time

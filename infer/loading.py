@@ -24,6 +24,7 @@ from models.target import TargetModel
 from models.builtin_targets import BUILTIN_PREFIX, resolve_target_path
 from models import hub
 from models.hub import check_target_folder
+from common.cli_help import named_by_flag
 from common.json_file import read_json_object
 from common.tensor_shapes import shape_differences
 from infer import speculators_checkpoint
@@ -263,22 +264,13 @@ def load_models(target_path: str, drafter_path: str | None = None, device: str =
             drafter, layer_ids = load_trained_drafter(drafter_path, target, eager_why, window, attention_backend, draft_steps,
                                                       tree_topk, tree_tokens, tree_lookup, tree_redraft, drafter_weights)
         except ValueError as e:
-            raise as_flags(e) from None
+            raise named_by_flag(e, DRAFTER_FLAGS) from None
     return decoding_target(target.model, layer_ids, attention_backend), drafter, target.tokenizer
 
 
 # the drafters' own checks name their parameters (``tree topk=0``); the user of the CLIs typed the flags (``--tree-topk 0``)
 DRAFTER_FLAGS = (("draft_tokens=", "--draft-steps "), ("draft steps=", "--draft-steps "), ("tree topk=", "--tree-topk "),
                  ("tree tokens=", "--tree-tokens "), ("tree_lookup=", "--tree-lookup "), ("tree_redraft=", "--tree-redraft "))
-
-
-def as_flags(e: ValueError) -> ValueError:
-    """``e`` with a DRAFTER_FLAGS parameter name at its start written as the flag."""
-    message = str(e)
-    for name, flag in DRAFTER_FLAGS:
-        if message.startswith(name):
-            return ValueError(flag + message[len(name):])
-    return e
 
 
 def load_trained_drafter(drafter_path: str, target, eager_why, window, attention_backend, draft_steps, tree_topk, tree_tokens,

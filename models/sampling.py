@@ -58,11 +58,9 @@ def sampling_from_flags(temperature: float, top_k: int, top_p: float, seed: int)
     try:
         return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     except ValueError as e:  # the config names its fields; the user typed flags
-        message = str(e)
-        for field, flag in (("temperature=", "--temperature "), ("top_k=", "--top-k "), ("top_p=", "--top-p ")):
-            if message.startswith(field):
-                message = flag + message[len(field):]
-        raise ValueError(message) from None
+        from common.cli_help import named_by_flag
+
+        raise named_by_flag(e, (("temperature=", "--temperature "), ("top_k=", "--top-k "), ("top_p=", "--top-p "))) from None
 
 
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
