@@ -199,6 +199,40 @@ def default_layer_ids(drafter: str, num_layers: int, num_features: int | None = 
     raise ValueError(f"drafter={drafter!r}; expected 'dflash' or 'eagle3'")
 
 
+def document_starts(segments: list[list[int]], length: int) -> torch.Tensor:
+    """[B, length] long: for each position of a packed row, the index where its document (conversation) starts;
+    positions past a row's documents (its padding) start their own, one token long. ``segments``: each row's
+    documents' lengths, in order from index 0 (``collate_padded``'s ``segments``). The drafter's masks and labels for
+    ``data.pack_documents`` read it: a query sees keys at or after its own start."""
+    starts = torch.arange(length).repeat(len(segments), 1)
+    for b, lengths in enumerate(segments):
+        at = 0
+        for n in lengths:
+            if at + n > length:
+                raise ValueError(f"row {b}: documents {lengths} cover {at + n} tokens; the row holds {length}")
+            starts[b, at:at + n] = at
+            at += n
+    return starts
+
+
+def document_mask(doc_start: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """[B, 1, T, T] bool (True = attend): query q sees key k when k <= q, k is in q's document (k >= ``doc_start``[b, q])
+    and, with ``window``, q - k < W (W keys counting q itself). A document-causal mask for SDPA, as transformers takes a
+    prepared 4D mask (its ``create_causal_mask`` returns one as it is)."""
+    t = doc_start.shape[1]
+    q = torch.arange(t, device=doc_start.device)[:, None]
+    k = torch.arange(t, device=doc_start.device)[None, :]
+    visible = (k <= q) & (k >= doc_start[:, :, None])
+    if window is not None:
+        visible = visible & (q - k < window)
+    return visible[:, None]
+
+
+# capture_segments reads packed rows in one document-masked forward while its [B, 1, T, T] mask stays this small (16 rows
+# of 2,048 tokens: 64 MiB); longer rows (32K packed rows: 1 GiB a row) are read piece by piece
+DOCUMENT_MASK_BYTES = 256 << 20
+
+
 @functools.cache
 def takes_prebuilt_masks(stack_type: type) -> bool:
     """Whether this transformers' decoder stack (``Qwen3Model``, ...) takes masks built beforehand: ``attention_mask`` as a
@@ -439,9 +473,45 @@ class TargetModel:
             return attention_mask
         return {"full_attention": None}
 
+    def document_mask_refusal(self) -> str | None:
+        """Why this target cannot read packed documents through a prepared mask (``document_masks``), or None."""
+        impl = self.config._attn_implementation
+        if impl not in ("sdpa", CAUSAL_SDPA, "eager"):
+            return f"the target's attention {impl!r} does not take a prepared document mask; use target.attn_implementation=sdpa"
+        windows = sorted(w for w in set(layer_windows(self.config)) if w is not None)
+        if windows and not takes_prebuilt_masks(type(self.stack)):
+            return (f"{type(self.stack).__name__} builds its own sliding-window masks (windows {windows}), which a prepared mask "
+                    "would skip")
+        return None
+
+    def document_masks(self, doc_start: torch.Tensor):
+        """The ``attention_mask`` to hand the decoder stack for packed documents (``document_mask``): one 4D mask, or a
+        dict by layer type for a stack that takes prebuilt masks (a sliding layer's mask with its window too); additive
+        floats for the eager attention. A ValueError for what a 4D mask cannot express here (sliding layers in a stack
+        that builds its own masks, attention implementations other than SDPA and eager)."""
+        refusal = self.document_mask_refusal()
+        if refusal is not None:
+            raise ValueError(f"packed documents: {refusal}")
+        impl = self.config._attn_implementation
+        windows = set(layer_windows(self.config))
+        prebuilt = takes_prebuilt_masks(type(self.stack))
+
+        def as_impl(mask: torch.Tensor) -> torch.Tensor:
+            if impl != "eager":
+                return mask
+            return torch.zeros(mask.shape, dtype=self.model.dtype, device=mask.device).masked_fill(~mask, torch.finfo(self.model.dtype).min)
+
+        full = as_impl(document_mask(doc_start))
+        if not prebuilt:
+            return full
+        masks = {"full_attention": full}
+        for window in windows - {None}:
+            masks["sliding_attention"] = as_impl(document_mask(doc_start, window))
+        return masks
+
     @torch.no_grad()
     def capture(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask: torch.Tensor | None = None, with_logits: bool = False,
-                with_final_hidden: bool = False, compiled: bool = True) -> TargetFeatures:
+                with_final_hidden: bool = False, compiled: bool = True, doc_start: torch.Tensor | None = None) -> TargetFeatures:
         """Run the target and return the hidden states of ``layer_ids``.
 
         Args:
@@ -454,6 +524,9 @@ class TargetModel:
                 tokens Qwen3's logits alone are 9.3 GiB in bf16).
             compiled: through ``compile_capture``'s graph where there is one (its shapes are static: a batch of a shape
                 it has not seen compiles again); False runs eagerly, for callers whose shapes change every call.
+            doc_start: [B, T] packed rows of documents (``document_starts``): each token reads only its own document,
+                from position 0 (``document_mask`` and positions restarting at every start), as if read alone; with it
+                ``attention_mask`` is ignored and the run is eager (``compile_capture``'s graph takes no positions).
 
         Returns:
             ``TargetFeatures`` with ``features [B, T, len(layer_ids) * H]`` in the model's dtype,
@@ -463,7 +536,7 @@ class TargetModel:
             raise RuntimeError("the target's decoder layers were released (this run reads a feature store)")
         self.check_layer_ids(layer_ids)
         deepest = max(layer_ids)
-        graph = getattr(self, "_compiled_capture", None) if compiled else None
+        graph = getattr(self, "_compiled_capture", None) if compiled and doc_start is None else None
         if graph is not None and graph[0] == list(layer_ids) and not with_logits:
             ids, state, features, features_and_final = graph
             # no padding mask: one causal pass per row (the trainer's right-padded rows; CAUSAL_SDPA drops the mask)
@@ -481,15 +554,20 @@ class TargetModel:
         captured: dict[int, torch.Tensor] = {}
         handles = [self.layers[i].register_forward_hook(output_recorder(captured, i)) for i in set(layer_ids)]
         logits = final_hidden = None
-        mask = self.stack_mask(attention_mask)
+        extra = {}
+        if doc_start is None:
+            mask = self.stack_mask(attention_mask)
+        else:
+            mask = self.document_masks(doc_start)
+            extra["position_ids"] = torch.arange(input_ids.shape[1], device=input_ids.device) - doc_start
         try:
             if with_logits:
-                logits = self.model(input_ids=input_ids, attention_mask=mask, use_cache=False, logits_to_keep=0).logits
+                logits = self.model(input_ids=input_ids, attention_mask=mask, use_cache=False, logits_to_keep=0, **extra).logits
             elif with_final_hidden:
-                final_hidden = self.stack(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
+                final_hidden = self.stack(input_ids=input_ids, attention_mask=mask, use_cache=False, **extra).last_hidden_state
             else:
                 with self._stack_cut_after(deepest + 1) as stack:
-                    stack(input_ids=input_ids, attention_mask=mask, use_cache=False)
+                    stack(input_ids=input_ids, attention_mask=mask, use_cache=False, **extra)
         finally:
             for h in handles:
                 h.remove()
@@ -503,10 +581,12 @@ class TargetModel:
         """``capture`` where row ``b`` is read as the pieces ``segments[b]`` (lengths, consecutive from position 0), each
         from position 0 with no earlier piece as context: packed rows whose conversations the target reads one at a time
         (``data.pack_fresh_fraction``). A row of one segment is read whole, as ``capture`` reads it. Every piece of the
-        batch runs in one forward, right-padded to the longest; positions past a row's pieces (its padding) hold zeros.
-        Returns ``capture``'s ``features`` (and ``final_hidden``) at the rows' shape. Eager, past ``compile_capture``'s
-        graph: the pieces' count and longest length, and the whole rows' count, change from batch to batch, and each new
-        shape compiled the graph again (a fresh compile most steps of ``data.pack_fresh_fraction``'s recipes)."""
+        batch runs in one forward at the rows' shape, every piece (and every whole row) a document of its own
+        (``document_mask``, positions restarting at each piece), while that mask stays within ``DOCUMENT_MASK_BYTES``;
+        past it (long packed rows) the pieces run as rows of their own, right-padded to the longest. Positions past a
+        row's pieces (its padding) hold zeros. Returns ``capture``'s ``features`` (and ``final_hidden``) at the rows'
+        shape. Eager, past ``compile_capture``'s graph: it takes no positions, and the pieces' shapes change from batch
+        to batch (each new shape compiled the graph again)."""
         b, t = input_ids.shape
         split = [r for r, lengths in enumerate(segments) if len(lengths) > 1]
         if not split:
@@ -519,6 +599,14 @@ class TargetModel:
                 start += int(n)
             if start > t:
                 raise ValueError(f"row {r}: segments {segments[r]} cover {start} tokens; the row holds {t}")
+        if b * t * t <= DOCUMENT_MASK_BYTES and self.document_mask_refusal() is None:
+            # one forward at the rows' shape, each piece (and each whole row) a document; padding zeroed as below
+            real = [list(lengths) if r in split else [int(sum(lengths))] for r, lengths in enumerate(segments)]
+            read = self.capture(input_ids, layer_ids, with_final_hidden=with_final_hidden, doc_start=document_starts(real, t).to(input_ids.device))
+            covered = (torch.arange(t, device=input_ids.device)[None, :] < torch.tensor([sum(x) for x in real], device=input_ids.device)[:, None])
+            covered = covered[..., None]
+            final = None if read.final_hidden is None else read.final_hidden * covered
+            return TargetFeatures(features=read.features * covered, final_hidden=final)
         longest = max(n for _, _, n in pieces)
         ids = input_ids.new_zeros(len(pieces), longest)
         mask = input_ids.new_zeros(len(pieces), longest)

@@ -87,6 +87,12 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["data.pack_length=4096", "features.path=/tmp/store"], "data.pack_length=4096 with features.path=/tmp/store"),
         (["data.pack_fresh_fraction=0.5"], "data.pack_fresh_fraction=0.5 without data.pack_length"),
         (["data.pack_length=4096", "data.pack_fresh_fraction=1.5"], "data.pack_fresh_fraction=1.5; expected a share in"),
+        (["experiment=eagle3_swa_tiny", "data.pack_documents=true"], "data.pack_documents=true without data.pack_length"),
+        (["experiment=eagle3_swa_tiny", "data.pack_documents=true", "data.pack_length=4096", "data.pack_fresh_fraction=0.5"],
+         "data.pack_fresh_fraction=0.5 with data.pack_documents=true"),
+        (["data.pack_documents=true", "data.pack_length=4096"], "data.pack_documents=true trains EAGLE-3"),
+        (["experiment=eagle3_swa_tiny", "data.pack_documents=true", "data.pack_length=4096", "trainer.attention_backend=fa4"],
+         "trainer.attention_backend=fa4 with data.pack_documents=true"),
         (["trainer.max_steps=0"], "trainer.max_steps=0"),
         (["trainer.log_every=0"], "trainer.log_every=0; expected >= 1"),  # was a ZeroDivisionError traceback at step 1
         (["trainer.eval_every=-5"], "trainer.eval_every=-5; expected >= 0"),

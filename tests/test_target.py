@@ -111,10 +111,19 @@ def test_capture_leaves_the_model_whole(reference_target: TargetModel) -> None:
     torch.testing.assert_close(reference_target.model(input_ids=ids).logits, before, rtol=0, atol=0)
 
 
-def test_capture_segments_reads_each_piece_alone_from_position_zero(reference_target: TargetModel) -> None:
-    """data.pack_fresh_fraction: a packed row read in pieces equals each conversation captured on its own (the reference:
-    the plain ``capture`` of that conversation alone); a row of one segment in the same batch equals its plain capture;
-    padding past the pieces is zero; ``final_hidden`` follows the features."""
+@pytest.mark.parametrize("one_pass", [True, False], ids=["document-mask", "pieces"])
+def test_capture_segments_reads_each_piece_alone_from_position_zero(reference_target: TargetModel, one_pass: bool, monkeypatch) -> None:
+    """data.pack_fresh_fraction and data.pack_documents: a packed row read in pieces equals each conversation captured
+    on its own (the reference: the plain ``capture`` of that conversation alone), both in one document-masked pass and
+    piece by piece (the path past ``DOCUMENT_MASK_BYTES``); a row of one segment in the same batch equals its plain
+    capture at its real tokens; padding past the pieces is zero; ``final_hidden`` follows the features."""
+    import models.target as target_module
+
+    monkeypatch.setattr(target_module, "DOCUMENT_MASK_BYTES", 1 << 40 if one_pass else 0)
+    passes = []
+    real_capture = reference_target.capture
+    monkeypatch.setattr(reference_target, "capture", lambda ids, *a, **k: passes.append((tuple(ids.shape), k.get("doc_start") is not None))
+                        or real_capture(ids, *a, **k))
     convs = padded_batch(reference_target, n=3)
     lengths = convs["attention_mask"].sum(1).tolist()
     row = torch.cat([convs["input_ids"][i, :n] for i, n in enumerate(lengths)])  # three conversations packed
@@ -131,9 +140,10 @@ def test_capture_segments_reads_each_piece_alone_from_position_zero(reference_ta
         torch.testing.assert_close(got.features[0, start:start + n], alone.features[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got.final_hidden[0, start:start + n], alone.final_hidden[0], atol=1e-5, rtol=1e-5)
         start += n
-    assert got.features[0, start:].abs().sum() == 0
+    assert got.features[0, start:].abs().sum() == 0 and got.final_hidden[0, start:].abs().sum() == 0
+    assert passes[0] == ((2, width), True) if one_pass else all(not doc for _, doc in passes) and passes[0][0][0] == 3
     whole = reference_target.capture(ids[1:], layer_ids, attention_mask=mask[1:], with_final_hidden=True)
-    torch.testing.assert_close(got.features[1], whole.features[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.features[1, :start], whole.features[0, :start], atol=1e-5, rtol=1e-5)
     # read whole, the second conversation's features differ from its own (it has context): the pieces are not a no-op
     assert not torch.allclose(got.features[0, lengths[0]:lengths[0] + lengths[1]], whole.features[0, lengths[0]:lengths[0] + lengths[1]], atol=1e-3)
     with pytest.raises(ValueError, match="cover"):

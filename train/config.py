@@ -271,6 +271,12 @@ class DataConfig:
     # 0), drawn per row with the seed: the drafter then trains on short-context features too, where packed rows alone
     # cost it tau at prefill 0 (BENCHMARKS.md, "Packed 32K training rows"). Its own attention still spans the row.
     pack_fresh_fraction: float = 0.0
+    # Packed rows whose conversations are separate documents (vLLM speculators' and SpecForge's packing): the target
+    # reads each one from position 0 and the drafter's attention and labels stop at its start, so a row of several
+    # conversations trains as they would one per row, without the padding one per row costs (16 rows of up to 2,048
+    # tokens held 43% real tokens on SmolLM2's regenerated replies). Needs data.pack_length; EAGLE-3 on the sdpa or
+    # flex attention backends (BENCHMARKS.md, "EAGLE-3 on packed documents").
+    pack_documents: bool = False
     cache_dir: str = "${oc.env:SWA_DRAFTERS_CACHE,'~/.cache/swa-drafters'}/data"
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
 
@@ -291,6 +297,12 @@ class DataConfig:
         if self.pack_fresh_fraction and self.pack_length is None:
             raise ValueError(f"data.pack_fresh_fraction={self.pack_fresh_fraction} without data.pack_length: it marks packed rows; "
                              "set data.pack_length or leave it at 0")
+        if self.pack_documents and self.pack_length is None:
+            raise ValueError("data.pack_documents=true without data.pack_length: it packs conversations into rows of that many "
+                             "tokens; set data.pack_length (e.g. to data.max_length)")
+        if self.pack_documents and self.pack_fresh_fraction:
+            raise ValueError(f"data.pack_fresh_fraction={self.pack_fresh_fraction} with data.pack_documents=true: packed documents are "
+                             "every one read apart already; leave data.pack_fresh_fraction at 0")
 
     @property
     def longest_row(self) -> int:
@@ -493,6 +505,12 @@ class TrainConfig:
         if self.data.pack_length is not None and self.features.path is not None:
             raise ValueError(f"data.pack_length={self.data.pack_length} with features.path={self.features.path}: the feature "
                              "store holds one conversation per row; pack without the store (the target runs in the step)")
+        if self.data.pack_documents and kind != "eagle3":
+            raise ValueError(f"data.pack_documents=true trains EAGLE-3 (its masks and labels stop at each document's start); "
+                             f"drafter.kind={kind} packs with data.pack_length and data.pack_fresh_fraction")
+        if self.data.pack_documents and self.trainer.attention_backend in ("fa4", "cudnn"):
+            raise ValueError(f"trainer.attention_backend={self.trainer.attention_backend} with data.pack_documents=true: its window "
+                             "kernel has no document boundaries; use flex (GPU), sdpa or auto")
         draft_vocab = getattr(self.drafter, "draft_vocab_size", None) if kind == "dflash" else None
         if self.trainer.export_formats is None:  # a DFlash draft vocabulary travels in speculators' layout only
             self.trainer.export_formats = ["speculators"] if draft_vocab is not None else list(EXPORT_FORMATS[kind])

@@ -68,8 +68,8 @@ def fastest_gpu_backend(cfg: TrainConfig, drafter: Eagle3DraftModel) -> str:
     FlashAttention-4 1.9x, cuDNN's band 1.7x flex's attention (BENCHMARKS.md, issue 8); they need W >= TTT length.
     The whole step of the small recipe on an H200 (FA4's calls as custom ops): FA4 273 ms, flex 299 ms."""
     window = cfg.drafter.sliding_window
-    if window is not None and window < cfg.drafter.ttt_length:
-        return "flex"
+    if cfg.data.pack_documents or (window is not None and window < cfg.drafter.ttt_length):
+        return "flex"  # the window kernels have no document boundaries, nor a window shorter than the unroll
     if fa4_available():
         return "fa4"
     return "cudnn" if cudnn_band_available() else "flex"
@@ -151,7 +151,7 @@ class Eagle3Step:
         return None  # nothing random: every index is a start
 
     def num_labels(self, batch: dict[str, torch.Tensor], plan) -> torch.Tensor:
-        return label_mask(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], 0).sum()  # a tensor: no host sync
+        return label_mask(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], 0, batch.get("doc_start")).sum()  # no host sync
 
     @torch.no_grad()
     def evaluate_batch(self, batch: dict[str, torch.Tensor]) -> TTTStats:
@@ -175,22 +175,29 @@ class Eagle3Step:
         del captured  # the final hidden state is no longer needed
         ctx_valid = attention_mask.bool()
         backend = self.ctx.backend
+        doc_start = batch.get("doc_start")  # packed documents (data.pack_documents): masks and labels stop at their starts
+        if doc_start is not None:
+            doc_start = doc_start.to(self.ctx.device)
+            if backend in WINDOW_BACKENDS:
+                raise ValueError(f"trainer.attention_backend={backend}: its window kernel has no document boundaries (data.pack_documents)")
         # flex's block masks are built here, outside the compiled function (their tile structure has its own)
         masks = None if backend in WINDOW_BACKENDS else step_masks(ctx_valid, self.drafter.layer_types, self.drafter.sliding_window,
-                                                                   self.steps, backend)
+                                                                   self.steps, backend, doc_start)
         fn = self.unroll_and_loss if torch.is_grad_enabled() and not per_start else unroll_and_loss
         with self.ctx.autocast():
             return fn(self.drafter, features, input_ids, ctx_valid, loss_mask, attention_mask, labels, self.steps, backend, masks,
-                      self.cfg.trainer.activation_checkpointing, per_start)
+                      self.cfg.trainer.activation_checkpointing, per_start, doc_start=doc_start)
 
 
 def unroll_and_loss(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Tensor, ctx_valid: torch.Tensor,
                     loss_mask: torch.Tensor, attention_mask: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor], steps: int,
-                    backend: str, masks: list[dict] | None, checkpoint_steps: bool, per_start: bool = False, chunk_rows: int = 4096):
+                    backend: str, masks: list[dict] | None, checkpoint_steps: bool, per_start: bool = False, chunk_rows: int = 4096,
+                    doc_start: torch.Tensor | None = None):
     """The TTT unroll and its loss (``unroll`` then ``ttt_loss``): ``trainer.compile_scope=step`` compiles it whole
     (the soft CE's checkpointed chunks included; not ``checkpoint_steps``, whose key lists grow inside the checkpoint)."""
-    outputs = unroll(model, features, input_ids, ctx_valid, steps, backend, masks=masks, checkpoint_steps=checkpoint_steps)
-    return ttt_loss(model, outputs, None, input_ids, loss_mask, attention_mask, chunk_rows, labels=labels, per_start=per_start)
+    outputs = unroll(model, features, input_ids, ctx_valid, steps, backend, masks=masks, checkpoint_steps=checkpoint_steps, doc_start=doc_start)
+    return ttt_loss(model, outputs, None, input_ids, loss_mask, attention_mask, chunk_rows, labels=labels, per_start=per_start,
+                    doc_start=doc_start)
 
 
 # ----------------------------------------------------------------------------- the training-time test
@@ -217,15 +224,21 @@ def window_kernels(backend: str, on_gpu: bool = True):
 WINDOW_BACKENDS = ("fa4", "cudnn")
 
 
-def step_masks(ctx_valid: torch.Tensor, layer_types: list[str], sliding_window: int | None, steps: int, backend: str) -> list[dict]:
+def step_masks(ctx_valid: torch.Tensor, layer_types: list[str], sliding_window: int | None, steps: int, backend: str,
+               doc_start: torch.Tensor | None = None) -> list[dict]:
     """Per step j, layer type -> mask over the keys of steps 0..j (the TTT masks below)."""
-    build = ttt_flex_block_mask if backend == "flex" else ttt_dense_mask
-    return [{t: build(ctx_valid, j, sliding_window if t == "sliding_attention" else None) for t in set(layer_types)}
+    if doc_start is not None and backend not in ("flex", "sdpa"):
+        raise ValueError(f"packed documents (data.pack_documents) train on the flex or sdpa attention backend, not {backend}")
+    if backend == "flex":
+        return [{t: ttt_flex_block_mask(ctx_valid, j, sliding_window if t == "sliding_attention" else None, doc_start=doc_start)
+                 for t in set(layer_types)} for j in range(steps)]
+    return [{t: ttt_dense_mask(ctx_valid, j, sliding_window if t == "sliding_attention" else None, doc_start) for t in set(layer_types)}
             for j in range(steps)]
 
 
 def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Tensor, ctx_valid: torch.Tensor, steps: int,
-           backend: str = "sdpa", masks: list[dict] | None = None, checkpoint_steps: bool = False) -> list[torch.Tensor]:
+           backend: str = "sdpa", masks: list[dict] | None = None, checkpoint_steps: bool = False,
+           doc_start: torch.Tensor | None = None) -> list[torch.Tensor]:
     """The TTT forward: ``steps`` drafting steps over every index at once.
 
     With ``backend="fa4"`` or ``"cudnn"`` step j's attention is ``swa_kernels.window_attention``: a window of W - j
@@ -240,14 +253,17 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
         backend: ``sdpa`` (dense masks), ``flex`` (block masks, GPU), ``fa4`` or ``cudnn`` (see above).
         checkpoint_steps: keep no activations inside a step's layers; the backward recomputes them
             (each step's keys and values stay: later steps attend to them).
+        doc_start: [Bsz, T] packed documents (``ttt_visible``): with ``masks`` None, the masks stop at their starts.
 
     Returns:
         per step j, [Bsz, T, H] the drafter's output before the final norm (``model.logits``).
     """
     bsz, seq_len = input_ids.shape
     kernels = window_kernels(backend, features.is_cuda) if backend in WINDOW_BACKENDS else None
+    if kernels is not None and doc_start is not None:
+        raise ValueError(f"attention backend {backend}: its window kernel has no document boundaries (data.pack_documents)")
     if masks is None and kernels is None:
-        masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, backend)
+        masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, backend, doc_start)
     layer_types = model.layer_types
     scale = model.layers[0].self_attn.scaling
     flex_options = triton_flex_options(model.config.head_dim) if backend == "flex" else None
@@ -313,10 +329,14 @@ class TTTStats:
         return out
 
 
-def label_mask(input_ids: torch.Tensor, loss_mask: torch.Tensor, attention_mask: torch.Tensor, step: int) -> torch.Tensor:
-    """[Bsz, T] bool: step ``step`` at index t has a label (x_{t+step+2} real and in the loss mask)."""
-    labelled = (loss_mask.bool() & attention_mask.bool())
-    return shift_left(labelled, step + 2, False)
+def label_mask(input_ids: torch.Tensor, loss_mask: torch.Tensor, attention_mask: torch.Tensor, step: int,
+               doc_start: torch.Tensor | None = None) -> torch.Tensor:
+    """[Bsz, T] bool: step ``step`` at index t has a label (x_{t+step+2} real and in the loss mask, and with
+    ``doc_start``, packed documents, in t's document)."""
+    labelled = shift_left(loss_mask.bool() & attention_mask.bool(), step + 2, False)
+    if doc_start is not None:
+        labelled = labelled & (shift_left(doc_start, step + 2, -1) == doc_start)
+    return labelled
 
 
 def _soft_ce_rows(model: Eagle3DraftModel, h: torch.Tensor, target_draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -363,13 +383,14 @@ def target_labels(draft_ids: torch.Tensor, final_hidden: torch.Tensor, lm_head: 
 
 def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits: torch.Tensor | None, input_ids: torch.Tensor,
              loss_mask: torch.Tensor, attention_mask: torch.Tensor, chunk_rows: int = 4096, labels=None,
-             per_start: bool = False) -> TTTStats | tuple[TTTStats, torch.Tensor]:
+             per_start: bool = False, doc_start: torch.Tensor | None = None) -> TTTStats | tuple[TTTStats, torch.Tensor]:
     """Soft CE against the target restricted to the draft vocabulary, and acceptance stats.
 
     target_logits: [Bsz, T, V] the target's logits over its whole vocabulary, or None with
     ``labels`` = (greedy ids [Bsz, T], draft-vocabulary logits [Bsz, T, Vd]) from ``target_labels``.
     The target logits stay in their dtype (bf16 on the GPU); each chunk is upcast for its softmax.
     ``per_start``: also return [Bsz, T] the leading correct steps at each index (-1 where no start).
+    ``doc_start``: packed documents; a label past the index's document is none (``label_mask``).
     """
     steps = len(outputs)
     if labels is None:
@@ -381,7 +402,7 @@ def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits
     step_loss, step_correct, step_count = (torch.zeros(steps, device=device) for _ in range(3))
     leading = None
     for j, h in enumerate(outputs):
-        labelled = label_mask(input_ids, loss_mask, attention_mask, j)
+        labelled = label_mask(input_ids, loss_mask, attention_mask, j, doc_start)
         # index t at step j learns the target's distribution at t + j + 1; the last j + 1 indices have
         # none (never labelled): views, not shifted copies, so no per-step copy of the soft labels
         kept = seq_len - (j + 1)
@@ -408,7 +429,7 @@ def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits
 # ----------------------------------------------------------------------------- TTT masks
 
 def ttt_visible(b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor, step: int, ctx_valid: torch.Tensor,
-                window: int | None) -> torch.Tensor:
+                window: int | None, doc_start: torch.Tensor | None = None) -> torch.Tensor:
     """True where query ``q_idx`` of step ``step`` may attend to key ``kv_idx`` (broadcasting).
 
     Args:
@@ -416,11 +437,15 @@ def ttt_visible(b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor, step
         step: j, the drafting step the queries belong to.
         ctx_valid: [Bsz, T] bool, True on real tokens.
         window: W keys visible counting the query itself, or None (full attention).
+        doc_start: [Bsz, T] packed documents (``data.pack_documents``): the index each index's document starts at; a
+            context key must be in the query's document (its diagonal keys, at its own index, always are). None: one.
     """
     seq_len = ctx_valid.shape[1]
     key_step = kv_idx // seq_len
     u = kv_idx % seq_len
     context = (key_step == 0) & (u <= q_idx) & (ctx_valid[b, u] | (u == q_idx))
+    if doc_start is not None:
+        context = context & (u >= doc_start[b, q_idx])
     diagonal = (key_step >= 1) & (key_step <= step) & (u == q_idx)
     visible = context | diagonal
     if window is not None:
@@ -430,23 +455,27 @@ def ttt_visible(b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor, step
     return visible
 
 
-def ttt_dense_mask(ctx_valid: torch.Tensor, step: int, window: int | None) -> torch.Tensor:
+def ttt_dense_mask(ctx_valid: torch.Tensor, step: int, window: int | None, doc_start: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean SDPA mask [Bsz, 1, T, (step + 1) * T] (True = attend) from ``ttt_visible``."""
     bsz, seq_len = ctx_valid.shape
     device = ctx_valid.device
     b = torch.arange(bsz, device=device)[:, None, None]
     q = torch.arange(seq_len, device=device)[None, :, None]
     kv = torch.arange((step + 1) * seq_len, device=device)[None, None, :]
-    return ttt_visible(b, q, kv, step, ctx_valid, window)[:, None]
+    return ttt_visible(b, q, kv, step, ctx_valid, window, doc_start)[:, None]
 
 
-def ttt_tile_structure(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+def ttt_tile_structure(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int,
+                       doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Which (query tile, key tile) pairs of ``ttt_visible`` at ``step`` hold a visible pair (kept) and which hold only
     visible pairs (full), [Bsz, T / tile, (step + 1) T / tile] bool each, from the rule's shape alone: step 0's keys are
     a causal band [q + step - W + 1, q] over real keys (and the query's own, real or not), each later step's keys the
     diagonal u = q (when step - s < W). Exact for right-padded rows (``ctx_valid`` a prefix); with gaps, kept tiles are a
     superset (flex still applies the rule inside them). No [T, (step + 1) T] mask is evaluated, and nothing is compiled:
-    compiling flex's ``create_block_mask`` took ~50 s per key length at 16 x 2048 tokens on the H100."""
+    compiling flex's ``create_block_mask`` took ~50 s per key length at 16 x 2048 tokens on the H100.
+    With ``doc_start`` (packed documents, non-decreasing along a row) step 0's tiles are read query by query: a query q
+    sees u in [max(doc_start[q], q + band, 0), min(q, last real key)] and its own key, and a tile is kept where one of its
+    queries' ranges meets the tile's keys; full tiles also need every key at or after the tile's last query's start."""
     bsz, seq_len = ctx_valid.shape
     device = ctx_valid.device
     kv_len = (step + 1) * seq_len
@@ -466,6 +495,19 @@ def ttt_tile_structure(ctx_valid: torch.Tensor, step: int, window: int | None, t
         if s == 0:
             if band is not None and band > 0:  # the window ends before the query: no context key at all
                 seg_kept = seg_full = torch.zeros_like(kept)
+            elif doc_start is not None:
+                q = torch.arange(seq_len, device=device)
+                lo = doc_start if band is None else torch.maximum(doc_start, q + band)  # [Bsz, T]
+                hi = torch.minimum(q, last[:, :, 0] - 1)  # real keys only
+                meets = torch.maximum(lo[:, :, None], ua) <= torch.minimum(hi[:, :, None], ub - 1)  # [Bsz, T, Kt]
+                meets = F.pad(meets, (0, 0, 0, len(q0) * tile - seq_len)).view(bsz, len(q0), tile, len(k0)).any(2)
+                seg_kept = diagonal | meets
+                padding = (invalid_before[:, ub] - invalid_before[:, ua])[:, None, :]
+                own = ((q1 - q0 == 1) & (ua <= q0) & (q0 < ub)) & ~ctx_valid[:, q0[:, 0]][:, :, None]
+                all_real = padding - own.long() == 0
+                above = True if band is None else ua >= q1 - 1 + band
+                in_document = ua >= doc_start[:, (q1 - 1)[:, 0]][:, :, None]  # [Bsz, Qt, Kt]: the tile's latest start
+                seg_full = present & (ub - 1 <= q0) & above & all_real & in_document
             else:
                 low = torch.zeros_like(q0) if band is None else q0 + band  # the u some q of the tile sees: [low, q1 - 1]
                 u_high = torch.minimum(ub - 1, last - 1)  # real keys only
@@ -485,15 +527,15 @@ def ttt_tile_structure(ctx_valid: torch.Tensor, step: int, window: int | None, t
     return kept, full & kept
 
 
-def ttt_flex_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int = 128):
+def ttt_flex_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int = 128, doc_start: torch.Tensor | None = None):
     """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped
     (``ttt_tile_structure``: never the dense [T, (j+1)T] mask, 7.5 GB at 32K, step 6)."""
     seq_len = ctx_valid.shape[1]
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return ttt_visible(b, q_idx, kv_idx, step, ctx_valid, window)
+        return ttt_visible(b, q_idx, kv_idx, step, ctx_valid, window, doc_start)
 
-    kept, full = tile_structure_fn(ctx_valid.device.type)(ctx_valid, step, window, tile)
+    kept, full = tile_structure_fn(ctx_valid.device.type)(ctx_valid, step, window, tile, doc_start)
     return block_mask_from_tiles(kept, full, mask_mod, seq_len, (step + 1) * seq_len, tile, tile)
 
 

@@ -36,7 +36,7 @@ from common.transfer import to_device_async
 from swa_kernels import fa4_adapter
 from swa_kernels.fa4_adapter import available as fa4_available
 from models.builtin_targets import resolve_target_path
-from models.target import TargetModel
+from models.target import TargetModel, document_starts
 
 from . import deepspeed_engine
 from .checkpoint import Checkpointer, check_resume_early, resume_settings
@@ -174,6 +174,8 @@ class StepContext:
         """Padded tensors; with ``split`` and ``indices`` (the rows' places in their split) also
         ``split`` and ``rows``, which the feature store looks rows up by."""
         batch = collate_padded(rows, pad_id, self.padded_length(max(len(r["input_ids"]) for r in rows)))
+        if self.cfg.data.pack_documents and "segments" in batch:  # training rows (held-out ones are one conversation each)
+            batch["doc_start"] = document_starts(batch["segments"], batch["input_ids"].shape[1])
         if split is not None:
             batch["split"], batch["rows"] = split, list(indices)
         return batch

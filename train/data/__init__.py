@@ -93,11 +93,16 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
     summary.update(split_counts)
     summary["train_conversations"] = len(train_ds)
     if data_cfg.pack_length:  # after the split: held-out conversations stay one per row
-        train_ds = pack_conversations(train_ds, data_cfg.pack_length, seed, data_cfg.pack_fresh_fraction)
+        # packed documents: every row's conversations read apart (the drafter's masks stop at each one's start too)
+        fresh = 1.0 if data_cfg.pack_documents else data_cfg.pack_fresh_fraction
+        train_ds = pack_conversations(train_ds, data_cfg.pack_length, seed, fresh)
         summary["train_packed_rows"] = len(train_ds)
         summary["train_fresh_rows"] = sum(len(s) > 1 for s in train_ds["segments"])
-        log.info("packed %d training conversations into %d rows of at most %d tokens (%d read by the target one conversation "
-                 "at a time)", summary["train_conversations"], len(train_ds), data_cfg.pack_length, summary["train_fresh_rows"])
+        summary["train_packed_tokens"] = int(sum(sum(s) for s in train_ds["segments"]))
+        log.info("packed %d training conversations into %d rows of at most %d tokens (%.1f%% of their slots; %d read by the target "
+                 "one conversation at a time%s)", summary["train_conversations"], len(train_ds), data_cfg.pack_length,
+                 100 * summary["train_packed_tokens"] / max(1, len(train_ds) * data_cfg.pack_length), summary["train_fresh_rows"],
+                 ", each a document of its own" if data_cfg.pack_documents else "")
     summary["eval_conversations"] = 0 if eval_ds is None else len(eval_ds)
     return train_ds, eval_ds, summary
 

@@ -262,6 +262,9 @@ def export_rows(cfg: Any, out: Path) -> dict[str, Any]:
         raise DataError(f"data.pack_fresh_fraction={cfg.data.pack_fresh_fraction}: speculators' trainer reads every row whole (its "
                         "hidden states too), so the rows our target reads in pieces cannot be exported as such; "
                         "export with data.pack_fresh_fraction=0")
+    if cfg.data.pack_documents:
+        raise DataError("data.pack_documents=true: speculators' trainer reads every exported row whole, so a row's documents "
+                        "would see each other; export the conversations one per row (data.pack_documents=false, data.pack_length=null)")
     check_paths(cfg)
     out = Path(out)
     target_path = resolve_target_path(cfg.target.path)

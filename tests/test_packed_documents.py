@@ -1,0 +1,236 @@
+"""Packed documents (``data.pack_documents``): several conversations in one training row, each read as if alone.
+
+References, each independent of the code it checks: masks built element by element; the target's features of each
+conversation captured on its own row; EAGLE-3's loss of each conversation on its own row (the packed row's loss must be
+their sum, its label count theirs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.target import TargetModel, document_mask, document_starts
+from train.eagle3 import label_mask, ttt_dense_mask, ttt_loss, ttt_tile_structure, unroll
+from test_eagle3_masks import reference_mask
+from test_eagle3_train import small_drafter
+
+
+def test_document_starts_by_hand() -> None:
+    starts = document_starts([[3, 2], [4], []], 7)
+    assert starts.tolist() == [[0, 0, 0, 3, 3, 5, 6], [0, 0, 0, 0, 4, 5, 6], [0, 1, 2, 3, 4, 5, 6]]
+    with pytest.raises(ValueError, match=r"row 0: documents \[5, 3\] cover 8 tokens; the row holds 7"):
+        document_starts([[5, 3]], 7)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_document_mask_matches_a_mask_built_element_by_element(window: int | None) -> None:
+    segments = [[4, 1, 3], [8], [2, 3]]
+    starts = document_starts(segments, 9)
+    got = document_mask(starts, window)
+    assert got.shape == (3, 1, 9, 9)
+    for b, lengths in enumerate(segments):
+        doc = []  # each position's document number; padding positions one each
+        for i, n in enumerate(lengths):
+            doc += [i] * n
+        doc += [100 + p for p in range(len(doc), 9)]
+        for q in range(9):
+            for k in range(9):
+                want = k <= q and doc[k] == doc[q] and (window is None or q - k < window)
+                assert bool(got[b, 0, q, k]) == want, (b, q, k)
+
+
+def packed_rows(target: TargetModel, lengths: list[list[int]], width: int, seed: int = 0):
+    """Rows of random token documents of ``lengths`` (each row right-padded to ``width``) and each document's ids."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    docs = []
+    for b, row in enumerate(lengths):
+        at = 0
+        for n in row:
+            doc = torch.randint(3, target.vocab_size, (n,), generator=generator)
+            ids[b, at:at + n] = doc
+            docs.append((b, at, doc))
+            at += n
+    return ids, docs
+
+
+@pytest.mark.parametrize("which", ["reference-qwen3", "tiny-llama3", "reference-qwen3-eager"])
+def test_capture_of_packed_documents_equals_each_document_alone(which: str, reference_target_path, tiny_llama3_path) -> None:
+    """One forward over packed rows with ``doc_start`` gives every document the features and final hidden state it has
+    when captured alone on a row of its own: Qwen3's stack takes the masks prebuilt, Llama's (SmolLM2's architecture)
+    builds them from the prepared 4D mask, and the eager attention takes them as additive floats."""
+    path = str(tiny_llama3_path if which == "tiny-llama3" else reference_target_path)
+    target = TargetModel.from_pretrained(path, "cpu", attn_implementation="eager" if which.endswith("eager") else "auto")
+    lengths = [[7, 5, 9], [13], [4, 6]]
+    ids, docs = packed_rows(target, lengths, 23)
+    layer_ids = [0, 1, 2]
+    got = target.capture(ids, layer_ids, with_final_hidden=True, doc_start=document_starts(lengths, 23))
+    for b, at, doc in docs:
+        alone = target.capture(doc[None], layer_ids, with_final_hidden=True)
+        torch.testing.assert_close(got.features[b, at:at + len(doc)], alone.features[0], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(got.final_hidden[b, at:at + len(doc)], alone.final_hidden[0], atol=2e-5, rtol=1e-5)
+    # not a no-op: read whole, the second document's features differ (it sees the first)
+    whole = target.capture(ids[:1], layer_ids)
+    assert not torch.allclose(whole.features[0, 7:12], got.features[0, 7:12], atol=1e-3)
+
+
+def doc_reference_mask(valid: list[bool], starts: list[int], step: int, window: int | None) -> torch.Tensor:
+    """``test_eagle3_masks.reference_mask`` with documents: a step-0 key u is visible to index t only in t's document."""
+    mask = reference_mask(valid, step, window)
+    seq_len = len(valid)
+    for t in range(seq_len):
+        for u in range(seq_len):
+            if u < starts[t]:
+                mask[t, u] = False  # step 0's keys; later steps' keys are at index t itself
+    return mask
+
+
+SEGMENTS = [[4, 3, 4], [5, 3], [11]]  # row 1 right-padded by 3
+
+
+@pytest.mark.parametrize("window", [None, 1, 2, 4, 64])
+@pytest.mark.parametrize("step", [0, 1, 3])
+def test_ttt_dense_mask_with_documents_matches_the_reference(window: int | None, step: int) -> None:
+    starts = document_starts(SEGMENTS, 11)
+    ctx_valid = torch.arange(11)[None, :] < torch.tensor([[11], [8], [11]])
+    dense = ttt_dense_mask(ctx_valid, step, window, starts)
+    for b in range(3):
+        assert torch.equal(dense[b, 0], doc_reference_mask(ctx_valid[b].tolist(), starts[b].tolist(), step, window)), (b, step, window)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 5, 40])
+@pytest.mark.parametrize("tile", [1, 3, 4, 8])
+def test_tile_structure_with_documents_equals_the_dense_masks_tiles(window: int | None, tile: int) -> None:
+    """The kept and full tiles with documents are exactly those of the element-by-element mask (flex runs the mask
+    inside kept tiles and skips it in full ones: a full tile with a hidden pair would leak across documents)."""
+    seq_len = 13
+    segments = [[5, 4, 4], [2, 6], [13], [1, 1, 1]]
+    starts = document_starts(segments, seq_len)
+    ctx_valid = torch.arange(seq_len)[None, :] < torch.tensor([[13], [8], [13], [3]])
+    for step in range(4):
+        kept, full = ttt_tile_structure(ctx_valid, step, window, tile, starts)
+        dense = ttt_dense_mask(ctx_valid, step, window, starts)[:, 0].float()
+        q_tiles, kv_tiles = kept.shape[1:]
+        padded = torch.nn.functional.pad(dense, (0, kv_tiles * tile - dense.shape[2], 0, q_tiles * tile - seq_len), value=-1)
+        tiles = padded.view(4, q_tiles, tile, kv_tiles, tile).transpose(2, 3).flatten(3)
+        assert torch.equal(kept, (tiles == 1).any(-1)), (step, window, tile)
+        assert torch.equal(full, ((tiles == 1) | (tiles < 0)).all(-1) & (tiles == 1).any(-1)), (step, window, tile)
+
+
+@pytest.mark.parametrize("layer_types,window", [(["sliding_attention"], 4), (["full_attention", "sliding_attention"], 2)])
+@torch.no_grad()
+def test_eagle3_loss_of_packed_documents_is_the_sum_of_each_alone(layer_types: list[str], window: int) -> None:
+    """The TTT unroll and loss over rows of packed documents equal the same documents each on a row of its own: the
+    loss sums, label counts, per-step correct counts and accepted chains add up (sdpa's dense masks; labels past a
+    document's end are none, so a document's last tokens never learn the next one's first)."""
+    model = small_drafter(layer_types, window)
+    generator = torch.Generator().manual_seed(4)
+    lengths, width, steps = [[6, 5, 7], [9, 4]], 20, 3
+    ids = torch.zeros(2, width, dtype=torch.long)
+    features = torch.zeros(2, width, 96)
+    target_logits = torch.zeros(2, width, 40)
+    loss_mask = torch.zeros(2, width, dtype=torch.long)
+    docs = []
+    for b, row in enumerate(lengths):
+        at = 0
+        for n in row:
+            piece = (torch.randint(0, 40, (n,), generator=generator), torch.randn(n, 96, generator=generator),
+                     torch.randn(n, 40, generator=generator), (torch.rand(n, generator=generator) < 0.8).long())
+            piece[3][0] = 1  # a document's first token labelled: it must not become the previous document's label
+            ids[b, at:at + n], features[b, at:at + n], target_logits[b, at:at + n], loss_mask[b, at:at + n] = piece
+            docs.append(piece)
+            at += n
+    attention_mask = (torch.arange(width)[None, :] < torch.tensor([[18], [13]])).long()
+    starts = document_starts(lengths, width)
+    outputs = unroll(model, features, ids, attention_mask.bool(), steps, doc_start=starts)
+    packed = ttt_loss(model, outputs, target_logits, ids, loss_mask, attention_mask, doc_start=starts)
+    alone = None
+    for doc_ids, doc_features, doc_logits, doc_mask in docs:
+        ones = torch.ones(1, len(doc_ids), dtype=torch.long)
+        out = unroll(model, doc_features[None], doc_ids[None], ones.bool(), steps)
+        stats = ttt_loss(model, out, doc_logits[None], doc_ids[None], doc_mask[None], ones)
+        alone = stats if alone is None else alone + stats
+    for name in ("loss_sum", "num_labels", "step_loss", "step_correct", "step_count", "accepted_sum", "num_starts"):
+        torch.testing.assert_close(getattr(packed, name), getattr(alone, name), rtol=1e-5, atol=1e-5, msg=name)
+    # without the document boundaries the same rows count labels across them
+    for j in range(steps):
+        assert label_mask(ids, loss_mask, attention_mask, j).sum() > label_mask(ids, loss_mask, attention_mask, j, starts).sum()
+
+
+def test_training_on_packed_documents_reads_fewer_rows_with_the_same_labels(tmp_path) -> None:
+    """``python -m train ... data.pack_documents=true``: the run packs its conversations into fewer rows (its data summary
+    and one epoch's steps), and its first batch holds as many labels as its conversations hold one per row (the same
+    conversations: counted with the row-per-conversation label rule on each alone)."""
+    import json
+
+    from compose import compose_train
+    from train.eagle3 import label_mask as one_label_mask
+    from train.trainer import build, to_train_config, train
+
+    common = ["experiment=eagle3_swa_tiny", "trainer.progress=false", "data.num_eval=16", "data.max_length=192", "trainer.eval_every=0",
+              "trainer.export_formats=[]", "trainer.loop_eval_prompts=0", "trainer.batch_size=4"]
+    packed = common + ["data.pack_documents=true", "data.pack_length=384"]
+    run = build(to_train_config(compose_train(packed + [f"output_dir={tmp_path / 'build'}"])))
+    summary = run.data_summary
+    assert summary["train_packed_rows"] < summary["train_conversations"] / 1.5
+    batch = run.next_micro_batches()[0]
+    assert "doc_start" in batch and batch["input_ids"].shape == (4, 384)
+    got = run.step.num_labels(batch, None)
+    want = 0
+    for b, lengths in enumerate(batch["segments"]):
+        at = 0
+        for n in lengths:
+            ids, mask = batch["input_ids"][b:b + 1, at:at + n], batch["loss_mask"][b:b + 1, at:at + n]
+            want += int(one_label_mask(ids, mask, torch.ones_like(ids), 0).sum())
+            at += n
+    assert int(got) == want > 0
+    metrics = train(compose_train(packed + ["trainer.max_steps=3", "trainer.log_every=1", f"output_dir={tmp_path / 'run'}"]))
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len([h for h in history if "train/loss" in h]) == 3 and metrics["steps"] == 3
+    assert all(torch.isfinite(torch.tensor(h["train/loss"])) for h in history if "train/loss" in h)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_compiled_tile_structure_and_flex_unroll_with_documents() -> None:
+    """On a GPU the flex masks' tiles come from the compiled ``ttt_tile_structure`` (dynamic shapes): with documents it
+    equals the eager one; and the TTT unroll on flex's block masks gives the outputs of the dense sdpa masks (fp32)."""
+    from train.eagle3 import tile_structure_fn
+
+    compiled = tile_structure_fn("cuda")
+    for seq_len, segments in ((13, [[5, 4, 4], [2, 6], [13]]), (300, [[120, 100, 80], [299], [1, 1, 1]]), (517, [[200, 317], [17, 400], [500]])):
+        starts = document_starts(segments, seq_len)
+        ctx_valid = torch.arange(seq_len)[None, :] < torch.tensor([[sum(s)] for s in segments])
+        for step in range(3):
+            for window in (None, 3, 64):
+                want = ttt_tile_structure(ctx_valid, step, window, 4, starts)
+                got = compiled(ctx_valid.cuda(), step, window, 4, starts.cuda())
+                assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]), (seq_len, step, window)
+    model = small_drafter(["sliding_attention"], 64).cuda()
+    generator = torch.Generator().manual_seed(6)
+    segments, width = [[150, 90, 40], [256]], 300
+    ids = torch.randint(0, 40, (2, width), generator=generator).cuda()
+    features = torch.randn(2, width, 96, generator=generator).cuda()
+    ctx_valid = (torch.arange(width)[None, :] < torch.tensor([[280], [256]])).cuda()
+    starts = document_starts(segments, width).cuda()
+    with torch.no_grad():
+        dense = unroll(model, features, ids, ctx_valid, 3, backend="sdpa", doc_start=starts)
+        flex = unroll(model, features, ids, ctx_valid, 3, backend="flex", doc_start=starts)
+    for j, (a, b) in enumerate(zip(dense, flex)):
+        torch.testing.assert_close(b[ctx_valid], a[ctx_valid], atol=2e-4, rtol=1e-4, msg=f"step {j}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_packed_capture_in_bf16_with_compiled_layers_equals_each_document_alone(reference_target_path) -> None:
+    """The trainer's GPU capture (bf16, each layer compiled, SDPA with the prepared document mask) against each
+    document captured alone the same way: equal to bf16's rounding."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cuda", "bfloat16")
+    target.compile_layers()
+    lengths = [[300, 500, 200], [1024], [700, 1]]
+    ids, docs = packed_rows(target, lengths, 1024)
+    got = target.capture(ids.cuda(), [1, 3, 5], with_final_hidden=True, doc_start=document_starts(lengths, 1024).cuda())
+    for b, at, doc in docs:
+        alone = target.capture(doc[None].cuda(), [1, 3, 5], with_final_hidden=True)
+        a, g = alone.features[0].float(), got.features[b, at:at + len(doc)].float()
+        assert torch.nn.functional.cosine_similarity(a, g, dim=-1).min() > 0.999, (b, at)
+        assert (a - g).abs().max() <= 0.05 * a.abs().max(), (b, at)
