@@ -221,3 +221,28 @@ def test_prompts_that_fit_keeps_each_questions_id_and_answers_bad_input_in_one_l
         last = bad.stderr.strip().splitlines()[-1]
         assert bad.returncode == 2 and "Traceback" not in bad.stderr and last.startswith("error: ") and names in last, bad.stderr[-1500:]
         assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_packing_fill_counts_the_rows_each_packing_makes(tmp_path) -> None:
+    """``benchmarks/packing_fill.py`` on the builtin sample: its three rows are what ``pack_conversations`` makes of the
+    same training split (one row each, next fit, best fit), and the fills follow from the tokens."""
+    import re
+
+    from benchmarks.train_throughput import compose
+    from models.builtin_targets import resolve_target_path
+    from models.target import TargetModel
+    from train.data import prepare_data
+    from train.data.dataset import pack_conversations
+
+    overrides = ["experiment=eagle3_swa_tiny", "data.regenerate.enabled=false", "data.max_length=192", "data.num_eval=16",
+                 f"data.cache_dir={tmp_path}"]
+    out = run_script("benchmarks/packing_fill.py", *overrides, "--pack-length", "384", "--batch-size", "4")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    tokens = int(re.search(r"training conversations, ([\d,]+) tokens", out.stdout).group(1).replace(",", ""))
+    rows = [int(m.replace(",", "")) for m in re.findall(r"^\| [^|]+ \| ([\d,]+) \|", out.stdout, re.M)]
+    cfg = compose(overrides + ["output_dir=/tmp/x"])
+    train_ds, _, _ = prepare_data(cfg.data, TargetModel.from_pretrained(resolve_target_path(cfg.target.path), "cpu"), seed=cfg.trainer.seed)
+    want = [len(train_ds), len(pack_conversations(train_ds, 384, cfg.trainer.seed)), len(pack_conversations(train_ds, 384, cfg.trainer.seed, best_fit=True))]
+    assert rows == want and want[2] < want[1] < want[0], (rows, want)
+    fills = [float(m) for m in re.findall(r"\| ([\d.]+)% \|", out.stdout)]
+    assert fills == [round(100 * tokens / (r * 384), 1) for r in rows], out.stdout

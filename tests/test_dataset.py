@@ -218,6 +218,48 @@ def test_pack_conversations_keeps_every_conversation_whole_and_in_order() -> Non
     assert [sum(s) for s in every["segments"]] == lengths and sum(len(s) for s in every["segments"]) == len(rows)
 
 
+def test_best_fit_packing_places_every_conversation_once_and_fills_rows() -> None:
+    """data.pack_documents packs by best fit decreasing: every conversation in exactly one row, whole, with its mask and
+    its length in ``segments``; no row over ``pack_length``; no conversation could have gone into an earlier-closed row
+    with less room left (checked against a brute-force best fit); fewer rows than next fit; the same rows for the seed."""
+    import datasets
+    import numpy as np
+
+    from train.data.dataset import best_fit_rows, pack_conversations
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for c in range(60):
+        n = int(rng.integers(3, 60))
+        rows.append({"input_ids": [1000 + c] + rng.integers(0, 50, n - 1).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()})
+    ds = datasets.Dataset.from_list(rows)
+    packed = pack_conversations(ds, pack_length=64, seed=5, fresh_fraction=1.0, best_fit=True)
+    seen = []
+    for r in packed:
+        assert len(r["input_ids"]) <= 64 and sum(r["segments"]) == len(r["input_ids"])
+        at = 0
+        for n in r["segments"]:
+            c = r["input_ids"][at] - 1000
+            assert r["input_ids"][at:at + n] == rows[c]["input_ids"] and r["loss_mask"][at:at + n] == rows[c]["loss_mask"]
+            seen.append(c)
+            at += n
+    assert sorted(seen) == list(range(60))
+    # brute force: longest first, each into the fitting row with the least room left (ties: the earliest row)
+    lengths = [len(r["input_ids"]) for r in rows]
+    order = np.random.default_rng(5).permutation(60).tolist()
+    want: list[list[int]] = []
+    for i in sorted(range(60), key=lambda i: (-lengths[i], order.index(i))):
+        fits = [(64 - sum(lengths[j] for j in row), k) for k, row in enumerate(want) if sum(lengths[j] for j in row) + lengths[i] <= 64]
+        if fits:
+            want[min(fits)[1]].append(i)
+        else:
+            want.append([i])
+    assert best_fit_rows(lengths, 64, order) == want
+    next_fit = pack_conversations(ds, pack_length=64, seed=5)
+    assert len(packed) < len(next_fit) and len(packed) <= -(-sum(lengths) // 64) + 2
+    assert pack_conversations(ds, 64, 5, 1.0, best_fit=True)["segments"] == packed["segments"]
+
+
 def test_few_prompts_sampled_many_times_keep_training_rows() -> None:
     """Data with fewer distinct first prompts than data.num_eval (3 prompts, 20 replies each): holding out every prompt
     group removed every training row, and the run died at its first batch ("max() arg is an empty sequence"). The

@@ -206,11 +206,23 @@ def test_on_cuda_the_compiled_tile_structure_and_flex_unroll_with_documents() ->
                 want = ttt_tile_structure(ctx_valid, step, window, 4, starts)
                 got = compiled(ctx_valid.cuda(), step, window, 4, starts.cuda())
                 assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]), (seq_len, step, window)
-    model = small_drafter(["sliding_attention"], 64).cuda()
+    from transformers import LlamaConfig
+
+    from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
+
+    # flex's Triton kernels take head dimensions of 16 and up (small_drafter's are 8)
+    target_config = LlamaConfig(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512)
+    config = make_eagle3_config(target_config, num_hidden_layers=1, target_layer_ids=[1, 2, 3], layer_types=["sliding_attention"],
+                                sliding_window=64, draft_vocab_size=24)
+    torch.manual_seed(0)
+    model = Eagle3DraftModel(config).eval()
+    model.set_draft_vocab(*build_draft_vocab({i: (i * 7) % 11 for i in range(40)}, 40, 24))
+    model = model.cuda()
     generator = torch.Generator().manual_seed(6)
     segments, width = [[150, 90, 40], [256]], 300
     ids = torch.randint(0, 40, (2, width), generator=generator).cuda()
-    features = torch.randn(2, width, 96, generator=generator).cuda()
+    features = torch.randn(2, width, 3 * 64, generator=generator).cuda()
     ctx_valid = (torch.arange(width)[None, :] < torch.tensor([[280], [256]])).cuda()
     starts = document_starts(segments, width).cuda()
     with torch.no_grad():

@@ -95,7 +95,7 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
     if data_cfg.pack_length:  # after the split: held-out conversations stay one per row
         # packed documents: every row's conversations read apart (the drafter's masks stop at each one's start too)
         fresh = 1.0 if data_cfg.pack_documents else data_cfg.pack_fresh_fraction
-        train_ds = pack_conversations(train_ds, data_cfg.pack_length, seed, fresh)
+        train_ds = pack_conversations(train_ds, data_cfg.pack_length, seed, fresh, best_fit=data_cfg.pack_documents)
         summary["train_packed_rows"] = len(train_ds)
         summary["train_fresh_rows"] = sum(len(s) > 1 for s in train_ds["segments"])
         summary["train_packed_tokens"] = int(sum(sum(s) for s in train_ds["segments"]))
