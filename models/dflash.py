@@ -182,6 +182,7 @@ def dflash_visible(
     ctx_valid: torch.Tensor,
     block_size: int,
     spec: LayerMaskSpec,
+    ctx_lo: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """True where query ``q_idx`` may attend to key ``kv_idx`` in sequence ``b`` (broadcasting).
 
@@ -191,6 +192,8 @@ def dflash_visible(
         ctx_valid: [Bsz, T] bool, True on real tokens.
         block_size: B.
         spec: the layer's window and in-block causality.
+        ctx_lo: [Bsz, N] packed documents (``data.pack_documents``): the first context key each anchor's block may see
+            (its document's start); None: 0.
     """
     ctx_len = ctx_valid.shape[1]
     n = q_idx // block_size
@@ -200,6 +203,8 @@ def dflash_visible(
     is_ctx = kv_idx < ctx_len
     # torch.where, not clamp: FlashAttention-4's flex lowering has no minimum/maximum
     ctx_ok = (kv_idx < anchor) & ctx_valid[b, torch.where(is_ctx, kv_idx, ctx_len - 1)]
+    if ctx_lo is not None:
+        ctx_ok = ctx_ok & (kv_idx >= ctx_lo[b, n])
     blk = torch.where(is_ctx, 0, kv_idx - ctx_len)
     m = blk // block_size
     l = blk % block_size
@@ -214,7 +219,8 @@ def dflash_visible(
     return torch.where(is_ctx, ctx_ok, blk_ok)
 
 
-def dense_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec) -> torch.Tensor:
+def dense_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec,
+               ctx_lo: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean SDPA mask [Bsz, 1, Q, K] (True = attend) from ``dflash_visible``."""
     bsz, num_anchors = anchors.shape
     q_len = num_anchors * block_size
@@ -223,11 +229,11 @@ def dense_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, 
     b = torch.arange(bsz, device=device)[:, None, None]
     q = torch.arange(q_len, device=device)[None, :, None]
     kv = torch.arange(kv_len, device=device)[None, None, :]
-    return dflash_visible(b, q, kv, anchors, ctx_valid, block_size, spec)[:, None]
+    return dflash_visible(b, q, kv, anchors, ctx_valid, block_size, spec, ctx_lo)[:, None]
 
 
 def dflash_tile_structure(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, q_rows: int,
-                          kv_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+                          kv_tile: int, ctx_lo: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Which (query tile, key tile) pairs of ``dflash_visible`` hold a visible pair (kept) and which hold only
     visible pairs (full), [Bsz, Q / q_rows, K / kv_tile] bool each, from each query's two key intervals
     (``swa_kernels.key_intervals.dflash_key_intervals``, the rule FlashAttention-4's kernels run), not from a [Q, K] mask
@@ -245,7 +251,7 @@ def dflash_tile_structure(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_
     device = anchors.device
     ctx_valid = ctx_valid.to(device)
     last_real = (ctx_valid * torch.arange(1, ctx_len + 1, device=device)).amax(1)  # [Bsz] one past the last real key
-    rows = dflash_key_intervals(anchors, last_real, block_size, spec.window, spec.block_causal, ctx_len).long()  # [Bsz, Q, 4]
+    rows = dflash_key_intervals(anchors, last_real, block_size, spec.window, spec.block_causal, ctx_len, ctx_lo).long()  # [Bsz, Q, 4]
     lo1, hi1, lo2, hi2 = (rows[..., i, None] for i in range(4))  # [Bsz, Q, 1]: context, own block
     start = torch.arange(kv_tiles, device=device) * kv_tile  # [Kt]
     end = (start + kv_tile).clamp(max=kv_len)
@@ -259,19 +265,21 @@ def dflash_tile_structure(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_
     return kept, full & kept
 
 
-def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, tile: int = 128):
+def flex_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, tile: int = 128,
+                    ctx_lo: torch.Tensor | None = None):
     """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped."""
     q_len = anchors.shape[1] * block_size
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec)
+        return dflash_visible(b, q_idx, kv_idx, anchors, ctx_valid, block_size, spec, ctx_lo)
 
-    kept, full = dflash_tile_structure(anchors, ctx_valid, block_size, spec, tile, tile)
+    kept, full = dflash_tile_structure(anchors, ctx_valid, block_size, spec, tile, tile, ctx_lo)
     return block_mask_from_tiles(kept, full, mask_mod, q_len, ctx_valid.shape[1] + q_len, tile, tile)
 
 
 def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
-                           tile: int = 128, q_tile: int | None = None, kernel_options: dict | None = None):
+                           tile: int = 128, q_tile: int | None = None, kernel_options: dict | None = None,
+                           ctx_lo: torch.Tensor | None = None):
     """``flex_block_mask`` for queries packed by KV group (module docstring), or None when a tile
     cannot hold whole blocks (``q_tile``, default ``tile``, not a multiple of ``groups * block_size``).
     ``kernel_options`` travel with the mask to flex_attention (e.g. FlashAttention-4's kernels)."""
@@ -283,17 +291,17 @@ def flex_packed_block_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block
     q_len, kv_len = num_anchors * block_size, ctx_valid.shape[1] + num_anchors * block_size
 
     def packed_mask_mod(b, h, row, kv_idx):  # row = (block n, head g, slot k) -> query n * B + k
-        return dflash_visible(b, row // rows_per_block * block_size + row % block_size, kv_idx, anchors, ctx_valid, block_size, spec)
+        return dflash_visible(b, row // rows_per_block * block_size + row % block_size, kv_idx, anchors, ctx_valid, block_size, spec, ctx_lo)
 
     # A packed tile holds the same blocks as an unpacked tile of tile / G rows: the tile structure
     # (skipped / partial / full) is the unpacked one at that height, over Q rows, not G * Q.
-    kept, full = dflash_tile_structure(anchors, ctx_valid, block_size, spec, q_tile // groups, tile)
+    kept, full = dflash_tile_structure(anchors, ctx_valid, block_size, spec, q_tile // groups, tile, ctx_lo)
     block_mask = block_mask_from_tiles(kept, full, packed_mask_mod, groups * q_len, kv_len, q_tile, tile)
     return PackedQueryMask(block_mask, groups, block_size, kernel_options)
 
 
 def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size: int, spec: LayerMaskSpec, groups: int,
-                      head_dim: int = 128, group_major: bool = False) -> KeyIntervalMask:
+                      head_dim: int = 128, group_major: bool = False, ctx_lo: torch.Tensor | None = None) -> KeyIntervalMask:
     """The same rule as per-row key intervals for FlashAttention-4's kernels (``swa_kernels.key_intervals``):
     query n * B + k sees the context [max(0, p - W + 1), a_n) and its own block's slots. The context must
     be right-padded (``ctx_valid`` a prefix of each row), as the trainer's batches are; a device-side
@@ -307,14 +315,14 @@ def key_interval_mask(anchors: torch.Tensor, ctx_valid: torch.Tensor, block_size
     ctx_keys = ctx_keys_for(ctx_len)
     make = _compiled_interval_plan() if anchors.is_cuda else interval_plan_tensors
     rows, tables = make(anchors, lengths, block_size, spec.window, spec.block_causal, ctx_keys, groups,
-                        ctx_keys + anchors.shape[1] * block_size, head_dim)
+                        ctx_keys + anchors.shape[1] * block_size, head_dim, ctx_lo)
     return KeyIntervalMask(plan_from_tables(rows, groups, head_dim, tables), ctx_len, ctx_keys, group_major)
 
 
 def interval_plan_tensors(anchors: torch.Tensor, lengths: torch.Tensor, block_size: int, window: int | None, block_causal: bool,
-                          ctx_keys: int, groups: int, num_keys: int, head_dim: int):
+                          ctx_keys: int, groups: int, num_keys: int, head_dim: int, ctx_lo: torch.Tensor | None = None):
     """DFlash's intervals and their kernel tables, as tensors only (``key_interval_mask``'s work, compiled on a GPU)."""
-    rows = dflash_key_intervals(anchors, lengths, block_size, window, block_causal, ctx_keys)
+    rows = dflash_key_intervals(anchors, lengths, block_size, window, block_causal, ctx_keys, ctx_lo)
     return rows, interval_tables(rows, groups, num_keys, head_dim)
 
 

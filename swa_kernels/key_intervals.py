@@ -36,7 +36,7 @@ def ctx_keys_for(ctx_len: int) -> int:
 
 
 def dflash_key_intervals(anchors: torch.Tensor, ctx_len: torch.Tensor, block_size: int, window: int | None,
-                         block_causal: bool, ctx_keys: int) -> torch.Tensor:
+                         block_causal: bool, ctx_keys: int, ctx_lo: torch.Tensor | None = None) -> torch.Tensor:
     """[Bsz, N * B, 4] int32 intervals of DFlash's rule (``models.dflash.dflash_visible``) over keys laid
     out as [context, padded to ``ctx_keys`` ; block n's B keys at ctx_keys + n * B].
 
@@ -44,6 +44,7 @@ def dflash_key_intervals(anchors: torch.Tensor, ctx_len: torch.Tensor, block_siz
         anchors: [Bsz, N] anchor positions (padded slots: 0).
         ctx_len: [Bsz] real context tokens, which must be a prefix of the context (right padding).
         window: W keys counting the query itself; None = no window.
+        ctx_lo: [Bsz, N] the first context key each block may see (packed documents: its document's start); None: 0.
     """
     bsz, n = anchors.shape
     k = torch.arange(block_size, device=anchors.device)
@@ -51,6 +52,8 @@ def dflash_key_intervals(anchors: torch.Tensor, ctx_len: torch.Tensor, block_siz
     pos = a + k
     hi1 = torch.minimum(a, ctx_len.long()[:, None, None]).expand_as(pos)
     lo1 = (pos - window + 1).clamp(min=0) if window is not None else torch.zeros_like(pos)
+    if ctx_lo is not None:
+        lo1 = torch.maximum(lo1, ctx_lo.long()[:, :, None])
     block0 = ctx_keys + torch.arange(n, device=anchors.device)[None, :, None] * block_size
     slot_lo = (k - window + 1).clamp(min=0) if window is not None else torch.zeros_like(k)
     if block_causal:

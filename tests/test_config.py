@@ -90,7 +90,6 @@ def test_unknown_key_and_bad_values_fail_at_composition() -> None:
         (["experiment=eagle3_swa_tiny", "data.pack_documents=true"], "data.pack_documents=true without data.pack_length"),
         (["experiment=eagle3_swa_tiny", "data.pack_documents=true", "data.pack_length=4096", "data.pack_fresh_fraction=0.5"],
          "data.pack_fresh_fraction=0.5 with data.pack_documents=true"),
-        (["data.pack_documents=true", "data.pack_length=4096"], "data.pack_documents=true trains EAGLE-3"),
         (["experiment=eagle3_swa_tiny", "data.pack_documents=true", "data.pack_length=4096", "trainer.attention_backend=fa4"],
          "trainer.attention_backend=fa4 with data.pack_documents=true"),
         (["trainer.max_steps=0"], "trainer.max_steps=0"),

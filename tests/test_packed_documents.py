@@ -185,7 +185,7 @@ def test_training_on_packed_documents_reads_fewer_rows_with_the_same_labels(tmp_
             want += int(one_label_mask(ids, mask, torch.ones_like(ids), 0).sum())
             at += n
     assert int(got) == want > 0
-    metrics = train(compose_train(packed + ["trainer.max_steps=3", "trainer.log_every=1", f"output_dir={tmp_path / 'run'}"]))
+    metrics = train(compose_train(packed + ["trainer.max_steps=3", "trainer.log_every=1", "data.num_eval=0", f"output_dir={tmp_path / 'run'}"]))
     history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len([h for h in history if "train/loss" in h]) == 3 and metrics["steps"] == 3
     assert all(torch.isfinite(torch.tensor(h["train/loss"])) for h in history if "train/loss" in h)
@@ -246,3 +246,150 @@ def test_on_cuda_packed_capture_in_bf16_with_compiled_layers_equals_each_documen
         a, g = alone.features[0].float(), got.features[b, at:at + len(doc)].float()
         assert torch.nn.functional.cosine_similarity(a, g, dim=-1).min() > 0.999, (b, at)
         assert (a - g).abs().max() <= 0.05 * a.abs().max(), (b, at)
+
+
+# ----------------------------------------------------------------------------- DFlash on packed documents
+
+def dflash_doc_cases(seed: int = 3):
+    """Rows of packed documents (right-padded), anchors drawn inside them (sorted, padded slots 0) and each anchor's
+    document start."""
+    generator = torch.Generator().manual_seed(seed)
+    segments = [[20, 13, 17], [9, 31], [50]]
+    width = 56
+    starts = document_starts(segments, width)
+    ctx_valid = torch.arange(width)[None, :] < torch.tensor([[sum(s)] for s in segments])
+    anchors = torch.zeros(3, 7, dtype=torch.long)
+    for row, lengths in enumerate(segments):
+        picked = torch.randperm(sum(lengths) - 1, generator=generator)[:int(torch.randint(2, 8, (), generator=generator))].sort().values
+        anchors[row, :len(picked)] = picked
+    return anchors, ctx_valid, starts, starts.gather(1, anchors)
+
+
+@pytest.mark.parametrize("spec_name", ["full", "sliding_causal_w5", "sliding_noncausal_w5", "sliding_w1", "sliding_w_ge_len"])
+def test_dflash_masks_with_documents_match_the_reference_and_each_other(spec_name: str) -> None:
+    """With each block's context starting at its anchor's document (``ctx_lo``): the dense mask equals the element-by-element
+    reference with context keys before that start removed; the key intervals FlashAttention-4 runs equal it; the tile
+    tables flex skips and trusts are exactly its tiles."""
+    from swa_kernels.key_intervals import ctx_keys_for, dense_mask_from_intervals, dflash_key_intervals
+    from models.dflash import dense_mask as dflash_dense_mask, dflash_tile_structure
+    from test_dflash_masks import SPECS, reference_mask as dflash_reference
+
+    spec, block = SPECS[spec_name], 4
+    anchors, ctx_valid, starts, ctx_lo = dflash_doc_cases()
+    got = dflash_dense_mask(anchors, ctx_valid, block, spec, ctx_lo)
+    width = ctx_valid.shape[1]
+    for b in range(3):
+        want = dflash_reference(anchors[b].tolist(), ctx_valid[b].tolist(), block, spec)
+        for n in range(anchors.shape[1]):
+            want[n * block:(n + 1) * block, :int(ctx_lo[b, n])] = False
+        assert torch.equal(got[b, 0], want), b
+    if spec.window != 1:  # W = 1 sees no context key at all
+        assert not torch.equal(got, dflash_dense_mask(anchors, ctx_valid, block, spec))  # the documents cut something
+    ctx_keys = ctx_keys_for(width)
+    rows = dflash_key_intervals(anchors, ctx_valid.sum(1), block, spec.window, spec.block_causal, ctx_keys, ctx_lo)
+    keep = torch.cat([torch.arange(width), torch.arange(ctx_keys, ctx_keys + anchors.shape[1] * block)])
+    assert torch.equal(dense_mask_from_intervals(rows, ctx_keys + anchors.shape[1] * block)[..., keep], got)
+    for q_rows, kv_tile in ((8, 8), (4, 16), (12, 4)):
+        kept, full = dflash_tile_structure(anchors, ctx_valid, block, spec, q_rows, kv_tile, ctx_lo)
+        q_len, kv_len = got.shape[2:]
+        q_tiles, kv_tiles = kept.shape[1:]
+        tiles = torch.nn.functional.pad(got[:, 0].float(), (0, kv_tiles * kv_tile - kv_len, 0, q_tiles * q_rows - q_len), value=-1)
+        tiles = tiles.view(3, q_tiles, q_rows, kv_tiles, kv_tile).transpose(2, 3).flatten(3)
+        exact_full = ((tiles == 1) | (tiles < 0)).all(-1) & (tiles == 1).any(-1)
+        assert torch.equal(kept, (tiles == 1).any(-1)), (q_rows, kv_tile)
+        assert not (full & ~exact_full).any(), (q_rows, kv_tile)  # never a hidden pair in a tile flex trusts
+        context_tiles = width // kv_tile  # block-key tiles are never marked full (dflash_tile_structure), context ones exactly
+        assert torch.equal(full[..., :context_tiles], exact_full[..., :context_tiles]), (q_rows, kv_tile)
+
+
+def test_dflash_anchors_and_blocks_stay_inside_their_document() -> None:
+    """``sample_anchors`` never picks a document's last token (its next one is another document's); ``build_blocks``
+    labels and reveals no slot past the anchor's document, as it labels none past the row's end."""
+    from train.dflash import IGNORE, build_blocks, sample_anchors
+
+    segments, width = [[6, 5, 7], [9]], 20
+    starts = document_starts(segments, width)
+    loss_mask = torch.zeros(2, width, dtype=torch.bool)
+    loss_mask[0, :18] = True
+    loss_mask[1, :9] = True
+    anchors, valid = sample_anchors(loss_mask, 40, torch.Generator().manual_seed(0), doc_start=starts)
+    picked = set(anchors[0][valid[0]].tolist())
+    assert picked == set(range(17)) - {5, 10}  # every eligible position but the two documents' last tokens
+    ids = torch.arange(2 * width).view(2, width)
+    anchors = torch.tensor([[3, 7, 14]])  # documents [0, 6), [6, 11), [11, 18)
+    blocks = build_blocks(ids[:1], loss_mask[:1], anchors, torch.ones(1, 3, dtype=torch.bool), 4, 999,
+                          reveal=torch.tensor([[3, 1, 0]]), doc_start=starts[:1])
+    labels = blocks.labels.view(3, 4).tolist()
+    assert labels[0] == [IGNORE, IGNORE, IGNORE, IGNORE]  # anchor 3: 4, 5 revealed; 6 is the next document's
+    assert blocks.block_ids.view(3, 4)[0].tolist() == [3, 4, 5, 999]  # so 6 is not revealed either
+    assert labels[1] == [IGNORE, IGNORE, 9, 10]  # anchor 7: 8 revealed, 9 and 10 labelled
+    assert labels[2] == [IGNORE, 15, 16, 17]
+    plain = build_blocks(ids[:1], loss_mask[:1], anchors, torch.ones(1, 3, dtype=torch.bool), 4, 999, reveal=torch.tensor([[3, 1, 0]]))
+    assert plain.block_ids.view(3, 4)[0].tolist() == [3, 4, 5, 6]  # without documents the row's next tokens show
+
+
+def test_dflash_block_states_of_packed_documents_equal_each_document_alone() -> None:
+    """The DFlash drafter's training forward on packed rows (each block's context cut at its document's start) gives
+    every block the hidden states it gets with its document alone on a row (the same anchors, shifted)."""
+    from transformers import Qwen3Config
+
+    from models.dflash import DFlashDraftModel, LayerMaskSpec, dense_mask as dflash_dense_mask, make_dflash_config
+
+    target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, max_position_embeddings=256)
+    config = make_dflash_config(target, num_hidden_layers=2, block_size=4, mask_token_id=63, target_layer_ids=[1, 2],
+                                layer_types=["sliding_attention", "full_attention"], sliding_window=6)
+    torch.manual_seed(0)
+    drafter = DFlashDraftModel(config).eval()
+    specs = {t: LayerMaskSpec.for_layer(t, 6, True) for t in ("sliding_attention", "full_attention")}
+    generator = torch.Generator().manual_seed(1)
+    lengths = [11, 9, 14]
+    features = torch.randn(1, 40, 2 * 32, generator=generator)
+    starts = document_starts([lengths], 40)
+    ctx_valid = torch.arange(40)[None, :] < 34
+    anchors = torch.tensor([[2, 7, 12, 15, 20, 24, 29]])  # documents at 0, 11, 20
+    embeds = torch.randn(1, 7 * 4, 32, generator=generator)
+    positions = (anchors[:, :, None] + torch.arange(4)).flatten(1)
+    ctx_lo = starts.gather(1, anchors)
+    masks = {t: dflash_dense_mask(anchors, ctx_valid, 4, spec, ctx_lo) for t, spec in specs.items()}
+    with torch.no_grad():
+        packed = drafter(embeds, features, positions, masks)
+        at = 0
+        for doc, n in enumerate(lengths):
+            mine = [i for i, a in enumerate(anchors[0].tolist()) if at <= a < at + n]
+            a = anchors[:, mine] - at
+            rows = torch.tensor([4 * i + k for i in mine for k in range(4)])
+            alone_masks = {t: dflash_dense_mask(a, torch.ones(1, n, dtype=torch.bool), 4, spec) for t, spec in specs.items()}
+            alone = drafter(embeds[:, rows], features[:, at:at + n], (a[:, :, None] + torch.arange(4)).flatten(1), alone_masks)
+            torch.testing.assert_close(packed[:, rows], alone, atol=1e-5, rtol=1e-5, msg=f"document {doc}")
+            at += n
+
+
+def test_dflash_training_on_packed_documents_keeps_every_block_in_its_document(tmp_path) -> None:
+    """``python -m train experiment=dflash_swa_tiny data.pack_documents=true``: the first batch's blocks label only tokens
+    of their anchor's document, their masks see no context key before its start, and three steps train."""
+    import json
+
+    from compose import compose_train
+    from train.dflash import IGNORE
+    from train.trainer import build, to_train_config, train
+
+    overrides = ["experiment=dflash_swa_tiny", "trainer.progress=false", "data.num_eval=16", "data.max_length=192", "trainer.eval_every=0",
+                 "trainer.export_formats=[]", "trainer.loop_eval_prompts=0", "trainer.batch_size=4", "data.pack_documents=true",
+                 "data.pack_length=384"]
+    run = build(to_train_config(compose_train(overrides + [f"output_dir={tmp_path / 'build'}"])))
+    batch = run.next_micro_batches()[0]
+    blocks = run.step.plan(batch, torch.Generator().manual_seed(0))
+    starts = batch["doc_start"]
+    block = run.step.block_size
+    labelled = (blocks.labels != IGNORE).nonzero()
+    assert len(labelled) > 0
+    for b, q in labelled.tolist():
+        anchor = int(blocks.anchors[b, q // block])
+        assert starts[b, anchor] == starts[b, int(blocks.positions[b, q])], (b, q)
+    crossing = (starts.gather(1, blocks.anchors) > 0) & blocks.anchor_valid
+    assert crossing.any()  # some anchors sit in a row's later documents, whose context starts past 0
+    train(compose_train(overrides + ["trainer.max_steps=3", "trainer.log_every=1", "data.num_eval=0", f"output_dir={tmp_path / 'run'}"]))
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [h["train/loss"] for h in history if "train/loss" in h]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))

@@ -274,8 +274,8 @@ class DataConfig:
     # Packed rows whose conversations are separate documents (vLLM speculators' and SpecForge's packing): the target
     # reads each one from position 0 and the drafter's attention and labels stop at its start, so a row of several
     # conversations trains as they would one per row, without the padding one per row costs (16 rows of up to 2,048
-    # tokens held 43% real tokens on SmolLM2's regenerated replies). Needs data.pack_length; EAGLE-3 on the sdpa or
-    # flex attention backends (BENCHMARKS.md, "EAGLE-3 on packed documents").
+    # tokens held 43% real tokens on SmolLM2's regenerated replies). Needs data.pack_length; EAGLE-3 trains it on the
+    # sdpa or flex attention backends, DFlash on all of its own (BENCHMARKS.md, "EAGLE-3 on packed documents").
     pack_documents: bool = False
     cache_dir: str = "${oc.env:SWA_DRAFTERS_CACHE,'~/.cache/swa-drafters'}/data"
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
@@ -505,10 +505,7 @@ class TrainConfig:
         if self.data.pack_length is not None and self.features.path is not None:
             raise ValueError(f"data.pack_length={self.data.pack_length} with features.path={self.features.path}: the feature "
                              "store holds one conversation per row; pack without the store (the target runs in the step)")
-        if self.data.pack_documents and kind != "eagle3":
-            raise ValueError(f"data.pack_documents=true trains EAGLE-3 (its masks and labels stop at each document's start); "
-                             f"drafter.kind={kind} packs with data.pack_length and data.pack_fresh_fraction")
-        if self.data.pack_documents and self.trainer.attention_backend in ("fa4", "cudnn"):
+        if self.data.pack_documents and kind == "eagle3" and self.trainer.attention_backend in ("fa4", "cudnn"):
             raise ValueError(f"trainer.attention_backend={self.trainer.attention_backend} with data.pack_documents=true: its window "
                              "kernel has no document boundaries; use flex (GPU), sdpa or auto")
         draft_vocab = getattr(self.drafter, "draft_vocab_size", None) if kind == "dflash" else None

@@ -162,10 +162,12 @@ class DFlashStep:
     def plan(self, batch: dict[str, torch.Tensor], generator: torch.Generator):
         """The step's random choices for one micro-batch: anchors and their blocks."""
         drafter_cfg = self.cfg.drafter
+        doc_start = batch.get("doc_start")  # packed documents: anchors, labels and reveals stay in the anchor's document
         anchors, valid, reveal = sample_anchors_and_reveals(
             batch["loss_mask"], drafter_cfg.num_anchors, generator, drafter_cfg.reveal_prob, drafter_cfg.reveal_max,
-            pad_to_max=self.ctx.static_shapes, pad_multiple=self.anchor_multiple, key_width=self.cfg.data.longest_row)
-        return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id, reveal)
+            pad_to_max=self.ctx.static_shapes, pad_multiple=self.anchor_multiple, key_width=self.cfg.data.longest_row, doc_start=doc_start)
+        return build_blocks(batch["input_ids"], batch["loss_mask"], anchors, valid, self.block_size, self.drafter.mask_token_id, reveal,
+                            doc_start)
 
     def num_labels(self, batch: dict[str, torch.Tensor], blocks) -> torch.Tensor:
         return (blocks.labels != IGNORE).sum()  # a tensor: no host sync on the GPU
@@ -249,9 +251,11 @@ class DFlashStep:
             features = features.to(self.drafter.fc.weight.dtype)
         d = self.cfg.drafter
         heads = self.drafter.config
+        doc_start = batch.get("doc_start")  # packed documents: each block's context starts at its anchor's document
+        ctx_lo = None if doc_start is None else doc_start.to(self.ctx.device).gather(1, blocks.anchors)
         masks = layer_masks(blocks, attention_mask.bool(), self.block_size, self.drafter.layer_types, d.sliding_window, d.sliding_block_causal,
                             backend, query_groups=heads.num_attention_heads // heads.num_key_value_heads, head_dim=heads.head_dim,
-                            flex_options=self.cfg.trainer.flex_kernel_options)
+                            flex_options=self.cfg.trainer.flex_kernel_options, ctx_lo=ctx_lo)
         block_embeds = self.ctx.target.embed_tokens(blocks.block_ids).to(features.dtype)  # [Bsz, Q, H]
         return block_embeds, features, masks
 
@@ -277,7 +281,8 @@ class Blocks:
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator, pad_to_max: bool = False,
-                   pad_multiple: int = 0, key_width: int = 0, keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   pad_multiple: int = 0, key_width: int = 0, keys: torch.Tensor | None = None,
+                   doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Random sorted anchors per row among positions whose token and next token carry loss: a uniform
     random subset of min(num_anchors, eligible) positions, vectorised on ``loss_mask``'s device (one random
     key per position from ``generator``, drawn on the CPU so a run's anchors do not depend on the device).
@@ -292,11 +297,14 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
             (capped at num_anchors). The anchors drawn are the same either way: only the padding columns differ.
         keys: [Bsz, >= T - 1] the rows' keys drawn by the caller instead (``sample_anchors_and_reveals`` draws them
             with each row's reveal draws, in one draw per row).
+        doc_start: [Bsz, T] packed documents (``data.pack_documents``): an anchor's next token must be in its document.
     Returns:
         anchors [Bsz, N] long and valid [Bsz, N] bool (padding columns: anchor 0, not valid), N = max anchors
         any row got (>= 1) unless padded.
     """
     eligible = loss_mask[:, :-1] & loss_mask[:, 1:]  # [Bsz, T-1]
+    if doc_start is not None:
+        eligible = eligible & (doc_start[:, :-1] == doc_start[:, 1:]).to(eligible.device)
     width = eligible.shape[1]
     if keys is None:
         keys = torch.rand(eligible.shape[0], max(key_width, width), generator=generator)
@@ -320,18 +328,19 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
 
 
 def sample_anchors_and_reveals(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator, reveal_prob: float,
-                               reveal_max: int, pad_to_max: bool = False, pad_multiple: int = 0,
-                               key_width: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                               reveal_max: int, pad_to_max: bool = False, pad_multiple: int = 0, key_width: int = 0,
+                               doc_start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``sample_anchors`` and, with ``reveal_prob`` > 0, each anchor's revealed slots (``build_blocks``' ``reveal``
     [Bsz, N]: 0 with probability 1 - reveal_prob, else uniform in 1 .. reveal_max). Each row takes one draw of fixed
     width, its anchor keys then two numbers per anchor column, so that a row's anchors and reveals depend neither on
     how far its micro-batch is padded nor on how the step's rows are split into micro-batches (gradient accumulation),
     as ``sample_anchors``' own keys do. Without reveals: ``sample_anchors`` alone, the same anchors as before."""
     if reveal_prob <= 0:
-        return (*sample_anchors(loss_mask, num_anchors, generator, pad_to_max, pad_multiple, key_width), None)
+        return (*sample_anchors(loss_mask, num_anchors, generator, pad_to_max, pad_multiple, key_width, doc_start=doc_start), None)
     width = max(key_width, loss_mask.shape[1] - 1)
     draws = torch.rand(loss_mask.shape[0], width + 2 * num_anchors, generator=generator)
-    anchors, valid = sample_anchors(loss_mask, num_anchors, generator, pad_to_max, pad_multiple, key_width, keys=draws[:, :width])
+    anchors, valid = sample_anchors(loss_mask, num_anchors, generator, pad_to_max, pad_multiple, key_width, keys=draws[:, :width],
+                                    doc_start=doc_start)
     n = anchors.shape[1]  # <= num_anchors
     shown = draws[:, width:width + n] < reveal_prob
     count = 1 + (draws[:, width + num_anchors:width + num_anchors + n] * reveal_max).long().clamp(max=reveal_max - 1)
@@ -339,14 +348,19 @@ def sample_anchors_and_reveals(loss_mask: torch.Tensor, num_anchors: int, genera
 
 
 def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int,
-                 mask_token_id: int, reveal: torch.Tensor | None = None) -> Blocks:
+                 mask_token_id: int, reveal: torch.Tensor | None = None, doc_start: torch.Tensor | None = None) -> Blocks:
     """Block inputs, positions and labels for anchors ([Bsz, T] ids and loss mask, [Bsz, N] anchors). ``reveal`` [Bsz, N]:
-    how many slots after each anchor hold their true token instead of the mask token (and no label)."""
+    how many slots after each anchor hold their true token instead of the mask token (and no label). ``doc_start``
+    [Bsz, T] (packed documents): slots past the anchor's document are as slots past the row's end (no label, never
+    revealed)."""
     bsz, seq_len = input_ids.shape
     offsets = torch.arange(block_size, device=input_ids.device)
     positions = anchors[:, :, None] + offsets  # [Bsz, N, B]
     in_range = positions < seq_len
     gather_at = positions.clamp(max=seq_len - 1).flatten(1)
+    if doc_start is not None:
+        same_doc = doc_start.gather(1, gather_at).view_as(positions) == doc_start.gather(1, anchors)[:, :, None]
+        in_range = in_range & same_doc
     targets = input_ids.gather(1, gather_at).view_as(positions)
     has_loss = loss_mask.gather(1, gather_at).view_as(positions) & in_range & anchor_valid[:, :, None]
     has_loss[:, :, 0] = False
@@ -362,22 +376,23 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
 
 def layer_masks(blocks: Blocks, ctx_valid: torch.Tensor, block_size: int, layer_types: list[str], sliding_window: int | None,
                 sliding_block_causal: bool, backend: str, query_groups: int = 1, head_dim: int = 128,
-                flex_options: dict | None = None) -> dict:
+                flex_options: dict | None = None, ctx_lo: torch.Tensor | None = None) -> dict:
     """One mask per layer type present: dense bool for SDPA (``backend='sdpa'``), or for flex a
     BlockMask over queries packed by KV group (``query_groups`` = query heads per KV head) where a
     tile holds whole blocks, else a plain BlockMask. ``flex-flash``: the packed masks run on
     FlashAttention-4's kernels (flex's BACKEND=FLASH); a plain BlockMask stays on Triton flex.
     ``fa4``: per-row key intervals on FlashAttention-4's own kernels (``swa_kernels.key_intervals``). ``flex_options``:
-    Triton flex's kernel options over ``triton_flex_options``' defaults (``trainer.flex_kernel_options``)."""
+    Triton flex's kernel options over ``triton_flex_options``' defaults (``trainer.flex_kernel_options``). ``ctx_lo``
+    [Bsz, N]: packed documents, each block's first visible context key (``dflash_visible``)."""
 
     def build(spec: LayerMaskSpec):
         if backend == "sdpa":
-            return dense_mask(blocks.anchors, ctx_valid, block_size, spec)
+            return dense_mask(blocks.anchors, ctx_valid, block_size, spec, ctx_lo)
         if backend == "fa4":
-            return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, head_dim, group_major=True)
+            return key_interval_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, head_dim, group_major=True, ctx_lo=ctx_lo)
         options = FLASH_KERNELS if backend == "flex-flash" else {**(triton_flex_options(head_dim, backward=True) or {}), **(flex_options or {})} or None
-        packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options)
-        return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec)
+        packed = flex_packed_block_mask(blocks.anchors, ctx_valid, block_size, spec, query_groups, kernel_options=options, ctx_lo=ctx_lo)
+        return packed if packed is not None else flex_block_mask(blocks.anchors, ctx_valid, block_size, spec, ctx_lo=ctx_lo)
 
     return {t: build(LayerMaskSpec.for_layer(t, sliding_window, sliding_block_causal)) for t in set(layer_types)}
 
