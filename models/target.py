@@ -228,8 +228,8 @@ def document_mask(doc_start: torch.Tensor, window: int | None = None) -> torch.T
     return visible[:, None]
 
 
-# capture_segments reads packed rows in one document-masked forward while its [B, 1, T, T] mask stays this small (16 rows
-# of 2,048 tokens: 64 MiB); longer rows (32K packed rows: 1 GiB a row) are read piece by piece
+# capture_segments reads packed rows in one document-masked forward while its [B, 1, T, T] masks stay this small (16 rows
+# of 2,048 tokens: 64 MiB of bool); longer rows (32K packed rows: 1 GiB a row) are read piece by piece
 DOCUMENT_MASK_BYTES = 256 << 20
 
 
@@ -478,11 +478,24 @@ class TargetModel:
         impl = self.config._attn_implementation
         if impl not in ("sdpa", CAUSAL_SDPA, "eager"):
             return f"the target's attention {impl!r} does not take a prepared document mask; use target.attn_implementation=sdpa"
-        windows = sorted(w for w in set(layer_windows(self.config)) if w is not None)
+        other = set(getattr(self.config, "layer_types", None) or []) - {"full_attention", "sliding_attention"}
+        if other:  # linear attention, SSM or chunked layers ignore a 4D mask: read piece by piece instead
+            return f"layer types {sorted(other)} do not read a prepared attention mask"
+        try:
+            windows = sorted(w for w in set(layer_windows(self.config)) if w is not None)
+        except ValueError as e:
+            return str(e)
         if windows and not takes_prebuilt_masks(type(self.stack)):
             return (f"{type(self.stack).__name__} builds its own sliding-window masks (windows {windows}), which a prepared mask "
                     "would skip")
         return None
+
+    def document_mask_bytes_per_pair(self) -> int:
+        """Bytes ``document_masks`` holds per (query, key) pair: one bool (SDPA) or one float (eager) per mask, two masks
+        where sliding layers need their own."""
+        element = self.model.dtype.itemsize if self.config._attn_implementation == "eager" else 1
+        windows = {w for w in layer_windows(self.config) if w is not None}
+        return element * (1 + len(windows))
 
     def document_masks(self, doc_start: torch.Tensor):
         """The ``attention_mask`` to hand the decoder stack for packed documents (``document_mask``): one 4D mask, or a
@@ -599,7 +612,7 @@ class TargetModel:
                 start += int(n)
             if start > t:
                 raise ValueError(f"row {r}: segments {segments[r]} cover {start} tokens; the row holds {t}")
-        if b * t * t <= DOCUMENT_MASK_BYTES and self.document_mask_refusal() is None:
+        if self.document_mask_refusal() is None and b * t * t * self.document_mask_bytes_per_pair() <= DOCUMENT_MASK_BYTES:
             # one forward at the rows' shape, each piece (and each whole row) a document; padding zeroed as below
             real = [list(lengths) if r in split else [int(sum(lengths))] for r, lengths in enumerate(segments)]
             read = self.capture(input_ids, layer_ids, with_final_hidden=with_final_hidden, doc_start=document_starts(real, t).to(input_ids.device))

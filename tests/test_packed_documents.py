@@ -55,24 +55,59 @@ def packed_rows(target: TargetModel, lengths: list[list[int]], width: int, seed:
     return ids, docs
 
 
-@pytest.mark.parametrize("which", ["reference-qwen3", "tiny-llama3", "reference-qwen3-eager"])
-def test_capture_of_packed_documents_equals_each_document_alone(which: str, reference_target_path, tiny_llama3_path) -> None:
+@pytest.mark.parametrize("which", ["reference-qwen3", "tiny-llama3", "reference-qwen3-eager", "tiny-gpt-oss"])
+def test_capture_of_packed_documents_equals_each_document_alone(which: str, reference_target_path, tiny_llama3_path, tiny_gpt_oss_path) -> None:
     """One forward over packed rows with ``doc_start`` gives every document the features and final hidden state it has
     when captured alone on a row of its own: Qwen3's stack takes the masks prebuilt, Llama's (SmolLM2's architecture)
-    builds them from the prepared 4D mask, and the eager attention takes them as additive floats."""
-    path = str(tiny_llama3_path if which == "tiny-llama3" else reference_target_path)
-    target = TargetModel.from_pretrained(path, "cpu", attn_implementation="eager" if which.endswith("eager") else "auto")
-    lengths = [[7, 5, 9], [13], [4, 6]]
-    ids, docs = packed_rows(target, lengths, 23)
+    builds them from the prepared 4D mask, the eager attention takes them as additive floats, and gpt-oss's sliding
+    layers (window 8, with sinks) take a mask of their own, documents longer than the window."""
+    path = {"tiny-llama3": tiny_llama3_path, "tiny-gpt-oss": tiny_gpt_oss_path}.get(which, reference_target_path)
+    target = TargetModel.from_pretrained(str(path), "cpu", attn_implementation="eager" if which.endswith("eager") else "auto")
+    lengths = [[7, 5, 9], [13], [4, 6]] if which != "tiny-gpt-oss" else [[11, 14], [25], [9, 12]]
+    ids, docs = packed_rows(target, lengths, 25)
     layer_ids = [0, 1, 2]
-    got = target.capture(ids, layer_ids, with_final_hidden=True, doc_start=document_starts(lengths, 23))
+    got = target.capture(ids, layer_ids, with_final_hidden=True, doc_start=document_starts(lengths, 25))
     for b, at, doc in docs:
         alone = target.capture(doc[None], layer_ids, with_final_hidden=True)
         torch.testing.assert_close(got.features[b, at:at + len(doc)], alone.features[0], atol=2e-5, rtol=1e-5)
         torch.testing.assert_close(got.final_hidden[b, at:at + len(doc)], alone.final_hidden[0], atol=2e-5, rtol=1e-5)
     # not a no-op: read whole, the second document's features differ (it sees the first)
+    second = slice(lengths[0][0], lengths[0][0] + lengths[0][1])
     whole = target.capture(ids[:1], layer_ids)
-    assert not torch.allclose(whole.features[0, 7:12], got.features[0, 7:12], atol=1e-3)
+    assert not torch.allclose(whole.features[0, second], got.features[0, second], atol=1e-3)
+
+
+def test_targets_a_prepared_mask_cannot_serve_are_read_piece_by_piece() -> None:
+    """A stack that builds its own sliding-window masks (Mistral with a window) and layers that read no attention mask
+    (Qwen3-Next's linear attention) are refused by ``capture(doc_start=...)`` in one line, and ``capture_segments``
+    reads their packed rows piece by piece instead, each piece equal to its document read alone."""
+    import transformers
+
+    from models.builtin_targets import build_tokenizer
+
+    tokenizer = build_tokenizer("chatml")
+    vocab = len(tokenizer)
+    torch.manual_seed(0)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, pad_token_id=0)
+    models = {
+        "mistral with a window": transformers.MistralForCausalLM(transformers.MistralConfig(**common, sliding_window=4)),
+        "qwen3-next": transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+            **common, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+            layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])),
+    }
+    for name, model in models.items():
+        model.config._attn_implementation = "sdpa"
+        target = TargetModel(model.eval(), tokenizer, name)
+        assert target.document_mask_refusal() is not None, name
+        ids = torch.randint(3, vocab, (2, 12), generator=torch.Generator().manual_seed(1))
+        with pytest.raises(ValueError, match="packed documents: "):
+            target.capture(ids, [0, 1], doc_start=document_starts([[5, 7], [12]], 12))
+        got = target.capture_segments(ids, [0, 1, 2], torch.ones_like(ids), [[5, 7], [12]])
+        for start, n in ((0, 5), (5, 7)):
+            alone = target.capture(ids[:1, start:start + n], [0, 1, 2], compiled=False)
+            torch.testing.assert_close(got.features[0, start:start + n], alone.features[0], atol=1e-5, rtol=1e-5, msg=name)
 
 
 def doc_reference_mask(valid: list[bool], starts: list[int], step: int, window: int | None) -> torch.Tensor:
@@ -389,7 +424,44 @@ def test_dflash_training_on_packed_documents_keeps_every_block_in_its_document(t
         assert starts[b, anchor] == starts[b, int(blocks.positions[b, q])], (b, q)
     crossing = (starts.gather(1, blocks.anchors) > 0) & blocks.anchor_valid
     assert crossing.any()  # some anchors sit in a row's later documents, whose context starts past 0
+    assert run.step.ctx.backend == "sdpa"
+    _, _, masks = run.step.drafter_inputs(batch, blocks, "sdpa")  # the step's own masks, dense on the CPU
+    width = batch["input_ids"].shape[1]
+    key = torch.arange(width)
+    first = starts.gather(1, blocks.anchors).repeat_interleave(block, 1)  # [B, Q] each query's document start
+    for mask in masks.values():
+        context = mask[:, 0, :, :width]  # [B, Q, T]
+        assert not (context & (key[None, None, :] < first[:, :, None])).any()  # no key of an earlier document
+        assert (context & (key[None, None, :] >= first[:, :, None])).any()
     train(compose_train(overrides + ["trainer.max_steps=3", "trainer.log_every=1", "data.num_eval=0", f"output_dir={tmp_path / 'run'}"]))
     history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [h["train/loss"] for h in history if "train/loss" in h]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_the_eagle3_step_on_packed_documents_is_the_sum_of_each_document_alone(tmp_path) -> None:
+    """The trainer's own EAGLE-3 step (target capture, masks, unroll, labels) on a packed batch equals the step on each of
+    its conversations collated alone (found by review: the unit tests above left the step's wiring unchecked). The
+    window spans the row (with the tiny recipe's 64, Llama-3.1's headers are longer than the window and no labelled query
+    could reach the previous document)."""
+    from compose import compose_train
+    from train.trainer import build, to_train_config
+
+    common = ["experiment=eagle3_swa_tiny", "trainer.progress=false", "data.num_eval=16", "data.max_length=192", "trainer.eval_every=0",
+              "trainer.export_formats=[]", "trainer.loop_eval_prompts=0", "trainer.batch_size=4", "data.pack_documents=true",
+              "data.pack_length=384", f"output_dir={tmp_path}", "drafter.sliding_window=384"]
+    run = build(to_train_config(compose_train(common)))
+    batch = run.next_micro_batches()[0]
+    assert any(len(s) > 1 for s in batch["segments"])
+    with torch.no_grad():
+        packed = run.step.forward(batch)
+        alone = None
+        for b, lengths in enumerate(batch["segments"]):
+            at = 0
+            for n in lengths:
+                row = {"input_ids": batch["input_ids"][b, at:at + n].tolist(), "loss_mask": batch["loss_mask"][b, at:at + n].tolist()}
+                stats = run.step.forward(run.step.ctx.collate([row], run.target.pad_id))
+                alone = stats if alone is None else alone + stats
+                at += n
+    for name in ("loss_sum", "num_labels", "step_count", "step_correct", "accepted_sum"):
+        torch.testing.assert_close(getattr(packed, name), getattr(alone, name), rtol=1e-4, atol=1e-3, msg=name)

@@ -499,8 +499,9 @@ def ttt_tile_structure(ctx_valid: torch.Tensor, step: int, window: int | None, t
                 q = torch.arange(seq_len, device=device)
                 lo = doc_start if band is None else torch.maximum(doc_start, q + band)  # [Bsz, T]
                 hi = torch.minimum(q, last[:, :, 0] - 1)  # real keys only
-                meets = torch.maximum(lo[:, :, None], ua) <= torch.minimum(hi[:, :, None], ub - 1)  # [Bsz, T, Kt]
-                meets = F.pad(meets, (0, 0, 0, len(q0) * tile - seq_len)).view(bsz, len(q0), tile, len(k0)).any(2)
+                ctx_tiles = -(-seq_len // tile)  # only key tiles that start among step 0's keys hold any
+                meets = torch.maximum(lo[:, :, None], ua[:ctx_tiles]) <= torch.minimum(hi[:, :, None], ub[:ctx_tiles] - 1)  # [Bsz, T, Kc]
+                meets = F.pad(meets, (0, len(k0) - ctx_tiles, 0, len(q0) * tile - seq_len)).view(bsz, len(q0), tile, len(k0)).any(2)
                 seg_kept = diagonal | meets
                 padding = (invalid_before[:, ub] - invalid_before[:, ua])[:, None, :]
                 own = ((q1 - q0 == 1) & (ua <= q0) & (q0 < ub)) & ~ctx_valid[:, q0[:, 0]][:, :, None]
