@@ -337,6 +337,60 @@ def test_dflash_masks_with_documents_match_the_reference_and_each_other(spec_nam
         assert torch.equal(full[..., :context_tiles], exact_full[..., :context_tiles]), (q_rows, kv_tile)
 
 
+@pytest.mark.parametrize("spec", ["window_100_causal", "window_3", "full"])
+def test_dflash_gpu_masks_with_documents_equal_the_dense_one(spec: str) -> None:
+    """The masks a GPU trains on, built on the CPU with each block's document start (found by review: dropping it from
+    them passed every test): flex's plain and packed-query BlockMasks keep exactly the dense mask's tiles, mark full
+    exactly the context tiles whose pairs are all visible, and attend as the dense mask does; FlashAttention-4's key
+    intervals (through ``attention``'s reference path) attend as it does too; ``layer_masks`` hands the documents to each."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from models.dflash import LayerMaskSpec, dense_mask as dflash_dense_mask, flex_block_mask, flex_packed_block_mask, key_interval_mask
+    from swa_kernels.attention import attention
+    from train.dflash import Blocks, layer_masks
+
+    spec = {"window_100_causal": LayerMaskSpec(100, True), "window_3": LayerMaskSpec(3, False), "full": LayerMaskSpec(None, False)}[spec]
+    groups, block, tile = 2, 8, 32
+    segments = [[60, 45, 95], [120, 50]]
+    starts = document_starts(segments, 200)
+    ctx_valid = torch.arange(200)[None, :] < torch.tensor([[200], [170]])
+    anchors = torch.tensor([[30, 70, 101, 110], [70, 150, 160, 0]])
+    ctx_lo = starts.gather(1, anchors)
+    dense = dflash_dense_mask(anchors, ctx_valid, block, spec, ctx_lo)[:, 0]  # [2, 32, 232]
+    assert spec.window == 3 or not torch.equal(dense, dflash_dense_mask(anchors, ctx_valid, block, spec)[:, 0])
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 32, 8), torch.randn(2, 2, 232, 8), torch.randn(2, 2, 232, 8)
+    want = attention(q, k, v, dense[:, None])
+    plain = flex_block_mask(anchors, ctx_valid, block, spec, tile=16, ctx_lo=ctx_lo)
+    tiles = torch.nn.functional.pad(dense, (0, 240 - 232)).reshape(2, 2, 16, 15, 16)
+    assert torch.equal(plain.to_dense()[:, 0].bool(), tiles.any(-1).any(2))
+    torch.testing.assert_close(attention(q, k, v, plain), want, rtol=1e-5, atol=1e-5)
+    packed = flex_packed_block_mask(anchors, ctx_valid, block, spec, groups, tile=tile, q_tile=32, ctx_lo=ctx_lo)
+    rows = torch.tensor([n * block + j for n in range(4) for g in range(groups) for j in range(block)])
+    dense_packed = torch.nn.functional.pad(dense[:, rows], (0, 256 - 232)).reshape(2, 2, 32, 8, tile)
+    kept = packed.block_mask.to_dense()[:, 0].bool()
+    full = BlockMask.from_kv_blocks(packed.block_mask.full_kv_num_blocks, packed.block_mask.full_kv_indices,
+                                    BLOCK_SIZE=(32, tile), seq_lengths=(64, 232)).to_dense()[:, 0].bool()
+    assert torch.equal(kept, dense_packed.any(-1).any(2))
+    assert not (full & ~dense_packed.all(-1).all(2)).any()
+    torch.testing.assert_close(attention(q, k, v, packed), want, rtol=1e-5, atol=1e-5)
+    intervals = key_interval_mask(anchors, ctx_valid, block, spec, groups, head_dim=8, ctx_lo=ctx_lo)
+    torch.testing.assert_close(attention(q, k, v, intervals), want, rtol=1e-5, atol=1e-5)
+    blocks = Blocks(anchors, anchors > 0, anchors.repeat_interleave(block, 1), anchors.repeat_interleave(block, 1), anchors.repeat_interleave(block, 1))
+    layer_type = "full_attention" if spec.window is None else "sliding_attention"
+    # fa4's masks ask for q's heads group-major (g * Hkv + h; the drafter permutes its projections): standard head h * G + g
+    group_major = torch.tensor([h * groups + g for g in range(groups) for h in range(2)])
+    for backend in ("sdpa", "fa4", "flex"):
+        masks = layer_masks(blocks, ctx_valid, block, [layer_type], spec.window, spec.block_causal, backend, query_groups=groups,
+                            head_dim=8, ctx_lo=ctx_lo)
+        if backend == "fa4":
+            got = torch.empty_like(want)
+            got[:, group_major] = attention(q[:, group_major], k, v, masks[layer_type])
+        else:
+            got = attention(q, k, v, masks[layer_type])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=backend)
+
+
 def test_dflash_anchors_and_blocks_stay_inside_their_document() -> None:
     """``sample_anchors`` never picks a document's last token (its next one is another document's); ``build_blocks``
     labels and reveals no slot past the anchor's document, as it labels none past the row's end."""
@@ -412,16 +466,21 @@ def test_dflash_training_on_packed_documents_keeps_every_block_in_its_document(t
     overrides = ["experiment=dflash_swa_tiny", "trainer.progress=false", "data.num_eval=16", "data.max_length=192", "trainer.eval_every=0",
                  "trainer.export_formats=[]", "trainer.loop_eval_prompts=0", "trainer.batch_size=4", "data.pack_documents=true",
                  "data.pack_length=384"]
-    run = build(to_train_config(compose_train(overrides + [f"output_dir={tmp_path / 'build'}"])))
+    # every block reveals its first slots (drafter.reveal_prob=1): the step's plan must keep those in the document too
+    run = build(to_train_config(compose_train(overrides + ["drafter.reveal_prob=1.0", f"output_dir={tmp_path / 'build'}"])))
     batch = run.next_micro_batches()[0]
     blocks = run.step.plan(batch, torch.Generator().manual_seed(0))
     starts = batch["doc_start"]
     block = run.step.block_size
     labelled = (blocks.labels != IGNORE).nonzero()
-    assert len(labelled) > 0
-    for b, q in labelled.tolist():
+    revealed = ((blocks.block_ids != run.step.drafter.mask_token_id) & (torch.arange(blocks.block_ids.shape[1]) % block > 0)).nonzero()
+    assert len(labelled) > 0 and len(revealed) > 0
+    for b, q in labelled.tolist() + revealed.tolist():
         anchor = int(blocks.anchors[b, q // block])
         assert starts[b, anchor] == starts[b, int(blocks.positions[b, q])], (b, q)
+    valid = blocks.anchors[blocks.anchor_valid]
+    rows = blocks.anchor_valid.nonzero()[:, 0]
+    assert torch.equal(starts[rows, valid], starts[rows, valid + 1])  # no anchor on a document's last token
     crossing = (starts.gather(1, blocks.anchors) > 0) & blocks.anchor_valid
     assert crossing.any()  # some anchors sit in a row's later documents, whose context starts past 0
     assert run.step.ctx.backend == "sdpa"

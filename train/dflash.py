@@ -204,6 +204,8 @@ class DFlashStep:
     def dense_acceptance(self, batch: dict[str, torch.Tensor]) -> tuple[BlockStats, torch.Tensor]:
         """Stats of blocks at every eligible position (the target runs once, the drafter once per chunk of
         ``num_anchors``) and [Bsz, T] each position's leading correct drafts (-1: no block there)."""
+        if "doc_start" in batch:  # its anchors and blocks are drawn one conversation per row
+            raise ValueError("DFlash's evaluation reads one conversation per row; this batch holds packed documents")
         loss_mask = batch["loss_mask"]
         features = self.ctx.target_features(batch).features
         accepted = torch.full(loss_mask.shape, -1, dtype=torch.long)  # [Bsz, T] by anchor position
