@@ -31,7 +31,7 @@ def main() -> None:
     from models.builtin_targets import resolve_target_path
     from models.target import TargetModel
     from train.data import prepare_data
-    from train.data.dataset import best_fit_rows
+    from train.data.dataset import best_fit_rows, next_fit_rows
 
     cfg = compose(args.overrides + ["output_dir=/tmp/packing_fill", "data.pack_length=null", "data.pack_documents=false"])
     slots = args.pack_length or cfg.data.max_length
@@ -41,12 +41,7 @@ def main() -> None:
     lengths = [len(r) for r in train_ds.with_format(None)["input_ids"]]
     tokens = sum(lengths)
     order = np.random.default_rng(cfg.trainer.seed).permutation(len(lengths)).tolist()
-    next_fit, used = 0, 0
-    for i in order:  # pack_conversations' default: the seeded order, a new row when the next one does not fit
-        if used and used + lengths[i] > slots:
-            next_fit, used = next_fit + 1, 0
-        used += lengths[i]
-    next_fit += 1 if used else 0
+    next_fit = len(next_fit_rows(lengths, slots, order))  # pack_conversations' default, in its seeded order
     best_fit = len(best_fit_rows(lengths, slots, order))
     print(f"{len(lengths):,} training conversations, {tokens:,} tokens (mean {tokens / len(lengths):.0f}, longest {max(lengths):,}); "
           f"rows of {slots:,} slots, {batch} rows a step")

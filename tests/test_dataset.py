@@ -178,6 +178,18 @@ def test_split_holds_out_prompts_no_training_row_shares() -> None:
     assert [r["id"] for r in again[1]] == [r["id"] for r in held]
 
 
+def marked_conversations(seed: int, count: int, longest: int) -> list[dict]:
+    """Tokenized conversations of random lengths in [3, longest), conversation c's first token 1000 + c (marks it)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in range(count):
+        n = int(rng.integers(3, longest))
+        rows.append({"input_ids": [1000 + c] + rng.integers(0, 50, n - 1).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()})
+    return rows
+
+
 def test_pack_conversations_keeps_every_conversation_whole_and_in_order() -> None:
     """Packed rows, read one after another, are the conversations in the seeded order, masks with their tokens; each row
     holds at most ``pack_length`` tokens and closes only when the next conversation would not fit."""
@@ -186,11 +198,7 @@ def test_pack_conversations_keeps_every_conversation_whole_and_in_order() -> Non
 
     from train.data.dataset import pack_conversations
 
-    rng = np.random.default_rng(0)
-    rows = []
-    for c in range(30):
-        n = int(rng.integers(3, 40))
-        rows.append({"input_ids": [1000 + c] + rng.integers(0, 50, n - 1).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()})
+    rows = marked_conversations(seed=0, count=30, longest=40)
     ds = datasets.Dataset.from_list(rows)
     packed = pack_conversations(ds, pack_length=64, seed=5)
     order = np.random.default_rng(5).permutation(len(rows)).tolist()
@@ -227,11 +235,7 @@ def test_best_fit_packing_places_every_conversation_once_and_fills_rows() -> Non
 
     from train.data.dataset import best_fit_rows, pack_conversations
 
-    rng = np.random.default_rng(1)
-    rows = []
-    for c in range(60):
-        n = int(rng.integers(3, 60))
-        rows.append({"input_ids": [1000 + c] + rng.integers(0, 50, n - 1).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()})
+    rows = marked_conversations(seed=1, count=60, longest=60)
     ds = datasets.Dataset.from_list(rows)
     packed = pack_conversations(ds, pack_length=64, seed=5, fresh_fraction=1.0, best_fit=True)
     seen = []

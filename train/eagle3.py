@@ -176,10 +176,8 @@ class Eagle3Step:
         ctx_valid = attention_mask.bool()
         backend = self.ctx.backend
         doc_start = batch.get("doc_start")  # packed documents (data.pack_documents): masks and labels stop at their starts
-        if doc_start is not None:
+        if doc_start is not None:  # the window kernels refuse it (unroll; the config before that)
             doc_start = doc_start.to(self.ctx.device)
-            if backend in WINDOW_BACKENDS:
-                raise ValueError(f"trainer.attention_backend={backend}: its window kernel has no document boundaries (data.pack_documents)")
         # flex's block masks are built here, outside the compiled function (their tile structure has its own)
         masks = None if backend in WINDOW_BACKENDS else step_masks(ctx_valid, self.drafter.layer_types, self.drafter.sliding_window,
                                                                    self.steps, backend, doc_start)
@@ -495,30 +493,27 @@ def ttt_tile_structure(ctx_valid: torch.Tensor, step: int, window: int | None, t
         if s == 0:
             if band is not None and band > 0:  # the window ends before the query: no context key at all
                 seg_kept = seg_full = torch.zeros_like(kept)
-            elif doc_start is not None:
-                q = torch.arange(seq_len, device=device)
-                lo = doc_start if band is None else torch.maximum(doc_start, q + band)  # [Bsz, T]
-                hi = torch.minimum(q, last[:, :, 0] - 1)  # real keys only
-                ctx_tiles = -(-seq_len // tile)  # only key tiles that start among step 0's keys hold any
-                meets = torch.maximum(lo[:, :, None], ua[:ctx_tiles]) <= torch.minimum(hi[:, :, None], ub[:ctx_tiles] - 1)  # [Bsz, T, Kc]
-                meets = F.pad(meets, (0, len(k0) - ctx_tiles, 0, len(q0) * tile - seq_len)).view(bsz, len(q0), tile, len(k0)).any(2)
-                seg_kept = diagonal | meets
-                padding = (invalid_before[:, ub] - invalid_before[:, ua])[:, None, :]
-                own = ((q1 - q0 == 1) & (ua <= q0) & (q0 < ub)) & ~ctx_valid[:, q0[:, 0]][:, :, None]
-                all_real = padding - own.long() == 0
-                above = True if band is None else ua >= q1 - 1 + band
-                in_document = ua >= doc_start[:, (q1 - 1)[:, 0]][:, :, None]  # [Bsz, Qt, Kt]: the tile's latest start
-                seg_full = present & (ub - 1 <= q0) & above & all_real & in_document
             else:
-                low = torch.zeros_like(q0) if band is None else q0 + band  # the u some q of the tile sees: [low, q1 - 1]
-                u_high = torch.minimum(ub - 1, last - 1)  # real keys only
-                seg_kept = diagonal | (torch.maximum(ua, low) <= torch.minimum(u_high, q1 - 1))
+                if doc_start is None:
+                    low = torch.zeros_like(q0) if band is None else q0 + band  # the u some q of the tile sees: [low, q1 - 1]
+                    u_high = torch.minimum(ub - 1, last - 1)  # real keys only
+                    meets = torch.maximum(ua, low) <= torch.minimum(u_high, q1 - 1)
+                else:  # query by query: q sees [max(doc_start[q], q + band), min(q, last real key)]
+                    q = torch.arange(seq_len, device=device)
+                    lo = doc_start if band is None else torch.maximum(doc_start, q + band)  # [Bsz, T]
+                    hi = torch.minimum(q, last[:, :, 0] - 1)
+                    ctx_tiles = -(-seq_len // tile)  # only key tiles that start among step 0's keys hold any
+                    meets = torch.maximum(lo[:, :, None], ua[:ctx_tiles]) <= torch.minimum(hi[:, :, None], ub[:ctx_tiles] - 1)  # [Bsz, T, Kc]
+                    meets = F.pad(meets, (0, len(k0) - ctx_tiles, 0, len(q0) * tile - seq_len)).view(bsz, len(q0), tile, len(k0)).any(2)
+                seg_kept = diagonal | meets
                 padding = (invalid_before[:, ub] - invalid_before[:, ua])[:, None, :]  # [Bsz, 1, Kt]
                 # a one-query tile also sees its own key when that is padding
                 own = ((q1 - q0 == 1) & (ua <= q0) & (q0 < ub)) & ~ctx_valid[:, q0[:, 0]][:, :, None]  # [Bsz, Qt, Kt]
                 all_real = padding - own.long() == 0
                 above = True if band is None else ua >= q1 - 1 + band
                 seg_full = present & (ub - 1 <= q0) & above & all_real
+                if doc_start is not None:  # every key at or after the tile's latest document start
+                    seg_full = seg_full & (ua >= doc_start[:, (q1 - 1)[:, 0]][:, :, None])
         else:
             seen = window is None or s >= step - window + 1
             seg_kept = (diagonal & seen).expand_as(kept)

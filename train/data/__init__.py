@@ -97,8 +97,9 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
         fresh = 1.0 if data_cfg.pack_documents else data_cfg.pack_fresh_fraction
         train_ds = pack_conversations(train_ds, data_cfg.pack_length, seed, fresh, best_fit=data_cfg.pack_documents)
         summary["train_packed_rows"] = len(train_ds)
-        summary["train_fresh_rows"] = sum(len(s) > 1 for s in train_ds["segments"])
-        summary["train_packed_tokens"] = int(sum(sum(s) for s in train_ds["segments"]))
+        segments = train_ds["segments"]  # one read of the column
+        summary["train_fresh_rows"] = sum(len(s) > 1 for s in segments)
+        summary["train_packed_tokens"] = int(sum(sum(s) for s in segments))
         log.info("packed %d training conversations into %d rows of at most %d tokens (%.1f%% of their slots; %d read by the target "
                  "one conversation at a time%s)", summary["train_conversations"], len(train_ds), data_cfg.pack_length,
                  100 * summary["train_packed_tokens"] / max(1, len(train_ds) * data_cfg.pack_length), summary["train_fresh_rows"],

@@ -292,6 +292,21 @@ def split_train_eval(ds: Any, num_eval: int, seed: int) -> tuple[Any, Any | None
     return ds.select(train_rows), ds.select(eval_rows), counts
 
 
+def next_fit_rows(lengths: list[int], pack_length: int, order: list[int]) -> list[list[int]]:
+    """Rows of conversation indices in ``order``: each appended to the current row while it stays within
+    ``pack_length`` tokens, else starting the next row (``pack_conversations``' default)."""
+    rows: list[list[int]] = []
+    used = 0
+    for i in order:
+        if rows and used + lengths[i] <= pack_length:
+            rows[-1].append(i)
+            used += lengths[i]
+        else:
+            rows.append([i])
+            used = lengths[i]
+    return rows
+
+
 def best_fit_rows(lengths: list[int], pack_length: int, order: list[int]) -> list[list[int]]:
     """Rows of conversation indices by best fit decreasing: the longest first (ties in ``order``'s order), each into the
     row it fills fullest that still has room, else a new row. Rows of packed documents never read each other, so only
@@ -336,27 +351,11 @@ def pack_conversations(ds: Any, pack_length: int, seed: int, fresh_fraction: flo
     for i, row in enumerate(all_ids):
         if len(row) > pack_length:
             raise ValueError(f"data.pack_length={pack_length}: conversation {i} holds {len(row)} tokens; expected >= data.max_length")
-    packed_ids, packed_masks, packed_lengths, ids, mask, lengths = [], [], [], [], [], []
-    if best_fit:
-        for members in best_fit_rows([len(r) for r in all_ids], pack_length, order):
-            packed_ids.append([t for i in members for t in all_ids[i]])
-            packed_masks.append([m for i in members for m in all_masks[i]])
-            packed_lengths.append([len(all_ids[i]) for i in members])
-        order = []
-    for i in order:
-        n = len(all_ids[i])
-        if ids and len(ids) + n > pack_length:
-            packed_ids.append(ids)
-            packed_masks.append(mask)
-            packed_lengths.append(lengths)
-            ids, mask, lengths = [], [], []
-        ids.extend(all_ids[i])
-        mask.extend(all_masks[i])
-        lengths.append(n)
-    if ids:
-        packed_ids.append(ids)
-        packed_masks.append(mask)
-        packed_lengths.append(lengths)
+    lengths = [len(r) for r in all_ids]
+    members_of = (best_fit_rows if best_fit else next_fit_rows)(lengths, pack_length, order)
+    packed_ids = [[t for i in members for t in all_ids[i]] for members in members_of]
+    packed_masks = [[m for i in members for m in all_masks[i]] for members in members_of]
+    packed_lengths = [[lengths[i] for i in members] for members in members_of]
     fresh = rng.random(len(packed_ids)) < fresh_fraction
     segments = [lengths if f else [sum(lengths)] for lengths, f in zip(packed_lengths, fresh.tolist())]
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")), "loss_mask": datasets.Sequence(datasets.Value("int8")),
