@@ -100,10 +100,12 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
         segments = train_ds["segments"]  # one read of the column
         summary["train_fresh_rows"] = sum(len(s) > 1 for s in segments)
         summary["train_packed_tokens"] = int(sum(sum(s) for s in segments))
-        log.info("packed %d training conversations into %d rows of at most %d tokens (%.1f%% of their slots; %d read by the target "
-                 "one conversation at a time%s)", summary["train_conversations"], len(train_ds), data_cfg.pack_length,
-                 100 * summary["train_packed_tokens"] / max(1, len(train_ds) * data_cfg.pack_length), summary["train_fresh_rows"],
-                 ", each a document of its own" if data_cfg.pack_documents else "")
+        # rows of several conversations: under pack_documents the target reads them in one pass under a document mask
+        # (capture_segments), else one conversation at a time (pack_fresh_fraction)
+        how = "read as separate documents" if data_cfg.pack_documents else "read by the target one conversation at a time"
+        log.info("packed %d training conversations into %d rows of at most %d tokens (%.1f%% of their slots; %d rows of several "
+                 "conversations, %s)", summary["train_conversations"], len(train_ds), data_cfg.pack_length,
+                 100 * summary["train_packed_tokens"] / max(1, len(train_ds) * data_cfg.pack_length), summary["train_fresh_rows"], how)
     summary["eval_conversations"] = 0 if eval_ds is None else len(eval_ds)
     return train_ds, eval_ds, summary
 
