@@ -102,9 +102,10 @@ def prepare_data(data_cfg: Any, target: Any, seed: int = 0, progress: bool = Tru
         summary["train_packed_tokens"] = int(sum(sum(s) for s in segments))
         # rows of several conversations: under pack_documents the target reads them in one pass under a document mask
         # (capture_segments), else one conversation at a time (pack_fresh_fraction)
-        how = "read as separate documents" if data_cfg.pack_documents else "read by the target one conversation at a time"
-        log.info("packed %d training conversations into %d rows of at most %d tokens (%.1f%% of their slots; %d rows of several "
-                 "conversations, %s)", summary["train_conversations"], len(train_ds), data_cfg.pack_length,
+        how = ("rows of several conversations, each read as a document of its own" if data_cfg.pack_documents
+               else "rows read by the target one conversation at a time")
+        log.info("packed %d training conversations into %d rows of at most %d tokens (%.1f%% of their slots; %d %s)",
+                 summary["train_conversations"], len(train_ds), data_cfg.pack_length,
                  100 * summary["train_packed_tokens"] / max(1, len(train_ds) * data_cfg.pack_length), summary["train_fresh_rows"], how)
     summary["eval_conversations"] = 0 if eval_ds is None else len(eval_ds)
     return train_ds, eval_ds, summary
