@@ -454,6 +454,46 @@ def test_dflash_block_states_of_packed_documents_equal_each_document_alone() -> 
             at += n
 
 
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_dflash_flex_masks_with_documents_give_the_dense_masks_outputs() -> None:
+    """On a GPU the DFlash drafter's forward on packed documents runs flex's compiled Triton kernels on masks built
+    from CUDA tensors (the packed-query BlockMask where tiles hold whole blocks, else the plain one): its block states
+    equal those of the dense SDPA masks with each block's context cut at its document's start (fp32)."""
+    from transformers import Qwen3Config
+
+    from models.dflash import DFlashDraftModel, make_dflash_config
+    from train.dflash import Blocks, layer_masks
+
+    # flex's Triton kernels take head dimensions of 16 and up
+    target = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
+    config = make_dflash_config(target, num_hidden_layers=2, block_size=8, mask_token_id=63, target_layer_ids=[1, 2],
+                                layer_types=["sliding_attention", "full_attention"], sliding_window=48)
+    torch.manual_seed(0)
+    drafter = DFlashDraftModel(config).eval().cuda()
+    generator = torch.Generator().manual_seed(2)
+    segments, width, n = [[150, 90, 40], [256], [30, 200]], 300, 12
+    starts = document_starts(segments, width)
+    ctx_valid = torch.arange(width)[None, :] < torch.tensor([[sum(s)] for s in segments])
+    anchors = torch.stack([torch.randperm(sum(s) - 1, generator=generator)[:n].sort().values for s in segments])
+    ctx_lo = starts.gather(1, anchors)
+    features = torch.randn(3, width, 2 * 64, generator=generator).cuda()
+    embeds = torch.randn(3, n * 8, 64, generator=generator).cuda()
+    positions = (anchors[:, :, None] + torch.arange(8)).flatten(1).cuda()
+    anchors, ctx_valid, ctx_lo = anchors.cuda(), ctx_valid.cuda(), ctx_lo.cuda()
+    blocks = Blocks(anchors, torch.ones_like(anchors, dtype=torch.bool), positions, positions, positions)
+    out = {}
+    for backend in ("sdpa", "flex"):
+        masks = layer_masks(blocks, ctx_valid, 8, config.layer_types, 48, True, backend, query_groups=2, head_dim=16, ctx_lo=ctx_lo)
+        if backend == "flex":
+            assert not any(isinstance(m, torch.Tensor) for m in masks.values())
+        with torch.no_grad():
+            out[backend] = drafter(embeds, features, positions, masks)
+    assert not torch.equal(out["sdpa"], drafter(embeds, features, positions, layer_masks(
+        blocks, ctx_valid, 8, config.layer_types, 48, True, "sdpa")).detach())  # the documents matter on these rows
+    torch.testing.assert_close(out["flex"], out["sdpa"], atol=2e-4, rtol=1e-4)
+
 def test_dflash_training_on_packed_documents_keeps_every_block_in_its_document(tmp_path) -> None:
     """``python -m train experiment=dflash_swa_tiny data.pack_documents=true``: the first batch's blocks label only tokens
     of their anchor's document, their masks see no context key before its start, and three steps train."""
