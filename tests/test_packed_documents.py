@@ -77,6 +77,47 @@ def test_capture_of_packed_documents_equals_each_document_alone(which: str, refe
     assert not torch.allclose(whole.features[0, second], got.features[0, second], atol=1e-3)
 
 
+
+def test_packed_capture_restarts_positions_at_each_document(tiny_llama3_path) -> None:
+    """The stack's rotary embedding receives positions that restart at 0 at each document (found by review: plain
+    positions passed every test, since RoPE's attention sees only relative positions; rope types that read the
+    largest position, longrope and dynamic scaling, do not)."""
+    target = TargetModel.from_pretrained(str(tiny_llama3_path), "cpu")
+    lengths = [[7, 5, 9], [13], [4, 6]]
+    ids, _ = packed_rows(target, lengths, 25)
+    seen = []
+    hook = target.stack.rotary_emb.register_forward_hook(lambda module, args, kwargs, out: seen.append(
+        kwargs["position_ids"] if "position_ids" in kwargs else args[1]), with_kwargs=True)
+    try:
+        target.capture(ids, [0, 1], with_final_hidden=True, doc_start=document_starts(lengths, 25))
+    finally:
+        hook.remove()
+    assert len(seen) == 1
+    for b, row in enumerate(lengths):
+        want = [p for n in row for p in range(n)]
+        assert seen[0][b, :len(want)].tolist() == want, b
+
+
+@pytest.mark.parametrize("documents", [True, False])
+def test_only_packed_document_batches_carry_document_starts(documents: bool) -> None:
+    """The trainer's collate adds ``doc_start`` to packed rows under ``data.pack_documents`` only: rows marked for
+    ``data.pack_fresh_fraction`` hold several segments too, and there the drafter's attention spans the whole row
+    (found by review: collating document starts for them passed every test)."""
+    from compose import compose_train
+    from train.config import to_train_config
+    from train.trainer import StepContext
+
+    extra = ["data.pack_documents=true"] if documents else ["data.pack_fresh_fraction=1.0"]
+    cfg = to_train_config(compose_train(["experiment=eagle3_swa_tiny", "data.pack_length=2048"] + extra))
+    context = StepContext(cfg, None, None, [], torch.device("cpu"))
+    rows = [{"input_ids": list(range(3, 13)), "loss_mask": [1] * 10, "segments": [6, 4]},
+            {"input_ids": list(range(3, 10)), "loss_mask": [1] * 7, "segments": [7]}]
+    batch = context.collate(rows, 0)
+    if documents:
+        assert torch.equal(batch["doc_start"], document_starts([[6, 4], [7]], 10))
+    else:
+        assert "doc_start" not in batch and batch["segments"] == [[6, 4], [7]]
+
 def test_targets_a_prepared_mask_cannot_serve_are_read_piece_by_piece() -> None:
     """A stack that builds its own sliding-window masks (Mistral with a window) and layers that read no attention mask
     (Qwen3-Next's linear attention) are refused by ``capture(doc_start=...)`` in one line, and ``capture_segments``
@@ -151,6 +192,29 @@ def test_tile_structure_with_documents_equals_the_dense_masks_tiles(window: int 
         tiles = padded.view(4, q_tiles, tile, kv_tiles, tile).transpose(2, 3).flatten(3)
         assert torch.equal(kept, (tiles == 1).any(-1)), (step, window, tile)
         assert torch.equal(full, ((tiles == 1) | (tiles < 0)).all(-1) & (tiles == 1).any(-1)), (step, window, tile)
+
+
+@pytest.mark.parametrize("layer_types", [["full_attention", "sliding_attention"], ["sliding_attention"]])
+def test_eagle3_unroll_on_flex_block_masks_with_documents_gives_the_dense_masks_outputs(layer_types: list[str]) -> None:
+    """The TTT unroll on flex's block masks (``step_masks``; eager flex on the CPU, the CUDA test runs the compiled
+    kernels) gives the dense SDPA masks' outputs on packed documents (found by review: dropping the documents from the
+    flex masks passed every CPU test)."""
+    from train.eagle3 import unroll
+
+    model = small_drafter(layer_types, 4)
+    generator = torch.Generator().manual_seed(0)
+    segments, width = [[6, 5, 7], [9, 4]], 20
+    ids = torch.randint(0, 40, (2, width), generator=generator)
+    features = torch.randn(2, width, 96, generator=generator)
+    ctx_valid = torch.arange(width)[None, :] < torch.tensor([[18], [13]])
+    starts = document_starts(segments, width)
+    with torch.no_grad():
+        dense = unroll(model, features, ids, ctx_valid, 3, backend="sdpa", doc_start=starts)
+        flex = unroll(model, features, ids, ctx_valid, 3, backend="flex", doc_start=starts)
+        whole = unroll(model, features, ids, ctx_valid, 3, backend="sdpa")
+    assert not torch.allclose(whole[1][ctx_valid], dense[1][ctx_valid], atol=1e-3)  # the documents matter here
+    for j, (a, b) in enumerate(zip(dense, flex)):
+        torch.testing.assert_close(b[ctx_valid], a[ctx_valid], atol=1e-5, rtol=1e-5, msg=f"step {j}")
 
 
 @pytest.mark.parametrize("layer_types,window", [(["sliding_attention"], 4), (["full_attention", "sliding_attention"], 2)])
