@@ -598,8 +598,9 @@ class TargetModel:
         (``document_mask``, positions restarting at each piece), while that mask stays within ``DOCUMENT_MASK_BYTES``;
         past it (long packed rows) the pieces run as rows of their own, right-padded to the longest. Positions past a
         row's pieces (its padding) hold what the pass left there (zeros, or a row read whole: its padding's features);
-        nothing reads them. Returns ``capture``'s ``features`` (and ``final_hidden``) at the rows' shape. Eager, past ``compile_capture``'s graph: it takes no positions, and the pieces' shapes change from batch
-        to batch (each new shape compiled the graph again)."""
+        nothing reads them. Returns ``capture``'s ``features`` (and ``final_hidden``) at the rows' shape. Eager, past
+        ``compile_capture``'s graph: it takes no positions, and the pieces' shapes change from batch to batch (each new
+        shape compiled the graph again)."""
         b, t = input_ids.shape
         split = [r for r, lengths in enumerate(segments) if len(lengths) > 1]
         if not split:
