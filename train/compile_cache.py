@@ -1,0 +1,121 @@
+"""``trainer.compile_cache``: torch.compile's compiled artifacts kept in one file, loaded at the next start.
+
+On a fresh machine the small-target EAGLE-3 step (TTT 10 on flex attention) compiled cold for ~8 minutes of a 9.5-minute
+H100 call before its first ten steps were done (BENCHMARKS.md, "2026-12-06, eighth session"); a machine that had
+compiled it before took a fraction of that, from Inductor's on-disk cache (``/tmp/torchinductor_$USER``), which a fresh
+machine lacks. torch's portable cache ("mega-cache": ``torch.compiler.save_cache_artifacts`` /
+``load_cache_artifacts``, public since torch 2.7) carries Inductor's graphs, Triton's kernels and AOTAutograd's entries
+to another machine with the same GPU and software. This file holds them with the versions they were built with; a file
+from another torch, Triton, CUDA or GPU is skipped (said once, loudly) and overwritten by this run's.
+
+File layout: ``MAGIC``, an 8-byte little-endian header length, the JSON header, then torch's bytes. Written to a
+temporary name and renamed (a run killed mid-write leaves the old file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"swa-drafters compile cache v1\n"
+
+
+class CompileCacheError(ValueError):
+    """A ``trainer.compile_cache`` file that is not one this module wrote."""
+
+
+def environment(device: torch.device) -> dict[str, str | None]:
+    """What the compiled artifacts depend on: torch, Triton, CUDA and the GPU."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda, "gpu": gpu}
+
+
+def api_missing() -> str | None:
+    """Why this torch cannot carry compiled artifacts (None: it can)."""
+    compiler = getattr(torch, "compiler", None)
+    if not all(hasattr(compiler, name) for name in ("save_cache_artifacts", "load_cache_artifacts")):
+        return f"torch {torch.__version__} has no torch.compiler.save_cache_artifacts / load_cache_artifacts (torch >= 2.7)"
+    return None
+
+
+def read(path: Path) -> tuple[dict, bytes]:
+    """The header and torch's bytes of a cache file; ``CompileCacheError`` (one line) for anything else."""
+    raw = path.read_bytes()
+    expected = "expected a file trainer.compile_cache wrote, or a path that does not exist yet"
+    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 8:
+        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: not a compile cache ({len(raw)} bytes, no header); {expected}")
+    (size,) = struct.unpack("<Q", raw[len(MAGIC):len(MAGIC) + 8])
+    start = len(MAGIC) + 8
+    try:
+        header = json.loads(raw[start:start + size])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header ({exc}); {expected}") from None
+    payload = raw[start + size:]
+    if not isinstance(header, dict) or header.get("bytes") != len(payload):
+        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: cut short ({len(payload)} bytes of artifacts, the header says "
+                                f"{header.get('bytes') if isinstance(header, dict) else '?'}); {expected}")
+    return header, payload
+
+
+class CompileCache:
+    """``load`` once before anything compiles; ``save`` after compiles (the trainer: after the first step, at every
+    checkpoint and at the end). A path of None does nothing."""
+
+    def __init__(self, path: str | os.PathLike | None, device: torch.device):
+        self.path = None if path is None else Path(path).expanduser()
+        self.device = device
+        self.saved_bytes = 0
+        if self.path is not None and (reason := api_missing()):
+            log.warning("trainer.compile_cache=%s: %s; compiling without it", self.path, reason)
+            self.path = None
+
+    def load(self) -> int:
+        """Load the file's artifacts into this process's caches; returns how many (0: none, or skipped)."""
+        if self.path is None:
+            return 0
+        if not self.path.exists():
+            log.info("compile cache %s: none yet; compiling cold, and saving there once compiled", self.path)
+            return 0
+        header, payload = read(self.path)
+        here = environment(self.device)
+        if header.get("environment") != here:
+            log.warning("compile cache %s was built with %s; this run has %s: compiling cold (the file is rewritten)",
+                        self.path, header.get("environment"), here)
+            return 0
+        info = torch.compiler.load_cache_artifacts(payload)
+        count = 0 if info is None else sum(len(v) for v in info.artifacts.values())
+        log.info("compile cache %s: %d compiled artifacts loaded (%.1f MB)", self.path, count, len(payload) / 1e6)
+        return count
+
+    def save(self) -> int:
+        """Write every artifact this process compiled or loaded and used so far; returns the bytes written (0: none)."""
+        if self.path is None:
+            return 0
+        result = torch.compiler.save_cache_artifacts()
+        if result is None:
+            return 0
+        payload, _ = result
+        if len(payload) == self.saved_bytes:  # nothing compiled since the last save
+            return 0
+        header = json.dumps({"environment": environment(self.device), "bytes": len(payload)}).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + struct.pack("<Q", len(header)) + header + payload)
+        os.replace(tmp, self.path)
+        self.saved_bytes = len(payload)
+        log.info("compile cache %s: saved %.1f MB", self.path, len(payload) / 1e6)
+        return len(payload)
