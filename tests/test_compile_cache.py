@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.compile_cache import MAGIC, CompileCache, CompileCacheError, environment
+from train.compile_cache import MAGIC, CompileCache, CompileCacheError, environment, rank_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,11 @@ xe = x.clone().requires_grad_()
 want = f(xe, w)
 want.backward()
 saved = cache.save() if "save" in sys.argv[2] else 0
-print(json.dumps({"loaded": loaded, "saved": saved, "inductor": dict(counters["inductor"]), "aot": dict(counters["aot_autograd"]),
+again = 0
+if "second" in sys.argv[2]:  # a later compile and a second save: the file must keep the first function's graphs
+    torch.compile(lambda y: torch.tanh(y).mul(3).sum())(torch.randn(8, 8).requires_grad_()).backward()
+    again = cache.save()
+print(json.dumps({"loaded": loaded, "saved": saved, "again": again, "inductor": dict(counters["inductor"]), "aot": dict(counters["aot_autograd"]),
                   "equal": bool(torch.allclose(got, want, rtol=1e-5, atol=1e-5) and torch.allclose(xc.grad, xe.grad, rtol=1e-5, atol=1e-5))}))
 """
 
@@ -55,8 +59,9 @@ def run_fresh(tmp_path: Path, name: str, cache_file: Path, actions: str) -> dict
 @pytest.mark.slow
 def test_a_fresh_process_compiles_from_the_carried_file_and_one_without_it_compiles_cold(tmp_path: Path) -> None:
     cache_file = tmp_path / "carried" / "compile_cache.bin"
-    first = run_fresh(tmp_path, "first", cache_file, "load,save")
+    first = run_fresh(tmp_path, "first", cache_file, "load,save,second")
     assert first["equal"] and first["loaded"] == 0 and first["saved"] > 0 and first["inductor"].get("fxgraph_cache_miss", 0) > 0
+    assert first["again"] == 0  # saved once a process: torch's loader keeps one block per kind, a second save's
     assert cache_file.read_bytes().startswith(MAGIC)
     carried = run_fresh(tmp_path, "carried", cache_file, "load,save")
     assert carried["equal"] and carried["loaded"] > 0
@@ -127,3 +132,31 @@ def test_on_cuda_the_trainer_saves_its_compiled_step_for_the_next_run(tmp_path: 
     train(compose_train(common + [f"output_dir={tmp_path / 'first'}"]))
     header, payload = read(cache_file)
     assert header["environment"] == environment(torch.device("cuda")) and len(payload) == header["bytes"] > 0
+
+
+
+def test_a_folder_or_an_unwritable_path_is_refused_at_start(tmp_path: Path) -> None:
+    cpu = torch.device("cpu")
+    with pytest.raises(CompileCacheError, match=r"trainer.compile_cache='.*': a folder; expected a file path"):
+        CompileCache(tmp_path, cpu)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(CompileCacheError, match=r"is a file, where a folder is needed; expected a path the compiled artifacts"):
+        CompileCache(blocker / "cache.bin", cpu)
+
+
+def test_caches_turned_off_are_said_and_nothing_is_saved(tmp_path: Path, caplog, monkeypatch) -> None:
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    with caplog.at_level(logging.WARNING, logger="train.compile_cache"):
+        cache = CompileCache(tmp_path / "c.bin", torch.device("cpu"))
+    assert "torch's caches are off (Inductor's fx_graph_cache" in caplog.text
+    assert cache.save() == 0 and not (tmp_path / "c.bin").exists()
+
+
+def test_each_process_of_a_multi_gpu_run_keeps_a_file_of_its_own(tmp_path: Path) -> None:
+    """torch's cache keys hold the device index: rank k's graphs on cuda:k never match rank 0's."""
+    assert rank_path(tmp_path / "c.bin", 0, 1) == tmp_path / "c.bin"
+    assert [rank_path(tmp_path / "c.bin", k, 4).name for k in (0, 3)] == ["c.bin.rank0", "c.bin.rank3"]
+    assert rank_path(None, 2, 4) is None

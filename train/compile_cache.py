@@ -8,8 +8,15 @@ machine lacks. torch's portable cache ("mega-cache": ``torch.compiler.save_cache
 to another machine with the same GPU and software. This file holds them with the versions they were built with; a file
 from another torch, Triton, CUDA or GPU is skipped (said once, loudly) and overwritten by this run's.
 
+Saved once per process, after the first optimizer step (the training step's graphs, forward and backward, the bulk of
+the compile): each ``save_cache_artifacts`` call appends one block per artifact kind to what it returns, and
+``load_cache_artifacts`` keeps only the last block of each kind (torch 2.7-2.13), so a second save would hide the
+step's graphs behind later compiles (evaluation, recompiles). Graphs compiled after the first step are compiled again
+at the next start. Each process of a multi-GPU run keeps a file of its own (``PATH.rank{k}``): torch's cache keys hold
+the device index, so rank k's graphs on ``cuda:k`` never match rank 0's.
+
 File layout: ``MAGIC``, an 8-byte little-endian header length, the JSON header, then torch's bytes. Written to a
-temporary name and renamed (a run killed mid-write leaves the old file).
+temporary name and renamed (``common.atomic.atomic_open``: a run killed mid-write leaves the old file).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import struct
 from pathlib import Path
 
 import torch
+
+from common.atomic import atomic_open, unwritable_reason
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,30 @@ def api_missing() -> str | None:
     return None
 
 
+def caches_off() -> list[str]:
+    """torch's settings that turn the caches this file fills off (then nothing is written, or nothing loaded is used)."""
+    off = []
+    compiler_config = getattr(torch.compiler, "config", None)
+    if getattr(compiler_config, "force_disable_caches", False):
+        off.append("torch.compiler.config.force_disable_caches (TORCHINDUCTOR_FORCE_DISABLE_CACHES)")
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    if getattr(inductor_config, "fx_graph_cache", True) is False:
+        off.append("Inductor's fx_graph_cache (TORCHINDUCTOR_FX_GRAPH_CACHE=0)")
+    if getattr(functorch_config, "enable_autograd_cache", True) is False:
+        off.append("AOTAutograd's enable_autograd_cache (TORCHINDUCTOR_AUTOGRAD_CACHE=0)")
+    return off
+
+
+def rank_path(path: str | os.PathLike | None, local_rank: int, world_size: int) -> Path | None:
+    """The file of this process: ``path`` itself on one process, ``path.rank{local_rank}`` on several."""
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    return path if world_size == 1 else path.with_name(f"{path.name}.rank{local_rank}")
+
+
 def read(path: Path) -> tuple[dict, bytes]:
     """The header and torch's bytes of a cache file; ``CompileCacheError`` (one line) for anything else."""
     raw = path.read_bytes()
@@ -71,15 +104,28 @@ def read(path: Path) -> tuple[dict, bytes]:
 
 
 class CompileCache:
-    """``load`` once before anything compiles; ``save`` after compiles (the trainer: after the first step, at every
-    checkpoint and at the end). A path of None does nothing."""
+    """``load`` once before anything compiles; ``save`` once compiled (the trainer: after its first optimizer step). A
+    path of None does nothing."""
 
     def __init__(self, path: str | os.PathLike | None, device: torch.device):
         self.path = None if path is None else Path(path).expanduser()
         self.device = device
-        self.saved_bytes = 0
-        if self.path is not None and (reason := api_missing()):
+        self.saved = False
+        if self.path is None:
+            return
+        # refused at start, not after the first step's compile (minutes on a GPU)
+        if self.path.is_dir():
+            raise CompileCacheError(f"trainer.compile_cache={str(self.path)!r}: a folder; expected a file path (new, or one "
+                                    "trainer.compile_cache wrote)")
+        if (reason := unwritable_reason(self.path)):
+            raise CompileCacheError(f"trainer.compile_cache={str(self.path)!r}: {reason}; expected a path the compiled "
+                                    "artifacts can be written to")
+        if (reason := api_missing()):
             log.warning("trainer.compile_cache=%s: %s; compiling without it", self.path, reason)
+            self.path = None
+        elif (off := caches_off()):
+            log.warning("trainer.compile_cache=%s: torch's caches are off (%s); nothing will be saved or used",
+                        self.path, "; ".join(off))
             self.path = None
 
     def load(self) -> int:
@@ -101,21 +147,23 @@ class CompileCache:
         return count
 
     def save(self) -> int:
-        """Write every artifact this process compiled or loaded and used so far; returns the bytes written (0: none)."""
-        if self.path is None:
+        """Write every artifact this process compiled, or loaded and used, so far: once a process (see the module's
+        docstring), later calls do nothing. Returns the bytes written (0: none). A failed write is said and training
+        goes on."""
+        if self.path is None or self.saved:
             return 0
+        self.saved = True
         result = torch.compiler.save_cache_artifacts()
         if result is None:
+            log.warning("compile cache %s: nothing was compiled (or torch recorded nothing to cache); no file written", self.path)
             return 0
         payload, _ = result
-        if len(payload) == self.saved_bytes:  # nothing compiled since the last save
-            return 0
         header = json.dumps({"environment": environment(self.device), "bytes": len(payload)}).encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + struct.pack("<Q", len(header)) + header + payload)
-        os.replace(tmp, self.path)
-        self.saved_bytes = len(payload)
+        try:
+            with atomic_open(self.path, "wb", encoding=None) as f:
+                f.write(MAGIC + struct.pack("<Q", len(header)) + header + payload)
+        except OSError as exc:
+            log.warning("compile cache %s: not written (%s); training goes on", self.path, exc)
+            return 0
         log.info("compile cache %s: saved %.1f MB", self.path, len(payload) / 1e6)
         return len(payload)

@@ -40,7 +40,7 @@ from models.target import TargetModel, document_starts
 
 from . import deepspeed_engine
 from .checkpoint import Checkpointer, check_resume_early, resume_settings
-from .compile_cache import CompileCache
+from .compile_cache import CompileCache, rank_path
 from .config import TrainConfig, check_paths, to_train_config  # noqa: F401  (callers import these from here too)
 from .data import prepare_data
 from .data.dataset import RowReader, collate_padded, rows_fingerprint
@@ -350,8 +350,9 @@ def build(cfg: TrainConfig) -> Run:
         check_backend_device(tc.attention_backend, device)
     if device.type == "cuda" and tc.compile_drafter and tc.coordinate_descent_tuning:
         set_coordinate_descent_tuning(True)  # false leaves Inductor's own setting (its environment variable) alone
-    compile_cache = CompileCache(tc.compile_cache, device)
-    compile_cache.load()  # before anything compiles (a bad file stops here, before the target loads)
+    # before anything compiles (a bad file stops here, before the target loads); a file per process on several GPUs
+    compile_cache = CompileCache(rank_path(tc.compile_cache, ranks.local_rank, ranks.world_size), device)
+    compile_cache.load()
     ds_config = None
     if tc.deepspeed is not None or ranks.distributed:
         ds_config = deepspeed_engine.deepspeed_config(tc.deepspeed or "zero2", tc.batch_size, tc.grad_accum, tc.grad_clip, ranks.world_size)
@@ -496,7 +497,7 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         saved = (tc.checkpoint_every and n % tc.checkpoint_every == 0) or n == run.max_steps
         if saved:
             run.checkpointer.save(n, {**train_state, "window": window_state()})
-        if run.ranks.is_main and (saved or n == start_step + 1):  # the first step compiled the step's graphs
+        if n == start_step + 1:  # the first step compiled the step's graphs, forward and backward: saved once (compile_cache)
             run.compile_cache.save()
         out_of_time = tc.time_limit_minutes is not None and time.perf_counter() - run_start > 60 * tc.time_limit_minutes
         if tc.time_limit_minutes is not None and run.ranks.distributed:
@@ -506,8 +507,6 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         if n < run.max_steps and (out_of_time or (tc.interrupt_after is not None and n >= tc.interrupt_after)):
             if not saved:  # a step on the checkpoint_every grid is saved already (it was written twice)
                 run.checkpointer.save(n, {**train_state, "window": window_state()})
-                if run.ranks.is_main:
-                    run.compile_cache.save()
             interrupted = True
             # the same command alone starts a new folder where output_dir holds the time (every experiment's default)
             log.warning("stopping after step %d (trainer.%s); resume with the same command and output_dir=%s", n,
