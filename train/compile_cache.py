@@ -2,8 +2,8 @@
 
 On a fresh machine the small-target EAGLE-3 step (TTT 10 on flex attention) compiled cold for ~8 minutes of a 9.5-minute
 H100 call before its first ten steps were done (BENCHMARKS.md, "2026-12-06, eighth session"); a machine that had
-compiled it before took a fraction of that, from Inductor's on-disk cache (``/tmp/torchinductor_$USER``), which a fresh
-machine lacks. torch's portable cache ("mega-cache": ``torch.compiler.save_cache_artifacts`` /
+compiled it before ran two such runs side by side, compile, warm-up and timing, in under 6 minutes, from Inductor's
+on-disk cache (``/tmp/torchinductor_$USER``), which a fresh machine lacks. torch's portable cache ("mega-cache": ``torch.compiler.save_cache_artifacts`` /
 ``load_cache_artifacts``, public since torch 2.7) carries Inductor's graphs, Triton's kernels and AOTAutograd's entries
 to another machine with the same GPU and software. This file holds them with the versions they were built with; a file
 from another torch, Triton, CUDA or GPU is skipped (said once, loudly) and overwritten by this run's.
@@ -37,7 +37,7 @@ MAGIC = b"swa-drafters compile cache v1\n"
 
 
 class CompileCacheError(ValueError):
-    """A ``trainer.compile_cache`` file that is not one this module wrote."""
+    """A ``trainer.compile_cache`` path that cannot serve: a file this module did not write, a folder, or unwritable."""
 
 
 def environment(device: torch.device) -> dict[str, str | None]:
