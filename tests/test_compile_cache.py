@@ -145,12 +145,13 @@ def test_a_folder_or_an_unwritable_path_is_refused_at_start(tmp_path: Path) -> N
         CompileCache(blocker / "cache.bin", cpu)
 
 
-def test_caches_turned_off_are_said_and_nothing_is_saved(tmp_path: Path, caplog, monkeypatch) -> None:
+def test_caches_turned_off_are_said_and_nothing_is_saved(tmp_path: Path, caplog) -> None:
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    with caplog.at_level(logging.WARNING, logger="train.compile_cache"):
+    # the config module's own patch (monkeypatch's undo deleted the setting: every later compile in the process failed)
+    with inductor_config.patch(fx_graph_cache=False), caplog.at_level(logging.WARNING, logger="train.compile_cache"):
         cache = CompileCache(tmp_path / "c.bin", torch.device("cpu"))
+    assert inductor_config.fx_graph_cache is not False
     assert "torch's caches are off (Inductor's fx_graph_cache" in caplog.text
     assert cache.save() == 0 and not (tmp_path / "c.bin").exists()
 
