@@ -52,14 +52,6 @@ def environment(device: torch.device) -> dict[str, str | None]:
     return {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda, "gpu": gpu}
 
 
-def api_missing() -> str | None:
-    """Why this torch cannot carry compiled artifacts (None: it can)."""
-    compiler = getattr(torch, "compiler", None)
-    if not all(hasattr(compiler, name) for name in ("save_cache_artifacts", "load_cache_artifacts")):
-        return f"torch {torch.__version__} has no torch.compiler.save_cache_artifacts / load_cache_artifacts (torch >= 2.7)"
-    return None
-
-
 def caches_off() -> list[str]:
     """torch's settings that turn the caches this file fills off (then nothing is written, or nothing loaded is used)."""
     off = []
@@ -120,10 +112,7 @@ class CompileCache:
         if (reason := unwritable_reason(self.path)):
             raise CompileCacheError(f"trainer.compile_cache={str(self.path)!r}: {reason}; expected a path the compiled "
                                     "artifacts can be written to")
-        if (reason := api_missing()):
-            log.warning("trainer.compile_cache=%s: %s; compiling without it", self.path, reason)
-            self.path = None
-        elif (off := caches_off()):
+        if (off := caches_off()):  # the API itself is public since torch 2.7 (pyproject asks for >= 2.11)
             log.warning("trainer.compile_cache=%s: torch's caches are off (%s); nothing will be saved or used",
                         self.path, "; ".join(off))
             self.path = None
