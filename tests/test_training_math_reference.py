@@ -238,3 +238,29 @@ def test_ttt_per_step_accuracy_and_loss_follow_a_loop() -> None:
         assert math.isclose(float(stats.step_loss[j]), ce, rel_tol=1e-5)
     assert 0 < float(stats.step_correct.sum()) < float(stats.step_count.sum())
     assert math.isclose(float(stats.loss_sum), sum(STEP_DECAY**j * float(stats.step_loss[j]) for j in range(3)), rel_tol=1e-5)
+
+
+def test_ttt_loss_on_rows_no_longer_than_the_unroll() -> None:
+    """A batch padded to no more than the TTT length (its later steps have no label at all): the same stats as the same
+    rows padded longer, whose pads carry no label (the loss once sliced those steps with a negative length)."""
+    from test_eagle3_train import small_drafter
+
+    model = small_drafter(["full_attention"], None)
+    g = torch.Generator().manual_seed(3)
+    short, long, steps = 5, 14, 8
+    ids = torch.randint(0, 40, (2, short), generator=g)
+    attention_mask = torch.ones(2, short, dtype=torch.long)
+    attention_mask[1, 4:] = 0
+    loss_mask = torch.ones(2, short, dtype=torch.bool) & attention_mask.bool()
+    features, target_logits = torch.randn(2, short, 96, generator=g), torch.randn(2, short, 40, generator=g)
+
+    def padded(x: torch.Tensor, fill) -> torch.Tensor:
+        return torch.cat([x, x.new_full((x.shape[0], long - short, *x.shape[2:]), fill)], dim=1)
+
+    stats_short = ttt_loss(model, unroll(model, features, ids, attention_mask.bool(), steps), target_logits, ids, loss_mask,
+                           attention_mask)
+    stats_long = ttt_loss(model, unroll(model, padded(features, 0.0), padded(ids, 2), padded(attention_mask, 0).bool(), steps),
+                          padded(target_logits, 0.0), padded(ids, 2), padded(loss_mask, False), padded(attention_mask, 0))
+    assert float(stats_short.step_count[0]) == 5 and float(stats_short.step_count[3:].sum()) == 0  # labels: 3 + 2 rows
+    for name, value in vars(stats_long).items():
+        torch.testing.assert_close(getattr(stats_short, name), value, msg=name)

@@ -403,9 +403,10 @@ def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits
         labelled = label_mask(input_ids, loss_mask, attention_mask, j, doc_start)
         # index t at step j learns the target's distribution at t + j + 1; the last j + 1 indices have
         # none (never labelled): views, not shifted copies, so no per-step copy of the soft labels
-        kept = seq_len - (j + 1)
+        # none at all on a row no longer than j + 1 (a slice to a negative length would count from the end)
+        kept = max(seq_len - (j + 1), 0)
         ce, draft_top = soft_cross_entropy(model, h[:, :kept], target_draft[:, j + 1:], chunk_rows)
-        ce, draft_top = F.pad(ce, (0, j + 1)), F.pad(draft_top, (0, j + 1))  # [Bsz, T]
+        ce, draft_top = F.pad(ce, (0, seq_len - kept)), F.pad(draft_top, (0, seq_len - kept))  # [Bsz, T]
         ce = torch.where(labelled, ce, torch.zeros_like(ce))
         loss_sum = loss_sum + STEP_DECAY**j * ce.sum()
         correct = (model.draft_to_target(draft_top) == shift_left(target_greedy, j + 1, -1)) & labelled
