@@ -7,6 +7,7 @@ compiled function's result equals the eager one. CPU Inductor here; the trainer 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.compile_cache import MAGIC, CompileCache, CompileCacheError, environment, rank_path
+from train.compile_cache import MAGIC, CompileCache, CompileCacheError, environment, rank_path, read, saved_blobs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,8 +40,11 @@ want = f(xe, w)
 want.backward()
 saved = cache.save() if "save" in sys.argv[2] else 0
 again = 0
-if "second" in sys.argv[2]:  # a later compile and a second save: the file must keep the first function's graphs
+if "second" in sys.argv[2]:  # a later compile and a second save: the file must keep the first function's graphs too
     torch.compile(lambda y: torch.tanh(y).mul(3).sum())(torch.randn(8, 8).requires_grad_()).backward()
+    again = cache.save()
+if "third" in sys.argv[2]:  # something the file never held
+    torch.compile(lambda y: torch.sigmoid(y).mul(5).sum())(torch.randn(8, 8).requires_grad_()).backward()
     again = cache.save()
 print(json.dumps({"loaded": loaded, "saved": saved, "again": again, "inductor": dict(counters["inductor"]), "aot": dict(counters["aot_autograd"]),
                   "equal": bool(torch.allclose(got, want, rtol=1e-5, atol=1e-5) and torch.allclose(xc.grad, xe.grad, rtol=1e-5, atol=1e-5))}))
@@ -61,17 +65,72 @@ def test_a_fresh_process_compiles_from_the_carried_file_and_one_without_it_compi
     cache_file = tmp_path / "carried" / "compile_cache.bin"
     first = run_fresh(tmp_path, "first", cache_file, "load,save,second")
     assert first["equal"] and first["loaded"] == 0 and first["saved"] > 0 and first["inductor"].get("fxgraph_cache_miss", 0) > 0
-    assert first["again"] == 0  # saved once a process: torch's loader keeps one block per kind, a second save's
-    assert cache_file.read_bytes().startswith(MAGIC)
-    carried = run_fresh(tmp_path, "carried", cache_file, "load,save")
+    assert first["again"] > 0  # the second save is kept beside the first (torch's loader keeps one block per kind)
+    assert cache_file.read_bytes().startswith(MAGIC) and len(read(cache_file)[0]["saves"]) == 2
+    written_first = cache_file.read_bytes()
+    # both functions, the one compiled before the first save and the one after it, come from the file
+    carried = run_fresh(tmp_path, "carried", cache_file, "load,save,second")
     assert carried["equal"] and carried["loaded"] > 0
-    assert carried["inductor"].get("fxgraph_cache_hit", 0) > 0 and carried["inductor"].get("fxgraph_cache_miss", 0) == 0, carried
-    assert carried["aot"].get("autograd_cache_hit", 0) > 0, carried
+    assert carried["inductor"].get("fxgraph_cache_hit", 0) >= 2 and carried["inductor"].get("fxgraph_cache_miss", 0) == 0, carried
+    assert carried["aot"].get("autograd_cache_hit", 0) >= 2, carried
+    assert carried["saved"] == carried["again"] == 0 and cache_file.read_bytes() == written_first  # nothing new: not rewritten
     cold = run_fresh(tmp_path, "cold", cache_file, "")  # the same empty cache folder, the file not loaded: it compiles
     assert cold["equal"] and cold["inductor"].get("fxgraph_cache_miss", 0) > 0 and cold["inductor"].get("fxgraph_cache_hit", 0) == 0
-    # the carried run's own save rewrote the file with what it used: a third fresh process still compiles from it
-    again = run_fresh(tmp_path, "again", cache_file, "load")
-    assert again["inductor"].get("fxgraph_cache_miss", 0) == 0 and again["inductor"].get("fxgraph_cache_hit", 0) > 0
+    # a process that compiles something new rewrites the file with what it used and compiled: a fresh one doing the same
+    # compiles nothing
+    third = run_fresh(tmp_path, "third", cache_file, "load,save,third")
+    assert third["again"] > 0 and third["inductor"].get("fxgraph_cache_miss", 0) > 0
+    again = run_fresh(tmp_path, "again", cache_file, "load,save,third")
+    assert again["inductor"].get("fxgraph_cache_miss", 0) == 0 and again["inductor"].get("fxgraph_cache_hit", 0) >= 2, again
+
+
+class FakeInfo:
+    def __init__(self, keys):
+        self.artifacts = {"inductor": list(keys)}
+
+
+def test_each_save_is_kept_and_loaded_in_order_as_torch_returned_it(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The file's storage of several saves against the exact bytes torch's save returned (a fake torch: each save's bytes
+    a 4-byte head that changes and a body that grows, as torch 2.7-2.13's checksum and appended blocks): every save
+    comes back byte for byte, in order; a process that loaded them and records nothing new writes nothing; a save that
+    does not extend the one before is not kept, said once, and the file keeps the earlier saves."""
+    cpu = torch.device("cpu")
+    body, returned = b"", []
+
+    def fake_save(extra: bytes, keys):
+        nonlocal body
+        body += extra
+        blob = len(returned).to_bytes(4, "little") + body  # the head differs at every save
+        returned.append(blob)
+        return blob, FakeInfo(keys)
+
+    results = iter([fake_save(b"A" * 1000, ["a"]), fake_save(b"B" * 10, ["a", "b"]), fake_save(b"C" * 20, ["a", "b", "c"])])
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: next(results))
+    path = tmp_path / "cache.bin"
+    cache = CompileCache(path, cpu)
+    sizes = [cache.save(), cache.save(), cache.save()]
+    assert all(sizes) and sizes[0] == 1004 and sizes[2] == 1004 + (4 + 10) + (4 + 20)  # heads and new tails only
+    header, stored = read(path)
+    assert list(saved_blobs(header, stored)) == returned
+
+    loaded = []
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda blob: loaded.append(blob) or FakeInfo(["a", "b", "c"]))
+    warm = CompileCache(path, cpu)
+    assert warm.load() == 3 and loaded == returned
+    same = returned[-1]
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (same, FakeInfo(["a", "c"])))
+    before = path.read_bytes()
+    assert warm.save() == 0 and warm.save() == 0 and path.read_bytes() == before  # only what the file held
+
+    broken = CompileCache(tmp_path / "broken.bin", cpu)
+    results = iter([(b"xxxx" + b"A" * 50, FakeInfo(["a"])), (b"yyyy" + b"Z" * 80, FakeInfo(["a", "z"])),
+                    (b"zzzz" + b"Z" * 90, FakeInfo(["z"]))])
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: next(results))
+    with caplog.at_level(logging.WARNING, logger="train.compile_cache"):
+        assert broken.save() == 54 and broken.save() == 0 and broken.save() == 0
+    assert caplog.text.count("do not extend those of the save before") == 1
+    header, stored = read(tmp_path / "broken.bin")
+    assert list(saved_blobs(header, stored)) == [b"xxxx" + b"A" * 50]
 
 
 def written(path: Path, header: dict, payload: bytes) -> Path:
@@ -80,28 +139,42 @@ def written(path: Path, header: dict, payload: bytes) -> Path:
     return path
 
 
+def one_save(payload: bytes, length: int | None = None) -> list[dict]:
+    return [{"length": len(payload) if length is None else length, "head": 0, "sha256": hashlib.sha256(payload).hexdigest()}]
+
+
 def test_a_file_it_did_not_write_fails_in_one_line_naming_it(tmp_path: Path) -> None:
     cpu = torch.device("cpu")
     other = tmp_path / "weights.safetensors"
     other.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     with pytest.raises(CompileCacheError, match=r"trainer.compile_cache='.*weights.safetensors': not a compile cache \(16 bytes, no header\)"):
         CompileCache(other, cpu).load()
-    cut = written(tmp_path / "cut.bin", {"environment": environment(cpu), "bytes": 100}, b"x" * 40)
+    cut = written(tmp_path / "cut.bin", {"environment": environment(cpu), "saves": one_save(b"x" * 100)}, b"x" * 40)
     with pytest.raises(CompileCacheError, match=r"cut short \(40 bytes of artifacts, the header says 100\)"):
         CompileCache(cut, cpu).load()
+    damaged = written(tmp_path / "damaged.bin", {"environment": environment(cpu), "saves": one_save(b"x" * 40)}, b"x" * 39 + b"y")
+    with pytest.raises(CompileCacheError, match=r"save 1 of 1 does not match its checksum \(a damaged file\)"):
+        CompileCache(damaged, cpu).load()
     bad_header = tmp_path / "bad.bin"
     bad_header.write_bytes(MAGIC + (5).to_bytes(8, "little") + b"{nope" + b"x")
     with pytest.raises(CompileCacheError, match="unreadable header"):
         CompileCache(bad_header, cpu).load()
+    no_saves = written(tmp_path / "no_saves.bin", {"environment": environment(cpu), "bytes": 3}, b"abc")
+    with pytest.raises(CompileCacheError, match=r"unreadable header \(no list of saves\)"):
+        CompileCache(no_saves, cpu).load()
 
 
 def test_a_file_from_other_versions_is_skipped_loudly_not_loaded(tmp_path: Path, caplog) -> None:
     cpu = torch.device("cpu")
     elsewhere = {**environment(cpu), "torch": "2.0.0", "gpu": "NVIDIA A100-SXM4-80GB"}
-    path = written(tmp_path / "old.bin", {"environment": elsewhere, "bytes": 3}, b"abc")  # not torch's bytes: never read
+    path = written(tmp_path / "old.bin", {"environment": elsewhere, "saves": one_save(b"abc")}, b"abc")  # never loaded
+    older = tmp_path / "v1.bin"  # the first layout of this file (one save, no list)
+    older.write_bytes(b"swa-drafters compile cache v1\n" + (2).to_bytes(8, "little") + b"{}")
     with caplog.at_level(logging.WARNING, logger="train.compile_cache"):
         assert CompileCache(path, cpu).load() == 0
+        assert CompileCache(older, cpu).load() == 0
     assert "compiling cold (the file is rewritten)" in caplog.text and "2.0.0" in caplog.text
+    assert "written by an earlier layout (swa-drafters compile cache v1)" in caplog.text
     assert CompileCache(tmp_path / "missing.bin", cpu).load() == 0 and not (tmp_path / "missing.bin").exists()
     assert CompileCache(None, cpu).load() == 0 and CompileCache(None, cpu).save() == 0
 
@@ -123,15 +196,14 @@ def test_the_trainer_refuses_a_bad_cache_file_before_the_target_loads(tmp_path: 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the trainer compiles on GPUs only)")
 def test_on_cuda_the_trainer_saves_its_compiled_step_for_the_next_run(tmp_path: Path) -> None:
     from compose import compose_train
-    from train.compile_cache import read
     from train.trainer import train
 
     cache_file = tmp_path / "cache" / "eagle3.bin"
     common = ["experiment=eagle3_swa_tiny", "trainer.max_steps=2", "trainer.progress=false", "data.num_eval=0", "trainer.loop_eval_prompts=0",
               f"trainer.compile_cache={cache_file}"]
     train(compose_train(common + [f"output_dir={tmp_path / 'first'}"]))
-    header, payload = read(cache_file)
-    assert header["environment"] == environment(torch.device("cuda")) and len(payload) == header["bytes"] > 0
+    header, stored = read(cache_file)
+    assert header["environment"] == environment(torch.device("cuda")) and header["saves"] and len(stored) > 0
 
 
 

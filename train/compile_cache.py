@@ -8,19 +8,29 @@ on-disk cache (``/tmp/torchinductor_$USER``), which a fresh machine lacks. torch
 to another machine with the same GPU and software. This file holds them with the versions they were built with; a file
 from another torch, Triton, CUDA or GPU is skipped (said once, loudly) and overwritten by this run's.
 
-Saved once per process, after the first optimizer step (the training step's graphs, forward and backward, the bulk of
-the compile): each ``save_cache_artifacts`` call appends one block per artifact kind to what it returns, and
-``load_cache_artifacts`` keeps only the last block of each kind (torch 2.7-2.13), so a second save would hide the
-step's graphs behind later compiles (evaluation, recompiles). Graphs compiled after the first step are compiled again
-at the next start. Each process of a multi-GPU run keeps a file of its own (``PATH.rank{k}``): torch's cache keys hold
-the device index, so rank k's graphs on ``cuda:k`` never match rank 0's.
+Saved after the first optimizer step (the training step's graphs, forward and backward, the bulk of the compile), and
+again after each evaluation and at the end, each time something new was compiled: the held-out evaluation at the end of
+SmolLM2's EAGLE-3 run took ~150 s of a fresh H200 even with the step's graphs loaded (its eager unroll compiles flex
+attention at each TTT step's key length; not profiled: BENCHMARKS.md, "2026-12-06, ninth session"). torch's bytes cannot simply be rewritten each time: each ``save_cache_artifacts`` call appends one block per
+artifact kind, holding what was recorded since the call before, and ``load_cache_artifacts`` keeps only the last block
+of each kind (torch 2.7-2.13), so the latest bytes alone would hide the step's graphs. The file keeps every save's bytes
+instead and loads them in order. A save's bytes extend the save's before them after a short head (torch's checksum),
+so only the head and the new tail are stored; that is checked byte for byte at save time, and a save that does not
+extend the one before is not kept (said once; the file keeps what was saved before). A process that loaded a file
+rewrites it only once it compiles something the file did not hold (then with what this process used and compiled);
+artifacts it loaded and never used are dropped then. The process keeps its last save's bytes in memory to check the
+next against (574 MB for that step). Each process of a multi-GPU run keeps a file of its own
+(``PATH.rank{k}``): torch's cache keys hold the device index, so rank k's graphs on ``cuda:k`` never match rank 0's.
 
-File layout: ``MAGIC``, an 8-byte little-endian header length, the JSON header, then torch's bytes. Written to a
-temporary name and renamed (``common.atomic.atomic_open``: a run killed mid-write leaves the old file).
+File layout: ``MAGIC``, an 8-byte little-endian header length, the JSON header (the environment, and per save its
+length, its head's length and its SHA-256), then each save's stored bytes (the first whole; each later one its head and
+its new tail). Written to a temporary name and renamed (``common.atomic.atomic_open``: a run killed mid-write leaves
+the old file).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -33,7 +43,9 @@ from common.atomic import atomic_open, unwritable_reason
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"swa-drafters compile cache v1\n"
+MAGIC = b"swa-drafters compile cache v2\n"
+# how many leading bytes of a save may differ from the save before it (torch 2.7-2.13: a 4-byte CRC32 of the rest)
+HEADS = (0, 4, 8, 16, 32, 64)
 
 
 class CompileCacheError(ValueError):
@@ -76,8 +88,12 @@ def rank_path(path: str | os.PathLike | None, local_rank: int, world_size: int) 
     return path if world_size == 1 else path.with_name(f"{path.name}.rank{local_rank}")
 
 
+OLDER = b"swa-drafters compile cache v"  # an earlier layout of this file: skipped and rewritten, not refused
+
+
 def read(path: Path) -> tuple[dict, bytes]:
-    """The header and torch's bytes of a cache file; ``CompileCacheError`` (one line) for anything else."""
+    """The header and the stored bytes of a cache file, every save rebuilt and checked against its SHA-256
+    (``saved_blobs`` rebuilds them); ``CompileCacheError`` (one line) for anything else."""
     raw = path.read_bytes()
     expected = "expected a file trainer.compile_cache wrote, or a path that does not exist yet"
     if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 8:
@@ -88,21 +104,59 @@ def read(path: Path) -> tuple[dict, bytes]:
         header = json.loads(raw[start:start + size])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header ({exc}); {expected}") from None
-    payload = raw[start + size:]
-    if not isinstance(header, dict) or header.get("bytes") != len(payload):
-        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: cut short ({len(payload)} bytes of artifacts, the header says "
-                                f"{header.get('bytes') if isinstance(header, dict) else '?'}); {expected}")
-    return header, payload
+    stored = raw[start + size:]
+    saves = header.get("saves") if isinstance(header, dict) else None
+    if not isinstance(saves, list) or not saves or not all(
+            isinstance(x, dict) and isinstance(x.get("length"), int) and isinstance(x.get("head"), int) and isinstance(x.get("sha256"), str)
+            for x in saves):
+        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header (no list of saves); {expected}")
+    want = saves[0]["length"] + sum(x["head"] + x["length"] - prev["length"] for prev, x in zip(saves, saves[1:]))
+    if want != len(stored):
+        what = "cut short" if len(stored) < want else "longer than its header says"
+        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: {what} ({len(stored)} bytes of artifacts, the header says "
+                                f"{want}); {expected}")
+    for i, blob in enumerate(saved_blobs(header, stored)):  # each save rebuilt once and checked, one in memory at a time
+        if hashlib.sha256(blob).hexdigest() != saves[i]["sha256"]:
+            raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: save {i + 1} of {len(saves)} does not match its checksum "
+                                    f"(a damaged file); {expected}")
+    return header, stored
+
+
+def saved_blobs(header: dict, stored: bytes):
+    """Each save's bytes as torch returned them, in order: the first stored whole; each later one its stored head, the
+    save before it past that head, its stored new tail."""
+    saves, prev, at = header["saves"], b"", 0
+    for i, x in enumerate(saves):
+        if i == 0:
+            blob, at = stored[:x["length"]], x["length"]
+        else:
+            tail = x["length"] - saves[i - 1]["length"]
+            blob = stored[at:at + x["head"]] + prev[x["head"]:] + stored[at + x["head"]:at + x["head"] + tail]
+            at += x["head"] + tail
+        yield blob
+        prev = blob
+
+
+def artifact_keys(info) -> set[tuple[str, str]]:
+    """(kind, key) of every artifact a torch ``CacheInfo`` lists."""
+    return set() if info is None else {(kind, key) for kind, keys in info.artifacts.items() for key in keys}
 
 
 class CompileCache:
-    """``load`` once before anything compiles; ``save`` once compiled (the trainer: after its first optimizer step). A
-    path of None does nothing."""
+    """``load`` once before anything compiles; ``save`` whenever something may have been compiled since (the trainer:
+    after its first optimizer step, after each evaluation, at the end). A path of None does nothing."""
 
     def __init__(self, path: str | os.PathLike | None, device: torch.device):
         self.path = None if path is None else Path(path).expanduser()
         self.device = device
-        self.saved = False
+        # this process's saves, as the file stores them: per save its header entry and its stored bytes (the first
+        # whole, each later one its head and new tail), and the last save's whole bytes (the next is checked against it)
+        self.saves: list[dict] = []
+        self.pieces: list[bytes] = []
+        self.last: bytes | None = None
+        self.loaded: set[tuple[str, str]] = set()  # the artifacts the loaded file held
+        self.written = False  # this process has written the file (then every later save with something new rewrites it)
+        self.broken = False  # a save did not extend the one before: no later save is kept
         if self.path is None:
             return
         # refused at start, not after the first step's compile (minutes on a GPU)
@@ -124,35 +178,69 @@ class CompileCache:
         if not self.path.exists():
             log.info("compile cache %s: none yet; compiling cold, and saving there once compiled", self.path)
             return 0
-        header, payload = read(self.path)
+        with self.path.open("rb") as f:
+            start = f.read(len(MAGIC))
+        if start.startswith(OLDER) and start != MAGIC:
+            log.warning("compile cache %s was written by an earlier layout (%s): compiling cold (the file is rewritten)",
+                        self.path, start.decode(errors="replace").strip())
+            return 0
+        header, stored = read(self.path)
         here = environment(self.device)
         if header.get("environment") != here:
             log.warning("compile cache %s was built with %s; this run has %s: compiling cold (the file is rewritten)",
                         self.path, header.get("environment"), here)
             return 0
-        info = torch.compiler.load_cache_artifacts(payload)
-        count = 0 if info is None else sum(len(v) for v in info.artifacts.values())
-        log.info("compile cache %s: %d compiled artifacts loaded (%.1f MB)", self.path, count, len(payload) / 1e6)
-        return count
+        for blob in saved_blobs(header, stored):  # in order: each holds the last block of each kind its save recorded
+            self.loaded |= artifact_keys(torch.compiler.load_cache_artifacts(blob))
+        log.info("compile cache %s: %d compiled artifacts loaded from %d save(s) (%.1f MB)", self.path, len(self.loaded),
+                 len(header["saves"]), len(stored) / 1e6)
+        return len(self.loaded)
 
     def save(self) -> int:
-        """Write every artifact this process compiled, or loaded and used, so far: once a process (see the module's
-        docstring), later calls do nothing. Returns the bytes written (0: none). A failed write is said and training
-        goes on."""
-        if self.path is None or self.saved:
+        """Record what this process compiled, or loaded and used, since its last save, and write the file when that holds
+        something the file lacks (see the module's docstring). Returns the bytes written (0: nothing written). A failed
+        write is said and training goes on."""
+        if self.path is None or self.broken:
             return 0
-        self.saved = True
         result = torch.compiler.save_cache_artifacts()
         if result is None:
-            log.warning("compile cache %s: nothing was compiled (or torch recorded nothing to cache); no file written", self.path)
+            if self.last is None:
+                log.warning("compile cache %s: nothing was compiled (or torch recorded nothing to cache); no file written", self.path)
             return 0
-        payload, _ = result
-        header = json.dumps({"environment": environment(self.device), "bytes": len(payload)}).encode()
+        payload, info = result
+        if self.last is None:
+            head, piece = 0, payload
+        else:
+            prev = self.last
+            if payload == prev:
+                return 0  # nothing recorded since the last save
+            # (a head as long as the save before would share nothing with it: not an extension)
+            head = next((h for h in HEADS if h < len(prev) < len(payload) and payload[h:len(prev)] == prev[h:]), None)
+            if head is None:
+                self.broken = True
+                log.warning("compile cache %s: torch's bytes of this save do not extend those of the save before (%d bytes "
+                            "after %d): not kept, nor any later save; the file keeps what was saved before", self.path,
+                            len(payload), len(prev))
+                return 0
+            piece = payload[:head] + payload[len(prev):]
+        self.saves.append({"length": len(payload), "head": head, "sha256": hashlib.sha256(payload).hexdigest()})
+        self.pieces.append(piece)
+        self.last = payload
+        if not self.written and artifact_keys(info) <= self.loaded:
+            return 0  # everything this process used came from the file: nothing new to write
+        return self.write()
+
+    def write(self) -> int:
+        header = json.dumps({"environment": environment(self.device), "saves": self.saves}).encode()
         try:
             with atomic_open(self.path, "wb", encoding=None) as f:
-                f.write(MAGIC + struct.pack("<Q", len(header)) + header + payload)
+                f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+                for piece in self.pieces:
+                    f.write(piece)
         except OSError as exc:
             log.warning("compile cache %s: not written (%s); training goes on", self.path, exc)
             return 0
-        log.info("compile cache %s: saved %.1f MB", self.path, len(payload) / 1e6)
-        return len(payload)
+        self.written = True
+        size = sum(map(len, self.pieces))
+        log.info("compile cache %s: saved %.1f MB (%d save(s))", self.path, size / 1e6, len(self.saves))
+        return size

@@ -362,10 +362,10 @@ class TrainerConfig:
     # compile time") against ~36 s of a 30-minute recipe; for long runs, or a warm Inductor cache, turn it on
     coordinate_descent_tuning: bool = False
     # GPU: torch.compile's compiled artifacts (Inductor's graphs, Triton's kernels) saved to this file after the first
-    # step and loaded at the next start, on this machine or a fresh one with the same GPU, torch, Triton and CUDA
-    # (train/compile_cache.py; a file from other versions is skipped, said loudly, and rewritten; PATH.rank{k} per
-    # process on several GPUs). A cold compile of the small-target EAGLE-3 step took ~8 minutes of a fresh H100
-    # (BENCHMARKS.md, "2026-12-06, eighth session"). null = Inductor's own on-disk cache only
+    # step, after each evaluation and at the end, and loaded at the next start, on this machine or a fresh one with the
+    # same GPU, torch, Triton and CUDA (train/compile_cache.py; a file from other versions is skipped, said loudly, and
+    # rewritten; PATH.rank{k} per process on several GPUs). SmolLM2's EAGLE-3 step on an H200: the first ten steps 44 s
+    # from the file against 409 s cold (BENCHMARKS.md, "2026-12-06, ninth session"). null = Inductor's own on-disk cache only
     compile_cache: Optional[str] = None
     # flex attention's Triton kernel options for DFlash's training masks, over swa_kernels.attention.triton_flex_options'
     # measured defaults; set it with a leading +, e.g. '+trainer.flex_kernel_options={BLOCK_M1: 32, BLOCK_N1: 64,

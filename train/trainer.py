@@ -494,10 +494,11 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
             run.logger.log(eval_metrics, n)
             history.append({"step": n, **eval_metrics})
             report_eval(n, eval_metrics, bar)
+            run.compile_cache.save()  # the evaluation's own graphs (compile_cache keeps each save)
         saved = (tc.checkpoint_every and n % tc.checkpoint_every == 0) or n == run.max_steps
         if saved:
             run.checkpointer.save(n, {**train_state, "window": window_state()})
-        if n == start_step + 1:  # the first step compiled the step's graphs, forward and backward: saved once (compile_cache)
+        if n == start_step + 1:  # the first step compiled the step's graphs, forward and backward (compile_cache)
             run.compile_cache.save()
         out_of_time = tc.time_limit_minutes is not None and time.perf_counter() - run_start > 60 * tc.time_limit_minutes
         if tc.time_limit_minutes is not None and run.ranks.distributed:
@@ -513,7 +514,9 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
                         "time_limit_minutes" if out_of_time else "interrupt_after", run.output_dir)
             break
     bar.close()
-    return finish(run, train_state, history, eval_metrics, interrupted, time.perf_counter() - run_start, start_step)
+    summary = finish(run, train_state, history, eval_metrics, interrupted, time.perf_counter() - run_start, start_step)
+    run.compile_cache.save()  # whatever the end compiled (the export's checks, the loop's evaluation)
+    return summary
 
 
 def report_eval(n: int, metrics: dict[str, float], bar) -> None:
