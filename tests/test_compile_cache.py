@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import train.compile_cache as compile_cache_module
 from train.compile_cache import MAGIC, CompileCache, CompileCacheError, environment, rank_path, read, saved_blobs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,12 +77,13 @@ def test_a_fresh_process_compiles_from_the_carried_file_and_one_without_it_compi
     assert carried["saved"] == carried["again"] == 0 and cache_file.read_bytes() == written_first  # nothing new: not rewritten
     cold = run_fresh(tmp_path, "cold", cache_file, "")  # the same empty cache folder, the file not loaded: it compiles
     assert cold["equal"] and cold["inductor"].get("fxgraph_cache_miss", 0) > 0 and cold["inductor"].get("fxgraph_cache_hit", 0) == 0
-    # a process that compiles something new rewrites the file with what it used and compiled: a fresh one doing the same
-    # compiles nothing
+    # a process that compiles something new rewrites the file, the loaded saves kept ahead of its own (it never used the
+    # second function's): a fresh process compiling all three compiles nothing
     third = run_fresh(tmp_path, "third", cache_file, "load,save,third")
     assert third["again"] > 0 and third["inductor"].get("fxgraph_cache_miss", 0) > 0
-    again = run_fresh(tmp_path, "again", cache_file, "load,save,third")
-    assert again["inductor"].get("fxgraph_cache_miss", 0) == 0 and again["inductor"].get("fxgraph_cache_hit", 0) >= 2, again
+    assert len(read(cache_file)[0]["saves"]) == 4
+    again = run_fresh(tmp_path, "again", cache_file, "load,save,second,third")
+    assert again["inductor"].get("fxgraph_cache_miss", 0) == 0 and again["inductor"].get("fxgraph_cache_hit", 0) >= 3, again
 
 
 class FakeInfo:
@@ -89,27 +91,32 @@ class FakeInfo:
         self.artifacts = {"inductor": list(keys)}
 
 
-def test_each_save_is_kept_and_loaded_in_order_as_torch_returned_it(tmp_path: Path, monkeypatch, caplog) -> None:
+@pytest.mark.parametrize("head_size", [0, 4, 8, 64])
+def test_each_save_is_kept_and_loaded_in_order_as_torch_returned_it(tmp_path: Path, monkeypatch, caplog, head_size: int) -> None:
     """The file's storage of several saves against the exact bytes torch's save returned (a fake torch: each save's bytes
-    a 4-byte head that changes and a body that grows, as torch 2.7-2.13's checksum and appended blocks): every save
-    comes back byte for byte, in order; a process that loaded them and records nothing new writes nothing; a save that
-    does not extend the one before is not kept, said once, and the file keeps the earlier saves."""
+    a head that changes and a body that grows, as torch 2.7-2.13's checksum and appended blocks): every save comes back
+    byte for byte, in order; a process that loaded them and compiled nothing writes nothing, one that compiled something
+    keeps the loaded saves ahead of its own; a failed write is tried again at the next save; a save that does not extend
+    the one before is not kept, said once, and the file keeps the earlier saves."""
     cpu = torch.device("cpu")
     body, returned = b"", []
 
     def fake_save(extra: bytes, keys):
         nonlocal body
         body += extra
-        blob = len(returned).to_bytes(4, "little") + body  # the head differs at every save
+        blob = bytes([len(returned) + 1]) * head_size + body  # the head differs at every save
         returned.append(blob)
         return blob, FakeInfo(keys)
 
+    misses = [0]
+    monkeypatch.setattr("train.compile_cache.compile_misses", lambda: misses[0])
     results = iter([fake_save(b"A" * 1000, ["a"]), fake_save(b"B" * 10, ["a", "b"]), fake_save(b"C" * 20, ["a", "b", "c"])])
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: next(results))
     path = tmp_path / "cache.bin"
     cache = CompileCache(path, cpu)
     sizes = [cache.save(), cache.save(), cache.save()]
-    assert all(sizes) and sizes[0] == 1004 and sizes[2] == 1004 + (4 + 10) + (4 + 20)  # heads and new tails only
+    assert all(sizes) and sizes[0] == 1000 + head_size
+    assert sizes[2] == 1000 + head_size + (head_size + 10) + (head_size + 20)  # heads and new tails only
     header, stored = read(path)
     assert list(saved_blobs(header, stored)) == returned
 
@@ -121,6 +128,34 @@ def test_each_save_is_kept_and_loaded_in_order_as_torch_returned_it(tmp_path: Pa
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (same, FakeInfo(["a", "c"])))
     before = path.read_bytes()
     assert warm.save() == 0 and warm.save() == 0 and path.read_bytes() == before  # only what the file held
+
+    # a warm process that compiles something new (torch's miss counters rise after its load), its first write failing once
+    body, own = b"", []
+    for extra, keys in [(b"D" * 300, ["a", "d"]), (b"E" * 7, ["a", "d", "e"])]:
+        body += extra
+        own.append((bytes([9]) * head_size + body, FakeInfo(keys)))
+    results = iter(own)
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: next(results))
+    failing = [True]
+    real_open = compile_cache_module.atomic_open
+
+    def flaky_open(*args, **kwargs):
+        if failing.pop() if failing else False:
+            raise OSError(28, "No space left on device")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(compile_cache_module, "atomic_open", flaky_open)
+    another = CompileCache(path, cpu)
+    with caplog.at_level(logging.WARNING, logger="train.compile_cache"):
+        assert another.load() == 3
+        misses[0] = 1
+        assert another.save() == 0 and "tried again at the next save" in caplog.text
+        monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: own[0])  # nothing recorded since: still written
+        assert another.save() > 0
+        monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: own[1])
+        assert another.save() > 0
+    header, stored = read(path)
+    assert list(saved_blobs(header, stored)) == returned + [blob for blob, _ in own]  # "b" and "c" unused: kept ahead
 
     broken = CompileCache(tmp_path / "broken.bin", cpu)
     results = iter([(b"xxxx" + b"A" * 50, FakeInfo(["a"])), (b"yyyy" + b"Z" * 80, FakeInfo(["a", "z"])),
@@ -233,3 +268,21 @@ def test_each_process_of_a_multi_gpu_run_keeps_a_file_of_its_own(tmp_path: Path)
     assert rank_path(tmp_path / "c.bin", 0, 1) == tmp_path / "c.bin"
     assert [rank_path(tmp_path / "c.bin", k, 4).name for k in (0, 3)] == ["c.bin.rank0", "c.bin.rank3"]
     assert rank_path(None, 2, 4) is None
+
+
+def test_the_trainer_saves_after_its_first_step_after_each_evaluation_and_at_the_end(tmp_path: Path, monkeypatch) -> None:
+    """Where the trainer saves (CPU: nothing compiles, so each save is recorded, not written): the evaluation's graphs and
+    the end's are compiled after the first step, and a single save would leave them out."""
+    from compose import compose_train
+
+    from train.trainer import train
+
+    calls = []
+    monkeypatch.setattr(CompileCache, "save", lambda self: calls.append((run / "run.json").exists()) or 0)
+    run = tmp_path / "run"
+    train(compose_train(["experiment=dflash_swa_tiny", "trainer.progress=false", "trainer.loop_eval_prompts=0",
+                         "data.regenerate.enabled=false", "data.max_records=40", "data.max_length=256", "data.num_eval=8",
+                         "trainer.max_steps=4", "trainer.eval_every=2", "trainer.export_formats=[]",
+                         f"trainer.compile_cache={tmp_path / 'cache.bin'}", f"output_dir={run}"]))
+    # step 1; the evaluations at steps 2 and 4; the end, once the run's record is written
+    assert calls == [False, False, False, True]

@@ -11,20 +11,27 @@ from another torch, Triton, CUDA or GPU is skipped (said once, loudly) and overw
 Saved after the first optimizer step (the training step's graphs, forward and backward, the bulk of the compile), and
 again after each evaluation and at the end, each time something new was compiled: the held-out evaluation at the end of
 SmolLM2's EAGLE-3 run took ~150 s of a fresh H200 even with the step's graphs loaded (its eager unroll compiles flex
-attention at each TTT step's key length; not profiled: BENCHMARKS.md, "2026-12-06, ninth session"). torch's bytes cannot simply be rewritten each time: each ``save_cache_artifacts`` call appends one block per
-artifact kind, holding what was recorded since the call before, and ``load_cache_artifacts`` keeps only the last block
-of each kind (torch 2.7-2.13), so the latest bytes alone would hide the step's graphs. The file keeps every save's bytes
+attention at each TTT step's key length; not profiled: BENCHMARKS.md, "2026-12-06, ninth session"). torch's bytes
+cannot simply be rewritten each time: each ``save_cache_artifacts`` call appends one block per artifact kind, holding
+what was recorded since the call before, and ``load_cache_artifacts`` keeps only the last block of each kind (torch
+2.7-2.13), so the latest bytes alone would hide the step's graphs. The file keeps every save's bytes
 instead and loads them in order. A save's bytes extend the save's before them after a short head (torch's checksum),
 so only the head and the new tail are stored; that is checked byte for byte at save time, and a save that does not
-extend the one before is not kept (said once; the file keeps what was saved before). A process that loaded a file
-rewrites it only once it compiles something the file did not hold (then with what this process used and compiled);
-artifacts it loaded and never used are dropped then. The process keeps its last save's bytes in memory to check the
-next against (574 MB for that step). Each process of a multi-GPU run keeps a file of its own
-(``PATH.rank{k}``): torch's cache keys hold the device index, so rank k's graphs on ``cuda:k`` never match rank 0's.
+extend the one before is not kept (said once; the file keeps what was saved before). The process holds its last save's
+bytes to check the next against (574 MB for SmolLM2's EAGLE-3 step) and the first bytes of each earlier one.
+
+A process that loaded a file writes it only once it has compiled something the file could not serve, as torch's own
+miss counters tell (``torch._dynamo.utils.counters``, not a public API: where they cannot be read, said once, every save
+writes). It then keeps the loaded saves ahead of its own, unless it used every artifact they hold, so graphs it never
+reached (an evaluation a time limit cut off) stay in the file; what it used is then stored twice. A failed write is said
+and tried again at the next save.
+
+Each process of a multi-GPU run keeps a file of its own (``PATH.rank{k}``): torch's cache keys hold the device index,
+so rank k's graphs on ``cuda:k`` never match rank 0's.
 
 File layout: ``MAGIC``, an 8-byte little-endian header length, the JSON header (the environment, and per save its
-length, its head's length and its SHA-256), then each save's stored bytes (the first whole; each later one its head and
-its new tail). Written to a temporary name and renamed (``common.atomic.atomic_open``: a run killed mid-write leaves
+length, its head's length, its SHA-256, and ``whole`` where a run of saves starts), then each save's stored bytes
+(the first of a run whole; each later one its head and its new tail). Written to a temporary name and renamed (``common.atomic.atomic_open``: a run killed mid-write leaves
 the old file).
 """
 
@@ -46,6 +53,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"swa-drafters compile cache v2\n"
 # how many leading bytes of a save may differ from the save before it (torch 2.7-2.13: a 4-byte CRC32 of the rest)
 HEADS = (0, 4, 8, 16, 32, 64)
+PREFIX = max(HEADS)
 
 
 class CompileCacheError(ValueError):
@@ -110,7 +118,7 @@ def read(path: Path) -> tuple[dict, bytes]:
             isinstance(x, dict) and isinstance(x.get("length"), int) and isinstance(x.get("head"), int) and isinstance(x.get("sha256"), str)
             for x in saves):
         raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header (no list of saves); {expected}")
-    want = saves[0]["length"] + sum(x["head"] + x["length"] - prev["length"] for prev, x in zip(saves, saves[1:]))
+    want = sum(stored_size(saves, i) for i in range(len(saves)))
     if want != len(stored):
         what = "cut short" if len(stored) < want else "longer than its header says"
         raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: {what} ({len(stored)} bytes of artifacts, the header says "
@@ -122,19 +130,42 @@ def read(path: Path) -> tuple[dict, bytes]:
     return header, stored
 
 
+def stored_size(saves: list[dict], i: int) -> int:
+    """How many bytes save ``i`` takes in the file: all of them for a save stored whole (the first, or one that starts a
+    new run of saves: ``"whole"``), else its head and its new tail."""
+    if i == 0 or saves[i].get("whole"):
+        return saves[i]["length"]
+    return saves[i]["head"] + saves[i]["length"] - saves[i - 1]["length"]
+
+
 def saved_blobs(header: dict, stored: bytes):
-    """Each save's bytes as torch returned them, in order: the first stored whole; each later one its stored head, the
-    save before it past that head, its stored new tail."""
+    """Each save's bytes as torch returned them, in order: a save stored whole as it is; each later one its stored head,
+    the save before it past that head, its stored new tail."""
     saves, prev, at = header["saves"], b"", 0
     for i, x in enumerate(saves):
-        if i == 0:
-            blob, at = stored[:x["length"]], x["length"]
+        size = stored_size(saves, i)
+        if i == 0 or x.get("whole"):
+            blob = stored[at:at + size]
         else:
-            tail = x["length"] - saves[i - 1]["length"]
-            blob = stored[at:at + x["head"]] + prev[x["head"]:] + stored[at + x["head"]:at + x["head"] + tail]
-            at += x["head"] + tail
+            blob = stored[at:at + x["head"]] + prev[x["head"]:] + stored[at + x["head"]:at + size]
+        at += size
         yield blob
         prev = blob
+
+
+def compile_misses() -> int | None:
+    """How many compiles torch's caches could not serve so far in this process (Inductor's FX graphs, AOTAutograd's
+    entries, its guard misses), from torch's counters (``torch._dynamo.utils.counters``, not a public API: None when
+    they are not there, and the caller says so)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    try:
+        return (int(counters["inductor"]["fxgraph_cache_miss"]) + int(counters["aot_autograd"]["autograd_cache_miss"])
+                + int(counters["aot_autograd"]["autograd_cache_guard_miss"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def artifact_keys(info) -> set[tuple[str, str]]:
@@ -149,14 +180,19 @@ class CompileCache:
     def __init__(self, path: str | os.PathLike | None, device: torch.device):
         self.path = None if path is None else Path(path).expanduser()
         self.device = device
-        # this process's saves, as the file stores them: per save its header entry and its stored bytes (the first
-        # whole, each later one its head and new tail), and the last save's whole bytes (the next is checked against it)
+        # this process's saves: per save its header entry and its first PREFIX bytes, and the last save's whole bytes
+        # (every save past PREFIX bytes is the last one's: each save is checked to extend the one before past its head)
         self.saves: list[dict] = []
-        self.pieces: list[bytes] = []
+        self.prefixes: list[bytes] = []
         self.last: bytes | None = None
         self.loaded: set[tuple[str, str]] = set()  # the artifacts the loaded file held
+        self.loaded_saves: list[dict] = []  # the loaded file's header entries (kept ahead of this process's saves)
+        self.misses_at_load: int | None = None
         self.written = False  # this process has written the file (then every later save with something new rewrites it)
+        self.pending = False  # a write failed: the next save tries again
         self.broken = False  # a save did not extend the one before: no later save is kept
+        self.warned: set[str] = set()
+        self.keep_loaded = False  # the loaded file's saves go ahead of this process's in what it writes
         if self.path is None:
             return
         # refused at start, not after the first step's compile (minutes on a GPU)
@@ -192,55 +228,107 @@ class CompileCache:
             return 0
         for blob in saved_blobs(header, stored):  # in order: each holds the last block of each kind its save recorded
             self.loaded |= artifact_keys(torch.compiler.load_cache_artifacts(blob))
+        self.loaded_saves = header["saves"]
+        self.misses_at_load = compile_misses()
         log.info("compile cache %s: %d compiled artifacts loaded from %d save(s) (%.1f MB)", self.path, len(self.loaded),
                  len(header["saves"]), len(stored) / 1e6)
         return len(self.loaded)
 
+    def warn_once(self, what: str, message: str, *args) -> None:
+        if what not in self.warned:
+            self.warned.add(what)
+            log.warning(message, *args)
+
+    def compiled_since_load(self) -> bool:
+        """Whether this process compiled anything its loaded file could not serve (True when that cannot be told)."""
+        misses = compile_misses()
+        if misses is None or self.misses_at_load is None:
+            self.warn_once("counters", "compile cache %s: torch's cache counters (torch._dynamo.utils.counters) are not "
+                           "readable in torch %s; the file is rewritten at every save that records something", self.path,
+                           torch.__version__)
+            return True
+        return misses > self.misses_at_load
+
     def save(self) -> int:
         """Record what this process compiled, or loaded and used, since its last save, and write the file when that holds
         something the file lacks (see the module's docstring). Returns the bytes written (0: nothing written). A failed
-        write is said and training goes on."""
+        write is said, tried again at the next save, and training goes on."""
         if self.path is None or self.broken:
             return 0
         result = torch.compiler.save_cache_artifacts()
         if result is None:
-            if self.last is None:
-                log.warning("compile cache %s: nothing was compiled (or torch recorded nothing to cache); no file written", self.path)
+            self.warn_once("nothing", "compile cache %s: nothing was compiled (or torch recorded nothing to cache); no file "
+                           "written", self.path)
             return 0
         payload, info = result
         if self.last is None:
-            head, piece = 0, payload
+            head = 0
         else:
             prev = self.last
-            if payload == prev:
-                return 0  # nothing recorded since the last save
+            if len(payload) == len(prev) and memoryview(payload) == memoryview(prev):
+                return self.write() if self.pending else 0  # nothing recorded since the last save
             # (a head as long as the save before would share nothing with it: not an extension)
-            head = next((h for h in HEADS if h < len(prev) < len(payload) and payload[h:len(prev)] == prev[h:]), None)
+            head = next((h for h in HEADS if h < len(prev) < len(payload)
+                         and memoryview(payload)[h:len(prev)] == memoryview(prev)[h:]), None)
             if head is None:
                 self.broken = True
                 log.warning("compile cache %s: torch's bytes of this save do not extend those of the save before (%d bytes "
                             "after %d): not kept, nor any later save; the file keeps what was saved before", self.path,
                             len(payload), len(prev))
-                return 0
-            piece = payload[:head] + payload[len(prev):]
+                return self.write() if self.pending else 0
         self.saves.append({"length": len(payload), "head": head, "sha256": hashlib.sha256(payload).hexdigest()})
-        self.pieces.append(piece)
+        self.prefixes.append(payload[:PREFIX])
         self.last = payload
-        if not self.written and artifact_keys(info) <= self.loaded:
+        if self.loaded_saves and not self.written and not self.pending and not self.compiled_since_load():
             return 0  # everything this process used came from the file: nothing new to write
-        return self.write()
+        # the loaded file's saves stay ahead of this process's unless this process used every artifact they hold
+        keep = bool(self.loaded_saves) and not self.loaded <= artifact_keys(info)
+        return self.write(keep)
 
-    def write(self) -> int:
-        header = json.dumps({"environment": environment(self.device), "saves": self.saves}).encode()
+    def own_pieces(self):
+        """This process's saves as the file stores them, each a list of byte strings (views of ``last`` past PREFIX)."""
+        last = memoryview(self.last)
+        for i, x in enumerate(self.saves):
+            prefix = self.prefixes[i]
+
+            def span(lo: int, hi: int, prefix=prefix) -> list:  # bytes lo..hi of save i
+                parts = [prefix[lo:min(hi, PREFIX)]] if lo < PREFIX else []
+                return parts + ([last[max(lo, PREFIX):hi]] if hi > PREFIX else [])
+
+            yield span(0, x["length"]) if i == 0 else span(0, x["head"]) + span(self.saves[i - 1]["length"], x["length"])
+
+    def write(self, keep_loaded: bool | None = None) -> int:
+        keep_loaded = self.keep_loaded if keep_loaded is None else keep_loaded
+        self.keep_loaded = keep_loaded
+        kept_saves, kept = [], b""
+        if keep_loaded:
+            try:
+                header, stored = read(self.path)
+                n = len(self.loaded_saves)
+                if header["saves"][:n] != self.loaded_saves:
+                    raise CompileCacheError("changed since it was loaded")
+                kept_saves = header["saves"][:n]
+                kept = stored[:sum(stored_size(kept_saves, i) for i in range(n))]
+            except (OSError, CompileCacheError) as exc:
+                self.warn_once("kept", "compile cache %s: the saves it held when loaded are not kept (%s)", self.path, exc)
+                kept_saves, kept = [], b""
+        own = [dict(x) for x in self.saves]
+        if kept_saves:
+            own[0]["whole"] = True  # this process's first save starts a new run of saves after the loaded ones
+        header = json.dumps({"environment": environment(self.device), "saves": kept_saves + own}).encode()
+        size = len(kept)
         try:
             with atomic_open(self.path, "wb", encoding=None) as f:
                 f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-                for piece in self.pieces:
-                    f.write(piece)
+                f.write(kept)
+                for parts in self.own_pieces():
+                    for part in parts:
+                        f.write(part)
+                        size += len(part)
         except OSError as exc:
-            log.warning("compile cache %s: not written (%s); training goes on", self.path, exc)
+            self.pending = True
+            log.warning("compile cache %s: not written (%s); tried again at the next save; training goes on", self.path, exc)
             return 0
-        self.written = True
-        size = sum(map(len, self.pieces))
-        log.info("compile cache %s: saved %.1f MB (%d save(s))", self.path, size / 1e6, len(self.saves))
+        self.written, self.pending = True, False
+        log.info("compile cache %s: saved %.1f MB (%d save(s))", self.path, size / 1e6, len(kept_saves) + len(own))
         return size
