@@ -286,3 +286,90 @@ def test_the_trainer_saves_after_its_first_step_after_each_evaluation_and_at_the
                          f"trainer.compile_cache={tmp_path / 'cache.bin'}", f"output_dir={run}"]))
     # step 1; the evaluations at steps 2 and 4; the end, once the run's record is written
     assert calls == [False, False, False, True]
+
+
+def test_a_malformed_header_is_one_line_naming_the_save(tmp_path: Path) -> None:
+    cpu = torch.device("cpu")
+
+    def entry(length, head=0, **extra):
+        return {"length": length, "head": head, "sha256": "0" * 64, **extra}
+
+    cases = {  # header saves -> what the error says
+        "negative": ([entry(5), entry(3)], r"save 2 of 2: head 0 and length 3 do not extend the save before it \(5 bytes\)"),
+        "long_head": ([entry(4), entry(10, head=6)], r"save 2 of 2: head 6 and length 10 do not extend"),
+        "bool": ([entry(True)], r"save 1 of 1: expected a positive integer length"),
+        "whole_flag": ([entry(4, whole="yes")], r"save 1 of 1: expected a positive integer length"),
+    }
+    for name, (saves, message) in cases.items():
+        path = written(tmp_path / f"{name}.bin", {"environment": environment(cpu), "saves": saves}, b"x" * 64)
+        with pytest.raises(CompileCacheError, match=rf"trainer.compile_cache='.*{name}.bin': unreadable header \({message}"):
+            CompileCache(path, cpu).load()
+    deep = tmp_path / "deep.bin"
+    raw = b"[" * 100000 + b"]" * 100000
+    deep.write_bytes(MAGIC + len(raw).to_bytes(8, "little") + raw)
+    with pytest.raises(CompileCacheError, match=r"unreadable header \(RecursionError"):
+        CompileCache(deep, cpu).load()
+
+
+def test_a_failed_write_is_retried_after_a_broken_save_and_a_warm_run_keeps_only_runs_it_did_not_use(tmp_path: Path,
+                                                                                                       monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    path = tmp_path / "cache.bin"
+    real_open = compile_cache_module.atomic_open
+    failures = [True, True]  # the first save's write and its retry in the broken save both fail
+
+    def flaky_open(*args, **kwargs):
+        if failures:
+            failures.pop()
+            raise OSError(28, "No space left on device")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(compile_cache_module, "atomic_open", flaky_open)
+    first = (b"h1" + b"A" * 200, FakeInfo(["step"]))
+    results = iter([first, (b"zz" + b"Q" * 300, FakeInfo(["step", "q"])), first])
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: next(results))
+    cache = CompileCache(path, cpu)
+    assert cache.save() == 0 and cache.save() == 0 and not path.exists()  # failed; broken, its retry failed
+    assert cache.save() > 0 and list(saved_blobs(*read(path))) == [first[0]]  # tried again with the room back
+    monkeypatch.setattr(compile_cache_module, "atomic_open", real_open)
+
+    # runs of saves: a warm process that used the step's graphs and compiled a new shape keeps the loaded run holding
+    # the evaluation's (it never used them), and a later one that used everything keeps no loaded run
+    misses = [0]
+    monkeypatch.setattr("train.compile_cache.compile_misses", lambda: misses[0])
+
+    def warm_run(saves: list[tuple[bytes, list[str]]]) -> list[bytes]:
+        loaded = iter([FakeInfo(["step"]), FakeInfo(["step", "eval"])] * 4)
+        monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda blob: next(loaded))
+        monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: next(results))
+        run = CompileCache(path, cpu)
+        run.load()
+        misses[0] += 1
+        for _ in saves:
+            run.save()
+        return list(saved_blobs(*read(path)))
+
+    path.unlink()
+    evaluated = (b"h2" + b"A" * 200 + b"E" * 50, FakeInfo(["step", "eval"]))
+    results = iter([first, evaluated])
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: next(results))
+    cold = CompileCache(path, cpu)
+    cold.save(), cold.save()  # the first step, then the evaluation
+    assert list(saved_blobs(*read(path))) == [first[0], evaluated[0]]
+    shape = (b"s1" + b"S" * 120, FakeInfo(["step", "shape"]))
+    results = iter([shape])
+    assert warm_run([shape]) == [first[0], evaluated[0], shape[0]]  # "eval" unused: that run kept
+    def later_run(save: tuple[bytes, FakeInfo]) -> list[bytes]:
+        monkeypatch.setattr(torch.compiler, "load_cache_artifacts",
+                            lambda blob: FakeInfo(["step", "shape"] if blob == shape[0] else ["step", "eval"] if blob != other[0] else ["step", "other"]))
+        monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: save)
+        run = CompileCache(path, cpu)
+        run.load()
+        misses[0] += 1
+        run.save()
+        return list(saved_blobs(*read(path)))
+
+    other = (b"o1" + b"O" * 70, FakeInfo(["step", "eval", "other"]))
+    assert later_run(other) == [shape[0], other[0]]  # the run it used whole is dropped, the one holding "shape" kept
+    everything = (b"e1" + b"X" * 90, FakeInfo(["step", "eval", "shape", "other", "more"]))
+    assert later_run(everything) == [everything[0]]  # it used every loaded artifact: nothing kept, the file does not grow

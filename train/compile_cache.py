@@ -22,9 +22,10 @@ bytes to check the next against (574 MB for SmolLM2's EAGLE-3 step) and the firs
 
 A process that loaded a file writes it only once it has compiled something the file could not serve, as torch's own
 miss counters tell (``torch._dynamo.utils.counters``, not a public API: where they cannot be read, said once, every save
-writes). It then keeps the loaded saves ahead of its own, unless it used every artifact they hold, so graphs it never
-reached (an evaluation a time limit cut off) stay in the file; what it used is then stored twice. A failed write is said
-and tried again at the next save.
+writes). It then keeps ahead of its own saves each run of loaded saves (one process's) that holds an artifact it never
+used, so graphs it never reached (an evaluation a time limit cut off) stay in the file; a run it used whole is dropped,
+so the file does not grow with every warm run. A failed write is said and tried again at the next save, also after a
+save that was not kept. A header whose lengths or heads cannot describe saves is refused in one line.
 
 Each process of a multi-GPU run keeps a file of its own (``PATH.rank{k}``): torch's cache keys hold the device index,
 so rank k's graphs on ``cuda:k`` never match rank 0's.
@@ -110,24 +111,44 @@ def read(path: Path) -> tuple[dict, bytes]:
     start = len(MAGIC) + 8
     try:
         header = json.loads(raw[start:start + size])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header ({exc}); {expected}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header ({type(exc).__name__}: {exc}"[:300] + f"); {expected}") from None
     stored = raw[start + size:]
     saves = header.get("saves") if isinstance(header, dict) else None
-    if not isinstance(saves, list) or not saves or not all(
-            isinstance(x, dict) and isinstance(x.get("length"), int) and isinstance(x.get("head"), int) and isinstance(x.get("sha256"), str)
-            for x in saves):
+    if not isinstance(saves, list) or not saves or not all(isinstance(x, dict) for x in saves):
         raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header (no list of saves); {expected}")
+    for i, x in enumerate(saves):
+        if (reason := save_entry_problem(saves, i)):
+            raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header (save {i + 1} of {len(saves)}: "
+                                    f"{reason}); {expected}")
     want = sum(stored_size(saves, i) for i in range(len(saves)))
     if want != len(stored):
         what = "cut short" if len(stored) < want else "longer than its header says"
         raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: {what} ({len(stored)} bytes of artifacts, the header says "
                                 f"{want}); {expected}")
     for i, blob in enumerate(saved_blobs(header, stored)):  # each save rebuilt once and checked, one in memory at a time
-        if hashlib.sha256(blob).hexdigest() != saves[i]["sha256"]:
+        if len(blob) != saves[i]["length"] or hashlib.sha256(blob).hexdigest() != saves[i]["sha256"]:
             raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: save {i + 1} of {len(saves)} does not match its checksum "
                                     f"(a damaged file); {expected}")
     return header, stored
+
+
+def save_entry_problem(saves: list[dict], i: int) -> str | None:
+    """What is wrong with the header entry of save ``i`` (None: nothing): lengths and heads are integers, each later save
+    of a run longer than the one before and its head shorter than it and at most PREFIX bytes."""
+    x = saves[i]
+
+    def integer(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not (integer(x.get("length")) and x["length"] > 0 and integer(x.get("head")) and x["head"] >= 0
+            and isinstance(x.get("sha256"), str) and isinstance(x.get("whole", False), bool)):
+        return "expected a positive integer length, an integer head >= 0, a sha256 string and an optional whole flag"
+    if i > 0 and not x.get("whole"):
+        prev = saves[i - 1]["length"]
+        if not (x["head"] <= PREFIX and x["head"] < prev < x["length"]):
+            return f"head {x['head']} and length {x['length']} do not extend the save before it ({prev} bytes)"
+    return None
 
 
 def stored_size(saves: list[dict], i: int) -> int:
@@ -186,13 +207,17 @@ class CompileCache:
         self.prefixes: list[bytes] = []
         self.last: bytes | None = None
         self.loaded: set[tuple[str, str]] = set()  # the artifacts the loaded file held
-        self.loaded_saves: list[dict] = []  # the loaded file's header entries (kept ahead of this process's saves)
+        self.loaded_saves: list[dict] = []  # the loaded file's header entries
+        # the loaded file's runs of saves (a run starts at its first save or at a "whole" one): (first, end) indices into
+        # loaded_saves and the artifacts the run holds; a run holding one this process has not used is kept ahead of its
+        # own saves when it writes
+        self.loaded_runs: list[tuple[int, int, set[tuple[str, str]]]] = []
+        self.own_keys: set[tuple[str, str]] = set()  # the artifacts this process's last save recorded
         self.misses_at_load: int | None = None
         self.written = False  # this process has written the file (then every later save with something new rewrites it)
         self.pending = False  # a write failed: the next save tries again
         self.broken = False  # a save did not extend the one before: no later save is kept
         self.warned: set[str] = set()
-        self.keep_loaded = False  # the loaded file's saves go ahead of this process's in what it writes
         if self.path is None:
             return
         # refused at start, not after the first step's compile (minutes on a GPU)
@@ -226,8 +251,13 @@ class CompileCache:
             log.warning("compile cache %s was built with %s; this run has %s: compiling cold (the file is rewritten)",
                         self.path, header.get("environment"), here)
             return 0
-        for blob in saved_blobs(header, stored):  # in order: each holds the last block of each kind its save recorded
-            self.loaded |= artifact_keys(torch.compiler.load_cache_artifacts(blob))
+        for i, blob in enumerate(saved_blobs(header, stored)):  # in order: each holds the last block of each kind it recorded
+            keys = artifact_keys(torch.compiler.load_cache_artifacts(blob))
+            if i == 0 or header["saves"][i].get("whole"):
+                self.loaded_runs.append((i, i + 1, set()))
+            first, _, run_keys = self.loaded_runs[-1]
+            self.loaded_runs[-1] = (first, i + 1, run_keys | keys)
+            self.loaded |= keys
         self.loaded_saves = header["saves"]
         self.misses_at_load = compile_misses()
         log.info("compile cache %s: %d compiled artifacts loaded from %d save(s) (%.1f MB)", self.path, len(self.loaded),
@@ -253,8 +283,10 @@ class CompileCache:
         """Record what this process compiled, or loaded and used, since its last save, and write the file when that holds
         something the file lacks (see the module's docstring). Returns the bytes written (0: nothing written). A failed
         write is said, tried again at the next save, and training goes on."""
-        if self.path is None or self.broken:
+        if self.path is None:
             return 0
+        if self.broken:  # no later save is kept; a failed write of the earlier ones is still tried again
+            return self.write() if self.pending else 0
         result = torch.compiler.save_cache_artifacts()
         if result is None:
             self.warn_once("nothing", "compile cache %s: nothing was compiled (or torch recorded nothing to cache); no file "
@@ -279,11 +311,10 @@ class CompileCache:
         self.saves.append({"length": len(payload), "head": head, "sha256": hashlib.sha256(payload).hexdigest()})
         self.prefixes.append(payload[:PREFIX])
         self.last = payload
+        self.own_keys = artifact_keys(info)  # cumulative: everything this process recorded so far
         if self.loaded_saves and not self.written and not self.pending and not self.compiled_since_load():
             return 0  # everything this process used came from the file: nothing new to write
-        # the loaded file's saves stay ahead of this process's unless this process used every artifact they hold
-        keep = bool(self.loaded_saves) and not self.loaded <= artifact_keys(info)
-        return self.write(keep)
+        return self.write()
 
     def own_pieces(self):
         """This process's saves as the file stores them, each a list of byte strings (views of ``last`` past PREFIX)."""
@@ -297,30 +328,44 @@ class CompileCache:
 
             yield span(0, x["length"]) if i == 0 else span(0, x["head"]) + span(self.saves[i - 1]["length"], x["length"])
 
-    def write(self, keep_loaded: bool | None = None) -> int:
-        keep_loaded = self.keep_loaded if keep_loaded is None else keep_loaded
-        self.keep_loaded = keep_loaded
-        kept_saves, kept = [], b""
-        if keep_loaded:
-            try:
-                header, stored = read(self.path)
-                n = len(self.loaded_saves)
-                if header["saves"][:n] != self.loaded_saves:
-                    raise CompileCacheError("changed since it was loaded")
-                kept_saves = header["saves"][:n]
-                kept = stored[:sum(stored_size(kept_saves, i) for i in range(n))]
-            except (OSError, CompileCacheError) as exc:
-                self.warn_once("kept", "compile cache %s: the saves it held when loaded are not kept (%s)", self.path, exc)
-                kept_saves, kept = [], b""
+    def kept_runs(self) -> tuple[list[dict], list[bytes], list]:
+        """The loaded file's runs of saves that hold an artifact this process has not recorded (graphs it never
+        reached, such as an evaluation a time limit cut off): their header entries and stored bytes, read back from the
+        file (unchanged since the load, or none are kept, said once), and the runs as they will sit in the new file."""
+        runs = [(first, end, keys) for first, end, keys in self.loaded_runs if keys - self.own_keys]
+        if not runs:
+            return [], [], []
+        try:
+            header, stored = read(self.path)
+            if header["saves"][:len(self.loaded_saves)] != self.loaded_saves:
+                raise CompileCacheError("changed since it was loaded")
+        except (OSError, CompileCacheError) as exc:
+            self.warn_once("kept", "compile cache %s: the saves it held when loaded are not kept (%s)", self.path, exc)
+            return [], [], []
+        offsets = [0]
+        for i in range(len(self.loaded_saves)):
+            offsets.append(offsets[-1] + stored_size(self.loaded_saves, i))
+        saves, pieces, placed = [], [], []
+        for first, end, keys in runs:
+            run = [dict(x) for x in self.loaded_saves[first:end]]
+            run[0]["whole"] = True
+            placed.append((len(saves), len(saves) + len(run), keys))
+            saves += run
+            pieces.append(stored[offsets[first]:offsets[end]])
+        return saves, pieces, placed
+
+    def write(self) -> int:
+        kept_saves, kept_pieces, placed = self.kept_runs() if self.loaded_runs else ([], [], [])
         own = [dict(x) for x in self.saves]
         if kept_saves:
             own[0]["whole"] = True  # this process's first save starts a new run of saves after the loaded ones
         header = json.dumps({"environment": environment(self.device), "saves": kept_saves + own}).encode()
-        size = len(kept)
+        size = sum(map(len, kept_pieces))
         try:
             with atomic_open(self.path, "wb", encoding=None) as f:
                 f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-                f.write(kept)
+                for piece in kept_pieces:
+                    f.write(piece)
                 for parts in self.own_pieces():
                     for part in parts:
                         f.write(part)
@@ -330,5 +375,7 @@ class CompileCache:
             log.warning("compile cache %s: not written (%s); tried again at the next save; training goes on", self.path, exc)
             return 0
         self.written, self.pending = True, False
+        # the next write reads the kept runs back from the file as written now
+        self.loaded_saves, self.loaded_runs = kept_saves, placed
         log.info("compile cache %s: saved %.1f MB (%d save(s))", self.path, size / 1e6, len(kept_saves) + len(own))
         return size
