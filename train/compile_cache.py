@@ -98,13 +98,15 @@ def rank_path(path: str | os.PathLike | None, local_rank: int, world_size: int) 
 
 
 OLDER = b"swa-drafters compile cache v"  # an earlier layout of this file: skipped and rewritten, not refused
+EXPECTED = "expected a file trainer.compile_cache wrote, or a path that does not exist yet"
 
 
-def read(path: Path) -> tuple[dict, bytes]:
-    """The header and the stored bytes of a cache file, every save rebuilt and checked against its SHA-256
-    (``saved_blobs`` rebuilds them); ``CompileCacheError`` (one line) for anything else."""
+def read(path: Path, check_saves: bool = True) -> tuple[dict, bytes]:
+    """The header and the stored bytes of a cache file, every save rebuilt and checked against its SHA-256 (unless
+    ``check_saves`` is False: then ``saved_blobs(..., path)`` checks each as it rebuilds it); ``CompileCacheError``
+    (one line) for anything else."""
     raw = path.read_bytes()
-    expected = "expected a file trainer.compile_cache wrote, or a path that does not exist yet"
+    expected = EXPECTED
     if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 8:
         raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: not a compile cache ({len(raw)} bytes, no header); {expected}")
     (size,) = struct.unpack("<Q", raw[len(MAGIC):len(MAGIC) + 8])
@@ -112,7 +114,8 @@ def read(path: Path) -> tuple[dict, bytes]:
     try:
         header = json.loads(raw[start:start + size])
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header ({type(exc).__name__}: {exc}"[:300] + f"); {expected}") from None
+        detail = f"{type(exc).__name__}: {exc}"[:200]
+        raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: unreadable header ({detail}); {expected}") from None
     stored = raw[start + size:]
     saves = header.get("saves") if isinstance(header, dict) else None
     if not isinstance(saves, list) or not saves or not all(isinstance(x, dict) for x in saves):
@@ -126,10 +129,9 @@ def read(path: Path) -> tuple[dict, bytes]:
         what = "cut short" if len(stored) < want else "longer than its header says"
         raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: {what} ({len(stored)} bytes of artifacts, the header says "
                                 f"{want}); {expected}")
-    for i, blob in enumerate(saved_blobs(header, stored)):  # each save rebuilt once and checked, one in memory at a time
-        if len(blob) != saves[i]["length"] or hashlib.sha256(blob).hexdigest() != saves[i]["sha256"]:
-            raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: save {i + 1} of {len(saves)} does not match its checksum "
-                                    f"(a damaged file); {expected}")
+    if check_saves:
+        for _ in saved_blobs(header, stored, path):  # each save rebuilt once and checked, one in memory at a time
+            pass
     return header, stored
 
 
@@ -159,9 +161,10 @@ def stored_size(saves: list[dict], i: int) -> int:
     return saves[i]["head"] + saves[i]["length"] - saves[i - 1]["length"]
 
 
-def saved_blobs(header: dict, stored: bytes):
+def saved_blobs(header: dict, stored: bytes, path: Path | None = None):
     """Each save's bytes as torch returned them, in order: a save stored whole as it is; each later one its stored head,
-    the save before it past that head, its stored new tail."""
+    the save before it past that head, its stored new tail. With ``path``, each is checked against its length and
+    SHA-256 before it is yielded (``CompileCacheError`` naming the file)."""
     saves, prev, at = header["saves"], b"", 0
     for i, x in enumerate(saves):
         size = stored_size(saves, i)
@@ -170,6 +173,9 @@ def saved_blobs(header: dict, stored: bytes):
         else:
             blob = stored[at:at + x["head"]] + prev[x["head"]:] + stored[at + x["head"]:at + size]
         at += size
+        if path is not None and (len(blob) != x["length"] or hashlib.sha256(blob).hexdigest() != x["sha256"]):
+            raise CompileCacheError(f"trainer.compile_cache={str(path)!r}: save {i + 1} of {len(saves)} does not match its "
+                                    f"checksum (a damaged file); {EXPECTED}")
         yield blob
         prev = blob
 
@@ -245,13 +251,13 @@ class CompileCache:
             log.warning("compile cache %s was written by an earlier layout (%s): compiling cold (the file is rewritten)",
                         self.path, start.decode(errors="replace").strip())
             return 0
-        header, stored = read(self.path)
+        header, stored = read(self.path, check_saves=False)  # each save checked below as it is rebuilt, once
         here = environment(self.device)
         if header.get("environment") != here:
             log.warning("compile cache %s was built with %s; this run has %s: compiling cold (the file is rewritten)",
                         self.path, header.get("environment"), here)
             return 0
-        for i, blob in enumerate(saved_blobs(header, stored)):  # in order: each holds the last block of each kind it recorded
+        for i, blob in enumerate(saved_blobs(header, stored, self.path)):  # in order: each the last block of each kind it recorded
             keys = artifact_keys(torch.compiler.load_cache_artifacts(blob))
             if i == 0 or header["saves"][i].get("whole"):
                 self.loaded_runs.append((i, i + 1, set()))
