@@ -175,3 +175,26 @@ def test_chain_sampling_follows_the_target_distribution(temperature, top_k, top_
     p_value = chi_square_p_value(counts, exact_distribution(model, prompt, depth, temperature, top_k, top_p), n)
     assert p_value > 0.01, f"chi-square p = {p_value:.2e}: the output is not distributed as the target's"
     assert accepted[0] > 100 and accepted[1] > 100, accepted  # rejections and accepted drafts both occurred
+
+
+def test_two_layer_drafter_trees_and_chains_are_lossless(setup) -> None:
+    """A drafter of two decoder layers (a sliding one, then a full one: the second reads the first's output, not the
+    features): eager chains and trees, and static trees three rows in flight, give the target's greedy tokens, and the
+    static trees accept step for step what the eager ones do."""
+    model, tokenizer, questions, _, target = setup
+    memorised = greedy_continuations(model, [long_prompt_ids(tokenizer, q) for q in questions[:2]], 64)
+    two = overfit_eagle3_drafter(model, memorised, layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+                                 target_layer_ids=LAYERS, ttt_length=STEPS, draft_vocab_size=1024, steps=120)
+    assert len(two.layers) == 2 and two.layer_types == ["sliding_attention", "full_attention"]
+    prompts = [long_prompt_ids(tokenizer, q) for q in questions[:4]]
+    want = [hf_greedy(model, p, 40) for p in prompts]
+    eager = []
+    for i, prompt in enumerate(prompts):
+        assert generate(target, Eagle3Drafter(two), prompt, max_new_tokens=40).tokens == want[i], f"chain, prompt {i}"
+        eager.append(generate(target, Eagle3Drafter(two, **TREE), prompt, max_new_tokens=40))
+        assert eager[-1].tokens == want[i], f"tree, prompt {i}"
+    got = generate_batch(target, StaticEagle3Drafter(two, **TREE), prompts, 40, batch_size=3)
+    for i, (e, g) in enumerate(zip(eager, got)):
+        assert g.tokens == want[i] and g.stats.accepted_per_step == e.stats.accepted_per_step, i
+    accepted = [a for e in eager for a in e.stats.accepted_per_step]
+    assert max(accepted) >= 3, accepted  # the memorised prompts: the two layers draft whole paths
