@@ -63,6 +63,39 @@ def test_regenerated_data_pipeline(tmp_path: Path) -> None:
     assert all(m["role"] in ("system", "user", "assistant") for r in rows for m in r["messages"])
 
 
+def test_prepare_only_then_a_run_reads_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """data.prepare_only: the replies regenerated and the rows tokenized into the cache, data.json written, and nothing
+    of a training run (no checkpoint, export or run.json); a run with the same data settings then trains on those rows
+    without regenerating (a second regeneration fails the test)."""
+    common = ["experiment=dflash_swa_tiny", "trainer.progress=false", "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=8",
+              "data.max_records=12", "data.num_eval=0", "trainer.loop_eval_prompts=0", f"data.cache_dir={tmp_path / 'cache'}"]
+    prepared = train(compose_train(common + ["data.prepare_only=true", f"output_dir={tmp_path / 'prep'}"]))
+    regenerated = Path(prepared["data"]["regenerated_from"])
+    assert regenerated.parent.parent == tmp_path / "cache" and regenerated.exists()
+    assert json.loads((tmp_path / "prep" / "data.json").read_text())["data"] == json.loads(json.dumps(prepared["data"], default=str))
+    assert sorted(p.name for p in (tmp_path / "prep").iterdir()) == ["data.json"]
+    import train.data as data_module
+
+    monkeypatch.setattr(data_module, "regenerate_conversations", lambda *a, **k: pytest.fail("regenerated a second time"))
+    metrics = train(compose_train(common + ["trainer.max_steps=2", f"output_dir={tmp_path / 'run'}"]))
+    data = json.loads((tmp_path / "run" / "run.json").read_text())["data"]
+    assert metrics["steps"] == 2 and data["regenerated_from"] == str(regenerated)
+    assert data["tokenize"] == prepared["data"]["tokenize"] and data["train_conversations"] == prepared["data"]["train_conversations"]
+    # the regenerated file itself as the data (as README says, for another machine): the same tokens and loss mask
+    # (the replies' token_ids, the cut replies' end-of-turn tokens left out)
+    plain = [o for o in common if not o.startswith("data.regenerate")] + ["data.regenerate.enabled=false", f"data.path={regenerated}"]
+    train(compose_train(plain + ["trainer.max_steps=1", f"output_dir={tmp_path / 'from_file'}"]))
+    from_file = json.loads((tmp_path / "from_file" / "run.json").read_text())["data"]["tokenize"]
+    assert from_file == prepared["data"]["tokenize"] and from_file["replies_from_ids"] > 0
+
+
+def test_prepare_only_refuses_several_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"data.prepare_only=true under a launcher of 2 processes; expected one process"):
+        train(compose_train(["experiment=dflash_swa_tiny", "data.prepare_only=true", f"output_dir={tmp_path}"]))
+    assert not (tmp_path / "data.json").exists()
+
+
 @pytest.mark.slow
 def test_wandb_offline_logging(tmp_path: Path) -> None:
     cfg = compose_train(["experiment=dflash_swa_tiny", "trainer.max_steps=2", "trainer.log_every=1", "trainer.progress=false",

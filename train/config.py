@@ -279,6 +279,11 @@ class DataConfig:
     pack_documents: bool = False
     cache_dir: str = "${oc.env:SWA_DRAFTERS_CACHE,'~/.cache/swa-drafters'}/data"
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
+    # Prepare the data and stop: read, regenerate with the target (data.regenerate), tokenize and cache it in cache_dir,
+    # write output_dir/data.json, build no drafter and run no step. A later run with the same data and target settings
+    # reads the cache (a regeneration on one machine, the training on others: copy cache_dir, or pass the regenerated
+    # file, which keeps the target's token ids, as data.path with data.regenerate.enabled=false)
+    prepare_only: bool = False
 
     def __post_init__(self) -> None:
         if not str(self.path).strip():  # Path("") is the current folder: its .jsonl files were read as the data

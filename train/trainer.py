@@ -436,10 +436,40 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
         return _train(to_train_config(cfg))
 
 
+def prepare_only(cfg: TrainConfig) -> dict[str, Any]:
+    """``data.prepare_only``: the target loaded for its tokenizer (and, to regenerate, its replies), the data prepared
+    into ``data.cache_dir`` as a training run prepares it (``prepare_data``), its summary written to
+    ``output_dir/data.json``; no drafter, compile cache, checkpoint or step. One process: the cache is what several
+    ranks of a later run read."""
+    check_paths(cfg)
+    tc, ranks = cfg.trainer, ranks_from_env()
+    if ranks.distributed:
+        raise ValueError(f"data.prepare_only=true under a launcher of {ranks.world_size} processes; expected one process "
+                         "(the data is prepared once, on one device, and cached for every rank of a later run)")
+    device = local_device(pick_device(tc.device), ranks)
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    target = TargetModel.from_pretrained(resolve_target_path(cfg.target.path), device,
+                                         target_dtype(tc.precision, cfg.target.dtype, device), cfg.target.attn_implementation)
+    train_ds, eval_ds, summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress)
+    record = {"data": summary, "seconds": time.perf_counter() - start, "device": str(device),
+              "config": OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)}
+    with atomic_open(output_dir / "data.json") as f:
+        json.dump(record, f, indent=2, default=str)
+    log.info("data prepared in %.1f min (data.prepare_only): %d training %s, %d held out, cached in %s%s; a run with the same "
+             "data and target settings reads it", record["seconds"] / 60, len(train_ds),
+             "rows" if cfg.data.pack_length else "conversations", 0 if eval_ds is None else len(eval_ds), Path(cfg.data.cache_dir).expanduser(),
+             f"; regenerated replies: {summary['regenerated_from']}" if "regenerated_from" in summary else "")
+    return record
+
+
 def _train(cfg: TrainConfig) -> dict[str, Any]:
     """``train``'s loop, inside the launcher variables' scope (``train`` is what callers use)."""
     from tqdm.auto import tqdm
 
+    if cfg.data.prepare_only:
+        return prepare_only(cfg)
     run = build(cfg)
     tc, step, pad_id = cfg.trainer, run.step, run.target.pad_id
     train_state = run.checkpointer.resume(tc.resume) or {"step": 0, "tokens": 0, "seconds": 0.0}
