@@ -44,26 +44,38 @@ PROMPTS = ["What is the capital of France?", "Write a short poem about the sea."
 NEW_TOKENS = 48
 
 
+def on_policy_settings(reference_target_path, root: Path) -> list[str]:
+    """Overrides that train a drafter on the reference target's own replies to the test prompts (data.regenerate)."""
+    data = root / "prompts_to_learn.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": "."}]}) + "\n"
+                            for p in PROMPTS))
+    return ["target=qwen3_27m_sharegpt", f"target.path={reference_target_path}", f"data.path={data}", "data.num_eval=0",
+            "data.regenerate.enabled=true", f"data.regenerate.max_new_tokens={NEW_TOKENS + 16}", "data.regenerate.engine=ours",
+            "trainer.batch_size=4", "trainer.eval_every=1000", "trainer.checkpoint_every=1000", "trainer.loop_eval_prompts=0",
+            "trainer.progress=false", "trainer.lr=3e-3", "trainer.warmup_ratio=0.05"]
+
+
+def train_eagle3(out: Path, common: list[str], *extra: str) -> Path:
+    """EAGLE-3 in the small recipes' shape (speculators' defaults): one norm over the concatenated features, the normed
+    state fed to the next step; vLLM reads both from the export's config (input_norm, norm_output)."""
+    from train.trainer import train
+
+    train(compose_train(["experiment=eagle3_swa_tiny", *common, "trainer.max_steps=60", "drafter.draft_vocab_size=1024",
+                         "drafter.norm_before_fc=true", "drafter.norm_output=true",
+                         "trainer.export_formats=[speculators]", *extra, f"output_dir={out}"]))
+    return out
+
+
 @pytest.fixture(scope="module")
 def drafters(reference_target_path, tmp_path_factory) -> dict[str, Path]:
     """EAGLE-3 (one sliding layer) and DFlash (two sliding layers) trained on-policy on the test prompts: the target
     regenerates the replies (data.regenerate) and the drafters learn them, so drafts are accepted often and the
     comparison covers multi-token steps, in a minute of CPU each."""
     root = tmp_path_factory.mktemp("vllm_drafters")
-    data = root / "prompts_to_learn.jsonl"
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": "."}]}) + "\n"
-                            for p in PROMPTS))
-    common = ["target=qwen3_27m_sharegpt", f"target.path={reference_target_path}", f"data.path={data}", "data.num_eval=0",
-              "data.regenerate.enabled=true", f"data.regenerate.max_new_tokens={NEW_TOKENS + 16}", "data.regenerate.engine=ours",
-              "trainer.batch_size=4", "trainer.eval_every=1000", "trainer.checkpoint_every=1000", "trainer.loop_eval_prompts=0",
-              "trainer.progress=false", "trainer.lr=3e-3", "trainer.warmup_ratio=0.05"]
+    common = on_policy_settings(reference_target_path, root)
     from train.trainer import train
 
-    # EAGLE-3 in the small recipes' shape (speculators' defaults): one norm over the concatenated features, the normed
-    # state fed to the next step; vLLM reads both from the export's config (input_norm, norm_output)
-    train(compose_train(["experiment=eagle3_swa_tiny", *common, "trainer.max_steps=60", "drafter.draft_vocab_size=1024",
-                         "drafter.norm_before_fc=true", "drafter.norm_output=true",
-                         "trainer.export_formats=[speculators]", f"output_dir={root / 'eagle3'}"]))
+    train_eagle3(root / "eagle3", common)
     # DFlash with AdamW, not the tiny recipe's Muon: on a 2-core CPU without bf16 hardware Muon's fp32 Newton-Schulz made
     # this run 135 s against AdamW's 73 s, and what vLLM is compared on is the export, not how it was trained (Muon's
     # training runs in test_train_pipeline's tiny experiments and test_optim). 16 anchors a row, not the recipe's 32:
@@ -139,6 +151,27 @@ def test_vllm_gives_our_loops_acceptance_and_tokens(kind: str, drafters, prompts
     # AVX-512 EPYC; over the first four 1.5-1.6)
     assert ours["summary"]["tau"] > 1.3 and any(a >= 2 for r in ours["records"] for a in r["stats"]["accepted_per_step"])
     assert any(r["stats"]["new_tokens"] < NEW_TOKENS for r in vllm["records"])  # a reply ended before its budget
+
+
+def test_vllm_serves_a_two_layer_eagle3_export(reference_target_path, prompts_file, tmp_path: Path) -> None:
+    """EAGLE-3 with two decoder layers (the second a plain Llama layer over the first's output; speculators'
+    ``num_hidden_layers: 2``): vLLM loads the export and decodes the target's greedy tokens, and its per-step acceptance
+    histogram is our loop's (measured on a 2-core AVX-512 EPYC: equal on all five prompts; one may move two steps, as
+    for one layer)."""
+    run = train_eagle3(tmp_path / "eagle3_two_layers", on_policy_settings(reference_target_path, tmp_path), "drafter.num_hidden_layers=2",
+                       "drafter.layer_types=[sliding_attention,sliding_attention]")
+    assert json.loads((run / "export_speculators" / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"] == 2
+    ours = run_eval(run, prompts_file, tmp_path / "ours", "--no-baseline", "--target", str(reference_target_path))
+    vllm = run_eval(run, prompts_file, tmp_path / "vllm", "--engine", "vllm", "--baseline")
+    exact = 0
+    for a, b in zip(ours["records"], vllm["records"], strict=True):
+        assert a["output_ids"] == b["output_ids"] and b["same_as_baseline"], a["id"]
+        mine, theirs = Counter(untrimmed(a)), Counter(b["stats"]["accepted_per_step"])
+        moved = sum(((mine - theirs) + (theirs - mine)).values()) // 2
+        exact += moved == 0
+        assert moved <= 2, (a["id"], sorted(mine.items()), sorted(theirs.items()))
+    assert exact >= len(PROMPTS) - 1
+    assert ours["summary"]["tau"] > 1.3  # the drafter drafts: multi-token steps were compared
 
 
 def untrimmed(record: dict) -> list[int]:
