@@ -81,18 +81,21 @@ def test_prepare_only_then_a_run_reads_the_cache(tmp_path: Path, monkeypatch: py
     data = json.loads((tmp_path / "run" / "run.json").read_text())["data"]
     assert metrics["steps"] == 2 and data["regenerated_from"] == str(regenerated)
     assert data["tokenize"] == prepared["data"]["tokenize"] and data["train_conversations"] == prepared["data"]["train_conversations"]
-    # the regenerated file itself as the data (as README says, for another machine): the same tokens and loss mask
-    # (the replies' token_ids, the cut replies' end-of-turn tokens left out)
+    # the regenerated file itself as the data (as README says, for another machine): the same rows, ids and loss masks
+    # (the replies' token_ids; replies cut at the budget keep their end-of-turn token out of the loss)
+    replies = [m for line in regenerated.read_text().splitlines() for m in json.loads(line)["messages"] if m["role"] == "assistant"]
+    assert replies and all(m.get("token_ids") for m in replies) and any(m.get("complete") is False for m in replies)
     plain = [o for o in common if not o.startswith("data.regenerate")] + ["data.regenerate.enabled=false", f"data.path={regenerated}"]
-    train(compose_train(plain + ["trainer.max_steps=1", f"output_dir={tmp_path / 'from_file'}"]))
-    from_file = json.loads((tmp_path / "from_file" / "run.json").read_text())["data"]["tokenize"]
-    assert from_file == prepared["data"]["tokenize"] and from_file["replies_from_ids"] > 0
+    from_file = train(compose_train(plain + ["data.prepare_only=true", f"output_dir={tmp_path / 'from_file'}"]))["data"]
+    assert from_file["train_rows_fingerprint"] == prepared["data"]["train_rows_fingerprint"]
+    assert from_file["tokenize"] == prepared["data"]["tokenize"] and from_file["tokenize"]["replies_from_ids"] > 0
 
 
 def test_prepare_only_refuses_several_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"data.prepare_only=true under a launcher of 2 processes; expected one process"):
-        train(compose_train(["experiment=dflash_swa_tiny", "data.prepare_only=true", f"output_dir={tmp_path}"]))
+        train(compose_train(["experiment=dflash_swa_tiny", "data.prepare_only=true", f"data.cache_dir={tmp_path / 'cache'}",
+                             f"output_dir={tmp_path}"]))
     assert not (tmp_path / "data.json").exists()
 
 

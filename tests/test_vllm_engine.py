@@ -154,8 +154,8 @@ def test_vllm_gives_our_loops_acceptance_and_tokens(kind: str, drafters, prompts
 
 
 def test_vllm_serves_a_two_layer_eagle3_export(reference_target_path, prompts_file, tmp_path: Path) -> None:
-    """EAGLE-3 with two decoder layers (the second a plain Llama layer over the first's output; speculators'
-    ``num_hidden_layers: 2``): vLLM loads the export and decodes the target's greedy tokens, and its per-step acceptance
+    """EAGLE-3 with two decoder layers (both sliding, W = 64; the second a Llama layer over the first's output;
+    speculators' ``num_hidden_layers: 2``): vLLM loads the export and decodes the target's greedy tokens, and its per-step acceptance
     histogram is our loop's (measured on a 2-core AVX-512 EPYC: equal on all five prompts; one may move two steps, as
     for one layer)."""
     run = train_eagle3(tmp_path / "eagle3_two_layers", on_policy_settings(reference_target_path, tmp_path), "drafter.num_hidden_layers=2",
@@ -163,6 +163,7 @@ def test_vllm_serves_a_two_layer_eagle3_export(reference_target_path, prompts_fi
     assert json.loads((run / "export_speculators" / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"] == 2
     ours = run_eval(run, prompts_file, tmp_path / "ours", "--no-baseline", "--target", str(reference_target_path))
     vllm = run_eval(run, prompts_file, tmp_path / "vllm", "--engine", "vllm", "--baseline")
+    assert vllm["config"]["engine_drafter"] == str(run / "export_speculators")
     exact = 0
     for a, b in zip(ours["records"], vllm["records"], strict=True):
         assert a["output_ids"] == b["output_ids"] and b["same_as_baseline"], a["id"]

@@ -281,8 +281,9 @@ class DataConfig:
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
     # Prepare the data and stop: read, regenerate with the target (data.regenerate), tokenize and cache it in cache_dir,
     # write output_dir/data.json, build no drafter and run no step. A later run with the same data and target settings
-    # reads the cache (a regeneration on one machine, the training on others: copy cache_dir, or pass the regenerated
-    # file, which keeps the target's token ids, as data.path with data.regenerate.enabled=false)
+    # on this machine reads the cache; on another machine pass the regenerated file (data.json's regenerated_from; it
+    # keeps the target's token ids) as data.path with data.regenerate.enabled=false: the cache's key holds the source's
+    # and a local target's paths and times and the regenerating device's type, which a copy rarely keeps
     prepare_only: bool = False
 
     def __post_init__(self) -> None:

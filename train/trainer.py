@@ -438,9 +438,9 @@ def train(cfg: DictConfig | TrainConfig) -> dict[str, Any]:
 
 def prepare_only(cfg: TrainConfig) -> dict[str, Any]:
     """``data.prepare_only``: the target loaded for its tokenizer (and, to regenerate, its replies), the data prepared
-    into ``data.cache_dir`` as a training run prepares it (``prepare_data``), its summary written to
-    ``output_dir/data.json``; no drafter, compile cache, checkpoint or step. One process: the cache is what several
-    ranks of a later run read."""
+    as a training run prepares it (``prepare_data``: the replies and tokens cached in ``data.cache_dir``; packing is
+    redone by each run, in seconds), its summary written to ``output_dir/data.json``; no drafter, compile cache,
+    checkpoint or step. One process: the cache is what several ranks of a later run read."""
     check_paths(cfg)
     tc, ranks = cfg.trainer, ranks_from_env()
     if ranks.distributed:
@@ -453,12 +453,15 @@ def prepare_only(cfg: TrainConfig) -> dict[str, Any]:
     target = TargetModel.from_pretrained(resolve_target_path(cfg.target.path), device,
                                          target_dtype(tc.precision, cfg.target.dtype, device), cfg.target.attn_implementation)
     train_ds, eval_ds, summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress)
+    # the training rows' ids and loss masks, hashed: the same data prepared on another machine (or read from the
+    # regenerated file itself) hashes the same
+    summary["train_rows_fingerprint"] = rows_fingerprint(train_ds)
     record = {"data": summary, "seconds": time.perf_counter() - start, "device": str(device),
               "config": OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)}
     with atomic_open(output_dir / "data.json") as f:
         json.dump(record, f, indent=2, default=str)
-    log.info("data prepared in %.1f min (data.prepare_only): %d training %s, %d held out, cached in %s%s; a run with the same "
-             "data and target settings reads it", record["seconds"] / 60, len(train_ds),
+    log.info("data prepared in %.1f min (data.prepare_only): %d training %s, %d held out; replies and tokens cached in %s%s; a run "
+             "with the same data and target settings reads them", record["seconds"] / 60, len(train_ds),
              "rows" if cfg.data.pack_length else "conversations", 0 if eval_ds is None else len(eval_ds), Path(cfg.data.cache_dir).expanduser(),
              f"; regenerated replies: {summary['regenerated_from']}" if "regenerated_from" in summary else "")
     return record
