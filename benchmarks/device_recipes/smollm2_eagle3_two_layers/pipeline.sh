@@ -1,0 +1,54 @@
+#!/bin/bash
+# on the device, in its own process session (2026-12-06, tenth session): SmolLM2's EAGLE-3 with TWO decoder layers on
+# best-fit packed rows, as many optimizer steps as the lease leaves, the cosine schedule run to its end.
+#  1. side by side: R regenerates 15,000 ShareGPT conversations with SmolLM2 (one eager step after it, then exits);
+#     P compiles the training step on the builtin ShareGPT sample (same row shapes: 16 x 2048 packed) and times 40 steps,
+#     saving trainer.compile_cache, so the real run starts warm
+#  2. STEPS = (TRAIN_END - now - 100 s) / P's step time (x 1.08 margin); the real run loads the compile cache
+#  3. the 384-node trees on MT-Bench and the held-out prompts, side by side; the regenerated file returned (xz, pieces)
+set -u
+W=/tmp/sm; cd /tmp/repo_snapshot
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SWA_DRAFTERS_CACHE=/tmp/swacache
+stamp() { echo "$(date +%H:%M:%S) $(date +%s) $*" >> $W/times.txt; }
+C="experiment=eagle3_swa_small logger=none target.path=builtin:smollm2-135m-instruct
+   drafter.draft_vocab_size=16384 drafter.num_hidden_layers=2 drafter.layer_types=[sliding_attention,sliding_attention]
+   data.pack_documents=true data.pack_length=2048 data.num_eval=0
+   trainer.attention_backend=flex trainer.eval_every=0 trainer.loop_eval_prompts=0 trainer.progress=false"
+REAL="data.path=/tmp/pf/sharegpt_prompts.jsonl data.max_records=${RECORDS:-15000}"
+stamp "start (train end at $TRAIN_END)"
+( python3 -m train $C $REAL data.prepare_only=true output_dir=$W/regen > $W/regen.log 2>&1; stamp "regen end rc=$?" ) &
+[ -z "${REGEN_ONLY:-}" ] && ( python3 -m train $C data.path=builtin:sharegpt-sample data.max_records=null data.regenerate.enabled=false trainer.max_steps=40 \
+    trainer.export=false trainer.checkpoint_every=0 trainer.compile_cache=$W/cc.bin output_dir=$W/probe > $W/probe.log 2>&1
+  stamp "probe end rc=$?" ) &
+if [ -n "${REGEN_ONLY:-}" ]; then  # a short lease: the regenerated file returned for a later one, once written (not R's step)
+  while ! ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial; do sleep 3; done
+  ( mkdir -p $W/ret && cd $W/ret && f=$(ls /tmp/swacache/data/regenerated/*.jsonl | grep -v partial | head -1) && cp $f regen.jsonl && \
+    xz -T8 -6 regen.jsonl && split -b 15000000 -d regen.jsonl.xz regen.jsonl.xz.part && rm regen.jsonl.xz && \
+    sha256sum $f > regen.sha256 && stamp "regen file packed: $(ls -la | tr '\n' ' ')" )
+  stamp "all done"; exit 0
+fi
+wait
+STEP_S=$(python3 - <<'PY'
+import json
+rows = [json.loads(l) for l in open("/tmp/sm/probe/metrics.jsonl") if '"train/tokens_per_s"' in l]
+a, b = rows[-2], rows[-1]   # steps 30 and 40: the window's wall time = its tokens / its tokens per second
+print(f"{(b['train/tokens'] - a['train/tokens']) / b['train/tokens_per_s'] / (b['step'] - a['step']):.4f}")
+PY
+)
+STEP_S=${STEP_S:-0.35}  # the probe failed: a guess, logged
+STEPS=$(python3 -c "print(max(300, min(${MAX_STEPS:-1100}, int(($TRAIN_END - $(date +%s) - 100) / ($STEP_S * 1.08)))))")
+stamp "probe step ${STEP_S}s -> $STEPS steps"
+python3 -m train $C $REAL trainer.max_steps=$STEPS trainer.checkpoint_every=500 trainer.compile_cache=$W/cc.bin \
+  output_dir=$W/run > $W/train.log 2>&1
+stamp "train end rc=$?"
+for set in mtbench prompts; do
+  extra=""; [ $set = prompts ] && extra="--prompts /tmp/pf/sharegpt_heldout_prompts.jsonl"
+  ( python3 -m eval $set $extra --target builtin:smollm2-135m-instruct --drafter $W/run --max-new-tokens 256 --batch-size 16 --no-baseline \
+      --tree-topk 16 --tree-tokens 384 --draft-steps 16 --out $W/eval_${set}_k16n384d16 > $W/eval_${set}_k16n384d16.log 2>&1
+    stamp "eval $set rc=$?" ) &
+done
+( mkdir -p $W/ret && cd $W/ret && f=$(ls /tmp/swacache/data/regenerated/*.jsonl | head -1) && cp $f regen.jsonl && \
+  xz -T8 -6 regen.jsonl && split -b 15000000 -d regen.jsonl.xz regen.jsonl.xz.part && rm regen.jsonl.xz && \
+  sha256sum $f > regen.sha256 && stamp "regen file packed: $(ls -la | tr '\n' ' ')" ) &
+wait
+stamp "all done"
