@@ -339,6 +339,13 @@ def set_coordinate_descent_tuning(enabled: bool) -> None:
     inductor_config.coordinate_descent_tuning = enabled
 
 
+def load_target(cfg: TrainConfig, device: torch.device) -> tuple[str, TargetModel]:
+    """``target.path`` resolved (a builtin built on first use) and loaded in the run's dtype: (its folder, the target)."""
+    target_path = resolve_target_path(cfg.target.path)
+    return target_path, TargetModel.from_pretrained(target_path, device, target_dtype(cfg.trainer.precision, cfg.target.dtype, device),
+                                                    cfg.target.attn_implementation)
+
+
 def build(cfg: TrainConfig) -> Run:
     """Set-up, every check before anything heavy: device (and DeepSpeed), target, data, drafter and its
     step, optimizer, schedule, checkpointer, metrics logger, the loop evaluation."""
@@ -367,8 +374,7 @@ def build(cfg: TrainConfig) -> Run:
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    target_path = resolve_target_path(cfg.target.path)
-    target = TargetModel.from_pretrained(target_path, device, target_dtype(tc.precision, cfg.target.dtype, device), cfg.target.attn_implementation)
+    target_path, target = load_target(cfg, device)
     layer_ids = target_layer_ids(cfg, target)
     log.info("target %s: %d layers, hidden %d; drafter reads layers %s", cfg.target.path, target.num_layers, target.hidden_size, layer_ids)
     if cfg.drafter.kind == "dflash":  # the mask token against the target's vocabulary, before the data is prepared
@@ -450,8 +456,7 @@ def prepare_only(cfg: TrainConfig) -> dict[str, Any]:
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    target = TargetModel.from_pretrained(resolve_target_path(cfg.target.path), device,
-                                         target_dtype(tc.precision, cfg.target.dtype, device), cfg.target.attn_implementation)
+    _, target = load_target(cfg, device)
     train_ds, eval_ds, summary = prepare_data(cfg.data, target, seed=tc.seed, progress=tc.progress)
     # the training rows' ids and loss masks, hashed: the same data prepared on another machine (or read from the
     # regenerated file itself) hashes the same

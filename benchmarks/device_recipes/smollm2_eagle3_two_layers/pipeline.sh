@@ -1,7 +1,7 @@
 #!/bin/bash
 # on the device, in its own process session (2026-12-06, tenth session): SmolLM2's EAGLE-3 with TWO decoder layers on
 # best-fit packed rows, as many optimizer steps as the lease leaves, the cosine schedule run to its end.
-#  1. side by side: R regenerates 15,000 ShareGPT conversations with SmolLM2 (one eager step after it, then exits);
+#  1. side by side: R regenerates 15,000 ShareGPT conversations with SmolLM2 (data.prepare_only=true);
 #     P compiles the training step on the builtin ShareGPT sample (same row shapes: 16 x 2048 packed) and times 40 steps,
 #     saving trainer.compile_cache, so the real run starts warm
 #  2. STEPS = (TRAIN_END - now - 100 s) / P's step time (x 1.08 margin); the real run loads the compile cache
@@ -10,6 +10,11 @@ set -u
 W=/tmp/sm; cd /tmp/repo_snapshot
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SWA_DRAFTERS_CACHE=/tmp/swacache
 stamp() { echo "$(date +%H:%M:%S) $(date +%s) $*" >> $W/times.txt; }
+pack_regen() {  # the regenerated file (not a .partial one) xz-compressed in pieces under 16 MiB, to return from the lease
+  ( mkdir -p $W/ret && cd $W/ret && f=$(ls /tmp/swacache/data/regenerated/*.jsonl | grep -v partial | head -1) && cp $f regen.jsonl && \
+    xz -T8 -6 regen.jsonl && split -b 15000000 -d regen.jsonl.xz regen.jsonl.xz.part && rm regen.jsonl.xz && \
+    sha256sum $f > regen.sha256 && stamp "regen file packed: $(ls -la | tr '\n' ' ')" )
+}
 C="experiment=eagle3_swa_small logger=none target.path=builtin:smollm2-135m-instruct
    drafter.draft_vocab_size=16384 drafter.num_hidden_layers=2 drafter.layer_types=[sliding_attention,sliding_attention]
    data.pack_documents=true data.pack_length=2048 data.num_eval=0
@@ -20,11 +25,9 @@ stamp "start (train end at $TRAIN_END)"
 [ -z "${REGEN_ONLY:-}" ] && ( python3 -m train $C data.path=builtin:sharegpt-sample data.max_records=null data.regenerate.enabled=false trainer.max_steps=40 \
     trainer.export=false trainer.checkpoint_every=0 trainer.compile_cache=$W/cc.bin output_dir=$W/probe > $W/probe.log 2>&1
   stamp "probe end rc=$?" ) &
-if [ -n "${REGEN_ONLY:-}" ]; then  # a short lease: the regenerated file returned for a later one, once written (not R's step)
+if [ -n "${REGEN_ONLY:-}" ]; then  # a short lease: the regenerated file returned for a later one, once written
   while ! ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial; do sleep 3; done
-  ( mkdir -p $W/ret && cd $W/ret && f=$(ls /tmp/swacache/data/regenerated/*.jsonl | grep -v partial | head -1) && cp $f regen.jsonl && \
-    xz -T8 -6 regen.jsonl && split -b 15000000 -d regen.jsonl.xz regen.jsonl.xz.part && rm regen.jsonl.xz && \
-    sha256sum $f > regen.sha256 && stamp "regen file packed: $(ls -la | tr '\n' ' ')" )
+  pack_regen
   stamp "all done"; exit 0
 fi
 wait
@@ -47,8 +50,6 @@ for set in mtbench prompts; do
       --tree-topk 16 --tree-tokens 384 --draft-steps 16 --out $W/eval_${set}_k16n384d16 > $W/eval_${set}_k16n384d16.log 2>&1
     stamp "eval $set rc=$?" ) &
 done
-( mkdir -p $W/ret && cd $W/ret && f=$(ls /tmp/swacache/data/regenerated/*.jsonl | head -1) && cp $f regen.jsonl && \
-  xz -T8 -6 regen.jsonl && split -b 15000000 -d regen.jsonl.xz regen.jsonl.xz.part && rm regen.jsonl.xz && \
-  sha256sum $f > regen.sha256 && stamp "regen file packed: $(ls -la | tr '\n' ' ')" ) &
+pack_regen &
 wait
 stamp "all done"
