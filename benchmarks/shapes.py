@@ -21,6 +21,11 @@ TARGET_SHAPES = {
                                     max_position_embeddings=131072, rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0,
                                     "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                     "original_max_position_embeddings": 4096}, tie_word_embeddings=False)),
+    # HuggingFaceTB/SmolLM2-135M-Instruct as target.path=builtin:smollm2-135m-instruct builds it (YaRN x2 added)
+    "smollm2-135m": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                                   max_position_embeddings=16384, rope_parameters={"rope_type": "yarn", "rope_theta": 1e5, "factor": 2.0,
+                                   "original_max_position_embeddings": 8192}, tie_word_embeddings=True)),
     # smoke-test shapes (CPU): the scripts' code paths in seconds
     "tiny-qwen3": ("qwen3", dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                                  num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,

@@ -246,3 +246,25 @@ def test_packing_fill_counts_the_rows_each_packing_makes(tmp_path) -> None:
     assert rows == want and want[2] < want[1] < want[0], (rows, want)
     fills = [float(m) for m in re.findall(r"\| ([\d.]+)% \|", out.stdout)]
     assert fills == [round(100 * tokens / (r * 384), 1) for r in rows], out.stdout
+
+
+@pytest.mark.slow  # one cold compile of a tiny step (~25 s on one core)
+def test_eagle3_step_compile_times_a_cold_compile_in_a_process_of_its_own(tmp_path) -> None:
+    """``benchmarks/eagle3_step_compile.py`` on the CPU: one case, its chunk rows and the trainer's rule in the row, a cold
+    first step (compiling) longer than the warm one."""
+    import re
+
+    out = run_script("benchmarks/eagle3_step_compile.py", "--device", "cpu", "--backend", "sdpa", "--shape", "tiny-qwen3",
+                     "--rows", "2x8", "--ttt", "2", "--chunks", "2", "--draft-vocab", "64", "--warm-steps", "2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = re.search(r"^\| 1 \| 2 \| 2x8 \| 2 \(8\) \| 1 \| ([\d.]+) \| ([\d.]+) \| - \|$", out.stdout, re.M)
+    assert row and float(row.group(1)) * 1000 > float(row.group(2)), out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rows", "16by2048"], "error: --rows '16by2048': expected ROWSxLENGTH, e.g. 16x2048"),
+    (["--device", "cpu", "--chunks", "0"], "error: --chunks, --layers and --ttt: expected positive integers"),
+])
+def test_eagle3_step_compile_answers_bad_input_in_one_line(args, message) -> None:
+    out = run_script("benchmarks/eagle3_step_compile.py", *args)
+    assert out.returncode == 1 and out.stderr.strip() == message, out.stderr

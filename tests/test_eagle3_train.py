@@ -13,7 +13,8 @@ from compose import compose_train
 from safetensors.torch import load_file
 from transformers import LlamaConfig
 
-from train.eagle3 import STEP_DECAY, step_masks, target_labels, ttt_loss, unroll, unroll_and_loss
+import train.eagle3 as eagle3_train
+from train.eagle3 import STEP_DECAY, soft_ce_chunk_rows, soft_cross_entropy, step_masks, target_labels, ttt_loss, unroll, unroll_and_loss
 from models.target import TargetModel
 from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
 from train.trainer import train
@@ -237,6 +238,37 @@ def test_chunked_soft_cross_entropy_has_the_same_gradients() -> None:
     assert grads[0].keys() == grads[1].keys() and "lm_head.weight" in grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_soft_ce_chunks_are_sized_by_bytes() -> None:
+    """One checkpointed region a TTT step where the logits fit SOFT_CE_CHUNK_BYTES: SmolLM2's recipe (16 x 2,048 rows, 16K
+    draft vocabulary) in one chunk, not eight of 4,096 rows (each chunk is a region the compiled step traces)."""
+    assert soft_ce_chunk_rows(16384) == 32768 and soft_ce_chunk_rows(8192) == 65536
+    assert -(-32768 // soft_ce_chunk_rows(32000)) == 2  # a 32K draft vocabulary at 32K tokens: two chunks of ~2 GiB
+    assert soft_ce_chunk_rows(32000) * 32000 * 4 <= eagle3_train.SOFT_CE_CHUNK_BYTES
+
+
+def test_one_large_soft_ce_chunk_is_still_recomputed_in_the_backward(monkeypatch) -> None:
+    """Past SOFT_CE_KEPT_ROWS rows a single chunk is checkpointed too (its logits not kept for the backward), with the
+    values and gradients of the plain computation; at or under it, nothing is checkpointed."""
+    model = small_drafter(["sliding_attention"], 5)
+    generator = torch.Generator().manual_seed(4)
+    h = torch.randn(2, 6, model.config.hidden_size, generator=generator)
+    target_draft = torch.randn(2, 6, model.config.draft_vocab_size, generator=generator)
+    calls = []
+    checkpoint = torch.utils.checkpoint.checkpoint
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda *a, **k: calls.append(1) or checkpoint(*a, **k))
+    results = {}
+    for kept_rows in (12, 11):  # 12 rows: kept whole; over 11: one checkpointed chunk of 12
+        monkeypatch.setattr(eagle3_train, "SOFT_CE_KEPT_ROWS", kept_rows)
+        model.zero_grad()
+        ce, top = soft_cross_entropy(model, h, target_draft, chunk_rows=4096)
+        ce.sum().backward()
+        results[kept_rows] = (ce.detach(), top, model.lm_head.weight.grad.clone(), len(calls))
+    assert results[12][3] == 0 and results[11][3] == 1
+    torch.testing.assert_close(results[11][0], results[12][0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(results[11][1], results[12][1])
+    torch.testing.assert_close(results[11][2], results[12][2], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.slow  # ~12 s a case on one core (Dynamo and AOTAutograd); the quick tier keeps the eager step's tests

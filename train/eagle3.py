@@ -117,6 +117,7 @@ class Eagle3Step:
     def __init__(self, ctx, drafter: Eagle3DraftModel):
         self.ctx, self.cfg, self.drafter = ctx, ctx.cfg, drafter
         self.steps = self.cfg.drafter.ttt_length
+        self.chunk_rows = soft_ce_chunk_rows(drafter.config.draft_vocab_size)
         window = self.cfg.drafter.sliding_window
         if ctx.backend in WINDOW_BACKENDS and window is not None and window < self.steps:
             raise ValueError(f"trainer.attention_backend={ctx.backend} needs drafter.sliding_window >= drafter.ttt_length "
@@ -184,7 +185,7 @@ class Eagle3Step:
         fn = self.unroll_and_loss if torch.is_grad_enabled() and not per_start else unroll_and_loss
         with self.ctx.autocast():
             return fn(self.drafter, features, input_ids, ctx_valid, loss_mask, attention_mask, labels, self.steps, backend, masks,
-                      self.cfg.trainer.activation_checkpointing, per_start, doc_start=doc_start)
+                      self.cfg.trainer.activation_checkpointing, per_start, chunk_rows=self.chunk_rows, doc_start=doc_start)
 
 
 def unroll_and_loss(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Tensor, ctx_valid: torch.Tensor,
@@ -343,19 +344,38 @@ def _soft_ce_rows(model: Eagle3DraftModel, h: torch.Tensor, target_draft: torch.
     return -(soft * F.log_softmax(logits, dim=-1)).sum(-1), logits.argmax(-1)
 
 
+# The soft CE's row chunks hold about this many bytes of fp32 logits each. Sized by bytes, not rows: a compiled step
+# traces every chunk as its own checkpointed region, and the regions, not the layers, made most of the cold compile
+# (a CPU proxy of SmolLM2's step, TTT 10: 230 s with 8 chunks a step, 76 s with 1; BENCHMARKS.md, "The soft CE's
+# chunks and the cold compile"). 16 x 2,048 rows at a 16K draft vocabulary are one chunk; a 32K vocabulary at 32K
+# tokens two, each 2 GiB, where 4,096-row chunks kept 0.5 GiB.
+SOFT_CE_CHUNK_BYTES = 2 << 30
+
+
+def soft_ce_chunk_rows(draft_vocab_size: int) -> int:
+    """The rows of one soft-CE chunk (``soft_cross_entropy``) at this draft vocabulary: SOFT_CE_CHUNK_BYTES of fp32 logits."""
+    return max(1, SOFT_CE_CHUNK_BYTES // (4 * draft_vocab_size))
+
+
+# Up to this many rows keep their logits for the backward (no recompute); more are checkpointed chunk by chunk
+SOFT_CE_KEPT_ROWS = 4096
+
+
 def soft_cross_entropy(model: Eagle3DraftModel, h: torch.Tensor, target_draft: torch.Tensor, chunk_rows: int = 4096):
     """Per-row soft CE of the draft head on ``h`` [Bsz, T, H] against softmax(``target_draft``)
-    [Bsz, T, Vd], and the draft argmax; ``chunk_rows`` rows at a time, each chunk recomputed in the
-    backward (activation checkpointing), so no full [Bsz, T, Vd] fp32 logits are ever kept: at 32K
-    tokens and a 32K draft vocabulary those are 4 GiB per tensor and per TTT step."""
+    [Bsz, T, Vd], and the draft argmax; ``chunk_rows`` rows at a time. With gradients on, past
+    SOFT_CE_KEPT_ROWS rows (or in more than one chunk) each chunk is recomputed in the backward
+    (activation checkpointing), so no full [Bsz, T, Vd] logits are ever kept: at 32K tokens and a 32K
+    draft vocabulary those are 4 GiB per tensor and per TTT step."""
     rows = h.shape[0] * h.shape[1]
-    if rows <= chunk_rows:
+    checkpointed = torch.is_grad_enabled() and rows > min(chunk_rows, SOFT_CE_KEPT_ROWS)
+    if rows <= chunk_rows and not checkpointed:
         return _soft_ce_rows(model, h, target_draft)
     flat_h, flat_t = h.flatten(0, 1), target_draft.flatten(0, 1)
     ces, argmaxes = [], []
     for start in range(0, rows, chunk_rows):
         piece = (flat_h[start:start + chunk_rows], flat_t[start:start + chunk_rows])
-        if torch.is_grad_enabled():
+        if checkpointed:
             ce, top = torch.utils.checkpoint.checkpoint(_soft_ce_rows, model, *piece, use_reentrant=False)
         else:
             ce, top = _soft_ce_rows(model, *piece)
