@@ -1,15 +1,19 @@
 """EAGLE-3's compiled training step from cold caches: how long its first step takes, and its warm step, by soft-CE chunks.
 
     python benchmarks/eagle3_step_compile.py --shape smollm2-135m --rows 16x2048 --chunks 8 1 --ttt 10 --layers 1 2
-    python benchmarks/eagle3_step_compile.py --device cpu --rows 2x256 --chunks 8 2 1 --backend sdpa     # the CPU proxy
+    python benchmarks/eagle3_step_compile.py --device cpu --backend sdpa --rows 12x512 --draft-vocab 2048 --chunks 8 2 1   # the CPU proxy
 
 The trainer compiles ``train.eagle3.unroll_and_loss`` whole (``trainer.compile_scope=step``): the TTT unroll and its soft
 CE, whose row chunks are each a checkpointed region. A lease's first steps wait on that compile (SmolLM2's step, 16 x 2,048
 packed rows, TTT 10: 6.8-8 minutes on a fresh H100 or H200, BENCHMARKS.md), so this script times it as a fresh machine
 sees it: every case in its own process with empty Inductor and Triton cache folders. ``--chunks N``: the step's rows in N
-chunks a TTT step (the trainer's rule, ``train.eagle3.soft_ce_chunk_rows``, is printed beside). The drafter has the
-recipe's settings (``experiment=eagle3_swa_small``: norm before fc, normed output, sliding window 2,048) over a random-init
-config of ``--shape`` (benchmarks/shapes.py), draft vocabulary ``--draft-vocab``; features, tokens and soft labels random.
+chunks a TTT step (the trainer's rule, ``train.eagle3.soft_ce_chunk_rows``, is printed beside), each checkpointed when
+there are several or the rows exceed ``SOFT_CE_KEPT_ROWS`` (4,096; the CPU proxy above has 6,144 for that reason). The
+drafter has the recipe's settings (``experiment=eagle3_swa_small``: norm before fc, normed output, sliding window 2,048)
+over a random-init config of ``--shape`` (benchmarks/shapes.py), draft vocabulary ``--draft-vocab``; features, tokens and
+soft labels random (bf16 on a GPU, as the trainer's). The warm step and the peak memory after the first step are the
+median of ``--warm-steps`` steps and their high-water mark. The cases run one after another; the GPU's compile threads
+are the machine's, so two copies of this script side by side slow each other.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def one_case(args) -> dict:
     from transformers import AutoConfig
 
     from models.eagle3 import Eagle3DraftModel, make_eagle3_config
-    from train.eagle3 import soft_ce_chunk_rows, step_masks, unroll_and_loss
+    from train.eagle3 import SOFT_CE_KEPT_ROWS, soft_ce_chunk_rows, step_masks, unroll_and_loss
 
     device = torch.device(args.device)
     bsz, seq = parse_rows(args.rows)
@@ -59,14 +63,16 @@ def one_case(args) -> dict:
     torch.manual_seed(0)
     model = Eagle3DraftModel(config).to(device)
     vd, h = config.draft_vocab_size, target_config.hidden_size
-    features = torch.randn(bsz, seq, 3 * h, device=device)
+    bf16 = device.type == "cuda"
+    dtype = torch.bfloat16 if bf16 else torch.float32  # the trainer's features and soft labels: bf16 on a GPU
+    features = torch.randn(bsz, seq, 3 * h, device=device, dtype=dtype)
     ids = torch.randint(0, target_config.vocab_size, (bsz, seq), device=device)
     valid = torch.ones(bsz, seq, dtype=torch.bool, device=device)
-    labels = (torch.randint(0, target_config.vocab_size, (bsz, seq), device=device), torch.randn(bsz, seq, vd, device=device))
+    labels = (torch.randint(0, target_config.vocab_size, (bsz, seq), device=device), torch.randn(bsz, seq, vd, device=device, dtype=dtype))
     chunk_rows = -(-(bsz * seq) // args.chunks[0])
+    checkpointed = args.chunks[0] > 1 or bsz * seq > SOFT_CE_KEPT_ROWS
     masks = step_masks(valid, model.layer_types, model.sliding_window, args.ttt, args.backend)
     fn = torch.compile(unroll_and_loss, dynamic=False)
-    bf16 = device.type == "cuda"
 
     def step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -79,6 +85,8 @@ def one_case(args) -> dict:
     t0 = time.perf_counter()
     step()
     cold = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # the warm steps' high-water mark, not the compile's
     times = []
     for _ in range(args.warm_steps):
         t0 = time.perf_counter()
@@ -86,8 +94,9 @@ def one_case(args) -> dict:
         times.append(time.perf_counter() - t0)
     times.sort()
     return {"layers": args.layers[0], "ttt": args.ttt, "rows": f"{bsz}x{seq}", "chunks": args.chunks[0], "chunk_rows": chunk_rows,
+            "checkpointed": checkpointed,
             "trainer_chunks": -(-(bsz * seq) // soft_ce_chunk_rows(vd)), "cold_s": round(cold, 1),
-            "warm_ms": round(1000 * times[len(times) // 2], 1) if times else None,
+            "warm_ms": round(1000 * times[len(times) // 2], 1),
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None}
 
 
@@ -107,12 +116,17 @@ def main() -> None:
     parse_rows(args.rows)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no GPU here; --device cpu runs the CPU proxy (with --backend sdpa)")
-    if min(args.chunks) < 1 or min(args.layers) < 1 or args.ttt < 1:
-        raise ValueError("--chunks, --layers and --ttt: expected positive integers")
+    if min(args.chunks) < 1 or min(args.layers) < 1 or args.ttt < 1 or args.warm_steps < 1:
+        raise ValueError("--chunks, --layers, --ttt and --warm-steps: expected positive integers")
+    if args.draft_vocab < 2 or args.draft_vocab > TARGET_SHAPES[args.shape][1]["vocab_size"]:
+        raise ValueError(f"--draft-vocab {args.draft_vocab}: expected 2 to {args.shape}'s vocabulary "
+                         f"({TARGET_SHAPES[args.shape][1]['vocab_size']})")
+    if args.device == "cpu" and args.backend == "flex":
+        raise ValueError("--device cpu --backend flex: flex attention has no CPU backward; use --backend sdpa on the CPU")
     if args.one:
         print(json.dumps(one_case(args)))
         return
-    rows = []
+    rows, failed = [], 0
     for layers in args.layers:
         for chunks in args.chunks:
             with tempfile.TemporaryDirectory(prefix="eagle3_compile_") as cold:  # a fresh machine's empty caches
@@ -122,18 +136,23 @@ def main() -> None:
                         "--backend", args.backend, "--device", args.device, "--warm-steps", str(args.warm_steps)]
                 done = subprocess.run(argv, env=env, capture_output=True, text=True)
             if done.returncode != 0:
-                tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-                print(f"layers {layers}, chunks {chunks}: failed (exit {done.returncode}): {tail[0]}", file=sys.stderr)
+                lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+                reason = next((line for line in reversed(lines) if "Error" in line), lines[-1])
+                print(f"layers {layers}, chunks {chunks}: failed (exit {done.returncode}): {reason}", file=sys.stderr)
+                failed += 1
                 continue
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     print(f"\n{args.shape}, {args.backend}, {device}; each case from empty Inductor/Triton caches\n")
-    print("| layers | TTT | rows | soft-CE chunks a TTT step (rows each) | the trainer's rule | cold first step s | warm step ms | peak GiB |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("| layers | TTT | rows | soft-CE chunks a TTT step (rows each) | checkpointed | the trainer's chunks | first step s, cold "
+          "| warm step ms | warm peak GiB |")
+    print("|---:|---:|---|---:|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['layers']} | {r['ttt']} | {r['rows']} | {r['chunks']} ({r['chunk_rows']}) | {r['trainer_chunks']} | {r['cold_s']} "
-              f"| {r['warm_ms']} | {r['peak_gib'] if r['peak_gib'] is not None else '-'} |")
+        print(f"| {r['layers']} | {r['ttt']} | {r['rows']} | {r['chunks']} ({r['chunk_rows']}) | {'yes' if r['checkpointed'] else 'no'} "
+              f"| {r['trainer_chunks']} | {r['cold_s']} | {r['warm_ms']} | {r['peak_gib'] if r['peak_gib'] is not None else '-'} |")
+    if failed:
+        raise SystemExit(f"error: {failed} of {failed + len(rows)} cases failed (above)")
 
 
 if __name__ == "__main__":

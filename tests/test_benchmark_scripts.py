@@ -257,13 +257,16 @@ def test_eagle3_step_compile_times_a_cold_compile_in_a_process_of_its_own(tmp_pa
     out = run_script("benchmarks/eagle3_step_compile.py", "--device", "cpu", "--backend", "sdpa", "--shape", "tiny-qwen3",
                      "--rows", "2x8", "--ttt", "2", "--chunks", "2", "--draft-vocab", "64", "--warm-steps", "2")
     assert out.returncode == 0, out.stderr[-2000:]
-    row = re.search(r"^\| 1 \| 2 \| 2x8 \| 2 \(8\) \| 1 \| ([\d.]+) \| ([\d.]+) \| - \|$", out.stdout, re.M)
+    row = re.search(r"^\| 1 \| 2 \| 2x8 \| 2 \(8\) \| yes \| 1 \| ([\d.]+) \| ([\d.]+) \| - \|$", out.stdout, re.M)
     assert row and float(row.group(1)) * 1000 > float(row.group(2)), out.stdout
 
 
 @pytest.mark.parametrize("args, message", [
     (["--rows", "16by2048"], "error: --rows '16by2048': expected ROWSxLENGTH, e.g. 16x2048"),
-    (["--device", "cpu", "--chunks", "0"], "error: --chunks, --layers and --ttt: expected positive integers"),
+    (["--device", "cpu", "--chunks", "0"], "error: --chunks, --layers, --ttt and --warm-steps: expected positive integers"),
+    (["--device", "cpu", "--warm-steps", "0"], "error: --chunks, --layers, --ttt and --warm-steps: expected positive integers"),
+    (["--device", "cpu", "--draft-vocab", "1"], "error: --draft-vocab 1: expected 2 to smollm2-135m's vocabulary (49152)"),
+    (["--device", "cpu"], "error: --device cpu --backend flex: flex attention has no CPU backward; use --backend sdpa on the CPU"),
 ])
 def test_eagle3_step_compile_answers_bad_input_in_one_line(args, message) -> None:
     out = run_script("benchmarks/eagle3_step_compile.py", *args)

@@ -271,9 +271,32 @@ def test_one_large_soft_ce_chunk_is_still_recomputed_in_the_backward(monkeypatch
     torch.testing.assert_close(results[11][2], results[12][2], rtol=1e-6, atol=1e-7)
 
 
+def test_the_compiled_step_alone_takes_byte_sized_chunks(tiny_qwen3_path, monkeypatch) -> None:
+    """``Eagle3Step.forward``: the compiled function (here any function but the eager ``unroll_and_loss``) gets
+    ``soft_ce_chunk_rows`` of the draft vocabulary; the eager step (``step.eager()``) and evaluation keep 4,096 rows."""
+    from train.trainer import build_step, to_train_config
+
+    cfg = to_train_config(compose_train(["experiment=eagle3_swa_tiny", "drafter.ttt_length=2", "drafter.draft_vocab_size=64"]))
+    target = TargetModel.from_pretrained(tiny_qwen3_path)
+    torch.manual_seed(0)
+    rows = [{"input_ids": torch.randint(20, 200, (24,)).tolist(), "loss_mask": [0] * 6 + [1] * 18} for _ in range(2)]
+    step = build_step(cfg, target, [1, 3, 5], torch.device("cpu"), train_ds=rows)
+    seen = []
+    soft_ce = eagle3_train.soft_cross_entropy
+    monkeypatch.setattr(eagle3_train, "soft_cross_entropy", lambda *a: seen.append(a[3]) or soft_ce(*a))
+    step.unroll_and_loss = lambda *a, **k: unroll_and_loss(*a, **k)  # stands for torch.compile(unroll_and_loss)
+    batch = step.ctx.collate(rows, target.pad_id)
+    step.forward(batch)
+    with step.eager():
+        step.forward(batch)
+    with torch.no_grad():
+        step.forward(batch, per_start=True)
+    assert seen == [soft_ce_chunk_rows(64)] * 2 + [4096] * 4, seen
+
+
 @pytest.mark.slow  # ~12 s a case on one core (Dynamo and AOTAutograd); the quick tier keeps the eager step's tests
-@pytest.mark.parametrize("chunk_rows", [4096, 7])
-def test_unroll_and_loss_compiles_as_one_graph_with_the_same_gradients(chunk_rows: int) -> None:
+@pytest.mark.parametrize("chunk_rows, kept_rows", [(4096, 4096), (7, 4096), (4096, 5)])  # (4096, 5): one checkpointed chunk
+def test_unroll_and_loss_compiles_as_one_graph_with_the_same_gradients(chunk_rows: int, kept_rows: int, monkeypatch) -> None:
     """``trainer.compile_scope=step`` for EAGLE-3 compiles ``unroll_and_loss`` whole: it must trace as one graph
     (``fullgraph=True``: the unroll's growing key lists, the masks as inputs, the soft CE's checkpointed chunks) and
     give the eager function's loss, stats and gradients. Dynamo and AOTAutograd here (backend ``aot_eager``, the
@@ -293,6 +316,7 @@ def test_unroll_and_loss_compiles_as_one_graph_with_the_same_gradients(chunk_row
             target_logits.scatter_add_(-1, shift(guess, j + 1)[..., None], 20.0 * shift(keep, j + 1)[..., None].float())
     labels = target_logits.argmax(-1), target_logits.index_select(-1, model.draft_ids_in_target())
     masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, 3, "sdpa")
+    monkeypatch.setattr(eagle3_train, "SOFT_CE_KEPT_ROWS", kept_rows)
     torch._dynamo.reset()
     results = []
     for fn in (unroll_and_loss, torch.compile(unroll_and_loss, backend="aot_eager", fullgraph=True, dynamic=False)):

@@ -183,9 +183,12 @@ class Eagle3Step:
         masks = None if backend in WINDOW_BACKENDS else step_masks(ctx_valid, self.drafter.layer_types, self.drafter.sliding_window,
                                                                    self.steps, backend, doc_start)
         fn = self.unroll_and_loss if torch.is_grad_enabled() and not per_start else unroll_and_loss
+        # byte-sized soft-CE chunks only where the step is compiled (each chunk a region it traces); eager steps and
+        # evaluation keep 4,096-row chunks, whose unfused temporaries (~16 bytes a logit) stay a fraction of a 2 GiB chunk's
+        chunks = {"chunk_rows": self.chunk_rows} if fn is not unroll_and_loss else {}
         with self.ctx.autocast():
             return fn(self.drafter, features, input_ids, ctx_valid, loss_mask, attention_mask, labels, self.steps, backend, masks,
-                      self.cfg.trainer.activation_checkpointing, per_start, chunk_rows=self.chunk_rows, doc_start=doc_start)
+                      self.cfg.trainer.activation_checkpointing, per_start, doc_start=doc_start, **chunks)
 
 
 def unroll_and_loss(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Tensor, ctx_valid: torch.Tensor,
@@ -344,11 +347,12 @@ def _soft_ce_rows(model: Eagle3DraftModel, h: torch.Tensor, target_draft: torch.
     return -(soft * F.log_softmax(logits, dim=-1)).sum(-1), logits.argmax(-1)
 
 
-# The soft CE's row chunks hold about this many bytes of fp32 logits each. Sized by bytes, not rows: a compiled step
-# traces every chunk as its own checkpointed region, and the regions, not the layers, made most of the cold compile
-# (a CPU proxy of SmolLM2's step, TTT 10: 230 s with 8 chunks a step, 76 s with 1; BENCHMARKS.md, "The soft CE's
-# chunks and the cold compile"). 16 x 2,048 rows at a 16K draft vocabulary are one chunk; a 32K vocabulary at 32K
-# tokens two, each 2 GiB, where 4,096-row chunks kept 0.5 GiB.
+# The compiled step's soft-CE row chunks hold about this many bytes of fp32 logits each (Eagle3Step.forward; eager
+# steps keep 4,096-row chunks). Sized by bytes, not rows: a compiled step traces every chunk as its own checkpointed
+# region, and the regions made most of the cold compile (a CPU proxy of SmolLM2's step, TTT 10, 6,144 rows: the first
+# step 264 s with 8 chunks a TTT step, 102 s with 1; benchmarks/eagle3_step_compile.py, BENCHMARKS.md, "The soft CE's
+# chunks and the cold compile"). 16 x 2,048 rows at a 16K draft vocabulary are one chunk; a 32K vocabulary at 32K tokens
+# two. The cost: each chunk's logits exist while it is computed and recomputed, 2 GiB instead of 0.5 at a 32K vocabulary.
 SOFT_CE_CHUNK_BYTES = 2 << 30
 
 
