@@ -463,8 +463,7 @@ def prepare_only(cfg: TrainConfig) -> dict[str, Any]:
     summary["train_rows_fingerprint"] = rows_fingerprint(train_ds)
     record = {"data": summary, "seconds": time.perf_counter() - start, "device": str(device),
               "config": OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)}
-    with atomic_open(output_dir / "data.json") as f:
-        json.dump(record, f, indent=2, default=str)
+    write_json_atomic(output_dir / "data.json", record)
     log.info("data prepared in %.1f min (data.prepare_only): %d training %s, %d held out; replies and tokens cached in %s%s; a run "
              "with the same data and target settings reads them", record["seconds"] / 60, len(train_ds),
              "rows" if cfg.data.pack_length else "conversations", 0 if eval_ds is None else len(eval_ds), Path(cfg.data.cache_dir).expanduser(),
