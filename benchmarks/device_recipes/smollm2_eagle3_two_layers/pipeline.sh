@@ -26,8 +26,8 @@ stamp "start (train end at $TRAIN_END)"
     trainer.export=false trainer.checkpoint_every=0 trainer.compile_cache=$W/cc.bin output_dir=$W/probe > $W/probe.log 2>&1
   stamp "probe end rc=$?" ) &
 if [ -n "${REGEN_ONLY:-}" ]; then  # a short lease: the regenerated file returned for a later one, once written
-  while ! ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial; do sleep 3; done
-  pack_regen
+  while ! ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial; do grep -q "regen end" $W/times.txt && break; sleep 3; done
+  ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial && pack_regen
   stamp "all done"; exit 0
 fi
 wait
