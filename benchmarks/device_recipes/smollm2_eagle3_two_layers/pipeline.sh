@@ -20,6 +20,9 @@ C="experiment=eagle3_swa_small logger=none target.path=builtin:smollm2-135m-inst
    data.pack_documents=true data.pack_length=2048 data.num_eval=0
    trainer.attention_backend=flex trainer.eval_every=0 trainer.loop_eval_prompts=0 trainer.progress=false"
 REAL="data.path=/tmp/pf/sharegpt_prompts.jsonl data.max_records=${RECORDS:-15000}"
+# REGEN_FILE: a regenerated file an earlier lease returned (carry_regen.sh puts it in place): trained on as it is, the
+# "regeneration" process below then only tokenizes and packs it beside the probe
+[ -n "${REGEN_FILE:-}" ] && REAL="data.path=$REGEN_FILE data.regenerate.enabled=false data.max_records=null"
 stamp "start (train end at $TRAIN_END)"
 ( python3 -m train $C $REAL data.prepare_only=true output_dir=$W/regen > $W/regen.log 2>&1; stamp "regen end rc=$?" ) &
 [ -z "${REGEN_ONLY:-}" ] && ( python3 -m train $C data.path=builtin:sharegpt-sample data.max_records=null data.regenerate.enabled=false trainer.max_steps=40 \
