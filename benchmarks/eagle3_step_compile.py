@@ -13,7 +13,9 @@ drafter has the recipe's settings (``experiment=eagle3_swa_small``: norm before 
 over a random-init config of ``--shape`` (benchmarks/shapes.py), draft vocabulary ``--draft-vocab``; features, tokens and
 soft labels random (bf16 on a GPU, as the trainer's). The warm step and the peak memory after the first step are the
 median of ``--warm-steps`` steps and their high-water mark. The cases run one after another; the GPU's compile threads
-are the machine's, so two copies of this script side by side slow each other.
+are the machine's, so two copies of this script side by side slow each other. Each case says on stderr, as it goes, when
+it starts compiling and how long its first step took: a run cut short (a lease's call limit) still shows how far it got.
+It imports the trainer, so it needs the project's dependencies (hydra among them), checked before any case starts.
 """
 
 from __future__ import annotations
@@ -82,9 +84,12 @@ def one_case(args) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    say = f"layers {args.layers[0]}, chunks {args.chunks[0]}:"
+    print(f"{say} built; compiling the first step", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     step()
     cold = time.perf_counter() - t0
+    print(f"{say} first step (the cold compile) {cold:.1f} s; {args.warm_steps} warm steps", file=sys.stderr, flush=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()  # the warm steps' high-water mark, not the compile's
     times = []
@@ -123,6 +128,11 @@ def main() -> None:
                          f"({TARGET_SHAPES[args.shape][1]['vocab_size']})")
     if args.device == "cpu" and args.backend == "flex":
         raise ValueError("--device cpu --backend flex: flex attention has no CPU backward; use --backend sdpa on the CPU")
+    try:  # each case imports the trainer: without its dependencies every case would fail after its process started
+        import train.eagle3  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"{e}: this script imports the trainer (train.eagle3); install the project's dependencies "
+                         "(on a lease machine, the carried wheels on PYTHONPATH)") from None
     if args.one:
         print(json.dumps(one_case(args)))
         return
@@ -134,14 +144,24 @@ def main() -> None:
                 argv = [sys.executable, __file__, "--one", "--shape", args.shape, "--rows", args.rows, "--chunks", str(chunks),
                         "--layers", str(layers), "--ttt", str(args.ttt), "--draft-vocab", str(args.draft_vocab),
                         "--backend", args.backend, "--device", args.device, "--warm-steps", str(args.warm_steps)]
-                done = subprocess.run(argv, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+                # the child's stderr streamed as it comes (a run cut short still shows how far each case got), its
+                # stdout (one JSON line) to a file
+                with open(f"{cold}/result.json", "w") as result:
+                    child = subprocess.Popen(argv, env=env, stdout=result, stderr=subprocess.PIPE, text=True)
+                    lines = []
+                    for line in child.stderr:
+                        lines.append(line.rstrip())
+                        if line.startswith(f"layers {layers}, chunks {chunks}:"):
+                            print(f"{time.strftime('%H:%M:%S')} {line.rstrip()}", file=sys.stderr, flush=True)
+                    returncode = child.wait()
+                out = Path(f"{cold}/result.json").read_text().strip().splitlines()
+            if returncode != 0 or not out:
+                lines = lines or ["no output"]
                 reason = next((line for line in reversed(lines) if "Error" in line), lines[-1])
-                print(f"layers {layers}, chunks {chunks}: failed (exit {done.returncode}): {reason}", file=sys.stderr)
+                print(f"layers {layers}, chunks {chunks}: failed (exit {returncode}): {reason}", file=sys.stderr, flush=True)
                 failed += 1
                 continue
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rows.append(json.loads(out[-1]))
             print(json.dumps(rows[-1]), flush=True)
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     print(f"\n{args.shape}, {args.backend}, {device}; each case from empty Inductor/Triton caches\n")

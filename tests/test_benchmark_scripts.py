@@ -5,6 +5,7 @@ gave tracebacks; ``--questions -1`` ran 79 of MT-Bench's 80 questions."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "train" / "data" / "samples" / "sharegpt_sample.jsonl"
 
 
-def run_script(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+def run_script(*args: str, timeout: int = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("script, extra, row", [
@@ -259,6 +260,22 @@ def test_eagle3_step_compile_times_a_cold_compile_in_a_process_of_its_own(tmp_pa
     assert out.returncode == 0, out.stderr[-2000:]
     row = re.search(r"^\| 1 \| 2 \| 2x8 \| 2 \(8\) \| yes \| 1 \| ([\d.]+) \| ([\d.]+) \| - \|$", out.stdout, re.M)
     assert row and float(row.group(1)) * 1000 > float(row.group(2)), out.stdout
+    # how far the case got, as it went (a lease's call cut short showed nothing before): both stamps, the first step's
+    # seconds equal to the table's
+    assert re.search(r"^\d\d:\d\d:\d\d layers 1, chunks 2: built; compiling the first step$", out.stderr, re.M), out.stderr
+    assert f"layers 1, chunks 2: first step (the cold compile) {float(row.group(1)):.1f} s; 2 warm steps" in out.stderr, out.stderr
+
+
+def test_eagle3_step_compile_refuses_a_machine_without_the_trainers_dependencies(tmp_path) -> None:
+    """Without hydra (a lease machine's image, no wheels carried) every case failed only once its process had started and
+    a lease's call waited out its limit: now one line before any case."""
+    (tmp_path / "hydra").mkdir()
+    (tmp_path / "hydra" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'hydra'\", name='hydra')\n")
+    out = run_script("benchmarks/eagle3_step_compile.py", "--device", "cpu", "--backend", "sdpa",
+                     env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.strip() == ("error: No module named 'hydra': this script imports the trainer (train.eagle3); install the "
+                                  "project's dependencies (on a lease machine, the carried wheels on PYTHONPATH)"), out.stderr
 
 
 @pytest.mark.parametrize("args, message", [
