@@ -13,7 +13,9 @@ drafter has the recipe's settings (``experiment=eagle3_swa_small``: norm before 
 over a random-init config of ``--shape`` (benchmarks/shapes.py), draft vocabulary ``--draft-vocab``; features, tokens and
 soft labels random (bf16 on a GPU, as the trainer's). The block masks' first build is timed apart (on a GPU flex's
 tile tables are compiled graphs, one per TTT step); ``--backend sdpa`` on a GPU leaves flex out (its kernels are specialised
-per TTT step: each step's key length and its ``mask_mod``'s step), so flex's share of the cold compile is the difference.
+per TTT step: each step's key length and its ``mask_mod``'s step), so flex's share of the cold compile is the difference;
+``--uniform-keys`` gives every step the last step's key length and its step as a tensor (``step_masks(uniform_keys=True)``),
+which should leave one flex kernel pair for all steps.
 The warm step and the peak memory after the first step are the median of ``--warm-steps`` steps and their high-water
 mark. The cases run one after another; the GPU's compile threads are the machine's, so two copies of this script side by
 side slow each other. Each case says on stderr, as it goes, when it starts compiling and how long its first step took: a
@@ -79,7 +81,7 @@ def one_case(args) -> dict:
     # the block masks' first build: on a GPU flex's tile tables are compiled graphs (train.eagle3.tile_structure_fn), one
     # per TTT step, which a fresh lease compiles before its first step too
     t0 = time.perf_counter()
-    masks = step_masks(valid, model.layer_types, model.sliding_window, args.ttt, args.backend)
+    masks = step_masks(valid, model.layer_types, model.sliding_window, args.ttt, args.backend, uniform_keys=args.uniform_keys)
     if device.type == "cuda":
         torch.cuda.synchronize()
     masks_s = time.perf_counter() - t0
@@ -108,7 +110,7 @@ def one_case(args) -> dict:
         times.append(time.perf_counter() - t0)
     times.sort()
     return {"layers": args.layers[0], "ttt": args.ttt, "rows": f"{bsz}x{seq}", "chunks": args.chunks[0], "chunk_rows": chunk_rows,
-            "checkpointed": checkpointed,
+            "checkpointed": checkpointed, "keys": "uniform" if args.uniform_keys else "own",
             "trainer_chunks": -(-(bsz * seq) // soft_ce_chunk_rows(vd)), "masks_s": round(masks_s, 1), "cold_s": round(cold, 1),
             "warm_ms": round(1000 * times[len(times) // 2], 1),
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None}
@@ -125,6 +127,8 @@ def main() -> None:
     p.add_argument("--backend", default="flex", choices=["flex", "sdpa"])
     p.add_argument("--device", default="cuda")
     p.add_argument("--warm-steps", type=int, default=5)
+    p.add_argument("--uniform-keys", action="store_true",
+                   help="every TTT step's attention over the last step's key length (train.eagle3.step_masks(uniform_keys=True))")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one case, JSON on the last line
     args = p.parse_args()
     parse_rows(args.rows)
@@ -153,6 +157,7 @@ def main() -> None:
                 argv = [sys.executable, __file__, "--one", "--shape", args.shape, "--rows", args.rows, "--chunks", str(chunks),
                         "--layers", str(layers), "--ttt", str(args.ttt), "--draft-vocab", str(args.draft_vocab),
                         "--backend", args.backend, "--device", args.device, "--warm-steps", str(args.warm_steps)]
+                argv += ["--uniform-keys"] if args.uniform_keys else []
                 # the child's stderr streamed as it comes (a run cut short still shows how far each case got), its
                 # stdout (one JSON line) to a file
                 with open(f"{cold}/result.json", "w") as result:
@@ -174,12 +179,12 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     print(f"\n{args.shape}, {args.backend}, {device}; each case from empty Inductor/Triton caches\n")
-    print("| layers | TTT | rows | soft-CE chunks a TTT step (rows each) | checkpointed | the trainer's chunks | block masks s, cold "
-          "| first step s, cold | warm step ms | warm peak GiB |")
-    print("|---:|---:|---|---:|---|---:|---:|---:|---:|---:|")
+    print("| layers | TTT | rows | soft-CE chunks a TTT step (rows each) | checkpointed | the trainer's chunks | a step's keys "
+          "| block masks s, cold | first step s, cold | warm step ms | warm peak GiB |")
+    print("|---:|---:|---|---:|---|---:|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['layers']} | {r['ttt']} | {r['rows']} | {r['chunks']} ({r['chunk_rows']}) | {'yes' if r['checkpointed'] else 'no'} "
-              f"| {r['trainer_chunks']} | {r['masks_s']} | {r['cold_s']} | {r['warm_ms']} "
+              f"| {r['trainer_chunks']} | {r['keys']} | {r['masks_s']} | {r['cold_s']} | {r['warm_ms']} "
               f"| {r['peak_gib'] if r['peak_gib'] is not None else '-'} |")
     if failed:
         raise SystemExit(f"error: {failed} of {failed + len(rows)} cases failed (above)")

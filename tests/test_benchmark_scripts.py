@@ -6,6 +6,7 @@ gave tracebacks; ``--questions -1`` ran 79 of MT-Bench's 80 questions."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -258,12 +259,30 @@ def test_eagle3_step_compile_times_a_cold_compile_in_a_process_of_its_own(tmp_pa
     out = run_script("benchmarks/eagle3_step_compile.py", "--device", "cpu", "--backend", "sdpa", "--shape", "tiny-qwen3",
                      "--rows", "2x8", "--ttt", "2", "--chunks", "2", "--draft-vocab", "64", "--warm-steps", "2")
     assert out.returncode == 0, out.stderr[-2000:]
-    row = re.search(r"^\| 1 \| 2 \| 2x8 \| 2 \(8\) \| yes \| 1 \| [\d.]+ \| ([\d.]+) \| ([\d.]+) \| - \|$", out.stdout, re.M)
+    row = re.search(r"^\| 1 \| 2 \| 2x8 \| 2 \(8\) \| yes \| 1 \| own \| [\d.]+ \| ([\d.]+) \| ([\d.]+) \| - \|$", out.stdout, re.M)
     assert row and float(row.group(1)) * 1000 > float(row.group(2)), out.stdout
     # how far the case got, as it went (a lease's call cut short showed nothing before): both stamps, the first step's
     # seconds equal to the table's
     assert re.search(r"^\d\d:\d\d:\d\d layers 1, chunks 2: built; compiling the first step$", out.stderr, re.M), out.stderr
     assert f"layers 1, chunks 2: first step (the cold compile) {float(row.group(1)):.1f} s; 2 warm steps" in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_eagle3_step_compile_runs_a_uniform_key_length_case() -> None:
+    out = run_script("benchmarks/eagle3_step_compile.py", "--device", "cpu", "--backend", "sdpa", "--shape", "tiny-qwen3",
+                     "--rows", "2x8", "--ttt", "3", "--chunks", "1", "--draft-vocab", "64", "--warm-steps", "1", "--uniform-keys")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"^\| 1 \| 3 \| 2x8 \| 1 \(16\) \| no \| 1 \| uniform \| ", out.stdout, re.M), out.stdout
+
+
+@pytest.mark.slow
+def test_flex_ttt_kernels_compile_one_flex_kernel_for_every_step_with_uniform_keys() -> None:
+    """``benchmarks/flex_ttt_kernels_cpu.py``: with each step's own key length the unroll compiles one flex kernel per
+    step (3), with uniform key lengths their code is one (buffer numbers aside)."""
+    out = run_script("benchmarks/flex_ttt_kernels_cpu.py", "--steps", "3", "--seq", "16")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"^\| own \| \d+ \| 3 \| 3 \| [\d.]+ \|$", out.stdout, re.M), out.stdout
+    assert re.search(r"^\| uniform \| \d+ \| 3 \| 1 \| [\d.]+ \|$", out.stdout, re.M), out.stdout
 
 
 def test_eagle3_step_compile_refuses_a_machine_without_the_trainers_dependencies(tmp_path) -> None:

@@ -109,3 +109,35 @@ def test_the_compiled_tile_structure_on_cuda_equals_the_eager_one() -> None:
                 want = ttt_tile_structure(ctx_valid, step, window, 4)
                 got = compiled(ctx_valid.cuda(), step, window, 4)
                 assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]), (seq_len, step, window)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("tile", [4, 3])
+def test_uniform_length_masks_are_the_step_masks_with_invisible_later_keys(window: int | None, tile: int) -> None:
+    """``step_masks(uniform_keys=True)``: every step's mask spans the last step's keys. The dense mask is the step's own
+    with all-False columns after it; the flex BlockMask's tiles (T = 16 a multiple of tile 4, or not: tile 3 straddles a
+    step's end) are the step's own kept tiles, no later tile kept, a straddling tile partial, and its ``mask_mod`` with
+    the step as a tensor gives the dense mask element by element."""
+    ctx_valid = torch.tensor([[True] * 16, [True] * 10 + [False] * 6])
+    steps, seq_len = 4, 16
+    for step in range(steps):
+        dense = ttt_dense_mask(ctx_valid, step, window)
+        uniform = ttt_dense_mask(ctx_valid, step, window, kv_steps=steps)
+        assert uniform.shape[-1] == steps * seq_len
+        assert torch.equal(uniform[..., : (step + 1) * seq_len], dense) and not uniform[..., (step + 1) * seq_len:].any()
+
+        block_mask = ttt_flex_block_mask(ctx_valid, step, window, tile=tile, kv_steps=steps)
+        assert block_mask.seq_lengths == (seq_len, steps * seq_len)
+        b, q, kv = torch.arange(2)[:, None, None], torch.arange(seq_len)[None, :, None], torch.arange(steps * seq_len)[None, None, :]
+        assert torch.equal(block_mask.mask_mod(b, 0, q, kv), uniform[:, 0])
+        occupancy = block_mask.to_dense().bool()[:, 0]  # [B, Qt, Kt]: kept tiles, partial or full
+        q_tiles, kv_tiles = occupancy.shape[1:]
+        padded = torch.nn.functional.pad(uniform[:, 0].float(), (0, kv_tiles * tile - steps * seq_len, 0, q_tiles * tile - seq_len), value=-1)
+        tiles = padded.view(2, q_tiles, tile, kv_tiles, tile).transpose(2, 3).flatten(3)
+        assert torch.equal(occupancy, (tiles == 1).any(-1)), (step, window, tile)
+        full = torch.zeros_like(occupancy)
+        counts, order = block_mask.full_kv_num_blocks[:, 0], block_mask.full_kv_indices[:, 0]
+        for row in range(2):
+            for qt in range(q_tiles):
+                full[row, qt, order[row, qt, : counts[row, qt]].long()] = True
+        assert torch.equal(full, ((tiles == 1) | (tiles < 0)).all(-1) & (tiles == 1).any(-1)), (step, window, tile)

@@ -412,3 +412,48 @@ def test_start_up_errors(tmp_path: Path, override: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         train(compose_train(FAST + [override, f"output_dir={tmp_path}"]))
     assert not (tmp_path / "run.json").exists()
+
+
+@pytest.mark.parametrize("case", ["full", "sliding_w2_lt_chain"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_uniform_key_lengths_give_the_same_unroll_and_gradients(case: str, packed: bool) -> None:
+    """``step_masks(uniform_keys=True)``: every step attends over the last step's key length, its later keys zeros that
+    no mask shows (one flex kernel pair for all steps on a GPU). Dense masks: the same logits and parameter gradients
+    as the step's own key lengths (fp64), right padding and packed documents; flex on the CPU (forward only there): the
+    same logits as the dense masks."""
+    from torch.nn.attention.flex_attention import flex_attention  # noqa: F401  (the CPU's eager flex)
+
+    layer_types, window, options = CASES[case]
+    model = small_drafter(layer_types, window, **options).double()
+    steps, seq_len = 4, 12
+    generator = torch.Generator().manual_seed(5)
+    features = torch.randn(2, seq_len, 3 * 32, generator=generator, dtype=torch.float64)
+    ids = torch.randint(0, 40, (2, seq_len), generator=generator)
+    ctx_valid = torch.arange(seq_len)[None] < torch.tensor([seq_len, 9])[:, None]
+    doc_start = torch.tensor([[0] * 5 + [5] * 7, [0] * 12]) if packed else None
+    results = []
+    for uniform in (False, True):
+        model.zero_grad()
+        masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, "sdpa", doc_start, uniform_keys=uniform)
+        assert {m.shape[-1] for step in masks for m in step.values()} == ({steps * seq_len} if uniform else
+                                                                            {(j + 1) * seq_len for j in range(steps)})
+        outputs = unroll(model, features, ids, ctx_valid, steps, backend="sdpa", masks=masks, doc_start=doc_start)
+        logits = torch.stack([model.logits(h) for h in outputs]) * ctx_valid[None, :, :, None]
+        (logits.square().sum() + logits.sum()).backward()
+        results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (own, own_grads), (uniform, uniform_grads) = results
+    torch.testing.assert_close(uniform, own, rtol=1e-12, atol=1e-12)
+    assert own_grads.keys() == uniform_grads.keys()
+    for name in own_grads:
+        torch.testing.assert_close(uniform_grads[name], own_grads[name], rtol=1e-10, atol=1e-12, msg=name)
+
+    with torch.no_grad():
+        masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, "flex", doc_start, uniform_keys=True)
+        outputs = unroll(model, features, ids, ctx_valid, steps, backend="flex", masks=masks, doc_start=doc_start)
+        flex = torch.stack([model.logits(h) for h in outputs]) * ctx_valid[None, :, :, None]
+    torch.testing.assert_close(flex, own, rtol=1e-9, atol=1e-9)
+
+
+def test_uniform_key_lengths_are_refused_for_the_window_kernels() -> None:
+    with pytest.raises(ValueError, match="uniform key lengths are for the flex and sdpa attention backends, not cudnn"):
+        step_masks(torch.ones(1, 4, dtype=torch.bool), ["sliding_attention"], 4, 2, "cudnn", uniform_keys=True)

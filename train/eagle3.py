@@ -227,15 +227,33 @@ WINDOW_BACKENDS = ("fa4", "cudnn")
 
 
 def step_masks(ctx_valid: torch.Tensor, layer_types: list[str], sliding_window: int | None, steps: int, backend: str,
-               doc_start: torch.Tensor | None = None) -> list[dict]:
-    """Per step j, layer type -> mask over the keys of steps 0..j (the TTT masks below)."""
+               doc_start: torch.Tensor | None = None, uniform_keys: bool = False) -> list[dict]:
+    """Per step j, layer type -> mask over the keys of steps 0..j (the TTT masks below).
+
+    ``uniform_keys``: every step's mask spans the last step's ``steps * T`` keys (the keys of later steps never visible),
+    and ``unroll`` pads each step's keys with zeros to the mask's length. Same outputs; what it buys is one flex kernel
+    pair for every step where the compiled step held one per step (flex's template bakes the key length, and each mask's
+    step is then a tensor, not a constant): a cold compile's share, measured by benchmarks/eagle3_step_compile.py
+    ``--uniform-keys``. Off by default; flex and sdpa only."""
     if doc_start is not None and backend not in ("flex", "sdpa"):
         raise ValueError(f"packed documents (data.pack_documents) train on the flex or sdpa attention backend, not {backend}")
+    if uniform_keys and backend not in ("flex", "sdpa"):
+        raise ValueError(f"uniform key lengths are for the flex and sdpa attention backends, not {backend}")
+    kv_steps = steps if uniform_keys else None
     if backend == "flex":
-        return [{t: ttt_flex_block_mask(ctx_valid, j, sliding_window if t == "sliding_attention" else None, doc_start=doc_start)
+        return [{t: ttt_flex_block_mask(ctx_valid, j, sliding_window if t == "sliding_attention" else None, doc_start=doc_start,
+                                        kv_steps=kv_steps)
                  for t in set(layer_types)} for j in range(steps)]
-    return [{t: ttt_dense_mask(ctx_valid, j, sliding_window if t == "sliding_attention" else None, doc_start) for t in set(layer_types)}
-            for j in range(steps)]
+    return [{t: ttt_dense_mask(ctx_valid, j, sliding_window if t == "sliding_attention" else None, doc_start, kv_steps)
+             for t in set(layer_types)} for j in range(steps)]
+
+
+def mask_key_length(mask) -> int | None:
+    """The key length a TTT mask spans: a dense mask's last dimension, a flex ``BlockMask``'s ``seq_lengths[1]``."""
+    if isinstance(mask, torch.Tensor):
+        return mask.shape[-1]
+    lengths = getattr(mask, "seq_lengths", None)
+    return None if lengths is None else lengths[1]
 
 
 def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Tensor, ctx_valid: torch.Tensor, steps: int,
@@ -286,7 +304,12 @@ def unroll(model: Eagle3DraftModel, features: torch.Tensor, input_ids: torch.Ten
                 diag_k, diag_v = (torch.stack(step_keys[1:]), torch.stack(step_values[1:])) if j else (None, None)
                 return window_attention(q, step_keys[0], step_values[0], None if window is None else window - j, scale, diag_k, diag_v,
                                         ops=kernels)
-            return attention(q, torch.cat(step_keys, dim=2), torch.cat(step_values, dim=2), masks[j][layer_types[i]], scale=scale,
+            mask = masks[j][layer_types[i]]
+            pad = (mask_key_length(mask) or 0) - (j + 1) * seq_len  # step_masks(uniform_keys=True): zero keys, never visible
+            if pad > 0:
+                step_keys = [*step_keys, k.new_zeros(*k.shape[:2], pad, k.shape[3])]
+                step_values = [*step_values, v.new_zeros(*v.shape[:2], pad, v.shape[3])]
+            return attention(q, torch.cat(step_keys, dim=2), torch.cat(step_values, dim=2), mask, scale=scale,
                              kernel_options=flex_options)
 
         ids = shift_left(input_ids, j + 1, 0)  # x_{t+j+1}
@@ -451,13 +474,13 @@ def ttt_loss(model: Eagle3DraftModel, outputs: list[torch.Tensor], target_logits
 
 # ----------------------------------------------------------------------------- TTT masks
 
-def ttt_visible(b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor, step: int, ctx_valid: torch.Tensor,
+def ttt_visible(b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor, step: int | torch.Tensor, ctx_valid: torch.Tensor,
                 window: int | None, doc_start: torch.Tensor | None = None) -> torch.Tensor:
     """True where query ``q_idx`` of step ``step`` may attend to key ``kv_idx`` (broadcasting).
 
     Args:
         b, q_idx, kv_idx: integer tensors, broadcastable to each other.
-        step: j, the drafting step the queries belong to.
+        step: j, the drafting step the queries belong to (a 0-dim tensor in a uniform-length flex mask's ``mask_mod``).
         ctx_valid: [Bsz, T] bool, True on real tokens.
         window: W keys visible counting the query itself, or None (full attention).
         doc_start: [Bsz, T] packed documents (``data.pack_documents``): the index each index's document starts at; a
@@ -478,13 +501,15 @@ def ttt_visible(b: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor, step
     return visible
 
 
-def ttt_dense_mask(ctx_valid: torch.Tensor, step: int, window: int | None, doc_start: torch.Tensor | None = None) -> torch.Tensor:
-    """Boolean SDPA mask [Bsz, 1, T, (step + 1) * T] (True = attend) from ``ttt_visible``."""
+def ttt_dense_mask(ctx_valid: torch.Tensor, step: int, window: int | None, doc_start: torch.Tensor | None = None,
+                   kv_steps: int | None = None) -> torch.Tensor:
+    """Boolean SDPA mask [Bsz, 1, T, (step + 1) * T] (True = attend) from ``ttt_visible``; with ``kv_steps`` over
+    ``kv_steps * T`` keys (``step_masks(uniform_keys=True)``: the later steps' keys never visible)."""
     bsz, seq_len = ctx_valid.shape
     device = ctx_valid.device
     b = torch.arange(bsz, device=device)[:, None, None]
     q = torch.arange(seq_len, device=device)[None, :, None]
-    kv = torch.arange((step + 1) * seq_len, device=device)[None, None, :]
+    kv = torch.arange((kv_steps or step + 1) * seq_len, device=device)[None, None, :]
     return ttt_visible(b, q, kv, step, ctx_valid, window, doc_start)[:, None]
 
 
@@ -548,16 +573,28 @@ def ttt_tile_structure(ctx_valid: torch.Tensor, step: int, window: int | None, t
     return kept, full & kept
 
 
-def ttt_flex_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int = 128, doc_start: torch.Tensor | None = None):
+def ttt_flex_block_mask(ctx_valid: torch.Tensor, step: int, window: int | None, tile: int = 128, doc_start: torch.Tensor | None = None,
+                        kv_steps: int | None = None):
     """flex_attention ``BlockMask`` for the same rule (GPU); tiles with no visible pair are skipped
-    (``ttt_tile_structure``: never the dense [T, (j+1)T] mask, 7.5 GB at 32K, step 6)."""
+    (``ttt_tile_structure``: never the dense [T, (j+1)T] mask, 7.5 GB at 32K, step 6). With ``kv_steps``
+    (``step_masks(uniform_keys=True)``) the mask spans ``kv_steps * T`` keys, the later steps' tiles empty, and its
+    ``mask_mod`` reads the step from a tensor: every step's mask then has the same shapes and code."""
     seq_len = ctx_valid.shape[1]
+    rule_step = step if kv_steps is None else torch.tensor(step, device=ctx_valid.device)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return ttt_visible(b, q_idx, kv_idx, step, ctx_valid, window, doc_start)
+        return ttt_visible(b, q_idx, kv_idx, rule_step, ctx_valid, window, doc_start)
 
     kept, full = tile_structure_fn(ctx_valid.device.type)(ctx_valid, step, window, tile, doc_start)
-    return block_mask_from_tiles(kept, full, mask_mod, seq_len, (step + 1) * seq_len, tile, tile)
+    kv_len = (step + 1) * seq_len
+    if kv_steps is not None and kv_steps * seq_len > kv_len:
+        if kv_len % tile:  # the last tile now also holds later keys (never visible): partial, not full
+            full = full.clone()
+            full[..., -1] = False
+        extra = -(-kv_steps * seq_len // tile) - kept.shape[-1]
+        kept, full = F.pad(kept, (0, extra)), F.pad(full, (0, extra))
+        kv_len = kv_steps * seq_len
+    return block_mask_from_tiles(kept, full, mask_mod, seq_len, kv_len, tile, tile)
 
 
 @functools.cache
