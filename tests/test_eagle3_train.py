@@ -116,6 +116,14 @@ def test_unroll_equals_decoding_index_by_index(case: str) -> None:
             torch.testing.assert_close(got, torch.stack(reference[j][:length]), rtol=1e-4, atol=1e-5, msg=f"{case} step {j}")
 
 
+def real_logits_and_grads(model: Eagle3DraftModel, outputs: list[torch.Tensor], ctx_valid: torch.Tensor):
+    """The unroll's logits on real rows [S, B, T, V] (padding rows zeroed) and every parameter's gradient of a loss over
+    them (call ``model.zero_grad()`` first): what two attention paths must agree on."""
+    real = torch.stack([model.logits(h) for h in outputs]) * ctx_valid[None, :, :, None]
+    (real.square().sum() + real.sum()).backward()
+    return real.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
 @pytest.mark.parametrize("case", ["full", "sliding_w4", "eagle31_fc_norm_norm_output"])
 def test_window_kernel_backend_equals_dense_masks_with_gradients(case: str) -> None:
     """backend="cudnn" (swa_kernels/window_attention.py; its PyTorch pieces on the CPU) against the dense
@@ -131,11 +139,7 @@ def test_window_kernel_backend_equals_dense_masks_with_gradients(case: str) -> N
     results = []
     for backend in ("sdpa", "cudnn"):
         model.zero_grad()
-        outputs = unroll(model, features, ids, ctx_valid, steps, backend=backend)
-        logits = torch.stack([model.logits(h) for h in outputs])  # [S, B, T, V]
-        real = logits * ctx_valid[None, :, :, None]
-        (real.square().sum() + real.sum()).backward()
-        results.append((real.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        results.append(real_logits_and_grads(model, unroll(model, features, ids, ctx_valid, steps, backend=backend), ctx_valid))
     (dense, dense_grads), (kernel, kernel_grads) = results
     torch.testing.assert_close(kernel, dense, rtol=1e-9, atol=1e-9)
     assert dense_grads.keys() == kernel_grads.keys()
@@ -438,9 +442,7 @@ def test_uniform_key_lengths_give_the_same_unroll_and_gradients(case: str, packe
         assert {m.shape[-1] for step in masks for m in step.values()} == ({steps * seq_len} if uniform else
                                                                             {(j + 1) * seq_len for j in range(steps)})
         outputs = unroll(model, features, ids, ctx_valid, steps, backend="sdpa", masks=masks, doc_start=doc_start)
-        logits = torch.stack([model.logits(h) for h in outputs]) * ctx_valid[None, :, :, None]
-        (logits.square().sum() + logits.sum()).backward()
-        results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        results.append(real_logits_and_grads(model, outputs, ctx_valid))
     (own, own_grads), (uniform, uniform_grads) = results
     torch.testing.assert_close(uniform, own, rtol=1e-12, atol=1e-12)
     assert own_grads.keys() == uniform_grads.keys()
