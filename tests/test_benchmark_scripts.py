@@ -228,8 +228,6 @@ def test_prompts_that_fit_keeps_each_questions_id_and_answers_bad_input_in_one_l
 def test_packing_fill_counts_the_rows_each_packing_makes(tmp_path) -> None:
     """``benchmarks/packing_fill.py`` on the builtin sample: its three rows are what ``pack_conversations`` makes of the
     same training split (one row each, next fit, best fit), and the fills follow from the tokens."""
-    import re
-
     from benchmarks.train_throughput import compose
     from models.builtin_targets import resolve_target_path
     from models.target import TargetModel
@@ -254,8 +252,6 @@ def test_packing_fill_counts_the_rows_each_packing_makes(tmp_path) -> None:
 def test_eagle3_step_compile_times_a_cold_compile_in_a_process_of_its_own(tmp_path) -> None:
     """``benchmarks/eagle3_step_compile.py`` on the CPU: one case, its chunk rows and the trainer's rule in the row, a cold
     first step (compiling) longer than the warm one."""
-    import re
-
     out = run_script("benchmarks/eagle3_step_compile.py", "--device", "cpu", "--backend", "sdpa", "--shape", "tiny-qwen3",
                      "--rows", "2x8", "--ttt", "2", "--chunks", "2", "--draft-vocab", "64", "--warm-steps", "2")
     assert out.returncode == 0, out.stderr[-2000:]
