@@ -18,20 +18,23 @@ pack_regen() {  # the regenerated file (not a .partial one) xz-compressed in pie
 C="experiment=eagle3_swa_small logger=none target.path=builtin:smollm2-135m-instruct
    drafter.draft_vocab_size=16384 drafter.num_hidden_layers=2 drafter.layer_types=[sliding_attention,sliding_attention]
    data.pack_documents=true data.pack_length=2048 data.num_eval=0
-   trainer.attention_backend=flex trainer.eval_every=0 trainer.loop_eval_prompts=0 trainer.progress=false"
+   trainer.attention_backend=flex trainer.eval_every=0 trainer.loop_eval_prompts=0 trainer.progress=false ${EXTRA:-}"
 REAL="data.path=/tmp/pf/sharegpt_prompts.jsonl data.max_records=${RECORDS:-15000}"
 # REGEN_FILE: a regenerated file an earlier lease returned (carry_regen.sh puts it in place): trained on as it is, the
 # "regeneration" process below then only tokenizes and packs it beside the probe
 [ -n "${REGEN_FILE:-}" ] && REAL="data.path=$REGEN_FILE data.regenerate.enabled=false data.max_records=null"
 stamp "start (train end at $TRAIN_END)"
 ( python3 -m train $C $REAL data.prepare_only=true output_dir=$W/regen > $W/regen.log 2>&1; stamp "regen end rc=$?" ) &
+# the regenerated file packed for the way back as soon as it is written (prepare_only goes on to tokenize and pack it),
+# so that a progress call can return it while the training runs; stops waiting when the regeneration ends without one
+regen_file() { ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial; }
+( until regen_file; do grep -q "regen end" $W/times.txt && break; sleep 3; done; regen_file && [ -z "${REGEN_FILE:-}" ] && pack_regen ) &
+PACKER=$!
 [ -z "${REGEN_ONLY:-}" ] && ( python3 -m train $C data.path=builtin:sharegpt-sample data.max_records=null data.regenerate.enabled=false trainer.max_steps=40 \
     trainer.export=false trainer.checkpoint_every=0 trainer.compile_cache=$W/cc.bin output_dir=$W/probe > $W/probe.log 2>&1
   stamp "probe end rc=$?" ) &
 if [ -n "${REGEN_ONLY:-}" ]; then  # a short lease: the regenerated file returned for a later one, once written
-  while ! ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial; do grep -q "regen end" $W/times.txt && break; sleep 3; done
-  ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial && pack_regen
-  stamp "all done"; exit 0
+  wait $PACKER; stamp "all done"; exit 0
 fi
 wait
 STEP_S=$(python3 - <<'PY'
@@ -42,7 +45,7 @@ print(f"{(b['train/tokens'] - a['train/tokens']) / b['train/tokens_per_s'] / (b[
 PY
 )
 STEP_S=${STEP_S:-0.35}  # the probe failed: a guess, logged
-STEPS=$(python3 -c "print(max(300, min(${MAX_STEPS:-1100}, int(($TRAIN_END - $(date +%s) - 100) / ($STEP_S * 1.08)))))")
+STEPS=$(python3 -c "print(max(${MIN_STEPS:-300}, min(${MAX_STEPS:-1100}, int(($TRAIN_END - $(date +%s) - 100) / ($STEP_S * 1.08)))))")
 stamp "probe step ${STEP_S}s -> $STEPS steps"
 python3 -m train $C $REAL trainer.max_steps=$STEPS trainer.checkpoint_every=500 trainer.compile_cache=$W/cc.bin \
   output_dir=$W/run > $W/train.log 2>&1
@@ -50,9 +53,8 @@ stamp "train end rc=$?"
 for set in mtbench prompts; do
   extra=""; [ $set = prompts ] && extra="--prompts /tmp/pf/sharegpt_heldout_prompts.jsonl"
   ( python3 -m eval $set $extra --target builtin:smollm2-135m-instruct --drafter $W/run --max-new-tokens 256 --batch-size 16 --no-baseline \
-      --tree-topk 16 --tree-tokens 384 --draft-steps 16 --out $W/eval_${set}_k16n384d16 > $W/eval_${set}_k16n384d16.log 2>&1
+      --tree-topk 16 --tree-tokens 384 --draft-steps 16 ${EVAL_EXTRA:-} --out $W/eval_${set}_k16n384d16 > $W/eval_${set}_k16n384d16.log 2>&1
     stamp "eval $set rc=$?" ) &
 done
-pack_regen &
 wait
 stamp "all done"
