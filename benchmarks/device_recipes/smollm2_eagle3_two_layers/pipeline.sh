@@ -1,11 +1,13 @@
 #!/bin/bash
 # on the device, in its own process session (2026-12-06, tenth session): SmolLM2's EAGLE-3 with TWO decoder layers on
 # best-fit packed rows, as many optimizer steps as the lease leaves, the cosine schedule run to its end.
-#  1. side by side: R regenerates 15,000 ShareGPT conversations with SmolLM2 (data.prepare_only=true);
+#  1. side by side: R regenerates RECORDS (15,000) ShareGPT conversations with SmolLM2 (data.prepare_only=true), the file
+#     packed for the way back (xz, pieces) as soon as it is written;
 #     P compiles the training step on the builtin ShareGPT sample (same row shapes: 16 x 2048 packed) and times 40 steps,
 #     saving trainer.compile_cache, so the real run starts warm
 #  2. STEPS = (TRAIN_END - now - 100 s) / P's step time (x 1.08 margin); the real run loads the compile cache
-#  3. the 384-node trees on MT-Bench and the held-out prompts, side by side; the regenerated file returned (xz, pieces)
+#  3. the 384-node trees on MT-Bench and the held-out prompts, side by side
+# EXTRA (train overrides), EVAL_EXTRA and MIN_STEPS: for a CPU rehearsal (the README's command)
 set -u
 W=/tmp/sm; cd /tmp/repo_snapshot
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SWA_DRAFTERS_CACHE=/tmp/swacache
