@@ -459,3 +459,31 @@ def test_uniform_key_lengths_give_the_same_unroll_and_gradients(case: str, packe
 def test_uniform_key_lengths_are_refused_for_the_window_kernels() -> None:
     with pytest.raises(ValueError, match="uniform key lengths are for the flex and sdpa attention backends, not cudnn"):
         step_masks(torch.ones(1, 4, dtype=torch.bool), ["sliding_attention"], 4, 2, "cudnn", uniform_keys=True)
+
+
+def test_trainer_uniform_keys_switch_reaches_the_masks_and_trains_the_same(tmp_path: Path, monkeypatch) -> None:
+    """``trainer.ttt_uniform_keys``: the trainer's step builds its masks with ``uniform_keys`` (a spy on ``step_masks``)
+    and two optimizer steps give the weights the steps' own key lengths give (fp32, sdpa on the CPU)."""
+    seen = []
+    real_step_masks = eagle3_train.step_masks
+    monkeypatch.setattr(eagle3_train, "step_masks", lambda *a, **k: seen.append(k.get("uniform_keys", False)) or real_step_masks(*a, **k))
+    common = FAST + ["trainer.max_steps=2", "trainer.batch_size=2", "trainer.eval_every=0", "data.num_eval=0", "trainer.export_formats=[]"]
+    for uniform in (False, True):
+        seen.clear()
+        train(compose_train(common + [f"trainer.ttt_uniform_keys={str(uniform).lower()}", f"output_dir={tmp_path / str(uniform)}"]))
+        assert seen and set(seen) == {uniform}, seen
+    own = load_file(tmp_path / "False" / "export" / "model.safetensors")
+    uniform = load_file(tmp_path / "True" / "export" / "model.safetensors")
+    assert own.keys() == uniform.keys()
+    for name in own:
+        torch.testing.assert_close(uniform[name], own[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["trainer.ttt_uniform_keys=true", "trainer.attention_backend=fa4"],
+    ["experiment=dflash_swa_tiny", "trainer.ttt_uniform_keys=true"],
+])
+def test_trainer_uniform_keys_refused_where_it_has_no_meaning(tmp_path: Path, overrides: list[str]) -> None:
+    with pytest.raises(ValueError, match="trainer.ttt_uniform_keys=true serves EAGLE-3's TTT masks on flex or sdpa"):
+        train(compose_train(FAST + overrides + [f"output_dir={tmp_path}"]))
+    assert not (tmp_path / "run.json").exists()

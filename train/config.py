@@ -360,6 +360,12 @@ class TrainerConfig:
     # EAGLE-3: "step" compiles the TTT unroll and its soft-CE loss as one function (eager without
     # activation_checkpointing's checkpointed TTT steps, which Dynamo cannot trace); "regions" leaves it eager
     compile_scope: str = "step"
+    # EAGLE-3 on flex or sdpa: every TTT step attends over the last step's key length (``train.eagle3.step_masks
+    # (uniform_keys=True)``: the keys past a step's own are zeros that no mask shows; the same losses and gradients, tests).
+    # Flex's Triton template bakes the key length, so the compiled step then holds one flex kernel pair for all TTT steps
+    # instead of one per step: a cold compile's share, not yet measured on a GPU (benchmarks/eagle3_step_compile.py
+    # --uniform-keys). Costs ~1.8x the keys and values the backward keeps (TTT 10)
+    ttt_uniform_keys: bool = False
     # GPU, compile_drafter: Inductor's coordinate-descent tuning of its Triton kernels' block sizes (gpt-fast's setting).
     # DFlash's small-target step 1.7-2.6% faster on an H200; with it, the key-interval tables compiled and the CE's
     # one-pass kernel, 5.31-5.82x 54207b2's tokens/s in five same-wave pairs (BENCHMARKS.md, "DFlash's trainer: the
@@ -531,6 +537,9 @@ class TrainConfig:
         if backend == "cudnn" and kind != "eagle3":
             raise ValueError(f"trainer.attention_backend={backend} serves EAGLE-3's window + diagonal masks only; "
                              f"drafter.kind={kind} trains with fa4, flex-flash, flex (GPU) or sdpa")
+        if self.trainer.ttt_uniform_keys and (kind != "eagle3" or backend in ("fa4", "cudnn")):
+            raise ValueError(f"trainer.ttt_uniform_keys=true serves EAGLE-3's TTT masks on flex or sdpa; got drafter.kind={kind}, "
+                             f"trainer.attention_backend={backend}")
         if backend == "flex-flash" and kind != "dflash":
             raise ValueError("trainer.attention_backend=flex-flash serves DFlash's block masks (for EAGLE-3's TTT masks it "
                              "measured slower than Triton flex); use fa4, cudnn or flex")

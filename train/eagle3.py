@@ -119,6 +119,10 @@ class Eagle3Step:
         self.steps = self.cfg.drafter.ttt_length
         self.chunk_rows = soft_ce_chunk_rows(drafter.config.draft_vocab_size)
         window = self.cfg.drafter.sliding_window
+        self.uniform_keys = self.cfg.trainer.ttt_uniform_keys
+        if self.uniform_keys and ctx.backend not in ("flex", "sdpa"):  # "auto" resolved to a window kernel
+            raise ValueError(f"trainer.ttt_uniform_keys=true needs the flex or sdpa attention backend; "
+                             f"trainer.attention_backend resolved to {ctx.backend} (set flex on a GPU)")
         if ctx.backend in WINDOW_BACKENDS and window is not None and window < self.steps:
             raise ValueError(f"trainer.attention_backend={ctx.backend} needs drafter.sliding_window >= drafter.ttt_length "
                              f"({window} < {self.steps}); use flex")
@@ -181,7 +185,7 @@ class Eagle3Step:
             doc_start = doc_start.to(self.ctx.device)
         # flex's block masks are built here, outside the compiled function (their tile structure has its own)
         masks = None if backend in WINDOW_BACKENDS else step_masks(ctx_valid, self.drafter.layer_types, self.drafter.sliding_window,
-                                                                   self.steps, backend, doc_start)
+                                                                   self.steps, backend, doc_start, uniform_keys=self.uniform_keys)
         fn = self.unroll_and_loss if torch.is_grad_enabled() and not per_start else unroll_and_loss
         # byte-sized soft-CE chunks only where the step is compiled (each chunk a region it traces); eager steps and
         # evaluation keep 4,096-row chunks, whose unfused temporaries (~16 bytes a logit) stay a fraction of a 2 GiB chunk's
