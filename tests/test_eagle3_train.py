@@ -436,18 +436,21 @@ def test_uniform_key_lengths_give_the_same_unroll_and_gradients(case: str, packe
     ctx_valid = torch.arange(seq_len)[None] < torch.tensor([seq_len, 9])[:, None]
     doc_start = torch.tensor([[0] * 5 + [5] * 7, [0] * 12]) if packed else None
     results = []
-    for uniform in (False, True):
+    # the last: uniform keys inside checkpointed TTT steps (trainer.activation_checkpointing), the padding recomputed
+    for uniform, checkpoint_steps in ((False, False), (True, False), (True, True)):
         model.zero_grad()
         masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, "sdpa", doc_start, uniform_keys=uniform)
         assert {m.shape[-1] for step in masks for m in step.values()} == ({steps * seq_len} if uniform else
                                                                             {(j + 1) * seq_len for j in range(steps)})
-        outputs = unroll(model, features, ids, ctx_valid, steps, backend="sdpa", masks=masks, doc_start=doc_start)
+        outputs = unroll(model, features, ids, ctx_valid, steps, backend="sdpa", masks=masks, doc_start=doc_start,
+                         checkpoint_steps=checkpoint_steps)
         results.append(real_logits_and_grads(model, outputs, ctx_valid))
-    (own, own_grads), (uniform, uniform_grads) = results
-    torch.testing.assert_close(uniform, own, rtol=1e-12, atol=1e-12)
-    assert own_grads.keys() == uniform_grads.keys()
-    for name in own_grads:
-        torch.testing.assert_close(uniform_grads[name], own_grads[name], rtol=1e-10, atol=1e-12, msg=name)
+    (own, own_grads), *uniform_results = results
+    for uniform, uniform_grads in uniform_results:
+        torch.testing.assert_close(uniform, own, rtol=1e-12, atol=1e-12)
+        assert own_grads.keys() == uniform_grads.keys()
+        for name in own_grads:
+            torch.testing.assert_close(uniform_grads[name], own_grads[name], rtol=1e-10, atol=1e-12, msg=name)
 
     with torch.no_grad():
         masks = step_masks(ctx_valid, model.layer_types, model.sliding_window, steps, "flex", doc_start, uniform_keys=True)
