@@ -14,13 +14,21 @@ import numpy as np
 RESAMPLES = 10000
 
 
-def per_question(records: list[dict]) -> dict[str, tuple[int, int]]:
-    """question id -> (Σ (accepted + 1), verify steps) over its turns' records (``run_conversations``' output)."""
+def per_question(records: list[dict], drafting_steps_only: bool = False) -> dict[str, tuple[int, int]]:
+    """question id -> (Σ (accepted + 1), verify steps) over its turns' records (``run_conversations``' output).
+
+    ``drafting_steps_only``: leave out the steps that proposed no draft (prompt lookup without an n-gram match: one
+    token, counted as a step accepting 0), as vLLM's spec-decode counters do; each such step adds exactly 1 to the sum
+    and 1 to the steps, so it is taken off both (``stats["steps_without_drafts"]``)."""
     out: dict[str, tuple[int, int]] = {}
     for r in records:
         accepted = r["stats"]["accepted_per_step"]
+        if drafting_steps_only and r["stats"].get("steps_without_drafts") is None:
+            raise ValueError(f"question {r['id']} turn {r.get('turn')}: no steps_without_drafts count in its record "
+                             "(saved before the loop counted it); its τ over drafting steps is not known")
+        empty = r["stats"]["steps_without_drafts"] if drafting_steps_only else 0
         s, n = out.get(str(r["id"]), (0, 0))
-        out[str(r["id"])] = (s + sum(a + 1 for a in accepted), n + len(accepted))
+        out[str(r["id"])] = (s + sum(a + 1 for a in accepted) - empty, n + len(accepted) - empty)
     return out
 
 

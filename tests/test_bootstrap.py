@@ -123,3 +123,51 @@ def test_prompt_lookups_rows_are_read_on_the_cells_questions_and_bad_cells_are_n
         broken.write_text(text)
         with pytest.raises(ValueError, match=rf"^{broken}: not a readable sweep cell"):
             ci.read_cells(folder)
+
+
+SMOLLM2_EVALS = ROOT / "benchmarks" / "results" / "smollm2_eagle3_6turn_3000_h100_14th" / "evals"
+ratios = importlib.util.spec_from_file_location("tau_ratio_intervals", ROOT / "benchmarks" / "tau_ratio_intervals.py")
+tau_ratio_intervals = importlib.util.module_from_spec(ratios)
+ratios.loader.exec_module(tau_ratio_intervals)
+
+
+@pytest.mark.parametrize("folder", ["eval_mtbench_k16n384d16", "eval_prompts_k16n384d16"])
+def test_drafting_steps_only_is_the_eval_summary_vllm_count(folder: str) -> None:
+    """Prompt lookup's τ over its steps with drafts, per question then pooled, is the τ the eval's own summary counted
+    (``tau_drafting_steps``, from the whole cell's steps); over every step it is the summary's ``tau``."""
+    from eval.runner import read_partial
+
+    d = SMOLLM2_EVALS / folder
+    summary = json.loads((d / "results.json").read_text())["summary"]
+    pld = list(read_partial(d / "partial" / "pld_prefill-0.jsonl.gz").values())
+    mine = list(read_partial(d / "partial" / "window-trained_prefill-0.jsonl.gz").values())
+    assert pooled_tau(per_question(mine)) == pytest.approx(summary["tau"], abs=1e-9)
+    assert pooled_tau(per_question(pld)) == pytest.approx(summary["prompt_lookup"]["tau"], abs=1e-9)
+    assert summary["prompt_lookup"]["steps_without_drafts"] > 0  # the two counts differ here
+    assert pooled_tau(per_question(pld, drafting_steps_only=True)) == pytest.approx(
+        summary["prompt_lookup"]["tau_drafting_steps"], abs=1e-9)
+
+
+def test_drafting_steps_only_by_hand_and_a_record_without_the_count_is_refused() -> None:
+    # two turns of one question: steps accepting 2, 0 (no draft), 0 (a rejected draft); then 1, 0 (no draft)
+    records = [{"id": 7, "turn": 1, "stats": {"accepted_per_step": [2, 0, 0], "steps_without_drafts": 1}},
+               {"id": 7, "turn": 2, "stats": {"accepted_per_step": [1, 0], "steps_without_drafts": 1}}]
+    assert per_question(records) == {"7": (3 + 1 + 1 + 2 + 1, 5)}
+    assert per_question(records, drafting_steps_only=True) == {"7": (3 + 1 + 2, 3)}
+    del records[1]["stats"]["steps_without_drafts"]
+    assert per_question(records) == {"7": (8, 5)}  # not needed for every step
+    with pytest.raises(ValueError, match="question 7 turn 2: no steps_without_drafts"):
+        per_question(records, drafting_steps_only=True)
+
+
+def test_tau_ratio_intervals_prints_both_readings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    tau_ratio_intervals.main([str(SMOLLM2_EVALS / "eval_mtbench_k16n384d16"), "--resamples", "500"])
+    row = capsys.readouterr().out.splitlines()[2].split(" | ")
+    assert row[1:5] == ["trained", "0", "80", "5.799"]
+    assert row[5] == "2.240" and row[6].startswith("2.589×") and row[7] == "2.891" and row[8].startswith("2.006×")
+    (tmp_path / "partial").mkdir()
+    with pytest.raises(ValueError, match="no partial/window-"):
+        tau_ratio_intervals.main([str(tmp_path)])
+    (tmp_path / "partial" / "window-2048_prefill-0.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no partial/pld_prefill-0.jsonl beside it"):
+        tau_ratio_intervals.main([str(tmp_path)])

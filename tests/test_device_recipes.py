@@ -92,3 +92,47 @@ def test_progress_before_the_end_returns_the_regenerated_file_and_no_drafter(tmp
     assert "regen.sha256" in names and not any(n.startswith("drafter") for n in names)
     names = {p.name for p in _progress_call(w, tmp_path / "out2", python3_shim)}
     assert names == {"logs.tgz"}  # not done: nothing more until "all done"
+
+
+def test_rebuilt_drafter_is_the_exported_one_in_bf16_with_the_target_embedding(tmp_path: Path, python3_shim: Path,
+                                                                               tiny_llama3_path: str) -> None:
+    """What a lease returns (progress.sh: no embedding, bf16, pieces) rebuilt by rebuild_drafter.py loads through the
+    loop's own loader with every weight the export's in bf16 and the target's embedding back."""
+    import importlib.util
+    import json
+
+    from infer.loading import load_drafter_model, read_drafter_config
+    from models.eagle3 import Eagle3DraftModel, build_draft_vocab, make_eagle3_config
+    from models.target import TargetModel
+
+    target = TargetModel.from_pretrained(tiny_llama3_path, dtype="float32")
+    config = make_eagle3_config(target.model.config, num_hidden_layers=2, target_layer_ids=[0, 1, 2],
+                                layer_types=["sliding_attention", "sliding_attention"], sliding_window=64,
+                                draft_vocab_size=128, ttt_length=3)
+    torch.manual_seed(0)
+    drafter = Eagle3DraftModel(config)
+    drafter.embed_tokens.weight.data.copy_(target.model.get_input_embeddings().weight)
+    drafter.set_draft_vocab(*build_draft_vocab({i: 1000 - i for i in range(300)}, config.vocab_size, 128))
+    w = _lease_folder(tmp_path, all_done=True)
+    export = w / "run" / "export"
+    drafter.save_pretrained(export)  # the trainer's layout: config.json, model.safetensors
+    _progress_call(w, tmp_path / "out1", python3_shim)  # the regenerated file first
+    returned = tmp_path / "out2"
+    _progress_call(w, returned, python3_shim)
+    assert "embed_tokens.weight" not in load_file(str(next(returned.glob("drafter_noembed.safetensors.part*"))))
+
+    spec = importlib.util.spec_from_file_location("rebuild_drafter", PROGRESS.parent / "rebuild_drafter.py")
+    rebuild = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rebuild)
+    out = rebuild.rebuild(returned, tmp_path / "rebuilt", tiny_llama3_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("rebuilt")) == ["rebuilt"]  # no .partial left
+    loaded = load_drafter_model(out, read_drafter_config(out), torch.float32)
+    original = drafter.state_dict()
+    for name, tensor in loaded.state_dict().items():
+        want = original[name].bfloat16().to(tensor.dtype) if tensor.is_floating_point() else original[name]
+        torch.testing.assert_close(tensor, want, rtol=0, atol=0, msg=name)
+    assert json.loads((out / "config.json").read_text()) == json.loads((export / "config.json").read_text())
+
+    with pytest.raises(SystemExit, match="expected drafter_noembed.safetensors.part"):
+        rebuild.rebuild(tmp_path / "out1", tmp_path / "again", tiny_llama3_path)  # the first call's files: no drafter
+    assert not (tmp_path / "again").exists()
