@@ -136,3 +136,33 @@ def test_rebuilt_drafter_is_the_exported_one_in_bf16_with_the_target_embedding(t
     with pytest.raises(SystemExit, match="expected drafter_noembed.safetensors.part"):
         rebuild.rebuild(tmp_path / "out1", tmp_path / "again", tiny_llama3_path)  # the first call's files: no drafter
     assert not (tmp_path / "again").exists()
+
+
+def test_rebuilt_dflash_drafter_is_the_exported_one_in_bf16(tmp_path: Path, python3_shim: Path, tiny_llama3_path: str) -> None:
+    """A DFlash drafter's file holds no embedding: rebuilt, it is the export's weights in bf16, loaded by the loop's
+    loader, and nothing of the target's is added."""
+    import importlib.util
+
+    from infer.loading import load_drafter_model, read_drafter_config
+    from models.dflash import DFlashDraftModel, make_dflash_config
+    from models.target import TargetModel
+
+    target = TargetModel.from_pretrained(tiny_llama3_path, dtype="float32")
+    config = make_dflash_config(target.model.config, num_hidden_layers=1, block_size=8, mask_token_id=3,
+                                target_layer_ids=[1], layer_types=["sliding_attention"], sliding_window=64)
+    torch.manual_seed(0)
+    drafter = DFlashDraftModel(config)
+    w = _lease_folder(tmp_path, all_done=True)
+    drafter.save_pretrained(w / "run" / "export")
+    _progress_call(w, tmp_path / "out1", python3_shim)
+    _progress_call(w, tmp_path / "out2", python3_shim)
+
+    spec = importlib.util.spec_from_file_location("rebuild_drafter", PROGRESS.parent / "rebuild_drafter.py")
+    rebuild = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rebuild)
+    out = rebuild.rebuild(tmp_path / "out2", tmp_path / "rebuilt", "builtin:no-such-target")  # the target is not read
+    loaded = load_drafter_model(out, read_drafter_config(out), torch.float32).state_dict()
+    original = drafter.state_dict()
+    assert set(loaded) == set(original)
+    for name, tensor in loaded.items():
+        torch.testing.assert_close(tensor, original[name].bfloat16().float(), rtol=0, atol=0, msg=name)

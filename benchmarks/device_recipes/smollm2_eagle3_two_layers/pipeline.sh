@@ -7,29 +7,68 @@
 #     saving trainer.compile_cache, so the real run starts warm
 #  2. STEPS = (TRAIN_END - now - 100 s) / P's step time (x 1.08 margin); the real run loads the compile cache
 #  3. the 384-node trees on MT-Bench and the held-out prompts, side by side
-# EXTRA (train overrides), EVAL_EXTRA and MIN_STEPS: for a CPU rehearsal (the README's command)
+# EXTRA (train overrides), EVAL_EXTRA and MIN_STEPS: for a CPU rehearsal (the README's command). KIND=dflash trains
+# DFlash instead (below); SHARDS=N splits the regeneration over N processes (below; fourteenth session)
 set -u
 W=/tmp/sm; cd /tmp/repo_snapshot
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SWA_DRAFTERS_CACHE=/tmp/swacache
 stamp() { echo "$(date +%H:%M:%S) $(date +%s) $*" >> $W/times.txt; }
+regen_path() { [ "${SHARDS:-1}" -gt 1 ] && echo /tmp/pf/regen.jsonl || ls /tmp/swacache/data/regenerated/*.jsonl | grep -v partial | head -1; }
 pack_regen() {  # the regenerated file (not a .partial one) xz-compressed in pieces under 16 MiB, to return from the lease
-  ( mkdir -p $W/ret && cd $W/ret && f=$(ls /tmp/swacache/data/regenerated/*.jsonl | grep -v partial | head -1) && cp $f regen.jsonl && \
+  ( mkdir -p $W/ret && cd $W/ret && f=$(regen_path) && cp $f regen.jsonl && \
     xz -T8 -6 regen.jsonl && split -b 15000000 -d regen.jsonl.xz regen.jsonl.xz.part && rm regen.jsonl.xz && \
     sha256sum $f > regen.sha256 && stamp "regen file packed: $(ls -la | tr '\n' ' ')" )
 }
-C="experiment=eagle3_swa_small logger=none target.path=builtin:smollm2-135m-instruct
+# KIND: eagle3 (default: two layers on packed rows) or dflash (dflash_swa_small as its best SmolLM2 drafter was trained:
+# five sliding layers, revealed slots, one conversation a row; its trees re-drafted, 32/1024, depths 1-3)
+KIND=${KIND:-eagle3}
+COMMON="logger=none target.path=builtin:smollm2-135m-instruct data.num_eval=0 trainer.eval_every=0 trainer.loop_eval_prompts=0
+   trainer.progress=false"
+if [ "$KIND" = dflash ]; then
+  C="experiment=dflash_swa_small $COMMON ${EXTRA:-}"
+  TREE="--tree-topk 32 --tree-tokens 1024 --tree-redraft 3"
+else
+  C="experiment=eagle3_swa_small $COMMON
    drafter.draft_vocab_size=16384 drafter.num_hidden_layers=2 drafter.layer_types=[sliding_attention,sliding_attention]
-   data.pack_documents=true data.pack_length=2048 data.num_eval=0
-   trainer.attention_backend=flex trainer.eval_every=0 trainer.loop_eval_prompts=0 trainer.progress=false ${EXTRA:-}"
+   data.pack_documents=true data.pack_length=2048 trainer.attention_backend=flex ${EXTRA:-}"
+  TREE="--tree-topk 16 --tree-tokens 384 --draft-steps 16"
+fi
 REAL="data.path=/tmp/pf/sharegpt_prompts.jsonl data.max_records=${RECORDS:-15000}"
 # REGEN_FILE: a regenerated file an earlier lease returned (carry_regen.sh puts it in place): trained on as it is, the
 # "regeneration" process below then only tokenizes and packs it beside the probe
 [ -n "${REGEN_FILE:-}" ] && REAL="data.path=$REGEN_FILE data.regenerate.enabled=false data.max_records=null"
+# SHARDS=N (N > 1): the regeneration split over N processes on the one GPU, each its own part of the prompts (round
+# robin), their files joined into /tmp/pf/regen.jsonl, which the run then trains on as a REGEN_FILE. One process is bound
+# by the host (per-row bookkeeping and launches: the GPU under 1% of its bandwidth, BENCHMARKS.md), so processes add up
+# until the GPU fills; the thirteenth session's one process took 13.5 min for the 6-turn file.
+SHARDS=${SHARDS:-1}
+regen_sharded() {
+  local parts=/tmp/pf/shards; rm -rf $parts; mkdir -p $parts
+  head -n ${RECORDS:-15000} /tmp/pf/sharegpt_prompts.jsonl > $parts/all.jsonl
+  split -n r/$SHARDS -d -a 2 --additional-suffix=.jsonl $parts/all.jsonl $parts/part && rm $parts/all.jsonl
+  for f in $parts/part*.jsonl; do
+    python3 -m train $C data.path=$f data.max_records=null data.prepare_only=true output_dir=$W/regen_$(basename $f .jsonl) \
+      > $W/regen_$(basename $f .jsonl).log 2>&1 &
+  done
+  wait
+  # each process names its file: "regenerated N turns with the target -> PATH (...)" or "... from cache PATH"
+  local files; files=$(grep -hoE "(-> |from cache )[^ ]+[.]jsonl" $W/regen_part*.log | awk '{print $NF}')
+  [ "$(echo $files | wc -w)" = "$SHARDS" ] || { echo "regen_sharded: $(echo $files | wc -w) files of $SHARDS: $files"; return 1; }
+  cat $files > /tmp/pf/regen.jsonl.partial && mv /tmp/pf/regen.jsonl.partial /tmp/pf/regen.jsonl
+}
 stamp "start (train end at $TRAIN_END)"
-( python3 -m train $C $REAL data.prepare_only=true output_dir=$W/regen > $W/regen.log 2>&1; stamp "regen end rc=$?" ) &
+if [ -z "${REGEN_FILE:-}" ] && [ "$SHARDS" -gt 1 ]; then
+  rm -f /tmp/pf/regen.jsonl  # an earlier run's (a rehearsal's) joined file is not this one's
+  ( regen_sharded > $W/regen.log 2>&1; stamp "regen end rc=$? ($SHARDS processes: $(cat /tmp/pf/regen.jsonl 2>/dev/null | wc -l) conversations)" ) &
+  REAL="data.path=/tmp/pf/regen.jsonl data.regenerate.enabled=false data.max_records=null"
+else
+  ( python3 -m train $C $REAL data.prepare_only=true output_dir=$W/regen > $W/regen.log 2>&1; stamp "regen end rc=$?" ) &
+fi
 # the regenerated file packed for the way back as soon as it is written (prepare_only goes on to tokenize and pack it),
 # so that a progress call can return it while the training runs; stops waiting when the regeneration ends without one
-regen_file() { ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial; }
+regen_file() {
+  if [ "$SHARDS" -gt 1 ]; then [ -f /tmp/pf/regen.jsonl ]; else ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial; fi
+}
 ( until regen_file; do grep -q "regen end" $W/times.txt && break; sleep 3; done; regen_file && [ -z "${REGEN_FILE:-}" ] && pack_regen ) &
 PACKER=$!
 [ -z "${REGEN_ONLY:-}" ] && ( python3 -m train $C data.path=builtin:sharegpt-sample data.max_records=null data.regenerate.enabled=false trainer.max_steps=40 \
@@ -55,7 +94,7 @@ stamp "train end rc=$?"
 for set in mtbench prompts; do
   extra=""; [ $set = prompts ] && extra="--prompts /tmp/pf/sharegpt_heldout_prompts.jsonl"
   ( python3 -m eval $set $extra --target builtin:smollm2-135m-instruct --drafter $W/run --max-new-tokens 256 --batch-size 16 --no-baseline \
-      --tree-topk 16 --tree-tokens 384 --draft-steps 16 ${EVAL_EXTRA:-} --out $W/eval_${set}_k16n384d16 > $W/eval_${set}_k16n384d16.log 2>&1
+      $TREE ${EVAL_EXTRA:-} --out $W/eval_${set}_$KIND > $W/eval_${set}_$KIND.log 2>&1
     stamp "eval $set rc=$?" ) &
 done
 wait

@@ -1,9 +1,10 @@
-"""Rebuild a loadable EAGLE-3 drafter folder from what ``progress.sh`` returns from a lease.
+"""Rebuild a loadable drafter folder from what ``progress.sh`` returns from a lease.
 
-``progress.sh`` sends the drafter back without the target's embedding (frozen, 113 MB in fp32) and in bf16, split
-into pieces under a call's 16 MiB: ``drafter_noembed.safetensors.partNN`` and ``drafter_config.json``. This joins the
-pieces, puts the target's input embedding back as ``embed_tokens.weight`` and writes ``config.json`` and
-``model.safetensors`` (written under a temporary name, then renamed, so a failed rebuild leaves no folder).
+``progress.sh`` sends the drafter back without the target's embedding (EAGLE-3's frozen copy: 113 MB in fp32) and in
+bf16, split into pieces under a call's 16 MiB: ``drafter_noembed.safetensors.partNN`` and ``drafter_config.json``. This
+joins the pieces, puts the target's input embedding back as ``embed_tokens.weight`` (EAGLE-3; a DFlash drafter's file
+holds no embedding to begin with) and writes ``config.json`` and ``model.safetensors`` (under a temporary name, then
+renamed, so a failed rebuild leaves no folder).
 
     python benchmarks/device_recipes/smollm2_eagle3_two_layers/rebuild_drafter.py RETURNED_DIR OUT_DIR \
         --target builtin:smollm2-135m-instruct
@@ -31,6 +32,8 @@ def rebuild(returned: Path, out: Path, target_path: str) -> Path:
                          f"(what progress.sh returns after 'all done')")
     config = json.loads(config_file.read_text())
     state = load(b"".join(p.read_bytes() for p in pieces))
+    if "dflash_config" in config:  # DFlash reads the target's embedding and head at run time: its file has neither
+        return write_folder(state, config, out)
     if EMBED_KEY in state:
         raise SystemExit(f"{pieces[0]}: already holds {EMBED_KEY}; nothing to rebuild")
 
@@ -43,7 +46,10 @@ def rebuild(returned: Path, out: Path, target_path: str) -> Path:
         raise SystemExit(f"{target_path}: embedding {tuple(embedding.shape)}, expected "
                          f"({config['vocab_size']}, {config['target_hidden_size']}) from {config_file}")
     state[EMBED_KEY] = embedding.to(torch.bfloat16).contiguous()
+    return write_folder(state, config, out)
 
+
+def write_folder(state: dict[str, torch.Tensor], config: dict, out: Path) -> Path:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
