@@ -42,19 +42,9 @@ REAL="data.path=/tmp/pf/sharegpt_prompts.jsonl data.max_records=${RECORDS:-15000
 # by the host (per-row bookkeeping and launches: the GPU under 1% of its bandwidth, BENCHMARKS.md), so processes add up
 # until the GPU fills; the thirteenth session's one process took 13.5 min for the 6-turn file.
 SHARDS=${SHARDS:-1}
-regen_sharded() {
-  local parts=/tmp/pf/shards; rm -rf $parts; mkdir -p $parts
-  head -n ${RECORDS:-15000} /tmp/pf/sharegpt_prompts.jsonl > $parts/all.jsonl
-  split -n r/$SHARDS -d -a 2 --additional-suffix=.jsonl $parts/all.jsonl $parts/part && rm $parts/all.jsonl
-  for f in $parts/part*.jsonl; do
-    python3 -m train $C data.path=$f data.max_records=null data.prepare_only=true output_dir=$W/regen_$(basename $f .jsonl) \
-      > $W/regen_$(basename $f .jsonl).log 2>&1 &
-  done
-  wait
-  # each process names its file: "regenerated N turns with the target -> PATH (...)" or "... from cache PATH"
-  local files; files=$(grep -hoE "(-> |from cache )[^ ]+[.]jsonl" $W/regen_part*.log | awk '{print $NF}')
-  [ "$(echo $files | wc -w)" = "$SHARDS" ] || { echo "regen_sharded: $(echo $files | wc -w) files of $SHARDS: $files"; return 1; }
-  cat $files > /tmp/pf/regen.jsonl.partial && mv /tmp/pf/regen.jsonl.partial /tmp/pf/regen.jsonl
+regen_sharded() {  # regen_shards.sh (beside this script): the first RECORDS prompts, split over SHARDS processes
+  head -n ${RECORDS:-15000} /tmp/pf/sharegpt_prompts.jsonl > /tmp/pf/regen_prompts.jsonl
+  bash $W/regen_shards.sh $SHARDS /tmp/pf/regen_prompts.jsonl /tmp/pf/regen.jsonl $W $C
 }
 stamp "start (train end at $TRAIN_END)"
 if [ -z "${REGEN_FILE:-}" ] && [ "$SHARDS" -gt 1 ]; then
