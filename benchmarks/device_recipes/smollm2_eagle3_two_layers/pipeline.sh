@@ -78,12 +78,21 @@ PY
 STEP_S=${STEP_S:-0.35}  # the probe failed: a guess, logged
 STEPS=$(python3 -c "print(max(${MIN_STEPS:-300}, min(${MAX_STEPS:-1100}, int(($TRAIN_END - $(date +%s) - 100) / ($STEP_S * 1.08)))))")
 stamp "probe step ${STEP_S}s -> $STEPS steps"
+# a safety net: the probe times the step on the sample's rows, whose lengths DFlash's unpacked rows do not share (its
+# real step is slower), so the run also stops at TRAIN_END (trainer.time_limit_minutes: a checkpoint, no export) and its
+# newest checkpoint is exported for the trees; the schedule is then cut short, which the log says
+LIMIT_MIN=$(python3 -c "print(round(max(1.0, ($TRAIN_END - $(date +%s) - 30) / 60), 2))")
 python3 -m train $C $REAL trainer.max_steps=$STEPS trainer.checkpoint_every=500 trainer.compile_cache=$W/cc.bin \
-  output_dir=$W/run > $W/train.log 2>&1
+  trainer.time_limit_minutes=$LIMIT_MIN output_dir=$W/run > $W/train.log 2>&1
 stamp "train end rc=$?"
+if [ ! -f $W/run/export/config.json ] && ls -d $W/run/checkpoints/step_* > /dev/null 2>&1; then
+  python3 -m train.export $W/run $W/export_of_checkpoint --format $([ $KIND = dflash ] && echo dflash || echo speculators) \
+    --target builtin:smollm2-135m-instruct >> $W/train.log 2>&1 && mv $W/export_of_checkpoint $W/run/export  # (not into the source)
+  stamp "stopped by the time limit: the newest checkpoint exported rc=$? ($(ls -d $W/run/checkpoints/step_* | tail -1))"
+fi
 for set in mtbench prompts; do
   extra=""; [ $set = prompts ] && extra="--prompts /tmp/pf/sharegpt_heldout_prompts.jsonl"
-  ( python3 -m eval $set $extra --target builtin:smollm2-135m-instruct --drafter $W/run --max-new-tokens 256 --batch-size 16 --no-baseline \
+  ( python3 -m eval $set $extra --target builtin:smollm2-135m-instruct --drafter $W/run/export --max-new-tokens 256 --batch-size 16 --no-baseline \
       $TREE ${EVAL_EXTRA:-} --out $W/eval_${set}_$KIND > $W/eval_${set}_$KIND.log 2>&1
     stamp "eval $set rc=$?" ) &
 done
