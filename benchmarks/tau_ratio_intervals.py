@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     for folder in args.folders:
         for window, prefill, mine_file, pld_file in cells(folder):
             mine_records, pld_records = list(read_partial(mine_file).values()), list(read_partial(pld_file).values())
+            # the questions both cells hold (a cell cut off by a kill holds fewer): every column pools the same ones
+            shared = {str(r["id"]) for r in mine_records} & {str(r["id"]) for r in pld_records}
+            mine_records = [r for r in mine_records if str(r["id"]) in shared]
+            pld_records = [r for r in pld_records if str(r["id"]) in shared]
             mine = per_question(mine_records)
             row = [folder.name, window, str(prefill), str(len(mine)), f"{pooled_tau(mine):.3f}"]
             for drafting_only in (False, True):

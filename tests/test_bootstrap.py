@@ -171,3 +171,20 @@ def test_tau_ratio_intervals_prints_both_readings(capsys: pytest.CaptureFixture[
     (tmp_path / "partial" / "window-2048_prefill-0.jsonl").write_text("")
     with pytest.raises(ValueError, match="no partial/pld_prefill-0.jsonl beside it"):
         tau_ratio_intervals.main([str(tmp_path)])
+
+
+def test_tau_ratio_intervals_pools_the_questions_both_cells_hold(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A drafter cell cut short (a killed run): τ, prompt lookup's τ and the ratio all pool the questions both hold."""
+    src = SMOLLM2_EVALS / "eval_mtbench_k16n384d16" / "partial"
+    (tmp_path / "partial").mkdir()
+    mine = gzip.decompress((src / "window-trained_prefill-0.jsonl.gz").read_bytes()).decode().splitlines()
+    (tmp_path / "partial" / "window-trained_prefill-0.jsonl").write_text("\n".join(mine[:40]) + "\n")
+    (tmp_path / "partial" / "pld_prefill-0.jsonl.gz").write_bytes((src / "pld_prefill-0.jsonl.gz").read_bytes())
+    tau_ratio_intervals.main([str(tmp_path), "--resamples", "200"])
+    row = capsys.readouterr().out.splitlines()[2].split(" | ")
+    kept = {json.loads(line)["id"] for line in mine[:40]}
+    pld = [r for r in map(json.loads, gzip.decompress((src / "pld_prefill-0.jsonl.gz").read_bytes()).decode().splitlines())
+           if r["id"] in kept]
+    mine_tau = pooled_tau(per_question([json.loads(line) for line in mine[:40]]))
+    assert row[3] == str(len(kept)) and row[4] == f"{mine_tau:.3f}" and row[5] == f"{pooled_tau(per_question(pld)):.3f}"
+    assert row[6].startswith(f"{mine_tau / pooled_tau(per_question(pld)):.3f}×")

@@ -3,6 +3,7 @@
 every script parses, and ``progress.sh`` returns what a lease produced within a call's limits, in the order the
 next call expects (the regenerated file first, the drafter without the target's embedding after "all done")."""
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -94,10 +95,12 @@ def test_progress_before_the_end_returns_the_regenerated_file_and_no_drafter(tmp
     assert names == {"logs.tgz"}  # not done: nothing more until "all done"
 
 
+@pytest.mark.parametrize("layout", ["ours", "speculators"])
 def test_rebuilt_drafter_is_the_exported_one_in_bf16_with_the_target_embedding(tmp_path: Path, python3_shim: Path,
-                                                                               tiny_llama3_path: str) -> None:
+                                                                               tiny_llama3_path: str, layout: str) -> None:
     """What a lease returns (progress.sh: no embedding, bf16, pieces) rebuilt by rebuild_drafter.py loads through the
-    loop's own loader with every weight the export's in bf16 and the target's embedding back."""
+    loop's own loader with every weight the export's in bf16 and the target's embedding back: the trainer's own layout,
+    and vLLM speculators' (what pipeline.sh's time-limit fallback exports an EAGLE-3 checkpoint as)."""
     import importlib.util
     import json
 
@@ -116,6 +119,14 @@ def test_rebuilt_drafter_is_the_exported_one_in_bf16_with_the_target_embedding(t
     w = _lease_folder(tmp_path, all_done=True)
     export = w / "run" / "export"
     drafter.save_pretrained(export)  # the trainer's layout: config.json, model.safetensors
+    if layout == "speculators":
+        from train.export import main as export_main
+
+        assert export_main([str(export), str(tmp_path / "spec"), "--format", "speculators", "--target", tiny_llama3_path]) == 0
+        for f in export.iterdir():
+            f.unlink()
+        for f in (tmp_path / "spec").iterdir():
+            f.rename(export / f.name)
     _progress_call(w, tmp_path / "out1", python3_shim)  # the regenerated file first
     returned = tmp_path / "out2"
     _progress_call(w, returned, python3_shim)
@@ -128,6 +139,7 @@ def test_rebuilt_drafter_is_the_exported_one_in_bf16_with_the_target_embedding(t
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("rebuilt")) == ["rebuilt"]  # no .partial left
     loaded = load_drafter_model(out, read_drafter_config(out), torch.float32)
     original = drafter.state_dict()
+    assert set(loaded.state_dict()) == set(original)
     for name, tensor in loaded.state_dict().items():
         want = original[name].bfloat16().to(tensor.dtype) if tensor.is_floating_point() else original[name]
         torch.testing.assert_close(tensor, want, rtol=0, atol=0, msg=name)
@@ -201,10 +213,14 @@ def test_regen_shards_joins_what_one_process_regenerates(tmp_path: Path, python3
     assert sorted(sharded) == [f"c{i}" for i in range(5)] and sharded == single
     assert all(m["content"] not in ("Red.", "Blue.") and m.get("token_ids") for ms in sharded.values() for m in ms if m["role"] == "assistant")
 
+    # one part fails (round robin gives the sixth line, cut off, to part 1), the other regenerates: nothing joined
     bad = tmp_path / "bad"
     bad.mkdir()
-    result = subprocess.run(["bash", str(PROGRESS.parent / "regen_shards.sh"), "2", str(prompts), str(bad / "joined.jsonl"),
-                             str(bad), *overrides, "data.regenerate.max_new_tokens=0"], capture_output=True, text=True,
+    (bad / "prompts.jsonl").write_text(prompts.read_text() + '{"id": "cut", "messages": [{"role": "user", "cont\n')
+    result = subprocess.run(["bash", str(PROGRESS.parent / "regen_shards.sh"), "2", str(bad / "prompts.jsonl"),
+                             str(bad / "joined.jsonl"), str(bad), *overrides], capture_output=True, text=True,
                             env=env, cwd=root, timeout=600)
-    assert result.returncode == 1 and "part 0 failed" in result.stdout and "regen_part00.log" in result.stdout
+    assert result.returncode == 1 and "part 1 failed" in result.stdout and "regen_part01.log" in result.stdout
+    assert "part 0 failed" not in result.stdout  # part 0 regenerated (or read its replies from the cache): its file named
+    assert re.search(r"(-> |from cache )\S+\.jsonl", (bad / "regen_part00.log").read_text())
     assert not (bad / "joined.jsonl").exists() and not (bad / "joined.jsonl.partial").exists()

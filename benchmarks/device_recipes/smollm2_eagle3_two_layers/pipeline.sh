@@ -42,9 +42,12 @@ REAL="data.path=/tmp/pf/sharegpt_prompts.jsonl data.max_records=${RECORDS:-15000
 # by the host (per-row bookkeeping and launches: the GPU under 1% of its bandwidth, BENCHMARKS.md), so processes add up
 # until the GPU fills; the thirteenth session's one process took 13.5 min for the 6-turn file.
 SHARDS=${SHARDS:-1}
-regen_sharded() {  # regen_shards.sh (beside this script): the first RECORDS prompts, split over SHARDS processes
+regen_sharded() {  # regen_shards.sh (beside this script): the first RECORDS prompts, split over SHARDS processes; then
+  # the joined file tokenized and packed into the data cache (beside the probe, not at the run's start: ~1 min)
   head -n ${RECORDS:-15000} /tmp/pf/sharegpt_prompts.jsonl > /tmp/pf/regen_prompts.jsonl
-  bash $W/regen_shards.sh $SHARDS /tmp/pf/regen_prompts.jsonl /tmp/pf/regen.jsonl $W $C
+  bash $W/regen_shards.sh $SHARDS /tmp/pf/regen_prompts.jsonl /tmp/pf/regen.jsonl $W $C && \
+    python3 -m train $C data.path=/tmp/pf/regen.jsonl data.regenerate.enabled=false data.max_records=null \
+      data.prepare_only=true output_dir=$W/regen_joined
 }
 stamp "start (train end at $TRAIN_END)"
 if [ -z "${REGEN_FILE:-}" ] && [ "$SHARDS" -gt 1 ]; then
@@ -79,16 +82,19 @@ STEP_S=${STEP_S:-0.35}  # the probe failed: a guess, logged
 STEPS=$(python3 -c "print(max(${MIN_STEPS:-300}, min(${MAX_STEPS:-1100}, int(($TRAIN_END - $(date +%s) - 100) / ($STEP_S * 1.08)))))")
 stamp "probe step ${STEP_S}s -> $STEPS steps"
 # a safety net: the probe times the step on the sample's rows, whose lengths DFlash's unpacked rows do not share (its
-# real step is slower), so the run also stops at TRAIN_END (trainer.time_limit_minutes: a checkpoint, no export) and its
-# newest checkpoint is exported for the trees; the schedule is then cut short, which the log says
-LIMIT_MIN=$(python3 -c "print(round(max(1.0, ($TRAIN_END - $(date +%s) - 30) / 60), 2))")
+# real step is slower), so the run also stops near TRAIN_END (trainer.time_limit_minutes: a checkpoint, no export) and
+# its newest checkpoint is exported for the trees; the schedule is then cut short, which times.txt says. The limit counts
+# from the first step: BUILD_S (the target's load, the cached rows, the compile cache: ~35 s on the H100) comes first.
+LIMIT_MIN=$(python3 -c "print(round(max(1.0, ($TRAIN_END - $(date +%s) - ${BUILD_S:-45}) / 60), 2))")
 python3 -m train $C $REAL trainer.max_steps=$STEPS trainer.checkpoint_every=500 trainer.compile_cache=$W/cc.bin \
   trainer.time_limit_minutes=$LIMIT_MIN output_dir=$W/run > $W/train.log 2>&1
-stamp "train end rc=$?"
+TRAIN_RC=$?
+stamp "train end rc=$TRAIN_RC"
 if [ ! -f $W/run/export/config.json ] && ls -d $W/run/checkpoints/step_* > /dev/null 2>&1; then
+  why="the run failed (rc $TRAIN_RC)"; grep -q "(trainer.time_limit_minutes)" $W/train.log && why="stopped by the time limit"
   python3 -m train.export $W/run $W/export_of_checkpoint --format $([ $KIND = dflash ] && echo dflash || echo speculators) \
     --target builtin:smollm2-135m-instruct >> $W/train.log 2>&1 && mv $W/export_of_checkpoint $W/run/export  # (not into the source)
-  stamp "stopped by the time limit: the newest checkpoint exported rc=$? ($(ls -d $W/run/checkpoints/step_* | tail -1))"
+  stamp "$why: its newest checkpoint exported for the trees rc=$? ($(ls -d $W/run/checkpoints/step_* | tail -1))"
 fi
 for set in mtbench prompts; do
   extra=""; [ $set = prompts ] && extra="--prompts /tmp/pf/sharegpt_heldout_prompts.jsonl"

@@ -3,8 +3,8 @@
 ``progress.sh`` sends the drafter back without the target's embedding (EAGLE-3's frozen copy: 113 MB in fp32) and in
 bf16, split into pieces under a call's 16 MiB: ``drafter_noembed.safetensors.partNN`` and ``drafter_config.json``. This
 joins the pieces, puts the target's input embedding back as ``embed_tokens.weight`` (EAGLE-3; a DFlash drafter's file
-holds no embedding to begin with) and writes ``config.json`` and ``model.safetensors`` (under a temporary name, then
-renamed, so a failed rebuild leaves no folder).
+holds no embedding to begin with) and writes ``config.json`` and ``model.safetensors`` under ``OUT.partial``, renamed
+to ``OUT`` once written: a failed rebuild never leaves a complete-looking ``OUT``.
 
     python benchmarks/device_recipes/smollm2_eagle3_two_layers/rebuild_drafter.py RETURNED_DIR OUT_DIR \
         --target builtin:smollm2-135m-instruct
@@ -42,9 +42,11 @@ def rebuild(returned: Path, out: Path, target_path: str) -> Path:
 
     target = TargetModel.from_pretrained(resolve_target_path(target_path, "--target"), dtype="float32", what="--target")
     embedding = target.model.get_input_embeddings().weight.detach()
-    if tuple(embedding.shape) != (config["vocab_size"], config["target_hidden_size"]):
-        raise SystemExit(f"{target_path}: embedding {tuple(embedding.shape)}, expected "
-                         f"({config['vocab_size']}, {config['target_hidden_size']}) from {config_file}")
+    # speculators' layout (pipeline.sh's time-limit fallback exports an EAGLE-3 checkpoint so) nests the model's fields
+    fields = config.get("transformer_layer_config", config)
+    want = (fields["vocab_size"], config.get("target_hidden_size", fields.get("target_hidden_size", fields["hidden_size"])))
+    if tuple(embedding.shape) != want:
+        raise SystemExit(f"{target_path}: embedding {tuple(embedding.shape)}, expected {want} from {config_file}")
     state[EMBED_KEY] = embedding.to(torch.bfloat16).contiguous()
     return write_folder(state, config, out)
 
