@@ -71,16 +71,19 @@ if [ -n "${REGEN_ONLY:-}" ]; then  # a short lease: the regenerated file returne
   wait $PACKER; stamp "all done"; exit 0
 fi
 wait
-STEP_S=$(python3 - <<'PY'
+# STEP_S given (seconds a step took alone on an earlier lease: 0.2506 for the two-layer EAGLE-3 on an H100, fourteenth
+# session) is used as it is: the probe's own timing runs beside the regeneration, whose processes share the GPU (the
+# thirteenth session's probe ran at 0.65x its speed alone), and would buy fewer steps than the lease holds
+PROBE_S=$(python3 - <<'PY'
 import json
 rows = [json.loads(l) for l in open("/tmp/sm/probe/metrics.jsonl") if '"train/tokens_per_s"' in l]
 a, b = rows[-2], rows[-1]   # steps 30 and 40: the window's wall time = its tokens / its tokens per second
 print(f"{(b['train/tokens'] - a['train/tokens']) / b['train/tokens_per_s'] / (b['step'] - a['step']):.4f}")
 PY
 )
-STEP_S=${STEP_S:-0.35}  # the probe failed: a guess, logged
+STEP_S=${STEP_S:-${PROBE_S:-0.35}}  # neither given nor timed (the probe failed): a guess, logged
 STEPS=$(python3 -c "print(max(${MIN_STEPS:-300}, min(${MAX_STEPS:-1100}, int(($TRAIN_END - $(date +%s) - 100) / ($STEP_S * 1.08)))))")
-stamp "probe step ${STEP_S}s -> $STEPS steps"
+stamp "probe step ${PROBE_S:-none}s, step time used ${STEP_S}s -> $STEPS steps"
 # a safety net: the probe times the step on the sample's rows, whose lengths DFlash's unpacked rows do not share (its
 # real step is slower), so the run also stops near TRAIN_END (trainer.time_limit_minutes: a checkpoint, no export) and
 # its newest checkpoint is exported for the trees; the schedule is then cut short, which times.txt says. The limit counts
