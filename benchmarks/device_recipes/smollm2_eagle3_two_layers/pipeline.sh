@@ -64,6 +64,11 @@ regen_file() {
 }
 ( until regen_file; do grep -q "regen end" $W/times.txt && break; sleep 3; done; regen_file && [ -z "${REGEN_FILE:-}" ] && pack_regen ) &
 PACKER=$!
+# the GPU's utilisation and memory every 10 s until the regeneration ends (gpu_util.log, in the logs' archive): whether
+# its processes fill the GPU or leave it idle (no nvidia-smi, as in a CPU rehearsal: the file stays empty)
+( until grep -q "regen end" $W/times.txt; do
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null | sed "s/^/$(date +%H:%M:%S) /" >> $W/gpu_util.log
+    sleep 10; done ) &
 [ -z "${REGEN_ONLY:-}" ] && ( python3 -m train $C data.path=builtin:sharegpt-sample data.max_records=null data.regenerate.enabled=false trainer.max_steps=40 \
     trainer.export=false trainer.checkpoint_every=0 trainer.compile_cache=$W/cc.bin output_dir=$W/probe > $W/probe.log 2>&1
   stamp "probe end rc=$?" ) &
