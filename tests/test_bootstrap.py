@@ -169,7 +169,7 @@ def test_tau_ratio_intervals_prints_both_readings(capsys: pytest.CaptureFixture[
     with pytest.raises(ValueError, match="no partial/window-"):
         tau_ratio_intervals.main([str(tmp_path)])
     (tmp_path / "partial" / "window-2048_prefill-0.jsonl").write_text("")
-    with pytest.raises(ValueError, match="no partial/pld_prefill-0.jsonl beside it"):
+    with pytest.raises(ValueError, match="partial/pld_prefill-0.jsonl beside it"):
         tau_ratio_intervals.main([str(tmp_path)])
 
 
@@ -188,3 +188,20 @@ def test_tau_ratio_intervals_pools_the_questions_both_cells_hold(capsys: pytest.
     mine_tau = pooled_tau(per_question([json.loads(line) for line in mine[:40]]))
     assert row[3] == str(len(kept)) and row[4] == f"{mine_tau:.3f}" and row[5] == f"{pooled_tau(per_question(pld)):.3f}"
     assert row[6].startswith(f"{mine_tau / pooled_tau(per_question(pld)):.3f}×")
+
+
+def test_tau_ratio_intervals_reads_prompt_lookup_from_its_own_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--pld-dirs: prompt lookup's cell from a `--drafter pld` run's folder (there, its cell is named as a drafter's);
+    the same records as the cell beside give the same row, digit for digit; a missing cell and a count mismatch refused."""
+    folder = SMOLLM2_EVALS / "eval_mtbench_k16n384d16"
+    tau_ratio_intervals.main([str(folder), "--resamples", "300"])
+    beside = capsys.readouterr().out.splitlines()[2]
+    own = tmp_path / "pld16"
+    (own / "partial").mkdir(parents=True)
+    (own / "partial" / "window-trained_prefill-0.jsonl.gz").write_bytes((folder / "partial" / "pld_prefill-0.jsonl.gz").read_bytes())
+    tau_ratio_intervals.main([str(folder), "--pld-dirs", str(own), "--resamples", "300"])
+    assert capsys.readouterr().out.splitlines()[2] == beside
+    with pytest.raises(ValueError, match="no .*window-trained_prefill-0.jsonl \\(a `python -m eval"):
+        tau_ratio_intervals.main([str(folder), "--pld-dirs", str(tmp_path)])
+    with pytest.raises(ValueError, match="--pld-dirs: 1 folders for 2 eval folders"):
+        tau_ratio_intervals.main([str(folder), str(folder), "--pld-dirs", str(own)])
