@@ -29,17 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eval.bootstrap import per_question, pooled_tau, ratio_with_interval  # noqa: E402
+from eval.bootstrap import per_question, pooled_tau, ratio_with_interval, shared  # noqa: E402
 from common.json_file import read_eval_text  # noqa: E402
 from eval.runner import read_partial  # noqa: E402
 
 CELL = re.compile(r"(?:window-(?P<window>[^_]+)|pld)_prefill-(?P<prefill>\d+)\.(?P<kind>jsonl?)(?:\.gz)?$")
-
-
-def shared(questions: dict, other: dict) -> dict:
-    """``questions`` restricted to the ids ``other`` holds too: the τ printed beside a ratio pools the questions the ratio
-    pools (a cell cut short, an interrupted prompt-lookup file, printed its own τ beside a ratio over fewer)."""
-    return {i: v for i, v in questions.items() if i in other}
 
 
 def read_cells(sweep: Path) -> dict[tuple[str, int], list[dict]]:

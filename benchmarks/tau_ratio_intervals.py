@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.script import run_main  # noqa: E402
-from eval.bootstrap import RESAMPLES, per_question, pooled_tau, ratio_with_interval  # noqa: E402
+from eval.bootstrap import RESAMPLES, per_question, pooled_tau, ratio_with_interval, shared  # noqa: E402
 from eval.runner import read_partial  # noqa: E402
 
 CELL = re.compile(r"window-(?P<window>.+)_prefill-(?P<prefill>\d+)\.jsonl(?:\.gz)?$")
@@ -71,14 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     for i, folder in enumerate(args.folders):
         for window, prefill, mine_file, pld_file in cells(folder, None if args.pld_dirs is None else args.pld_dirs[i]):
             mine_records, pld_records = list(read_partial(mine_file).values()), list(read_partial(pld_file).values())
-            # the questions both cells hold (a cell cut off by a kill holds fewer): every column pools the same ones
-            shared = {str(r["id"]) for r in mine_records} & {str(r["id"]) for r in pld_records}
-            mine_records = [r for r in mine_records if str(r["id"]) in shared]
-            pld_records = [r for r in pld_records if str(r["id"]) in shared]
-            mine = per_question(mine_records)
+            # every column pools the questions both cells hold (a cell cut off by a kill holds fewer)
+            mine = shared(per_question(mine_records), per_question(pld_records))
             row = [folder.name, window, str(prefill), str(len(mine)), f"{pooled_tau(mine):.3f}"]
             for drafting_only in (False, True):
-                pld = per_question(pld_records, drafting_steps_only=drafting_only)
+                pld = shared(per_question(pld_records, drafting_steps_only=drafting_only), mine)
                 ratio, low, high = ratio_with_interval(pld, mine, args.resamples, args.seed)
                 row += [f"{pooled_tau(pld):.3f}", f"{ratio:.3f}× ({low:.2f}-{high:.2f})"]
             print("| " + " | ".join(row) + " |")

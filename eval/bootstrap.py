@@ -32,6 +32,12 @@ def per_question(records: list[dict], drafting_steps_only: bool = False) -> dict
     return out
 
 
+def shared(questions: dict[str, tuple[int, int]], other: dict) -> dict[str, tuple[int, int]]:
+    """``questions`` restricted to the ids ``other`` holds too: the τ printed beside a ratio pools the questions the ratio
+    pools (a cell cut short, an interrupted prompt-lookup file, printed its own τ beside a ratio over fewer)."""
+    return {i: v for i, v in questions.items() if i in other}
+
+
 def pooled_tau(questions: dict[str, tuple[int, int]]) -> float:
     return sum(s for s, _ in questions.values()) / sum(n for _, n in questions.values())
 

@@ -2,6 +2,7 @@
 30 minutes, a call returning at most 8 files of 16 MiB, 64 MiB together), so what can be checked here is checked:
 every script parses, and ``progress.sh`` returns what a lease produced within a call's limits, in the order the
 next call expects (the regenerated file first, the drafter without the target's embedding after "all done")."""
+import importlib.util
 import os
 import re
 import stat
@@ -16,6 +17,9 @@ from safetensors.torch import load_file, save_file
 RECIPES = Path(__file__).resolve().parents[1] / "benchmarks" / "device_recipes"
 PROGRESS = RECIPES / "smollm2_eagle3_two_layers" / "progress.sh"
 MAX_FILES, MAX_FILE_BYTES, MAX_TOTAL_BYTES = 8, 16 * 2**20, 64 * 2**20  # what one call returns (the device README)
+_spec = importlib.util.spec_from_file_location("rebuild_drafter", PROGRESS.parent / "rebuild_drafter.py")
+rebuild_drafter = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rebuild_drafter)
 
 
 @pytest.mark.parametrize("script", sorted(RECIPES.rglob("*.sh")), ids=lambda p: str(p.relative_to(RECIPES)))
@@ -101,7 +105,6 @@ def test_rebuilt_drafter_is_the_exported_one_in_bf16_with_the_target_embedding(t
     """What a lease returns (progress.sh: no embedding, bf16, pieces) rebuilt by rebuild_drafter.py loads through the
     loop's own loader with every weight the export's in bf16 and the target's embedding back: the trainer's own layout,
     and vLLM speculators' (what pipeline.sh's time-limit fallback exports an EAGLE-3 checkpoint as)."""
-    import importlib.util
     import json
 
     from infer.loading import load_drafter_model, read_drafter_config
@@ -132,10 +135,7 @@ def test_rebuilt_drafter_is_the_exported_one_in_bf16_with_the_target_embedding(t
     _progress_call(w, returned, python3_shim)
     assert "embed_tokens.weight" not in load_file(str(next(returned.glob("drafter_noembed.safetensors.part*"))))
 
-    spec = importlib.util.spec_from_file_location("rebuild_drafter", PROGRESS.parent / "rebuild_drafter.py")
-    rebuild = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rebuild)
-    out = rebuild.rebuild(returned, tmp_path / "rebuilt", tiny_llama3_path)
+    out = rebuild_drafter.rebuild(returned, tmp_path / "rebuilt", tiny_llama3_path)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("rebuilt")) == ["rebuilt"]  # no .partial left
     loaded = load_drafter_model(out, read_drafter_config(out), torch.float32)
     original = drafter.state_dict()
@@ -146,15 +146,13 @@ def test_rebuilt_drafter_is_the_exported_one_in_bf16_with_the_target_embedding(t
     assert json.loads((out / "config.json").read_text()) == json.loads((export / "config.json").read_text())
 
     with pytest.raises(SystemExit, match="expected drafter_noembed.safetensors.part"):
-        rebuild.rebuild(tmp_path / "out1", tmp_path / "again", tiny_llama3_path)  # the first call's files: no drafter
+        rebuild_drafter.rebuild(tmp_path / "out1", tmp_path / "again", tiny_llama3_path)  # the first call's files: no drafter
     assert not (tmp_path / "again").exists()
 
 
 def test_rebuilt_dflash_drafter_is_the_exported_one_in_bf16(tmp_path: Path, python3_shim: Path, tiny_llama3_path: str) -> None:
     """A DFlash drafter's file holds no embedding: rebuilt, it is the export's weights in bf16, loaded by the loop's
     loader, and nothing of the target's is added."""
-    import importlib.util
-
     from infer.loading import load_drafter_model, read_drafter_config
     from models.dflash import DFlashDraftModel, make_dflash_config
     from models.target import TargetModel
@@ -169,10 +167,7 @@ def test_rebuilt_dflash_drafter_is_the_exported_one_in_bf16(tmp_path: Path, pyth
     _progress_call(w, tmp_path / "out1", python3_shim)
     _progress_call(w, tmp_path / "out2", python3_shim)
 
-    spec = importlib.util.spec_from_file_location("rebuild_drafter", PROGRESS.parent / "rebuild_drafter.py")
-    rebuild = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rebuild)
-    out = rebuild.rebuild(tmp_path / "out2", tmp_path / "rebuilt", "builtin:no-such-target")  # the target is not read
+    out = rebuild_drafter.rebuild(tmp_path / "out2", tmp_path / "rebuilt", "builtin:no-such-target")  # the target is not read
     loaded = load_drafter_model(out, read_drafter_config(out), torch.float32).state_dict()
     original = drafter.state_dict()
     assert set(loaded) == set(original)

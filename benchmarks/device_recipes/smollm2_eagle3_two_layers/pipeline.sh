@@ -59,9 +59,7 @@ else
 fi
 # the regenerated file packed for the way back as soon as it is written (prepare_only goes on to tokenize and pack it),
 # so that a progress call can return it while the training runs; stops waiting when the regeneration ends without one
-regen_file() {
-  if [ "$SHARDS" -gt 1 ]; then [ -f /tmp/pf/regen.jsonl ]; else ls /tmp/swacache/data/regenerated/*.jsonl 2>/dev/null | grep -qv partial; fi
-}
+regen_file() { local f; f=$(regen_path 2>/dev/null) && [ -n "$f" ] && [ -f "$f" ]; }
 ( until regen_file; do grep -q "regen end" $W/times.txt && break; sleep 3; done; regen_file && [ -z "${REGEN_FILE:-}" ] && pack_regen ) &
 PACKER=$!
 # the GPU's utilisation and memory every 10 s until the regeneration ends (gpu_util.log, in the logs' archive): whether
@@ -104,25 +102,20 @@ if [ ! -f $W/run/export/config.json ] && ls -d $W/run/checkpoints/step_* > /dev/
     --target builtin:smollm2-135m-instruct >> $W/train.log 2>&1 && mv $W/export_of_checkpoint $W/run/export  # (not into the source)
   stamp "$why: its newest checkpoint exported for the trees rc=$? ($(ls -d $W/run/checkpoints/step_* | tail -1))"
 fi
-for set in mtbench prompts; do
-  extra=""; [ $set = prompts ] && extra="--prompts /tmp/pf/sharegpt_heldout_prompts.jsonl"
-  ( python3 -m eval $set $extra --target builtin:smollm2-135m-instruct --drafter $W/run/export --max-new-tokens 256 --batch-size 16 --no-baseline \
-      $TREE ${EVAL_EXTRA:-} --out $W/eval_${set}_$KIND > $W/eval_${set}_$KIND.log 2>&1
-    stamp "eval $set rc=$?" ) &
-done
-wait
+evaluate() {  # evaluate NAME FLAGS...: MT-Bench and the held-out prompts side by side, into eval_{mtbench,prompts}_NAME
+  local name=$1; shift
+  for set in mtbench prompts; do
+    local extra=""; [ $set = prompts ] && extra="--prompts /tmp/pf/sharegpt_heldout_prompts.jsonl"
+    ( python3 -m eval $set $extra --target builtin:smollm2-135m-instruct --max-new-tokens 256 --batch-size 16 --no-baseline \
+        "$@" --out $W/eval_${set}_$name > $W/eval_${set}_$name.log 2>&1
+      stamp "eval $set ($name) rc=$?" ) &
+  done
+  wait
+}
+evaluate $KIND --drafter $W/run/export $TREE ${EVAL_EXTRA:-}
 # prompt lookup alone with PLD_DEEP drafts a step (default 32; 0: none) on the same prompts: the trees' evaluations run it
 # beside with as many drafts as they are deep (16, or 15 for DFlash), and a deeper one is the stricter baseline (on the
 # CPU 32 drafts gave SmolLM2's prompt lookup +3.0% under vLLM's count: fourteenth session)
 # PLD_EXTRA: its own extra flags (default EVAL_EXTRA; a rehearsal whose EVAL_EXTRA holds tree flags sets it)
-if [ "${PLD_DEEP:-32}" -gt 0 ]; then
-  for set in mtbench prompts; do
-    extra=""; [ $set = prompts ] && extra="--prompts /tmp/pf/sharegpt_heldout_prompts.jsonl"
-    ( python3 -m eval $set $extra --target builtin:smollm2-135m-instruct --drafter pld --draft-steps ${PLD_DEEP:-32} \
-        --max-new-tokens 256 --batch-size 16 --no-baseline ${PLD_EXTRA:-${EVAL_EXTRA:-}} --out $W/eval_${set}_pld${PLD_DEEP:-32} \
-        > $W/eval_${set}_pld${PLD_DEEP:-32}.log 2>&1
-      stamp "eval $set, prompt lookup with ${PLD_DEEP:-32} drafts rc=$?" ) &
-  done
-  wait
-fi
+[ "${PLD_DEEP:-32}" -gt 0 ] && evaluate pld${PLD_DEEP:-32} --drafter pld --draft-steps ${PLD_DEEP:-32} ${PLD_EXTRA:-${EVAL_EXTRA:-}}
 stamp "all done"
