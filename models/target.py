@@ -311,6 +311,7 @@ class TargetModel:
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.path = path
+        self.load_settings: dict[str, str] | None = None  # from_pretrained's arguments, where it loaded this target
         self.stack = decoder_stack(model)
         self.layers = self.stack.layers
 
@@ -341,7 +342,11 @@ class TargetModel:
             # transformers raises ValueError for a folder it cannot read (no model_type, no tokenizer); a truncated shard
             # SafetensorError, a config.json short of a size a RuntimeError, a field of the wrong type a strict-dataclass error
             raise ValueError(f"{what}={path!r}: cannot load a causal LM and tokenizer there ({' '.join(str(e).split())})") from None
-        return cls(model.to(device), tokenizer, path)
+        target = cls(model.to(device), tokenizer, path)
+        # how it was loaded, for another process to load the same target (data.regenerate.processes)
+        target.load_settings = {"path": path, "device": str(device), "dtype": str(torch_dtype).removeprefix("torch."),
+                                "attn_implementation": attn_implementation}
+        return target
 
     @property
     def config(self) -> Any:

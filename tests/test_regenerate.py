@@ -458,3 +458,121 @@ def test_a_regenerated_row_trains_only_the_targets_own_tokens(tiny_qwen3_path) -
         trained += len(labels)
         wrong += sum(predicted[t - 1] != row.input_ids[t] for t in labels)
     assert trained > 12 * 20 and wrong == 0, f"{wrong} of {trained} trained labels are not the target's own tokens"
+
+
+# ----------------------------------------------------------------------------- data.regenerate.processes
+
+
+def test_processes_setting_is_checked_and_left_out_of_the_key_where_it_changes_no_reply() -> None:
+    """``processes`` >= 1, only with the in-process engines; in the replies' cache key only for Hugging Face's engine
+    split over several (its replies depend on their batch), so a file written by one process keeps its key."""
+    from train.data import regenerate_key
+
+    with pytest.raises(ValueError, match=r"data.regenerate.processes=0; expected >= 1"):
+        RegenerateConfig(processes=0)
+    with pytest.raises(ValueError, match=r"processes=2 with engine=vllm"):
+        RegenerateConfig(processes=2, engine="vllm")
+    assert "processes" not in regenerate_key(RegenerateConfig(engine="ours", processes=4))
+    assert "processes" not in regenerate_key(RegenerateConfig(engine="hf", processes=1))
+    assert regenerate_key(RegenerateConfig(engine="hf", processes=2))["processes"] == 2
+    assert regenerate_key(RegenerateConfig(engine="ours", processes=4)) == regenerate_key(RegenerateConfig(engine="ours"))
+
+
+def more_conversations() -> list[Conversation]:
+    """Seven conversations: three processes get unequal shares (3, 2, 2), every share several turns."""
+    extra = [Conversation(f"x{i}", [{"role": "user", "content": f"Tell me about the number {i}."}, {"role": "assistant", "content": "old"},
+                                    {"role": "user", "content": "Why?"}, {"role": "assistant", "content": "old"}]) for i in range(4)]
+    return conversations_to_regenerate() + extra
+
+
+@pytest.mark.slow  # three spawned processes load the target (~10 s each on a 2-core CPU)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_regeneration_split_over_processes_equals_one_process(reference_target_path, tmp_path: Path, temperature: float) -> None:
+    """``data.regenerate.processes=3``: every conversation's replies equal one process's, greedy and sampled (each
+    reply's seed is keyed by its conversation's index in the whole data, not in a process's share), in the source's
+    order, with the counts summed; each other process appended its own partial file, keyed by those indices."""
+    from train.data.regenerate import partial_files, regenerate_in_processes
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=8, batch_size=2, engine="ours", temperature=temperature, seed=5, processes=3)
+    conversations = more_conversations()
+    whole, whole_stats = regenerate_conversations(conversations, OurReplies(target.model, target.tokenizer, cfg), renderer, cfg,
+                                                  max_length=1024, progress=False)
+    partial, resume = partial_files(tmp_path / "key.jsonl")
+    assert partial == tmp_path / "key.partial.jsonl" and resume == []
+    split, stats = regenerate_in_processes(conversations, target, renderer, cfg, 1024, False, partial, resume)
+    assert [c.id for c in split] == [c.id for c in conversations]
+    assert [c.messages for c in split] == [c.messages for c in whole]
+    assert stats == whole_stats and stats["turns_regenerated"] == 12
+    # process i's file holds conversations i, i + 3, ...: keyed by their index in the whole data
+    for i in range(3):
+        lines = read_partial(tmp_path / ("key.partial.jsonl" if i == 0 else f"key.partial.{i}.jsonl"))
+        assert {c for c, _ in lines} == set(range(i, 7, 3))
+    assert len(partial_files(tmp_path / "key.jsonl")[1]) == 3
+    if temperature == 0.0:
+        check_greedy_replies(target, renderer, conversations_to_regenerate(), split[:3], 8)
+
+
+@pytest.mark.slow  # two spawned processes load the target
+def test_a_split_regeneration_resumes_one_processs_partial_file_and_names_a_failed_share(reference_target_path, tmp_path: Path) -> None:
+    """A run of one process killed after 3 replies, resumed with two processes: each reads the replies the first file
+    holds for its share and asks only for the rest (the result equals an uninterrupted run's). Then a share whose
+    process cannot load the target: one line naming the share and why, after the other share's replies were kept."""
+    from train.data.regenerate import partial_files, regenerate_in_processes
+
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=8, batch_size=2, engine="ours", processes=2)
+    partial = tmp_path / "key.partial.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        regenerate_conversations(more_conversations(), KilledAfter(OurReplies(target.model, target.tokenizer, cfg), 3),
+                                 renderer, cfg, max_length=1024, progress=False, partial=partial)
+    partial, resume = partial_files(tmp_path / "key.jsonl")
+    assert resume == [partial]
+    out, stats = regenerate_in_processes(more_conversations(), target, renderer, cfg, 1024, False, partial, resume)
+    whole, _ = regenerate_conversations(more_conversations(), OurReplies(target.model, target.tokenizer, cfg), renderer, cfg,
+                                        max_length=1024, progress=False)
+    assert [c.messages for c in out] == [c.messages for c in whole]
+    assert stats["turns_resumed"] == 3 and stats["turns_resumed"] + stats["turns_regenerated"] == 12
+
+    target.load_settings = {**target.load_settings, "path": str(tmp_path / "no-such-target")}
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with pytest.raises(RuntimeError, match=r"data.regenerate.processes=2: share 1 \(ValueError: target.path=.*no-such-target.*"
+                                            r"the same command resumes"):
+        regenerate_in_processes(more_conversations(), target, renderer, cfg, 1024, False, fresh / "key.partial.jsonl", [])
+    assert {c for c, _ in read_partial(fresh / "key.partial.jsonl")} == {0, 2, 4, 6}  # share 0's replies, kept
+
+
+def test_a_target_not_loaded_from_a_folder_cannot_be_split(reference_target_path, tmp_path: Path) -> None:
+    from train.data.regenerate import regenerate_in_processes
+
+    loaded = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    assert loaded.load_settings == {"path": str(reference_target_path), "device": "cpu", "dtype": "float32", "attn_implementation": "auto"}
+    built = TargetModel(loaded.model, loaded.tokenizer, loaded.path)
+    cfg = RegenerateConfig(enabled=True, engine="ours", processes=2)
+    with pytest.raises(ValueError, match=r"data.regenerate.processes=2: the other processes load the target as this one did"):
+        regenerate_in_processes(more_conversations(), built, ChatRenderer(loaded.tokenizer), cfg, 1024, False, tmp_path / "k.partial.jsonl", [])
+
+
+@pytest.mark.slow  # a spawned process loads the target
+def test_prepare_data_with_two_processes_writes_one_processs_file_and_no_partial_left(tiny_qwen3_path, tmp_path: Path) -> None:
+    """Through the config (``data.regenerate.processes=2``, the tiny recipe's engine): the regenerated file equals one
+    process's line for line, under the same cache key, and the partial files are gone once it is written."""
+    import train.data as data
+    from compose import compose_train
+
+    source = tmp_path / "data.jsonl"
+    source.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in more_conversations()))
+    files = {}
+    for processes in (1, 2):
+        cfg = compose_train(["experiment=dflash_swa_tiny", f"target.path={tiny_qwen3_path}", f"data.path={source}", "data.num_eval=0",
+                             f"data.cache_dir={tmp_path / f'cache{processes}'}", "data.regenerate.max_new_tokens=6",
+                             f"data.regenerate.processes={processes}"])
+        target = TargetModel.from_pretrained(str(tiny_qwen3_path), "cpu")
+        _, _, summary = data.prepare_data(cfg.data, target, progress=False)
+        files[processes] = Path(summary["regenerated_from"])
+        assert not list(files[processes].parent.glob("*.partial*")), processes
+    assert cfg.data.regenerate.engine == "ours" and files[1].name == files[2].name
+    assert files[1].read_text() == files[2].read_text() and len(files[2].read_text().splitlines()) == 7

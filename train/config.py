@@ -210,6 +210,10 @@ class RegenerateConfig:
     top_k: int = 0  # 0 = off
     batch_size: int = 16  # engine=hf: prompts per generate call; engine=ours: prompts in flight
     run_steps: int = 8  # engine=ours, greedy: decode steps between host syncs (infer.batch.generate_streams)
+    # engine=hf|ours: regenerate in N processes on the run's device, each its share of the conversations (round robin).
+    # One process is bound by its host on a small target (per-row bookkeeping and launches; train/data/regenerate.py),
+    # so processes add up until the device fills. Each loads its own copy of the target
+    processes: int = 1
     seed: int = 0
     # the first N assistant replies of every conversation are kept as they are: a file this stage wrote (already the
     # target's own replies), extended with later user turns whose replies are then generated after them
@@ -246,6 +250,11 @@ class RegenerateConfig:
             raise ValueError(f"data.regenerate.batch_size={self.batch_size}; expected >= 1")
         if self.run_steps < 1:
             raise ValueError(f"data.regenerate.run_steps={self.run_steps}; expected >= 1")
+        if self.processes < 1:
+            raise ValueError(f"data.regenerate.processes={self.processes}; expected >= 1")
+        if self.processes > 1 and self.engine not in ("hf", "ours"):
+            raise ValueError(f"data.regenerate.processes={self.processes} with engine={self.engine}: processes split the work of "
+                             "the in-process engines (hf, ours); vLLM and a server batch it themselves (data.regenerate.concurrency)")
 
 
 @dataclass

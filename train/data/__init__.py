@@ -14,7 +14,8 @@ from common.atomic import unwritable_reason
 from .chat import ChatRenderer
 from .dataset import cache_key, load_tokenized, pack_conversations, resolve_source, source_fingerprint, split_train_eval
 from .readers import Conversation, DataError, read_conversations
-from .regenerate import REPLIES_VERSION, regenerate_conversations, reply_engine, target_fingerprint, write_jsonl_atomic
+from .regenerate import (REPLIES_VERSION, partial_files, regenerate_conversations, regenerate_in_processes, reply_engine,
+                         target_fingerprint, write_jsonl_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,10 @@ def regenerate_key(regen: Any) -> dict[str, Any]:
         settings.pop(how, None)
     if settings.get("engine", "hf") != "hf":
         settings.pop("batch_size", None)
+    # processes split the prompts: our loop's replies are those of batch 1 wherever they run, Hugging Face's depend on
+    # their batch (its neighbours' padding), so hf keeps a split's count in the key; one process keeps older files' keys
+    if settings.get("engine", "hf") != "hf" or settings.get("processes", 1) == 1:
+        settings.pop("processes", None)
     return settings
 
 
@@ -129,14 +134,19 @@ def regenerated(path: Path, locks: Path, source: Any, data_cfg: Any, target: Any
         source_conversations, _ = read_conversations(
             source, split=data_cfg.split, skip_bad_lines=data_cfg.skip_bad_lines, max_records=data_cfg.max_records
         )
-        partial = path.with_suffix(".partial.jsonl")
-        engine = reply_engine(regen, target, data_cfg.max_length)
-        try:
-            conversations, stats = regenerate_conversations(source_conversations, engine, renderer, regen, data_cfg.max_length,
-                                                            progress, partial=partial)
-        finally:
-            getattr(engine, "close", lambda: None)()
+        partial, resume = partial_files(path)
+        if regen.processes > 1:
+            conversations, stats = regenerate_in_processes(source_conversations, target, renderer, regen, data_cfg.max_length,
+                                                           progress, partial, resume)
+        else:
+            engine = reply_engine(regen, target, data_cfg.max_length)
+            try:
+                conversations, stats = regenerate_conversations(source_conversations, engine, renderer, regen,
+                                                                data_cfg.max_length, progress, partial=partial, resume=resume)
+            finally:
+                getattr(engine, "close", lambda: None)()
         write_jsonl_atomic(conversations, path)
-        partial.unlink(missing_ok=True)
+        for done in partial_files(path)[1]:
+            done.unlink(missing_ok=True)
         log.info("regenerated %d turns with the target -> %s (%s)", stats["turns_regenerated"], path, stats)
         return conversations

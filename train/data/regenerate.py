@@ -35,7 +35,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -296,6 +296,8 @@ def regenerate_conversations(
     max_length: int,
     progress: bool = True,
     partial: Path | None = None,
+    resume: Sequence[Path] = (),
+    indices: Sequence[int] | None = None,
 ) -> tuple[list[Conversation], dict[str, int]]:
     """Replace each assistant turn with the target's reply to the (regenerated) turns before it.
 
@@ -306,10 +308,21 @@ def regenerate_conversations(
         cfg: ``RegenerateConfig`` (max_new_tokens, temperature, top_p, top_k, batch_size, seed, ...).
         max_length: a turn whose prompt already holds this many tokens ends the conversation there (kept ones too).
         partial: JSONL file each reply is appended to as it arrives; replies already there are not asked again.
+        resume: more such files to read replies from (another split's parts: ``regenerate_in_processes``).
+        indices: each conversation's index in the whole data (default: its position here), which its replies' seeds and
+            the partial files' lines are keyed by: a share of the data regenerates as it does within the whole.
 
     Returns:
         The regenerated conversations (same ids; turns after a too-long prompt are cut) and counts.
     """
+    messages, stats = regenerate_messages(conversations, engine, renderer, cfg, max_length, progress, partial, resume, indices)
+    return [Conversation(id=c.id, messages=ms) for c, ms in zip(conversations, messages) if ms], stats
+
+
+def regenerate_messages(conversations: list[Conversation], engine: Any, renderer: ChatRenderer, cfg: Any, max_length: int,
+                        progress: bool = True, partial: Path | None = None, resume: Sequence[Path] = (),
+                        indices: Sequence[int] | None = None) -> tuple[list[list[dict[str, Any]]], dict[str, int]]:
+    """``regenerate_conversations``' work: each conversation's messages (empty where its first prompt was too long)."""
     from tqdm.auto import tqdm
 
     tokenizer = renderer.tokenizer
@@ -323,7 +336,10 @@ def regenerate_conversations(
     cut_at = [None] * len(messages)
     stats = {"turns_regenerated": 0, "conversations_cut": 0, "turns_resumed": 0, "turns_kept": 0, "replies_cut_at_budget": 0}
     max_turns = max((len(t) for t in assistant_turns), default=0)
-    done = read_partial(partial) if partial is not None else {}
+    index = list(range(len(conversations))) if indices is None else list(indices)
+    done = {}
+    for path in dict.fromkeys([*resume, *([partial] if partial is not None else [])]):
+        done.update(read_partial(path))
     sink = None
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
@@ -346,19 +362,19 @@ def regenerate_conversations(
                     stats["turns_kept"] += 1
                     bar.update(1)
                     continue
-                if (c, k) in done:  # answered before a kill
-                    set_reply(messages[c][turn], *done[(c, k)])
+                if (index[c], k) in done:  # answered before a kill
+                    set_reply(messages[c][turn], *done[(index[c], k)])
                     stats["turns_resumed"] += 1
-                    stats["replies_cut_at_budget"] += not done[(c, k)][1]
+                    stats["replies_cut_at_budget"] += not done[(index[c], k)][1]
                     bar.update(1)
                     if not whole_batches:
                         continue
                 todo.append(c)
                 prompts.append(ids)
             budgets = [min(cfg.max_new_tokens, max_length - len(p)) for p in prompts]
-            seeds = [reply_seed(cfg.seed, c, k) for c in todo]
+            seeds = [reply_seed(cfg.seed, index[c], k) for c in todo]
             if whole_batches:  # the answered prompts too, to batch as the uninterrupted run did; not handed out again
-                answers = engine.replies(prompts, budgets, seeds, skip={i for i, c in enumerate(todo) if (c, k) in done})
+                answers = engine.replies(prompts, budgets, seeds, skip={i for i, c in enumerate(todo) if (index[c], k) in done})
             else:
                 answers = engine.replies(prompts, budgets, seeds)
             for i, tokens, text, complete in answers:
@@ -369,7 +385,7 @@ def regenerate_conversations(
                 stats["turns_regenerated"] += 1
                 stats["replies_cut_at_budget"] += not complete
                 if sink is not None:
-                    sink.write(json.dumps({"conversation": c, "turn": k, "content": content, "complete": complete,
+                    sink.write(json.dumps({"conversation": index[c], "turn": k, "content": content, "complete": complete,
                                            "token_ids": None if tokens is None else list(tokens)}, ensure_ascii=False) + "\n")
                     sink.flush()
                 bar.update(1)
@@ -377,15 +393,94 @@ def regenerate_conversations(
         bar.close()
         if sink is not None:
             sink.close()
-    result = []
-    for c, conversation in enumerate(conversations):
-        ms = messages[c]
+    for c in range(len(messages)):
         if cut_at[c] is not None:  # keep up to the last regenerated reply
             last_reply = max((i for i in assistant_turns[c] if i < cut_at[c]), default=-1)
-            ms = ms[: last_reply + 1]
-        if ms:
-            result.append(Conversation(id=conversation.id, messages=ms))
-    return result, stats
+            messages[c] = messages[c][: last_reply + 1]
+    return messages, stats
+
+
+def partial_files(path: Path) -> tuple[Path, list[Path]]:
+    """Where the replies of a regeneration into ``path`` are appended as they arrive: ``<key>.partial.jsonl``, and with
+    several processes one file each, ``<key>.partial.N.jsonl`` (N >= 1; process 0 appends to the first); and every such
+    file there already, which a resume reads whatever the number of processes that wrote them."""
+    first = path.with_suffix(".partial.jsonl")
+    existing = sorted(path.parent.glob(f"{path.stem}.partial*.jsonl"))
+    return first, existing
+
+
+def regenerate_in_processes(conversations: list[Conversation], target: Any, renderer: ChatRenderer, cfg: Any, max_length: int,
+                            progress: bool, partial: Path, resume: Sequence[Path]) -> tuple[list[Conversation], dict[str, int]]:
+    """``regenerate_conversations`` split over ``cfg.processes`` processes on the target's device: process i takes
+    conversations i, i + N, i + 2N, ... (the lengths mix alike in every share), keyed by their index in the whole data
+    (seeds, partial files), and this process takes share 0 with the target it holds. The others each load the target
+    as it was loaded here and append to a partial file of their own. Each conversation's replies are those of one
+    process: with our engine (each row's tokens those of batch 1) the same as one process's; a failed share raises
+    after the others end, naming it, its replies kept for the resume."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    n = cfg.processes
+    settings = getattr(target, "load_settings", None)
+    if settings is None:
+        raise ValueError(f"data.regenerate.processes={n}: the other processes load the target as this one did, and this "
+                         "target was not loaded from a folder (TargetModel.from_pretrained)")
+    shares = [list(range(i, len(conversations), n)) for i in range(n)]
+    plain_cfg = {f: getattr(cfg, f) for f in ("max_new_tokens", "temperature", "top_p", "top_k", "batch_size", "run_steps",
+                                              "seed", "keep_replies", "engine", "processes")}
+    threads = max(1, torch.get_num_threads() // n)  # on a CPU the processes share its cores
+    log.info("regenerating %d conversations in %d processes on %s (the progress bar counts this process's share)",
+             len(conversations), n, settings["device"])
+    messages: list[list[dict[str, Any]] | None] = [None] * len(conversations)
+    total: dict[str, int] = {}
+    failed = []
+    threads_before = torch.get_num_threads()
+    # spawned: a forked child would inherit this process's CUDA context, which CUDA does not allow
+    with ProcessPoolExecutor(max_workers=n - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {i: pool.submit(regenerate_share, settings, renderer, plain_cfg, max_length,
+                                  [conversations[c] for c in shares[i]], shares[i], partial.with_suffix(f".{i}.jsonl"),
+                                  list(resume), threads) for i in range(1, n)}
+        torch.set_num_threads(threads)
+        engine = reply_engine(cfg, target, max_length)
+        try:
+            results = {0: regenerate_messages([conversations[c] for c in shares[0]], engine, renderer, cfg, max_length,
+                                              progress, partial, resume, shares[0])}
+        finally:
+            getattr(engine, "close", lambda: None)()
+            torch.set_num_threads(threads_before)
+        for i, future in futures.items():
+            try:
+                results[i] = future.result()
+            except Exception as e:  # noqa: BLE001 - every share is waited for before one failure is raised
+                failed.append(f"share {i} ({type(e).__name__}: {' '.join(str(e).split())[:300]})")
+    if failed:
+        raise RuntimeError(f"data.regenerate.processes={n}: {'; '.join(failed)}; the replies that arrived are kept in "
+                           f"{partial.parent}/{partial.stem.removesuffix('.partial')}.partial*.jsonl and the same command resumes")
+    for i, (share_messages, stats) in results.items():
+        for c, ms in zip(shares[i], share_messages):
+            messages[c] = ms
+        for k, v in stats.items():
+            total[k] = total.get(k, 0) + v
+    return [Conversation(id=c.id, messages=ms) for c, ms in zip(conversations, messages) if ms], total
+
+
+def regenerate_share(settings: dict[str, str], renderer: ChatRenderer, cfg: dict[str, Any], max_length: int,
+                     conversations: list[Conversation], indices: list[int], partial: Path, resume: list[Path],
+                     threads: int) -> tuple[list[list[dict[str, Any]]], dict[str, int]]:
+    """One process's share (``regenerate_in_processes``), in a process of its own: the target loaded as the first
+    process loaded it, the same engine."""
+    from types import SimpleNamespace
+
+    from models.target import TargetModel
+
+    torch.set_num_threads(threads)
+    target = TargetModel.from_pretrained(**settings)
+    regen = SimpleNamespace(**cfg)
+    engine = reply_engine(regen, target, max_length)
+    try:
+        return regenerate_messages(conversations, engine, renderer, regen, max_length, False, partial, resume, indices)
+    finally:
+        getattr(engine, "close", lambda: None)()
 
 
 def write_jsonl_atomic(conversations: list[Conversation], path: Path) -> None:
