@@ -10,7 +10,8 @@ four engines (``data.regenerate.engine``):
     vllm    vLLM in its own environment (``SWA_VLLM_PYTHON``), ``concurrency`` prompts per request
     server  a running OpenAI-compatible server (``server_url``: ``vllm serve``, SGLang), ``concurrency`` in flight
 
-Every finished reply is appended to ``<cache>.partial.jsonl`` as it arrives (flushed), so a killed run
+Every finished reply is appended to ``<cache>.partial.jsonl`` as it arrives (flushed; split over
+``data.regenerate.processes``, process i appends to ``<cache>.partial.i.jsonl``), so a killed run
 loses at most the requests in flight and the same command resumes; the finished set is written as
 ``<cache>.jsonl`` (``messages`` layout) by temp name and rename, keyed by the source data, the target's
 files, the template and the generation settings, and the partial file removed.
