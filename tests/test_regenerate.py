@@ -478,6 +478,18 @@ def test_processes_setting_is_checked_and_left_out_of_the_key_where_it_changes_n
     assert regenerate_key(RegenerateConfig(engine="ours", processes=4)) == regenerate_key(RegenerateConfig(engine="ours"))
 
 
+def test_processes_spread_over_the_visible_gpus_of_a_one_process_run() -> None:
+    """``share_devices``: round robin over the GPUs from the run's own; one GPU, a CPU, or a run of several ranks (each
+    owning its GPU): every process on the run's device."""
+    from train.data.regenerate import share_devices
+
+    assert share_devices("cuda:1", 4, device_count=3) == ["cuda:1", "cuda:2", "cuda:0", "cuda:1"]
+    assert share_devices("cuda", 3, device_count=2) == ["cuda:0", "cuda:1", "cuda:0"]
+    assert share_devices("cuda:0", 3, device_count=1) == ["cuda:0"] * 3
+    assert share_devices("cuda:0", 2, device_count=4, world_size=4) == ["cuda:0"] * 2
+    assert share_devices("cpu", 2, device_count=0) == ["cpu", "cpu"]
+
+
 def more_conversations() -> list[Conversation]:
     """Seven conversations: three processes get unequal shares (3, 2, 2), every share several turns."""
     extra = [Conversation(f"x{i}", [{"role": "user", "content": f"Tell me about the number {i}."}, {"role": "assistant", "content": "old"},

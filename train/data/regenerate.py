@@ -410,12 +410,25 @@ def partial_files(path: Path) -> tuple[Path, list[Path]]:
     return first, existing
 
 
+def share_devices(device: str, processes: int, device_count: int, world_size: int = 1) -> list[str]:
+    """Each process's device: with several GPUs visible to a run of one process (no torchrun/DeepSpeed ranks, which own
+    one GPU each), round robin over them from the run's own; else all on the run's device. On one GPU the processes
+    share it by time slices (no overlap of their kernels without MPS): 4 regenerated at 0.92x one process's rate on an
+    H100 (BENCHMARKS.md, fifteenth session)."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or device_count < 2 or world_size > 1:
+        return [device] * processes
+    first = int(index or 0)
+    return [f"cuda:{(first + i) % device_count}" for i in range(processes)]
+
+
 def regenerate_in_processes(conversations: list[Conversation], target: Any, renderer: ChatRenderer, cfg: Any, max_length: int,
                             progress: bool, partial: Path, resume: Sequence[Path]) -> tuple[list[Conversation], dict[str, int]]:
     """``regenerate_conversations`` split over ``cfg.processes`` processes on the target's device: process i takes
     conversations i, i + N, i + 2N, ... (the lengths mix alike in every share), keyed by their index in the whole data
     (seeds, partial files), and this process takes share 0 with the target it holds. The others each load the target
-    as it was loaded here and append to a partial file of their own. Each conversation's replies are those of one
+    as it was loaded here (on another GPU where several are visible: ``share_devices``) and append to a partial file
+    of their own. Each conversation's replies are those of one
     process: with our engine (each row's tokens those of batch 1) the same as one process's; a failed share raises
     after the others end, naming it, its replies kept for the resume."""
     import multiprocessing
@@ -430,15 +443,17 @@ def regenerate_in_processes(conversations: list[Conversation], target: Any, rend
     plain_cfg = {f: getattr(cfg, f) for f in ("max_new_tokens", "temperature", "top_p", "top_k", "batch_size", "run_steps",
                                               "seed", "keep_replies", "engine", "processes")}
     threads = max(1, torch.get_num_threads() // n)  # on a CPU the processes share its cores
+    devices = share_devices(settings["device"], n, torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                            int(os.environ.get("WORLD_SIZE", "1")))
     log.info("regenerating %d conversations in %d processes on %s (the progress bar counts this process's share)",
-             len(conversations), n, settings["device"])
+             len(conversations), n, ", ".join(dict.fromkeys(devices)))
     messages: list[list[dict[str, Any]] | None] = [None] * len(conversations)
     total: dict[str, int] = {}
     failed = []
     threads_before = torch.get_num_threads()
     # spawned: a forked child would inherit this process's CUDA context, which CUDA does not allow
     with ProcessPoolExecutor(max_workers=n - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {i: pool.submit(regenerate_share, settings, renderer, plain_cfg, max_length,
+        futures = {i: pool.submit(regenerate_share, {**settings, "device": devices[i]}, renderer, plain_cfg, max_length,
                                   [conversations[c] for c in shares[i]], shares[i], partial.with_suffix(f".{i}.jsonl"),
                                   list(resume), threads) for i in range(1, n)}
         torch.set_num_threads(threads)
