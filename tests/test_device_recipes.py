@@ -4,7 +4,6 @@ every script parses, and ``progress.sh`` returns what a lease produced within a 
 next call expects (the regenerated file first, the drafter without the target's embedding after "all done")."""
 import importlib.util
 import os
-import re
 import stat
 import subprocess
 import sys
@@ -173,49 +172,3 @@ def test_rebuilt_dflash_drafter_is_the_exported_one_in_bf16(tmp_path: Path, pyth
     assert set(loaded) == set(original)
     for name, tensor in loaded.items():
         torch.testing.assert_close(tensor, original[name].bfloat16().float(), rtol=0, atol=0, msg=name)
-
-
-@pytest.mark.slow
-def test_regen_shards_joins_what_one_process_regenerates(tmp_path: Path, python3_shim: Path) -> None:
-    """regen_shards.sh (the lease's regeneration split over processes): the joined file holds, conversation for
-    conversation, the replies one process regenerates from the whole file (greedy, fp32 on the CPU: a row's tokens do not
-    depend on the rows beside it); a process that fails leaves no joined file and names its log."""
-    import json
-
-    conversations = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"Question {i}: name {i + 2} colours."},
-                                                  {"role": "assistant", "content": "Red."},
-                                                  {"role": "user", "content": "And two more?"},
-                                                  {"role": "assistant", "content": "Blue."}]} for i in range(5)]
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps(c) + "\n" for c in conversations))
-    overrides = ["experiment=dflash_swa_tiny", "logger=none", "trainer.progress=false", "data.num_eval=0",
-                 "data.regenerate.max_new_tokens=12", "data.regenerate.batch_size=2", f"data.cache_dir={tmp_path / 'cache'}"]
-    env = {**os.environ, "PATH": f"{python3_shim}{os.pathsep}{os.environ['PATH']}"}
-    root = RECIPES.parents[1]
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    joined = tmp_path / "joined.jsonl"
-    result = subprocess.run(["bash", str(PROGRESS.parent / "regen_shards.sh"), "2", str(prompts), str(joined), str(logs),
-                             *overrides], capture_output=True, text=True, env=env, cwd=root, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    whole = subprocess.run([sys.executable, "-m", "train", *overrides, f"data.path={prompts}", "data.max_records=null",
-                            "data.prepare_only=true", f"output_dir={tmp_path / 'whole'}"], capture_output=True, text=True,
-                           env=env, cwd=root, timeout=600)
-    assert whole.returncode == 0, whole.stderr[-2000:]
-    one = json.loads((tmp_path / "whole" / "data.json").read_text())["data"]["regenerated_from"]
-    by_id = lambda path: {r["id"]: r["messages"] for r in map(json.loads, Path(path).read_text().splitlines())}  # noqa: E731
-    sharded, single = by_id(joined), by_id(one)
-    assert sorted(sharded) == [f"c{i}" for i in range(5)] and sharded == single
-    assert all(m["content"] not in ("Red.", "Blue.") and m.get("token_ids") for ms in sharded.values() for m in ms if m["role"] == "assistant")
-
-    # one part fails (round robin gives the sixth line, cut off, to part 1), the other regenerates: nothing joined
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "prompts.jsonl").write_text(prompts.read_text() + '{"id": "cut", "messages": [{"role": "user", "cont\n')
-    result = subprocess.run(["bash", str(PROGRESS.parent / "regen_shards.sh"), "2", str(bad / "prompts.jsonl"),
-                             str(bad / "joined.jsonl"), str(bad), *overrides], capture_output=True, text=True,
-                            env=env, cwd=root, timeout=600)
-    assert result.returncode == 1 and "part 1 failed" in result.stdout and "regen_part01.log" in result.stdout
-    assert "part 0 failed" not in result.stdout  # part 0 regenerated (or read its replies from the cache): its file named
-    assert re.search(r"(-> |from cache )\S+\.jsonl", (bad / "regen_part00.log").read_text())
-    assert not (bad / "joined.jsonl").exists() and not (bad / "joined.jsonl.partial").exists()

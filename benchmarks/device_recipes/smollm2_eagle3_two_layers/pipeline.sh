@@ -8,12 +8,12 @@
 #  2. STEPS = (TRAIN_END - now - 100 s) / P's step time (x 1.08 margin); the real run loads the compile cache
 #  3. the 384-node trees on MT-Bench and the held-out prompts, side by side
 # EXTRA (train overrides), EVAL_EXTRA and MIN_STEPS: for a CPU rehearsal (the README's command). KIND=dflash trains
-# DFlash instead (below); SHARDS=N splits the regeneration over N processes (below; fourteenth session)
+# DFlash instead (below)
 set -u
 W=/tmp/sm; cd /tmp/repo_snapshot
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SWA_DRAFTERS_CACHE=/tmp/swacache
 stamp() { echo "$(date +%H:%M:%S) $(date +%s) $*" >> $W/times.txt; }
-regen_path() { [ "${SHARDS:-1}" -gt 1 ] && echo /tmp/pf/regen.jsonl || ls /tmp/swacache/data/regenerated/*.jsonl | grep -v partial | head -1; }
+regen_path() { ls /tmp/swacache/data/regenerated/*.jsonl | grep -v partial | head -1; }
 pack_regen() {  # the regenerated file (not a .partial one) xz-compressed in pieces under 16 MiB, to return from the lease
   ( mkdir -p $W/ret && cd $W/ret && f=$(regen_path) && cp $f regen.jsonl && \
     xz -T8 -6 regen.jsonl && split -b 15000000 -d regen.jsonl.xz regen.jsonl.xz.part && rm regen.jsonl.xz && \
@@ -37,26 +37,10 @@ REAL="data.path=/tmp/pf/sharegpt_prompts.jsonl data.max_records=${RECORDS:-15000
 # REGEN_FILE: a regenerated file an earlier lease returned (carry_regen.sh puts it in place): trained on as it is, the
 # "regeneration" process below then only tokenizes and packs it beside the probe
 [ -n "${REGEN_FILE:-}" ] && REAL="data.path=$REGEN_FILE data.regenerate.enabled=false data.max_records=null"
-# SHARDS=N (N > 1): the regeneration split over N processes on the one GPU, each its own part of the prompts (round
-# robin), their files joined into /tmp/pf/regen.jsonl, which the run then trains on as a REGEN_FILE. One process is bound
-# by the host (per-row bookkeeping and launches: the GPU under 1% of its bandwidth, BENCHMARKS.md), so processes add up
-# until the GPU fills; the thirteenth session's one process took 13.5 min for the 6-turn file.
-SHARDS=${SHARDS:-1}
-regen_sharded() {  # regen_shards.sh (beside this script): the first RECORDS prompts, split over SHARDS processes; then
-  # the joined file tokenized and packed into the data cache (beside the probe, not at the run's start: ~1 min)
-  head -n ${RECORDS:-15000} /tmp/pf/sharegpt_prompts.jsonl > /tmp/pf/regen_prompts.jsonl
-  bash $W/regen_shards.sh $SHARDS /tmp/pf/regen_prompts.jsonl /tmp/pf/regen.jsonl $W $C && \
-    python3 -m train $C data.path=/tmp/pf/regen.jsonl data.regenerate.enabled=false data.max_records=null \
-      data.prepare_only=true output_dir=$W/regen_joined
-}
+# (the regeneration split over processes, EXTRA=data.regenerate.processes=N, does not pay on one GPU: 4 processes ran at
+# 0.92x one process's tokens/s on an H100, the GPU 100% busy, fifteenth session; the SHARDS=N of the fourteenth went)
 stamp "start (train end at $TRAIN_END)"
-if [ -z "${REGEN_FILE:-}" ] && [ "$SHARDS" -gt 1 ]; then
-  rm -f /tmp/pf/regen.jsonl  # an earlier run's (a rehearsal's) joined file is not this one's
-  ( regen_sharded > $W/regen.log 2>&1; stamp "regen end rc=$? ($SHARDS processes: $(cat /tmp/pf/regen.jsonl 2>/dev/null | wc -l) conversations)" ) &
-  REAL="data.path=/tmp/pf/regen.jsonl data.regenerate.enabled=false data.max_records=null"
-else
-  ( python3 -m train $C $REAL data.prepare_only=true output_dir=$W/regen > $W/regen.log 2>&1; stamp "regen end rc=$?" ) &
-fi
+( python3 -m train $C $REAL data.prepare_only=true output_dir=$W/regen > $W/regen.log 2>&1; stamp "regen end rc=$?" ) &
 # the regenerated file packed for the way back as soon as it is written (prepare_only goes on to tokenize and pack it),
 # so that a progress call can return it while the training runs; stops waiting when the regeneration ends without one
 regen_file() { local f; f=$(regen_path 2>/dev/null) && [ -n "$f" ] && [ -f "$f" ]; }

@@ -5,7 +5,7 @@
 # min(MAX_STEPS, what TRAIN_S leaves) steps from the probe's compile cache and decodes the 384-node trees on MT-Bench and
 # the held-out prompts. The regenerated file is packed as soon as it is written; progress.sh returns it in the first call
 # that finds it, the drafter after "all done". Carries .gl/c3 (the README's list); reports until WAIT s.
-# SHARDS=N splits the regeneration over N processes, KIND=dflash trains DFlash (pipeline.sh; fourteenth session).
+# KIND=dflash trains DFlash (pipeline.sh; fourteenth session).
 set -u; export T0=$(date +%s)
 CARRIED=.gl/c3 PROMPTS=sharegpt_prompts_6turns.jsonl.xz RECORDS=${RECORDS:-17268} MAX_STEPS=${MAX_STEPS:-3000} \
   bash .gl/c3/start.sh
