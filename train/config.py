@@ -210,9 +210,9 @@ class RegenerateConfig:
     top_k: int = 0  # 0 = off
     batch_size: int = 16  # engine=hf: prompts per generate call; engine=ours: prompts in flight
     run_steps: int = 8  # engine=ours, greedy: decode steps between host syncs (infer.batch.generate_streams)
-    # engine=hf|ours: regenerate in N processes on the run's device, each its share of the conversations (round robin).
-    # One process is bound by its host on a small target (per-row bookkeeping and launches; train/data/regenerate.py),
-    # so processes add up until the device fills. Each loads its own copy of the target
+    # engine=hf|ours: regenerate in N processes, each loading its own copy of the target and taking every N-th
+    # conversation; spread over the GPUs a one-process run sees. On one GPU it does not pay (time slices: 4 processes ran
+    # at 0.92x one process's tokens/s on an H100; BENCHMARKS.md, fifteenth session)
     processes: int = 1
     seed: int = 0
     # the first N assistant replies of every conversation are kept as they are: a file this stage wrote (already the

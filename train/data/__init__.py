@@ -30,8 +30,9 @@ def regenerate_key(regen: Any) -> dict[str, Any]:
         settings.pop(how, None)
     if settings.get("engine", "hf") != "hf":
         settings.pop("batch_size", None)
-    # processes split the prompts: our loop's replies are those of batch 1 wherever they run, Hugging Face's depend on
-    # their batch (its neighbours' padding), so hf keeps a split's count in the key; one process keeps older files' keys
+    # processes split the prompts: our loop's replies are those of batch 1 wherever they run (as exactly as batch_size,
+    # which its key leaves out too), Hugging Face's depend on their batch (its neighbours' padding), so hf keeps a split's
+    # count in the key; one process keeps older files' keys
     if settings.get("engine", "hf") != "hf" or settings.get("processes", 1) == 1:
         settings.pop("processes", None)
     return settings

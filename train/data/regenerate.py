@@ -428,8 +428,8 @@ def regenerate_in_processes(conversations: list[Conversation], target: Any, rend
     conversations i, i + N, i + 2N, ... (the lengths mix alike in every share), keyed by their index in the whole data
     (seeds, partial files), and this process takes share 0 with the target it holds. The others each load the target
     as it was loaded here (on another GPU where several are visible: ``share_devices``) and append to a partial file
-    of their own. Each conversation's replies are those of one
-    process: with our engine (each row's tokens those of batch 1) the same as one process's; a failed share raises
+    of their own. With our engine each row's tokens are those of batch 1, so in fp32 the replies equal one process's
+    (tested); in bf16 on a GPU a reply depends on its batch's shapes, as with any ``batch_size``. A failed share raises
     after the others end, naming it, its replies kept for the resume."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
