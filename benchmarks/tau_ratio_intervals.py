@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> None:
         for window, prefill, mine_file, pld_file in cells(folder, None if args.pld_dirs is None else args.pld_dirs[i]):
             mine_records, pld_records = list(read_partial(mine_file).values()), list(read_partial(pld_file).values())
             # every column pools the questions both cells hold (a cell cut off by a kill holds fewer)
-            mine = shared(per_question(mine_records), per_question(pld_records))
+            pld_counts = {only: per_question(pld_records, drafting_steps_only=only) for only in (False, True)}
+            mine = shared(per_question(mine_records), pld_counts[False])
             row = [folder.name, window, str(prefill), str(len(mine)), f"{pooled_tau(mine):.3f}"]
             for drafting_only in (False, True):
-                pld = shared(per_question(pld_records, drafting_steps_only=drafting_only), mine)
+                pld = shared(pld_counts[drafting_only], mine)
                 ratio, low, high = ratio_with_interval(pld, mine, args.resamples, args.seed)
                 row += [f"{pooled_tau(pld):.3f}", f"{ratio:.3f}× ({low:.2f}-{high:.2f})"]
             print("| " + " | ".join(row) + " |")

@@ -30,6 +30,7 @@ ids too, so a regenerated conversation's row is token for token the sequence its
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import json
@@ -440,8 +441,10 @@ def regenerate_in_processes(conversations: list[Conversation], target: Any, rend
         raise ValueError(f"data.regenerate.processes={n}: the other processes load the target as this one did, and this "
                          "target was not loaded from a folder (TargetModel.from_pretrained)")
     shares = [list(range(i, len(conversations), n)) for i in range(n)]
-    plain_cfg = {f: getattr(cfg, f) for f in ("max_new_tokens", "temperature", "top_p", "top_k", "batch_size", "run_steps",
-                                              "seed", "keep_replies", "engine", "processes")}
+    from train.config import RegenerateConfig
+
+    # every setting, as plain values (the run's may be an OmegaConf node): the other processes rebuild the same config
+    plain_cfg = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(RegenerateConfig)}
     threads = max(1, torch.get_num_threads() // n)  # on a CPU the processes share its cores
     devices = share_devices(settings["device"], n, torch.cuda.device_count() if torch.cuda.is_available() else 0,
                             int(os.environ.get("WORLD_SIZE", "1")))
@@ -485,13 +488,12 @@ def regenerate_share(settings: dict[str, str], renderer: ChatRenderer, cfg: dict
                      threads: int) -> tuple[list[list[dict[str, Any]]], dict[str, int]]:
     """One process's share (``regenerate_in_processes``), in a process of its own: the target loaded as the first
     process loaded it, the same engine."""
-    from types import SimpleNamespace
-
     from models.target import TargetModel
+    from train.config import RegenerateConfig
 
     torch.set_num_threads(threads)
     target = TargetModel.from_pretrained(**settings)
-    regen = SimpleNamespace(**cfg)
+    regen = RegenerateConfig(**cfg)
     engine = reply_engine(regen, target, max_length)
     try:
         return regenerate_messages(conversations, engine, renderer, regen, max_length, False, partial, resume, indices)

@@ -46,8 +46,8 @@ stamp "start (train end at $TRAIN_END)"
 regen_file() { local f; f=$(regen_path 2>/dev/null) && [ -n "$f" ] && [ -f "$f" ]; }
 ( until regen_file; do grep -q "regen end" $W/times.txt && break; sleep 3; done; regen_file && [ -z "${REGEN_FILE:-}" ] && pack_regen ) &
 PACKER=$!
-# the GPU's utilisation and memory every 10 s until the regeneration ends (gpu_util.log, in the logs' archive): whether
-# its processes fill the GPU or leave it idle (no nvidia-smi, as in a CPU rehearsal: the file stays empty)
+# the GPU's utilisation and memory every 10 s until the regeneration ends (gpu_util.log, in the logs' archive): how busy
+# the regeneration keeps the GPU (no nvidia-smi, as in a CPU rehearsal: the file stays empty)
 ( until grep -q "regen end" $W/times.txt; do
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null | sed "s/^/$(date +%H:%M:%S) /" >> $W/gpu_util.log
     sleep 10; done ) &
