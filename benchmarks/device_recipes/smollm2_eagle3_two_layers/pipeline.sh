@@ -6,7 +6,7 @@
 #     P compiles the training step on the builtin ShareGPT sample (same row shapes: 16 x 2048 packed) and times 40 steps,
 #     saving trainer.compile_cache, so the real run starts warm
 #  2. STEPS = (TRAIN_END - now - 100 s) / P's step time (x 1.08 margin); the real run loads the compile cache
-#  3. the 384-node trees on MT-Bench and the held-out prompts, side by side
+#  3. the trees (EAGLE-3: 1,024 nodes at depth 24) on MT-Bench and the held-out prompts, prompt lookup beside them
 # EXTRA (train overrides), EVAL_EXTRA and MIN_STEPS: for a CPU rehearsal (the README's command). KIND=dflash trains
 # DFlash instead (below)
 set -u
@@ -31,8 +31,13 @@ else
   C="experiment=eagle3_swa_small $COMMON
    drafter.draft_vocab_size=16384 drafter.num_hidden_layers=2 drafter.layer_types=[sliding_attention,sliding_attention]
    data.pack_documents=true data.pack_length=2048 trainer.attention_backend=flex ${EXTRA:-}"
-  TREE="--tree-topk 16 --tree-tokens 384 --draft-steps 16"
+  # 1,024 nodes at depth 24: the fourteenth session's drafter decoded τ 6.199 / 7.531 with them on the H100, against
+  # 5.799 / 6.699 with 384 nodes at depth 16 (sixteenth session); the evaluation takes ~280 s instead of ~120 s
+  TREE="--tree-topk 16 --tree-tokens 1024 --draft-steps 24"
 fi
+# TREE_FLAGS: the trees' flags instead of the kind's default; TREE2_FLAGS: a second tree decoded beside it, into
+# eval_{mtbench,prompts}_${KIND}_tree2 (none by default)
+TREE=${TREE_FLAGS:-$TREE}
 REAL="data.path=/tmp/pf/sharegpt_prompts.jsonl data.max_records=${RECORDS:-15000}"
 # REGEN_FILE: a regenerated file an earlier lease returned (carry_regen.sh puts it in place): trained on as it is, the
 # "regeneration" process below then only tokenizes and packs it beside the probe
@@ -86,7 +91,8 @@ if [ ! -f $W/run/export/config.json ] && ls -d $W/run/checkpoints/step_* > /dev/
     --target builtin:smollm2-135m-instruct >> $W/train.log 2>&1 && mv $W/export_of_checkpoint $W/run/export  # (not into the source)
   stamp "$why: its newest checkpoint exported for the trees rc=$? ($(ls -d $W/run/checkpoints/step_* | tail -1))"
 fi
-evaluate() {  # evaluate NAME FLAGS...: MT-Bench and the held-out prompts side by side, into eval_{mtbench,prompts}_NAME
+evaluate() {  # evaluate NAME FLAGS...: MT-Bench and the held-out prompts, each in its own process (the caller waits),
+  # into eval_{mtbench,prompts}_NAME
   local name=$1; shift
   for set in mtbench prompts; do
     local extra=""; [ $set = prompts ] && extra="--prompts /tmp/pf/sharegpt_heldout_prompts.jsonl"
@@ -94,12 +100,14 @@ evaluate() {  # evaluate NAME FLAGS...: MT-Bench and the held-out prompts side b
         "$@" --out $W/eval_${set}_$name > $W/eval_${set}_$name.log 2>&1
       stamp "eval $set ($name) rc=$?" ) &
   done
-  wait
 }
 evaluate $KIND --drafter $W/run/export $TREE ${EVAL_EXTRA:-}
-# prompt lookup alone with PLD_DEEP drafts a step (default 32; 0: none) on the same prompts: the trees' evaluations run it
-# beside with as many drafts as they are deep (16, or 15 for DFlash), and a deeper one is the stricter baseline (on the
-# CPU 32 drafts gave SmolLM2's prompt lookup +3.0% under vLLM's count: fourteenth session)
+[ -n "${TREE2_FLAGS:-}" ] && evaluate ${KIND}_tree2 --drafter $W/run/export $TREE2_FLAGS ${EVAL_EXTRA:-}
+# prompt lookup alone with PLD_DEEP drafts a step (default 32; 0: none) on the same prompts, beside the trees (it needs
+# no drafter; side by side they took 166 s on the H100 where one after the other takes ~3 min, fifteenth session): the
+# trees' evaluations run it with as many drafts as they are deep (16, or 15 for DFlash), and a deeper one is the stricter
+# baseline (on the CPU 32 drafts gave SmolLM2's prompt lookup +3.0% under vLLM's count: fourteenth session)
 # PLD_EXTRA: its own extra flags (default EVAL_EXTRA; a rehearsal whose EVAL_EXTRA holds tree flags sets it)
 [ "${PLD_DEEP:-32}" -gt 0 ] && evaluate pld${PLD_DEEP:-32} --drafter pld --draft-steps ${PLD_DEEP:-32} ${PLD_EXTRA:-${EVAL_EXTRA:-}}
+wait
 stamp "all done"
