@@ -81,6 +81,8 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=2048)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--run-steps", type=int, default=8)
+    p.add_argument("--reuse-turns", choices=["on", "off"], default="on",
+                   help="data.regenerate.reuse_turns: each conversation's turns in one row (on) or turn by turn (off)")
     p.add_argument("--step-batches", type=int, nargs="*", default=[128, 256, 512])
     p.add_argument("--step-positions", type=int, nargs="*", default=[256, 1024, 2048])
     p.add_argument("--device", default="cuda")
@@ -95,7 +97,7 @@ def main() -> None:
             print(f"| {b} | {pos} | {ms:.3f} | {ms / b * 1000:.2f} µs |")
 
     cfg = RegenerateConfig(enabled=True, engine="ours", max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                           run_steps=args.run_steps)  # the trainer's own settings (a namespace missed keep_replies)
+                           run_steps=args.run_steps, reuse_turns=args.reuse_turns == "on")  # the trainer's own settings
     engine = OurReplies(target.model, target.tokenizer, cfg)
     engine.target.step = step = Timed(engine.target.step)
     engine.target.prefill_rows = prefill = Timed(engine.target.prefill_rows)
@@ -107,7 +109,7 @@ def main() -> None:
     new_tokens = sum(len(target.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies)
     print(f"\n{stats['turns_regenerated']} turns, ~{new_tokens} reply tokens (re-tokenized), {wall:.1f} s wall "
           f"({stats['turns_regenerated'] / wall:.1f} turns/s, ~{new_tokens / wall:.0f} tokens/s), {args.batch_size} rows, "
-          f"{args.run_steps} steps per sync")
+          f"{args.run_steps} steps per sync, turns {'reused in their rows' if args.reuse_turns == 'on' else 'one by one'}")
     print("| phase | calls | seconds | share of wall | per call ms |\n|---|---:|---:|---:|---:|")
     for name, t in (("decode steps (target.step)", step), ("prefill waves (target.prefill_rows)", prefill)):
         print(f"| {name} | {t.calls} | {t.seconds:.1f} | {t.seconds / wall:.0%} | {t.seconds / max(t.calls, 1) * 1000:.2f} |")

@@ -6,6 +6,8 @@ whether each engine's greedy replies equal HF ``generate``'s.
     # ours alone, rows in flight x decode steps per host sync (1 = a sync after every step, the loop before run_steps)
     python benchmarks/regen_engines.py --target TARGET --data prompts.jsonl --num 300 --max-new-tokens 512 \
         --engines ours --batch-size 128 256 --run-steps 1 8 16 --device cuda
+    # ours, each conversation's turns in one row (its later prompts prefilled past what the row holds) or turn by turn
+    python benchmarks/regen_engines.py ... --engines ours --reuse-turns on off
 
 Every engine regenerates the first ``--num`` multi-turn conversations of the bundled ShareGPT sample (all
 assistant turns, in order), greedy; vLLM needs ``SWA_VLLM_PYTHON``. Time counts from the engine's first
@@ -39,6 +41,8 @@ def main() -> None:
     p.add_argument("--engines", nargs="+", default=["hf", "ours", "vllm"])
     p.add_argument("--batch-size", type=int, nargs="+", default=[16], help="hf: prompts per call; ours: rows in flight (each a row)")
     p.add_argument("--run-steps", type=int, nargs="+", default=[8], help="ours: decode steps between host syncs (each a row)")
+    p.add_argument("--reuse-turns", nargs="+", choices=["on", "off"], default=["on"],
+                   help="ours: data.regenerate.reuse_turns (each a row)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--server-url")
     p.add_argument("--device", default="cpu")
@@ -48,12 +52,13 @@ def main() -> None:
     renderer = ChatRenderer(target.tokenizer)
     conversations, _ = read_conversations(resolve_source(args.data), max_records=args.num)
     rows, reference = [], None
-    runs = [(name, b, k) for name in args.engines for b in args.batch_size
-            for k in (args.run_steps if name == "ours" else [None])]
-    for name, batch_size, run_steps in runs:
+    runs = [(name, b, k, reuse) for name in args.engines for b in args.batch_size
+            for k in (args.run_steps if name == "ours" else [None]) for reuse in (args.reuse_turns if name == "ours" else [None])]
+    for name, batch_size, run_steps, reuse in runs:
         cfg = RegenerateConfig(enabled=True, engine=name, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
                                run_steps=run_steps or RegenerateConfig.run_steps, concurrency=args.concurrency,
-                               server_url=args.server_url)  # the trainer's own settings (a namespace missed keep_replies)
+                               server_url=args.server_url,  # the trainer's own settings (a namespace missed keep_replies)
+                               reuse_turns=reuse != "off")
         start = time.perf_counter()
         engine = reply_engine(cfg, target, args.max_length)
         startup = time.perf_counter() - start
@@ -64,7 +69,7 @@ def main() -> None:
         replies = [m["content"] for c in out for m in c.messages if m["role"] == "assistant"]
         reference = reference if reference is not None else replies
         same = sum(a == b for a, b in zip(replies, reference))
-        label = name if run_steps is None else f"{name}, {run_steps} steps per sync"
+        label = name if run_steps is None else f"{name}, {run_steps} steps per sync" + (", turns reused" if reuse == "on" else ", turn by turn" if reuse else "")
         rows.append((label, batch_size, stats["turns_regenerated"], seconds, stats["turns_regenerated"] / seconds, startup, same,
                      len(reference)))
     print("| engine | batch | turns | seconds | turns/s | start-up s | replies equal to the first row's |")

@@ -8,6 +8,7 @@ of the machine soon after could leave a complete-looking name over empty or cut 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -75,19 +76,23 @@ def atomic_dir(final: Path, replace: bool = True) -> Iterator[Path]:
                 os.chmod(inner, (0o777 if inner.is_dir() else 0o666) & ~mask)
         os.chmod(tmp, 0o777 & ~mask)
         fsync_tree(tmp)
-        if final.exists():
-            if not replace:
+        if not final.exists():
+            try:
+                os.replace(tmp, final)
+                fsync_dir(final.parent)
                 return
-            # moved aside under a hidden name, deleted after the new one is in place: a kill between the two renames
-            # leaves the old folder as a hidden leftover, not lost (deleted first, a kill lost it)
-            aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.replaced.", dir=final.parent))
-            os.replace(final, aside)  # onto the empty folder mkdtemp made: a rename, never a copy
-            os.replace(tmp, final)
-            fsync_dir(final.parent)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-            fsync_dir(final.parent)
+            except OSError as e:  # a concurrent writer's folder landed between the check and the rename: as if it were there
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not final.exists():
+                    raise
+        if not replace:
+            return
+        # moved aside under a hidden name, deleted after the new one is in place: a kill between the two renames
+        # leaves the old folder as a hidden leftover, not lost (deleted first, a kill lost it)
+        aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.replaced.", dir=final.parent))
+        os.replace(final, aside)  # onto the empty folder mkdtemp made: a rename, never a copy
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+        shutil.rmtree(aside, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -107,3 +107,26 @@ def test_what_is_written_is_fsynced_before_its_rename_and_the_rename_after(tmp_p
     synced = {Path(p).name for _, p in calls[:rename]}
     assert {"weights.bin", "config.json", "sub"} <= synced and Path(calls[rename - 1][1]).name.startswith(".export.")
     assert calls[rename + 1:] == [("fsync", str(tmp_path))]
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_folder_landing_between_the_check_and_the_rename_is_treated_as_there_before(tmp_path: Path, monkeypatch, replace) -> None:
+    """Two runs tokenizing the same data at once (the small-target pipeline's DFlash and EAGLE-3): both found no cache
+    folder, the first renamed its folder into place, and the second's rename failed with "Directory not empty" (an
+    OSError out of the run). Now the second keeps the first's (``replace=False``) or puts its own in place."""
+    import common.atomic as atomic
+
+    real, raced = os.replace, []
+
+    def other_writer_first(src, dst):
+        if Path(dst) == tmp_path / "cache" and not raced:  # the concurrent run wins the race, once
+            raced.append(dst)
+            (tmp_path / "cache").mkdir()
+            (tmp_path / "cache" / "theirs.bin").write_text("theirs")
+        real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", other_writer_first)
+    with atomic_dir(tmp_path / "cache", replace=replace) as tmp:
+        (tmp / "ours.bin").write_text("ours")
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == (["ours.bin"] if replace else ["theirs.bin"])
+    assert [p.name for p in tmp_path.iterdir()] == ["cache"]  # nothing hidden left behind

@@ -23,7 +23,7 @@ def run_script(*args: str, timeout: int = 240, env: dict | None = None) -> subpr
 
 @pytest.mark.parametrize("script, extra, row", [
     ("regen_vs_loop.py", [], "| 2 | 2/2 |"),
-    ("regen_engines.py", ["--engines", "hf", "ours"], "| ours, 8 steps per sync | 16 | 2 |"),
+    ("regen_engines.py", ["--engines", "hf", "ours", "--reuse-turns", "on", "off"], "| ours, 8 steps per sync, turn by turn | 16 | 2 |"),
 ])
 def test_regeneration_benchmarks_run_on_a_builtin_target(script, extra, row, tiny_qwen3_path) -> None:
     out = run_script(f"benchmarks/{script}", "--target", "builtin:tiny-qwen3", "--data", str(SAMPLE), "--num", "2",

@@ -1,4 +1,5 @@
-"""On-policy regeneration: every engine's replies equal a plain greedy loop, turn by turn; a killed run resumes."""
+"""On-policy regeneration: every engine's replies equal a plain greedy loop, turn by turn (and ours with each conversation's
+turns reusing their row); a killed run resumes."""
 
 from __future__ import annotations
 
@@ -458,6 +459,147 @@ def test_a_regenerated_row_trains_only_the_targets_own_tokens(tiny_qwen3_path) -
         trained += len(labels)
         wrong += sum(predicted[t - 1] != row.input_ids[t] for t in labels)
     assert trained > 12 * 20 and wrong == 0, f"{wrong} of {trained} trained labels are not the target's own tokens"
+
+
+# ----------------------------------------------------------------------------- data.regenerate.reuse_turns
+
+
+def three_turn_conversations() -> list[Conversation]:
+    return conversations_to_regenerate() + [
+        Conversation("d", [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "old"},
+                           {"role": "user", "content": "Another one?"}, {"role": "assistant", "content": "old"},
+                           {"role": "user", "content": "And a third, please."}, {"role": "assistant", "content": "old"}])]
+
+
+class PrefillCounter:
+    """Counts the tokens the static target prefills (``prefill_rows`` and the long prompts' ``prefill``)."""
+
+    def __init__(self, target):
+        self.tokens = 0
+        rows, one = target.prefill_rows, target.prefill
+
+        def prefill_rows(ids, *args, **kwargs):
+            self.tokens += sum(len(x) for x in ids)
+            return rows(ids, *args, **kwargs)
+
+        def prefill(ids, *args, **kwargs):
+            self.tokens += len(ids)
+            return one(ids, *args, **kwargs)
+
+        target.prefill_rows, target.prefill = prefill_rows, prefill
+
+
+def test_turns_reused_in_their_row_equal_turn_by_turn_and_prefill_only_the_new_tokens(reference_target_path) -> None:
+    """``reuse_turns`` (the default): each conversation's turns in one row, a later prompt prefilled past what the row
+    holds. The replies are the plain greedy loop's (full forwards, no cache) and the turn-by-turn path's, and the
+    prefilled tokens are at most each conversation's first prompt plus what each later prompt adds to the one before
+    (the earlier turns and the reply are not prefilled again), fewer than turn by turn."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    out, counted = {}, {}
+    for reuse in (True, False):
+        cfg = RegenerateConfig(enabled=True, max_new_tokens=10, batch_size=2, engine="ours", reuse_turns=reuse)
+        engine = OurReplies(target.model, target.tokenizer, cfg)
+        assert engine.streams is reuse
+        counter = PrefillCounter(engine.target)
+        out[reuse], stats = regenerate_conversations(three_turn_conversations(), engine, renderer, cfg, max_length=1024, progress=False)
+        counted[reuse] = counter.tokens
+        assert stats["turns_regenerated"] == 7
+    assert [c.messages for c in out[True]] == [c.messages for c in out[False]]
+    check_greedy_replies(target, renderer, conversations_to_regenerate(), out[True][:3], 10)
+    bound = 0
+    for conversation in out[True]:
+        starts = [i for i, m in enumerate(conversation.messages) if m["role"] == "assistant"]
+        prompts = [renderer.prompt_ids(conversation.messages[:i], conversation.id) for i in starts]
+        bound += len(prompts[0]) + sum(len(b) - len(a) for a, b in zip(prompts, prompts[1:]))
+    everything = sum(len(renderer.prompt_ids(c.messages[:i], c.id)) for c in out[True]
+                     for i, m in enumerate(c.messages) if m["role"] == "assistant")
+    # turn by turn, every prompt whole but what a row's last prompt shares with it (the template's first tokens)
+    assert everything - 8 <= counted[False] <= everything, (counted, everything)
+    assert counted[True] <= bound < counted[False] - 8, (counted, bound, everything)
+
+
+class StreamsKilledAfter:
+    """The streaming engine dying (as a kill would) after ``n`` replies, counting the prompts it was asked."""
+
+    streams = True
+
+    def __init__(self, inner, n: int):
+        self.inner, self.n, self.asked = inner, n, 0
+        self.replies = inner.replies  # an engine answers turn by turn too
+
+    def replies_in_streams(self, num_streams, next_prompt, max_length):
+        def counted(stream, reply):
+            if reply is not None:
+                if self.n == 0:
+                    raise KeyboardInterrupt
+                self.n -= 1
+            request = next_prompt(stream, reply)
+            self.asked += request is not None
+            return request
+
+        self.inner.replies_in_streams(num_streams, counted, max_length)
+
+
+@pytest.mark.slow  # ~10 s on one core
+def test_a_killed_regeneration_in_streams_resumes_where_it_stopped(reference_target_path, tmp_path: Path) -> None:
+    """Killed after 3 of 7 replies, the streams resume from each conversation's first missing turn (asking only the 4
+    missing ones, the answered ones read back in their rows' place) into the uninterrupted result; a file the turn-by-turn
+    path started resumes in streams too."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    cfg = RegenerateConfig(enabled=True, max_new_tokens=8, batch_size=2, engine="ours")
+    whole, whole_stats = regenerate_conversations(three_turn_conversations(), OurReplies(target.model, target.tokenizer, cfg),
+                                                  renderer, cfg, max_length=1024, progress=False)
+    partial = tmp_path / "regen.partial.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        regenerate_conversations(three_turn_conversations(), StreamsKilledAfter(OurReplies(target.model, target.tokenizer, cfg), 3),
+                                 renderer, cfg, max_length=1024, progress=False, partial=partial)
+    assert len(read_partial(partial)) == 3
+    second = StreamsKilledAfter(OurReplies(target.model, target.tokenizer, cfg), 100)
+    out, stats = regenerate_conversations(three_turn_conversations(), second, renderer, cfg, max_length=1024, progress=False,
+                                          partial=partial)
+    assert second.asked == 4 and stats["turns_resumed"] == 3 and stats["turns_regenerated"] == 4
+    assert [c.messages for c in out] == [c.messages for c in whole]
+    assert stats["replies_cut_at_budget"] == whole_stats["replies_cut_at_budget"]
+    # started turn by turn (killed after 2 replies), finished in streams
+    turn_by_turn = RegenerateConfig(enabled=True, max_new_tokens=8, batch_size=2, engine="ours", reuse_turns=False)
+    other = tmp_path / "other.partial.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        regenerate_conversations(three_turn_conversations(), KilledAfter(OurReplies(target.model, target.tokenizer, turn_by_turn), 2),
+                                 renderer, turn_by_turn, max_length=1024, progress=False, partial=other)
+    out, stats = regenerate_conversations(three_turn_conversations(), OurReplies(target.model, target.tokenizer, cfg), renderer, cfg,
+                                          max_length=1024, progress=False, partial=other)
+    assert stats["turns_resumed"] == 2 and [c.messages for c in out] == [c.messages for c in whole]
+
+
+def test_streams_cut_a_conversation_at_max_length_and_keep_the_replies_asked_to(reference_target_path) -> None:
+    """In streams as turn by turn: a turn whose prompt reaches ``max_length`` ends its conversation (the turns before
+    kept), and ``keep_replies`` leaves the first replies as they are, the later ones following them."""
+    target = TargetModel.from_pretrained(str(reference_target_path), "cpu")
+    renderer = ChatRenderer(target.tokenizer)
+    results = {}
+    for reuse in (True, False):
+        cfg = RegenerateConfig(enabled=True, max_new_tokens=8, batch_size=2, engine="ours", reuse_turns=reuse, keep_replies=1)
+        results[reuse] = regenerate_conversations(three_turn_conversations(), OurReplies(target.model, target.tokenizer, cfg), renderer,
+                                                  cfg, max_length=40, progress=False)
+    (streams, stats), (turns, turn_stats) = results[True], results[False]
+    assert stats == turn_stats and stats["conversations_cut"] > 0 and stats["turns_kept"] > 0, stats
+    assert [c.messages for c in streams] == [c.messages for c in turns]
+    kept = [m["content"] for c in streams for m in c.messages[:2] if m["role"] == "assistant"]
+    assert "old" in kept  # the first replies kept as they were
+
+
+def test_reuse_turns_is_in_the_key_only_where_it_changes_how_replies_are_made() -> None:
+    """Our loop, greedy, reusing turns: its replies can differ from turn-by-turn ones by rounding (bf16), so the key says
+    so; off, sampled (which runs turn by turn) or another engine, the key is what it was before the setting existed."""
+    from train.data import regenerate_key
+
+    assert regenerate_key(RegenerateConfig(engine="ours"))["reuse_turns"] is True
+    assert "reuse_turns" not in regenerate_key(RegenerateConfig(engine="ours", reuse_turns=False))
+    assert "reuse_turns" not in regenerate_key(RegenerateConfig(engine="ours", temperature=1.0))
+    assert "reuse_turns" not in regenerate_key(RegenerateConfig(engine="hf"))
+    assert regenerate_key(RegenerateConfig(engine="ours")) != regenerate_key(RegenerateConfig(engine="ours", reuse_turns=False))
 
 
 # ----------------------------------------------------------------------------- data.regenerate.processes

@@ -210,6 +210,10 @@ class RegenerateConfig:
     top_k: int = 0  # 0 = off
     batch_size: int = 16  # engine=hf: prompts per generate call; engine=ours: prompts in flight
     run_steps: int = 8  # engine=ours, greedy: decode steps between host syncs (infer.batch.generate_streams)
+    # engine=ours, greedy: each conversation's turns one after another in one row, a later turn's prompt prefilled only
+    # past the earlier turns and the reply its row holds (false: turn by turn, every prompt prefilled whole, each turn
+    # after the whole turn before, as the other engines run)
+    reuse_turns: bool = True
     # engine=hf|ours: regenerate in N processes, each loading its own copy of the target and taking every N-th
     # conversation; spread over the GPUs a one-process run sees. On one GPU it does not pay (time slices: 4 processes ran
     # at 0.92x one process's tokens/s on an H100; BENCHMARKS.md, fifteenth session)

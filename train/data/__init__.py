@@ -35,6 +35,10 @@ def regenerate_key(regen: Any) -> dict[str, Any]:
     # count in the key; one process keeps older files' keys
     if settings.get("engine", "hf") != "hf" or settings.get("processes", 1) == 1:
         settings.pop("processes", None)
+    # a later turn's prompt read from the row's cache (the keys its own decode wrote) or prefilled whole: the same tokens
+    # up to rounding, which in bf16 can change a reply; only our loop, greedy, reuses turns, and off keeps older files' keys
+    if not (settings.get("engine") == "ours" and settings.get("temperature", 0) == 0 and settings.get("reuse_turns", False)):
+        settings.pop("reuse_turns", None)
     return settings
 
 

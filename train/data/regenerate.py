@@ -6,7 +6,10 @@ order (turn k's prompt holds the target's own replies to turns < k), greedy or s
 four engines (``data.regenerate.engine``):
 
     hf      Hugging Face ``generate``, batches of ``batch_size`` left-padded prompts (in process)
-    ours    our decoding loop on the target alone (static KV cache, captured steps on a GPU), ``batch_size`` in flight
+    ours    our decoding loop on the target alone (static KV cache, captured steps on a GPU), ``batch_size`` in flight;
+            greedy, each conversation's turns one after another in one row (``reuse_turns``, default): a later turn's
+            prompt is prefilled only past the earlier turns and the reply its row holds, and no turn waits for the
+            whole turn before it (the other engines, and ``ours`` sampled, go turn by turn, every prompt whole)
     vllm    vLLM in its own environment (``SWA_VLLM_PYTHON``), ``concurrency`` prompts per request
     server  a running OpenAI-compatible server (``server_url``: ``vllm serve``, SGLang), ``concurrency`` in flight
 
@@ -164,6 +167,7 @@ class OurReplies:
         from models.sampling import SamplingConfig
 
         self.generate_batch, self.batch_size, self.run_steps = generate_batch, cfg.batch_size, cfg.run_steps
+        self.max_new_tokens, self.reuse_turns = cfg.max_new_tokens, cfg.reuse_turns
         self.target = decoding_target(model, [])
         self.eos = [tokenizer.eos_token_id]
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
@@ -184,6 +188,41 @@ class OurReplies:
                                        run_steps=self.run_steps, seeds=None if seeds is None else [seeds[i] for i in part])
             for i, out in zip(part, outs):
                 yield Reply(i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None, reply_ended(out.tokens, self.eos, budgets[i]))
+
+    @property
+    def streams(self) -> bool:
+        """Whether ``replies_in_streams`` runs (``data.regenerate.reuse_turns``, greedy, the static target)."""
+        from models.static_target import StaticTarget
+
+        return self.reuse_turns and self.sampling.greedy and isinstance(self.target, StaticTarget)
+
+    def replies_in_streams(self, num_streams: int, next_prompt: Any, max_length: int) -> None:
+        """Each stream's prompts one after another in one row (a conversation's turns): ``next_prompt(stream, reply)``
+        returns the stream's next ``(prompt ids, budget)`` after ``reply`` (None at its start), or None when the stream
+        is done. A prompt is prefilled only past what its row holds already: the earlier turns and the reply just
+        generated (``infer.batch.generate_streams``' prefix reuse), where turn by turn (``replies``) every prompt is
+        prefilled whole, and every turn waits for the whole turn before it. Greedy only: a stream's requests share its
+        seed, where the turn-by-turn path seeds each reply by its conversation and turn (``reply_seed``)."""
+        from infer.batch import generate_streams
+
+        budgets: dict[int, int] = {}
+
+        def driver(stream: int, finished: Any) -> list[int] | None:
+            reply = None
+            if finished is not None:  # one budget for the run (the largest); each reply cut to its own, as in ``replies``
+                budget = budgets.pop(stream)
+                reply = Reply(stream, cut_at_eos(finished.tokens[:budget], self.eos), None,
+                              reply_ended(finished.tokens, self.eos, budget))
+            request = next_prompt(stream, reply)
+            if request is None:
+                return None
+            prompt, budgets[stream] = request
+            return prompt
+
+        if num_streams:
+            generate_streams(self.target, None, driver, num_streams, batch_size=self.batch_size,
+                             capacity=max_length + self.max_new_tokens + 1, max_new_tokens=self.max_new_tokens,
+                             sampling=self.sampling, eos_token_ids=self.eos, run_steps=self.run_steps)
 
     def replies_one_by_one(self, prompts: list[list[int]], budgets: list[int], seeds: list[int] | None) -> Iterator[Reply]:
         """``generate`` on each prompt, its generator seeded as ``generate_batch`` seeds the prompt's row (the same reply)."""
@@ -347,50 +386,75 @@ def regenerate_messages(conversations: list[Conversation], engine: Any, renderer
         partial.parent.mkdir(parents=True, exist_ok=True)
         sink = open_partial(partial)
     bar = tqdm(total=sum(len(t) for t in assistant_turns), desc="regenerate", unit="turn", disable=not progress, leave=False)
+
+    def turn_prompt(c: int, k: int) -> list[int] | None:
+        """Conversation c's turn k: its prompt ids to answer, or None where there is nothing to generate (the conversation
+        cut at max_length from this turn on, a kept reply, or one answered before a kill: filled in here)."""
+        turn = assistant_turns[c][k]
+        ids = renderer.prompt_ids(messages[c][:turn], conversations[c].id)  # earlier replies as their ids
+        if len(ids) >= max_length:
+            cut_at[c] = turn
+            stats["conversations_cut"] += 1
+            bar.update(len(assistant_turns[c]) - k)
+            return None
+        if k < cfg.keep_replies:  # already the target's (data.regenerate.keep_replies)
+            stats["turns_kept"] += 1
+            bar.update(1)
+            return None
+        if (index[c], k) in done:  # answered before a kill
+            set_reply(messages[c][turn], *done[(index[c], k)])
+            stats["turns_resumed"] += 1
+            stats["replies_cut_at_budget"] += not done[(index[c], k)][1]
+            bar.update(1)
+            return ids if whole_batches else None
+        return ids
+
+    def record(c: int, k: int, tokens: list[int] | None, text: str | None, complete: bool) -> None:
+        content = (tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                   if tokens is not None else text)
+        set_reply(messages[c][assistant_turns[c][k]], content, complete, tokens)
+        stats["turns_regenerated"] += 1
+        stats["replies_cut_at_budget"] += not complete
+        if sink is not None:
+            sink.write(json.dumps({"conversation": index[c], "turn": k, "content": content, "complete": complete,
+                                   "token_ids": None if tokens is None else list(tokens)}, ensure_ascii=False) + "\n")
+            sink.flush()
+        bar.update(1)
+
     try:
-        for k in range(max_turns):
-            todo, prompts = [], []
-            for c in range(len(messages)):
-                if k >= len(assistant_turns[c]) or cut_at[c] is not None:
-                    continue
-                turn = assistant_turns[c][k]
-                ids = renderer.prompt_ids(messages[c][:turn], conversations[c].id)  # earlier replies as their ids
-                if len(ids) >= max_length:
-                    cut_at[c] = turn
-                    stats["conversations_cut"] += 1
-                    bar.update(len(assistant_turns[c]) - k)
-                    continue
-                if k < cfg.keep_replies:  # already the target's (data.regenerate.keep_replies)
-                    stats["turns_kept"] += 1
-                    bar.update(1)
-                    continue
-                if (index[c], k) in done:  # answered before a kill
-                    set_reply(messages[c][turn], *done[(index[c], k)])
-                    stats["turns_resumed"] += 1
-                    stats["replies_cut_at_budget"] += not done[(index[c], k)][1]
-                    bar.update(1)
-                    if not whole_batches:
+        if getattr(engine, "streams", False):  # our loop, greedy: each conversation's turns in one row, one after another
+            next_turn = [0] * len(messages)
+
+            def next_prompt(c: int, reply: Reply | None) -> tuple[list[int], int] | None:
+                if reply is not None:
+                    record(c, next_turn[c], reply.tokens, reply.text, reply.complete)
+                    next_turn[c] += 1
+                while next_turn[c] < len(assistant_turns[c]) and cut_at[c] is None:
+                    ids = turn_prompt(c, next_turn[c])
+                    if ids is not None:
+                        return ids, min(cfg.max_new_tokens, max_length - len(ids))
+                    next_turn[c] += cut_at[c] is None
+                return None
+
+            engine.replies_in_streams(len(messages), next_prompt, max_length)
+        else:  # turn by turn: every turn's prompts whole, after the whole turn before
+            for k in range(max_turns):
+                todo, prompts = [], []
+                for c in range(len(messages)):
+                    if k >= len(assistant_turns[c]) or cut_at[c] is not None:
                         continue
-                todo.append(c)
-                prompts.append(ids)
-            budgets = [min(cfg.max_new_tokens, max_length - len(p)) for p in prompts]
-            seeds = [reply_seed(cfg.seed, index[c], k) for c in todo]
-            if whole_batches:  # the answered prompts too, to batch as the uninterrupted run did; not handed out again
-                answers = engine.replies(prompts, budgets, seeds, skip={i for i, c in enumerate(todo) if (index[c], k) in done})
-            else:
-                answers = engine.replies(prompts, budgets, seeds)
-            for i, tokens, text, complete in answers:
-                c = todo[i]
-                content = (tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-                           if tokens is not None else text)
-                set_reply(messages[c][assistant_turns[c][k]], content, complete, tokens)
-                stats["turns_regenerated"] += 1
-                stats["replies_cut_at_budget"] += not complete
-                if sink is not None:
-                    sink.write(json.dumps({"conversation": index[c], "turn": k, "content": content, "complete": complete,
-                                           "token_ids": None if tokens is None else list(tokens)}, ensure_ascii=False) + "\n")
-                    sink.flush()
-                bar.update(1)
+                    ids = turn_prompt(c, k)
+                    if ids is not None:
+                        todo.append(c)
+                        prompts.append(ids)
+                budgets = [min(cfg.max_new_tokens, max_length - len(p)) for p in prompts]
+                seeds = [reply_seed(cfg.seed, index[c], k) for c in todo]
+                if whole_batches:  # the answered prompts too, to batch as the uninterrupted run did; not handed out again
+                    answers = engine.replies(prompts, budgets, seeds, skip={i for i, c in enumerate(todo) if (index[c], k) in done})
+                else:
+                    answers = engine.replies(prompts, budgets, seeds)
+                for i, tokens, text, complete in answers:
+                    record(todo[i], k, tokens, text, complete)
     finally:
         bar.close()
         if sink is not None:
