@@ -507,6 +507,10 @@ def test_turns_reused_in_their_row_equal_turn_by_turn_and_prefill_only_the_new_t
         assert stats["turns_regenerated"] == 7
     assert [c.messages for c in out[True]] == [c.messages for c in out[False]]
     check_greedy_replies(target, renderer, conversations_to_regenerate(), out[True][:3], 10)
+    sampled = OurReplies(target.model, target.tokenizer, RegenerateConfig(engine="ours", temperature=1.0))
+    assert not sampled.streams  # sampled replies go turn by turn (their seeds are per reply)
+    with pytest.raises(ValueError, match=r"replies_in_streams: greedy .* \(temperature=1.0, reuse_turns=True"):
+        sampled.replies_in_streams(1, lambda stream, reply: None, 64)
     bound = 0
     for conversation in out[True]:
         starts = [i for i, m in enumerate(conversation.messages) if m["role"] == "assistant"]

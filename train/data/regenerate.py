@@ -205,6 +205,9 @@ class OurReplies:
         seed, where the turn-by-turn path seeds each reply by its conversation and turn (``reply_seed``)."""
         from infer.batch import generate_streams
 
+        if not self.streams:
+            raise ValueError("replies_in_streams: greedy on the static target with data.regenerate.reuse_turns=true only "
+                             f"(temperature={self.sampling.temperature}, reuse_turns={self.reuse_turns}, target {type(self.target).__name__})")
         budgets: dict[int, int] = {}
 
         def driver(stream: int, finished: Any) -> list[int] | None:
