@@ -8,6 +8,8 @@ Part 2 regenerates the first ``--num`` conversations (every assistant turn, gree
 ``target.step`` and ``target.prefill_rows`` wrapped in timers that synchronise the device: the sums say how much of the
 wall time is decode steps, prefill waves and everything else (rendering, tokenizing, the loop's host work). The
 synchronising timers remove the overlap of host and device, so part 2's wall time is an upper bound of a plain run's.
+``--no-timers`` leaves the methods unwrapped: the wall time of a plain run (what ``--run-ahead``, whose gain is that
+overlap, is judged by), without the phases.
 """
 
 from __future__ import annotations
@@ -83,9 +85,12 @@ def main() -> None:
     p.add_argument("--run-steps", type=int, default=8)
     p.add_argument("--reuse-turns", choices=["on", "off"], default="on",
                    help="data.regenerate.reuse_turns: each conversation's turns in one row (on) or turn by turn (off)")
+    p.add_argument("--run-ahead", action="store_true",
+                   help="data.regenerate.run_ahead: the next run queued before the host books the last (timers: see above)")
     p.add_argument("--step-batches", type=int, nargs="*", default=[128, 256, 512])
     p.add_argument("--step-positions", type=int, nargs="*", default=[256, 1024, 2048])
     p.add_argument("--device", default="cuda")
+    p.add_argument("--no-timers", action="store_true", help="no synchronising timers: a plain run's wall time, no phases")
     args = p.parse_args()
 
     target = TargetModel.from_pretrained(resolve_target_path(args.target, "--target"), device=args.device)
@@ -97,10 +102,11 @@ def main() -> None:
             print(f"| {b} | {pos} | {ms:.3f} | {ms / b * 1000:.2f} µs |")
 
     cfg = RegenerateConfig(enabled=True, engine="ours", max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                           run_steps=args.run_steps, reuse_turns=args.reuse_turns == "on")  # the trainer's own settings
+                           run_steps=args.run_steps, reuse_turns=args.reuse_turns == "on", run_ahead=args.run_ahead)
     engine = OurReplies(target.model, target.tokenizer, cfg)
-    engine.target.step = step = Timed(engine.target.step)
-    engine.target.prefill_rows = prefill = Timed(engine.target.prefill_rows)
+    step, prefill = Timed(engine.target.step), Timed(engine.target.prefill_rows)
+    if not args.no_timers:
+        engine.target.step, engine.target.prefill_rows = step, prefill
     conversations, _ = read_conversations(resolve_source(args.data), max_records=args.num)
     start = time.perf_counter()
     out, stats = regenerate_conversations(conversations, engine, ChatRenderer(target.tokenizer), cfg, args.max_length, progress=False)
@@ -109,7 +115,10 @@ def main() -> None:
     new_tokens = sum(len(target.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies)
     print(f"\n{stats['turns_regenerated']} turns, ~{new_tokens} reply tokens (re-tokenized), {wall:.1f} s wall "
           f"({stats['turns_regenerated'] / wall:.1f} turns/s, ~{new_tokens / wall:.0f} tokens/s), {args.batch_size} rows, "
-          f"{args.run_steps} steps per sync, turns {'reused in their rows' if args.reuse_turns == 'on' else 'one by one'}")
+          f"{args.run_steps} steps per sync, turns {'reused in their rows' if args.reuse_turns == 'on' else 'one by one'}"
+          f"{', runs queued ahead' if args.run_ahead else ''}")
+    if args.no_timers:
+        return
     print("| phase | calls | seconds | share of wall | per call ms |\n|---|---:|---:|---:|---:|")
     for name, t in (("decode steps (target.step)", step), ("prefill waves (target.prefill_rows)", prefill)):
         print(f"| {name} | {t.calls} | {t.seconds:.1f} | {t.seconds / wall:.0%} | {t.seconds / max(t.calls, 1) * 1000:.2f} |")

@@ -96,7 +96,7 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
                      eos_token_ids: int | Iterable[int] | None = (), prefill_chunk: int = 4096,
                      refill_wave: int | None = None, run_steps: int = 8, reuse_prefixes: bool = True,
                      stream_seeds: Sequence[int] | None = None, verify_first: int | None | str = "auto",
-                     cached_ids: Sequence[int] | None = None) -> None:
+                     cached_ids: Sequence[int] | None = None, run_ahead: bool = False) -> None:
     """Run ``num_streams`` request streams through ``batch_size`` rows; every finished generation goes to ``driver``.
 
     capacity: the most positions one request needs (prompt + ``max_new_tokens`` + a verify block); a longer request
@@ -106,6 +106,13 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         regeneration on small targets (default: an eighth of the rows). A row's tokens do not depend on when it starts.
     run_steps: the target alone, greedy, steps this many times between host syncs (``decode_alone``): per-row host
         bookkeeping after every step bounded regeneration on small targets, not the GPU. 1: a sync every step.
+    run_ahead: the target alone, greedy, in runs: the next run is queued on the device before the host syncs and books
+        the run before it, so the host's work (the rows' bookkeeping, finished requests, the next prompts, their waves
+        of prefills) overlaps the device's next run instead of leaving it idle. That next run steps every row from where
+        the device left it: rows whose request ended in the run before make tokens nobody reads, and rows refilled
+        after it was queued start with the run after (what a queued run made for a row it no longer serves is
+        dropped). The caches keep two runs of room past ``capacity``; rows do not move (no packing). Tokens equal to
+        without (tests); on the CPU, where nothing overlaps, it only costs the wasted steps.
     reuse_prefixes: the target alone, prompt lookup and the static drafters prefill a row's next prompt only past its
         common prefix with the row's cached tokens (the earlier turns of the same stream land in the same row; the
         drafter's context keeps them, its ``kept_prefix``). Off: every prompt whole.
@@ -136,11 +143,14 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
     staged = first is not None and first < block - 1
     rows_n = min(batch_size, num_streams)
     alone = drafter is None and sampling.greedy and run_steps > 1  # no per-step host work: runs of run_steps steps
+    if run_ahead and not alone:
+        raise ValueError(f"run_ahead: the target alone, greedy, in runs of run_steps > 1 (drafter {type(drafter).__name__}, "
+                         f"temperature {sampling.temperature}, run_steps {run_steps})")
     reuse = reuse_prefixes and reuses_prefixes(drafter)
     if cached_ids and rows_n != 1:
         raise ValueError(f"cached_ids: one row's cache (batch_size 1, one stream); got {rows_n} rows")
     keep = len(cached_ids) if cached_ids and reuse else 0  # positions the new buffers keep (``allocate``'s keep)
-    keep = min(keep, target.allocate(capacity + (run_steps if alone else 0), batch=rows_n, keep=keep))
+    keep = min(keep, target.allocate(capacity + (run_steps * (1 + run_ahead) if alone else 0), batch=rows_n, keep=keep))
     if isinstance(drafter, (StaticDFlashDrafter, StaticEagle3Drafter)):
         # keys of rejected drafts land up to a block past the last position
         drafter.allocate(capacity + block, batch=rows_n, keep=keep)
@@ -278,29 +288,34 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         return max(r for r, row in enumerate(rows) if row is not None) + 1
 
     dflash_chain = isinstance(drafter, StaticDFlashDrafter) and not drafter.capture and not tree
-    packable = not target.capture and (drafter is None or isinstance(drafter, PromptLookupDrafter) or dflash_chain)
+    packable = not target.capture and not run_ahead and (drafter is None or isinstance(drafter, PromptLookupDrafter) or dflash_chain)
     waiting: list[tuple[int, int, list[int]]] = []  # (row, stream, prompt) queued for the next wave of prefills
     wave = max(1, rows_n // 8) if refill_wave is None else refill_wave
     for r in range(rows_n):
         next_request(r, None, next(pending, None))
     settle()
 
-    def decode_alone(m: int) -> None:
-        """``run_steps`` greedy one-token steps of the first ``m`` rows with no host work between them: the tokens
-        stay on the device and come back in one copy. A row whose request ends inside the run (an end-of-sequence
-        token, its budget) steps on to the run's end: ``finish`` trims what it made after, its stats count only the
-        steps before, and the caches hold ``run_steps`` positions of room past ``capacity`` for it."""
-        t0 = time.perf_counter()
+    def queue_run(m: int) -> tuple[torch.Tensor, list[Row | None], float]:
+        """``run_steps`` greedy one-token steps of the first ``m`` rows with no host work between them, queued: the
+        tokens stay on the device ([m, run_steps], read in one copy by ``book_run``), with the rows they are for."""
         made = []
         for _ in range(run_steps):
             logits, _ = target.step(tokens[:m, None], positions[:m])
             tokens[:m] = logits[:, 0].argmax(-1)
             positions[:m] += 1
             made.append(tokens[:m].clone())
-        values = torch.stack(made, dim=1).tolist()  # the run's one host sync
+        return torch.stack(made, dim=1), list(rows[:m]), time.perf_counter()
+
+    def book_run(run: tuple[torch.Tensor, list[Row | None], float], t0: float) -> None:
+        """A queued run's tokens to the rows it ran for that still hold the same request. A row whose request ends
+        inside the run (an end-of-sequence token, its budget) steps on to the run's end: ``finish`` trims what it made
+        after, its stats count only the steps before, and the caches hold room past ``capacity`` for it. Then the
+        positions of the rows that no longer decode go back where they wait (their cached prefix), and ``settle``."""
+        made, ran_for, _ = run
+        values = made.tolist()  # the run's one host sync
         elapsed = time.perf_counter() - t0
-        for r, row in enumerate(rows[:m]):
-            if row is None:
+        for r, row in enumerate(ran_for):
+            if row is None or rows[r] is not row:  # idle then, or its request finished and the row was handed on
                 continue
             new = values[r]
             ends = [i for i, t in enumerate(new) if t in eos]
@@ -310,12 +325,21 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             row.pos += run_steps
             row.out.extend(new)
             row.ended = bool(ends)
-        positions.copy_(torch.tensor([row.pos if row else parked(r) for r, row in enumerate(rows)]))
+        if run_ahead:  # a run is queued after this one: only the rows that do not decode are put back (ordered after it)
+            idle = [r for r, row in enumerate(rows) if row is None]
+            if idle:
+                positions[idle] = torch.tensor([parked(r) for r in idle], device=device)
+        else:
+            positions.copy_(torch.tensor([row.pos if row else parked(r) for r, row in enumerate(rows)]))
         settle()
 
+    queued = None  # run_ahead: the run queued before the one being booked
     while any(row is not None for row in rows):  # settle leaves no request waiting without a row decoding
         if alone:
-            decode_alone(pack() if packable else rows_n)
+            t0 = time.perf_counter()
+            run = queued or queue_run(pack() if packable else rows_n)
+            queued = queue_run(rows_n) if run_ahead else None
+            book_run(run, t0)
             continue
         t0 = time.perf_counter()
         m = pack() if packable else rows_n
@@ -446,9 +470,11 @@ def finish(r: int, row: Row, max_new_tokens: int, eos: set, next_request, with_i
 def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_new_tokens: int = 256, *, batch_size: int = 8,
                    sampling: SamplingConfig = SamplingConfig(), eos_token_ids: int | Iterable[int] | None = (), prefill_chunk: int = 4096,
                    refill_wave: int | None = None, run_steps: int = 8, seeds: Sequence[int] | None = None,
-                   verify_first: int | None | str = "auto", cached_ids: Sequence[int] | None = None) -> list[Generation]:
+                   verify_first: int | None | str = "auto", cached_ids: Sequence[int] | None = None,
+                   run_ahead: bool = False) -> list[Generation]:
     """``generate`` for many prompts, ``batch_size`` in flight; results in the prompts' order. ``seeds``: one sampling
-    seed per prompt (default ``sampling.seed`` for every one); ``verify_first``, ``cached_ids``: ``generate_streams``'."""
+    seed per prompt (default ``sampling.seed`` for every one); ``verify_first``, ``cached_ids``, ``run_ahead``:
+    ``generate_streams``'."""
     if not prompts:
         raise ValueError("prompts: none given; expected at least one prompt")
     results: list[Generation | None] = [None] * len(prompts)
@@ -463,5 +489,6 @@ def generate_batch(target: StaticTarget, drafter, prompts: list[list[int]], max_
     capacity = max(len(p) for p in prompts) + max_new_tokens + verify_len
     generate_streams(target, drafter, driver, len(prompts), batch_size=batch_size, capacity=capacity, max_new_tokens=max_new_tokens,
                      sampling=sampling, eos_token_ids=eos_token_ids, prefill_chunk=prefill_chunk, refill_wave=refill_wave,
-                     run_steps=run_steps, stream_seeds=seeds, verify_first=verify_first, cached_ids=cached_ids)
+                     run_steps=run_steps, stream_seeds=seeds, verify_first=verify_first, cached_ids=cached_ids,
+                     run_ahead=run_ahead)
     return results

@@ -255,6 +255,33 @@ def test_the_target_alone_steps_in_runs_without_host_syncs(setup, run_steps, mon
     assert runs and all(n == run_steps for n in runs)
 
 
+@pytest.mark.parametrize("batch_size", [2, 3])
+def test_runs_queued_ahead_of_the_host_give_batch_ones_tokens(setup, batch_size) -> None:
+    """``run_ahead``: the next run is queued before the host books the one before it, so a request that ends inside a
+    run (an end-of-sequence token mid-run, a budget that is no multiple of the run) has its row step one more run, and a
+    row refilled after the next run was queued starts a run later. With fewer rows than prompts (refills in waves of
+    one), every request's tokens and step counts are batch 1's, and a drafter or sampling is refused in one line."""
+    prompts = setup[2]
+    target = StaticTarget(setup[0], [])
+    replies = [generate(target, None, p, 23, eos_token_ids=setup[3]).tokens for p in prompts]
+    stop = next(t for t in replies[0][4:14] if t not in replies[0][:4])  # ends row 0 inside a run, maybe others too
+    eos = setup[3] + [stop]
+    want = [generate(target, None, p, 23, eos_token_ids=eos) for p in prompts]
+    assert len(want[0].tokens) < 15 and any(len(w.tokens) == 23 for w in want)
+    steps = []
+    step = target.step
+    target.step = lambda ids, pos, lengths=None: steps.append(1) or step(ids, pos, lengths)
+    try:
+        got = generate_batch(target, None, prompts, 23, batch_size=batch_size, eos_token_ids=eos, run_steps=3, refill_wave=1,
+                             run_ahead=True)
+    finally:
+        target.step = step
+    assert [(g.tokens, g.stats.accepted_per_step) for g in got] == [(w.tokens, w.stats.accepted_per_step) for w in want]
+    assert len(steps) % 3 == 0 and len(steps) > 3 * max(-(-len(w.tokens) // 3) for w in want)  # whole runs, one queued past the end
+    with pytest.raises(ValueError, match=r"run_ahead: the target alone, greedy, in runs of run_steps > 1 .*temperature 1.0"):
+        generate_batch(target, None, prompts, 4, batch_size=2, sampling=SamplingConfig(temperature=1.0), run_ahead=True)
+
+
 def test_the_cpu_stages_the_verify_of_greedy_dflash_chains_of_eight_drafts_or_more(setup) -> None:
     """Where the staged verify runs by default (``verify_stages``; its equality with one pass: test_infer_generate)."""
     model, _, prompts, eos, eagle3 = setup

@@ -507,6 +507,11 @@ def test_turns_reused_in_their_row_equal_turn_by_turn_and_prefill_only_the_new_t
         assert stats["turns_regenerated"] == 7
     assert [c.messages for c in out[True]] == [c.messages for c in out[False]]
     check_greedy_replies(target, renderer, conversations_to_regenerate(), out[True][:3], 10)
+    for reuse in (True, False):  # runs queued ahead of the host (data.regenerate.run_ahead): the same replies both ways
+        cfg = RegenerateConfig(enabled=True, max_new_tokens=10, batch_size=2, engine="ours", reuse_turns=reuse, run_ahead=True)
+        ahead, _ = regenerate_conversations(three_turn_conversations(), OurReplies(target.model, target.tokenizer, cfg), renderer, cfg,
+                                            max_length=1024, progress=False)
+        assert [c.messages for c in ahead] == [c.messages for c in out[True]], reuse
     sampled = OurReplies(target.model, target.tokenizer, RegenerateConfig(engine="ours", temperature=1.0))
     assert not sampled.streams  # sampled replies go turn by turn (their seeds are per reply)
     with pytest.raises(ValueError, match=r"replies_in_streams: greedy .* \(temperature=1.0, reuse_turns=True"):
@@ -594,7 +599,7 @@ def test_streams_cut_a_conversation_at_max_length_and_keep_the_replies_asked_to(
     assert "old" in kept  # the first replies kept as they were
 
 
-def test_reuse_turns_is_in_the_key_only_where_it_changes_how_replies_are_made() -> None:
+def test_reuse_turns_is_in_the_key_only_where_it_changes_how_replies_are_made_and_run_ahead_never() -> None:
     """Our loop, greedy, reusing turns: its replies can differ from turn-by-turn ones by rounding (bf16), so the key says
     so; off, sampled (which runs turn by turn) or another engine, the key is what it was before the setting existed."""
     from train.data import regenerate_key
@@ -604,6 +609,11 @@ def test_reuse_turns_is_in_the_key_only_where_it_changes_how_replies_are_made() 
     assert "reuse_turns" not in regenerate_key(RegenerateConfig(engine="ours", temperature=1.0))
     assert "reuse_turns" not in regenerate_key(RegenerateConfig(engine="hf"))
     assert regenerate_key(RegenerateConfig(engine="ours")) != regenerate_key(RegenerateConfig(engine="ours", reuse_turns=False))
+    # runs queued ahead change no reply: not in the key; refused where there are no runs to queue
+    assert regenerate_key(RegenerateConfig(engine="ours", run_ahead=True)) == regenerate_key(RegenerateConfig(engine="ours"))
+    for bad in ({"engine": "hf"}, {"engine": "ours", "temperature": 0.7}, {"engine": "ours", "run_steps": 1}):
+        with pytest.raises(ValueError, match=r"data.regenerate.run_ahead=true: engine=ours, greedy, run_steps >= 2 only"):
+            RegenerateConfig(run_ahead=True, **bad)
 
 
 # ----------------------------------------------------------------------------- data.regenerate.processes

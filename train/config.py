@@ -214,6 +214,9 @@ class RegenerateConfig:
     # past the earlier turns and the reply its row holds (false: turn by turn, every prompt prefilled whole, each turn
     # after the whole turn before, as the other engines run)
     reuse_turns: bool = True
+    # engine=ours, greedy: queue the next run of run_steps steps before the host books the one before it, so the host's
+    # work overlaps the device's (the same replies, tested; not measured on a GPU yet: off by default)
+    run_ahead: bool = False
     # engine=hf|ours: regenerate in N processes, each loading its own copy of the target and taking every N-th
     # conversation; spread over the GPUs a one-process run sees. On one GPU it does not pay (time slices: 4 processes ran
     # at 0.92x one process's tokens/s on an H100; BENCHMARKS.md, fifteenth session)
@@ -254,6 +257,9 @@ class RegenerateConfig:
             raise ValueError(f"data.regenerate.batch_size={self.batch_size}; expected >= 1")
         if self.run_steps < 1:
             raise ValueError(f"data.regenerate.run_steps={self.run_steps}; expected >= 1")
+        if self.run_ahead and (self.engine != "ours" or self.temperature > 0 or self.run_steps < 2):
+            raise ValueError(f"data.regenerate.run_ahead=true: engine=ours, greedy, run_steps >= 2 only (engine={self.engine}, "
+                             f"temperature={self.temperature}, run_steps={self.run_steps})")
         if self.processes < 1:
             raise ValueError(f"data.regenerate.processes={self.processes}; expected >= 1")
         if self.processes > 1 and self.engine not in ("hf", "ours"):

@@ -23,10 +23,10 @@ __all__ = ["ChatRenderer", "Conversation", "DataError", "prepare_data", "read_co
 
 
 def regenerate_key(regen: Any) -> dict[str, Any]:
-    """The settings that change the replies: how they travel (concurrency, the vLLM interpreter, steps per host sync)
-    does not."""
+    """The settings that change the replies: how they travel (concurrency, the vLLM interpreter, steps per host sync,
+    runs queued ahead) does not."""
     settings = asdict(regen) if hasattr(regen, "__dataclass_fields__") else dict(regen)
-    for how in ("concurrency", "vllm_python", "run_steps"):
+    for how in ("concurrency", "vllm_python", "run_steps", "run_ahead"):
         settings.pop(how, None)
     if settings.get("engine", "hf") != "hf":
         settings.pop("batch_size", None)

@@ -167,7 +167,7 @@ class OurReplies:
         from models.sampling import SamplingConfig
 
         self.generate_batch, self.batch_size, self.run_steps = generate_batch, cfg.batch_size, cfg.run_steps
-        self.max_new_tokens, self.reuse_turns = cfg.max_new_tokens, cfg.reuse_turns
+        self.max_new_tokens, self.reuse_turns, self.run_ahead = cfg.max_new_tokens, cfg.reuse_turns, cfg.run_ahead
         self.target = decoding_target(model, [])
         self.eos = [tokenizer.eos_token_id]
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
@@ -185,7 +185,8 @@ class OurReplies:
             # one budget per chunk (the largest), each reply cut to its own: a longer run only extends a reply's tail
             outs = self.generate_batch(self.target, None, [prompts[i] for i in part], max(budgets[i] for i in part),
                                        batch_size=self.batch_size, sampling=self.sampling, eos_token_ids=self.eos,
-                                       run_steps=self.run_steps, seeds=None if seeds is None else [seeds[i] for i in part])
+                                       run_steps=self.run_steps, seeds=None if seeds is None else [seeds[i] for i in part],
+                                       run_ahead=self.run_ahead)
             for i, out in zip(part, outs):
                 yield Reply(i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None, reply_ended(out.tokens, self.eos, budgets[i]))
 
@@ -225,7 +226,7 @@ class OurReplies:
         if num_streams:
             generate_streams(self.target, None, driver, num_streams, batch_size=self.batch_size,
                              capacity=max_length + self.max_new_tokens + 1, max_new_tokens=self.max_new_tokens,
-                             sampling=self.sampling, eos_token_ids=self.eos, run_steps=self.run_steps)
+                             sampling=self.sampling, eos_token_ids=self.eos, run_steps=self.run_steps, run_ahead=self.run_ahead)
 
     def replies_one_by_one(self, prompts: list[list[int]], budgets: list[int], seeds: list[int] | None) -> Iterator[Reply]:
         """``generate`` on each prompt, its generator seeded as ``generate_batch`` seeds the prompt's row (the same reply)."""
