@@ -295,24 +295,32 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
         next_request(r, None, next(pending, None))
     settle()
 
-    def queue_run(m: int) -> tuple[torch.Tensor, list[Row | None], float]:
+    def queue_run(m: int) -> tuple[torch.Tensor, list[Row | None], torch.cuda.Event | None]:
         """``run_steps`` greedy one-token steps of the first ``m`` rows with no host work between them, queued: the
-        tokens stay on the device ([m, run_steps], read in one copy by ``book_run``), with the rows they are for."""
+        tokens stay on the device ([m, run_steps]) and come back in one copy, with the rows they are for. Run ahead on a
+        GPU, the copy is queued right behind the run, into pinned memory, with an event: ``book_run`` waits for that
+        event, not for the whole stream (a plain ``tolist`` would also wait for the run queued after it)."""
         made = []
         for _ in range(run_steps):
             logits, _ = target.step(tokens[:m, None], positions[:m])
             tokens[:m] = logits[:, 0].argmax(-1)
             positions[:m] += 1
             made.append(tokens[:m].clone())
-        return torch.stack(made, dim=1), list(rows[:m]), time.perf_counter()
+        made, copied = torch.stack(made, dim=1), None
+        if run_ahead and made.is_cuda:
+            made, copied = made.to("cpu", non_blocking=True), torch.cuda.Event()
+            copied.record()
+        return made, list(rows[:m]), copied
 
-    def book_run(run: tuple[torch.Tensor, list[Row | None], float], t0: float) -> None:
+    def book_run(run: tuple[torch.Tensor, list[Row | None], torch.cuda.Event | None], t0: float) -> None:
         """A queued run's tokens to the rows it ran for that still hold the same request. A row whose request ends
         inside the run (an end-of-sequence token, its budget) steps on to the run's end: ``finish`` trims what it made
         after, its stats count only the steps before, and the caches hold room past ``capacity`` for it. Then the
         positions of the rows that no longer decode go back where they wait (their cached prefix), and ``settle``."""
-        made, ran_for, _ = run
-        values = made.tolist()  # the run's one host sync
+        made, ran_for, copied = run
+        if copied is not None:
+            copied.synchronize()
+        values = made.tolist()  # the run's one host sync (run ahead on a GPU: the event's, above)
         elapsed = time.perf_counter() - t0
         for r, row in enumerate(ran_for):
             if row is None or rows[r] is not row:  # idle then, or its request finished and the row was handed on
@@ -325,10 +333,10 @@ def generate_streams(target: StaticTarget, drafter, driver: Driver, num_streams:
             row.pos += run_steps
             row.out.extend(new)
             row.ended = bool(ends)
-        if run_ahead:  # a run is queued after this one: only the rows that do not decode are put back (ordered after it)
-            idle = [r for r, row in enumerate(rows) if row is None]
-            if idle:
-                positions[idle] = torch.tensor([parked(r) for r in idle], device=device)
+        if run_ahead:  # a run is queued after this one: only the rows that do not decode are put back, ordered after it
+            for r, row in enumerate(rows):  # (a fill each: a list copied to the device would wait for the queued run)
+                if row is None:
+                    positions[r] = parked(r)
         else:
             positions.copy_(torch.tensor([row.pos if row else parked(r) for r, row in enumerate(rows)]))
         settle()
