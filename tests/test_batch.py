@@ -232,18 +232,25 @@ def test_a_dflash_row_moved_drafts_as_its_own_row_did(setup) -> None:
         torch.testing.assert_close(got, alone.block_logits(tokens[[r]], anchors[[r]] + 16)[0][0], rtol=1e-4, atol=1e-5)
 
 
+def ending_inside_a_run(setup) -> tuple[list[list[int]], StaticTarget, list[int], list]:
+    """The prompts, the static target, end-of-sequence ids with one more that ends the first reply inside a run of 3 or
+    8 steps (maybe others too; the rest run to the budget of 23, no multiple of the run), and batch 1's generations."""
+    prompts = setup[2]
+    target = StaticTarget(setup[0], [])
+    replies = [generate(target, None, p, 23, eos_token_ids=setup[3]).tokens for p in prompts]
+    stop = next(t for t in replies[0][4:14] if t not in replies[0][:4])
+    eos = setup[3] + [stop]
+    want = [generate(target, None, p, 23, eos_token_ids=eos) for p in prompts]
+    assert len(want[0].tokens) < 15 and any(len(w.tokens) == 23 for w in want)
+    return prompts, target, eos, want
+
+
 @pytest.mark.parametrize("run_steps", [3, pytest.param(8, marks=pytest.mark.slow)])
 def test_the_target_alone_steps_in_runs_without_host_syncs(setup, run_steps, monkeypatch) -> None:
     """The target alone, greedy, steps ``run_steps`` times between host syncs: requests that end inside a run (an
     end-of-sequence token mid-run, a budget that is no multiple of the run) give batch 1's tokens and step counts,
     and the host looked at the rows once per run, not once per step."""
-    prompts = setup[2]
-    target = StaticTarget(setup[0], [])
-    replies = [generate(target, None, p, 23, eos_token_ids=setup[3]).tokens for p in prompts]
-    stop = next(t for t in replies[0][4:14] if t not in replies[0][:4])  # ends row 0 inside a run, maybe others too
-    eos = setup[3] + [stop]
-    want = [generate(target, None, p, 23, eos_token_ids=eos) for p in prompts]
-    assert len(want[0].tokens) < 15 and any(len(w.tokens) == 23 for w in want)
+    prompts, target, eos, want = ending_inside_a_run(setup)
     steps, syncs = [], []
     step, tensor = target.step, torch.tensor
     monkeypatch.setattr(target, "step", lambda ids, pos, lengths=None: steps.append(len(syncs)) or step(ids, pos, lengths))
@@ -261,13 +268,7 @@ def test_runs_queued_ahead_of_the_host_give_batch_ones_tokens(setup, batch_size)
     run (an end-of-sequence token mid-run, a budget that is no multiple of the run) has its row step one more run, and a
     row refilled after the next run was queued starts a run later. With fewer rows than prompts (refills in waves of
     one), every request's tokens and step counts are batch 1's, and a drafter or sampling is refused in one line."""
-    prompts = setup[2]
-    target = StaticTarget(setup[0], [])
-    replies = [generate(target, None, p, 23, eos_token_ids=setup[3]).tokens for p in prompts]
-    stop = next(t for t in replies[0][4:14] if t not in replies[0][:4])  # ends row 0 inside a run, maybe others too
-    eos = setup[3] + [stop]
-    want = [generate(target, None, p, 23, eos_token_ids=eos) for p in prompts]
-    assert len(want[0].tokens) < 15 and any(len(w.tokens) == 23 for w in want)
+    prompts, target, eos, want = ending_inside_a_run(setup)
     steps = []
     step = target.step
     target.step = lambda ids, pos, lengths=None: steps.append(1) or step(ids, pos, lengths)
