@@ -67,6 +67,12 @@ class Reply(NamedTuple):
     complete: bool
 
 
+def reply_within(index: int, tokens: list[int], eos: list[int], budget: int) -> Reply:
+    """An engine's tokens for prompt ``index`` as its reply: cut to its own budget (a run for several prompts decodes
+    to the largest) and at its end of sequence, complete where the target ended it within the budget."""
+    return Reply(index, cut_at_eos(tokens[:budget], eos), None, reply_ended(tokens, eos, budget))
+
+
 def hashed_seed(key: str) -> int:
     """A 63-bit seed drawn from ``key`` (the same on every machine and run, unlike ``hash``)."""
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & (2**63 - 1)
@@ -152,7 +158,7 @@ class HFReplies:
                 if i in skip:
                     continue
                 raw = out[row, width:width + budgets[i]].tolist()  # a row that ended is padded past its end of sequence
-                yield Reply(i, cut_at_eos(raw, eos), None, reply_ended(raw, eos, budgets[i]))
+                yield reply_within(i, raw, eos, budgets[i])
 
 
 class OurReplies:
@@ -188,7 +194,7 @@ class OurReplies:
                                        run_steps=self.run_steps, seeds=None if seeds is None else [seeds[i] for i in part],
                                        run_ahead=self.run_ahead)
             for i, out in zip(part, outs):
-                yield Reply(i, cut_at_eos(out.tokens[:budgets[i]], self.eos), None, reply_ended(out.tokens, self.eos, budgets[i]))
+                yield reply_within(i, out.tokens, self.eos, budgets[i])
 
     @property
     def streams(self) -> bool:
@@ -214,9 +220,7 @@ class OurReplies:
         def driver(stream: int, finished: Any) -> list[int] | None:
             reply = None
             if finished is not None:  # one budget for the run (the largest); each reply cut to its own, as in ``replies``
-                budget = budgets.pop(stream)
-                reply = Reply(stream, cut_at_eos(finished.tokens[:budget], self.eos), None,
-                              reply_ended(finished.tokens, self.eos, budget))
+                reply = reply_within(stream, finished.tokens, self.eos, budgets.pop(stream))
             request = next_prompt(stream, reply)
             if request is None:
                 return None
@@ -237,7 +241,7 @@ class OurReplies:
         for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
             sampling = self.sampling if seeds is None else replace(self.sampling, seed=int(seeds[i]))
             tokens = generate(self.target, None, prompt, budget, sampling, eos_token_ids=self.eos).tokens
-            yield Reply(i, cut_at_eos(tokens, self.eos), None, reply_ended(tokens, self.eos, budget))
+            yield reply_within(i, tokens, self.eos, budget)
 
     def close(self) -> None:
         """Drop the static target (fused weight copies and the KV buffers of ``batch_size`` rows, held into training
@@ -413,6 +417,9 @@ def regenerate_messages(conversations: list[Conversation], engine: Any, renderer
             return ids if whole_batches else None
         return ids
 
+    def reply_budget(ids: list[int]) -> int:  # what max_length leaves a prompt, at most max_new_tokens
+        return min(cfg.max_new_tokens, max_length - len(ids))
+
     def record(c: int, k: int, tokens: list[int] | None, text: str | None, complete: bool) -> None:
         content = (tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
                    if tokens is not None else text)
@@ -436,7 +443,7 @@ def regenerate_messages(conversations: list[Conversation], engine: Any, renderer
                 while next_turn[c] < len(assistant_turns[c]) and cut_at[c] is None:
                     ids = turn_prompt(c, next_turn[c])
                     if ids is not None:
-                        return ids, min(cfg.max_new_tokens, max_length - len(ids))
+                        return ids, reply_budget(ids)
                     next_turn[c] += cut_at[c] is None
                 return None
 
@@ -451,7 +458,7 @@ def regenerate_messages(conversations: list[Conversation], engine: Any, renderer
                     if ids is not None:
                         todo.append(c)
                         prompts.append(ids)
-                budgets = [min(cfg.max_new_tokens, max_length - len(p)) for p in prompts]
+                budgets = [reply_budget(p) for p in prompts]
                 seeds = [reply_seed(cfg.seed, index[c], k) for c in todo]
                 if whole_batches:  # the answered prompts too, to batch as the uninterrupted run did; not handed out again
                     answers = engine.replies(prompts, budgets, seeds, skip={i for i, c in enumerate(todo) if (index[c], k) in done})
