@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swa_kernels import argmax, skinny_gemm
-from swa_kernels.attention import aligned_mask, cached_attention, grouped_attention, masked_softmax, raise_recompile_limit
+from swa_kernels.attention import aligned_mask, cached_attention, grouped_attention, masked_softmax, prompt_sdpa, raise_recompile_limit
 from swa_kernels.decode_attention import Rope
 from swa_kernels.decode_attention import decode_attention as split_kv_attention
 from models.sampling import greedy_accepted
@@ -762,8 +762,8 @@ class StaticTarget:
                 self.k_cache[i, write_rows, :, write_pos] = k[real]
                 self.v_cache[i, write_rows, :, write_pos] = v[real]
                 keys, values = self.k_cache[i, row_index, :, :end], self.v_cache[i, row_index, :, :end]  # [m, Hkv, end, D]
-                out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(groups, dim=1),
-                                                     values.repeat_interleave(groups, dim=1), attn_mask=visible, scale=self.scale)
+                out = prompt_sdpa(q.transpose(1, 2), keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1),
+                                  attn_mask=visible, scale=self.scale)
                 return out.transpose(1, 2)
         else:
             cos, sin = self.cos[:length][:, None], self.sin[:length][:, None]  # [L, 1, D]
@@ -772,8 +772,8 @@ class StaticTarget:
                 q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [m, heads, L, D]
                 self.k_cache[i, row_index, :, :length] = k
                 self.v_cache[i, row_index, :, :length] = v
-                out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
-                                                     is_causal=True, scale=self.scale)  # right padding: causal is exact for real queries
+                out = prompt_sdpa(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
+                                  is_causal=True, scale=self.scale)  # right padding: causal is exact for real queries
                 return out.transpose(1, 2)
 
         x = self.embed_tokens(ids)  # [m, L, H]

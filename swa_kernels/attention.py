@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from swa_kernels.key_intervals import KeyIntervalMask
 
@@ -92,6 +93,23 @@ def triton_flex_options(head_dim: int, backward: bool = False) -> dict | None:
     if backward:
         options.update(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, bwd_num_warps=4, bwd_num_stages=2)
     return options
+
+
+# cuDNN's fused attention, torch's first choice for bf16 prompts on Hopper, builds an execution plan for every new
+# shape: a 30-layer prefill of SmolLM2's shape took 62-116 ms at each new length against 20-42 ms for the same shape
+# again, where the memory-efficient kernel took 20-34 ms either way (H200, torch 2.11, cuDNN 9.19;
+# benchmarks/profile_prefill_rows.py, seventeenth session). Inference's prompts change length every call (regeneration
+# waves, prompt chunks, verify blocks), so their attention leaves cuDNN out; math stays the fallback.
+PROMPT_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def prompt_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, **kwargs)`` for attention whose shapes change call by call: every
+    backend but cuDNN's (``PROMPT_SDPA_BACKENDS``). Under torch.compile (fixed shapes: a plan built once) as it is."""
+    if torch.compiler.is_compiling():
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with sdpa_kernel(PROMPT_SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None,
@@ -241,7 +259,7 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         mask = None if square_causal else aligned_mask(q_len, k_len, causal, window, q.device)
     else:
         square_causal = False
-    out = F.scaled_dot_product_attention(
+    out = prompt_sdpa(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=mask, is_causal=square_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out[0].transpose(0, 1)

@@ -96,3 +96,45 @@ def test_the_flashinfer_mapping_equals_the_dense_reference(monkeypatch, q_len, k
     got = cached_attention(q, k, v, causal=causal, window=window, scale=0.3, backend="flashinfer")
     want = flashinfer_rule(q, k, v, sm_scale=0.3, custom_mask=reference_mask(q_len, k_len, causal, window))
     torch.testing.assert_close(got, want)
+
+
+def test_prompt_attention_leaves_cudnn_out_and_puts_the_backends_back(monkeypatch) -> None:
+    """Prompt attention (shapes that change call by call) runs with cuDNN's backend off: it builds a plan per new shape
+    (50-80 ms a prefill on an H200). The backends a caller had come back after, and the result is SDPA's."""
+    import torch.nn.functional as F
+
+    from swa_kernels import attention
+
+    seen = []
+    plain = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                     torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        return plain(*args, **kwargs)
+
+    q, k, v = torch.randn(3, 1, 4, 5, 8).unbind(0)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    out = attention.prompt_sdpa(q, k, v, is_causal=True)
+    assert seen == [(False, True, True, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    torch.testing.assert_close(out, plain(q, k, v, is_causal=True), rtol=0, atol=0)
+    # the paths with prompts of changing length go through it: the cached target's, and the static target's waves
+    # (regeneration: from position 0, and past a cached prefix)
+    seen.clear()
+    cached_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), causal=True, window=None, scale=0.5)
+    assert seen and not seen[0][0]
+    import transformers as tf
+
+    from models.static_target import StaticTarget
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                               num_key_value_heads=2, vocab_size=64, max_position_embeddings=128)).eval()
+    target = StaticTarget(model, [])
+    target.allocate(64, batch=2)
+    for starts in ([0, 0], [5, 9]):
+        seen.clear()
+        target.prefill_rows([torch.arange(4), torch.arange(7)], [0, 1], starts)
+        assert len(seen) == 2 and not any(s[0] for s in seen)

@@ -1,0 +1,116 @@
+"""Where a wave of prefills spends its time: ``StaticTarget.prefill_rows`` at the shapes regeneration hands it, timed
+(device-synchronised wall, median of repeats) and then under ``torch.profiler`` (the top ops by device and by host time).
+
+    python benchmarks/profile_prefill_rows.py --shape smollm2-135m --device cuda
+
+The seventeenth session's ``profile_regen.py`` on an H100 found regeneration's prefill waves at ~80-95 ms a call, 31-65%
+of the wall time, where the arithmetic of ~4,000 tokens of a 135M model is ~1 ms: this says which op it is. A random
+model of the target's shape (``transformers``' Llama class, bf16 on a GPU) stands for the target: the time does not
+depend on the weights' values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.attention import SDPBackend
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.static_target import StaticTarget  # noqa: E402
+from swa_kernels import attention  # noqa: E402
+
+SHAPES = {  # transformers LlamaConfig fields
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, rope_theta=1e5, tie_word_embeddings=True,
+                         max_position_embeddings=8192),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096),
+}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--batch", type=int, default=128, help="rows the caches hold")
+    p.add_argument("--capacity", type=int, default=2313)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--cases", nargs="*", default=["6x650@0", "16x200@1000", "3x1300@0", "1x2000@0", "16x60@1500"],
+                   help="MxN@S: M prompts of N tokens into rows 0..M-1 at start S (S > 0: past a cached prefix)")
+    p.add_argument("--trace", nargs="*", default=None, help="cases to profile (default: every case)")
+    p.add_argument("--backends", nargs="*", default=["ours", "torch", "efficient"],
+                   help="what prompt_sdpa may pick: ours (no cuDNN), torch (its whole list), flash, efficient, math, cudnn")
+    args = p.parse_args()
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**SHAPES[args.shape])).to(device, dtype)
+    target = StaticTarget(model, [], compile_layers=device.type == "cuda")
+    target.allocate(args.capacity, batch=args.batch)
+    vocab = model.config.vocab_size
+    backends_seen = 0  # each backend's new lengths differ from the earlier backends' (not seen before)
+
+    def run(case: str, extra: int = 0) -> None:
+        shape, start = case.split("@")
+        m, n = (int(v) for v in shape.split("x"))
+        n += extra
+        prompts = [torch.randint(0, vocab, (n,), device=device) for _ in range(m)]
+        target.prefill_rows(prompts, list(range(m)), [int(start)] * m)
+
+    # the backends prompt_sdpa may pick from, row by row: ours (``PROMPT_SDPA_BACKENDS``: no cuDNN), torch's whole
+    # list (cuDNN first on Hopper: the code before), or one backend alone
+    ours = list(attention.PROMPT_SDPA_BACKENDS)
+    backends = {"ours": ours, "torch": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                        SDPBackend.MATH],
+                "flash": [SDPBackend.FLASH_ATTENTION], "efficient": [SDPBackend.EFFICIENT_ATTENTION],
+                "math": [SDPBackend.MATH], "cudnn": [SDPBackend.CUDNN_ATTENTION]}
+    # same: the case's shape every repeat; new: a new length every repeat (n + 7 i), as regeneration's waves come (a
+    # cost paid once per shape shows only here)
+    print(f"| backend | case | tokens | ms, same shape (median of {args.repeats}) | ms, a new length each (median) |\n|---|---|---:|---:|---:|")
+    for name in args.backends:
+        for case in args.cases:
+            row = []
+            attention.PROMPT_SDPA_BACKENDS[:] = backends[name]
+            for vary in (False, True):
+                try:
+                    run(case, 3 if vary else 0)  # warm-up
+                except RuntimeError as e:  # flash alone takes no mask (a case past a cached prefix)
+                    row.append(f"n/a ({str(e).splitlines()[0][:40]})")
+                    continue
+                times = []
+                for i in range(args.repeats):
+                    sync(device)
+                    t0 = time.perf_counter()
+                    run(case, 7 * (i + 1) + 100 * backends_seen if vary else 0)
+                    sync(device)
+                    times.append(time.perf_counter() - t0)
+                row.append(f"{statistics.median(times) * 1000:.2f}")
+            m, n = (int(v) for v in case.split("@")[0].split("x"))
+            print(f"| {name} | {case} | {m * n} | {row[0]} | {row[1]} |", flush=True)
+        backends_seen += 1
+    attention.PROMPT_SDPA_BACKENDS[:] = ours
+
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for case in args.trace if args.trace is not None else args.cases:
+        with torch.profiler.profile(activities=activities) as prof:
+            run(case)
+            sync(device)
+        for key in (["cuda_time_total"] if device.type == "cuda" else []) + ["cpu_time_total"]:
+            print(f"\n### {case}, by {key}\n")
+            print(prof.key_averages().table(sort_by=key, row_limit=14, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
