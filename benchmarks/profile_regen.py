@@ -96,7 +96,8 @@ def main() -> None:
     target = TargetModel.from_pretrained(resolve_target_path(args.target, "--target"), device=args.device)
     static = decoding_target(target.model, [])
     capacity = args.max_length + args.max_new_tokens + 1 + args.run_steps
-    print("| rows | position | captured step ms | ms per row |\n|---:|---:|---:|---:|")
+    if static.capture and args.step_batches:
+        print("| rows | position | captured step ms | ms per row |\n|---:|---:|---:|---:|")
     for b in args.step_batches if static.capture else []:
         for pos, ms in time_steps(static, b, capacity, args.step_positions):
             print(f"| {b} | {pos} | {ms:.3f} | {ms / b * 1000:.2f} µs |")
