@@ -38,6 +38,60 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def regenerate_synthetic(target: StaticTarget, args, backends: dict, vocab: int) -> None:
+    """Regeneration's pattern on random token ids (the model is random: its replies run to the budget): ``--streams``
+    conversations of up to 6 turns, a system and user prompt of 100-600 tokens then user turns of 50-400, each turn's
+    prompt the conversation so far, cut where it would pass 2,048 tokens; 128 rows, waves of refills, each stream's turns
+    in its row (``generate_streams``, as ``data.regenerate.reuse_turns``). The same conversations once per backend set,
+    the whole wall time and the waves' (``prefill_rows`` wrapped in a device-synchronising timer)."""
+    from infer.batch import generate_streams
+
+    g = torch.Generator().manual_seed(0)
+    turns = [[torch.randint(0, vocab, (int(torch.randint(100 if t == 0 else 50, 600 if t == 0 else 400, (1,), generator=g)),),
+                            generator=g).tolist() for t in range(6)] for _ in range(args.streams)]
+    limit, capacity = 2048, 2048 + args.max_new_tokens + 1 + 8
+    plain = target.prefill_rows
+    print(f"\n| backends | conversations | replies | wall s | prefill waves s (calls) | tokens/s |\n|---|---:|---:|---:|---:|---:|")
+    for name in args.backends:
+        attention.PROMPT_SDPA_BACKENDS[:] = backends[name]
+        state = {s: [list(turns[s][0]), 1] for s in range(args.streams)}  # stream -> [prompt so far, next turn]
+        replies, waves = [0], [0.0, 0]
+
+        def timed(*a, **kw):
+            sync(target.device)
+            t0 = time.perf_counter()
+            out = plain(*a, **kw)
+            sync(target.device)
+            waves[0] += time.perf_counter() - t0
+            waves[1] += 1
+            return out
+
+        def driver(stream, finished):
+            prompt, turn = state[stream]
+            if finished is None:
+                return prompt
+            replies[0] += 1
+            if turn >= 6:
+                return None
+            nxt = prompt + finished.tokens + turns[stream][turn]
+            if len(nxt) + args.max_new_tokens > limit:
+                return None
+            state[stream] = [nxt, turn + 1]
+            return nxt
+
+        target.prefill_rows = timed
+        sync(target.device)
+        t0 = time.perf_counter()
+        generate_streams(target, None, driver, args.streams, batch_size=128, capacity=capacity,
+                         max_new_tokens=args.max_new_tokens, eos_token_ids=(), run_steps=8)
+        sync(target.device)
+        wall = time.perf_counter() - t0
+        del target.prefill_rows
+        print(f"| {name} | {args.streams} | {replies[0]} | {wall:.1f} | {waves[0]:.1f} ({waves[1]}) | "
+              f"{replies[0] * args.max_new_tokens / wall:.0f} |", flush=True)
+    attention.PROMPT_SDPA_BACKENDS[:] = backends["ours"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
@@ -48,6 +102,10 @@ def main() -> None:
     p.add_argument("--cases", nargs="*", default=["6x650@0", "16x200@1000", "3x1300@0", "1x2000@0", "16x60@1500"],
                    help="MxN@S: M prompts of N tokens into rows 0..M-1 at start S (S > 0: past a cached prefix)")
     p.add_argument("--trace", nargs="*", default=None, help="cases to profile (default: every case)")
+    p.add_argument("--streams", type=int, default=0,
+                   help="then regenerate this many synthetic 6-turn conversations (infer.batch.generate_streams, turns "
+                        "reused in their rows, 128 rows) once per --backends entry: the waves' share of a whole run")
+    p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--backends", nargs="*", default=["ours", "torch", "efficient"],
                    help="what prompt_sdpa may pick: ours (no cuDNN), torch (its whole list), flash, efficient, math, cudnn")
     args = p.parse_args()
@@ -102,6 +160,8 @@ def main() -> None:
         backends_seen += 1
     attention.PROMPT_SDPA_BACKENDS[:] = ours
 
+    if args.streams:
+        regenerate_synthetic(target, args, backends, vocab)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     for case in args.trace if args.trace is not None else args.cases:
         with torch.profiler.profile(activities=activities) as prof:
