@@ -96,10 +96,11 @@ def triton_flex_options(head_dim: int, backward: bool = False) -> dict | None:
 
 
 # cuDNN's fused attention, torch's first choice for bf16 prompts on Hopper, builds an execution plan for every new
-# shape: a 30-layer prefill of SmolLM2's shape took 62-116 ms at each new length against 20-42 ms for the same shape
-# again, where the memory-efficient kernel took 20-34 ms either way (H200, torch 2.11, cuDNN 9.19;
+# shape: a 30-layer prefill of SmolLM2's shape took 62-116 ms at each new length against 18-42 ms for the same shape
+# again, where the memory-efficient kernel took 19-34 ms either way (H200, torch 2.11, cuDNN 9.19;
 # benchmarks/profile_prefill_rows.py, seventeenth session). Inference's prompts change length every call (regeneration
-# waves, prompt chunks, verify blocks), so their attention leaves cuDNN out; math stays the fallback.
+# waves, prompt chunks, drafters' prefills), so their attention leaves cuDNN out; math stays the fallback. (Few queries
+# over a cache take the two-product path on a GPU, no SDPA: ``cached_attention``.)
 PROMPT_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
