@@ -12,6 +12,7 @@ depend on the weights' values.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -109,6 +110,13 @@ def main() -> None:
     p.add_argument("--backends", nargs="*", default=["ours", "torch", "efficient"],
                    help="what prompt_sdpa may pick: ours (no cuDNN), torch (its whole list), flash, efficient, math, cudnn")
     args = p.parse_args()
+    for case in args.cases + (args.trace or []):  # MxN@S, each fitting a row of the caches
+        match = re.fullmatch(r"(\d+)x(\d+)@(\d+)", case)
+        if not match or int(match[1]) < 1 or int(match[2]) < 1:
+            p.error(f"--cases/--trace {case!r}: expected MxN@S (M prompts of N >= 1 tokens from position S), e.g. 6x650@0")
+        if int(match[1]) > args.batch or int(match[3]) + int(match[2]) + 200 > args.capacity:
+            p.error(f"--cases/--trace {case!r}: needs at most --batch {args.batch} rows and S + N + 200 (new lengths) <= "
+                    f"--capacity {args.capacity}")
 
     from transformers import LlamaConfig, LlamaForCausalLM
     device = torch.device(args.device)
