@@ -110,4 +110,12 @@ evaluate $KIND --drafter $W/run/export $TREE ${EVAL_EXTRA:-}
 # PLD_EXTRA: its own extra flags (default EVAL_EXTRA; a rehearsal whose EVAL_EXTRA holds tree flags sets it)
 [ "${PLD_DEEP:-32}" -gt 0 ] && evaluate pld${PLD_DEEP:-32} --drafter pld --draft-steps ${PLD_DEEP:-32} ${PLD_EXTRA:-${EVAL_EXTRA:-}}
 wait
+# the seventeenth session's fix checked on this GPU, after everything else (~20 s): prefill waves at regeneration's
+# shapes with cuDNN left out (ours, the default since) against torch's own choice, one shape and a new length each
+# (profile_prefill_rows.py; BENCHMARKS.md "2026-12-07, seventeenth session"); PREFILL_CHECK=0 skips it
+if [ "${PREFILL_CHECK:-1}" = 1 ] && nvidia-smi > /dev/null 2>&1; then
+  python3 benchmarks/profile_prefill_rows.py --device cuda --backends ours torch --repeats 3 --cases 6x650@0 16x200@1000 \
+    --trace > $W/prefill_check.log 2>&1
+  stamp "prefill check rc=$?"
+fi
 stamp "all done"

@@ -8,6 +8,7 @@ for f in probe run; do [ -f $W/$f/metrics.jsonl ] && { echo "== $f metrics"; tai
 import sys, json
 for l in sys.stdin:
     r = json.loads(l); print({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items() if k in ('step', 'train/loss', 'train/acc', 'train/sim_tau', 'train/tokens_per_s', 'train/lr', 'train/tokens')})"; }; done
+[ -f $W/prefill_check.log ] && { echo "== prefill check (ms a wave; ours: no cuDNN)"; grep "^| " $W/prefill_check.log | head -6; }
 for f in $W/eval_*.log; do [ -f "$f" ] && { echo "== $f"; grep -A4 "^| turns" "$f" | head -5; grep "vLLM" "$f"; tail -1 "$f"; }; done
 # what comes back from a call: at most 8 files of 16 MiB, 64 MiB together. So the logs travel as one archive, the
 # regenerated file's pieces (once packed, in the first call that finds them) with the logs alone, and the drafter's
