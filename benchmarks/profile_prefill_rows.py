@@ -5,7 +5,7 @@
 
 The seventeenth session's ``profile_regen.py`` on an H100 found regeneration's prefill waves at ~80-95 ms a call, 31-65%
 of the wall time, where the arithmetic of ~4,000 tokens of a 135M model is ~1 ms: this says which op it is. A random
-model of the target's shape (``transformers``' Llama class, bf16 on a GPU) stands for the target: the time does not
+model of the target's shape (``benchmarks.shapes.random_target``, bf16 on a GPU) stands for the target: the time does not
 depend on the weights' values.
 """
 
@@ -22,17 +22,9 @@ import torch
 from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
 from models.static_target import StaticTarget  # noqa: E402
 from swa_kernels import attention  # noqa: E402
-
-SHAPES = {  # transformers LlamaConfig fields
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, vocab_size=49152, rope_theta=1e5, tie_word_embeddings=True,
-                         max_position_embeddings=8192),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096),
-}
-
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -95,7 +87,7 @@ def regenerate_synthetic(target: StaticTarget, args, backends: dict, vocab: int)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    p.add_argument("--shape", choices=sorted(TARGET_SHAPES), default="smollm2-135m")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch", type=int, default=128, help="rows the caches hold")
     p.add_argument("--capacity", type=int, default=2313)
@@ -118,11 +110,8 @@ def main() -> None:
             p.error(f"--cases/--trace {case!r}: needs at most --batch {args.batch} rows and S + N + 200 (new lengths) <= "
                     f"--capacity {args.capacity}")
 
-    from transformers import LlamaConfig, LlamaForCausalLM
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SHAPES[args.shape])).to(device, dtype)
+    model = random_target(args.shape, device=args.device).model  # bf16 on a GPU, fp32 on the CPU
     target = StaticTarget(model, [], compile_layers=device.type == "cuda")
     target.allocate(args.capacity, batch=args.batch)
     vocab = model.config.vocab_size

@@ -310,7 +310,7 @@ def test_prefill_rows_profile_runs_on_the_cpu_and_refuses_a_bad_case_in_one_line
     """``profile_prefill_rows.py`` (where a regeneration's waves spend their time, by SDPA backend): both tables on the
     CPU, the synthetic regeneration with the same replies for each backend set; a malformed or oversized case is one
     line naming it."""
-    out = run_script("benchmarks/profile_prefill_rows.py", "--shape", "tiny", "--device", "cpu", "--batch", "8",
+    out = run_script("benchmarks/profile_prefill_rows.py", "--shape", "tiny-qwen3", "--device", "cpu", "--batch", "8",
                      "--repeats", "1", "--backends", "ours", "torch", "--cases", "2x20@0", "3x10@30", "--trace",
                      "--streams", "6", "--max-new-tokens", "4")
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
@@ -319,7 +319,7 @@ def test_prefill_rows_profile_runs_on_the_cpu_and_refuses_a_bad_case_in_one_line
     streams = [line.split("|") for line in out.stdout.splitlines() if re.match(r"\| (ours|torch) \| 6 \|", line)]
     assert len(streams) == 2 and streams[0][3] == streams[1][3], out.stdout  # the same replies under both
     for case, says in (("6x", "'6x'"), ("9x10@0", "--batch 8"), ("2x10@5000", "--capacity")):
-        bad = run_script("benchmarks/profile_prefill_rows.py", "--shape", "tiny", "--device", "cpu", "--batch", "8",
+        bad = run_script("benchmarks/profile_prefill_rows.py", "--shape", "tiny-qwen3", "--device", "cpu", "--batch", "8",
                          "--cases", case)
         assert bad.returncode != 0 and "Traceback" not in bad.stderr and says in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()[-1]) > 20
