@@ -41,6 +41,29 @@ def median_ms(fn, warmup: int = 3, repeats: int = 10, queued: bool = False) -> f
     return statistics.median(times)  # the middle two averaged for an even count (the upper one before)
 
 
+def sync() -> None:
+    """Wait for the GPU's queued work (nothing on a machine without one)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class Timed:
+    """A function (a model's method) wrapped in a device-synchronising timer: its calls and their seconds add up. The
+    syncs remove any overlap of host and device around the calls (an upper bound of a plain run's time)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls, self.seconds = fn, 0, 0.0
+
+    def __call__(self, *args, **kwargs):
+        sync()
+        t0 = time.perf_counter()
+        out = self.fn(*args, **kwargs)
+        sync()
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+
 _SLEEP_CYCLES = 40_000_000  # ~20 ms at the H100's ~1.98 GHz
 
 

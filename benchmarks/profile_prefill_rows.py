@@ -22,14 +22,10 @@ import torch
 from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.measure import Timed, sync  # noqa: E402
 from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
 from models.static_target import StaticTarget  # noqa: E402
 from swa_kernels import attention  # noqa: E402
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
 
 def regenerate_synthetic(target: StaticTarget, args, backends: dict, vocab: int) -> None:
     """Regeneration's pattern on random token ids (the model is random: its replies run to the budget): ``--streams``
@@ -48,16 +44,7 @@ def regenerate_synthetic(target: StaticTarget, args, backends: dict, vocab: int)
     for name in args.backends:
         attention.PROMPT_SDPA_BACKENDS[:] = backends[name]
         state = {s: [list(turns[s][0]), 1] for s in range(args.streams)}  # stream -> [prompt so far, next turn]
-        replies, waves = [0], [0.0, 0]
-
-        def timed(*a, **kw):
-            sync(target.device)
-            t0 = time.perf_counter()
-            out = plain(*a, **kw)
-            sync(target.device)
-            waves[0] += time.perf_counter() - t0
-            waves[1] += 1
-            return out
+        replies, waves = [0], Timed(plain)
 
         def driver(stream, finished):
             prompt, turn = state[stream]
@@ -72,15 +59,15 @@ def regenerate_synthetic(target: StaticTarget, args, backends: dict, vocab: int)
             state[stream] = [nxt, turn + 1]
             return nxt
 
-        target.prefill_rows = timed
-        sync(target.device)
+        target.prefill_rows = waves
+        sync()
         t0 = time.perf_counter()
         generate_streams(target, None, driver, args.streams, batch_size=128, capacity=capacity,
                          max_new_tokens=args.max_new_tokens, eos_token_ids=(), run_steps=8)
-        sync(target.device)
+        sync()
         wall = time.perf_counter() - t0
         del target.prefill_rows
-        print(f"| {name} | {args.streams} | {replies[0]} | {wall:.1f} | {waves[0]:.1f} ({waves[1]}) | "
+        print(f"| {name} | {args.streams} | {replies[0]} | {wall:.1f} | {waves.seconds:.1f} ({waves.calls}) | "
               f"{replies[0] * args.max_new_tokens / wall:.0f} |", flush=True)
     attention.PROMPT_SDPA_BACKENDS[:] = backends["ours"]
 
@@ -146,10 +133,10 @@ def main() -> None:
                     continue
                 times = []
                 for i in range(args.repeats):
-                    sync(device)
+                    sync()
                     t0 = time.perf_counter()
                     run(case, 7 * (i + 1) + 100 * backends_seen if vary else 0)
-                    sync(device)
+                    sync()
                     times.append(time.perf_counter() - t0)
                 row.append(f"{statistics.median(times) * 1000:.2f}")
             m, n = (int(v) for v in case.split("@")[0].split("x"))
@@ -163,7 +150,7 @@ def main() -> None:
     for case in args.trace if args.trace is not None else args.cases:
         with torch.profiler.profile(activities=activities) as prof:
             run(case)
-            sync(device)
+            sync()
         for key in (["cuda_time_total"] if device.type == "cuda" else []) + ["cpu_time_total"]:
             print(f"\n### {case}, by {key}\n")
             print(prof.key_averages().table(sort_by=key, row_limit=14, max_name_column_width=60))

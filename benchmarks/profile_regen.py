@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.measure import Timed  # noqa: E402
 from infer.loading import decoding_target  # noqa: E402
 from models.target import TargetModel  # noqa: E402
 from models.builtin_targets import resolve_target_path  # noqa: E402
@@ -51,27 +52,6 @@ def time_steps(target, batch: int, capacity: int, positions: list[int], repeats:
             times.append(start.elapsed_time(end))
         out.append((p, statistics.median(times)))
     return out
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-class Timed:
-    """Wraps a method with a device-synchronising timer."""
-
-    def __init__(self, fn):
-        self.fn, self.calls, self.seconds = fn, 0, 0.0
-
-    def __call__(self, *args, **kwargs):
-        sync()
-        t0 = time.perf_counter()
-        out = self.fn(*args, **kwargs)
-        sync()
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
-        return out
 
 
 def main() -> None:
