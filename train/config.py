@@ -215,7 +215,8 @@ class RegenerateConfig:
     # after the whole turn before, as the other engines run)
     reuse_turns: bool = True
     # engine=ours, greedy: queue the next run of run_steps steps before the host books the one before it, so the host's
-    # work overlaps the device's (the same replies, tested; not measured on a GPU yet: off by default)
+    # work overlaps the device's (the same replies, tested; off: on an H100 it gained nothing, the waves of prefills
+    # waiting for the device anyway, BENCHMARKS.md seventeenth session)
     run_ahead: bool = False
     # engine=hf|ours: regenerate in N processes, each loading its own copy of the target and taking every N-th
     # conversation; spread over the GPUs a one-process run sees. On one GPU it does not pay (time slices: 4 processes ran
