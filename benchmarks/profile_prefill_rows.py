@@ -12,6 +12,7 @@ depend on the weights' values.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import statistics
 import sys
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.nn.attention import SDPBackend
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measure import Timed, sync  # noqa: E402
@@ -27,7 +28,23 @@ from benchmarks.shapes import TARGET_SHAPES, random_target  # noqa: E402
 from models.static_target import StaticTarget  # noqa: E402
 from swa_kernels import attention  # noqa: E402
 
-def regenerate_synthetic(target: StaticTarget, args, backends: dict, vocab: int) -> None:
+BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH,
+            "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+@contextlib.contextmanager
+def backend_choice(name: str):
+    """Prompt attention's backends for a row of the tables: ours (``prompt_sdpa``: cuDNN left out), torch (its own
+    choice, cuDNN first on Hopper: the code before), or one backend alone (``BACKENDS``)."""
+    attention.PROMPT_SDPA_SKIPS_CUDNN = name == "ours"
+    try:
+        with sdpa_kernel([BACKENDS[name]]) if name in BACKENDS else contextlib.nullcontext():
+            yield
+    finally:
+        attention.PROMPT_SDPA_SKIPS_CUDNN = True
+
+
+def regenerate_synthetic(target: StaticTarget, args, vocab: int) -> None:
     """Regeneration's pattern on random token ids (the model is random: its replies run to the budget): ``--streams``
     conversations of up to 6 turns, a system and user prompt of 100-600 tokens then user turns of 50-400, each turn's
     prompt the conversation so far, cut where it would pass 2,048 tokens; 128 rows, waves of refills, each stream's turns
@@ -42,7 +59,6 @@ def regenerate_synthetic(target: StaticTarget, args, backends: dict, vocab: int)
     plain = target.prefill_rows
     print(f"\n| backends | conversations | replies | wall s | prefill waves s (calls) | tokens/s |\n|---|---:|---:|---:|---:|---:|")
     for name in args.backends:
-        attention.PROMPT_SDPA_BACKENDS[:] = backends[name]
         state = {s: [list(turns[s][0]), 1] for s in range(args.streams)}  # stream -> [prompt so far, next turn]
         replies, waves = [0], Timed(plain)
 
@@ -62,14 +78,14 @@ def regenerate_synthetic(target: StaticTarget, args, backends: dict, vocab: int)
         target.prefill_rows = waves
         sync()
         t0 = time.perf_counter()
-        generate_streams(target, None, driver, args.streams, batch_size=128, capacity=capacity,
-                         max_new_tokens=args.max_new_tokens, eos_token_ids=(), run_steps=8)
+        with backend_choice(name):
+            generate_streams(target, None, driver, args.streams, batch_size=128, capacity=capacity,
+                             max_new_tokens=args.max_new_tokens, eos_token_ids=(), run_steps=8)
         sync()
         wall = time.perf_counter() - t0
         del target.prefill_rows
         print(f"| {name} | {args.streams} | {replies[0]} | {wall:.1f} | {waves.seconds:.1f} ({waves.calls}) | "
               f"{replies[0] * args.max_new_tokens / wall:.0f} |", flush=True)
-    attention.PROMPT_SDPA_BACKENDS[:] = backends["ours"]
 
 
 def main() -> None:
@@ -86,8 +102,8 @@ def main() -> None:
                    help="then regenerate this many synthetic 6-turn conversations (infer.batch.generate_streams, turns "
                         "reused in their rows, 128 rows) once per --backends entry: the waves' share of a whole run")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--backends", nargs="*", default=["ours", "torch", "efficient"],
-                   help="what prompt_sdpa may pick: ours (no cuDNN), torch (its whole list), flash, efficient, math, cudnn")
+    p.add_argument("--backends", nargs="*", default=["ours", "torch", "efficient"], choices=["ours", "torch", *BACKENDS],
+                   help="prompt attention's backends, a row each: ours (no cuDNN), torch (its own choice), or one alone")
     args = p.parse_args()
     for case in args.cases + (args.trace or []):  # MxN@S, each fitting a row of the caches
         match = re.fullmatch(r"(\d+)x(\d+)@(\d+)", case)
@@ -111,41 +127,33 @@ def main() -> None:
         prompts = [torch.randint(0, vocab, (n,), device=device) for _ in range(m)]
         target.prefill_rows(prompts, list(range(m)), [int(start)] * m)
 
-    # the backends prompt_sdpa may pick from, row by row: ours (``PROMPT_SDPA_BACKENDS``: no cuDNN), torch's whole
-    # list (cuDNN first on Hopper: the code before), or one backend alone
-    ours = list(attention.PROMPT_SDPA_BACKENDS)
-    backends = {"ours": ours, "torch": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                                        SDPBackend.MATH],
-                "flash": [SDPBackend.FLASH_ATTENTION], "efficient": [SDPBackend.EFFICIENT_ATTENTION],
-                "math": [SDPBackend.MATH], "cudnn": [SDPBackend.CUDNN_ATTENTION]}
     # same: the case's shape every repeat; new: a new length every repeat (n + 7 i), as regeneration's waves come (a
     # cost paid once per shape shows only here)
     print(f"| backend | case | tokens | ms, same shape (median of {args.repeats}) | ms, a new length each (median) |\n|---|---|---:|---:|---:|")
     for name in args.backends:
         for case in args.cases:
             row = []
-            attention.PROMPT_SDPA_BACKENDS[:] = backends[name]
             for vary in (False, True):
-                try:
-                    run(case, 3 if vary else 0)  # warm-up
-                except RuntimeError as e:  # flash alone takes no mask (a case past a cached prefix)
-                    row.append(f"n/a ({str(e).splitlines()[0][:40]})")
-                    continue
-                times = []
-                for i in range(args.repeats):
-                    sync()
-                    t0 = time.perf_counter()
-                    run(case, 7 * (i + 1) + 100 * backends_seen if vary else 0)
-                    sync()
-                    times.append(time.perf_counter() - t0)
+                with backend_choice(name):
+                    try:
+                        run(case, 3 if vary else 0)  # warm-up
+                    except RuntimeError as e:  # flash alone takes no mask (a case past a cached prefix)
+                        row.append(f"n/a ({str(e).splitlines()[0][:40]})")
+                        continue
+                    times = []
+                    for i in range(args.repeats):
+                        sync()
+                        t0 = time.perf_counter()
+                        run(case, 7 * (i + 1) + 100 * backends_seen if vary else 0)
+                        sync()
+                        times.append(time.perf_counter() - t0)
                 row.append(f"{statistics.median(times) * 1000:.2f}")
             m, n = (int(v) for v in case.split("@")[0].split("x"))
             print(f"| {name} | {case} | {m * n} | {row[0]} | {row[1]} |", flush=True)
         backends_seen += 1
-    attention.PROMPT_SDPA_BACKENDS[:] = ours
 
     if args.streams:
-        regenerate_synthetic(target, args, backends, vocab)
+        regenerate_synthetic(target, args, vocab)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     for case in args.trace if args.trace is not None else args.cases:
         with torch.profiler.profile(activities=activities) as prof:

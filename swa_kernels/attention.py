@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from swa_kernels.key_intervals import KeyIntervalMask
 
@@ -99,18 +98,24 @@ def triton_flex_options(head_dim: int, backward: bool = False) -> dict | None:
 # shape: a 30-layer prefill of SmolLM2's shape took 62-116 ms at each new length against 18-42 ms for the same shape
 # again, where the memory-efficient kernel took 19-34 ms either way (H200, torch 2.11, cuDNN 9.19;
 # benchmarks/profile_prefill_rows.py, seventeenth session). Inference's prompts change length every call (regeneration
-# waves, prompt chunks, drafters' prefills), so their attention leaves cuDNN out; math stays the fallback. (Few queries
-# over a cache take the two-product path on a GPU, no SDPA: ``cached_attention``.)
-PROMPT_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# waves, prompt chunks, drafters' prefills), so their attention leaves cuDNN out; the caller's other backends stay as
+# they are. (Few queries over a cache take the two-product path on a GPU, no SDPA: ``cached_attention``.) Benchmarks
+# set PROMPT_SDPA_SKIPS_CUDNN False to time torch's own choice.
+PROMPT_SDPA_SKIPS_CUDNN = True
 
 
 def prompt_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    """``F.scaled_dot_product_attention(q, k, v, **kwargs)`` for attention whose shapes change call by call: every
-    backend but cuDNN's (``PROMPT_SDPA_BACKENDS``). Under torch.compile (fixed shapes: a plan built once) as it is."""
-    if torch.compiler.is_compiling():
+    """``F.scaled_dot_product_attention(q, k, v, **kwargs)`` for attention whose shapes change call by call, with
+    cuDNN's backend off for the call (above). Under torch.compile (fixed shapes: a plan built once) as it is. The one
+    flag is turned off and back on, ~1.5 µs a call where ``sdpa_kernel``'s context took ~10 (a CPU decode step's every
+    layer comes through here)."""
+    if not PROMPT_SDPA_SKIPS_CUDNN or torch.compiler.is_compiling() or not torch.backends.cuda.cudnn_sdp_enabled():
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
-    with sdpa_kernel(PROMPT_SDPA_BACKENDS):
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float | None = None,
