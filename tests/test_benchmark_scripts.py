@@ -323,3 +323,38 @@ def test_prefill_rows_profile_runs_on_the_cpu_and_refuses_a_bad_case_in_one_line
                          "--cases", case)
         assert bad.returncode != 0 and "Traceback" not in bad.stderr and says in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()[-1]) > 20
+
+
+def test_chat_render_speed_times_both_rows_and_refuses_a_bad_file_in_one_line(tmp_path, reference_target_path,
+                                                                               reference_tokenizer) -> None:
+    """``chat_render_speed.py`` on a regenerated file (replies with their ids; one plain JSONL, one xz-compressed): both
+    rows, every reply read as its ids, the same digests from either file; a missing or broken file is one line."""
+    import json
+    import lzma
+
+    tok = reference_tokenizer
+    lines = []
+    for i in range(5):
+        messages = []
+        for k in range(3):
+            text = f"Answer {k} to question {i}."
+            messages += [{"role": "user", "content": f"Question {i}, turn {k}?"},
+                         {"role": "assistant", "content": text, "token_ids": tok(text, add_special_tokens=False)["input_ids"]}]
+        lines.append(json.dumps({"id": f"c{i}", "messages": messages}))
+    plain = tmp_path / "regen.jsonl"
+    plain.write_text("\n".join(lines) + "\n")
+    packed = tmp_path / "regen.jsonl.xz.part00"
+    packed.write_bytes(lzma.compress(plain.read_bytes()))
+    tables = []
+    for data in (plain, packed):
+        out = run_script("benchmarks/chat_render_speed.py", "--target", str(reference_target_path), "--data", str(data), "--rows", "2")
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert "5 conversations, 15 assistant turns" in out.stdout and "15 replies as their ids, 0 from their text" in out.stdout, out.stdout
+        tables.append([line.split("|")[5] for line in out.stdout.splitlines() if line.startswith(("| prompt_ids", "| tokenize_batch"))])
+    assert len(tables[0]) == 2 and tables[0] == tables[1]
+    broken = tmp_path / "broken.jsonl.xz"
+    broken.write_bytes(b"not xz")
+    for data, says in ((tmp_path / "none.jsonl", "no such file"), (broken, "not one whole xz stream")):
+        bad = run_script("benchmarks/chat_render_speed.py", "--target", str(reference_target_path), "--data", str(data))
+        assert bad.returncode != 0 and "Traceback" not in bad.stderr and says in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1

@@ -173,3 +173,41 @@ def test_token_ids_outside_the_vocabulary_are_one_line(reference_tokenizer) -> N
     with pytest.raises(DataError, match=r"conversation c7: an assistant turn's token_ids hold \d+, not an id of the tokenizer") as e:
         renderer.tokenize(messages, "c7")
     assert "\n" not in str(e.value)
+
+
+def test_prompts_asked_turn_after_turn_are_what_a_fresh_renderer_gives(reference_tokenizer) -> None:
+    """Regeneration asks ``prompt_ids`` for many conversations' turns, interleaved, each turn after the one before (the
+    renderer keeps its last prompts, reply spellings and text pieces to reuse). Every prompt must be what a renderer that
+    never saw the conversation gives, also when the kept results are evicted (here after 3 of each), when two
+    conversations share their first turns, and when a reply's ids do not spell its text; a template that reads the
+    clock keeps no prompts; and no template sees the stored ids."""
+    tok = reference_tokenizer
+
+    def reply(text: str, spelled: bool = True) -> dict:  # one token a character: not how the text tokenizes
+        ids = tok.convert_tokens_to_ids(["Ġ" if ch == " " else ch for ch in (text if spelled else text[::-1])])
+        assert None not in ids and ids != tok(text, add_special_tokens=False)["input_ids"]
+        return {"role": "assistant", "content": text, "token_ids": ids}
+
+    shared = [{"role": "user", "content": "Name a colour."}, reply("Blue.")]
+    conversations = {
+        "a": shared + [{"role": "user", "content": "Another?"}, reply("Red, and assistant again.")]
+             + [{"role": "user", "content": "Last one"}, reply("Green")],
+        "b": shared + [{"role": "user", "content": "Why?"}, reply("Because blue is calm.", spelled=False)]
+             + [{"role": "user", "content": "And?"}, reply("That is all.")],
+        "c": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, reply("Green")]  # a's length
+             + [{"role": "user", "content": "Bye"}, reply("Bye.")],
+    }
+    asked = [(cid, i) for k in range(3) for cid, ms in conversations.items()
+             for i in [j for j, m in enumerate(ms) if m["role"] == "assistant"][k:k + 1]]
+    renderer = ChatRenderer(tok)
+    renderer.recent_prompts.size = renderer.recent_spellings.size = renderer.recent_pieces.size = 3
+    for _ in range(2):  # the second time round every result is one kept (or evicted) by the first
+        for cid, i in asked:
+            assert renderer.prompt_ids(conversations[cid][:i], cid) == ChatRenderer(tok).prompt_ids(conversations[cid][:i], cid), (cid, i)
+    assert max(map(len, (renderer.recent_prompts, renderer.recent_spellings, renderer.recent_pieces))) == 3
+
+    clock = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}{# strftime_now #}")
+    assert ChatRenderer(tok, chat_template=clock).recent_prompts is None
+    sees = "{% for m in messages %}{{ m.token_ids is defined }}{% endfor %}"
+    assert ChatRenderer(tok, chat_template=sees).render(conversations["a"]) == "False" * len(conversations["a"])

@@ -60,6 +60,25 @@ def check_template_syntax(template: str, source: str) -> None:
         raise DataError(f"{source}: not a valid Jinja template ({e.message} at line {e.lineno})") from None
 
 
+class RecentResults(dict):
+    """A dict keeping its last ``size`` entries, oldest out first: results a regeneration asks for again turn by turn."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def keep(self, key: Any, value: Any) -> Any:
+        if len(self) >= self.size:
+            del self[next(iter(self))]
+        self[key] = value
+        return value
+
+
+def without_token_ids(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as a chat template sees it: without the ``token_ids`` regeneration stores on a reply."""
+    return message if "token_ids" not in message else {k: v for k, v in message.items() if k != "token_ids"}
+
+
 class ChatRenderer:
     """Turns ``messages`` into ``input_ids`` and an assistant-only ``loss_mask``.
 
@@ -71,6 +90,8 @@ class ChatRenderer:
         where: names the tokenizer in error messages.
     """
 
+    RECENT = 2048  # results ``prompt_ids`` keeps of each kind: 256 conversations in flight (regeneration's rows) × turns
+
     def __init__(self, tokenizer: Any, chat_template: str | None = None, end_of_turn_token: str | None = None, where: str = "tokenizer"):
         if not getattr(tokenizer, "is_fast", False):
             raise DataError(f"{where}: a fast tokenizer is needed for character offsets, got {type(tokenizer).__name__}")
@@ -81,6 +102,15 @@ class ChatRenderer:
         self.special_ids = set(tokenizer.all_special_ids) | {
             i for i, t in tokenizer.added_tokens_decoder.items() if getattr(t, "special", False)
         }
+        # ``prompt_ids`` is asked for a conversation's turns one after another (regeneration): each later turn renders,
+        # decodes and tokenizes again what the earlier ones did (their generation prompts, their replies' ids, the text
+        # between). The last RECENT results of each are kept: with the ids kept from the template too, SmolLM2's 6-turn
+        # ShareGPT prompts took 0.60 ms a turn instead of 1.32 (benchmarks/chat_render_speed.py). Not the prompts'
+        # texts for a template that reads the clock (Llama 3.1's strftime_now): it renders the same messages
+        # differently over time.
+        self.recent_prompts = None if "strftime_now" in self.template else RecentResults(self.RECENT)
+        self.recent_spellings = RecentResults(self.RECENT)
+        self.recent_pieces = RecentResults(self.RECENT)
         self.end_of_turn_id = None
         if end_of_turn_token is not None:
             ids = tokenizer.convert_tokens_to_ids([end_of_turn_token])
@@ -91,12 +121,30 @@ class ChatRenderer:
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, conversation_id: str = "?") -> str:
         from jinja2 import TemplateError
 
+        # Without the stored reply ids: transformers' apply_chat_template walks every value of every message (its
+        # message normalisation recurses into lists), a Python call per id, over half of a regenerated 6-turn
+        # conversation's rendering time; no template reads them (they are ours, not a chat-message field).
+        messages = [without_token_ids(m) for m in messages]
         try:
             return self.tokenizer.apply_chat_template(
                 messages, chat_template=self.template, tokenize=False, add_generation_prompt=add_generation_prompt
             )
         except TemplateError as e:  # a template's raise_exception (Mistral's, Gemma's: roles must alternate, no system)
             raise DataError(f"conversation {conversation_id}: {self.template_source} refused it: {e}") from None
+
+    def generation_prompt_text(self, messages: list[dict[str, Any]], conversation_id: str = "?") -> str:
+        """``render(messages, add_generation_prompt=True)``, reused where the same messages were rendered so lately."""
+        key = None
+        if self.recent_prompts is not None:
+            try:  # every field the template sees; unhashable ones (content blocks as lists) are not kept
+                key = tuple(tuple(without_token_ids(m).items()) for m in messages)
+                hash(key)
+            except TypeError:
+                key = None
+        if key is not None and key in self.recent_prompts:
+            return self.recent_prompts[key]
+        text = self.render(messages, add_generation_prompt=True, conversation_id=conversation_id)
+        return self.recent_prompts.keep(key, text) if key is not None else text
 
     def assistant_spans(self, messages: list[dict[str, Any]], text: str, conversation_id: str) -> list[tuple[int, int, bool, int]]:
         """Character spans ``[start, end)`` of each non-empty assistant content in ``text``, each with whether its
@@ -109,7 +157,7 @@ class ChatRenderer:
                 continue
             start_at = cursor
             if message["role"] == "assistant":
-                prefix = self.render(messages[:i], add_generation_prompt=True, conversation_id=conversation_id) if i else ""
+                prefix = self.generation_prompt_text(messages[:i], conversation_id) if i else ""
                 if text.startswith(prefix):
                     start_at = max(start_at, len(prefix))
             # Templates often trim message text: take whichever of the text and its trimmed form comes first. The
@@ -153,8 +201,10 @@ class ChatRenderer:
                 t += 1
         return TokenizedConversation(input_ids=list(input_ids), loss_mask=loss_mask)
 
-    def reply_ids(self, message: dict[str, Any], text: str, start: int, end: int, conversation_id: str) -> list[int] | None:
-        """The turn's stored ``token_ids`` where they spell its text in the rendered conversation, else None."""
+    def reply_ids(self, message: dict[str, Any], text: str, start: int, end: int, conversation_id: str,
+                  reuse: bool = False) -> list[int] | None:
+        """The turn's stored ``token_ids`` where they spell its text in the rendered conversation, else None. ``reuse``:
+        the spelling kept from an earlier call with the same ids (``prompt_ids``)."""
         ids = message.get("token_ids")
         if ids is None:
             return None
@@ -165,29 +215,40 @@ class ChatRenderer:
                             f"tokenizer ({vocab} tokens): the replies were made by another target")
         # the text as regeneration stored it: special tokens the target generated inside a reply (a toy target's
         # <|im_start|>) are not in the text, and stay in the row as the ids hold them
-        spelled = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        key = tuple(ids) if reuse else None
+        spelled = self.recent_spellings.get(key) if reuse else None
+        if spelled is None:
+            spelled = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            if reuse:
+                self.recent_spellings.keep(key, spelled)
         return ids if spelled == text[start:end] else None
 
     def tokenize_pieces(self, messages: list[dict[str, Any]], text: str, spans: list[tuple[int, int, bool, int]],
-                        conversation_id: str) -> tuple[TokenizedConversation, int, int]:
+                        conversation_id: str, reuse: bool = False) -> tuple[TokenizedConversation, int, int]:
         """``text`` with each reply that has usable ``token_ids`` as those ids and the text between tokenized piece by
         piece (replies without them inside the pieces, masked by offsets); and how many replies were their ids and how
-        many, holding ids, fell back to their text."""
+        many, holding ids, fell back to their text. ``reuse``: spellings and pieces kept from earlier calls
+        (``prompt_ids``)."""
         input_ids, loss_mask, from_ids, from_text = [], [], 0, 0
         piece_start, piece_spans, closes_before = 0, [], None
 
         def add_text(end: int) -> None:
             piece = text[piece_start:end]
-            encoding = self.tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
+            encoding = self.recent_pieces.get(piece) if reuse else None
+            if encoding is None:
+                encoding = self.tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
+                encoding = (encoding["input_ids"], encoding["offset_mapping"])
+                if reuse:
+                    self.recent_pieces.keep(piece, encoding)
             shifted = [(s - piece_start, e - piece_start, c, i) for s, e, c, i in piece_spans]
-            tok = self.mask_from_offsets(encoding["input_ids"], encoding["offset_mapping"], shifted)
+            tok = self.mask_from_offsets(*encoding, shifted)
             if closes_before is not None and tok.input_ids and self.is_end_of_turn(tok.input_ids[0]):
                 tok.loss_mask[0] = int(closes_before)  # the end of turn closing the stored reply just before the piece
             input_ids.extend(tok.input_ids)
             loss_mask.extend(tok.loss_mask)
 
         for start, end, closes, index in spans:
-            ids = self.reply_ids(messages[index], text, start, end, conversation_id)
+            ids = self.reply_ids(messages[index], text, start, end, conversation_id, reuse)
             if ids is None:
                 from_text += "token_ids" in messages[index]
                 piece_spans.append((start, end, closes, index))
@@ -204,10 +265,11 @@ class ChatRenderer:
         """The ids of ``messages`` rendered with the generation prompt: the prompt a reply to them is generated from, the
         earlier replies as their stored ``token_ids`` (so a regenerated conversation's training row holds exactly the
         tokens each reply was generated after)."""
-        text = self.render(messages, add_generation_prompt=True, conversation_id=conversation_id)
+        text = self.generation_prompt_text(messages, conversation_id)
         if not any("token_ids" in m for m in messages):
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenize_pieces(messages, text, self.assistant_spans(messages, text, conversation_id), conversation_id)[0].input_ids
+        spans = self.assistant_spans(messages, text, conversation_id)
+        return self.tokenize_pieces(messages, text, spans, conversation_id, reuse=True)[0].input_ids
 
     def tokenize_batch(self, batch_messages: list[list[dict[str, str]]], ids: list[str],
                        counts: dict[str, int] | None = None) -> list[TokenizedConversation]:
