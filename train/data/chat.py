@@ -104,10 +104,10 @@ class ChatRenderer:
         }
         # ``prompt_ids`` is asked for a conversation's turns one after another (regeneration): each later turn renders,
         # decodes and tokenizes again what the earlier ones did (their generation prompts, their replies' ids, the text
-        # between). The last RECENT results of each are kept: with the ids kept from the template too, SmolLM2's 6-turn
-        # ShareGPT prompts took 0.60 ms a turn instead of 1.32 (benchmarks/chat_render_speed.py). Not the prompts'
-        # texts for a template that reads the clock (Llama 3.1's strftime_now): it renders the same messages
-        # differently over time.
+        # between). The last RECENT results of each are kept: SmolLM2's 6-turn ShareGPT prompts took 0.55-0.60 ms a
+        # turn instead of 0.85 with transformers 5.17, and of 1.32 with 5.25, whose template call also walked the ids
+        # (benchmarks/chat_render_speed.py). Not the prompts' texts for a template that reads the clock (Llama 3.1's
+        # strftime_now): it renders the same messages differently over time.
         self.recent_prompts = None if "strftime_now" in self.template else RecentResults(self.RECENT)
         self.recent_spellings = RecentResults(self.RECENT)
         self.recent_pieces = RecentResults(self.RECENT)
@@ -146,9 +146,11 @@ class ChatRenderer:
         text = self.render(messages, add_generation_prompt=True, conversation_id=conversation_id)
         return self.recent_prompts.keep(key, text) if key is not None else text
 
-    def assistant_spans(self, messages: list[dict[str, Any]], text: str, conversation_id: str) -> list[tuple[int, int, bool, int]]:
+    def assistant_spans(self, messages: list[dict[str, Any]], text: str, conversation_id: str,
+                        reuse: bool = False) -> list[tuple[int, int, bool, int]]:
         """Character spans ``[start, end)`` of each non-empty assistant content in ``text``, each with whether its
-        end-of-turn token is trained (the reply ended there: not ``"complete": false``) and its message's index."""
+        end-of-turn token is trained (the reply ended there: not ``"complete": false``) and its message's index.
+        ``reuse``: the generation prompts kept from earlier calls (``prompt_ids``; a training row's are all new)."""
         spans = []
         cursor = 0
         for i, message in enumerate(messages):
@@ -157,7 +159,8 @@ class ChatRenderer:
                 continue
             start_at = cursor
             if message["role"] == "assistant":
-                prefix = self.generation_prompt_text(messages[:i], conversation_id) if i else ""
+                prefix = ("" if not i else self.generation_prompt_text(messages[:i], conversation_id) if reuse
+                          else self.render(messages[:i], add_generation_prompt=True, conversation_id=conversation_id))
                 if text.startswith(prefix):
                     start_at = max(start_at, len(prefix))
             # Templates often trim message text: take whichever of the text and its trimmed form comes first. The
@@ -268,7 +271,7 @@ class ChatRenderer:
         text = self.generation_prompt_text(messages, conversation_id)
         if not any("token_ids" in m for m in messages):
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        spans = self.assistant_spans(messages, text, conversation_id)
+        spans = self.assistant_spans(messages, text, conversation_id, reuse=True)
         return self.tokenize_pieces(messages, text, spans, conversation_id, reuse=True)[0].input_ids
 
     def tokenize_batch(self, batch_messages: list[list[dict[str, str]]], ids: list[str],
