@@ -121,9 +121,9 @@ class ChatRenderer:
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, conversation_id: str = "?") -> str:
         from jinja2 import TemplateError
 
-        # Without the stored reply ids: transformers' apply_chat_template walks every value of every message (its
-        # message normalisation recurses into lists), a Python call per id, over half of a regenerated 6-turn
-        # conversation's rendering time; no template reads them (they are ours, not a chat-message field).
+        # Without the stored reply ids: transformers' apply_chat_template (5.25; not 5.17) walks every value of every
+        # message (its message normalisation recurses into lists), a Python call per id, over half of a regenerated
+        # 6-turn conversation's rendering time; no template reads them (they are ours, not a chat-message field).
         messages = [without_token_ids(m) for m in messages]
         try:
             return self.tokenizer.apply_chat_template(
