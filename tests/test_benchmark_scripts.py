@@ -325,6 +325,7 @@ def test_prefill_rows_profile_runs_on_the_cpu_and_refuses_a_bad_case_in_one_line
         assert len(bad.stderr.strip().splitlines()[-1]) > 20
 
 
+@pytest.mark.slow  # four processes (~10 s); the renderer itself is checked in the quick tier (test_chat_masks.py)
 def test_chat_render_speed_times_both_rows_and_refuses_a_bad_file_in_one_line(tmp_path, reference_target_path,
                                                                                reference_tokenizer) -> None:
     """``chat_render_speed.py`` on a regenerated file (replies with their ids; one plain JSONL, one xz-compressed): both
