@@ -13,7 +13,10 @@ set -u
 W=/tmp/sm; cd /tmp/repo_snapshot
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site SWA_DRAFTERS_CACHE=/tmp/swacache
 stamp() { echo "$(date +%H:%M:%S) $(date +%s) $*" >> $W/times.txt; }
-regen_path() { ls /tmp/swacache/data/regenerated/*.jsonl | grep -v partial | head -1; }
+# the file this pipeline regenerates: newer than its start, so a cache an earlier run on the same machine left (a second
+# pipeline on a warm lease, a CPU rehearsal) is not packed and returned in its place
+mkdir -p $W && touch $W/.started
+regen_path() { find /tmp/swacache/data/regenerated -maxdepth 1 -name '*.jsonl' -newer $W/.started 2>/dev/null | grep -v partial | head -1; }
 pack_regen() {  # the regenerated file (not a .partial one) xz-compressed in pieces under 16 MiB, to return from the lease
   ( mkdir -p $W/ret && cd $W/ret && f=$(regen_path) && cp $f regen.jsonl && \
     xz -T8 -6 regen.jsonl && split -b 15000000 -d regen.jsonl.xz regen.jsonl.xz.part && rm regen.jsonl.xz && \
